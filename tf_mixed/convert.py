@@ -1,0 +1,2 @@
+"""Placeholder: being written."""
+def convert(model, policy=None): raise NotImplementedError

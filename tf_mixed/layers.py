@@ -1,0 +1,246 @@
+"""Keep in float32 what must stay float32: output activations and the loss.
+
+A softmax computed in float16 underflows to 0 for large negative logits, and
+once cast to float32 Keras can no longer see the logits to take its exact
+cross-entropy shortcut (for logits [0, 30, -30] and label 2 the loss is
+clipped to 16.12 instead of 60.0). `OutputActivation` computes the activation
+in float32 from the half-precision logits, which keeps the shortcut.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+_PACKAGE = "tf_mixed"
+_NOT_ACTIVATIONS = frozenset({"get", "serialize", "deserialize"})
+
+
+def _activation_names() -> list[str]:
+    """Names of Keras's built-in activations, from its public namespace."""
+    return sorted(
+        name
+        for name in dir(keras.activations)
+        if not name.startswith("_")
+        and name not in _NOT_ACTIVATIONS
+        and callable(getattr(keras.activations, name))
+    )
+
+
+def _get_activation(activation: str | Callable | None) -> Callable:
+    if activation is None:
+        return keras.activations.linear
+    if callable(activation):
+        return activation
+    if isinstance(activation, str):
+        names = _activation_names()
+        if activation not in names:
+            raise ValueError(
+                f"Unknown activation {activation!r}. Use a callable or one of "
+                f"Keras's activation names: {', '.join(names)}."
+            )
+        return keras.activations.get(activation)
+    if isinstance(activation, dict):  # serialized form, from get_config
+        return keras.activations.deserialize(activation)
+    raise TypeError(
+        "activation must be a Keras activation name such as 'softmax' or a "
+        f"callable. Received: activation={activation!r} "
+        f"(of type {type(activation).__name__})."
+    )
+
+
+def _check_float32(dtype: Any, layer: str) -> None:
+    if dtype is None:
+        return
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", dtype)
+    if name != "float32":
+        raise ValueError(
+            f"{layer} always computes in float32; it does not take a dtype. "
+            f"Received: dtype={dtype!r}. Remove the dtype argument."
+        )
+
+
+def _cast_floats(structure: Any) -> Any:
+    def cast(x):
+        if x is None:
+            return x
+        x = tf.convert_to_tensor(x) if not isinstance(x, tf.Tensor) else x
+        return tf.cast(x, tf.float32) if x.dtype.is_floating else x
+
+    return keras.tree.map_structure(cast, structure)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class OutputActivation(keras.layers.Layer):
+    """Applies an activation in float32 and returns float32.
+
+    Put it at the end of a mixed-precision model in place of the last layer's
+    activation: ``Dense(10)`` then ``OutputActivation("softmax")``.
+
+    Args:
+        activation: A Keras activation name ("softmax", "sigmoid", ...) or a
+            callable. Defaults to "softmax".
+        **kwargs: Standard layer arguments (``name``, ...). ``dtype`` may only
+            be float32.
+
+    Raises:
+        ValueError: If the activation name is unknown (the message lists the
+            valid names) or a dtype other than float32 is given.
+        TypeError: If `activation` is neither a string nor a callable.
+
+    Example:
+
+        >>> tf_mixed.enable("mixed_float16")
+        >>> head = tf_mixed.layers.OutputActivation("softmax")
+        >>> head(tf.constant([[0.0, 30.0, -30.0]], "float16")).dtype
+        tf.float32
+    """
+
+    def __init__(self, activation: str | Callable = "softmax", **kwargs):
+        _check_float32(kwargs.pop("dtype", None), type(self).__name__)
+        self.activation = _get_activation(activation)
+        super().__init__(dtype="float32", **kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs):
+        return self.activation(tf.cast(inputs, tf.float32))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.pop("dtype", None)
+        config["activation"] = keras.activations.serialize(self.activation)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Float32Output(keras.layers.Layer):
+    """Casts every floating tensor of its input (any nesting) to float32.
+
+    Integer and boolean tensors pass through unchanged, so indices and masks
+    keep their type.
+
+    Args:
+        **kwargs: Standard layer arguments (``name``, ...). ``dtype`` may only
+            be float32.
+
+    Raises:
+        ValueError: If a dtype other than float32 is given.
+    """
+
+    def __init__(self, **kwargs):
+        _check_float32(kwargs.pop("dtype", None), type(self).__name__)
+        super().__init__(dtype="float32", **kwargs)
+        self.supports_masking = True
+        # Keras would cast only the first argument's tensors; cast here instead.
+        self._convert_input_args = False
+
+    def call(self, inputs):
+        return _cast_floats(inputs)
+
+    def compute_output_spec(self, inputs):
+        def spec(x):
+            dtype = x.dtype if not keras.backend.is_float_dtype(x.dtype) else "float32"
+            return keras.KerasTensor(x.shape, dtype=dtype)
+
+        return keras.tree.map_structure(spec, inputs)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.pop("dtype", None)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class Float32Loss(keras.losses.Loss):
+    """A loss whose ``y_true`` and ``y_pred`` are cast to float32 first.
+
+    Build it with `float32_loss`. Reduction and name come from the wrapped
+    loss when it is a Keras `Loss`.
+
+    Args:
+        loss: A Keras loss object, a Keras loss name, or a callable
+            ``fn(y_true, y_pred)`` returning per-sample losses.
+        name: Optional name; defaults to the wrapped loss's name.
+        reduction: Optional reduction; defaults to the wrapped loss's.
+    """
+
+    def __init__(
+        self,
+        loss: str | keras.losses.Loss | Callable,
+        name: str | None = None,
+        reduction: str | None = "sum_over_batch_size",
+        **kwargs,
+    ):
+        kwargs.pop("dtype", None)
+        self.loss = _get_loss(loss)
+        inner_name = getattr(self.loss, "name", None) or getattr(
+            self.loss, "__name__", None
+        )
+        if isinstance(self.loss, keras.losses.Loss):
+            reduction = self.loss.reduction
+        super().__init__(
+            name=name or inner_name, reduction=reduction, dtype="float32", **kwargs
+        )
+
+    def call(self, y_true, y_pred):
+        y_true, y_pred = _cast_floats(y_true), _cast_floats(y_pred)
+        if isinstance(self.loss, keras.losses.Loss):
+            return self.loss.call(y_true, y_pred)
+        return self.loss(y_true, y_pred)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["loss"] = keras.saving.serialize_keras_object(self.loss)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
+        return cls(**config)
+
+
+def _get_loss(loss: Any):
+    if isinstance(loss, Float32Loss):
+        return loss.loss
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if isinstance(loss, (str, dict)):
+        try:
+            return keras.losses.get(loss)
+        except ValueError as error:
+            raise ValueError(
+                f"Unknown loss {loss!r}. Use a keras.losses.Loss object, a "
+                "callable fn(y_true, y_pred), or a Keras loss name such as "
+                "'sparse_categorical_crossentropy'."
+            ) from error
+    if callable(loss):
+        return loss
+    raise TypeError(
+        "loss must be a keras.losses.Loss, a Keras loss name or a callable "
+        f"fn(y_true, y_pred). Received: loss={loss!r} "
+        f"(of type {type(loss).__name__})."
+    )
+
+
+def float32_loss(loss: str | keras.losses.Loss | Callable) -> Float32Loss:
+    """Wraps a loss so that ``y_true`` and ``y_pred`` reach it as float32.
+
+    Args:
+        loss: A Keras loss object, a Keras loss name, or a callable
+            ``fn(y_true, y_pred)``. Wrapping a wrapped loss does not nest.
+
+    Returns:
+        A `Float32Loss`, usable in ``model.compile(loss=...)`` and in custom
+        loops, serialisable with the model.
+
+    Raises:
+        ValueError: If `loss` is an unknown loss name.
+        TypeError: If `loss` is not a loss, name or callable.
+    """
+    return Float32Loss(loss)
