@@ -42,7 +42,7 @@ _CPU_FLOAT16_WARNING = (
     "tf_mixed: mixed_float16 was requested on a host with no GPU. TensorFlow's "
     "CPU float16 kernels are far slower than float32 (measured on TF 2.21: "
     "the fused MatMul+BiasAdd kernel ~100x slower, the Conv2D filter gradient "
-    "~600x slower), because CPUs have no float16 math units that TF uses. "
+    "~600x slower): TF has no fast float16 CPU kernels for these ops. "
     "tf_mixed has turned off TF's 'remapping' graph pass so Dense layers run at "
     "about float32 speed; convolution training stays slow. Use "
     "tf_mixed.enable('auto') or 'float32' on this host, or 'mixed_bfloat16' on "

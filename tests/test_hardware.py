@@ -1,0 +1,94 @@
+"""Tests for tf_mixed.hardware and the "auto" policy rules on faked hardware."""
+
+import pytest
+
+from tf_mixed import hardware
+from tf_mixed import policy
+from tf_mixed.hardware import GpuInfo
+from tf_mixed.hardware import HardwareInfo
+
+CPUINFO = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu vme avx2 avx512f avx512_bf16 amx_bf16 amx_tile
+processor\t: 1
+model name\t: second cpu is ignored
+flags\t\t: fpu
+"""
+
+
+def test_parse_cpuinfo_reads_first_processor():
+    model, flags = hardware.parse_cpuinfo(CPUINFO)
+    assert model == "Intel(R) Xeon(R) Platinum 8480+"
+    assert flags == frozenset(
+        {"fpu", "vme", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    )
+
+
+def test_parse_cpuinfo_empty():
+    assert hardware.parse_cpuinfo("") == ("", frozenset())
+
+
+@pytest.mark.parametrize(
+    "info, expected, reason_part",
+    [
+        (HardwareInfo(gpus=(GpuInfo("P100", (6, 1)),)), "float32", "6.1, below 7.0"),
+        (HardwareInfo(gpus=(GpuInfo("V100", (7, 0)),)), "mixed_float16", "7.0 (Tensor Cores)"),
+        (HardwareInfo(gpus=(GpuInfo("A100", (8, 0)),)), "mixed_float16",
+         "GPU 0 has compute capability 8.0 (Tensor Cores)"),
+        # The weakest GPU decides: MirroredStrategy runs on all of them.
+        (HardwareInfo(gpus=(GpuInfo("A100", (8, 0)), GpuInfo("P100", (6, 1)))),
+         "float32", "GPU 1 has compute capability 6.1"),
+        (HardwareInfo(gpus=(GpuInfo("ROCm", None),)), "float32", "no CUDA compute capability"),
+        (HardwareInfo(tpu=True), "mixed_bfloat16", "TPU"),
+        (HardwareInfo(cpu_flags=frozenset({"amx_bf16", "amx_tile"}), amx_bf16_usable=True),
+         "mixed_bfloat16", "AMX-BF16"),
+        # The flag alone is not enough: the kernel must enable the tile state.
+        (HardwareInfo(cpu_flags=frozenset({"amx_bf16", "amx_tile"}), amx_bf16_usable=False),
+         "float32", "slower than float32"),
+        (HardwareInfo(cpu_flags=frozenset({"avx512_bf16", "avx512_fp16"})),
+         "float32", "slower than float32"),
+        (HardwareInfo(), "float32", "slower than float32"),
+    ],
+)
+def test_choose_auto_on_faked_hardware(info, expected, reason_part):
+    chosen, reason = policy.choose_auto(info)
+    assert chosen == expected
+    assert reason_part in reason
+
+
+@pytest.mark.parametrize(
+    "info",
+    [HardwareInfo(), HardwareInfo(gpus=(GpuInfo("P100", (6, 1)),))],
+)
+def test_float32_reason_says_how_to_force(info):
+    chosen, reason = policy.choose_auto(info)
+    assert chosen == "float32"
+    assert "tf_mixed.enable('mixed_float16')" in reason
+
+
+def test_gpu_tensor_cores_property():
+    assert GpuInfo("x", (7, 5)).has_tensor_cores
+    assert not GpuInfo("x", (6, 1)).has_tensor_cores
+    assert not GpuInfo("x", None).has_tensor_cores
+
+
+def test_detect_matches_proc_cpuinfo():
+    info = hardware.detect()
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        model, flags = hardware.parse_cpuinfo(f.read())
+    assert info.cpu_model == model
+    assert info.cpu_flags == flags
+    assert info.gpus == ()  # the test machines have no GPU
+    if "amx_bf16" not in flags:
+        assert not info.amx_bf16_usable
+
+
+def test_report_lists_devices_and_the_auto_choice():
+    info = HardwareInfo(gpus=(GpuInfo("Tesla V100", (7, 0)),), cpu_model="Test CPU")
+    text = hardware.report(info)
+    assert "GPU 0: Tesla V100, compute capability 7.0" in text
+    assert "CPU: Test CPU" in text
+    assert 'picks: mixed_float16' in text
+    assert "because: GPU 0 has compute capability 7.0 (Tensor Cores)" in text

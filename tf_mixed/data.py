@@ -1,0 +1,523 @@
+"""Data sets for the bench: an embedded shapes task, any TFDS image set, a folder.
+
+`load(spec, ...)` understands three kinds of ``--dataset`` value:
+
+    shapes               (default) 10-class images generated in process from the
+                         seed: shapes and textures at random places, sizes and
+                         colours, plus noise. No download, real structure.
+    tfds:NAME[:SPLIT]    any TFDS image-classification set, through
+                         tensorflow-datasets (``--data_dir`` is passed on).
+    folder:PATH          a class-per-subfolder image tree, as
+                         ``keras.utils.image_dataset_from_directory`` reads it.
+
+Every loader returns a `BenchData` whose datasets yield unbatched
+``(image, label)`` pairs with pixel values in [0, 255] (uint8 or float32); the
+models start with a ``Rescaling(1/255)`` layer, so no loader normalises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tf_mixed.bench_errors import UsageError
+
+SHAPES = "shapes"
+SHAPE_CLASSES = (
+    "disc",
+    "square",
+    "triangle",
+    "ring",
+    "plus",
+    "x_cross",
+    "h_stripes",
+    "v_stripes",
+    "diag_stripes",
+    "checker",
+)
+DEFAULT_SHAPES_SIZE = 32
+DEFAULT_FILE_IMAGE_SIZE = 64  # folder: and variable-size tfds sets
+_CACHE_BYTES = 1 << 30
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+ACCEPTED = "shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH"
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchData:
+    """A train/validation pair ready for batching.
+
+    Attributes:
+        name: The ``--dataset`` value it came from, in canonical form.
+        train: Unbatched ``(image, label)`` pairs, pixels in [0, 255].
+        val: The same for validation.
+        num_classes: Number of classes; labels are ints in [0, num_classes).
+        image_shape: ``(height, width, channels)`` of every image.
+        train_size: Number of training examples.
+        val_size: Number of validation examples.
+        class_names: One name per class.
+    """
+
+    name: str
+    train: tf.data.Dataset
+    val: tf.data.Dataset
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    train_size: int
+    val_size: int
+    class_names: tuple[str, ...]
+
+    def describe(self) -> dict:
+        """The facts about this data that go into results.json."""
+        return {
+            "name": self.name,
+            "num_classes": self.num_classes,
+            "image_shape": list(self.image_shape),
+            "train_size": self.train_size,
+            "val_size": self.val_size,
+            "class_names": list(self.class_names),
+        }
+
+
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """Splits a ``--dataset`` value into ``(kind, name_or_path, split)``.
+
+    Args:
+        spec: ``"shapes"``, ``"tfds:NAME[:SPLIT]"`` or ``"folder:PATH"``.
+
+    Returns:
+        ``("shapes", "", "")``, ``("tfds", NAME, SPLIT or "train")`` or
+        ``("folder", PATH, "")``.
+
+    Raises:
+        UsageError: For any other form.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise UsageError("dataset", spec, "empty data set name", ACCEPTED)
+    spec = spec.strip()
+    if spec.lower() in (SHAPES, "synthetic"):
+        return SHAPES, "", ""
+    kind, sep, rest = spec.partition(":")
+    kind = kind.lower()
+    if sep and kind == "tfds":
+        name, _, split = rest.partition(":")
+        if not name:
+            raise UsageError("dataset", spec, "no TFDS name after 'tfds:'", ACCEPTED)
+        return "tfds", name, split or "train"
+    if sep and kind == "folder":
+        if not rest:
+            raise UsageError("dataset", spec, "no path after 'folder:'", ACCEPTED)
+        return "folder", rest, ""
+    raise UsageError("dataset", spec, "unknown data set", ACCEPTED)
+
+
+def load(
+    spec: str,
+    *,
+    seed: int = 0,
+    image_size: int = 0,
+    train_size: int = 0,
+    val_size: int = 0,
+    data_dir: str | None = None,
+    download: bool = True,
+) -> BenchData:
+    """Loads the data set that ``--dataset`` names.
+
+    Args:
+        spec: See `parse_spec`.
+        seed: Seed for generated data and for the folder train/val split.
+        image_size: Square side to generate or resize to; 0 picks 32 for
+            shapes, the native size for fixed-size TFDS sets and 64 otherwise.
+        train_size: Number of training examples (shapes: generated, default
+            8000; others: a cap, 0 for all).
+        val_size: The same for validation (shapes default 2000).
+        data_dir: TFDS data directory (None: TFDS's default).
+        download: Whether TFDS may try to download and prepare a missing set.
+
+    Returns:
+        A `BenchData`.
+
+    Raises:
+        UsageError: For an unknown or unreadable data set.
+    """
+    kind, name, split = parse_spec(spec)
+    if image_size < 0:
+        raise UsageError("image_size", image_size, "must be >= 0", "0 (automatic) or a side in pixels")
+    if kind == SHAPES:
+        return load_shapes(
+            seed=seed,
+            image_size=image_size or DEFAULT_SHAPES_SIZE,
+            train_size=train_size or 8000,
+            val_size=val_size or 2000,
+        )
+    if kind == "tfds":
+        return load_tfds(
+            name, split, data_dir=data_dir, download=download, image_size=image_size,
+            train_size=train_size, val_size=val_size,
+        )
+    return load_folder(
+        name, seed=seed, image_size=image_size or DEFAULT_FILE_IMAGE_SIZE,
+        train_size=train_size, val_size=val_size,
+    )
+
+
+# --- shapes: the embedded default ------------------------------------------
+
+
+def make_shapes(
+    num_examples: int, *, seed: int, image_size: int = DEFAULT_SHAPES_SIZE
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generates the shapes task: one shape or texture per image on a plain ground.
+
+    Classes (see `SHAPE_CLASSES`) differ in form only: the position, size,
+    colours, stripe period and phase are random, and Gaussian noise
+    (sigma 0.12 of the range) is added, so a model must learn shape features.
+    The output depends only on the arguments.
+
+    Args:
+        num_examples: Number of images.
+        seed: Random seed.
+        image_size: Side of the square images in pixels (>= 16).
+
+    Returns:
+        ``(images, labels)``: uint8 ``[N, size, size, 3]`` and int32 ``[N]``,
+        labels balanced and in shuffled order.
+    """
+    rng = np.random.default_rng(seed)
+    n, size = num_examples, image_size
+    labels = rng.permutation(np.arange(n) % len(SHAPE_CLASSES)).astype(np.int32)
+    # Per-image geometry, relative to the image size.
+    radius = rng.uniform(0.2, 0.32, n) * size
+    cx = rng.uniform(radius, size - radius)
+    cy = rng.uniform(radius, size - radius)
+    period = rng.uniform(0.11, 0.19, n) * size
+    phase = rng.uniform(0.0, 1.0, n) * period
+    light = rng.random(n) < 0.5
+    fg = np.where(light[:, None], rng.uniform(0.6, 1.0, (n, 3)), rng.uniform(0.0, 0.4, (n, 3)))
+    bg = np.where(light[:, None], rng.uniform(0.0, 0.35, (n, 3)), rng.uniform(0.65, 1.0, (n, 3)))
+
+    grid = np.arange(size, dtype=np.float32) + 0.5
+    dx = grid[None, None, :] - cx[:, None, None]
+    dy = grid[None, :, None] - cy[:, None, None]
+    r = radius[:, None, None]
+    p = period[:, None, None]
+    ph = phase[:, None, None]
+    dist2 = dx**2 + dy**2
+    box = (np.abs(dx) <= r) & (np.abs(dy) <= r)
+    ax, ay = np.abs(dx), np.abs(dy)
+    masks = {
+        "disc": dist2 <= r**2,
+        "square": (ax <= 0.85 * r) & (ay <= 0.85 * r),
+        "triangle": (dy <= 0.8 * r) & (dy >= -r + 1.8 * ax),
+        "ring": (dist2 <= r**2) & (dist2 >= (0.55 * r) ** 2),
+        "plus": ((ax <= 0.28 * r) & (ay <= r)) | ((ay <= 0.28 * r) & (ax <= r)),
+        "x_cross": (np.abs(ax - ay) <= 0.3 * r) & box,
+        "h_stripes": box & (np.mod(dy + ph, p) < p / 2),
+        "v_stripes": box & (np.mod(dx + ph, p) < p / 2),
+        "diag_stripes": box & (np.mod(dx + dy + ph, p) < p / 2),
+        "checker": box
+        & (np.mod(np.floor((dx + ph) / p) + np.floor((dy + ph) / p), 2) == 0),
+    }
+    mask = np.zeros((n, size, size), dtype=bool)
+    for index, name in enumerate(SHAPE_CLASSES):
+        rows = labels == index
+        mask[rows] = masks[name][rows]
+    m = mask[..., None].astype(np.float32)
+    images = bg[:, None, None, :] * (1 - m) + fg[:, None, None, :] * m
+    images += rng.normal(0.0, 0.12, images.shape)
+    images = np.clip(np.rint(images * 255.0), 0, 255).astype(np.uint8)
+    return images, labels
+
+
+def load_shapes(
+    *, seed: int, image_size: int = DEFAULT_SHAPES_SIZE, train_size: int = 8000,
+    val_size: int = 2000,
+) -> BenchData:
+    """The embedded shapes task (see `make_shapes`) as a `BenchData`.
+
+    Train and validation images come from independent streams of the seed.
+
+    Raises:
+        UsageError: If ``image_size`` < 16 or a size < 1.
+    """
+    if image_size < 16:
+        raise UsageError("image_size", image_size, "too small for the shapes data set", "16 or more (0 picks 32)")
+    for flag, value in (("train_size", train_size), ("val_size", val_size)):
+        if value < 1:
+            raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
+    x_train, y_train = make_shapes(train_size, seed=seed * 2 + 1, image_size=image_size)
+    x_val, y_val = make_shapes(val_size, seed=seed * 2 + 2, image_size=image_size)
+    return BenchData(
+        name=SHAPES,
+        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        val=tf.data.Dataset.from_tensor_slices((x_val, y_val)),
+        num_classes=len(SHAPE_CLASSES),
+        image_shape=(image_size, image_size, 3),
+        train_size=train_size,
+        val_size=val_size,
+        class_names=SHAPE_CLASSES,
+    )
+
+
+# --- tfds:NAME[:SPLIT] -------------------------------------------------------
+
+
+def _prepare_hint(name: str, data_dir: str | None) -> str:
+    target = data_dir or "~/tensorflow_datasets"
+    dir_arg = f" --data_dir={data_dir}" if data_dir else ""
+    return (
+        f"Prepare it on a machine with network access with `tfds build {name}{dir_arg}` "
+        f"(or python -c \"import tensorflow_datasets as tfds; "
+        f"tfds.builder('{name}'{', data_dir=' + repr(data_dir) if data_dir else ''})"
+        f".download_and_prepare()\"), then copy the prepared directory to {target} "
+        "and pass --data_dir; sets that need manual downloads read them from "
+        f"{target}/downloads/manual."
+    )
+
+
+def load_tfds(
+    name: str,
+    split: str = "train",
+    *,
+    data_dir: str | None = None,
+    download: bool = True,
+    image_size: int = 0,
+    train_size: int = 0,
+    val_size: int = 0,
+) -> BenchData:
+    """Loads a TFDS image-classification set with its ``(image, label)`` keys.
+
+    Validation uses the set's "test" split, else its "validation" split, else
+    the last 10% of ``split``.
+
+    Args:
+        name: A TFDS name, e.g. "mnist" or "cifar10".
+        split: The training split, e.g. "train" or "train[:5000]".
+        data_dir: TFDS data directory.
+        download: Whether a missing set may be downloaded and prepared.
+        image_size: Resize to this square side; 0 keeps a fixed native size
+            (variable-size sets get 64).
+        train_size, val_size: Caps on the number of examples; 0 for all.
+
+    Raises:
+        UsageError: For an unknown name, a set that is not prepared and
+            cannot be downloaded, or a set that is not image classification.
+    """
+    import tensorflow_datasets as tfds
+
+    flag_value = f"tfds:{name}" + (f":{split}" if split != "train" else "")
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as error:  # DatasetNotFoundError and friends
+        raise UsageError(
+            "dataset", flag_value, f"TFDS has no data set {name!r} ({_first_line(error)})",
+            "a name from `tfds.list_builders()`, e.g. tfds:mnist, tfds:cifar10",
+        ) from None
+    if not builder.is_prepared():
+        if not download:
+            raise UsageError(
+                "dataset", flag_value,
+                f"TFDS data set {name!r} is not prepared in "
+                f"{data_dir or 'the default TFDS data_dir'} and --nodownload was given",
+                fix=_prepare_hint(name, data_dir),
+            )
+        try:
+            builder.download_and_prepare()
+        except Exception as error:
+            raise UsageError(
+                "dataset", flag_value,
+                f"TFDS data set {name!r} is not prepared in "
+                f"{data_dir or 'the default TFDS data_dir'} and could not be downloaded "
+                f"({_first_line(error)})",
+                fix=_prepare_hint(name, data_dir),
+            ) from None
+    info = builder.info
+    keys = info.supervised_keys
+    if not keys or len(keys) != 2:
+        raise UsageError(
+            "dataset", flag_value, "not a supervised data set (no (image, label) keys)",
+            "TFDS image-classification sets such as mnist, cifar10, food101",
+        )
+    image_feature, label_feature = info.features[keys[0]], info.features[keys[1]]
+    if not isinstance(image_feature, tfds.features.Image) or not hasattr(
+        label_feature, "num_classes"
+    ):
+        raise UsageError(
+            "dataset", flag_value,
+            f"not image classification (features {keys[0]!r}: "
+            f"{type(image_feature).__name__}, {keys[1]!r}: {type(label_feature).__name__})",
+            "TFDS image-classification sets such as mnist, cifar10, food101",
+        )
+    split_names = set(info.splits.keys()) if info.splits else set()
+    base_split = split.split("[")[0]
+    val_split = next(
+        (s for s in ("test", "validation") if s in split_names and s != base_split), None
+    )
+    if val_split is None and not split_names:
+        val_split = "test"  # splits unknown (e.g. mocked data): TFDS's usual name
+    try:
+        if val_split is None:
+            if "[" in split:
+                raise UsageError(
+                    "dataset", flag_value,
+                    f"{name!r} has no test or validation split to validate on, and "
+                    "a sliced split cannot be split again",
+                    fix="Give an unsliced split, e.g. tfds:NAME:train.",
+                )
+            train = builder.as_dataset(split=f"{split}[:90%]", as_supervised=True)
+            val = builder.as_dataset(split=f"{split}[90%:]", as_supervised=True)
+        else:
+            train = builder.as_dataset(split=split, as_supervised=True)
+            val = builder.as_dataset(split=val_split, as_supervised=True)
+    except UsageError:
+        raise
+    except Exception as error:
+        raise UsageError(
+            "dataset", flag_value, f"cannot read split {split!r} ({_first_line(error)})",
+            f"the splits of {name}: {', '.join(sorted(split_names)) or 'unknown'}",
+        ) from None
+
+    height, width, channels = image_feature.shape
+    channels = channels or 3
+    if image_size:
+        shape = (image_size, image_size, channels)
+    elif height and width:
+        shape = (height, width, channels)
+    else:
+        shape = (DEFAULT_FILE_IMAGE_SIZE, DEFAULT_FILE_IMAGE_SIZE, channels)
+    resize = (height, width) != shape[:2]
+
+    def prepare(image, label):
+        image = tf.ensure_shape(image, [None, None, channels])
+        if resize:
+            image = tf.image.resize(image, shape[:2])
+        return tf.cast(image, tf.float32), tf.cast(label, tf.int32)
+
+    train, n_train = _capped(train.map(prepare), train_size)
+    val, n_val = _capped(val.map(prepare), val_size)
+    names = tuple(label_feature.names) if getattr(label_feature, "names", None) else tuple(
+        str(i) for i in range(label_feature.num_classes)
+    )
+    return BenchData(
+        name=f"tfds:{name}:{split}",
+        train=train,
+        val=val,
+        num_classes=int(label_feature.num_classes),
+        image_shape=shape,
+        train_size=n_train,
+        val_size=n_val,
+        class_names=names,
+    )
+
+
+def _capped(dataset: tf.data.Dataset, cap: int) -> tuple[tf.data.Dataset, int]:
+    """Takes at most ``cap`` elements (0: all) and counts them."""
+    if cap:
+        dataset = dataset.take(cap)
+    count = int(dataset.cardinality())
+    if count < 0:  # unknown or infinite: count once (cheap next to training)
+        count = int(dataset.reduce(0, lambda n, _: n + 1))
+    return dataset, count
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+# --- folder:PATH --------------------------------------------------------------
+
+
+def _scan_folder(path: str) -> dict[str, int]:
+    """Counts image files per class subfolder; raises UsageError if unusable."""
+    value = f"folder:{path}"
+    accepted = (
+        "a readable directory with one subfolder per class holding image files "
+        f"({', '.join(IMAGE_EXTENSIONS)})"
+    )
+    if not os.path.isdir(path):
+        raise UsageError("dataset", value, "no such directory", accepted)
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise UsageError("dataset", value, "directory is not readable", accepted)
+    counts = {}
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+        for entry in entries:
+            if entry.is_dir():
+                if not os.access(entry.path, os.R_OK | os.X_OK):
+                    raise UsageError(
+                        "dataset", value, f"class folder {entry.name!r} is not readable", accepted
+                    )
+                counts[entry.name] = sum(
+                    1 for f in os.scandir(entry.path)
+                    if f.is_file() and f.name.lower().endswith(IMAGE_EXTENSIONS)
+                )
+    except PermissionError as error:
+        raise UsageError("dataset", value, f"cannot read ({error})", accepted) from None
+    counts = {k: v for k, v in counts.items() if v}
+    if len(counts) < 2:
+        raise UsageError(
+            "dataset", value,
+            f"found {len(counts)} class subfolder(s) with images; need at least 2",
+            accepted,
+        )
+    return counts
+
+
+def load_folder(
+    path: str, *, seed: int = 0, image_size: int = DEFAULT_FILE_IMAGE_SIZE,
+    train_size: int = 0, val_size: int = 0,
+) -> BenchData:
+    """Reads a class-per-subfolder image tree, holding out 10% (at least 1) for validation.
+
+    Args:
+        path: The root folder; each subfolder is one class (sorted by name).
+        seed: Seed for the train/validation split.
+        image_size: Images are resized to this square side.
+        train_size, val_size: Caps on the number of examples; 0 for all.
+
+    Raises:
+        UsageError: If the folder is missing, unreadable or has < 2 classes.
+    """
+    import keras
+
+    counts = _scan_folder(path)
+    total = sum(counts.values())
+    if total < 2:
+        raise UsageError("dataset", f"folder:{path}", "needs at least 2 images", "")
+    split = max(0.1, 1.0 / total + 1e-6)
+    train, val = keras.utils.image_dataset_from_directory(
+        path,
+        labels="inferred",
+        label_mode="int",
+        class_names=sorted(counts),
+        image_size=(image_size, image_size),
+        batch_size=None,
+        shuffle=True,
+        seed=seed,
+        validation_split=split,
+        subset="both",
+        verbose=False,
+    )
+
+    def prepare(image, label):
+        return tf.cast(image, tf.float32), tf.cast(label, tf.int32)
+
+    train, n_train = _capped(train.map(prepare), train_size)
+    val, n_val = _capped(val.map(prepare), val_size)
+    # Decode and resize once when it fits in memory, so the timed steps
+    # measure training rather than JPEG decoding.
+    if (n_train + n_val) * image_size * image_size * 3 * 4 <= _CACHE_BYTES:
+        train, val = train.cache(), val.cache()
+    return BenchData(
+        name=f"folder:{path}",
+        train=train,
+        val=val,
+        num_classes=len(counts),
+        image_shape=(image_size, image_size, 3),
+        train_size=n_train,
+        val_size=n_val,
+        class_names=tuple(sorted(counts)),
+    )
