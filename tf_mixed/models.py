@@ -1,0 +1,139 @@
+"""The models the bench can train, all ending in a float32 softmax head.
+
+Every model is built under Keras's *global* dtype policy (so build it inside
+`tf_mixed.policy_scope` or after `tf_mixed.enable`), takes images with pixel
+values in [0, 255] (a ``Rescaling`` layer comes first) and returns float32
+class probabilities from `tf_mixed.layers.OutputActivation`, so the loss is
+computed in float32 from the logits.
+
+    mlp       Flatten, 3 x Dense(1024, relu)
+    cnn       small conv net: 2 x [Conv 32] pool, 2 x [Conv 64] pool, Conv 128, GAP
+    resnet18  ResNet-18 (basic blocks 2-2-2-2) built here; a 3x3 stride-1 stem
+              for images under 96 px (CIFAR style), the 7x7/2 + max-pool stem above
+    resnet50  keras.applications.ResNet50(weights=None), no download
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+from keras import layers
+
+from tf_mixed.bench_errors import UsageError
+from tf_mixed.layers import OutputActivation
+
+
+def _head(x, num_classes: int):
+    logits = layers.Dense(num_classes, name="logits")(x)
+    return OutputActivation("softmax", name="probabilities")(logits)
+
+
+def build_mlp(inputs, num_classes: int):
+    """3 hidden Dense(1024) layers on the flattened image."""
+    x = layers.Flatten()(inputs)
+    for i in range(3):
+        x = layers.Dense(1024, activation="relu", name=f"dense_{i}")(x)
+    return _head(x, num_classes)
+
+
+def build_cnn(inputs, num_classes: int):
+    """A small VGG-style conv net (about 0.3 M parameters)."""
+    x = inputs
+    for width in (32, 64):
+        for _ in range(2):
+            x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(128, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return _head(x, num_classes)
+
+
+def _basic_block(x, width: int, stride: int, name: str):
+    shortcut = x
+    y = layers.Conv2D(width, 3, strides=stride, padding="same", use_bias=False, name=f"{name}_conv1")(x)
+    y = layers.BatchNormalization(name=f"{name}_bn1")(y)
+    y = layers.ReLU()(y)
+    y = layers.Conv2D(width, 3, padding="same", use_bias=False, name=f"{name}_conv2")(y)
+    y = layers.BatchNormalization(name=f"{name}_bn2")(y)
+    if stride != 1 or x.shape[-1] != width:
+        shortcut = layers.Conv2D(width, 1, strides=stride, use_bias=False, name=f"{name}_proj")(x)
+        shortcut = layers.BatchNormalization(name=f"{name}_proj_bn")(shortcut)
+    return layers.ReLU()(layers.Add()([y, shortcut]))
+
+
+def build_resnet18(inputs, num_classes: int):
+    """ResNet-18 (He et al. 2016), basic blocks [2, 2, 2, 2], widths 64-512."""
+    x = inputs
+    if inputs.shape[1] is not None and inputs.shape[1] >= 96:
+        x = layers.Conv2D(64, 7, strides=2, padding="same", use_bias=False, name="stem_conv")(x)
+        x = layers.BatchNormalization(name="stem_bn")(x)
+        x = layers.ReLU()(x)
+        x = layers.MaxPooling2D(3, strides=2, padding="same")(x)
+    else:
+        x = layers.Conv2D(64, 3, padding="same", use_bias=False, name="stem_conv")(x)
+        x = layers.BatchNormalization(name="stem_bn")(x)
+        x = layers.ReLU()(x)
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            x = _basic_block(x, width, stride, name=f"stage{stage + 1}_block{block + 1}")
+    x = layers.GlobalAveragePooling2D()(x)
+    return _head(x, num_classes)
+
+
+def build_resnet50(inputs, num_classes: int):
+    """keras.applications.ResNet50 with random weights and our float32 head."""
+    backbone = keras.applications.ResNet50(
+        include_top=False, weights=None, input_shape=tuple(inputs.shape[1:]), pooling="avg"
+    )
+    return _head(backbone(inputs), num_classes)
+
+
+_BUILDERS: dict[str, Callable] = {
+    "mlp": build_mlp,
+    "cnn": build_cnn,
+    "resnet18": build_resnet18,
+    "resnet50": build_resnet50,
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+_MIN_SIDE = {"resnet50": 32}
+
+
+def check_name(name: str) -> str:
+    """Returns the canonical model name.
+
+    Raises:
+        UsageError: If ``name`` is not one of `MODEL_NAMES`.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in _BUILDERS:
+        raise UsageError("model", name, "unknown model", ", ".join(MODEL_NAMES))
+    return key
+
+
+def build(name: str, input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
+    """Builds a model under the current global dtype policy.
+
+    Args:
+        name: One of `MODEL_NAMES`.
+        input_shape: ``(height, width, channels)``.
+        num_classes: Number of output classes.
+
+    Returns:
+        An uncompiled ``keras.Model`` returning float32 probabilities.
+
+    Raises:
+        UsageError: For an unknown name or images too small for the model.
+    """
+    name = check_name(name)
+    side = min(input_shape[:2])
+    if side < _MIN_SIDE.get(name, 8):
+        raise UsageError(
+            "image_size", side, f"too small for --model={name}",
+            f"images of at least {_MIN_SIDE.get(name, 8)} px",
+        )
+    inputs = keras.Input(shape=tuple(input_shape), name="image")
+    x = layers.Rescaling(1.0 / 255.0, name="rescale")(inputs)
+    outputs = _BUILDERS[name](x, num_classes)
+    return keras.Model(inputs, outputs, name=name)
