@@ -1,3 +1,491 @@
-"""Placeholder: being written."""
-class AuditReport: pass
-def audit(model, batch_size=None): raise NotImplementedError
+"""A per-layer dtype report for a Keras model, with the mixed-precision risks found.
+
+    report = tf_mixed.audit(model, batch_size=64)
+    print(report)              # aligned table + findings + memory estimate
+    report.to_dict()           # the same as plain data (for JSON)
+
+or, for a saved model, ``python -m tf_mixed audit path/to/model.keras``.
+
+What is checked (each finding has a severity, the layer, and the fix):
+
+* ``half_output_activation`` (error): a softmax/sigmoid computed in
+  float16/bfloat16 produces a model output. The probabilities saturate and
+  Keras loses its exact logits shortcut in the cross-entropy.
+* ``half_output`` (warning): a model output is float16/bfloat16.
+* ``norm_overflow`` (warning): a normalization layer computing in float16
+  whose arithmetic is known to overflow there. In Keras 3 BatchNormalization,
+  LayerNormalization, GroupNormalization and RMSNormalization compute their
+  statistics in float32 internally (checked: inputs of +-300 normalise
+  correctly in float16), but UnitNormalization sums squares in float16: the
+  norm becomes inf once it passes ~256 and the output silently becomes 0.
+* ``not_multiple_of_8`` (warning for layers computing in half precision, info
+  otherwise or for output layers): Dense/RNN ``units``, Conv ``filters``,
+  Embedding ``output_dim``, attention ``key_dim``/``value_dim``. Tensor Cores
+  run float16 matrix products only on dimensions that are multiples of 8.
+* ``batch_not_multiple_of_8`` (warning): the batch size, when given.
+* ``explicit_float32`` (info): layers with a float32 policy in a mixed model
+  (often deliberate; listed so they are not a surprise). tf_mixed's own
+  float32 heads are not listed.
+* ``no_graph`` (info): a subclassed model has no symbolic graph, so output
+  dtypes and the memory estimate are unavailable.
+
+The activation-memory estimate adds up the bytes of every layer output for
+one batch, once as if everything were float32 and once with the dtypes the
+model really produces. It ignores gradients, optimizer slots and the
+framework's own buffers, so it is a guide to the ratio, not to peak memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Any
+
+import keras
+
+__all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit", "main"]
+
+HALF_DTYPES = ("float16", "bfloat16")
+SEVERITIES = ("error", "warning", "info")
+DEFAULT_MEMORY_BATCH = 32
+_SQUASHING = ("softmax", "sigmoid", "log_softmax")
+# tf_mixed's float32 heads, float32 by design (no need to list them).
+_FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+# Attributes that become matrix dimensions: (attribute, description).
+_DIMENSIONS = (
+    ("units", "units"),
+    ("filters", "filters"),
+    ("output_dim", "embedding output_dim"),
+    ("key_dim", "attention key_dim"),
+    ("value_dim", "attention value_dim"),
+)
+# Normalization layers whose float16 arithmetic is known to overflow.
+_OVERFLOWING_NORMS = {
+    "UnitNormalization": (
+        "it sums squares in float16, so the norm overflows to inf once it "
+        "passes ~256 and the output silently becomes 0"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRow:
+    """One layer of the report.
+
+    Attributes:
+      name: layer name (``outer/inner`` inside a nested model).
+      class_name: the layer's class.
+      compute_dtype: dtype the layer computes in.
+      variable_dtype: dtype of its weights.
+      output_dtype: dtype of its (first) output, or None without a graph.
+      params: number of weights (trainable and not).
+    """
+
+    name: str
+    class_name: str
+    compute_dtype: str
+    variable_dtype: str
+    output_dtype: str | None
+    params: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A risk found in the model.
+
+    Attributes:
+      severity: "error", "warning" or "info".
+      code: a stable identifier, such as "half_output_activation".
+      layer: the layer concerned, or None for the whole model.
+      message: what is wrong.
+      fix: what to do about it.
+    """
+
+    severity: str
+    code: str
+    layer: str | None
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.layer}: " if self.layer else ""
+        return f"[{self.severity}] {where}{self.message} Fix: {self.fix}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of layer outputs for one training step.
+
+    Attributes:
+      batch_size: the batch size the estimate is for.
+      float32_bytes: if every floating output were float32.
+      policy_bytes: with the output dtypes the model really has.
+      policy: the model's dtype policy name.
+      exact: False when some output dimensions were unknown (counted as 1).
+    """
+
+    batch_size: int
+    float32_bytes: int
+    policy_bytes: int
+    policy: str
+    exact: bool = True
+
+    @property
+    def ratio(self) -> float:
+        """policy_bytes / float32_bytes (1.0 for an empty model)."""
+        return self.policy_bytes / self.float32_bytes if self.float32_bytes else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    """What `audit` found: per-layer rows, findings and a memory estimate.
+
+    ``str(report)`` prints an aligned table; ``to_dict()`` gives plain data.
+    """
+
+    model_name: str
+    policy: str
+    params: int
+    rows: tuple[LayerRow, ...]
+    findings: tuple[Finding, ...]
+    memory: MemoryEstimate | None
+
+    def by_code(self, code: str) -> list[Finding]:
+        """The findings with this code."""
+        return [f for f in self.findings if f.code == code]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready dicts and lists."""
+        memory = None
+        if self.memory is not None:
+            memory = dataclasses.asdict(self.memory)
+            memory["ratio"] = self.memory.ratio
+        return {
+            "model": self.model_name,
+            "policy": self.policy,
+            "params": self.params,
+            "layers": [dataclasses.asdict(row) for row in self.rows],
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "memory": memory,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"Model '{self.model_name}': policy {self.policy}, "
+                 f"{self.params:,} parameters"]
+        header = ("layer", "class", "compute", "variables", "output", "params")
+        table = [header] + [
+            (r.name, r.class_name, r.compute_dtype, r.variable_dtype,
+             r.output_dtype or "-", f"{r.params:,}") for r in self.rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for i, row in enumerate(table):
+            cells = [cell.ljust(w) for cell, w in zip(row[:-1], widths)]
+            cells.append(row[-1].rjust(widths[-1]))
+            lines.append("  ".join(cells).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        if self.memory is not None:
+            m = self.memory
+            approx = "" if m.exact else " (unknown dimensions counted as 1)"
+            lines.append(
+                f"Activation memory, layer outputs of one step at batch size "
+                f"{m.batch_size}{approx}: float32 {_human(m.float32_bytes)}, "
+                f"{m.policy} {_human(m.policy_bytes)} ({m.ratio:.2f}x)")
+        if self.findings:
+            lines.append(f"Findings ({len(self.findings)}):")
+            lines.extend(f"  {finding}" for finding in self.findings)
+        else:
+            lines.append("Findings: none")
+        return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # unreachable
+
+
+# ------------------------------------------------------------------ traversal
+
+
+def _is_model(layer) -> bool:
+    return isinstance(layer, keras.Model)
+
+
+def _walk(model, prefix=""):
+    """(qualified name, layer) for every non-model layer, entering nested models."""
+    for layer in model.layers:
+        name = prefix + layer.name
+        if _is_model(layer):
+            yield from _walk(layer, name + "/")
+        else:
+            yield name, layer
+
+
+def _layer_outputs(layer) -> list:
+    """Symbolic outputs of every call of `layer` in a graph ([] if none)."""
+    # Keras 3 has no public per-call output accessor (`layer.output` gives the
+    # first call only), so read the nodes when they exist.
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    outputs = []
+    for node in nodes:
+        outputs.extend(keras.tree.flatten(getattr(node, "output_tensors", [])))
+    if not outputs:
+        try:
+            outputs = keras.tree.flatten(layer.output)
+        except (AttributeError, ValueError, RuntimeError):
+            outputs = []
+    return [t for t in outputs if hasattr(t, "shape") and hasattr(t, "dtype")]
+
+
+def _model_outputs(model) -> list:
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return []
+    return list(keras.tree.flatten(outputs)) if outputs else []
+
+
+def _producer(tensor, layers):
+    """The (name, layer) that produced a symbolic tensor."""
+    for name, layer in layers:
+        if any(out is tensor for out in _layer_outputs(layer)):
+            return name, layer
+    history = getattr(tensor, "_keras_history", None)
+    if history is None:
+        return None, None
+    op, _, tensor_index = history
+    if _is_model(op):  # a nested model: find the layer inside it
+        inner = _model_outputs(op)
+        if tensor_index < len(inner):
+            inner_layers = [(f"{op.name}/{n}", lay) for n, lay in _walk(op)]
+            name, layer = _producer(inner[tensor_index], inner_layers)
+            if layer is not None:
+                return name, layer
+    return getattr(op, "name", "?"), op
+
+
+def _dtype(x) -> str:
+    return keras.backend.standardize_dtype(x)
+
+
+def _params(layer) -> int:
+    return int(sum(math.prod(w.shape) for w in layer.weights))
+
+
+def _activation_name(layer) -> str | None:
+    if type(layer).__name__ == "Softmax":
+        return "softmax"
+    activation = getattr(layer, "activation", None)
+    name = getattr(activation, "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+# ------------------------------------------------------------------ audit
+
+
+def audit(model, batch_size: int | None = None) -> AuditReport:
+    """Lists each layer's dtypes and parameters and the mixed-precision risks.
+
+    Args:
+      model: a built `keras.Model` (Sequential, functional or subclassed;
+        output dtypes and the memory estimate need a Sequential/functional
+        model).
+      batch_size: the training batch size. Checked for being a multiple of
+        8 and used for the memory estimate (default 32 for the estimate).
+
+    Returns:
+      An `AuditReport`. The model is not modified.
+
+    Raises:
+      TypeError: `model` is not a Keras model, or `batch_size` not an int.
+      ValueError: `batch_size` is not positive.
+    """
+    if not isinstance(model, keras.Model):
+        hint = (" To audit a saved model, run `python -m tf_mixed audit PATH`."
+                if isinstance(model, (str, os.PathLike)) else "")
+        raise TypeError(
+            "audit() needs a keras.Model (Sequential, functional or "
+            f"subclassed). Received: model={model!r} (of type "
+            f"{type(model).__name__}).{hint}")
+    if batch_size is not None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise TypeError(
+                "'batch_size' must be a positive integer or None, such as 64. "
+                f"Received: batch_size={batch_size!r} (of type "
+                f"{type(batch_size).__name__})")
+        if batch_size < 1:
+            raise ValueError(
+                "'batch_size' must be a positive integer or None, such as 64. "
+                f"Received: batch_size={batch_size!r}")
+
+    policy = model.dtype_policy.name
+    layers = list(_walk(model))
+    rows = []
+    for name, layer in layers:
+        outs = _layer_outputs(layer)
+        rows.append(LayerRow(
+            name=name,
+            class_name=type(layer).__name__,
+            compute_dtype=_dtype(layer.compute_dtype),
+            variable_dtype=_dtype(layer.variable_dtype),
+            output_dtype=_dtype(outs[0].dtype) if outs else None,
+            params=_params(layer),
+        ))
+    mixed = policy.startswith("mixed") or any(
+        r.compute_dtype in HALF_DTYPES for r in rows)
+
+    findings: list[Finding] = []
+    outputs = _model_outputs(model)
+    output_layers = set()
+    for tensor in outputs:
+        name, layer = _producer(tensor, layers)
+        output_layers.add(name)
+        findings.extend(_output_findings(tensor, name, layer))
+    if not outputs:
+        findings.append(Finding(
+            "info", "no_graph", None,
+            f"Model '{model.name}' ({type(model).__name__}) has no symbolic "
+            "outputs, so output dtypes and activation memory are not reported.",
+            "audit a Sequential or functional version of the model for these, "
+            "and check its outputs are float32."))
+    for name, layer in layers:
+        findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
+    if batch_size is not None and batch_size % 8:
+        findings.append(Finding(
+            "warning", "batch_not_multiple_of_8", None,
+            f"batch_size={batch_size} is not a multiple of 8, so the batch "
+            "dimension of every matrix product misses the Tensor Core tiles.",
+            f"use batch_size={_round8(batch_size)} (or another multiple of 8)."))
+
+    memory = _memory(layers, policy, batch_size or DEFAULT_MEMORY_BATCH) \
+        if outputs else None
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: order[f.severity])
+    total = sum(r.params for r in rows)
+    return AuditReport(model.name, policy, total, tuple(rows), tuple(findings),
+                       memory)
+
+
+def _output_findings(tensor, name, layer) -> list[Finding]:
+    dtype = _dtype(tensor.dtype)
+    if dtype not in HALF_DTYPES:
+        return []
+    activation = _activation_name(layer) if layer is not None else None
+    if activation in _SQUASHING:
+        return [Finding(
+            "error", "half_output_activation", name,
+            f"the model output is a {activation} computed in {dtype}: "
+            "probabilities saturate and the loss loses Keras's exact "
+            "logits shortcut (for logits [0, 30, -30] the cross-entropy is "
+            "clipped to 16.1 instead of 60).",
+            f"give '{name}' activation=None and add "
+            f"tf_mixed.layers.OutputActivation('{activation}') after it, or "
+            "run model = tf_mixed.convert(model).")]
+    return [Finding(
+        "warning", "half_output", name,
+        f"the model output is {dtype}, so the loss and metrics see "
+        "half-precision values.",
+        f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+        "dtype='float32').")]
+
+
+def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
+    found = []
+    cls = type(layer).__name__
+    compute = _dtype(layer.compute_dtype)
+    if cls in _OVERFLOWING_NORMS and compute == "float16":
+        found.append(Finding(
+            "warning", "norm_overflow", name,
+            f"{cls} computes in float16: {_OVERFLOWING_NORMS[cls]}.",
+            f"create it with dtype='float32' (or 'mixed_bfloat16').",
+        ))
+    for attribute, what in _DIMENSIONS:
+        value = getattr(layer, attribute, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value % 8 == 0:
+            continue
+        severity = "warning" if compute in HALF_DTYPES and not is_output else "info"
+        note = " (an output layer: pad only if the cost matters)" if is_output else ""
+        found.append(Finding(
+            severity, "not_multiple_of_8", name,
+            f"{cls} {what}={value} is not a multiple of 8; Tensor Cores need "
+            f"multiples of 8 for float16{note}.",
+            f"use {attribute}={_round8(value)}."))
+    explicit32 = (
+        mixed and compute == "float32" and cls != "InputLayer"
+        and cls not in _FLOAT32_HEADS
+        and getattr(layer.dtype_policy, "name", None) == "float32")
+    if explicit32:
+        found.append(Finding(
+            "info", "explicit_float32", name,
+            f"{cls} has a float32 policy in a mixed-precision model.",
+            "nothing, if deliberate (outputs, numerically sensitive layers); "
+            "otherwise drop its dtype argument."))
+    return found
+
+
+def _memory(layers, policy, batch_size) -> MemoryEstimate:
+    float32_bytes = policy_bytes = 0
+    exact = True
+    for _, layer in layers:
+        if type(layer).__name__ == "InputLayer":
+            continue  # inputs are data, not activations
+        for tensor in _layer_outputs(layer):
+            dims = list(tensor.shape)[1:]
+            if any(d is None for d in dims):
+                exact = False
+            count = batch_size * math.prod(d or 1 for d in dims)
+            dtype = _dtype(tensor.dtype)
+            size = _itemsize(dtype)
+            policy_bytes += count * size
+            float32_bytes += count * (4 if "float" in dtype else size)
+    return MemoryEstimate(batch_size, float32_bytes, policy_bytes, policy, exact)
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype == "bool":
+        return 1
+    digits = "".join(ch for ch in dtype if ch.isdigit())
+    return max(1, int(digits) // 8) if digits else 4
+
+
+# ------------------------------------------------------------------ command line
+
+
+def main(path: str, batch_size: int | None = None) -> int:
+    """Prints the audit of a saved Keras model (``python -m tf_mixed audit PATH``).
+
+    Args:
+      path: a ``.keras`` file (or anything `keras.saving.load_model` reads).
+      batch_size: optional batch size for the checks and the memory estimate.
+
+    Returns:
+      0 after printing the report; 2 (with a one-line error on stderr) when
+      the file is missing or cannot be loaded as a Keras model.
+    """
+    import tf_mixed.layers  # noqa: F401  registers tf_mixed's layers for loading
+
+    if not os.path.exists(path):
+        print(f"tf_mixed audit: no such file: {path}", file=sys.stderr)
+        return 2
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as error:  # any load failure is a user-facing error
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(f"tf_mixed audit: cannot load {path} as a Keras model: "
+              f"{type(error).__name__}: {detail}"[:500], file=sys.stderr)
+        return 2
+    if not isinstance(model, keras.Model):
+        print(f"tf_mixed audit: {path} holds a {type(model).__name__}, not a "
+              "Keras model", file=sys.stderr)
+        return 2
+    print(audit(model, batch_size=batch_size))
+    return 0

@@ -80,7 +80,7 @@ def is_loss_scaling(optimizer) -> bool:
         return False
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return True
-    return hasattr(optimizer, "loss_scale") and hasattr(optimizer, "skipped_steps")
+    return _ScaleReader(optimizer).kind != "none"
 
 
 class _ScaleReader:
@@ -92,7 +92,13 @@ class _ScaleReader:
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
-        if optimizer is not None and hasattr(optimizer, "skipped_steps"):
+        # tf_mixed's optimizer creates its variables when it builds (first
+        # step), so recognise it by its Python knobs as well.
+        if optimizer is not None and (
+            hasattr(optimizer, "skipped_steps")
+            or (hasattr(optimizer, "min_scale")
+                and hasattr(optimizer, "growth_interval"))
+        ):
             self.kind = "counter"
         elif isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or (
             hasattr(optimizer, "dynamic_growth_steps")
@@ -101,6 +107,8 @@ class _ScaleReader:
         else:
             self.kind = "none"
         self.backoff = float(getattr(optimizer, "backoff_factor", 0.5) or 0.5)
+        # Overflows needed per backoff (tf_mixed's hysteresis knob).
+        self.hysteresis = int(getattr(optimizer, "hysteresis", 1) or 1)
 
     def scale(self) -> float:
         opt = self.optimizer
@@ -417,7 +425,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
             arrive = 0
             if not self._at_min(prev_scale):
                 ratio = prev_scale / self._threshold
-                arrive = max(1, math.ceil(
+                arrive = self._reader.hysteresis * max(1, math.ceil(
                     math.log(ratio) / -math.log(self._reader.backoff) - 1e-9))
             self._streak += max(0, k - arrive)
         else:

@@ -1,2 +1,319 @@
-"""Placeholder: being written."""
-def convert(model, policy=None): raise NotImplementedError
+"""Rebuild a model that was built under float32 so it computes in mixed precision.
+
+The common mistake: ``tf_mixed.enable()`` called after the model was built.
+Keras fixes each layer's policy when the layer is created, so the model keeps
+computing in float32. `convert` returns an equivalent model under the mixed
+policy with the same weights:
+
+    model = build_model()           # float32, by mistake
+    tf_mixed.enable()
+    model = tf_mixed.convert(model)  # now mixed, same weights
+
+What it does:
+
+* every layer is re-created from its config with the new dtype policy, and
+  its weights (trainable and not, e.g. BatchNormalization statistics) are
+  copied over; variables stay float32 under a mixed policy, so the copy is
+  exact;
+* an output produced by a layer with a softmax/sigmoid activation gets a
+  float32 head: that layer becomes linear (renamed ``<name>_logits``) and a
+  ``tf_mixed.layers.OutputActivation`` named like the original layer is
+  appended, so output names, and losses keyed by them, still match; an
+  output ``Activation``/``Softmax`` layer, and any other layer producing a
+  model output (a regression head, say), is kept in float32 instead, so
+  every output is float32;
+* a compiled model is compiled again with the same loss, metrics and
+  optimizer *configuration*; under ``mixed_float16`` the optimizer is wrapped
+  with ``tf_mixed.wrap_optimizer``. The optimizer's *state* (iterations,
+  moments) cannot be carried to new variables; a `ConversionNote` warning
+  says so, and the notes are kept in ``new_model.conversion_notes``.
+
+Which layers stay float32: a model built under float32 has no record of which
+layers were made float32 on purpose (every layer says "float32"), so all are
+converted except input layers, layers whose policy is not a float policy,
+tf_mixed's float32 heads, and the layers named in ``keep_float32``.
+
+Sequential and functional models only: a subclassed model's layers are
+created in Python code convert cannot re-run, so it raises a TypeError that
+says to call ``tf_mixed.enable()`` before building the model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable
+
+import keras
+
+__all__ = ["ConversionNote", "convert"]
+
+_FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16",
+                   "bfloat16")
+_HALF = ("float16", "bfloat16")
+_SQUASHING = ("softmax", "sigmoid")
+_FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+
+
+class ConversionNote(UserWarning):
+    """Something `convert` could not carry over (such as optimizer state)."""
+
+
+def _resolve_policy(policy) -> str:
+    from tf_mixed import policy as policy_module
+
+    if policy is None:
+        name = keras.config.dtype_policy().name
+        if name == "float32":
+            raise ValueError(
+                "convert() with policy=None converts to the global policy, "
+                "which is 'float32': nothing to convert. Call "
+                "tf_mixed.enable() first, or pass policy='mixed_float16' or "
+                "policy='mixed_bfloat16'. Received: policy=None")
+        return name
+    if isinstance(policy, keras.DTypePolicy):
+        policy = policy.name
+    name = policy_module.canonical_name(policy)
+    if name == "auto":
+        from tf_mixed import hardware
+
+        name, reason = policy_module.choose_auto(hardware.detect())
+        if name == "float32":
+            raise ValueError(
+                f"policy='auto' chose float32 on this host ({reason}): nothing "
+                "to convert. Pass policy='mixed_float16' or "
+                "policy='mixed_bfloat16' to convert anyway.")
+    return name
+
+
+def _is_functional(model) -> bool:
+    try:
+        outputs = model.outputs
+        inputs = model.inputs
+    except AttributeError:
+        return False
+    return bool(outputs) and bool(inputs)
+
+
+def _walk(model, prefix=""):
+    for layer in model.layers:
+        name = prefix + layer.name
+        yield name, layer
+        if isinstance(layer, keras.Model):
+            yield from _walk(layer, name + "/")
+
+
+def _producer(tensor):
+    history = getattr(tensor, "_keras_history", None)  # set on every KerasTensor
+    return history[0] if history is not None else None
+
+
+def _activation_name(layer) -> str | None:
+    if type(layer).__name__ == "Softmax":
+        return "softmax"
+    name = getattr(getattr(layer, "activation", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, i = name, 1
+    while candidate in taken:
+        candidate, i = f"{name}_{i}", i + 1
+    taken.add(candidate)
+    return candidate
+
+
+def convert(model: keras.Model, policy: str | None = None, *,
+            keep_float32: Iterable[str] = ()) -> keras.Model:
+    """Returns a copy of a float32-built model that computes under a mixed policy.
+
+    Args:
+      model: a built Sequential or functional `keras.Model`. It is not
+        modified: weights, policy and compiled state stay as they are.
+      policy: the target policy: "mixed_float16", "mixed_bfloat16",
+        "float32", an alias such as "fp16", "auto", or a `keras.DTypePolicy`.
+        None (default) uses the global policy, which must then be mixed
+        (call ``tf_mixed.enable()`` first).
+      keep_float32: names of top-level layers to leave in float32.
+
+    Returns:
+      A new model with the same weights, float32 output heads where the
+      outputs were softmax/sigmoid, compiled like the original if it was
+      compiled (fresh optimizer state). ``new_model.conversion_notes`` is a
+      tuple of notes, each also issued as a `ConversionNote` warning.
+
+    Raises:
+      TypeError: `model` is not a Keras model, or is a subclassed model.
+      ValueError: `policy` is unknown, or None while the global policy is
+        float32; `keep_float32` names a layer the model lacks; the model is
+        not built.
+
+    Example:
+
+        model = build_model()      # built before enable(): float32
+        tf_mixed.enable("mixed_float16")
+        model = tf_mixed.convert(model)
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "convert() needs a keras.Model (Sequential or functional). "
+            f"Received: model={model!r} (of type {type(model).__name__})")
+    if not _is_functional(model):
+        if isinstance(model, keras.Sequential):
+            raise ValueError(
+                f"Sequential model '{model.name}' is not built, so it has no "
+                "inputs to rebuild from. Build it first (add a keras.Input or "
+                "call model.build(input_shape)), or call tf_mixed.enable() "
+                "before creating it.")
+        raise TypeError(
+            f"convert() cannot rebuild the subclassed model '{model.name}' "
+            f"(class {type(model).__name__}): its layers are created in "
+            "Python code that convert cannot re-run. Call tf_mixed.enable() "
+            "before building the model (before its constructor runs), so "
+            "its layers are created under the mixed policy.")
+    target = _resolve_policy(policy)
+    keep = set(keep_float32) if not isinstance(keep_float32, str) else {keep_float32}
+    names = {layer.name for layer in model.layers}
+    unknown = sorted(keep - names)
+    if unknown:
+        raise ValueError(
+            f"keep_float32 names layers that model '{model.name}' does not "
+            f"have: {unknown}. Its layers are: {sorted(names)}. Received: "
+            f"keep_float32={sorted(keep)}")
+
+    half = keras.DTypePolicy(target).compute_dtype in _HALF
+    # Output layers whose softmax/sigmoid moves into a float32 head.
+    split: dict[str, tuple[str, str]] = {}  # clone name -> (head name, activation)
+    rename: dict[str, str] = {}  # original name -> clone name
+    keep_outputs: set[str] = set()  # output Activation/Softmax layers
+    taken = set(names)
+    notes = []
+    if half:
+        for tensor in keras.tree.flatten(model.outputs):
+            layer = _producer(tensor)
+            if layer is None or type(layer).__name__ == "InputLayer":
+                continue
+            if isinstance(layer, keras.Model):
+                notes.append(
+                    f"Output '{getattr(tensor, 'name', '?')}' comes from the "
+                    f"nested model '{layer.name}', which convert() converts "
+                    "as a whole: check its output dtype with "
+                    "tf_mixed.audit() and add tf_mixed.layers.Float32Output() "
+                    "if it is half precision.")
+                continue
+            activation = _activation_name(layer)
+            if (activation in _SQUASHING
+                    and type(layer).__name__ not in ("Activation", "Softmax")):
+                if layer.name not in rename:
+                    new_name = _unique(f"{layer.name}_logits", taken)
+                    rename[layer.name] = new_name
+                    split[new_name] = (layer.name, activation)
+            else:
+                # A small output layer (regression head, output Activation):
+                # keep it float32 so the output is float32 under its name.
+                keep_outputs.add(layer.name)
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        cls = type(layer).__name__
+        policy_name = getattr(layer.dtype_policy, "name", None)
+        if layer.name in rename:
+            config["name"] = rename[layer.name]
+            config["activation"] = "linear"
+        stays = (cls == "InputLayer" or cls in _FLOAT32_HEADS
+                 or policy_name not in _FLOAT_POLICIES
+                 or layer.name in keep or layer.name in keep_outputs)
+        if not stays and "dtype" in config:
+            config["dtype"] = target
+        elif layer.name in keep_outputs:
+            config["dtype"] = "float32"
+        return layer.__class__.from_config(config)
+
+    def call_layer(layer, *args, **kwargs):
+        outputs = layer(*args, **kwargs)
+        if layer.name in split:
+            head_name, activation = split[layer.name]
+            from tf_mixed.layers import OutputActivation
+
+            outputs = OutputActivation(activation, name=head_name)(outputs)
+        return outputs
+
+    saved = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(target)  # the clone's own policy
+    try:
+        if isinstance(model, keras.Sequential):
+            new = keras.models.clone_model(
+                model, clone_function=clone_layer, recursive=True)
+            if split:
+                from tf_mixed.layers import OutputActivation
+
+                (head_name, activation), = split.values()
+                new = keras.Sequential(
+                    [keras.Input(batch_shape=model.inputs[0].shape,
+                                 dtype=model.inputs[0].dtype)]
+                    + list(new.layers)
+                    + [OutputActivation(activation, name=head_name)],
+                    name=model.name)
+        else:
+            # New inputs named like the original input layers (clone_model
+            # would name them after the symbolic tensors), so inputs fed as
+            # a dict keyed by input name still work.
+            inputs = keras.tree.map_structure(
+                lambda t: keras.Input(
+                    batch_shape=t.shape, dtype=t.dtype,
+                    sparse=getattr(t, "sparse", False),
+                    name=getattr(_producer(t), "name", None)),
+                model.input)
+            new = keras.models.clone_model(
+                model, input_tensors=inputs, clone_function=clone_layer,
+                call_function=call_layer, recursive=True)
+    finally:
+        keras.config.set_dtype_policy(saved)
+
+    _copy_weights(model, new, rename)
+    notes += _recompile(model, new, target)
+    new.conversion_notes = tuple(notes)
+    for note in notes:
+        warnings.warn(note, ConversionNote, stacklevel=2)
+    return new
+
+
+def _copy_weights(model, new, rename):
+    clones = dict(_walk(new))
+    for name, layer in _walk(model):
+        if isinstance(layer, keras.Model) or not layer.weights:
+            continue
+        clone = clones.get(rename.get(name, name))  # only top-level renames
+        if clone is None:
+            raise RuntimeError(
+                f"convert(): no layer '{name}' in the converted model to copy "
+                "weights into; please report this with the model summary.")
+        clone.set_weights(layer.get_weights())
+
+
+def _recompile(model, new, target) -> list[str]:
+    if not getattr(model, "compiled", False):
+        return []
+    notes = []
+    try:
+        config = keras.saving.deserialize_keras_object(model.get_compile_config())
+        optimizer = config.get("optimizer")
+        if optimizer is not None and target == "mixed_float16":
+            from tf_mixed.loss_scale import wrap_optimizer
+
+            config["optimizer"] = wrap_optimizer(optimizer, force=True)
+        new.compile(**config)
+    except Exception as error:  # custom objects that do not deserialize
+        return [
+            f"convert() could not carry the compiled state of model "
+            f"'{model.name}' ({type(error).__name__}: {error}). Call "
+            "compile() on the converted model."
+        ]
+    old_optimizer = getattr(model, "optimizer", None)
+    if old_optimizer is not None and getattr(old_optimizer, "built", False):
+        notes.append(
+            f"convert() compiled the converted model with a fresh "
+            f"{type(new.optimizer).__name__} built from the original's "
+            "configuration; the original optimizer's state (iterations, "
+            "moments) is not carried over, so training restarts the "
+            "optimizer (and any learning-rate schedule) from step 0.")
+    return notes

@@ -277,6 +277,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if tf.distribute.in_cross_replica_context():
             raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
         _refuse_jit_under_strategy(strategy)
+        self._check_variables_in_scope(strategy)
 
         with keras.name_scope(self.name, caller=self):
             finite = _all_replicas_finite(grads)
@@ -289,6 +290,27 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._apply_if(finite, unscaled, trainable_variables)
             self._update_state(finite, scale)
         return finite
+
+    def _check_variables_in_scope(self, strategy):
+        """Refuses state created outside the strategy's scope.
+
+        An inner optimizer made before ``strategy.scope()`` holds plain
+        variables: every replica would then bump ``iterations`` (and slots)
+        once per step instead of once in total.
+        """
+        if strategy.num_replicas_in_sync <= 1:
+            return
+        for variable in self.variables:
+            if not strategy.extended.variable_created_in_scope(
+                    getattr(variable, "value", variable)):
+                raise ValueError(
+                    f"Optimizer variable '{variable.path}' was created "
+                    f"outside the scope of {type(strategy).__name__}, so "
+                    "replicas would each update their own copy. Create the "
+                    "inner optimizer and the LossScaleOptimizer inside "
+                    "`with strategy.scope():` and build it there "
+                    "(`optimizer.build(model.trainable_variables)`)."
+                )
 
     def _apply_if(self, finite, grads, trainable_variables):
         """Runs the inner optimizer when ``finite`` (already global) is True."""

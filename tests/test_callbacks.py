@@ -1,0 +1,385 @@
+"""LossScaleMonitor: logs, set-up warnings, stopping failed runs, bad input."""
+
+import logging
+import math
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_mixed
+from tf_mixed.callbacks import LossScaleFailure
+from tf_mixed.callbacks import LossScaleMonitor
+from tf_mixed.callbacks import MixedPrecisionWarning
+
+
+class InfGradOn(keras.layers.Layer):
+    """Identity on `x` whose gradient is inf for samples whose `raw` last feature is > 0.
+
+    The loss stays finite; only the backward pass overflows, as with a loss
+    scale that is too large, so the loss-scale optimizer skips those steps.
+    """
+
+    def call(self, x, raw):
+        marker = raw[:, -1:] > 0
+
+        @tf.custom_gradient
+        def ident(v):
+            def grad(dy):
+                inf = tf.cast(float("inf"), dy.dtype)
+                return tf.where(marker, dy * inf + inf, dy)
+
+            return tf.identity(v), grad
+
+        return ident(x)
+
+
+def _model(inf_grad=False, out_dtype="float32"):
+    inputs = keras.Input((4,))
+    x = keras.layers.Dense(8, activation="relu")(inputs)
+    if inf_grad:  # overflows the first Dense layer's gradients
+        x = InfGradOn()(x, inputs)
+    outputs = keras.layers.Dense(1, dtype=out_dtype)(x)
+    return keras.Model(inputs, outputs)
+
+
+def _data(n, marked=()):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    x[:, -1] = -1.0
+    for i in marked:
+        x[i, -1] = 1.0
+    y = rng.normal(size=(n, 1)).astype("float32")
+    return x, y
+
+
+def _keras_lso(scale=2.0**10):
+    return keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.01), initial_scale=scale)
+
+
+def _tf_mixed_lso(scale=2.0**10):
+    return tf_mixed.LossScaleOptimizer(
+        keras.optimizers.SGD(0.01), initial_scale=scale, min_scale=1.0)
+
+
+OPTIMIZERS = {"keras": _keras_lso, "tf_mixed": _tf_mixed_lso}
+
+
+class StepCounter(keras.callbacks.Callback):
+    """Records every train-batch hook's index and logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+        self.logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(batch)
+        self.logs.append(dict(logs or {}))
+
+
+@pytest.fixture
+def fp16():
+    tf_mixed.enable("mixed_float16", quiet=True)
+
+
+def _no_setup_warnings(record):
+    return [w for w in record if issubclass(w.category, MixedPrecisionWarning)]
+
+
+# ---------------------------------------------------------------- logs
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_history_has_loss_scale_and_skipped_steps(fp16, kind):
+    model = _model(inf_grad=True)
+    model.compile(optimizer=OPTIMIZERS[kind](), loss="mse")
+    x, y = _data(32, marked=[0, 9])  # batch size 8: steps 1 and 2 overflow
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                        callbacks=[LossScaleMonitor()])
+    h = history.history
+    # Each skipped step halves the scale: 2**10 -> 2**9 -> 2**8, twice.
+    assert h["loss_scale"] == [2.0**8, 2.0**6]
+    assert h["skipped_steps"] == [2.0, 2.0]
+    assert h["skipped_fraction"] == [0.5, 0.5]
+    assert all(type(v) is float for v in h["loss_scale"] + h["skipped_steps"])
+
+
+def test_batch_logging_every_n_batches(fp16):
+    model = _model(inf_grad=True)
+    model.compile(optimizer=_keras_lso(), loss="mse")
+    x, y = _data(48, marked=[0])
+    counter = StepCounter()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[LossScaleMonitor(log_every_n_batches=2), counter])
+    logged = [i for i, logs in zip(counter.batches, counter.logs)
+              if "loss_scale" in logs]
+    assert logged == [1, 3, 5]
+    assert counter.logs[1]["skipped_steps"] == 1.0
+    assert counter.logs[1]["loss_scale"] == 2.0**9
+
+
+def test_no_batch_logging_by_default(fp16):
+    model = _model()
+    model.compile(optimizer=_keras_lso(), loss="mse")
+    counter = StepCounter()
+    model.fit(*_data(16), batch_size=8, verbose=0,
+              callbacks=[LossScaleMonitor(), counter])
+    assert all("loss_scale" not in logs for logs in counter.logs)
+
+
+def test_float32_model_logs_scale_one():
+    model = _model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    history = model.fit(*_data(16), batch_size=8, verbose=0,
+                        callbacks=[LossScaleMonitor()])
+    assert history.history["loss_scale"] == [1.0]
+    assert history.history["skipped_steps"] == [0.0]
+
+
+# ---------------------------------------------------------------- stopping
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_overflow_every_step_stops_within_patience(fp16, caplog, kind,
+                                                   steps_per_execution):
+    model = _model(inf_grad=True)
+    model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss="mse",
+                  steps_per_execution=steps_per_execution)
+    x, y = _data(80, marked=range(80))
+    monitor = LossScaleMonitor(patience=3)
+    counter = StepCounter()
+    with caplog.at_level(logging.ERROR):
+        history = model.fit(x, y, batch_size=4, epochs=3, shuffle=False,
+                            verbose=0, callbacks=[monitor, counter])
+    # Steps 1-2 take the scale 4 -> 2 -> 1 (the minimum); steps 3-5 are
+    # skipped at it; patience=3 stops after step 5 (step 6 with 2 steps per
+    # execution, the end of the execution holding step 5).
+    last_step = counter.batches[-1] + 1
+    assert last_step == {1: 5, 2: 6}[steps_per_execution]
+    assert len(history.history["loss"]) == 1  # stopped in the first epoch
+    assert monitor.stop_reason is not None
+    assert "minimum" in monitor.stop_reason
+    assert "patience=3" in caplog.text
+    assert model.stop_training
+
+
+def test_raise_on_failure_raises_with_reason(fp16):
+    model = _model(inf_grad=True)
+    model.compile(optimizer=_keras_lso(scale=2.0), loss="mse")
+    x, y = _data(40, marked=range(40))
+    with pytest.raises(LossScaleFailure, match="minimum.*patience=2"):
+        model.fit(x, y, batch_size=4, verbose=0, shuffle=False,
+                  callbacks=[LossScaleMonitor(patience=2, raise_on_failure=True)])
+
+
+def test_skip_fraction_above_threshold_stops_at_epoch_end(fp16, caplog):
+    model = _model(inf_grad=True)
+    model.compile(optimizer=_keras_lso(), loss="mse")
+    x, y = _data(10, marked=[0, 2, 4, 6, 8, 9])  # 6 of 10 steps overflow
+    monitor = LossScaleMonitor(max_skip_fraction=0.5)
+    with caplog.at_level(logging.ERROR):
+        history = model.fit(x, y, batch_size=1, epochs=3, shuffle=False,
+                            verbose=0, callbacks=[monitor])
+    assert history.history["skipped_steps"] == [6.0]
+    assert history.history["skipped_fraction"] == [0.6]
+    assert history.history["loss_scale"] == [2.0**4]
+    assert "6 of 10 steps in epoch 1" in monitor.stop_reason
+    assert "max_skip_fraction=0.5" in caplog.text
+
+
+def test_skip_fraction_at_threshold_does_not_stop(fp16):
+    model = _model(inf_grad=True)
+    model.compile(optimizer=_keras_lso(), loss="mse")
+    x, y = _data(10, marked=[0, 2, 4, 6, 8])  # exactly half
+    monitor = LossScaleMonitor(max_skip_fraction=0.5)
+    history = model.fit(x, y, batch_size=1, epochs=2, shuffle=False,
+                        verbose=0, callbacks=[monitor])
+    assert len(history.history["loss"]) == 2
+    assert monitor.stop_reason is None
+
+
+def test_nan_loss_on_applied_step_stops():
+    model = _model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = _data(40)
+    y[12] = np.nan  # in step 4 (batch size 4)
+    counter = StepCounter()
+    monitor = LossScaleMonitor()
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+              callbacks=[monitor, counter])
+    assert counter.batches[-1] == 3
+    assert "no step was skipped" in monitor.stop_reason
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_nan_loss_on_skipped_step_does_not_stop(fp16, kind):
+    model = _model()
+    model.compile(optimizer=OPTIMIZERS[kind](), loss="mse")
+    x, y = _data(40)
+    y[12] = np.nan  # NaN loss -> NaN gradients -> the step is skipped
+    monitor = LossScaleMonitor()
+    history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False,
+                        verbose=0, callbacks=[monitor])
+    assert monitor.stop_reason is None
+    assert history.history["skipped_steps"] == [1.0, 1.0]
+    assert math.isnan(history.history["loss"][0])
+    assert np.isfinite(model.get_weights()[0]).all()
+
+
+def test_mirrored_strategy(fp16, mirrored, caplog):
+    # steps_per_execution > 1 is tested without a strategy above: Keras 3.15's
+    # fit with MirroredStrategy and steps_per_execution > 1 fails by itself
+    # on TF 2.21 ("You must feed a value for placeholder tensor",
+    # keras-team/keras#19246), with or without this callback.
+    with mirrored.scope():
+        model = _model(inf_grad=True)
+        model.compile(optimizer=_tf_mixed_lso(scale=4.0), loss="mse")
+    x, y = _data(64, marked=range(64))
+    counter = StepCounter()
+    monitor = LossScaleMonitor(patience=2)
+    with caplog.at_level(logging.ERROR):
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[monitor, counter])
+    # 4 -> 2 -> 1 in steps 1-2, skipped at the minimum in steps 3-4.
+    assert counter.batches[-1] + 1 == 4
+    assert "minimum" in monitor.stop_reason
+    assert monitor.total_skipped_steps == 4
+
+
+def test_mirrored_history_overflow_on_second_replica(fp16, mirrored):
+    # Sample 5 of the first batch of 8 lands on replica 1: tf_mixed's
+    # optimizer skips the step on both replicas and the callback counts it.
+    # (Only tf_mixed's optimizer is used under MirroredStrategy in this file:
+    # running Keras's wrapper and tf_mixed's under two MirroredStrategy
+    # objects in one process fails with a collective shape mismatch.)
+    with mirrored.scope():
+        model = _model(inf_grad=True)
+        model.compile(optimizer=_tf_mixed_lso(), loss="mse")
+    x, y = _data(32, marked=[5])
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False,
+                        verbose=0, callbacks=[LossScaleMonitor()])
+    assert history.history["loss_scale"] == [2.0**9, 2.0**8]
+    assert history.history["skipped_steps"] == [1.0, 1.0]
+    assert np.isfinite(model.get_weights()[0]).all()
+
+
+# ---------------------------------------------------------------- set-up checks
+
+
+def _fit_warnings(model, optimizer, **fit_kwargs):
+    model.compile(optimizer=optimizer, loss="mse")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model.fit(*_data(8), batch_size=8, verbose=0,
+                  callbacks=[LossScaleMonitor(**fit_kwargs)])
+    return [str(w.message) for w in _no_setup_warnings(record)]
+
+
+def test_sound_setup_gives_no_warning(fp16):
+    assert _fit_warnings(_model(), _keras_lso()) == []
+
+
+def test_warns_float16_model_without_loss_scaling(fp16):
+    # Layers built under mixed_float16, the model object under float32 (so
+    # compile does not wrap the optimizer) and the global policy float32.
+    inputs = keras.Input((4,))
+    x = keras.layers.Dense(8)(inputs)
+    outputs = keras.layers.Dense(1, dtype="float32")(x)
+    keras.config.set_dtype_policy("float32")
+    model = keras.Model(inputs, outputs)
+    messages = _fit_warnings(model, keras.optimizers.SGD(0.01))
+    assert len(messages) == 1
+    assert "does not scale the loss" in messages[0]
+    assert "tf_mixed.wrap_optimizer" in messages[0]
+
+
+def test_warns_float16_output(fp16):
+    messages = _fit_warnings(_model(out_dtype=None), _keras_lso())
+    assert len(messages) == 1
+    assert "is float16" in messages[0]
+    assert "OutputActivation" in messages[0]
+
+
+def test_warns_model_built_before_enable():
+    model = _model()  # built under float32
+    tf_mixed.enable("mixed_float16", quiet=True)
+    messages = _fit_warnings(model, keras.optimizers.SGD(0.01))
+    assert len(messages) == 1
+    assert "'float32' but the global policy is 'mixed_float16'" in messages[0]
+    assert "tf_mixed.enable() before building" in messages[0]
+
+
+def test_check_setup_false_silences(fp16):
+    assert _fit_warnings(_model(out_dtype=None), _keras_lso(),
+                         check_setup=False) == []
+
+
+# ---------------------------------------------------------------- TensorBoard
+
+
+class EpochLogs(keras.callbacks.Callback):
+    """Records the epoch logs a later callback (such as TensorBoard) receives."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs.append(dict(logs or {}))
+
+
+def test_later_callbacks_see_the_values(fp16):
+    model = _model()
+    model.compile(optimizer=_keras_lso(), loss="mse")
+    recorder = EpochLogs()
+    model.fit(*_data(16), batch_size=8, epochs=1, verbose=0,
+              callbacks=[LossScaleMonitor(), recorder])
+    assert recorder.logs[0]["loss_scale"] == 2.0**10
+    assert recorder.logs[0]["skipped_steps"] == 0.0
+
+
+def test_tensorboard_gets_loss_scale(fp16, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed")
+    model = _model()
+    model.compile(optimizer=_keras_lso(), loss="mse")
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    model.fit(*_data(16), batch_size=8, epochs=1, verbose=0,
+              callbacks=[LossScaleMonitor(), board])
+    tags = set()
+    for root, _, files in os.walk(tmp_path / "train"):
+        for name in files:
+            for record in tf.data.TFRecordDataset(os.path.join(root, name)):
+                event = tf.compat.v1.Event.FromString(record.numpy())
+                tags.update(v.tag for v in event.summary.value)
+    assert {"epoch_loss_scale", "epoch_skipped_steps"} <= tags
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    ({"patience": 0}, ValueError, "patience=0"),
+    ({"patience": 2.5}, TypeError, "patience=2.5"),
+    ({"max_skip_fraction": 0.0}, ValueError, "max_skip_fraction=0.0"),
+    ({"max_skip_fraction": 1.5}, ValueError, "max_skip_fraction=1.5"),
+    ({"max_skip_fraction": "half"}, TypeError, "max_skip_fraction='half'"),
+    ({"min_scale": 0}, ValueError, "min_scale=0"),
+    ({"log_every_n_batches": -1}, ValueError, "log_every_n_batches=-1"),
+])
+def test_bad_arguments_name_the_value(kwargs, error, text):
+    with pytest.raises(error, match=text):
+        LossScaleMonitor(**kwargs)
+
+
+def test_get_config_round_trips():
+    monitor = LossScaleMonitor(patience=5, max_skip_fraction=0.25,
+                               min_scale=2.0, log_every_n_batches=10,
+                               raise_on_failure=True, check_setup=False)
+    clone = LossScaleMonitor(**monitor.get_config())
+    assert clone.get_config() == monitor.get_config()

@@ -1,0 +1,351 @@
+"""tf_mixed.loss_scale on one device: arithmetic, knobs, wrapping, state."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_mixed
+from tf_mixed.loss_scale import LossScaleOptimizer, wrap_optimizer
+
+INF = float("inf")
+NAN = float("nan")
+
+
+def _reference_scales(finite_pattern, *, initial_scale, growth_interval,
+                      growth_factor, backoff_factor, min_scale, max_scale,
+                      hysteresis):
+    """Pure-Python model of the documented update rule."""
+    scale, good, streak, out = initial_scale, 0, 0, []
+    for finite in finite_pattern:
+        if finite:
+            good, streak = good + 1, 0
+            if good >= growth_interval:
+                scale, good = min(scale * growth_factor, max_scale), 0
+        else:
+            good, streak = 0, streak + 1
+            if streak >= hysteresis:
+                scale, streak = max(scale * backoff_factor, min_scale), 0
+        out.append(scale)
+    return out
+
+
+def _stepper(opt, var, use_function):
+    def step(grad):
+        return opt.apply([grad], [var])
+    return tf.function(step) if use_function else step
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
+def test_sgd_step_values_are_exact(use_function):
+    var = keras.Variable(1.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=8.0,
+                             growth_interval=2)
+    step = _stepper(opt, var, use_function)
+    expected = [  # (scaled grad, applied, kernel after, scale after)
+        (8.0, True, 0.5, 8.0),     # grad 8/8 = 1
+        (INF, False, 0.5, 4.0),    # skipped, scale halves
+        (NAN, False, 0.5, 2.0),    # NaN is skipped too
+        (2.0, True, 0.0, 2.0),     # grad 2/2 = 1
+        (2.0, True, -0.5, 4.0),    # second finite step in a row: grows
+    ]
+    for grad, applied, value, scale in expected:
+        assert bool(step(tf.constant(grad))) is applied
+        assert float(var.numpy()) == value
+        assert float(opt.loss_scale.numpy()) == scale
+    assert int(opt.iterations.numpy()) == 3
+    assert int(opt.skipped_steps.numpy()) == 2
+    assert int(opt.last_step_skipped.numpy()) == 0
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(growth_interval=3, hysteresis=1),
+    dict(growth_interval=2, hysteresis=3, growth_factor=4.0,
+         backoff_factor=0.25),
+    dict(growth_interval=1, hysteresis=2, min_scale=8.0, max_scale=64.0),
+])
+def test_scale_sequence_matches_closed_form_for_100_steps(knobs):
+    settings = dict(initial_scale=32.0, growth_interval=2000, growth_factor=2.0,
+                    backoff_factor=0.5, min_scale=1.0, max_scale=2.0**24,
+                    hysteresis=1)
+    settings.update(knobs)
+    pattern = list(np.random.default_rng(7).random(100) > 0.3)
+    var = keras.Variable([0.0])
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), **settings)
+    step = _stepper(opt, var, use_function=True)
+    scales, skipped = [], 0
+    for finite in pattern:
+        applied = step(tf.constant([1.0 if finite else INF]))
+        assert bool(applied) is bool(finite)
+        scales.append(float(opt.loss_scale.numpy()))
+        skipped += not finite
+    assert scales == _reference_scales(pattern, **settings)
+    assert int(opt.skipped_steps.numpy()) == skipped
+    assert int(opt.iterations.numpy()) == 100 - skipped
+
+
+def test_hysteresis_tolerates_overflows_but_skips_each():
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=16.0,
+                             hysteresis=2)
+    step = _stepper(opt, var, use_function=False)
+    step(tf.constant(INF))
+    assert float(opt.loss_scale.numpy()) == 16.0  # tolerated
+    assert int(opt.overflow_streak.numpy()) == 1
+    step(tf.constant(16.0))                      # finite step resets streak
+    assert int(opt.overflow_streak.numpy()) == 0
+    step(tf.constant(INF))
+    assert float(opt.loss_scale.numpy()) == 16.0
+    step(tf.constant(INF))
+    assert float(opt.loss_scale.numpy()) == 8.0  # second in a row: back off
+    assert int(opt.skipped_steps.numpy()) == 3
+    assert float(var.numpy()) == -1.0            # only the finite step moved it
+
+
+def test_scale_is_clamped_to_min_and_max():
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0,
+                             growth_interval=1, min_scale=2.0, max_scale=8.0)
+    step = _stepper(opt, var, use_function=False)
+    for _ in range(3):
+        step(tf.constant(INF))
+    assert float(opt.loss_scale.numpy()) == 2.0
+    for _ in range(4):
+        step(tf.constant(1.0))
+    assert float(opt.loss_scale.numpy()) == 8.0
+
+
+def test_skipped_step_leaves_weights_slots_and_iterations_untouched():
+    var = keras.Variable([1.0, -1.0])
+    opt = LossScaleOptimizer(keras.optimizers.Adam(0.1), initial_scale=4.0)
+    opt.apply([tf.constant([4.0, 8.0])], [var])
+    before = [v.numpy().copy() for v in opt.inner_optimizer.variables]
+    weights = var.numpy().copy()
+    applied = opt.apply([tf.constant([1.0, NAN])], [var])
+    assert not bool(applied)
+    np.testing.assert_array_equal(var.numpy(), weights)
+    for old, new in zip(before, opt.inner_optimizer.variables):
+        np.testing.assert_array_equal(old, new.numpy())
+    assert int(opt.iterations.numpy()) == 1
+    assert int(opt.last_step_skipped.numpy()) == 1
+
+
+def test_sparse_gradients_are_unscaled_and_checked():
+    table = keras.Variable(np.zeros((3, 1), np.float32))
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0)
+    grad = tf.IndexedSlices(tf.constant([[8.0]]), tf.constant([1]),
+                            tf.constant([3, 1]))
+    assert bool(opt.apply([grad], [table]))
+    np.testing.assert_array_equal(table.numpy().ravel(), [0.0, -2.0, 0.0])
+    bad = tf.IndexedSlices(tf.constant([[INF]]), tf.constant([2]),
+                           tf.constant([3, 1]))
+    assert not bool(opt.apply([bad], [table]))
+    np.testing.assert_array_equal(table.numpy().ravel(), [0.0, -2.0, 0.0])
+
+
+def test_scale_loss_and_unscale_gradients():
+    opt = LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=2.0**15)
+    # Before build the initial scale is used; half precision is widened so
+    # 4 * 2**15 does not overflow float16's 65504.
+    scaled = opt.scale_loss(tf.constant(4.0, tf.float16))
+    assert scaled.dtype == tf.float32
+    assert float(scaled) == 4.0 * 2**15
+    opt.build([keras.Variable(0.0)])
+    grads = opt.unscale_gradients([tf.constant(2.0**16), None])
+    assert float(grads[0]) == 2.0 and grads[1] is None
+
+
+def test_learning_rate_and_iterations_forward_to_inner():
+    inner = keras.optimizers.SGD(0.25)
+    opt = LossScaleOptimizer(inner)
+    assert float(opt.learning_rate.numpy()) == 0.25
+    opt.learning_rate = 0.125
+    assert float(inner.learning_rate.numpy()) == 0.125
+    assert opt.iterations is inner.iterations
+
+
+_BAD_KNOBS = [
+    ("initial_scale", 0.0, ValueError), ("initial_scale", INF, ValueError),
+    ("initial_scale", "big", TypeError), ("growth_interval", 0, ValueError),
+    ("growth_interval", 2.5, TypeError), ("growth_factor", 0.5, ValueError),
+    ("backoff_factor", 0.0, ValueError), ("backoff_factor", 2.0, ValueError),
+    ("min_scale", -1.0, ValueError), ("max_scale", INF, ValueError),
+    ("hysteresis", 0, ValueError), ("hysteresis", True, TypeError),
+]
+
+
+@pytest.mark.parametrize("name,value,error", _BAD_KNOBS)
+def test_bad_knobs_are_refused_with_the_argument_named(name, value, error):
+    with pytest.raises(error, match=name):
+        LossScaleOptimizer(keras.optimizers.SGD(), **{name: value})
+
+
+def test_initial_scale_outside_min_max_is_refused():
+    with pytest.raises(ValueError, match="min_scale <= initial_scale"):
+        LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=2.0**30)
+
+
+def test_inner_must_be_a_plain_keras_optimizer():
+    with pytest.raises(TypeError, match="inner_optimizer"):
+        LossScaleOptimizer("adam")
+    with pytest.raises(ValueError, match="scaled twice"):
+        LossScaleOptimizer(LossScaleOptimizer(keras.optimizers.SGD()))
+    with pytest.raises(ValueError, match="scaled twice"):
+        LossScaleOptimizer(keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD()))
+
+
+def test_wrap_optimizer_follows_the_policy_and_never_double_wraps():
+    keras.config.set_dtype_policy("float32")
+    sgd = keras.optimizers.SGD()
+    assert wrap_optimizer(sgd) is sgd
+    assert isinstance(wrap_optimizer(sgd, force=True), LossScaleOptimizer)
+    keras.config.set_dtype_policy("mixed_float16")
+    wrapped = wrap_optimizer("sgd", initial_scale=64.0)
+    assert isinstance(wrapped, LossScaleOptimizer)
+    assert wrapped.initial_scale == 64.0
+    assert wrap_optimizer(wrapped) is wrapped
+    assert wrap_optimizer(wrapped, initial_scale=64.0) is wrapped
+    with pytest.raises(ValueError, match="inner_optimizer"):
+        wrap_optimizer(wrapped, initial_scale=8.0)
+    keras_lso = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(), initial_scale=128.0, dynamic_growth_steps=10)
+    rewrapped = wrap_optimizer(keras_lso)
+    assert type(rewrapped) is LossScaleOptimizer
+    assert rewrapped.inner_optimizer is keras_lso.inner_optimizer
+    assert (rewrapped.initial_scale, rewrapped.growth_interval) == (128.0, 10)
+    with pytest.raises(TypeError, match="optimizer="):
+        wrap_optimizer(3)
+
+
+def test_compile_under_mixed_float16_does_not_wrap_again():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    opt = LossScaleOptimizer(keras.optimizers.SGD())
+    model.compile(optimizer=opt, loss="mse")
+    assert model.optimizer is opt
+
+
+def test_config_round_trips():
+    opt = LossScaleOptimizer(keras.optimizers.Adam(0.125), initial_scale=256.0,
+                             growth_interval=7, growth_factor=4.0,
+                             backoff_factor=0.25, min_scale=2.0,
+                             max_scale=1024.0, hysteresis=3, name="lso")
+    config = opt.get_config()
+    clone = LossScaleOptimizer.from_config(config)
+    assert clone.get_config() == config
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(opt))
+    assert type(restored) is LossScaleOptimizer
+    assert restored.get_config() == config
+    assert float(restored.inner_optimizer.learning_rate.numpy()) == 0.125
+
+
+# ------------------------------------------------------------ checkpoints
+
+_PATTERN = [True, False, True, True, False, False, True, True, True, True]
+
+
+def _train(opt, var, pattern, start=0):
+    step = _stepper(opt, var, use_function=True)
+    scales = []
+    for i, finite in enumerate(pattern, start):
+        grad = tf.constant([float(i + 1), -1.0]) * opt.loss_scale
+        step(grad if finite else tf.constant([INF, 1.0]))
+        scales.append(float(opt.loss_scale.numpy()))
+    return scales
+
+
+def _fresh():
+    var = keras.Variable([1.0, 2.0])
+    opt = LossScaleOptimizer(keras.optimizers.Adam(0.1), initial_scale=64.0,
+                             growth_interval=2, hysteresis=2)
+    opt.build([var])
+    return opt, var
+
+
+def _state(opt, var):
+    return [v.numpy().copy() for v in opt.variables] + [var.numpy().copy()]
+
+
+def _assert_same_state(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)  # bit-exact, NaN-free
+
+
+def test_tf_checkpoint_restores_state_and_continues_identically(tmp_path):
+    opt, var = _fresh()
+    uninterrupted = _train(opt, var, _PATTERN)
+    final = _state(opt, var)
+
+    opt, var = _fresh()
+    _train(opt, var, _PATTERN[:5])
+    saved = _state(opt, var)
+    path = tf.train.Checkpoint(optimizer=opt, var=var.value).save(
+        str(tmp_path / "ckpt"))
+
+    opt2, var2 = _fresh()
+    tf.train.Checkpoint(optimizer=opt2, var=var2.value).restore(
+        path).assert_consumed()
+    _assert_same_state(_state(opt2, var2), saved)
+    assert int(opt2.overflow_streak.numpy()) == 1  # hysteresis mid-way
+    assert _train(opt2, var2, _PATTERN[5:], start=5) == uninterrupted[5:]
+    _assert_same_state(_state(opt2, var2), final)
+
+
+def _model_and_data():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2),
+                              keras.layers.Dense(1)])
+    model.compile(
+        optimizer=LossScaleOptimizer(keras.optimizers.Adam(0.01),
+                                     initial_scale=8.0, growth_interval=2,
+                                     hysteresis=2),
+        loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3)).astype("float32")
+    y = rng.standard_normal((8, 1)).astype("float32")
+    return model, x, y
+
+
+def test_keras_file_restores_optimizer_state_exactly(tmp_path):
+    model, x, y = _model_and_data()
+    model.fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False)
+    # Put the counters in a non-default state: one tolerated overflow.
+    opt = model.optimizer
+    opt.apply([tf.fill(v.shape, INF) for v in model.trainable_variables],
+              model.trainable_variables)
+    before = _state(opt, model.trainable_variables[0])
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded.optimizer) is LossScaleOptimizer
+    assert loaded.optimizer.get_config() == opt.get_config()
+    after = _state(loaded.optimizer, loaded.trainable_variables[0])
+    _assert_same_state(after, before)
+    assert int(loaded.optimizer.overflow_streak.numpy()) == 1
+    assert int(loaded.optimizer.skipped_steps.numpy()) == 1
+
+    # Continued training gives the same scale and weights as the original.
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+    _assert_same_state(_state(loaded.optimizer, loaded.trainable_variables[0]),
+                       _state(model.optimizer, model.trainable_variables[0]))
+
+
+def test_cross_replica_apply_is_refused(mirrored):
+    with mirrored.scope():
+        var = keras.Variable(1.0)
+        opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        opt.build([var])
+        with pytest.raises(ValueError, match="strategy.run"):
+            opt.apply([tf.constant(1.0)], [var])
+
+
+def test_public_names():
+    assert tf_mixed.LossScaleOptimizer is LossScaleOptimizer
+    assert tf_mixed.wrap_optimizer is wrap_optimizer
+    assert os.path.basename(tf_mixed.loss_scale.__file__) == "loss_scale.py"

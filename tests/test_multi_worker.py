@@ -1,0 +1,74 @@
+"""MultiWorkerMirroredStrategy: two local worker processes decide as one.
+
+Each worker is a fresh Python process (tests/_mw_worker.py) with TF_CONFIG
+pointing at two 127.0.0.1 ports. Every subprocess has a timeout, so a hang
+(workers entering different collectives) fails the test instead of stalling
+the suite.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+WORKER = pathlib.Path(__file__).with_name("_mw_worker.py")
+TIMEOUT_S = 240
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _run_workers(tmp_path, bad_worker, bad_step):
+    ports = ",".join(str(p) for p in _free_ports(2))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    outs = [tmp_path / f"worker{i}.json" for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), ports, str(outs[i]),
+             str(bad_worker), str(bad_step)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
+    logs = []
+    try:
+        for proc in procs:
+            output, _ = proc.communicate(timeout=TIMEOUT_S)
+            logs.append(output.decode(errors="replace")[-3000:])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"multi-worker run did not finish in {TIMEOUT_S} s "
+                    "(workers disagreeing would hang in a collective)")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, log
+    return [json.loads(out.read_text()) for out in outs]
+
+
+@pytest.mark.parametrize("bad_worker", [0, 1])
+def test_overflow_on_one_worker_is_skipped_by_both(tmp_path, bad_worker):
+    results = _run_workers(tmp_path, bad_worker=bad_worker, bad_step=2)
+    assert results[0] == results[1]
+    result = results[0]
+    assert result["replicas"] == 2
+    # Mean gradient 2, lr 0.5: each applied step lowers the kernel by 1.
+    assert result["applied"] == [True, False, True, True]
+    assert result["scales"] == [4.0, 2.0, 2.0, 4.0]
+    assert result["kernel"] == [-2.0]
+    assert result["iterations"] == 3
+    assert result["skipped_steps"] == 1

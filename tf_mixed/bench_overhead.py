@@ -1,0 +1,228 @@
+"""``--suite=overhead``: tf_mixed's optimizer and callback against plain Keras.
+
+Both paths train the same model (same seed, same initial weights, same data)
+under the same mixed policy in one process:
+
+* ``keras``: ``model.compile(optimizer=Adam)``, which Keras wraps in its own
+  ``keras.optimizers.LossScaleOptimizer`` when the policy is mixed_float16
+  (custom loop: ``scale_loss`` and ``apply`` on that optimizer by hand);
+* ``tf_mixed``: ``tf_mixed.wrap_optimizer(Adam)`` plus
+  ``tf_mixed.callbacks.LossScaleMonitor`` (custom loop:
+  ``tf_mixed.training.apply_scaled_gradients``).
+
+The paths alternate for ``--rounds`` rounds of ``--steps`` steps (after
+``--warmup_steps`` untimed steps each) so that a change in machine load hits
+both; the report is the ratio of median step times, tf_mixed / Keras.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import statistics
+import time
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_mixed import bench, bench_report
+from tf_mixed.bench_errors import UsageError
+
+PATHS = ("keras", "tf_mixed")
+DEFAULT_STEPS = 40
+
+
+def _overhead_policy(config: bench.BenchConfig) -> tuple[str, str]:
+    if not config.policies:
+        return "mixed_float16", (
+            "mixed_float16 (the default for this suite: the policy with loss scaling, "
+            "where the optimizer paths differ most)"
+        )
+    names, _ = bench.resolve_policies(config.policies)
+    mixed = [n for n in names if n != "float32"]
+    if len(mixed) != 1:
+        raise UsageError(
+            "policies", ",".join(config.policies),
+            "the overhead suite times exactly one mixed policy",
+            "mixed_float16 or mixed_bfloat16",
+        )
+    return mixed[0], f"{mixed[0]} (as requested)"
+
+
+class _Timer(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        float((logs or {}).get("loss", 0.0))  # wait for the step
+        self.times.append(time.perf_counter() - self._start)
+
+
+class _FitPath:
+    def __init__(self, name, model, optimizer, train, extra_callbacks):
+        self.name = name
+        self.model = model
+        self.train = train
+        self.callbacks = extra_callbacks
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        self.optimizer = model.optimizer
+
+    def steps(self, count: int) -> list[float]:
+        timer = _Timer()
+        self.model.fit(self.train, epochs=1, steps_per_epoch=count, verbose=0, shuffle=False,
+                       callbacks=[*self.callbacks, timer])
+        return timer.times
+
+
+class _CustomPath:
+    def __init__(self, name, model, optimizer, train, batch_size):
+        from tf_mixed import training
+
+        self.name = name
+        self.optimizer = optimizer
+        self.iterator = iter(train)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy()
+        variables = model.trainable_variables
+
+        if name == "tf_mixed":
+            @tf.function
+            def step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                training.apply_scaled_gradients(tape, loss, variables, optimizer)
+                return loss
+        else:
+            @tf.function
+            def step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                    scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+                optimizer.apply(tape.gradient(scaled, variables), variables)
+                return loss
+
+        self.step = step
+
+    def steps(self, count: int) -> list[float]:
+        times = []
+        for _ in range(count):
+            x, y = next(self.iterator)
+            start = time.perf_counter()
+            float(self.step(x, y))
+            times.append(time.perf_counter() - start)
+        return times
+
+
+def run_overhead(config: bench.BenchConfig, command: str) -> dict[str, Any]:
+    """Times both paths, writes results.json / results.md / bench.png, prints the ratio.
+
+    Raises:
+        UsageError: For bad input (before any training).
+    """
+    from tf_mixed import data as data_module
+    from tf_mixed import models, policy, wrap_optimizer
+    from tf_mixed.callbacks import LossScaleMonitor
+
+    if config.strategy != "default":
+        raise UsageError("strategy", config.strategy, "the overhead suite runs without a strategy", "default")
+    policy_name, why = _overhead_policy(config)
+    if config.model_name != "mlp" and policy_name == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+        print(f"Note: --model={config.model_name} with mixed_float16 on a CPU is very slow "
+              "(TF's float16 Conv2D filter gradient); --model=mlp is the quick choice here.")
+    bench_data = data_module.load(
+        config.dataset, seed=config.seed, image_size=config.image_size,
+        train_size=config.train_size or 2048, val_size=config.val_size or 64,
+        data_dir=config.data_dir or None, download=config.download,
+    )
+    if bench_data.train_size < config.batch_size:
+        raise UsageError("batch_size", config.batch_size,
+                         f"larger than the {bench_data.train_size} training examples",
+                         f"1 to {bench_data.train_size}")
+    created = bench_report.check_output_dir(config.output_dir)
+    steps = config.steps or DEFAULT_STEPS
+    print(f"Overhead suite: --model={config.model_name}, policy {why}, loop={config.loop}, "
+          f"{config.rounds} rounds x {steps} steps per path.", flush=True)
+    try:
+        train = bench._batched(bench_data.train, config.batch_size, train=True,
+                               seed=config.seed, size=bench_data.train_size)
+        keras.backend.clear_session()
+        with policy.policy_scope(policy_name):
+            paths = {}
+            for name in PATHS:
+                keras.utils.set_random_seed(config.seed)
+                model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
+                adam = keras.optimizers.Adam(config.learning_rate)
+                if name == "tf_mixed":
+                    optimizer, callbacks = wrap_optimizer(adam), [LossScaleMonitor()]
+                elif config.loop == "custom" and policy_name == "mixed_float16":
+                    optimizer, callbacks = keras.optimizers.LossScaleOptimizer(adam), []
+                else:
+                    optimizer, callbacks = adam, []
+                if config.loop == "fit":
+                    paths[name] = _FitPath(name, model, optimizer, train, callbacks)
+                else:
+                    paths[name] = _CustomPath(name, model, optimizer, train, config.batch_size)
+            times = {name: [] for name in PATHS}
+            for path in paths.values():
+                path.steps(max(1, config.warmup_steps))  # tracing, not timed
+            for round_index in range(config.rounds):
+                for name, path in paths.items():
+                    times[name] += path.steps(steps)
+                print(f"round {round_index + 1}/{config.rounds}: " + ", ".join(
+                    f"{n} {1000 * statistics.median(times[n]):.2f} ms/step" for n in PATHS), flush=True)
+        results = []
+        for name in PATHS:
+            median = statistics.median(times[name])
+            optimizer = paths[name].optimizer
+            results.append({
+                "path": name,
+                "optimizer": f"{type(optimizer).__module__.split('.')[0]}.{type(optimizer).__name__}",
+                "callbacks": ["LossScaleMonitor"] if name == "tf_mixed" and config.loop == "fit" else [],
+                "timed_steps": len(times[name]),
+                "step_time_ms": 1000 * median,
+                "samples_per_sec": config.batch_size / median,
+            })
+        ratio = results[1]["step_time_ms"] / results[0]["step_time_ms"]
+        markdown = "\n".join([
+            f"# tf_mixed overhead: {config.model_name}, {policy_name}, loop={config.loop}",
+            "",
+            f"Command: `{command}`",
+            "",
+            "| path | optimizer | callbacks | median step ms | samples/s | timed steps |",
+            "|---|---|---|---|---|---|",
+            *(f"| {r['path']} | {r['optimizer']} | {', '.join(r['callbacks']) or '-'} "
+              f"| {r['step_time_ms']:.2f} | {r['samples_per_sec']:,.1f} | {r['timed_steps']} |"
+              for r in results),
+            "",
+            f"Step-time ratio tf_mixed / Keras: **{ratio:.3f}x** "
+            f"({'slower' if ratio > 1 else 'faster'} by {abs(ratio - 1) * 100:.1f}%).",
+            "",
+        ])
+        report = {
+            "suite": "overhead",
+            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command,
+            "flags": config.to_json(),
+            "host": bench.host_info(),
+            "policy": policy_name,
+            "model": {"name": config.model_name},
+            "dataset": bench_data.describe(),
+            "loop": config.loop,
+            "results": results,
+            "overhead_ratio": ratio,
+            "markdown": markdown,
+        }
+        written = bench_report.write_outputs(report, config.output_dir)
+    except BaseException:
+        if created:
+            shutil.rmtree(config.output_dir, ignore_errors=True)
+        raise
+    print()
+    print(markdown)
+    print("Wrote " + ", ".join(written))
+    return report

@@ -1,0 +1,176 @@
+"""The bench's outputs: ratios to float32, the Markdown table, the result files.
+
+results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
+``flags`` (the `BenchConfig`), ``host`` (hostname, CPU, GPUs, TF/Keras/NumPy
+versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
+``results``: one dict per policy as `bench.run_policy` returns it, plus
+``ratio_to_float32`` (throughput, step time and peak-memory ratios, accuracy
+difference in points; absent when float32 was not run).
+
+`write_outputs` writes every file into a temporary directory inside the
+output directory and moves them into place only when all are written, so a
+failed run leaves no file behind that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from tf_mixed.bench_errors import UsageError
+
+RESULT_FILES = ("results.json", "results.md", "bench.png")
+
+
+def add_ratios(results: list[dict[str, Any]]) -> None:
+    """Adds ``ratio_to_float32`` to each result, in place, when float32 ran."""
+    base = next((r for r in results if r["policy"] == "float32"), None)
+    for result in results:
+        if base is None:
+            result["ratio_to_float32"] = None
+            continue
+        result["ratio_to_float32"] = {
+            "samples_per_sec": result["samples_per_sec"] / base["samples_per_sec"],
+            "step_time": result["step_time_ms"] / base["step_time_ms"],
+            "peak_memory": result["peak_memory_mb"] / base["peak_memory_mb"],
+            "val_accuracy_diff_points": 100.0
+            * (result["final_val_accuracy"] - base["final_val_accuracy"]),
+        }
+
+
+def _ratio(result: dict, key: str, digits: int = 2) -> str:
+    ratios = result.get("ratio_to_float32")
+    return "n/a" if not ratios else f"{ratios[key]:.{digits}f}x"
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+    """One row per policy: figures and their ratio to float32."""
+    header = (
+        "| policy | samples/s | vs float32 | step ms | peak MB | vs float32 "
+        "| train loss | val loss | val acc % | acc diff (pts) | skipped | final loss scale |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for r in results:
+        ratios = r.get("ratio_to_float32")
+        diff = "n/a" if not ratios else f"{ratios['val_accuracy_diff_points']:+.2f}"
+        scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
+        lines.append(
+            f"| {r['policy']} | {r['samples_per_sec']:,.1f} | {_ratio(r, 'samples_per_sec')} "
+            f"| {r['step_time_ms']:.1f} | {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
+            f"| {r['final_train_loss']:.4f} | {r['final_val_loss']:.4f} "
+            f"| {100 * r['final_val_accuracy']:.2f} | {diff} | {r['skipped_steps']} "
+            f"| {'-' if scale is None else f'{scale:g}'} |"
+        )
+    return "\n".join(lines)
+
+
+def results_markdown(report: dict[str, Any]) -> str:
+    """The whole results.md: what was run, the note on policies, the table."""
+    flags = report["flags"]
+    first = report["results"][0]
+    memory = {
+        "process_peak_rss": "peak resident memory of the training process (VmHWM)",
+        "gpu_peak_allocated": "peak GPU memory allocated by TensorFlow",
+    }[first["memory_kind"]]
+    host = report["host"]
+    device = ", ".join(g["name"] for g in host["gpus"]) or f"CPU ({host['cpu_model']}, {host['cpu_count']} cores)"
+    return "\n".join([
+        f"# tf_mixed bench: {report['model']['name']} on {report['dataset']['name']}",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Host: {device}; TensorFlow {host['tensorflow']}, Keras {host['keras']}, "
+        f"tf_mixed {host['tf_mixed']}.",
+        f"Loop `{flags['loop']}`, strategy `{flags['strategy']}` ({first['replicas']} replica(s)), "
+        f"global batch {first['global_batch_size']}, {first['epochs']} epoch(s) x "
+        f"{first['steps_per_epoch']} steps, {first['warmup_steps']} warm-up steps excluded, "
+        f"{first['timed_steps']} timed; samples/s is the batch size over the median step time.",
+        f"Peak MB: {memory}.",
+        "",
+        report["policy_note"],
+        "",
+        markdown_table(report["results"]),
+        "",
+    ])
+
+
+def check_output_dir(path: str) -> bool:
+    """Creates ``path`` if needed and checks that files can be written in it.
+
+    Returns:
+        Whether the directory was created by this call.
+
+    Raises:
+        UsageError: If it cannot be created or written.
+    """
+    created = not os.path.exists(path)
+    accepted = "a directory this user can create and write"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError("output_dir", path, "exists and is not a directory", accepted)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".tf_mixed_probe.", dir=path)
+        os.rmdir(probe)
+    except OSError as error:
+        if created and os.path.isdir(path):
+            _remove_if_empty(path)
+        raise UsageError("output_dir", path, f"cannot be written ({error.strerror or error})", accepted) from None
+    return created
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _finite_check(report: dict[str, Any]) -> None:
+    """Refuses to write figures that are not real measurements."""
+    keys = ("samples_per_sec", "step_time_ms", "peak_memory_mb", "final_train_loss", "final_val_loss")
+    for r in report["results"]:
+        for key in (k for k in keys if k in r):
+            value = r[key]
+            if not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise RuntimeError(f"{r.get('policy', r.get('path'))}: {key}={value!r} is not a finite number")
+
+
+def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True) -> list[str]:
+    """Writes results.json, results.md and (with matplotlib) bench.png atomically.
+
+    Args:
+        report: The full report dict.
+        output_dir: An existing, writable directory.
+        plot: Whether to try to draw bench.png.
+
+    Returns:
+        The paths written.
+    """
+    from tf_mixed import bench_plot
+
+    _finite_check(report)
+    staging = tempfile.mkdtemp(prefix=".tf_mixed_bench.", dir=output_dir)
+    try:
+        names = []
+        with open(os.path.join(staging, "results.md"), "w") as f:
+            f.write(results_markdown(report) if report["suite"] == "compare" else report["markdown"])
+        names.append("results.md")
+        if plot and bench_plot.plot(report, os.path.join(staging, "bench.png")):
+            names.append("bench.png")
+        with open(os.path.join(staging, "results.json"), "w") as f:
+            json.dump(report, f, indent=2, allow_nan=False)
+            f.write("\n")
+        names.append("results.json")
+        # results.json last: its presence marks a complete set. A stale
+        # bench.png from an earlier run would not match, so it goes.
+        if "bench.png" not in names and os.path.exists(os.path.join(output_dir, "bench.png")):
+            os.remove(os.path.join(output_dir, "bench.png"))
+        for name in names:
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+        return [os.path.join(output_dir, n) for n in names]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
