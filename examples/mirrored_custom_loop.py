@@ -71,9 +71,11 @@ def train(strategy, wrapper):
         if number % 10 == 0 or number == _OVERFLOW_AT.value:
             scale = getattr(optimizer, "loss_scale", None)
             scale = optimizer.dynamic_scale if scale is None else scale
+            # Keras's wrapper reports no skip signal, so only ours shows it.
+            applied = (f"applied {bool(result['applied'])!s:5} "
+                       if hasattr(optimizer, "skipped_steps") else "")
             print(f"  step {number:3d} loss {float(result['loss']):10.4f} "
-                  f"applied {bool(result['applied'])!s:5} scale "
-                  f"{float(scale.numpy()):8.0f}")
+                  f"{applied}scale {float(scale.numpy()):8.0f}")
     return all(np.isfinite(w).all() for w in model.get_weights())
 
 

@@ -24,31 +24,27 @@ CPU_DEVICES = ("CPU:0", "CPU:1")
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Save and restore Keras's global dtype policy and TF optimizer options."""
+    """Saves and restores Keras's global dtype policy and TF's remapping option."""
     from tf_mixed import policy as policy_module
 
     saved_policy = keras.config.dtype_policy()
-    saved_options = tf.config.optimizer.get_experimental_options()
+    saved_remapping = tf.config.optimizer.get_experimental_options().get("remapping")
     yield
     policy_module._reset_for_tests()
     keras.config.set_dtype_policy(saved_policy)
-    tf.config.optimizer.set_experimental_options(
-        {k: saved_options.get(k, v) for k, v in
-         _defaults_for(tf.config.optimizer.get_experimental_options()).items()}
-    )
+    # Unset before the test means TF's default, which is on.
+    remapping = True if saved_remapping is None else saved_remapping
+    tf.config.optimizer.set_experimental_options({"remapping": remapping})
     keras.backend.clear_session()
 
 
-def _defaults_for(current):
-    """Options set during the test that were unset before it revert to TF's default."""
-    return {key: _TF_DEFAULTS.get(key, value) for key, value in current.items()}
-
-
-# Grappler options a test may flip; the value TF uses when none is set.
-_TF_DEFAULTS = {"remapping": True}
-
-
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mirrored():
-    """A MirroredStrategy over the two logical CPUs."""
+    """One MirroredStrategy over the two logical CPUs, shared by all tests.
+
+    TF 2.21 gives two MirroredStrategy objects over the same devices the same
+    collective keys; when their tensors differ in shape, TF aborts with
+    "Shape mismatch in the collective instance". One strategy per process
+    avoids that.
+    """
     return tf.distribute.MirroredStrategy(list(CPU_DEVICES))

@@ -55,6 +55,8 @@ def test_rows_give_dtypes_and_params(fp16):
             hidden.output_dtype, hidden.params) == (
         "Dense", "float16", "float32", "float16", 16 * 64 + 64)
     assert rows["probs"].output_dtype == "float32"
+    assert (rows["input_layer"].compute_dtype,
+            rows["input_layer"].output_dtype) == ("-", "float32")
     assert rows["probs"].class_name == "OutputActivation"
     assert report.params == 16 * 64 + 64 + 64 * 8 + 8
     assert report.policy == "mixed_float16"
@@ -160,6 +162,26 @@ def test_explicit_float32_layers_listed_in_mixed_model_only(fp16):
     assert not tf_mixed.audit(_mlp(head=True)).by_code("explicit_float32")
 
 
+def test_model_built_before_enable():
+    model = _mlp(head=True)
+    assert not tf_mixed.audit(model).by_code("policy_mismatch")
+    tf_mixed.enable("mixed_float16", quiet=True)
+    [finding] = tf_mixed.audit(model).by_code("policy_mismatch")
+    assert "'float32' but the global policy is 'mixed_float16'" in finding.message
+    assert "tf_mixed.convert" in finding.fix
+
+
+def test_layer_before_float32_head_counts_as_output(fp16):
+    report = tf_mixed.audit(_mlp(head=True))  # logits: Dense(8) -> head
+    assert not report.by_code("not_multiple_of_8")
+    inputs = keras.Input((16,))
+    x = keras.layers.Dense(10, name="logits")(inputs)
+    outputs = tf_mixed.layers.OutputActivation("softmax")(x)
+    [finding] = tf_mixed.audit(keras.Model(inputs, outputs)).by_code(
+        "not_multiple_of_8")
+    assert (finding.layer, finding.severity) == ("logits", "info")
+
+
 def test_sound_float32_model_has_no_warnings():
     report = tf_mixed.audit(_mlp(head=True), batch_size=64)
     assert [f for f in report.findings if f.severity != "info"] == []
@@ -226,7 +248,7 @@ def test_str_is_an_aligned_table(fp16):
     column = header.index("compute")
     for line in lines[3:3 + len(report.rows)]:
         assert line[column - 2:column] == "  "
-        assert line[column:].split()[0] in ("float16", "float32")
+        assert line[column:].split()[0] in ("float16", "float32", "-")
     assert "Findings (" in str(report)
     assert "[error] probs:" in str(report)
 
@@ -277,6 +299,22 @@ def test_main_prints_report_for_saved_model(fp16, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "OutputActivation" in out
     assert "units=100" in out
+
+
+def test_main_does_not_compare_with_global_policy(tmp_path, capsys):
+    tf_mixed.enable("mixed_bfloat16", quiet=True)
+    path = str(tmp_path / "m.keras")
+    _mlp(head=True).save(path)
+    keras.config.set_dtype_policy("float32")  # as in a fresh CLI process
+    assert main(path) == 0
+    out = capsys.readouterr().out
+    assert "policy mixed_bfloat16" in out
+    assert "global policy" not in out
+
+
+def test_main_reachable_through_the_package():
+    # tf_mixed.audit is the function (it shadows the module); main rides on it.
+    assert tf_mixed.audit.main is main
 
 
 def test_main_missing_file(tmp_path, capsys):

@@ -313,3 +313,16 @@ def test_failed_run_leaves_no_result_files(tmp_path, capsys, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         main(["tf_mixed", "bench", *TINY, "--model=mlp", f"--output_dir={fresh}"])
     assert not fresh.exists()
+
+
+def test_plot_without_matplotlib_is_skipped_with_a_note(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from tf_mixed import bench_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now fails
+    assert bench_plot.plot({"suite": "compare", "results": []}, str(tmp_path / "b.png")) is False
+    assert capsys.readouterr().out.strip() == (
+        "bench.png skipped: matplotlib is not installed (pip install 'tf-mixed[plot]')."
+    )
+    assert not (tmp_path / "b.png").exists()

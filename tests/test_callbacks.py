@@ -169,6 +169,27 @@ def test_overflow_every_step_stops_within_patience(fp16, caplog, kind,
     assert model.stop_training
 
 
+def _infinite_loss(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_true - y_pred)) * float("inf")
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_infinite_loss_every_step_stops_within_patience(fp16, caplog, kind):
+    model = _model()
+    model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss=_infinite_loss)
+    counter = StepCounter()
+    monitor = LossScaleMonitor(patience=4)
+    with caplog.at_level(logging.ERROR):
+        model.fit(*_data(80), batch_size=4, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[monitor, counter])
+    # Every step is skipped (the loss is inf, so are the gradients), so the
+    # NaN-loss check stays quiet and the minimum-scale check stops the run:
+    # 2 steps down to the minimum, then 4 at it.
+    assert counter.batches[-1] + 1 == 6
+    assert "patience=4" in caplog.text
+    assert "minimum" in monitor.stop_reason
+
+
 def test_raise_on_failure_raises_with_reason(fp16):
     model = _model(inf_grad=True)
     model.compile(optimizer=_keras_lso(scale=2.0), loss="mse")
@@ -230,6 +251,34 @@ def test_nan_loss_on_skipped_step_does_not_stop(fp16, kind):
     assert history.history["skipped_steps"] == [1.0, 1.0]
     assert math.isnan(history.history["loss"][0])
     assert np.isfinite(model.get_weights()[0]).all()
+
+
+class CorruptAfter(keras.callbacks.Callback):
+    """Writes inf into the first kernel after batch `batch` (a bad update)."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            kernel = self.model.layers[1].kernel
+            kernel.assign(np.full(kernel.shape, np.inf, "float32"))
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_corrupted_weights_stop_even_though_steps_are_skipped(fp16, kind):
+    model = _model()
+    model.compile(optimizer=OPTIMIZERS[kind](), loss="mse")
+    counter = StepCounter()
+    monitor = LossScaleMonitor()
+    model.fit(*_data(40), batch_size=4, epochs=2, shuffle=False, verbose=0,
+              callbacks=[CorruptAfter(2), monitor, counter])
+    # Step 4 is the first with a NaN loss; it is skipped, but the weights are
+    # already inf, so the run stops there rather than 15 + patience steps on.
+    assert counter.batches[-1] == 3
+    assert "hold NaN/inf" in monitor.stop_reason
+    assert "dense/kernel" in monitor.stop_reason
 
 
 def test_mirrored_strategy(fp16, mirrored, caplog):

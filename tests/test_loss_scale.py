@@ -168,11 +168,13 @@ def test_learning_rate_and_iterations_forward_to_inner():
 
 _BAD_KNOBS = [
     ("initial_scale", 0.0, ValueError), ("initial_scale", INF, ValueError),
-    ("initial_scale", "big", TypeError), ("growth_interval", 0, ValueError),
-    ("growth_interval", 2.5, TypeError), ("growth_factor", 0.5, ValueError),
-    ("backoff_factor", 0.0, ValueError), ("backoff_factor", 2.0, ValueError),
+    ("initial_scale", "big", ValueError), ("growth_interval", 0, ValueError),
+    ("growth_interval", 2.5, ValueError), ("growth_factor", 0.5, ValueError),
+    ("growth_factor", 1.0, ValueError), ("growth_factor", None, ValueError),
+    ("backoff_factor", 0.0, ValueError), ("backoff_factor", 1.0, ValueError),
+    ("backoff_factor", 2.0, ValueError),
     ("min_scale", -1.0, ValueError), ("max_scale", INF, ValueError),
-    ("hysteresis", 0, ValueError), ("hysteresis", True, TypeError),
+    ("hysteresis", 0, ValueError), ("hysteresis", True, ValueError),
 ]
 
 
@@ -218,6 +220,9 @@ def test_wrap_optimizer_follows_the_policy_and_never_double_wraps():
     assert (rewrapped.initial_scale, rewrapped.growth_interval) == (128.0, 10)
     with pytest.raises(TypeError, match="optimizer="):
         wrap_optimizer(3)
+    keras.config.set_dtype_policy("float32")
+    assert isinstance(wrap_optimizer(keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD())), LossScaleOptimizer)
 
 
 def test_compile_under_mixed_float16_does_not_wrap_again():

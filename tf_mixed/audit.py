@@ -23,6 +23,8 @@ What is checked (each finding has a severity, the layer, and the fix):
   Embedding ``output_dim``, attention ``key_dim``/``value_dim``. Tensor Cores
   run float16 matrix products only on dimensions that are multiples of 8.
 * ``batch_not_multiple_of_8`` (warning): the batch size, when given.
+* ``policy_mismatch`` (warning): the model's policy differs from the global
+  one (a model built before ``tf_mixed.enable()``).
 * ``explicit_float32`` (info): layers with a float32 policy in a mixed model
   (often deliberate; listed so they are not a surprise). tf_mixed's own
   float32 heads are not listed.
@@ -292,7 +294,8 @@ def _round8(n: int) -> int:
 # ------------------------------------------------------------------ audit
 
 
-def audit(model, batch_size: int | None = None) -> AuditReport:
+def audit(model, batch_size: int | None = None, *,
+          check_global_policy: bool = True) -> AuditReport:
     """Lists each layer's dtypes and parameters and the mixed-precision risks.
 
     Args:
@@ -301,6 +304,8 @@ def audit(model, batch_size: int | None = None) -> AuditReport:
         model).
       batch_size: the training batch size. Checked for being a multiple of
         8 and used for the memory estimate (default 32 for the estimate).
+      check_global_policy: report a model whose policy differs from the
+        global one (off for a model loaded from a file, as in `main`).
 
     Returns:
       An `AuditReport`. The model is not modified.
@@ -327,16 +332,18 @@ def audit(model, batch_size: int | None = None) -> AuditReport:
                 "'batch_size' must be a positive integer or None, such as 64. "
                 f"Received: batch_size={batch_size!r}")
 
-    policy = model.dtype_policy.name
     layers = list(_walk(model))
+    policy = _effective_policy(model, layers)
     rows = []
     for name, layer in layers:
         outs = _layer_outputs(layer)
+        is_input = type(layer).__name__ == "InputLayer"
         rows.append(LayerRow(
             name=name,
             class_name=type(layer).__name__,
-            compute_dtype=_dtype(layer.compute_dtype),
-            variable_dtype=_dtype(layer.variable_dtype),
+            # An input layer computes nothing; its policy is meaningless.
+            compute_dtype="-" if is_input else _dtype(layer.compute_dtype),
+            variable_dtype="-" if is_input else _dtype(layer.variable_dtype),
             output_dtype=_dtype(outs[0].dtype) if outs else None,
             params=_params(layer),
         ))
@@ -350,6 +357,21 @@ def audit(model, batch_size: int | None = None) -> AuditReport:
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
         findings.extend(_output_findings(tensor, name, layer))
+        if type(layer).__name__ in _FLOAT32_HEADS:
+            # The layer feeding a float32 head is the real output layer.
+            for node in getattr(layer, "_inbound_nodes", None) or []:
+                for inner in keras.tree.flatten(getattr(node, "input_tensors", [])):
+                    output_layers.add(_producer(inner, layers)[0])
+    global_policy = keras.config.dtype_policy().name
+    model_policy = model.dtype_policy.name
+    if check_global_policy and model_policy != global_policy:
+        findings.append(Finding(
+            "warning", "policy_mismatch", None,
+            f"Model '{model.name}' has policy '{model_policy}' but the global policy "
+            f"is '{global_policy}': it was built before the policy was set, "
+            f"so it does not compute under '{global_policy}'.",
+            "call tf_mixed.enable() before building the model, or use "
+            "model = tf_mixed.convert(model)."))
     if not outputs:
         findings.append(Finding(
             "info", "no_graph", None,
@@ -373,6 +395,20 @@ def audit(model, batch_size: int | None = None) -> AuditReport:
     total = sum(r.params for r in rows)
     return AuditReport(model.name, policy, total, tuple(rows), tuple(findings),
                        memory)
+
+
+def _effective_policy(model, layers) -> str:
+    """The policy most layers have (a loaded model's own policy can differ)."""
+    counts: dict[str, int] = {}
+    for _, layer in layers:
+        if type(layer).__name__ in ("InputLayer",) + _FLOAT32_HEADS:
+            continue
+        name = getattr(layer.dtype_policy, "name", None)
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return model.dtype_policy.name
+    return max(counts, key=lambda name: (counts[name], name == model.dtype_policy.name))
 
 
 def _output_findings(tensor, name, layer) -> list[Finding]:
@@ -487,5 +523,12 @@ def main(path: str, batch_size: int | None = None) -> int:
         print(f"tf_mixed audit: {path} holds a {type(model).__name__}, not a "
               "Keras model", file=sys.stderr)
         return 2
-    print(audit(model, batch_size=batch_size))
+    print(audit(model, batch_size=batch_size, check_global_policy=False))
     return 0
+
+
+# `tf_mixed/__init__.py` binds the name `tf_mixed.audit` to the function above,
+# which shadows this module as an attribute of the package, so
+# `tf_mixed.audit.main` (and `from tf_mixed import audit; audit.main`) would
+# otherwise fail. Let the function carry `main` too.
+audit.main = main

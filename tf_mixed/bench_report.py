@@ -139,6 +139,15 @@ def _finite_check(report: dict[str, Any]) -> None:
                 raise RuntimeError(f"{r.get('policy', r.get('path'))}: {key}={value!r} is not a finite number")
 
 
+def _try_plot(plot, report, path) -> bool:
+    """A broken matplotlib set-up costs the picture, not the measurements."""
+    try:
+        return plot(report, path)
+    except Exception as error:  # noqa: BLE001 - any plotting failure
+        print(f"bench.png skipped: plotting failed ({type(error).__name__}: {error}).")
+        return False
+
+
 def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True) -> list[str]:
     """Writes results.json, results.md and (with matplotlib) bench.png atomically.
 
@@ -159,7 +168,7 @@ def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True)
         with open(os.path.join(staging, "results.md"), "w") as f:
             f.write(results_markdown(report) if report["suite"] == "compare" else report["markdown"])
         names.append("results.md")
-        if plot and bench_plot.plot(report, os.path.join(staging, "bench.png")):
+        if plot and _try_plot(bench_plot.plot, report, os.path.join(staging, "bench.png")):
             names.append("bench.png")
         with open(os.path.join(staging, "results.json"), "w") as f:
             json.dump(report, f, indent=2, allow_nan=False)

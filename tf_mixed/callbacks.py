@@ -17,7 +17,8 @@
    while steps keep being skipped for ``patience`` consecutive steps; the
    fraction of skipped steps in an epoch passes ``max_skip_fraction``; or the
    loss turns NaN/inf on steps that were not skipped (weights are being
-   corrupted). It sets ``model.stop_training = True`` and logs why, or with
+   corrupted), or on skipped steps while the weights already hold NaN/inf
+   (an earlier update corrupted them). It sets ``model.stop_training = True`` and logs why, or with
    ``raise_on_failure=True`` raises `LossScaleFailure` carrying the same text.
 
 The monitor reads counters from the optimizer's variables rather than
@@ -46,6 +47,7 @@ import warnings
 from typing import Any
 
 import keras
+import numpy as np
 from absl import logging
 
 __all__ = [
@@ -453,13 +455,34 @@ class LossScaleMonitor(keras.callbacks.Callback):
         # `loss` in the logs is the epoch's running mean, so it turns
         # non-finite on the first bad step and stays so; judge that step.
         self._loss_was_finite = False
-        if k < n and self.stop_reason is None:
+        if self.stop_reason is not None:
+            return
+        if k < n:
             what = ("no step was skipped" if k == 0 else
                     f"only {k} of its {n} steps were skipped")
             self._fail(
                 f"the loss became {loss} at step {self._epoch_steps} of the "
                 f"epoch and {what}: non-finite values are reaching the "
                 "weights." + self._advice(nan=True))
+            return
+        # All skipped: harmless if the weights are intact, fatal if an earlier
+        # applied step already wrote NaN/inf into them (then every later step
+        # is skipped and only the scale collapse would show it, much later).
+        bad = self._nonfinite_weights()
+        if bad:
+            self._fail(
+                f"the loss became {loss} at step {self._epoch_steps} of the "
+                f"epoch and weights {bad[:3]} hold NaN/inf: an earlier update "
+                "corrupted them and no later step can repair them. Restore a "
+                "checkpoint." + self._advice(nan=True))
+
+    def _nonfinite_weights(self) -> list[str]:
+        bad = []
+        for weight in self.model.weights:
+            value = keras.ops.convert_to_numpy(weight)
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                bad.append(weight.path)
+        return bad
 
     def _advice(self, nan: bool = False) -> str:
         if nan and self._reader.kind == "none":

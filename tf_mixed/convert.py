@@ -239,6 +239,12 @@ def convert(model: keras.Model, policy: str | None = None, *,
 
     saved = keras.config.dtype_policy()
     keras.config.set_dtype_policy(target)  # the clone's own policy
+    # clone_model compiles the clone from the original's compile config when
+    # the original is compiled; that would raise for objects that do not
+    # deserialise and lose the clone, so hide the flag for the call (restored
+    # below) and compile once ourselves in _recompile.
+    was_compiled = getattr(model, "compiled", False)
+    model.compiled = False
     try:
         if isinstance(model, keras.Sequential):
             new = keras.models.clone_model(
@@ -267,6 +273,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
                 model, input_tensors=inputs, clone_function=clone_layer,
                 call_function=call_layer, recursive=True)
     finally:
+        model.compiled = was_compiled
         keras.config.set_dtype_policy(saved)
 
     _copy_weights(model, new, rename)
@@ -291,7 +298,7 @@ def _copy_weights(model, new, rename):
 
 
 def _recompile(model, new, target) -> list[str]:
-    if not getattr(model, "compiled", False):
+    if not model.compiled:
         return []
     notes = []
     try:

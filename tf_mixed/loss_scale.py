@@ -83,9 +83,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             exact.
         growth_interval: Number of consecutive finite steps before the scale
             grows. Positive integer.
-        growth_factor: Multiplier applied when the scale grows, ``>= 1``.
+        growth_factor: Multiplier applied when the scale grows, ``> 1``.
         backoff_factor: Multiplier applied when the scale backs off, in
-            ``(0, 1]``.
+            ``(0, 1)``.
         min_scale: Lowest scale backoff can reach, positive.
         max_scale: Highest scale growth can reach, finite.
         hysteresis: Number of consecutive non-finite steps needed before the
@@ -97,10 +97,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             weight decay and the like belong on ``inner_optimizer``.
 
     Raises:
-        TypeError: if ``inner_optimizer`` is not a Keras optimizer, or a knob
-            has the wrong type.
-        ValueError: if ``inner_optimizer`` is already a loss-scale optimizer
-            or a knob is out of range.
+        TypeError: if ``inner_optimizer`` is not a Keras optimizer.
+        ValueError: if ``inner_optimizer`` is already a loss-scale optimizer,
+            or a knob is not a number or breaks its rule (the message names
+            the argument, the value and the rule).
     """
 
     def __init__(
@@ -436,7 +436,8 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
     returns it unchanged (no double scaling). A
     ``keras.optimizers.LossScaleOptimizer`` is unwrapped and its inner
     optimizer re-wrapped, keeping its initial scale and growth steps unless
-    overridden, so it gains the replica-safe skip decision.
+    overridden, so it gains the replica-safe skip decision (whatever the
+    policy: loss scaling was asked for explicitly).
 
     When the global Keras policy is not ``mixed_float16`` (float32 or
     bfloat16 need no loss scaling) the optimizer is returned as is, unless
@@ -475,6 +476,7 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
         knobs.setdefault("growth_interval",
                          int(optimizer.dynamic_growth_steps))
         optimizer = optimizer.inner_optimizer
+        force = True  # loss scaling was asked for explicitly: keep it
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
@@ -584,9 +586,9 @@ def _check_inner(inner_optimizer):
 _KNOBS = (
     ("initial_scale", float, lambda v: 0 < v < math.inf, "a finite number > 0"),
     ("growth_interval", int, lambda v: v >= 1, "an integer >= 1"),
-    ("growth_factor", float, lambda v: 1 <= v < math.inf,
-     "a finite number >= 1"),
-    ("backoff_factor", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("growth_factor", float, lambda v: 1 < v < math.inf,
+     "a finite number > 1"),
+    ("backoff_factor", float, lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("min_scale", float, lambda v: 0 < v < math.inf, "a finite number > 0"),
     ("max_scale", float, lambda v: 0 < v < math.inf, "a finite number > 0"),
     ("hysteresis", int, lambda v: v >= 1, "an integer >= 1"),
@@ -602,7 +604,9 @@ def _validated_knobs(**values):
         if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
         if not is_number or (kind is int and not isinstance(value, int)):
-            raise TypeError(
+            # ValueError, not TypeError: a knob is one kind of bad value
+            # whatever its type, so one `except ValueError` catches them all.
+            raise ValueError(
                 f"LossScaleOptimizer argument `{name}` must be {valid}. "
                 f"Received: {name}={value!r} (of type {type(value).__name__})."
             )

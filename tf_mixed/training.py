@@ -86,7 +86,9 @@ def apply_scaled_gradients(
 
     Returns:
         A scalar bool tensor, True when the step was applied. Always True for
-        an optimizer without loss scaling.
+        an optimizer whose ``apply`` returns nothing (plain Keras optimizers,
+        and ``keras.optimizers.LossScaleOptimizer``, which gives no skip
+        signal).
 
     Raises:
         ValueError: if ``clip_norm`` is not a positive finite number.
