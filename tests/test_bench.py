@@ -326,3 +326,16 @@ def test_plot_without_matplotlib_is_skipped_with_a_note(monkeypatch, capsys, tmp
         "bench.png skipped: matplotlib is not installed (pip install 'tf-mixed[plot]')."
     )
     assert not (tmp_path / "b.png").exists()
+
+
+def test_warns_before_float16_convolutions_on_a_cpu(monkeypatch):
+    from tf_mixed import bench_launch
+
+    cnn, mlp = bench.BenchConfig(model="cnn"), bench.BenchConfig(model="mlp")
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo())
+    assert bench_launch._slow_float16_convs(cnn, ("float32", "mixed_float16"))
+    assert not bench_launch._slow_float16_convs(mlp, ("float32", "mixed_float16"))
+    assert not bench_launch._slow_float16_convs(cnn, ("float32", "mixed_bfloat16"))
+    gpu = hardware.HardwareInfo(gpus=(hardware.GpuInfo("V100", (7, 0)),))
+    monkeypatch.setattr(hardware, "detect", lambda: gpu)
+    assert not bench_launch._slow_float16_convs(cnn, ("float32", "mixed_float16"))

@@ -14,6 +14,10 @@ from tf_mixed.loss_scale import LossScaleOptimizer
 from tf_mixed.training import make_train_step
 
 INF = float("inf")
+NAN = float("nan")
+# Which replicas get a non-finite gradient: none, replica 0, replica 1, both.
+BAD = {"none": [False, False], "replica0": [True, False],
+       "replica1": [False, True], "both": [True, True]}
 
 
 def _locals(strategy, value):
@@ -28,11 +32,12 @@ def _setup(strategy, make_inner, **knobs):
     return var, opt
 
 
-def _grad_step(strategy, opt, var, bad_replica, use_function):
+def _grad_step(strategy, opt, var, bad_replica, use_function, bad_value=INF):
     def replica_fn(bad):
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         grad = tf.constant([4.0, 4.0])
-        grad = tf.where(tf.equal(replica, bad), tf.constant([INF, 4.0]), grad)
+        is_bad = tf.logical_or(tf.equal(replica, bad), tf.equal(bad, 2))
+        grad = tf.where(is_bad, tf.constant([bad_value, 4.0]), grad)
         return opt.apply([grad], [var])
 
     def step(bad):
@@ -42,12 +47,15 @@ def _grad_step(strategy, opt, var, bad_replica, use_function):
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
-@pytest.mark.parametrize("bad_replica", [None, 0, 1])
+@pytest.mark.parametrize("bad_value", [INF, NAN], ids=["inf", "nan"])
+@pytest.mark.parametrize("bad_replica", [None, 0, 1, 2],
+                         ids=["none", "replica0", "replica1", "both"])
 def test_skip_decision_is_shared_by_all_replicas(mirrored, bad_replica,
-                                                 use_function):
+                                                 bad_value, use_function):
     var, opt = _setup(mirrored, lambda: keras.optimizers.SGD(0.25),
                       initial_scale=4.0)
-    step = _grad_step(mirrored, opt, var, bad_replica, use_function)
+    step = _grad_step(mirrored, opt, var, bad_replica, use_function, bad_value)
+    # bad: -1 nobody, 0 or 1 that replica, 2 both.
     applied = step(tf.constant(-1 if bad_replica is None else bad_replica))
     finite = bad_replica is None
     assert [bool(a) for a in _locals(mirrored, applied)] == [finite, finite]
@@ -110,8 +118,9 @@ def test_keras_wrapper_still_corrupts_weights_when_replica_1_overflows(mirrored)
 
 
 def _flag_loss(y_true, y_pred):
-    """Squared error; a sample whose y_true[:, 1] is 1 makes it infinite."""
-    blow_up = tf.where(y_true[:, 1:] > 0, INF, 1.0)
+    """Squared error; y_true[:, 1] of 1 makes a sample's loss inf, 2 NaN."""
+    flag = y_true[:, 1:]
+    blow_up = tf.where(flag > 1.5, NAN, tf.where(flag > 0.5, INF, 1.0))
     return tf.reduce_mean(tf.square(y_pred - y_true[:, :1]) * blow_up, axis=-1)
 
 
@@ -127,16 +136,22 @@ def _fit_model(strategy, jit_compile=False):
     return model, opt
 
 
-@pytest.mark.parametrize("bad_sample", [None, 0, 3], ids=["none", "replica0", "replica1"])
-def test_fit_skips_when_any_replica_overflows(mirrored, bad_sample):
+@pytest.mark.parametrize("flag", [1.0, 2.0], ids=["inf", "nan"])
+@pytest.mark.parametrize("bad_samples", [(), (0,), (3,), (0, 3)],
+                         ids=["none", "replica0", "replica1", "both"])
+def test_fit_skips_when_any_replica_overflows(mirrored, bad_samples, flag):
     model, opt = _fit_model(mirrored)
     x = np.ones((4, 1), np.float32)
     y = np.zeros((4, 2), np.float32)
-    if bad_sample is not None:
-        y[bad_sample, 1] = 1.0  # batch of 4 splits 2 + 2 over the replicas
+    for sample in bad_samples:
+        y[sample, 1] = flag  # batch of 4 splits 2 + 2 over the replicas
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
     kernel, bias = (float(w.ravel()[0]) for w in model.get_weights())
-    if bad_sample is None:
+    for weight in model.weights:  # every replica holds the same finite copy
+        copies = _locals(mirrored, weight.value)
+        assert all(np.isfinite(c).all() for c in copies)
+        np.testing.assert_array_equal(copies[0], copies[1])
+    if not bad_samples:
         # d/dw mean((w + b)^2) at w=1, b=0 is 2; lr 1/8.
         assert (kernel, bias) == (0.75, -0.25)
         assert float(opt.loss_scale.numpy()) == 4.0
@@ -193,3 +208,21 @@ def test_make_train_step_refuses_jit_under_strategy(mirrored):
     with pytest.raises(ValueError, match="jit_compile"):
         make_train_step(model, keras.losses.MeanSquaredError(), opt,
                         strategy=mirrored, jit_compile=True)
+
+
+def test_unscale_then_clip_under_mirrored(mirrored):
+    """Each replica's unscale mark is its own (replicas run in threads)."""
+    var, opt = _setup(mirrored, lambda: keras.optimizers.SGD(0.5),
+                      initial_scale=8.0)
+
+    def replica_fn():
+        grads = opt.unscale_gradients([tf.constant([24.0, 32.0])])  # [3, 4]
+        grads, _ = tf.clip_by_global_norm(grads, 1.0)  # [0.6, 0.8]
+        return opt.apply(grads, [var])
+
+    applied = tf.function(lambda: mirrored.run(replica_fn))()
+    assert all(bool(a) for a in _locals(mirrored, applied))
+    # Summed over 2 replicas: [1.2, 1.6], lr 0.5.
+    for copy in _locals(mirrored, var.value):
+        np.testing.assert_allclose(copy, [1.0 - 0.6, 1.0 - 0.8], rtol=1e-6)
+    assert int(opt.iterations.numpy()) == 1

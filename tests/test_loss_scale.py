@@ -354,3 +354,72 @@ def test_public_names():
     assert tf_mixed.LossScaleOptimizer is LossScaleOptimizer
     assert tf_mixed.wrap_optimizer is wrap_optimizer
     assert os.path.basename(tf_mixed.loss_scale.__file__) == "loss_scale.py"
+
+
+# ---------------------------------------------------- unscale_gradients
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
+def test_apply_after_unscale_gradients_does_not_unscale_again(use_function):
+    var = keras.Variable(1.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=64.0)
+    opt.build([var])
+
+    def step(scaled_grad):
+        grads = opt.unscale_gradients([scaled_grad])  # 128 / 64 = 2
+        return opt.apply_gradients(zip(grads, [var]))
+
+    step = tf.function(step) if use_function else step
+    step(tf.constant(128.0))
+    assert float(var.numpy()) == -1.0  # 1 - 2, not 1 - 2 / 64
+    # The mark is consumed: a plain apply divides again.
+    opt.apply([tf.constant(128.0)], [var])
+    assert float(var.numpy()) == -3.0
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
+def test_clipping_after_unscale_equals_clipping_float32_gradients(use_function):
+    x = tf.constant([[3.0, 4.0, 12.0]])  # gradient norm 13
+
+    def make():
+        var = keras.Variable([[1.0], [1.0], [1.0]])
+        return var
+
+    # Reference: float32, no scaling, clip by global norm 1.
+    ref_var = make()
+    ref_opt = keras.optimizers.SGD(1.0)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.matmul(x, ref_var))
+    grads = tape.gradient(loss, [ref_var])
+    grads, _ = tf.clip_by_global_norm(grads, 1.0)
+    ref_opt.apply_gradients(zip(grads, [ref_var]))
+
+    var = make()
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=2.0**10)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, var))
+            scaled = opt.scale_loss(loss)
+        grads = tape.gradient(scaled, [var])
+        grads = opt.unscale_gradients(grads)
+        grads, _ = tf.clip_by_global_norm(grads, 1.0)
+        return opt.apply(grads, [var])
+
+    step = tf.function(step) if use_function else step
+    assert bool(step())
+    np.testing.assert_array_equal(var.numpy(), ref_var.numpy())
+    np.testing.assert_allclose(var.numpy().ravel(), [1 - 3 / 13, 1 - 4 / 13, 1 - 12 / 13],
+                               rtol=1e-6)
+
+
+def test_unscaled_overflow_is_still_skipped():
+    var = keras.Variable(1.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8.0)
+    opt.build([var])
+    grads = opt.unscale_gradients([tf.constant(INF)])
+    grads, _ = tf.clip_by_global_norm(grads, 1.0)  # inf -> NaN
+    assert not bool(opt.apply(grads, [var]))
+    assert float(var.numpy()) == 1.0
+    assert float(opt.loss_scale.numpy()) == 4.0
+    assert int(opt.skipped_steps.numpy()) == 1

@@ -28,6 +28,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_mixed import bench_train
 from tf_mixed.bench_errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
@@ -268,176 +269,6 @@ def make_strategy(config: BenchConfig) -> tf.distribute.Strategy:
 # --- one policy -------------------------------------------------------------------
 
 
-class _Recorder:
-    """Per-step wall time and loss scale; per-epoch metrics; progress lines."""
-
-    def __init__(self, policy: str, epochs: int, global_batch: int, optimizer, verbose: bool):
-        self.policy = policy
-        self.epochs = epochs
-        self.global_batch = global_batch
-        self.optimizer = optimizer
-        self.verbose = verbose
-        self.step_times: list[float] = []
-        self.scale_changes: list[list[float]] = []  # [step, scale] at each change
-        self.history: dict[str, list[float]] = {
-            "train_loss": [], "train_accuracy": [], "val_loss": [], "val_accuracy": []
-        }
-
-    def step_done(self, seconds: float) -> None:
-        self.step_times.append(seconds)
-        scale = _loss_scale(self.optimizer)
-        if scale is not None and (not self.scale_changes or self.scale_changes[-1][1] != scale):
-            self.scale_changes.append([len(self.step_times), scale])
-
-    def epoch_done(self, epoch: int, train_loss, train_acc, val_loss, val_acc) -> None:
-        for key, value in zip(self.history, (train_loss, train_acc, val_loss, val_acc)):
-            self.history[key].append(float(value))
-        if self.verbose:
-            recent = self.step_times[-max(1, len(self.step_times) // (epoch + 1)):]
-            rate = self.global_batch / statistics.median(recent)
-            scale = _loss_scale(self.optimizer)
-            extra = f", loss scale {scale:g}, skipped {_skipped(self.optimizer)}" if scale else ""
-            print(
-                f"[{self.policy}] epoch {epoch + 1}/{self.epochs}: loss {train_loss:.4f} "
-                f"acc {train_acc:.4f} val_loss {val_loss:.4f} val_acc {val_acc:.4f} "
-                f"{rate:,.0f} samples/s{extra}",
-                flush=True,
-            )
-
-
-class _FitRecorder(keras.callbacks.Callback):
-    """Adapts `_Recorder` to ``model.fit``.
-
-    Reading ``logs["loss"]`` as a float at each batch end waits for the step
-    to finish, so the time between batch begin and end is the step's time.
-    """
-
-    def __init__(self, recorder: _Recorder):
-        super().__init__()
-        self.recorder = recorder
-        self._start = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        logs = logs or {}
-        float(logs.get("loss", 0.0))  # synchronise
-        self.recorder.step_done(time.perf_counter() - self._start)
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
-        self.recorder.epoch_done(
-            epoch, logs["loss"], logs["accuracy"], logs["val_loss"], logs["val_accuracy"]
-        )
-
-
-def _loss_scale(optimizer) -> float | None:
-    for attr in ("loss_scale", "dynamic_scale"):
-        variable = getattr(optimizer, attr, None)
-        if isinstance(variable, (tf.Variable, keras.Variable)):
-            return float(keras.ops.convert_to_numpy(variable))
-    return None
-
-
-def _skipped(optimizer) -> int:
-    variable = getattr(optimizer, "skipped_steps", None)
-    if variable is None:
-        return 0
-    return int(keras.ops.convert_to_numpy(variable))
-
-
-def _batched(dataset: tf.data.Dataset, batch: int, *, train: bool, seed: int, size: int):
-    def to_float(x, y):
-        return tf.cast(x, tf.float32), y
-
-    if train:
-        # Same seed -> same order in every policy's run; reshuffled each epoch.
-        dataset = dataset.shuffle(min(size, 10_000), seed=seed, reshuffle_each_iteration=True)
-        dataset = dataset.batch(batch, drop_remainder=True).repeat()
-    else:
-        dataset = dataset.batch(batch)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    options.deterministic = True
-    return dataset.map(to_float).prefetch(2).with_options(options)
-
-
-def _train_fit(model, optimizer, train, val, steps, config, recorder):
-    from tf_mixed.callbacks import LossScaleMonitor
-
-    model.compile(
-        optimizer=optimizer,
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
-    model.fit(
-        train,
-        validation_data=val,
-        epochs=config.epochs,
-        steps_per_epoch=steps,
-        shuffle=False,
-        verbose=0,
-        callbacks=[LossScaleMonitor(), _FitRecorder(recorder)],
-    )
-
-
-def _train_custom(model, optimizer, train, val, steps, config, recorder, strategy):
-    from tf_mixed import training
-
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
-    global_batch = config.batch_size
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            probs = model(x, training=True)
-            per_example = loss_fn(y, probs)
-            # Sum over the global batch: all-reducing the replicas' gradients
-            # then gives the gradient of the global mean.
-            loss = tf.reduce_sum(per_example) / global_batch
-        training.apply_scaled_gradients(tape, loss, model.trainable_variables, optimizer)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
-        return loss, correct
-
-    def replica_eval(x, y):
-        probs = model(x, training=False)
-        correct = tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32)
-        return tf.reduce_sum(loss_fn(y, probs)), tf.reduce_sum(correct), tf.cast(tf.shape(y)[0], tf.float32)
-
-    def reduce(values):
-        return [strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in values]
-
-    @tf.function
-    def train_step(iterator):
-        return reduce(strategy.run(replica_step, args=next(iterator)))
-
-    @tf.function
-    def eval_step(batch):
-        return reduce(strategy.run(replica_eval, args=batch))
-
-    with strategy.scope():
-        # Optimizer slots must exist before the first distributed step.
-        optimizer.build(model.trainable_variables)
-    iterator = iter(strategy.experimental_distribute_dataset(train))
-    val_dist = strategy.experimental_distribute_dataset(val)
-    for epoch in range(config.epochs):
-        loss_sum = correct_sum = 0.0
-        for _ in range(steps):
-            start = time.perf_counter()
-            loss, correct = train_step(iterator)
-            loss, correct = float(loss), float(correct)  # synchronise
-            recorder.step_done(time.perf_counter() - start)
-            loss_sum += loss
-            correct_sum += correct
-        totals = [0.0, 0.0, 0.0]
-        for batch in val_dist:
-            totals = [t + float(v) for t, v in zip(totals, eval_step(batch))]
-        recorder.epoch_done(
-            epoch, loss_sum / steps, correct_sum / (steps * global_batch),
-            totals[0] / max(totals[2], 1.0), totals[1] / max(totals[2], 1.0),
-        )
-
-
 def run_policy(
     config: BenchConfig,
     policy_name: str,
@@ -482,8 +313,8 @@ def run_policy(
     steps = config.steps or bench_data.train_size // config.batch_size
     total_steps = steps * config.epochs
     warmup = min(config.warmup_steps, total_steps - 1)
-    train = _batched(bench_data.train, config.batch_size, train=True, seed=config.seed, size=bench_data.train_size)
-    val = _batched(bench_data.val, config.batch_size, train=False, seed=config.seed, size=bench_data.val_size)
+    train = bench_train.batched(bench_data.train, config.batch_size, train=True, seed=config.seed, size=bench_data.train_size)
+    val = bench_train.batched(bench_data.val, config.batch_size, train=False, seed=config.seed, size=bench_data.val_size)
 
     keras.backend.clear_session()
     memory_reset = _reset_peak_memory()
@@ -492,12 +323,14 @@ def run_policy(
         with strategy.scope():
             model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
             optimizer = wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
-        recorder = _Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose)
+        recorder = bench_train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose)
         start = time.perf_counter()
         if config.loop == "fit":
-            _train_fit(model, optimizer, train, val, steps, config, recorder)
+            bench_train.train_fit(model, optimizer, train, val, steps, config.epochs, recorder)
         else:
-            _train_custom(model, optimizer, train, val, steps, config, recorder, strategy)
+            bench_train.train_custom(
+                model, optimizer, train, val, steps, config.epochs, config.batch_size, recorder, strategy
+            )
         train_time = time.perf_counter() - start
         peak_rss = _peak_rss_mb()
         peak_gpu = _peak_gpu_mb()
@@ -540,7 +373,7 @@ def run_policy(
         "final_val_loss": history["val_loss"][-1],
         "final_val_accuracy": history["val_accuracy"][-1],
         "history": history,
-        "skipped_steps": _skipped(optimizer),
+        "skipped_steps": bench_train.skipped_steps(optimizer),
         "loss_scale": None
         if not scale_changes
         else {

@@ -51,6 +51,14 @@ def run_compare(config: bench.BenchConfig, command: str) -> dict[str, Any]:
     bench_data = bench.check_data(config)
     created = bench_report.check_output_dir(config.output_dir)
     print(note, flush=True)
+    if _slow_float16_convs(config, policies):
+        print(
+            f"Warning: mixed_float16 with --model={config.model_name} on a host without a "
+            "GPU is very slow: TensorFlow's float16 Conv2D filter gradient on CPU is "
+            "hundreds of times slower than float32 (measured on TF 2.21). Expect that "
+            "policy to take far longer; --model=mlp or mixed_bfloat16 is quick here.",
+            flush=True,
+        )
     print(
         f"Benchmarking --model={config.model_name} on --dataset={config.dataset} with "
         f"policies {', '.join(policies)} (loop={config.loop}, strategy={config.strategy}).",
@@ -97,6 +105,16 @@ def run_compare(config: bench.BenchConfig, command: str) -> dict[str, Any]:
     print(note)
     print("Wrote " + ", ".join(paths))
     return report
+
+
+def _slow_float16_convs(config: bench.BenchConfig, policies: tuple[str, ...]) -> bool:
+    from tf_mixed import hardware
+
+    return (
+        "mixed_float16" in policies
+        and config.model_name != "mlp"
+        and not hardware.detect().has_gpu
+    )
 
 
 def _free_ports(count: int) -> list[int]:

@@ -26,7 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_mixed import bench, bench_report
+from tf_mixed import bench, bench_report, bench_train
 from tf_mixed.bench_errors import UsageError
 
 PATHS = ("keras", "tf_mixed")
@@ -148,7 +148,7 @@ def run_overhead(config: bench.BenchConfig, command: str) -> dict[str, Any]:
     print(f"Overhead suite: --model={config.model_name}, policy {why}, loop={config.loop}, "
           f"{config.rounds} rounds x {steps} steps per path.", flush=True)
     try:
-        train = bench._batched(bench_data.train, config.batch_size, train=True,
+        train = bench_train.batched(bench_data.train, config.batch_size, train=True,
                                seed=config.seed, size=bench_data.train_size)
         keras.backend.clear_session()
         with policy.policy_scope(policy_name):

@@ -25,6 +25,7 @@ skip decision is replaced here.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import keras
@@ -140,6 +141,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.min_scale = knobs["min_scale"]
         self.max_scale = knobs["max_scale"]
         self.hysteresis = knobs["hysteresis"]
+        # (thread, graph) pairs whose next `apply` gets gradients that
+        # `unscale_gradients` already divided; see `_take_unscaled_mark`.
+        self._unscaled_marks = set()
 
     # ------------------------------------------------------------------ state
 
@@ -206,10 +210,22 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return loss * tf.cast(scale, loss.dtype)
 
     def unscale_gradients(self, grads):
-        """Divides each gradient by the current loss scale.
+        """Divides each gradient by the current loss scale, for clipping.
 
-        ``apply`` unscales by itself; use this only to look at the true
-        gradients (for logging, say). ``None`` entries pass through.
+        Like ``torch.amp``'s ``unscale_``: call it to clip or inspect the true
+        gradients, then pass the *returned* (possibly clipped) gradients to
+        ``apply_gradients``/``apply``, which then does not divide them again.
+        The mark lasts until that next ``apply`` in the same thread and graph
+        (under ``MirroredStrategy`` each replica runs in its own thread, so
+        each replica's mark is its own). Non-finite values stay non-finite, so
+        an overflow is still skipped.
+
+        Example:
+
+            grads = tape.gradient(opt.scale_loss(loss), variables)
+            grads = opt.unscale_gradients(grads)
+            grads, _ = tf.clip_by_global_norm(grads, 1.0)
+            opt.apply_gradients(zip(grads, variables))
 
         Args:
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
@@ -218,7 +234,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             A list of the same structure holding the unscaled gradients.
         """
         scale = self.loss_scale if self.built else self.initial_scale
-        return [_divide(g, scale) for g in grads]
+        unscaled = [_divide(g, scale) for g in grads]
+        self._unscaled_marks.add(_thread_and_graph())
+        return unscaled
+
+    def _take_unscaled_mark(self) -> bool:
+        """Whether `unscale_gradients` ran since the last `apply`; clears it.
+
+        The mark is keyed by thread and graph so that a replica thread, or a
+        `tf.function` trace, only consumes its own mark.
+        """
+        key = _thread_and_graph()
+        if key in self._unscaled_marks:
+            self._unscaled_marks.discard(key)
+            return True
+        return False
 
     # ----------------------------------------------------------- the update
 
@@ -240,7 +270,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         or ``model.fit``).
 
         Args:
-            grads: Gradients of the *scaled* loss, one per variable.
+            grads: Gradients of the *scaled* loss, one per variable, or the
+                output of ``unscale_gradients`` (then not divided again).
             trainable_variables: The variables to update. May be omitted once
                 the optimizer is built.
 
@@ -279,11 +310,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         _refuse_jit_under_strategy(strategy)
         self._check_variables_in_scope(strategy)
 
+        already_unscaled = self._take_unscaled_mark()
         with keras.name_scope(self.name, caller=self):
             finite = _all_replicas_finite(grads)
             scale = tf.identity(self.loss_scale.value)
             unscaled = [
-                g if getattr(v, "overwrite_with_gradient", False)
+                g if already_unscaled
+                or getattr(v, "overwrite_with_gradient", False)
                 else _divide(g, scale)
                 for g, v in zip(grads, trainable_variables)
             ]
@@ -489,6 +522,10 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
 
 
 # --------------------------------------------------------------- helpers
+
+
+def _thread_and_graph():
+    return threading.get_ident(), id(tf.compat.v1.get_default_graph())
 
 
 def _returning_none(fn):
