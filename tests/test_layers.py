@@ -155,7 +155,11 @@ def test_keras_round_trip_of_every_helper(tmp_path):
             "gate": tf_mixed.float32_loss("binary_crossentropy"),
         },
     )
-    x = np.random.default_rng(1).random((5, 6), dtype=np.float32)
+    rng = np.random.default_rng(1)
+    x = rng.random((5, 6), dtype=np.float32)
+    targets = {"probs": rng.integers(0, 3, 5), "scores": rng.random((5, 2)),
+               "gate": rng.integers(0, 2, (5, 1)).astype("float32")}
+    model.fit(x, targets, verbose=0)  # builds the optimizer, so it saves whole
     path = tmp_path / "model.keras"
     model.save(path)
 
