@@ -76,6 +76,8 @@ def test_resnet18_has_eighteen_weight_layers():
     dense = [l for l in model.layers if isinstance(l, keras.layers.Dense)]
     assert len(convs) + len(dense) == 18
     assert 11_000_000 < model.count_params() < 11_300_000  # 11.2 M at 10 classes
+    norms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    assert len(norms) == 20 and {l.momentum for l in norms} == {0.9}
 
 
 def test_unknown_model_and_too_small_images():
@@ -187,7 +189,7 @@ def test_float16_custom_loop_mirrored_records_loss_scale(tmp_path, capsys):
     assert fp16["optimizer"] == "LossScaleOptimizer(Adam)"
     scale = fp16["loss_scale"]
     assert scale["initial"] == 2.0**15
-    assert scale["trajectory"][0] == [1, scale["initial"]]
+    assert scale["trajectory"][0] == [0, scale["initial"]]
     steps = [s for s, _ in scale["trajectory"]]
     assert steps == sorted(steps) and steps[-1] <= fp16["total_steps"]
     assert scale["final"] == scale["trajectory"][-1][1]
@@ -278,15 +280,17 @@ def test_ratios_and_table_without_float32():
     table = bench_report.markdown_table(results)
     assert "| mixed_bfloat16 | 250.0 | 2.50x | 128.0 | 100 | 1.00x |" in table
     alone = [_fake_result("mixed_float16", 80.0, 0.5)]
+    alone[0]["final_val_loss"] = None  # diverged run: stored as null, shown as nan
     bench_report.add_ratios(alone)
     assert alone[0]["ratio_to_float32"] is None
     assert "| n/a |" in bench_report.markdown_table(alone)
+    assert "| 0.5000 | nan | 50.00 |" in bench_report.markdown_table(alone)
 
 
 def test_write_outputs_refuses_non_finite_figures_and_leaves_nothing(tmp_path):
     bad = _fake_result("float32", 100.0, 0.9)
-    bad["final_val_loss"] = float("nan")
-    with pytest.raises(RuntimeError, match="final_val_loss=nan"):
+    bad["step_time_ms"] = float("nan")
+    with pytest.raises(RuntimeError, match="step_time_ms=nan"):
         bench_report.write_outputs({"suite": "compare", "results": [bad]}, str(tmp_path))
     assert os.listdir(tmp_path) == []
 
@@ -339,3 +343,26 @@ def test_warns_before_float16_convolutions_on_a_cpu(monkeypatch):
     gpu = hardware.HardwareInfo(gpus=(hardware.GpuInfo("V100", (7, 0)),))
     monkeypatch.setattr(hardware, "detect", lambda: gpu)
     assert not bench_launch._slow_float16_convs(cnn, ("float32", "mixed_float16"))
+
+
+def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
+    from tf_mixed import bench_plot
+
+    def result(policy, losses, scale):
+        return {
+            "policy": policy, "samples_per_sec": 100.0, "total_steps": 10,
+            "ratio_to_float32": {"samples_per_sec": 1.0},
+            "history": {"train_loss": losses, "val_loss": losses}, "loss_scale": scale,
+        }
+
+    report = {
+        "suite": "compare", "model": {"name": "mlp"}, "dataset": {"name": "shapes"},
+        "results": [
+            result("float32", [1.0, 0.5], None),
+            result("mixed_float16", [1.0, None],
+                   {"trajectory": [[0, 32768.0], [3, 16384.0]], "final": 16384.0}),
+        ],
+    }
+    path = tmp_path / "bench.png"
+    assert bench_plot.plot(report, str(path)) is True
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -107,9 +107,12 @@ def test_info_prints_the_hardware_report(capsys):
     assert main(["tf_mixed", "info", "extra"]) == 2
 
 
-def test_audit_needs_one_path(capsys):
+def test_audit_needs_one_path(tmp_path, capsys):
     assert main(["tf_mixed", "audit"]) == 2
     assert "expected exactly one argument" in capsys.readouterr().err
+    # The path is handed to tf_mixed.audit.main, which rejects a missing file.
+    assert main(["tf_mixed", "audit", str(tmp_path / "missing.keras")]) == 2
+    assert "missing.keras" in capsys.readouterr().err
 
 
 # --- real processes -----------------------------------------------------------

@@ -77,6 +77,20 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("_part", "", "internal", flag_values=fv)
 
 
+def _public_help(fv: flags.FlagValues) -> str:
+    """The flags' help without the internal ``--_*`` ones."""
+    blocks, keep = [], True
+    for line in fv.get_help().splitlines():
+        if line.strip() and not line.startswith(" "):  # absl's "<module path>:" heading
+            blocks.append("bench flags:")
+            continue
+        if line.lstrip().startswith("--"):
+            keep = not line.lstrip().startswith("--_")
+        if keep:
+            blocks.append(line)
+    return "\n".join(blocks)
+
+
 def _config_from(fv: flags.FlagValues):
     from tf_mixed import bench
 
@@ -116,7 +130,7 @@ def _bench(argv: list[str]) -> int:
     _define_flags(fv)
     if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
         print(USAGE)
-        print(fv.get_help())
+        print(_public_help(fv))
         return 0
     try:
         positionals = fv(argv)[1:]

@@ -338,8 +338,10 @@ def run_policy(
         jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
 
     timed = recorder.step_times[warmup:]
+    # A diverged run is a result too: non-finite losses are stored as None
+    # (JSON null) rather than refused.
+    history = {k: [_finite_or_none(v) for v in values] for k, values in recorder.history.items()}
     median_step = statistics.median(timed)
-    history = recorder.history
     scale_changes = recorder.scale_changes
     result = {
         "policy": policy_name,
@@ -381,7 +383,7 @@ def run_policy(
             "final": scale_changes[-1][1],
             "min": min(v for _, v in scale_changes),
             "max": max(v for _, v in scale_changes),
-            "trajectory": scale_changes,  # [step, scale] at step 1 and every change
+            "trajectory": scale_changes,  # [step, scale]: step 0, then every change
         },
         "model_params": int(model.count_params()),
         "dataset": bench_data.describe(),
@@ -394,6 +396,10 @@ def _schedule(config: BenchConfig, total_steps: int):
     """Cosine decay to 0 over the run: the last epoch's accuracy is then a
     converged figure rather than one noisy Adam step, so policies compare."""
     return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total_steps)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _percentile(values: list[float], q: float) -> float:

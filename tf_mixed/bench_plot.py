@@ -6,6 +6,7 @@ line saying so and returns False.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -52,13 +53,14 @@ def plot(report: dict[str, Any], path: str) -> bool:
     ax = axes[1]
     for r in results:
         epochs = range(1, len(r["history"]["train_loss"]) + 1)
-        ax.plot(epochs, r["history"]["train_loss"], "-o", color=colors[r["policy"]], label=f"{r['policy']} train")
-        ax.plot(epochs, r["history"]["val_loss"], "--s", color=colors[r["policy"]], label=f"{r['policy']} val")
+        for key, style, what in (("train_loss", "-o", "train"), ("val_loss", "--s", "val")):
+            values = [math.nan if v is None else v for v in r["history"][key]]  # None: diverged
+            ax.plot(epochs, values, style, color=colors[r["policy"]], label=f"{r['policy']} {what}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    losses = [v for r in results for k in ("train_loss", "val_loss") for v in r["history"][k]]
-    if min(losses) > 0 and max(losses) / min(losses) > 20:
+    losses = [v for r in results for k in ("train_loss", "val_loss") for v in r["history"][k] if v]
+    if losses and min(losses) > 0 and max(losses) / min(losses) > 20:
         ax.set_yscale("log")
     ax.set_title("Loss")
     ax.legend(fontsize=7)

@@ -47,6 +47,10 @@ def _ratio(result: dict, key: str, digits: int = 2) -> str:
     return "n/a" if not ratios else f"{ratios[key]:.{digits}f}x"
 
 
+def _num(value: float | None, spec: str) -> str:
+    return "nan" if value is None else format(value, spec)
+
+
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """One row per policy: figures and their ratio to float32."""
     header = (
@@ -61,7 +65,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['policy']} | {r['samples_per_sec']:,.1f} | {_ratio(r, 'samples_per_sec')} "
             f"| {r['step_time_ms']:.1f} | {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
-            f"| {r['final_train_loss']:.4f} | {r['final_val_loss']:.4f} "
+            f"| {_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')} "
             f"| {100 * r['final_val_accuracy']:.2f} | {diff} | {r['skipped_steps']} "
             f"| {'-' if scale is None else f'{scale:g}'} |"
         )
@@ -131,7 +135,7 @@ def _remove_if_empty(path: str) -> None:
 
 def _finite_check(report: dict[str, Any]) -> None:
     """Refuses to write figures that are not real measurements."""
-    keys = ("samples_per_sec", "step_time_ms", "peak_memory_mb", "final_train_loss", "final_val_loss")
+    keys = ("samples_per_sec", "step_time_ms", "peak_memory_mb")
     for r in report["results"]:
         for key in (k for k in keys if k in r):
             value = r[key]

@@ -27,7 +27,11 @@ class Recorder:
         self.optimizer = optimizer
         self.verbose = verbose
         self.step_times: list[float] = []
-        self.scale_changes: list[list[float]] = []  # [step, scale] at each change
+        # [step, scale]: the scale before step 1 (step 0), then after each change.
+        self.scale_changes: list[list[float]] = []
+        initial = getattr(optimizer, "initial_scale", None)
+        if initial is not None:
+            self.scale_changes.append([0, float(initial)])
         self.history: dict[str, list[float]] = {
             "train_loss": [], "train_accuracy": [], "val_loss": [], "val_accuracy": []
         }
