@@ -45,6 +45,8 @@ def mirrored():
     TF 2.21 gives two MirroredStrategy objects over the same devices the same
     collective keys; when their tensors differ in shape, TF aborts with
     "Shape mismatch in the collective instance". One strategy per process
-    avoids that.
+    (the same one the bench uses in-process) avoids that.
     """
-    return tf.distribute.MirroredStrategy(list(CPU_DEVICES))
+    from tf_mixed.training import shared_mirrored_strategy
+
+    return shared_mirrored_strategy(list(CPU_DEVICES))

@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import bench_train
+from tf_mixed import training
 from tf_mixed.bench_errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
@@ -259,10 +260,12 @@ def make_strategy(config: BenchConfig) -> tf.distribute.Strategy:
     if config.strategy == "multiworker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if config.strategy == "mirrored":
+        # Shared per process: two MirroredStrategy objects over the same
+        # devices clash in TF 2.21 (see training.shared_mirrored_strategy).
         if tf.config.list_logical_devices("GPU"):
-            return tf.distribute.MirroredStrategy()
+            return training.shared_mirrored_strategy()
         cpus = [d.name for d in tf.config.list_logical_devices("CPU")][: config.replicas]
-        return tf.distribute.MirroredStrategy(cpus)
+        return training.shared_mirrored_strategy(cpus)
     return tf.distribute.get_strategy()
 
 
