@@ -126,3 +126,51 @@ def test_measure_overhead_reports_both_wrappers():
 def test_measure_overhead_refuses_bad_settings(name):
     with pytest.raises(ValueError, match=name):
         training.measure_overhead(**{name: 0})
+
+
+# ------------------------------------- mixed_float16 converges like float32
+
+# Stated tolerance: after 48 SGD steps the float16 run's final loss is within
+# 0.005 (absolute) of float32's, on a loss that falls from 1.386 (chance) to
+# about 0.370 (measured difference: 6e-5, in both loops).
+LOSS_TOLERANCE = 0.005
+
+
+def _train_final_loss(policy, loop):
+    import tf_mixed
+
+    tf_mixed.enable(policy, quiet=True)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((384, 16)).astype("float32")
+    y = (x @ rng.standard_normal((16, 4))).argmax(axis=1).astype("int32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(4),
+        tf_mixed.OutputActivation("softmax"),
+    ])
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.2))
+    assert isinstance(opt, LossScaleOptimizer) == (policy == "mixed_float16")
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    if loop == "fit":
+        model.compile(optimizer=opt, loss=loss_fn)
+        model.fit(x, y, batch_size=64, epochs=8, shuffle=False, verbose=0)
+    else:
+        step = training.make_train_step(model, loss_fn, opt)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
+        for _ in range(8):
+            for xb, yb in dataset:
+                assert bool(step(xb, yb)["applied"])
+    initial_like = float(loss_fn(y, np.full((len(y), 4), 0.25, "float32")))
+    final = float(loss_fn(y, model(x)))
+    tf_mixed.disable()
+    return initial_like, final
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_mixed_float16_reaches_the_float32_loss(loop):
+    chance, loss32 = _train_final_loss("float32", loop)
+    _, loss16 = _train_final_loss("mixed_float16", loop)
+    assert loss32 < 0.5 * chance  # it learned something
+    assert abs(loss16 - loss32) < LOSS_TOLERANCE, (loss16, loss32)
