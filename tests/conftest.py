@@ -2,8 +2,8 @@
 
 TensorFlow fixes its device list the first time it initialises, so the CPU is
 split into two logical devices here, at import time, before any test module
-touches TensorFlow. Multi-replica tests then use
-``tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])`` as if on two GPUs.
+touches TensorFlow. Multi-replica tests then take the ``mirrored`` fixture, a
+MirroredStrategy over "CPU:0" and "CPU:1", as if on two GPUs.
 """
 
 import os
