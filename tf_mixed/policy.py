@@ -41,10 +41,11 @@ POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 _CPU_FLOAT16_WARNING = (
     "tf_mixed: mixed_float16 was requested on a host with no GPU. TensorFlow's "
     "CPU float16 kernels are far slower than float32 (measured on TF 2.21: "
-    "the fused MatMul+BiasAdd kernel ~100x slower, the Conv2D filter gradient "
-    "~600x slower): TF has no fast float16 CPU kernels for these ops. "
-    "tf_mixed has turned off TF's 'remapping' graph pass so Dense layers run at "
-    "about float32 speed; convolution training stays slow. Use "
+    "a Dense model ~300x slower with the fused MatMul+BiasAdd kernel, the "
+    "Conv2D filter gradient ~600x slower): TF has no fast float16 CPU kernels "
+    "for these ops. tf_mixed has turned off TF's 'remapping' graph pass, so "
+    "Dense layers train at about half float32's speed instead; convolution "
+    "training stays slow. Use "
     "tf_mixed.enable('auto') or 'float32' on this host, or 'mixed_bfloat16' on "
     "a CPU with AMX-BF16."
 )
@@ -218,7 +219,8 @@ def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
     _saved.restore()
     if name == MIXED_FLOAT16 and not info.has_gpu:
         # Fact measured on TF 2.21: Grappler fuses MatMul+BiasAdd into a float16
-        # _FusedMatMul whose CPU kernel is ~100x slower than the plain matmul.
+        # _FusedMatMul whose CPU kernel is >1000x slower than the plain matmul
+        # (a Dense model trains ~300x slower; see BUILD_NOTES.md).
         tf.config.optimizer.set_experimental_options({"remapping": False})
         logging.warning(_CPU_FLOAT16_WARNING)
     keras.mixed_precision.set_dtype_policy(name)
