@@ -28,10 +28,15 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: pathlib.Path) -> list[tuple[str, list[str], int]]:
+def _package_of(path: pathlib.Path) -> str:
+    name = _module_name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(path: pathlib.Path, package: str | None = None) -> list[tuple[str, list[str], int]]:
     """``(module, names, line)`` for every import in ``path``, relative ones resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    package = package if package is not None else _package_of(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -45,9 +50,9 @@ def _imports(path: pathlib.Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
-def _imported_modules(path):
+def _imported_modules(path, package=None):
     """Every module an import statement in ``path`` can load (``from a import b`` may load a.b)."""
-    for module, names, line in _imports(path):
+    for module, names, line in _imports(path, package):
         yield module, line
         for name in names:
             yield f"{module}.{name}", line
@@ -61,13 +66,10 @@ def test_walker_sees_imports_of_the_bench(tmp_path):
     """The check below can fail: each form of import is caught."""
     for source in ("import tf_mixed.bench.cli", "from tf_mixed.bench import run",
                    "from tf_mixed import bench", "from .bench import config"):
-        fake = PACKAGE / "_layout_probe.py"
-        try:
-            fake.write_text(source + "\n")
-            assert any(m == "tf_mixed.bench" or m.startswith("tf_mixed.bench.")
-                       for m, _ in _imported_modules(fake)), source
-        finally:
-            fake.unlink()
+        fake = tmp_path / "probe.py"  # as if it were tf_mixed/probe.py
+        fake.write_text(source + "\n")
+        assert any(m == "tf_mixed.bench" or m.startswith("tf_mixed.bench.")
+                   for m, _ in _imported_modules(fake, package="tf_mixed")), source
 
 
 def test_nothing_outside_the_bench_imports_it():
