@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
-import tf_mixed
+from tf_mixed.bench import info
 
 _SIZE = flags.DEFINE_integer("size", 1024, "Square matrix size.")
 _REPEATS = flags.DEFINE_integer("repeats", 20, "Timed matmuls per dtype.")
@@ -36,7 +36,7 @@ def gflops(dtype: tf.DType) -> float:
 
 def main(argv):
     del argv
-    print(tf_mixed.hardware.report())
+    print(info.report())  # what `python -m tf_mixed info` prints
     base = gflops(tf.float32)
     for dtype in (tf.float32, tf.bfloat16, tf.float16):
         value = base if dtype == tf.float32 else gflops(dtype)

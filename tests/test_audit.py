@@ -1,4 +1,4 @@
-"""tf_mixed.audit: per-layer rows, findings, memory estimate, command line."""
+"""tf_mixed.audit: per-layer rows, findings, memory estimate (command line: test_cli)."""
 
 import json
 
@@ -8,7 +8,6 @@ import pytest
 
 import tf_mixed
 from tf_mixed.audit import AuditReport
-from tf_mixed.audit import main
 
 
 @pytest.fixture
@@ -287,45 +286,3 @@ def test_audit_leaves_model_unchanged(fp16):
     assert model.dtype_policy.name == "mixed_float16"
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def test_main_prints_report_for_saved_model(fp16, tmp_path, capsys):
-    path = str(tmp_path / "m.keras")
-    _mlp(units=100, head=True).save(path)
-    assert main(path) == 0
-    out = capsys.readouterr().out
-    assert "OutputActivation" in out
-    assert "units=100" in out
-
-
-def test_main_does_not_compare_with_global_policy(tmp_path, capsys):
-    tf_mixed.enable("mixed_bfloat16", quiet=True)
-    path = str(tmp_path / "m.keras")
-    _mlp(head=True).save(path)
-    keras.config.set_dtype_policy("float32")  # as in a fresh CLI process
-    assert main(path) == 0
-    out = capsys.readouterr().out
-    assert "policy mixed_bfloat16" in out
-    assert "global policy" not in out
-
-
-def test_main_reachable_through_the_package():
-    # tf_mixed.audit is the function (it shadows the module); main rides on it.
-    assert tf_mixed.audit.main is main
-
-
-def test_main_missing_file(tmp_path, capsys):
-    assert main(str(tmp_path / "nope.keras")) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no such file" in err
-
-
-def test_main_unloadable_file(tmp_path, capsys):
-    path = tmp_path / "junk.keras"
-    path.write_text("not a model")
-    assert main(str(path)) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot load" in err

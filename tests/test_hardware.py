@@ -83,12 +83,3 @@ def test_detect_matches_proc_cpuinfo():
     assert info.gpus == ()  # the test machines have no GPU
     if "amx_bf16" not in flags:
         assert not info.amx_bf16_usable
-
-
-def test_report_lists_devices_and_the_auto_choice():
-    info = HardwareInfo(gpus=(GpuInfo("Tesla V100", (7, 0)),), cpu_model="Test CPU")
-    text = hardware.report(info)
-    assert "GPU 0: Tesla V100, compute capability 7.0" in text
-    assert "CPU: Test CPU" in text
-    assert 'picks: mixed_float16' in text
-    assert "because: GPU 0 has compute capability 7.0 (Tensor Cores)" in text

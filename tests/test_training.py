@@ -110,24 +110,6 @@ def test_make_train_step_single_device():
     assert float(opt.loss_scale.numpy()) == 8.0
 
 
-def test_measure_overhead_reports_both_wrappers():
-    result = training.measure_overhead(steps=3, batch_size=4, width=8,
-                                       depth=1, repeats=1)
-    assert result["tf_mixed_steps_per_s"] > 0
-    assert result["keras_steps_per_s"] > 0
-    expected = 100 * (result["keras_steps_per_s"]
-                      / result["tf_mixed_steps_per_s"] - 1)
-    assert result["overhead_pct"] == pytest.approx(expected)
-    assert result["steps"] == 3
-
-
-@pytest.mark.parametrize("name", ["steps", "batch_size", "width", "depth",
-                                  "repeats"])
-def test_measure_overhead_refuses_bad_settings(name):
-    with pytest.raises(ValueError, match=name):
-        training.measure_overhead(**{name: 0})
-
-
 # ------------------------------------- mixed_float16 converges like float32
 
 # Stated tolerance: after 48 SGD steps the float16 run's final loss is within

@@ -42,12 +42,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 from typing import Any
 
 import keras
 
-__all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit", "main"]
+__all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
 
 HALF_DTYPES = ("float16", "bfloat16")
 SEVERITIES = ("error", "warning", "info")
@@ -305,7 +304,7 @@ def audit(model, batch_size: int | None = None, *,
       batch_size: the training batch size. Checked for being a multiple of
         8 and used for the memory estimate (default 32 for the estimate).
       check_global_policy: report a model whose policy differs from the
-        global one (off for a model loaded from a file, as in `main`).
+        global one (off for a model loaded from a file, as in the CLI).
 
     Returns:
       An `AuditReport`. The model is not modified.
@@ -491,44 +490,3 @@ def _itemsize(dtype: str) -> int:
         return 1
     digits = "".join(ch for ch in dtype if ch.isdigit())
     return max(1, int(digits) // 8) if digits else 4
-
-
-# ------------------------------------------------------------------ command line
-
-
-def main(path: str, batch_size: int | None = None) -> int:
-    """Prints the audit of a saved Keras model (``python -m tf_mixed audit PATH``).
-
-    Args:
-      path: a ``.keras`` file (or anything `keras.saving.load_model` reads).
-      batch_size: optional batch size for the checks and the memory estimate.
-
-    Returns:
-      0 after printing the report; 2 (with a one-line error on stderr) when
-      the file is missing or cannot be loaded as a Keras model.
-    """
-    import tf_mixed.layers  # noqa: F401  registers tf_mixed's layers for loading
-
-    if not os.path.exists(path):
-        print(f"tf_mixed audit: no such file: {path}", file=sys.stderr)
-        return 2
-    try:
-        model = keras.saving.load_model(path, compile=False)
-    except Exception as error:  # any load failure is a user-facing error
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        print(f"tf_mixed audit: cannot load {path} as a Keras model: "
-              f"{type(error).__name__}: {detail}"[:500], file=sys.stderr)
-        return 2
-    if not isinstance(model, keras.Model):
-        print(f"tf_mixed audit: {path} holds a {type(model).__name__}, not a "
-              "Keras model", file=sys.stderr)
-        return 2
-    print(audit(model, batch_size=batch_size, check_global_policy=False))
-    return 0
-
-
-# `tf_mixed/__init__.py` binds the name `tf_mixed.audit` to the function above,
-# which shadows this module as an attribute of the package, so
-# `tf_mixed.audit.main` (and `from tf_mixed import audit; audit.main`) would
-# otherwise fail. Let the function carry `main` too.
-audit.main = main

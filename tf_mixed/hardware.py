@@ -1,7 +1,7 @@
 """What this host has: GPUs with their compute capability, TPUs, CPU flags.
 
-`detect()` reads it once per process; `report()` turns it into the text that
-`python -m tf_mixed info` prints. Everything the "auto" policy choice needs is
+`detect()` reads it once per process (``python -m tf_mixed info`` prints it).
+Everything the "auto" policy choice needs is
 in the `HardwareInfo` value, so the choice can be tested on faked hardware.
 """
 
@@ -150,43 +150,3 @@ def detect() -> HardwareInfo:
     return HardwareInfo(
         gpus=gpus, tpu=tpu, cpu_model=model, cpu_flags=flags, amx_bf16_usable=amx
     )
-
-
-_REPORTED_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
-
-
-def report(info: HardwareInfo | None = None) -> str:
-    """A human-readable report: devices found and what "auto" picks and why.
-
-    Args:
-        info: Hardware to describe; defaults to `detect()`.
-
-    Returns:
-        Multi-line text.
-    """
-    import keras
-    import tensorflow as tf
-
-    from tf_mixed import policy
-
-    info = info or detect()
-    lines = [
-        f"TensorFlow {tf.__version__}, Keras {keras.__version__}, "
-        f"Python {platform.python_version()}",
-        f"CPU: {info.cpu_model or 'unknown'}",
-        "  half-precision flags: "
-        + (", ".join(f for f in _REPORTED_CPU_FLAGS if f in info.cpu_flags) or "none")
-        + f"; AMX-BF16 usable: {'yes' if info.amx_bf16_usable else 'no'}",
-    ]
-    if info.gpus:
-        for index, gpu in enumerate(info.gpus):
-            cc = gpu.compute_capability
-            cc_text = f"{cc[0]}.{cc[1]}" if cc else "unknown"
-            lines.append(f"GPU {index}: {gpu.name}, compute capability {cc_text}")
-    else:
-        lines.append("GPU: none")
-    lines.append(f"TPU: {'yes' if info.tpu else 'none'}")
-    choice, reason = policy.choose_auto(info)
-    lines.append(f'tf_mixed.enable("auto") picks: {choice}')
-    lines.append(f"  because: {reason}")
-    return "\n".join(lines)

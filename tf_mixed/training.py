@@ -2,8 +2,8 @@
 
 ``apply_scaled_gradients`` is the one call a loop needs between the forward
 pass and the next batch; ``make_train_step`` builds a whole step, optionally
-distributed with ``strategy.run``; ``measure_overhead`` times
-``tf_mixed.LossScaleOptimizer`` against ``keras.optimizers.LossScaleOptimizer``.
+distributed with ``strategy.run``. (Its cost against Keras's own loss scaling
+is measured by ``python -m tf_mixed bench --suite=overhead``.)
 
 Example (single device)::
 
@@ -16,11 +16,9 @@ Example (single device)::
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Callable
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tf_mixed import loss_scale as loss_scale_module
@@ -29,7 +27,6 @@ __all__ = [
     "apply_scaled_gradients",
     "current_scale",
     "make_train_step",
-    "measure_overhead",
     "shared_mirrored_strategy",
 ]
 
@@ -216,95 +213,3 @@ def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
             list(devices) if devices is not None else None
         )
     return _MIRRORED_STRATEGIES[key]
-
-
-def measure_overhead(
-    steps: int = 200,
-    *,
-    batch_size: int = 64,
-    width: int = 256,
-    depth: int = 2,
-    repeats: int = 3,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Times training steps with tf_mixed's wrapper against Keras's.
-
-    Both runs train the same float32 MLP with the same inner optimizer (SGD)
-    and a compiled GradientTape step on one device, so the difference is the
-    wrapper's own cost (the all-reduce is a no-op with one replica). Each
-    wrapper is timed ``repeats`` times, alternating, and the best run counts.
-    Figures from a busy machine are noisy: re-run on a quiet one before
-    quoting them.
-
-    Args:
-        steps: Timed steps per run (after one warm-up step).
-        batch_size: Examples per step.
-        width: Units per hidden Dense layer.
-        depth: Number of hidden Dense layers.
-        repeats: Timed runs per wrapper.
-        seed: Seed for the data and the weights.
-
-    Returns:
-        A dict with ``tf_mixed_steps_per_s``, ``keras_steps_per_s``,
-        ``overhead_pct`` (positive means tf_mixed is slower) and the settings.
-
-    Raises:
-        ValueError: if ``steps``, ``batch_size``, ``width``, ``depth`` or
-            ``repeats`` is not a positive integer.
-    """
-    settings = {"steps": steps, "batch_size": batch_size, "width": width,
-                "depth": depth, "repeats": repeats}
-    for name, value in settings.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(
-                f"measure_overhead() argument `{name}` must be a positive "
-                f"integer. Received: {name}={value!r}."
-            )
-    rng = np.random.default_rng(seed)
-    x = tf.constant(rng.standard_normal((batch_size, width)), tf.float32)
-    y = tf.constant(rng.standard_normal((batch_size, 1)), tf.float32)
-
-    def build(make_optimizer):
-        keras.utils.set_random_seed(seed)
-        layers = [keras.layers.Dense(width, activation="relu",
-                                     dtype="float32") for _ in range(depth)]
-        model = keras.Sequential(
-            [keras.Input((width,))] + layers
-            + [keras.layers.Dense(1, dtype="float32")]
-        )
-        optimizer = make_optimizer(keras.optimizers.SGD(1e-3))
-        optimizer.build(model.trainable_variables)
-
-        @tf.function
-        def step():
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-                scaled = optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
-
-        step()  # trace and warm up
-        return step
-
-    candidates = {
-        "tf_mixed": build(lambda inner: loss_scale_module.LossScaleOptimizer(
-            inner, initial_scale=2.0**10)),
-        "keras": build(lambda inner: keras.optimizers.LossScaleOptimizer(
-            inner, initial_scale=2.0**10)),
-    }
-    best = {name: 0.0 for name in candidates}
-    for _ in range(repeats):
-        for name, step in candidates.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                loss = step()
-            float(loss)  # wait for the last step to finish
-            elapsed = time.perf_counter() - start
-            best[name] = max(best[name], steps / elapsed)
-    return {
-        "tf_mixed_steps_per_s": best["tf_mixed"],
-        "keras_steps_per_s": best["keras"],
-        "overhead_pct": 100.0 * (best["keras"] / best["tf_mixed"] - 1.0),
-        **settings,
-    }

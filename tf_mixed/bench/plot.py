@@ -14,7 +14,7 @@ def plot(report: dict[str, Any], path: str) -> bool:
     """Draws the report's figures into ``path``.
 
     Args:
-        report: A bench report (see `tf_mixed.bench_report`).
+        report: A bench report (see `tf_mixed.bench.report`).
         path: Where to write the PNG.
 
     Returns:

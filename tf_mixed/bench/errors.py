@@ -1,9 +1,9 @@
-"""The one error type for bad command-line input to `python -m tf_mixed`.
+"""The bench's error types.
 
 `UsageError` carries the flag, the value received, what is accepted and how to
-fix it; the CLI prints its message as one line and exits with status 2.
-Library functions in `data`, `models` and `bench` raise it so that a caller
-that is not the CLI still gets an ordinary `ValueError`.
+fix it; the CLI prints its message as one line and exits with status 2. It is
+a `ValueError`, so a caller that is not the CLI gets an ordinary error.
+`ChildFailed` is a policy's process that failed for another reason.
 """
 
 from __future__ import annotations
@@ -37,3 +37,16 @@ class UsageError(ValueError):
         if self.fix:
             message += f" {self.fix}"
         return message
+
+
+class ChildFailed(RuntimeError):
+    """A policy's process failed.
+
+    Attributes:
+        usage: Whether it failed on bad input (exit status 2); the message is
+            then the child's own one-line error.
+    """
+
+    def __init__(self, message: str, usage: bool = False):
+        super().__init__(message)
+        self.usage = usage

@@ -26,20 +26,27 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_mixed import bench, bench_report, bench_train
-from tf_mixed.bench_errors import UsageError
+import tf_mixed
+from tf_mixed import policy, training
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import models, report as report_module, train
+from tf_mixed.bench.config import BenchConfig
+from tf_mixed.bench.errors import UsageError
+from tf_mixed.callbacks import LossScaleMonitor
 
 PATHS = ("keras", "tf_mixed")
 DEFAULT_STEPS = 40
+DEFAULT_TRAIN_SIZE = 2048
+DEFAULT_VAL_SIZE = 64
 
 
-def _overhead_policy(config: bench.BenchConfig) -> tuple[str, str]:
+def _overhead_policy(config: BenchConfig) -> tuple[str, str]:
     if not config.policies:
         return "mixed_float16", (
             "mixed_float16 (the default for this suite: the policy with loss scaling, "
             "where the optimizer paths differ most)"
         )
-    names, _ = bench.resolve_policies(config.policies)
+    names, _ = config_module.resolve_policies(config.policies)
     mixed = [n for n in names if n != "float32"]
     if len(mixed) != 1:
         raise UsageError(
@@ -82,8 +89,6 @@ class _FitPath:
 
 class _CustomPath:
     def __init__(self, name, model, optimizer, train, batch_size):
-        from tf_mixed import training
-
         self.name = name
         self.optimizer = optimizer
         self.iterator = iter(train)
@@ -118,37 +123,27 @@ class _CustomPath:
         return times
 
 
-def run_overhead(config: bench.BenchConfig, command: str) -> dict[str, Any]:
+def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
     """Times both paths, writes results.json / results.md / bench.png, prints the ratio.
 
     Raises:
         UsageError: For bad input (before any training).
     """
-    from tf_mixed import data as data_module
-    from tf_mixed import models, policy, wrap_optimizer
-    from tf_mixed.callbacks import LossScaleMonitor
-
     if config.strategy != "default":
         raise UsageError("strategy", config.strategy, "the overhead suite runs without a strategy", "default")
     policy_name, why = _overhead_policy(config)
     if config.model_name != "mlp" and policy_name == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         print(f"Note: --model={config.model_name} with mixed_float16 on a CPU is very slow "
               "(TF's float16 Conv2D filter gradient); --model=mlp is the quick choice here.")
-    bench_data = data_module.load(
-        config.dataset, seed=config.seed, image_size=config.image_size,
-        train_size=config.train_size or 2048, val_size=config.val_size or 64,
-        data_dir=config.data_dir or None, download=config.download,
+    bench_data = config_module.load_data(
+        config, default_train_size=DEFAULT_TRAIN_SIZE, default_val_size=DEFAULT_VAL_SIZE
     )
-    if bench_data.train_size < config.batch_size:
-        raise UsageError("batch_size", config.batch_size,
-                         f"larger than the {bench_data.train_size} training examples",
-                         f"1 to {bench_data.train_size}")
-    created = bench_report.check_output_dir(config.output_dir)
+    created = report_module.check_output_dir(config.output_dir)
     steps = config.steps or DEFAULT_STEPS
     print(f"Overhead suite: --model={config.model_name}, policy {why}, loop={config.loop}, "
           f"{config.rounds} rounds x {steps} steps per path.", flush=True)
     try:
-        train = bench_train.batched(bench_data.train, config.batch_size, train=True,
+        train_set = train.batched(bench_data.train, config.batch_size, train=True,
                                seed=config.seed, size=bench_data.train_size)
         keras.backend.clear_session()
         with policy.policy_scope(policy_name):
@@ -158,15 +153,15 @@ def run_overhead(config: bench.BenchConfig, command: str) -> dict[str, Any]:
                 model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
                 adam = keras.optimizers.Adam(config.learning_rate)
                 if name == "tf_mixed":
-                    optimizer, callbacks = wrap_optimizer(adam), [LossScaleMonitor()]
+                    optimizer, callbacks = tf_mixed.wrap_optimizer(adam), [LossScaleMonitor()]
                 elif config.loop == "custom" and policy_name == "mixed_float16":
                     optimizer, callbacks = keras.optimizers.LossScaleOptimizer(adam), []
                 else:
                     optimizer, callbacks = adam, []
                 if config.loop == "fit":
-                    paths[name] = _FitPath(name, model, optimizer, train, callbacks)
+                    paths[name] = _FitPath(name, model, optimizer, train_set, callbacks)
                 else:
-                    paths[name] = _CustomPath(name, model, optimizer, train, config.batch_size)
+                    paths[name] = _CustomPath(name, model, optimizer, train_set, config.batch_size)
             times = {name: [] for name in PATHS}
             for path in paths.values():
                 path.steps(max(1, config.warmup_steps))  # tracing, not timed
@@ -208,7 +203,7 @@ def run_overhead(config: bench.BenchConfig, command: str) -> dict[str, Any]:
             "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command,
             "flags": config.to_json(),
-            "host": bench.host_info(),
+            "host": report_module.host_info(),
             "policy": policy_name,
             "model": {"name": config.model_name},
             "dataset": bench_data.describe(),
@@ -217,7 +212,7 @@ def run_overhead(config: bench.BenchConfig, command: str) -> dict[str, Any]:
             "overhead_ratio": ratio,
             "markdown": markdown,
         }
-        written = bench_report.write_outputs(report, config.output_dir)
+        written = report_module.write_outputs(report, config.output_dir)
     except BaseException:
         if created:
             shutil.rmtree(config.output_dir, ignore_errors=True)

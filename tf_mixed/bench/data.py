@@ -23,7 +23,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed.bench_errors import UsageError
+from tf_mixed.bench.errors import UsageError
 
 SHAPES = "shapes"
 SHAPE_CLASSES = (
@@ -39,9 +39,21 @@ SHAPE_CLASSES = (
     "checker",
 )
 DEFAULT_SHAPES_SIZE = 32
+MIN_SHAPES_SIZE = 16
+DEFAULT_SHAPES_TRAIN = 8000
+DEFAULT_SHAPES_VAL = 2000
 DEFAULT_FILE_IMAGE_SIZE = 64  # folder: and variable-size tfds sets
 _CACHE_BYTES = 1 << 30
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+# The formats `tf.io.decode_image` reads, by their first bytes (whatever the
+# file's extension says).
+_IMAGE_SIGNATURES = {
+    b"\xff\xd8\xff": "JPEG",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+}
 ACCEPTED = "shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH"
 
 
@@ -149,8 +161,8 @@ def load(
         return load_shapes(
             seed=seed,
             image_size=image_size or DEFAULT_SHAPES_SIZE,
-            train_size=train_size or 8000,
-            val_size=val_size or 2000,
+            train_size=train_size or DEFAULT_SHAPES_TRAIN,
+            val_size=val_size or DEFAULT_SHAPES_VAL,
         )
     if kind == "tfds":
         return load_tfds(
@@ -232,8 +244,8 @@ def make_shapes(
 
 
 def load_shapes(
-    *, seed: int, image_size: int = DEFAULT_SHAPES_SIZE, train_size: int = 8000,
-    val_size: int = 2000,
+    *, seed: int, image_size: int = DEFAULT_SHAPES_SIZE, train_size: int = DEFAULT_SHAPES_TRAIN,
+    val_size: int = DEFAULT_SHAPES_VAL,
 ) -> BenchData:
     """The embedded shapes task (see `make_shapes`) as a `BenchData`.
 
@@ -242,8 +254,11 @@ def load_shapes(
     Raises:
         UsageError: If ``image_size`` < 16 or a size < 1.
     """
-    if image_size < 16:
-        raise UsageError("image_size", image_size, "too small for the shapes data set", "16 or more (0 picks 32)")
+    if image_size < MIN_SHAPES_SIZE:
+        raise UsageError(
+            "image_size", image_size, "too small for the shapes data set",
+            f"{MIN_SHAPES_SIZE} or more (0 picks {DEFAULT_SHAPES_SIZE})",
+        )
     for flag, value in (("train_size", train_size), ("val_size", val_size)):
         if value < 1:
             raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
@@ -265,15 +280,16 @@ def load_shapes(
 
 
 def _prepare_hint(name: str, data_dir: str | None) -> str:
+    # Not `tfds build`: in tensorflow-datasets 4.9.10 that command imports
+    # apache_beam at start-up, which tfds does not install.
     target = data_dir or "~/tensorflow_datasets"
-    dir_arg = f" --data_dir={data_dir}" if data_dir else ""
+    dir_arg = f", data_dir={data_dir!r}" if data_dir else ""
     return (
-        f"Prepare it on a machine with network access with `tfds build {name}{dir_arg}` "
-        f"(or python -c \"import tensorflow_datasets as tfds; "
-        f"tfds.builder('{name}'{', data_dir=' + repr(data_dir) if data_dir else ''})"
-        f".download_and_prepare()\"), then copy the prepared directory to {target} "
-        "and pass --data_dir; sets that need manual downloads read them from "
-        f"{target}/downloads/manual."
+        "Prepare it on a machine with network access with `python -c \"import "
+        f"tensorflow_datasets as tfds; tfds.builder({name!r}{dir_arg}).download_and_prepare()\"`"
+        f", then copy the prepared directory to {target} on this machine"
+        + ("" if data_dir else " (or pass --data_dir)")
+        + f"; sets that need manual downloads read them from {target}/downloads/manual."
     )
 
 
@@ -450,10 +466,13 @@ def _scan_folder(path: str) -> dict[str, int]:
                     raise UsageError(
                         "dataset", value, f"class folder {entry.name!r} is not readable", accepted
                     )
-                counts[entry.name] = sum(
-                    1 for f in os.scandir(entry.path)
+                images = sorted(
+                    f.path for f in os.scandir(entry.path)
                     if f.is_file() and f.name.lower().endswith(IMAGE_EXTENSIONS)
                 )
+                for image in images:
+                    _check_image_file(image, value, accepted)
+                counts[entry.name] = len(images)
     except PermissionError as error:
         raise UsageError("dataset", value, f"cannot read ({error})", accepted) from None
     counts = {k: v for k, v in counts.items() if v}
@@ -464,6 +483,27 @@ def _scan_folder(path: str) -> dict[str, int]:
             accepted,
         )
     return counts
+
+
+def _check_image_file(path: str, value: str, accepted: str) -> None:
+    """Raises UsageError naming ``path`` unless it starts like an image TF decodes.
+
+    Reading a few bytes per file here is what lets a bad file fail before
+    training, with its name, instead of deep inside a TensorFlow step.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as error:
+        raise UsageError(
+            "dataset", value, f"cannot read {path} ({error.strerror or error})", accepted
+        ) from None
+    if not any(head.startswith(signature) for signature in _IMAGE_SIGNATURES):
+        kind = "is empty" if not head else f"is not a JPEG, PNG, GIF or BMP image (starts with {head[:8]!r})"
+        raise UsageError(
+            "dataset", value, f"{path} {kind}", accepted,
+            "Remove or re-encode that file.",
+        )
 
 
 def load_folder(
@@ -479,7 +519,8 @@ def load_folder(
         train_size, val_size: Caps on the number of examples; 0 for all.
 
     Raises:
-        UsageError: If the folder is missing, unreadable or has < 2 classes.
+        UsageError: If the folder is missing, unreadable, has < 2 classes or
+            holds a file that is not an image, naming that file.
     """
     import keras
 

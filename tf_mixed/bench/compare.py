@@ -1,9 +1,9 @@
 """Runs the compare suite: one training run per policy, then the report.
 
-By default every policy trains in a fresh ``python -m tf_mixed bench``
-subprocess (hidden flags ``--_config``, ``--_single_policy``, ``--_part``):
-each run starts from the same clean TensorFlow state (graph options, Keras
-globals, allocator) and its peak RSS is its own. ``--isolation=inprocess``
+By default every policy trains in a fresh ``python -m tf_mixed.bench.child``
+process (see `tf_mixed.bench.child`): each run starts from the same clean
+TensorFlow state (graph options, Keras globals, allocator) and its peak RSS
+is its own. ``--isolation=inprocess``
 runs them one after another in this process (what the tests use).
 ``--strategy=multiworker`` always uses subprocesses: ``--workers`` local
 processes per policy, joined by a ``TF_CONFIG`` cluster on 127.0.0.1.
@@ -22,34 +22,30 @@ import tempfile
 import time
 from typing import Any
 
-from tf_mixed import bench, bench_report
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import quiet, report as report_module, run
+from tf_mixed.bench.config import BenchConfig
+from tf_mixed.bench.errors import ChildFailed
 
 
-class ChildFailed(RuntimeError):
-    """A policy's subprocess failed; ``usage`` if it exited with status 2."""
-
-    def __init__(self, message: str, usage: bool = False):
-        super().__init__(message)
-        self.usage = usage
-
-
-def run_compare(config: bench.BenchConfig, command: str) -> dict[str, Any]:
+def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> dict[str, Any]:
     """Benchmarks every policy of ``config``, writes the files, prints the table.
 
     Args:
-        config: A validated `bench.BenchConfig` with ``suite="compare"``.
+        config: A validated `BenchConfig` with ``suite="compare"``.
         command: The command line, for the report.
+        verbose: Let the policies' processes print TensorFlow's C++ log.
 
     Returns:
         The report dict written to results.json.
 
     Raises:
         UsageError: For bad input, before any training starts.
-        ChildFailed: If a policy's subprocess failed.
+        ChildFailed: If a policy's process failed.
     """
-    policies, note = bench.resolve_policies(config.policies)
-    bench_data = bench.check_data(config)
-    created = bench_report.check_output_dir(config.output_dir)
+    policies, note = config_module.resolve_policies(config.policies)
+    bench_data = config_module.check_data(config)
+    created = report_module.check_output_dir(config.output_dir)
     print(note, flush=True)
     if _slow_float16_convs(config, policies):
         print(
@@ -67,47 +63,41 @@ def run_compare(config: bench.BenchConfig, command: str) -> dict[str, Any]:
     try:
         subprocesses = config.isolation == "subprocess" or config.strategy == "multiworker"
         if subprocesses:
-            results = _run_children(config, policies)
+            results = _run_children(config, policies, verbose)
         else:
-            if bench_data is None:
-                from tf_mixed import data as data_module
-
-                bench_data = data_module.load(
-                    config.dataset, seed=config.seed, image_size=config.image_size,
-                    train_size=config.train_size, val_size=config.val_size,
-                )
-            strategy = bench.make_strategy(config)
+            bench_data = bench_data or config_module.load_data(config)
+            strategy = run.make_strategy(config)
             results = [
-                bench.run_policy(config, p, bench_data=bench_data, strategy=strategy)
+                run.run_policy(config, p, bench_data=bench_data, strategy=strategy)
                 for p in policies
             ]
-        bench_report.add_ratios(results)
+        report_module.add_ratios(results)
         report = {
             "suite": "compare",
             "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command,
             "flags": config.to_json(),
-            "host": bench.host_info(),
+            "host": report_module.host_info(),
             "policies": list(policies),
             "policy_note": note,
             "model": {"name": config.model_name, "params": results[0]["model_params"]},
             "dataset": results[0]["dataset"],
             "results": results,
         }
-        paths = bench_report.write_outputs(report, config.output_dir)
+        paths = report_module.write_outputs(report, config.output_dir)
     except BaseException:
         if created:
             shutil.rmtree(config.output_dir, ignore_errors=True)
         raise
     print()
-    print(bench_report.markdown_table(results))
+    print(report_module.markdown_table(results))
     print()
     print(note)
     print("Wrote " + ", ".join(paths))
     return report
 
 
-def _slow_float16_convs(config: bench.BenchConfig, policies: tuple[str, ...]) -> bool:
+def _slow_float16_convs(config: BenchConfig, policies: tuple[str, ...]) -> bool:
     from tf_mixed import hardware
 
     return (
@@ -130,7 +120,7 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _run_children(config: bench.BenchConfig, policies: tuple[str, ...]) -> list[dict]:
+def _run_children(config: BenchConfig, policies: tuple[str, ...], verbose: bool) -> list[dict]:
     staging = tempfile.mkdtemp(prefix=".tf_mixed_parts.", dir=config.output_dir)
     try:
         config_path = os.path.join(staging, "config.json")
@@ -140,9 +130,9 @@ def _run_children(config: bench.BenchConfig, policies: tuple[str, ...]) -> list[
         for policy in policies:
             part = os.path.join(staging, f"{policy}.json")
             if config.strategy == "multiworker":
-                _run_workers(config, config_path, policy, part)
+                _run_workers(config, config_path, policy, part, verbose)
             else:
-                _run_one(config_path, policy, part)
+                _run_one(config_path, policy, part, verbose)
             with open(part) as f:
                 results.append(json.load(f))
         return results
@@ -150,47 +140,68 @@ def _run_children(config: bench.BenchConfig, policies: tuple[str, ...]) -> list[
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _child_command(config_path: str, policy: str, part: str) -> list[str]:
-    return [
-        sys.executable, "-m", "tf_mixed", "bench",
-        f"--_config={config_path}", f"--_single_policy={policy}", f"--_part={part}",
+def _child_command(config_path: str, policy: str, part: str, error_file: str, verbose: bool) -> list[str]:
+    command = [
+        sys.executable, "-m", "tf_mixed.bench.child", config_path, policy,
+        f"--error_file={error_file}",
     ]
+    if part:
+        command.append(f"--part={part}")
+    if verbose:
+        command.append("--verbose")
+    return command
 
 
-def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def _child_env(verbose: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet.set_log_level(env, verbose)
     env.update(extra or {})
     return env
 
 
-def _check(policy: str, code: int) -> None:
+def _check(policy: str, code: int, error_files: list[str]) -> None:
+    """Raises `ChildFailed` for a failed process, with its one-line error if it left one."""
+    if code == 0:
+        return
+    for path in error_files:
+        try:
+            with open(path) as f:
+                message = f.read().strip()
+        except OSError:
+            continue
+        if message:
+            raise ChildFailed(message, usage=True)
     if code == 2:
         raise ChildFailed(f"policy {policy}: bad input (see the error above)", usage=True)
-    if code != 0:
-        raise ChildFailed(
-            f"policy {policy}: its training process failed with exit status {code} "
-            "(its error is printed above); no result files were written"
-        )
+    raise ChildFailed(
+        f"policy {policy}: its training process failed with exit status {code} "
+        "(its error is printed above); no result files were written"
+    )
 
 
-def _run_one(config_path: str, policy: str, part: str) -> None:
-    code = subprocess.call(_child_command(config_path, policy, part), env=_child_env())
-    _check(policy, code)
+def _run_one(config_path: str, policy: str, part: str, verbose: bool) -> None:
+    error_file = part + ".error"
+    code = subprocess.call(
+        _child_command(config_path, policy, part, error_file, verbose), env=_child_env(verbose)
+    )
+    _check(policy, code, [error_file])
 
 
-def _run_workers(config: bench.BenchConfig, config_path: str, policy: str, part: str) -> None:
+def _run_workers(config: BenchConfig, config_path: str, policy: str, part: str, verbose: bool) -> None:
     """Starts ``config.workers`` local workers; worker 0 (the chief) writes ``part``."""
     ports = _free_ports(config.workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    processes = []
+    processes, error_files = [], []
     for index in range(config.workers):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        command = _child_command(config_path, policy, part if index == 0 else "")
-        quiet = None if index == 0 else subprocess.DEVNULL
-        processes.append(
-            subprocess.Popen(command, env=_child_env({"TF_CONFIG": tf_config}), stdout=quiet)
+        error_files.append(f"{part}.{index}.error")
+        command = _child_command(
+            config_path, policy, part if index == 0 else "", error_files[-1], verbose
         )
+        quiet_output = None if index == 0 else subprocess.DEVNULL
+        processes.append(subprocess.Popen(
+            command, env=_child_env(verbose, {"TF_CONFIG": tf_config}), stdout=quiet_output,
+        ))
     try:
         # A worker that dies leaves the others waiting in a collective: stop them.
         while any(p.poll() is None for p in processes):
@@ -203,26 +214,4 @@ def _run_workers(config: bench.BenchConfig, config_path: str, policy: str, part:
                 p.kill()
                 p.wait()
     codes = [p.returncode for p in processes]
-    _check(policy, codes[0] if codes[0] != 0 else max(codes, key=abs))
-
-
-def run_child(config_path: str, policy: str, part: str) -> None:
-    """The ``--_single_policy`` side: one policy, result JSON into ``part``.
-
-    Called by ``python -m tf_mixed bench --_config=... --_single_policy=...``
-    before anything else touches TensorFlow's runtime, so the CPU can still be
-    split into logical devices for ``--strategy=mirrored``.
-    """
-    with open(config_path) as f:
-        fields = json.load(f)
-    fields["policies"] = tuple(fields["policies"])
-    config = bench.BenchConfig(**fields)
-    if config.strategy == "mirrored":
-        bench.split_cpu_for_replicas(config.replicas)
-    result = bench.run_policy(config, policy, verbose=bool(part))
-    if part:
-        tmp = part + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, allow_nan=False)
-        os.replace(tmp, part)
-
+    _check(policy, codes[0] if codes[0] != 0 else max(codes, key=abs), error_files)

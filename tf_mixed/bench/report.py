@@ -3,7 +3,7 @@
 results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
 ``flags`` (the `BenchConfig`), ``host`` (hostname, CPU, GPUs, TF/Keras/NumPy
 versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
-``results``: one dict per policy as `bench.run_policy` returns it, plus
+``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it, plus
 ``ratio_to_float32`` (throughput, step time and peak-memory ratios, accuracy
 difference in points; absent when float32 was not run).
 
@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
+import socket
 import shutil
 import tempfile
 from typing import Any
 
-from tf_mixed.bench_errors import UsageError
+from tf_mixed.bench.errors import UsageError
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
 
@@ -163,7 +165,7 @@ def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True)
     Returns:
         The paths written.
     """
-    from tf_mixed import bench_plot
+    from tf_mixed.bench import plot as plot_module
 
     _finite_check(report)
     staging = tempfile.mkdtemp(prefix=".tf_mixed_bench.", dir=output_dir)
@@ -172,7 +174,7 @@ def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True)
         with open(os.path.join(staging, "results.md"), "w") as f:
             f.write(results_markdown(report) if report["suite"] == "compare" else report["markdown"])
         names.append("results.md")
-        if plot and _try_plot(bench_plot.plot, report, os.path.join(staging, "bench.png")):
+        if plot and _try_plot(plot_module.plot, report, os.path.join(staging, "bench.png")):
             names.append("bench.png")
         with open(os.path.join(staging, "results.json"), "w") as f:
             json.dump(report, f, indent=2, allow_nan=False)
@@ -187,3 +189,32 @@ def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True)
         return [os.path.join(output_dir, n) for n in names]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def host_info() -> dict[str, Any]:
+    """Host, TF and Keras versions for results.json."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tf_mixed
+    from tf_mixed import hardware
+
+    info = hardware.detect()
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": info.cpu_model,
+        "cpu_count": os.cpu_count(),
+        "amx_bf16_usable": info.amx_bf16_usable,
+        "gpus": [
+            {"name": g.name, "compute_capability": list(g.compute_capability or ())}
+            for g in info.gpus
+        ],
+        "tpu": info.tpu,
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "tf_mixed": tf_mixed.__version__,
+    }

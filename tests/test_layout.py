@@ -1,0 +1,159 @@
+"""The package's shape: the bench is a client of the library, never the reverse.
+
+Static checks over the source (AST, pyproject.toml), plus one cheap
+subprocess: ``import tf_mixed`` must not import TensorFlow, so the command
+line can set TensorFlow's log level first.
+"""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import setuptools
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tf_mixed"
+BENCH = PACKAGE / "bench"
+ENTRY_POINT = PACKAGE / "__main__.py"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _package_of(path: pathlib.Path) -> str:
+    name = _module_name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(path: pathlib.Path, package: str | None = None) -> list[tuple[str, list[str], int]]:
+    """``(module, names, line)`` for every import in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = package if package is not None else _package_of(path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            found.append((module, [a.name for a in node.names], node.lineno))
+    return found
+
+
+def _imported_modules(path, package=None):
+    """Every module an import statement in ``path`` can load (``from a import b`` may load a.b)."""
+    for module, names, line in _imports(path, package):
+        yield module, line
+        for name in names:
+            yield f"{module}.{name}", line
+
+
+def _py_files(directory):
+    return sorted(p for p in directory.rglob("*.py"))
+
+
+def test_walker_sees_imports_of_the_bench(tmp_path):
+    """The check below can fail: each form of import is caught."""
+    for source in ("import tf_mixed.bench.cli", "from tf_mixed.bench import run",
+                   "from tf_mixed import bench", "from .bench import config"):
+        fake = tmp_path / "probe.py"  # as if it were tf_mixed/probe.py
+        fake.write_text(source + "\n")
+        assert any(m == "tf_mixed.bench" or m.startswith("tf_mixed.bench.")
+                   for m, _ in _imported_modules(fake, package="tf_mixed")), source
+
+
+def test_nothing_outside_the_bench_imports_it():
+    offenders = []
+    for path in _py_files(PACKAGE):
+        if BENCH in path.parents or path == ENTRY_POINT:
+            continue
+        for module, line in _imported_modules(path):
+            if module == "tf_mixed.bench" or module.startswith("tf_mixed.bench."):
+                offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not offenders, offenders
+
+
+def test_the_bench_uses_only_public_library_names():
+    offenders = []
+    for path in _py_files(BENCH):
+        for module, names, line in _imports(path):
+            if not module.startswith("tf_mixed") or module.startswith("tf_mixed.bench"):
+                continue
+            private = [p for p in module.split(".") + names if p.startswith("_")]
+            if private:
+                offenders.append(f"{path.relative_to(ROOT)}:{line} {module} {names}")
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):  # tf_mixed.x._y as an attribute
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and "tf_mixed" in ast.unparse(node.value).split(".")[:1]):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not offenders, offenders
+
+
+def test_policy_and_hardware_do_not_import_each_other():
+    hardware_imports = {m for m, _ in _imported_modules(PACKAGE / "hardware.py")}
+    assert not {"tf_mixed.policy", "tf_mixed"} & hardware_imports, hardware_imports
+
+
+def test_the_library_holds_no_command_line_code():
+    for path in _py_files(PACKAGE):
+        if BENCH in path.parents or path == ENTRY_POINT:
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert "main" not in names, path
+        assert not {m for m, _ in _imported_modules(path)} & {"absl.flags", "argparse"}, path
+
+
+def test_setuptools_ships_every_package():
+    """What `pip install .` installs: every directory of tf_mixed with an __init__.py."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    if "packages" in config and isinstance(config["packages"], list):
+        shipped = set(config["packages"])
+    else:
+        find = config["packages"]["find"]
+        shipped = set(setuptools.find_packages(where=str(ROOT), include=find["include"]))
+    on_disk = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert {"tf_mixed", "tf_mixed.bench"} <= on_disk
+    assert shipped == on_disk
+
+
+def test_tfds_needs_are_declared():
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {d.split(";")[0].split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower()
+             for d in dependencies}
+    assert {"tensorflow-datasets", "importlib_resources"} <= names
+
+
+def test_import_tf_mixed_does_not_import_tensorflow():
+    code = ("import sys, tf_mixed, tf_mixed.bench.cli; "
+            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_lazy_names_resolve_and_audit_stays_the_function():
+    import tf_mixed
+    import tf_mixed.audit  # noqa: F401  loading the submodule must not rebind the name
+
+    assert callable(tf_mixed.audit) and tf_mixed.audit.__name__ == "audit"
+    assert tf_mixed.convert.__name__ == "convert"
+    assert set(tf_mixed.__all__) <= set(dir(tf_mixed))
+    for name in tf_mixed.__all__:
+        assert getattr(tf_mixed, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tf_mixed.nope  # noqa: B018

@@ -1,0 +1,246 @@
+"""What a bench run is: `BenchConfig`, the policies it compares, its data.
+
+`BenchConfig` holds the validated flags. `resolve_policies` turns
+``--policies`` into canonical names. `load_data` is the one place that loads
+the ``--dataset`` a config names and checks that the batch fits in it;
+`check_data` runs the same checks in the parent before any process starts
+(without generating the shapes set, which each process makes itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from tf_mixed.bench.errors import UsageError
+
+STRATEGIES = ("default", "mirrored", "multiworker")
+LOOPS = ("fit", "custom")
+SUITES = ("compare", "overhead")
+ISOLATIONS = ("subprocess", "inprocess")
+DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a bench run (the CLI flags, validated).
+
+    Attributes:
+        policies: Policy names as given; empty for the default pair.
+        model: One of `tf_mixed.bench.models.MODEL_NAMES`; "" for the suite's default.
+        dataset: A `tf_mixed.bench.data` spec: "shapes", "tfds:NAME[:SPLIT]", "folder:PATH".
+        data_dir: TFDS data directory ("" for TFDS's default).
+        download: Whether TFDS may download a missing data set.
+        image_size: Square image side; 0 for the data set's default.
+        train_size: Training examples (shapes: generated; others: a cap; 0: default).
+        val_size: Validation examples, as ``train_size``.
+        batch_size: Global batch size (split across replicas).
+        epochs: Number of epochs.
+        steps: Steps per epoch; 0 for one pass over the training data.
+        warmup_steps: Leading steps left out of the timing (tracing, caches).
+        learning_rate: Adam's initial learning rate (cosine decay to 0 over the run).
+        strategy: One of `STRATEGIES`.
+        replicas: Replicas for "mirrored" on a host without GPUs (the CPU is
+            split into this many logical devices).
+        workers: Worker processes for "multiworker".
+        loop: One of `LOOPS`.
+        suite: One of `SUITES`.
+        isolation: One of `ISOLATIONS`: a fresh process per policy, or all in this one.
+        output_dir: Where results.json, results.md and bench.png go.
+        seed: Seed for data, initial weights and data order.
+        rounds: Overhead suite: alternating timing rounds per path.
+    """
+
+    policies: tuple[str, ...] = ()
+    model: str = ""
+    dataset: str = "shapes"
+    data_dir: str = ""
+    download: bool = True
+    image_size: int = 0
+    train_size: int = 0
+    val_size: int = 0
+    batch_size: int = 64
+    epochs: int = 4
+    steps: int = 0
+    warmup_steps: int = 5
+    learning_rate: float = 1e-3
+    strategy: str = "default"
+    replicas: int = 2
+    workers: int = 2
+    loop: str = "fit"
+    suite: str = "compare"
+    isolation: str = "subprocess"
+    output_dir: str = "tf_mixed_bench"
+    seed: int = 0
+    rounds: int = 3
+
+    @property
+    def model_name(self) -> str:
+        return self.model or DEFAULT_MODEL[self.suite]
+
+    def validate(self) -> "BenchConfig":
+        """Checks every field that can be checked without loading anything.
+
+        Returns:
+            A copy with canonical model name.
+
+        Raises:
+            UsageError: Naming the first bad flag.
+        """
+        from tf_mixed.bench import models
+
+        for flag, value, choices in (
+            ("strategy", self.strategy, STRATEGIES),
+            ("loop", self.loop, LOOPS),
+            ("suite", self.suite, SUITES),
+            ("isolation", self.isolation, ISOLATIONS),
+        ):
+            if value not in choices:
+                raise UsageError(flag, value, f"unknown {flag}", ", ".join(choices))
+        for flag, value, minimum in (
+            ("batch_size", self.batch_size, 1),
+            ("epochs", self.epochs, 1),
+            ("steps", self.steps, 0),
+            ("warmup_steps", self.warmup_steps, 0),
+            ("replicas", self.replicas, 1),
+            ("workers", self.workers, 1),
+            ("train_size", self.train_size, 0),
+            ("val_size", self.val_size, 0),
+            ("image_size", self.image_size, 0),
+            ("rounds", self.rounds, 1),
+        ):
+            if value < minimum:
+                raise UsageError(flag, value, f"must be >= {minimum}", f"an integer >= {minimum}")
+        if self.strategy == "multiworker" and self.loop == "fit" and self.suite == "compare":
+            raise UsageError(
+                "loop", self.loop,
+                "Keras 3's model.fit fails under MultiWorkerMirroredStrategy (PerReplica "
+                "inputs reach a Tensor conversion; keras-team/keras#20585), so "
+                "--strategy=multiworker needs the GradientTape loop",
+                "custom", "Add --loop=custom.",
+            )
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise UsageError("learning_rate", self.learning_rate, "must be a positive number", "e.g. 0.001")
+        if not self.output_dir:
+            raise UsageError("output_dir", self.output_dir, "empty path", "a writable directory")
+        model = models.check_name(self.model_name)
+        return dataclasses.replace(self, model=model)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """Turns ``--policies`` into canonical, de-duplicated policy names.
+
+    With nothing requested the pair is float32 and what ``enable("auto")``
+    picks; where auto picks float32 (a CPU without fast half precision),
+    mixed_bfloat16 is added so that two policies are always compared.
+
+    Args:
+        requested: Names as given (aliases and "auto" accepted).
+
+    Returns:
+        ``(policies, note)``: the names, float32 first when present, and a
+        sentence saying how the list was chosen.
+
+    Raises:
+        UsageError: For an unknown name.
+    """
+    from tf_mixed import hardware, policy
+
+    auto, reason = policy.choose_auto(hardware.detect())
+    names = []
+    for name in requested or ("float32", "auto"):
+        try:
+            canonical = policy.canonical_name(name)
+        except (TypeError, ValueError):
+            raise UsageError(
+                "policies", name, "unknown policy", ", ".join(policy.POLICY_NAMES)
+            ) from None
+        canonical = auto if canonical == "auto" else canonical
+        if canonical not in names:
+            names.append(canonical)
+    if not requested:
+        if auto == "float32":
+            names.append("mixed_bfloat16")
+            note = (
+                f"Default policies: float32 and enable('auto'), which picks float32 here "
+                f"({reason}); mixed_bfloat16 was added so two policies are compared."
+            )
+        else:
+            note = f"Default policies: float32 and enable('auto') = {auto} ({reason})."
+    else:
+        note = f"Policies as requested (--policies); enable('auto') would pick {auto} ({reason})."
+    names.sort(key=lambda n: n != "float32")
+    return tuple(names), note
+
+
+
+# --- data ------------------------------------------------------------------------
+
+
+def load_data(config: BenchConfig, *, default_train_size: int = 0, default_val_size: int = 0):
+    """Loads the data set ``config`` names and checks that a batch fits in it.
+
+    Args:
+        config: A validated `BenchConfig`.
+        default_train_size: Training examples when ``config.train_size`` is 0
+            (0: the data set's own default).
+        default_val_size: The same for validation.
+
+    Returns:
+        A `tf_mixed.bench.data.BenchData`.
+
+    Raises:
+        UsageError: For a data set that cannot be loaded or a batch larger
+            than its training examples.
+    """
+    from tf_mixed.bench import data
+
+    bench_data = data.load(
+        config.dataset, seed=config.seed, image_size=config.image_size,
+        train_size=config.train_size or default_train_size,
+        val_size=config.val_size or default_val_size,
+        data_dir=config.data_dir or None, download=config.download,
+    )
+    check_batch(config, bench_data.train_size, bench_data.name)
+    return bench_data
+
+
+def check_data(config: BenchConfig):
+    """Checks the data before any training process starts, so bad input fails early.
+
+    The shapes set is only validated (each policy's process generates it);
+    every other set is loaded, which also checks its files.
+
+    Returns:
+        The loaded `BenchData`, or None for the generated shapes set.
+
+    Raises:
+        UsageError: As `load_data`.
+    """
+    from tf_mixed.bench import data
+
+    kind, _, _ = data.parse_spec(config.dataset)
+    if kind != data.SHAPES:
+        return load_data(config)
+    size = config.image_size or data.DEFAULT_SHAPES_SIZE
+    if size < data.MIN_SHAPES_SIZE:
+        raise UsageError(
+            "image_size", config.image_size, "too small for the shapes data set",
+            f"{data.MIN_SHAPES_SIZE} or more (0 picks {data.DEFAULT_SHAPES_SIZE})",
+        )
+    check_batch(config, config.train_size or data.DEFAULT_SHAPES_TRAIN, data.SHAPES)
+    return None
+
+
+def check_batch(config: BenchConfig, train_size: int, name: str) -> None:
+    """Raises `UsageError` when ``--batch_size`` exceeds ``train_size``."""
+    if train_size < config.batch_size:
+        raise UsageError(
+            "batch_size", config.batch_size,
+            f"larger than the {train_size} training examples of {name}",
+            f"1 to {train_size}",
+        )

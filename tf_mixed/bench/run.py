@@ -1,0 +1,259 @@
+"""The bench: train one model under several policies and measure each run.
+
+`run_policy(config, policy)` trains the model once under one policy, in the
+current process, and returns every figure of that run as a JSON-ready dict:
+steady-state throughput (median over timed steps, warm-up excluded), step
+time, peak memory, final train/validation loss and accuracy, skipped steps and
+the loss-scale trajectory. `tf_mixed.bench.compare` calls it once per policy,
+each in a fresh process by default; `tf_mixed.bench.report` turns the dicts
+into the table and files. Every policy sees the same seed, initial weights and data order.
+
+Two training paths exercise tf_mixed's two integrations:
+
+* ``loop="fit"``: ``model.compile(optimizer=tf_mixed.wrap_optimizer(Adam))``
+  and ``model.fit(..., callbacks=[tf_mixed.callbacks.LossScaleMonitor()])``.
+* ``loop="custom"``: a ``tf.GradientTape`` step run with ``strategy.run``,
+  the gradients applied through ``tf_mixed.training.apply_scaled_gradients``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import tf_mixed
+from tf_mixed import policy, training
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import models, train
+from tf_mixed.bench.config import BenchConfig
+from tf_mixed.bench.errors import UsageError
+
+# --- memory -------------------------------------------------------------------
+
+
+def _reset_peak_memory() -> bool:
+    """Resets the peak-memory counters this process can reset."""
+    for gpu in tf.config.list_logical_devices("GPU"):
+        try:
+            tf.config.experimental.reset_memory_stats(gpu.name)
+        except (ValueError, RuntimeError):
+            pass
+    try:  # Linux: "5" resets VmHWM (peak RSS) to the current RSS.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource  # fallback: lifetime peak (cannot be reset)
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _peak_gpu_mb() -> float | None:
+    peaks = []
+    for gpu in tf.config.list_logical_devices("GPU"):
+        try:
+            peaks.append(tf.config.experimental.get_memory_info(gpu.name)["peak"])
+        except (ValueError, RuntimeError):
+            pass
+    return sum(peaks) / 2**20 if peaks else None
+
+
+# --- strategy -------------------------------------------------------------------
+
+
+def split_cpu_for_replicas(replicas: int) -> None:
+    """Splits the CPU into ``replicas`` logical devices if TF is not yet initialised.
+
+    Call before any TF op runs; does nothing when GPUs are present, when the
+    split is already in place, or when the runtime is already initialised.
+    """
+    if tf.config.list_physical_devices("GPU") or replicas < 2:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+        )
+    except RuntimeError:
+        pass  # already initialised: use whatever devices exist
+
+
+def make_strategy(config: BenchConfig) -> tf.distribute.Strategy:
+    """The `tf.distribute` strategy that ``--strategy`` names."""
+    if config.strategy == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if config.strategy == "mirrored":
+        # Shared per process: two MirroredStrategy objects over the same
+        # devices clash in TF 2.21 (see training.shared_mirrored_strategy).
+        if tf.config.list_logical_devices("GPU"):
+            return training.shared_mirrored_strategy()
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")][: config.replicas]
+        return training.shared_mirrored_strategy(cpus)
+    return tf.distribute.get_strategy()
+
+
+# --- one policy -------------------------------------------------------------------
+
+
+def run_policy(
+    config: BenchConfig,
+    policy_name: str,
+    *,
+    bench_data=None,
+    strategy: tf.distribute.Strategy | None = None,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    """Trains ``config.model`` under one policy in this process and measures it.
+
+    Args:
+        config: A validated `BenchConfig`.
+        policy_name: A canonical policy name.
+        bench_data: A loaded `tf_mixed.bench.data.BenchData` to reuse;
+            loaded from ``config`` when None.
+        strategy: The strategy to use; `make_strategy(config)` when None.
+        verbose: Print one line per epoch.
+
+    Returns:
+        The run's figures as a JSON-ready dict (see the module docstring of
+        `tf_mixed.bench.report` for the fields).
+
+    Raises:
+        UsageError: For data or model settings that turn out unusable.
+    """
+    strategy = strategy or make_strategy(config)
+    if bench_data is None:
+        bench_data = config_module.load_data(config)
+    else:
+        config_module.check_batch(config, bench_data.train_size, bench_data.name)
+    steps = config.steps or bench_data.train_size // config.batch_size
+    total_steps = steps * config.epochs
+    warmup = min(config.warmup_steps, total_steps - 1)
+    train_set = train.batched(
+        bench_data.train, config.batch_size, train=True, seed=config.seed, size=bench_data.train_size
+    )
+    val_set = train.batched(
+        bench_data.val, config.batch_size, train=False, seed=config.seed, size=bench_data.val_size
+    )
+
+    keras.backend.clear_session()
+    memory_reset = _reset_peak_memory()
+    with policy.policy_scope(policy_name) as enabled:
+        keras.utils.set_random_seed(config.seed)  # same initial weights for every policy
+        with strategy.scope():
+            model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
+            optimizer = tf_mixed.wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
+        recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose)
+        start = time.perf_counter()
+        try:
+            if config.loop == "fit":
+                train.train_fit(model, optimizer, train_set, val_set, steps, config.epochs, recorder)
+            else:
+                train.train_custom(
+                    model, optimizer, train_set, val_set, steps, config.epochs,
+                    config.batch_size, recorder, strategy,
+                )
+        except tf.errors.InvalidArgumentError as error:
+            raise _unreadable_data(config, error) from None
+        train_time = time.perf_counter() - start
+        peak_rss = _peak_rss_mb()
+        peak_gpu = _peak_gpu_mb()
+        compute_dtype = model.dtype_policy.compute_dtype
+        jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
+
+    timed = recorder.step_times[warmup:]
+    # A diverged run is a result too: non-finite losses are stored as None
+    # (JSON null) rather than refused.
+    history = {k: [_finite_or_none(v) for v in values] for k, values in recorder.history.items()}
+    median_step = statistics.median(timed)
+    scale_changes = recorder.scale_changes
+    result = {
+        "policy": policy_name,
+        "policy_reason": enabled.reason,
+        "compute_dtype": compute_dtype,
+        "variable_dtype": "float32",
+        "optimizer": type(optimizer).__name__
+        + (f"({type(optimizer.inner_optimizer).__name__})" if hasattr(optimizer, "inner_optimizer") else ""),
+        "loop": config.loop,
+        "strategy": config.strategy,
+        "replicas": int(strategy.num_replicas_in_sync),
+        "workers": config.workers if config.strategy == "multiworker" else 1,
+        "jit_compile": jit,
+        "global_batch_size": config.batch_size,
+        "epochs": config.epochs,
+        "steps_per_epoch": steps,
+        "total_steps": total_steps,
+        "warmup_steps": warmup,
+        "timed_steps": len(timed),
+        "samples_per_sec": config.batch_size / median_step,
+        "samples_per_sec_mean": config.batch_size * len(timed) / sum(timed),
+        "step_time_ms": 1000.0 * median_step,
+        "step_time_ms_p90": 1000.0 * _percentile(timed, 0.9),
+        "train_time_s": train_time,
+        "peak_memory_mb": peak_gpu if peak_gpu is not None else peak_rss,
+        "memory_kind": "gpu_peak_allocated" if peak_gpu is not None else "process_peak_rss",
+        "peak_rss_mb": peak_rss,
+        "memory_counter_reset": memory_reset,
+        "final_train_loss": history["train_loss"][-1],
+        "final_train_accuracy": history["train_accuracy"][-1],
+        "final_val_loss": history["val_loss"][-1],
+        "final_val_accuracy": history["val_accuracy"][-1],
+        "history": history,
+        "skipped_steps": train.skipped_steps(optimizer),
+        "loss_scale": None
+        if not scale_changes
+        else {
+            "initial": scale_changes[0][1],
+            "final": scale_changes[-1][1],
+            "min": min(v for _, v in scale_changes),
+            "max": max(v for _, v in scale_changes),
+            "trajectory": scale_changes,  # [step, scale]: step 0, then every change
+        },
+        "model_params": int(model.count_params()),
+        "dataset": bench_data.describe(),
+    }
+    keras.backend.clear_session()
+    return result
+
+
+def _unreadable_data(config: BenchConfig, error: Exception) -> Exception:
+    """An image that passed the pre-check but does not decode is bad input too."""
+    message = str(error)
+    if not any(word in message for word in ("decode", "image", "Image", "JPEG", "PNG")):
+        return error
+    first = message.strip().splitlines()[0][:300] if message.strip() else ""
+    return UsageError(
+        "dataset", config.dataset, f"an image could not be decoded ({type(error).__name__}: {first})",
+        "image files TensorFlow decodes (JPEG, PNG, GIF, BMP)",
+        "Remove or re-encode the damaged file.",
+    )
+
+
+def _schedule(config: BenchConfig, total_steps: int):
+    """Cosine decay to 0 over the run: the last epoch's accuracy is then a
+    converged figure rather than one noisy Adam step, so policies compare."""
+    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total_steps)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
