@@ -21,10 +21,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-SUBCOMMANDS = ("bench", "info", "audit")
+SUBCOMMANDS = ("bench", "info", "audit", "check")
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...]
        python -m tf_mixed info
        python -m tf_mixed audit PATH
+       python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -201,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             "", f"unknown command {args[0]!r}; accepted: {', '.join(SUBCOMMANDS)} "
             "(no command runs bench)",
         )
+    if command == "check":  # tf_mixed/bench_check.py (issue 10)
+        from tf_mixed import bench_check
+
+        return bench_check.main(rest)
     handler = {"bench": _bench, "info": _info, "audit": _audit}[command]
     return handler([f"{program} {command}"] + rest)
 
