@@ -103,3 +103,16 @@ def test_report_lists_devices_and_the_auto_choice():
     assert "CPU: Test CPU" in text
     assert 'picks: mixed_float16' in text
     assert "because: GPU 0 has compute capability 7.0 (Tensor Cores) (GPU rule" in text
+
+
+def test_fake_hardware_mode_is_in_effect_or_detect_is_real():
+    """TF_MIXED_FAKE_HARDWARE=gpu (conftest.py) runs tests as on a GPU host."""
+    import os
+
+    if os.environ.get("TF_MIXED_FAKE_HARDWARE") == "gpu":
+        info = hardware.detect()
+        assert [g.compute_capability for g in info.gpus] == [(8, 0)]
+        assert "TF_MIXED_FAKE_HARDWARE" in info.gpus[0].name
+        assert policy.choose_auto(info)[0] == "mixed_float16"
+    else:
+        assert hardware.detect() == hardware.read_host()
