@@ -35,6 +35,12 @@ class FakeTimer:
         return {name: self.timings[name] for name in policies}
 
 
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch):
+    """The machine's real load never decides whether a result is cached here."""
+    monkeypatch.setattr(autotune, "_machine_load", lambda: (0.5, 2))
+
+
 def no_timing(policies):
     raise AssertionError(f"timed {policies} although a valid cache exists")
 
@@ -116,6 +122,17 @@ def test_measures_once_then_reads_the_cache(tmp_path):
     assert second.timings == first.timings
     assert "1.90x float32" in second.reason
     assert f"cached result measured {record['measured_at']}, read from" in second.reason
+
+
+def test_a_measurement_on_a_busy_machine_is_used_but_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(autotune, "_machine_load", lambda: (7.5, 2))
+    timer = FakeTimer(float32=1.9, mixed_bfloat16=1.0)
+    first = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
+    assert first.policy == "mixed_bfloat16" and first.cache_path == ""
+    assert "busy (load average 7.5 on 2 CPUs), so not cached" in first.reason
+    assert os.listdir(tmp_path) == []
+    autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
+    assert len(timer.calls) == 2  # measured again
 
 
 def test_float32_reason_quotes_every_half_policy(tmp_path):

@@ -65,12 +65,16 @@ _TRUE = ("1", "true", "yes", "on", "")
 # bfloat16 here), small enough that three policies fit in well under 2 s.
 _DENSE = (256, 512)          # batch, features (square weight)
 _CONV = (8, 16, 16, 16)      # batch, height, width, channels; 3x3 kernel
-_MAX_ROUNDS = 8
+_MAX_ROUNDS = 6
 _STEPS_PER_ROUND = 4
 # After one round, a policy this many times slower than the fastest is
 # dropped: its first figure already settles the decision (a float16
 # Conv2D filter gradient can take 100 ms a step on a CPU).
 _HOPELESS = 4.0
+
+# A decision timed while the machine runs more than this many runnable
+# processes per CPU is noise-prone: it is used once but not cached.
+_BUSY_LOAD_PER_CPU = 1.5
 
 Timer = Callable[[Sequence[str]], Mapping[str, float]]
 
@@ -345,37 +349,54 @@ def measured_choice(
         margin: See `choose_from_timings`.
 
     Returns:
-        An `AutoChoice`.
+        An `AutoChoice`. A measurement taken while the machine is busy (load
+        average above 1.5 per CPU) is used but not cached.
     """
     key = cache_key(info)
     path = cache_path(key, directory)
     record = read_cache(path, key)
     cached = record is not None
+    busy = ""
     if cached:
         timings = {name: float(value) for name, value in record["timings_s"].items()}
         measured_at = str(record.get("measured_at", "an earlier run"))
     else:
         names = candidates(info)
+        load, cpus = _machine_load()
         start = time.perf_counter()
         timings = dict((timer or time_policies)(names))
         elapsed = time.perf_counter() - start
-        decision = choose_from_timings(timings, margin)  # validates the timer's output
+        choose_from_timings(timings, margin)  # validates the timer's output first
         measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        written = write_cache(path, {
+        if load is not None and load > _BUSY_LOAD_PER_CPU * cpus:
+            busy = f"load average {load:.1f} on {cpus} CPUs"
+            path = ""
+        elif not write_cache(path, {
             "format": _CACHE_FORMAT,
             "key": key,
             "timings_s": timings,
             "measured_at": measured_at,
             "probe_seconds": round(elapsed, 3),
-        })
-        if not written:
+        }):
             path = ""
     decision = choose_from_timings(timings, margin)
-    reason = _reason(decision, info, cached=cached, path=path, measured_at=measured_at)
+    reason = _reason(decision, info, cached=cached, path=path, measured_at=measured_at,
+                     busy=busy)
     return AutoChoice(decision.policy, reason, timings, decision, cached, path)
 
 
-def _reason(decision: Decision, info, *, cached: bool, path: str, measured_at: str) -> str:
+def _machine_load() -> tuple[float | None, int]:
+    """(1-minute load average or None where unknown, CPU count)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return load, os.cpu_count() or 1
+
+
+def _reason(
+    decision: Decision, info, *, cached: bool, path: str, measured_at: str, busy: str
+) -> str:
     cpu = info.cpu_model or "unknown model"
     others = ", ".join(
         f"{name} {decision.speedups[name]:.2f}x"
@@ -396,6 +417,11 @@ def _reason(decision: Decision, info, *, cached: bool, path: str, measured_at: s
         )
     if cached:
         tail = f"cached result measured {measured_at}, read from {path}"
+    elif busy:
+        tail = (
+            f"measured now while the machine was busy ({busy}), so not cached: "
+            "the next call measures again"
+        )
     elif path:
         tail = f"measured now, cached in {path}"
     else:
@@ -404,15 +430,15 @@ def _reason(decision: Decision, info, *, cached: bool, path: str, measured_at: s
 
 
 def time_policies(
-    policies: Sequence[str], *, budget_s: float = 0.5
+    policies: Sequence[str], *, budget_s: float = 0.3
 ) -> dict[str, float]:
     """Times one probe training step under each policy on this host.
 
     The probe is a Dense layer (matmul) and a 3x3 Conv2D, forward and
     backward, with float32 weights cast to the compute dtype as a mixed
     policy does. Rounds alternate between policies so that load on the
-    machine hits all of them alike; each policy's fastest round is kept
-    (load from other processes only adds time). A
+    machine hits all of them alike; each policy's fastest step is kept
+    (load from other processes only ever adds time). A
     policy far slower than the fastest after the first round is not timed
     again. float16 is traced with Grappler's remapping off, as
     `enable("mixed_float16")` runs it on a CPU.
@@ -420,40 +446,31 @@ def time_policies(
     Args:
         policies: Policy names (of "float32", "mixed_bfloat16",
             "mixed_float16").
-        budget_s: Seconds for the timed rounds (warm-up not included). A
-            policy whose first, untimed call alone takes more than half of
-            it is not timed again: that call's time (an upper bound, as it
-            includes tracing) is its figure.
+        budget_s: Seconds for the timed rounds (warm-up not included); a
+            round always completes, so a very slow policy can exceed it by
+            one step.
 
     Returns:
-        Seconds per step (fastest round), by policy.
+        Seconds per step (the fastest step), by policy.
     """
     import tensorflow as tf
 
     inputs = _probe_inputs(tf)
     steps = {name: _probe_step(tf, _COMPUTE_DTYPE[name]) for name in policies}
-    rounds: dict[str, list[float]] = {name: [] for name in policies}
-    active = []
     for name in policies:  # trace and optimise once, outside the timing
-        first = _first_call(steps[name], inputs, name == MIXED_FLOAT16)
-        if first > budget_s / 2 and name != FLOAT32:
-            # Already slower than half the budget in one step: it cannot win,
-            # and timing it again would blow the budget (the first call
-            # includes tracing, so this is an upper bound).
-            rounds[name].append(first)
-        else:
-            active.append(name)
-
+        _first_call(steps[name], inputs, remapping_off=name == MIXED_FLOAT16)
+    rounds: dict[str, list[float]] = {name: [] for name in policies}
+    active = list(policies)
     slice_s = budget_s / (_MAX_ROUNDS * max(len(policies), 1))
     start = time.perf_counter()
-    for _ in range(_MAX_ROUNDS if active else 0):
+    for _ in range(_MAX_ROUNDS):
         for name in active:
             rounds[name].append(_time_steps(steps[name], inputs, slice_s))
         fastest = min(min(rounds[name]) for name in active)
         active = [n for n in active if min(rounds[n]) <= _HOPELESS * fastest]
         if time.perf_counter() - start >= budget_s:
             break
-    # The fastest round: load from other processes only ever adds time.
+    # The fastest step of all rounds (see _time_steps).
     return {name: min(values) for name, values in rounds.items()}
 
 
@@ -489,10 +506,9 @@ def _run(step, inputs) -> None:
     step(*inputs).numpy()
 
 
-def _first_call(step, inputs, remapping_off: bool) -> float:
+def _first_call(step, inputs, remapping_off: bool) -> None:
     from tf_mixed import _remapping
 
-    start = time.perf_counter()
     if remapping_off:
         # Grappler optimises a function on its first call: hold the option
         # off only for that call, as enable("mixed_float16") would on a CPU.
@@ -503,14 +519,16 @@ def _first_call(step, inputs, remapping_off: bool) -> float:
             _remapping.release()
     else:
         _run(step, inputs)
-    return time.perf_counter() - start
 
 
 def _time_steps(step, inputs, slice_s: float) -> float:
-    count, start = 0, time.perf_counter()
+    """The fastest single step in a slice: preemption by other processes only
+    ever lengthens a step, so the fastest is the closest to the true cost."""
+    best, count, start = math.inf, 0, time.perf_counter()
     while True:
+        before = time.perf_counter()
         _run(step, inputs)
+        best = min(best, time.perf_counter() - before)
         count += 1
-        elapsed = time.perf_counter() - start
-        if count >= _STEPS_PER_ROUND or elapsed >= slice_s:
-            return elapsed / count
+        if count >= _STEPS_PER_ROUND or time.perf_counter() - start >= slice_s:
+            return best
