@@ -6,9 +6,20 @@ touches TensorFlow. Multi-replica tests then take the ``mirrored`` fixture, a
 MirroredStrategy over "CPU:0" and "CPU:1", as if on two GPUs.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Tests never time this machine for enable("auto") nor touch the user's cache:
+# "auto" uses the rules (tests of the measured path pass measure=True with an
+# injected timer) and the cache lives in a per-session directory. Set in the
+# environment, so test subprocesses inherit both.
+os.environ["TF_MIXED_AUTO_MEASURE"] = "0"
+_CACHE_DIR = tempfile.mkdtemp(prefix="tf_mixed_test_cache_")
+os.environ["TF_MIXED_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -20,6 +31,31 @@ tf.config.set_logical_device_configuration(
 )
 
 CPU_DEVICES = ("CPU:0", "CPU:1")
+
+# TF_MIXED_FAKE_HARDWARE=gpu runs the suite as if on a host with one Tensor
+# Core GPU (hardware.detect faked; tests that fake it themselves still win),
+# to show no test depends on the host having no GPU. .ci/run runs the
+# hardware-dependent test files this way.
+_FAKE_HARDWARE = os.environ.get("TF_MIXED_FAKE_HARDWARE", "").strip().lower()
+if _FAKE_HARDWARE not in ("", "gpu"):
+    raise pytest.UsageError(
+        f"TF_MIXED_FAKE_HARDWARE must be 'gpu' or unset. Received: {_FAKE_HARDWARE!r}."
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fake_hardware(monkeypatch):
+    if _FAKE_HARDWARE == "gpu":
+        from tf_mixed import hardware
+
+        real = hardware.detect()
+        fake = hardware.HardwareInfo(
+            gpus=(hardware.GpuInfo("Fake GPU (TF_MIXED_FAKE_HARDWARE)", (8, 0)),),
+            cpu_model=real.cpu_model, cpu_flags=real.cpu_flags,
+            amx_bf16_usable=real.amx_bf16_usable,
+        )
+        monkeypatch.setattr(hardware, "detect", lambda: fake)
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -157,7 +157,9 @@ def _check_figures(report, out_text):
         assert cells[8] == f"{100 * r['final_val_accuracy']:.2f}"
 
 
-def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys):
+def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
+    # The default pair follows the hardware: fake an AMX CPU (auto: bfloat16).
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo(amx_bf16_usable=True))
     report, out_text, out = _run(tmp_path, capsys, "--model=cnn")
     assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
     assert open(out / "bench.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -46,10 +46,10 @@ def test_parse_cpuinfo_empty():
          "mixed_bfloat16", "AMX-BF16"),
         # The flag alone is not enough: the kernel must enable the tile state.
         (HardwareInfo(cpu_flags=frozenset({"amx_bf16", "amx_tile"}), amx_bf16_usable=False),
-         "float32", "slower than float32"),
+         "float32", "CPU rule (not measured)"),
         (HardwareInfo(cpu_flags=frozenset({"avx512_bf16", "avx512_fp16"})),
-         "float32", "slower than float32"),
-        (HardwareInfo(), "float32", "slower than float32"),
+         "float32", "CPU rule (not measured)"),
+        (HardwareInfo(), "float32", "CPU rule (not measured)"),
     ],
 )
 def test_choose_auto_on_faked_hardware(info, expected, reason_part):
@@ -75,11 +75,35 @@ def test_gpu_tensor_cores_property():
 
 
 def test_detect_matches_proc_cpuinfo():
-    info = hardware.detect()
+    # The real detect, not a faked one (TF_MIXED_FAKE_HARDWARE=gpu fakes it).
+    info = hardware.read_host()
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         model, flags = hardware.parse_cpuinfo(f.read())
     assert info.cpu_model == model
     assert info.cpu_flags == flags
-    assert info.gpus == ()  # the test machines have no GPU
     if "amx_bf16" not in flags:
         assert not info.amx_bf16_usable
+
+
+def test_detect_lists_the_gpus_tensorflow_sees(monkeypatch):
+    """Whatever this host has: GPUs come from TF's device list, in order."""
+    monkeypatch.setattr(
+        hardware, "_tf_accelerators",
+        lambda: ((GpuInfo("A", (8, 0)), GpuInfo("B", (7, 5))), False),
+    )
+    info = hardware.read_host()
+    assert [g.name for g in info.gpus] == ["A", "B"]
+    assert info.has_gpu and not info.tpu
+
+
+def test_fake_hardware_mode_is_in_effect_or_detect_is_real():
+    """TF_MIXED_FAKE_HARDWARE=gpu (conftest.py) runs tests as on a GPU host."""
+    import os
+
+    if os.environ.get("TF_MIXED_FAKE_HARDWARE") == "gpu":
+        info = hardware.detect()
+        assert [g.compute_capability for g in info.gpus] == [(8, 0)]
+        assert "TF_MIXED_FAKE_HARDWARE" in info.gpus[0].name
+        assert policy.choose_auto(info)[0] == "mixed_float16"
+    else:
+        assert hardware.detect() == hardware.read_host()

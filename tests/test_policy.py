@@ -13,8 +13,30 @@ from tf_mixed import hardware
 from tf_mixed import policy
 
 
+CPU_HOST = hardware.HardwareInfo(cpu_model="Test CPU")
+AMX_HOST = hardware.HardwareInfo(
+    cpu_model="Test AMX CPU", cpu_flags=frozenset({"amx_bf16", "amx_tile"}),
+    amx_bf16_usable=True,
+)
+GPU_HOST = hardware.HardwareInfo(gpus=(hardware.GpuInfo("Test A100", (8, 0)),))
+
+
 def remapping():
     return tf.config.optimizer.get_experimental_options().get("remapping", True)
+
+
+@pytest.fixture
+def cpu_host(monkeypatch):
+    """A host with no GPU, whatever this machine has."""
+    monkeypatch.setattr(hardware, "detect", lambda: CPU_HOST)
+    return CPU_HOST
+
+
+@pytest.fixture
+def gpu_host(monkeypatch):
+    """A host with one Tensor Core GPU, whatever this machine has."""
+    monkeypatch.setattr(hardware, "detect", lambda: GPU_HOST)
+    return GPU_HOST
 
 
 @pytest.mark.parametrize(
@@ -46,15 +68,25 @@ def test_policy_names_table_is_what_enable_accepts():
         tf_mixed.enable(name, quiet=True)
 
 
-def test_auto_on_this_machine_follows_the_hardware_rule():
-    info = hardware.detect()
-    enabled = tf_mixed.enable("auto")
-    # No GPU here: float32 unless the CPU has usable AMX-BF16 units.
-    expected = "mixed_bfloat16" if info.amx_bf16_usable else "float32"
+@pytest.mark.parametrize(
+    "host, expected, reason_part",
+    [
+        (CPU_HOST, "float32", "CPU rule (not measured)"),
+        (AMX_HOST, "mixed_bfloat16", "CPU rule, not measured"),
+        (GPU_HOST, "mixed_float16", "GPU rule"),
+    ],
+    ids=["cpu", "amx_cpu", "gpu"],
+)
+def test_auto_without_measuring_follows_the_hardware_rule(
+    monkeypatch, host, expected, reason_part
+):
+    monkeypatch.setattr(hardware, "detect", lambda: host)
+    enabled = tf_mixed.enable("auto", measure=False)
     assert enabled.policy == expected
     assert keras.config.dtype_policy().name == expected
-    assert enabled.reason == policy.choose_auto(info)[1]
-    assert "no GPU" in enabled.reason
+    assert enabled.reason == policy.choose_auto(host)[1]
+    assert reason_part in enabled.reason
+    assert ("no GPU" in enabled.reason) == (not host.gpus)
 
 
 @pytest.mark.parametrize("bad", ["float16", "mixed_fp16", "", "bfloat16"])
@@ -93,7 +125,7 @@ def test_disable_without_enable_is_a_noop():
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
 
 
-def test_float16_on_cpu_turns_remapping_off_and_warns_once(caplog):
+def test_float16_on_cpu_turns_remapping_off_and_warns_once(cpu_host, caplog):
     with caplog.at_level(logging.WARNING):
         tf_mixed.enable("mixed_float16")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -117,7 +149,15 @@ def test_disable_restores_an_explicit_remapping_setting():
     assert remapping() is False
 
 
-def test_policy_scope_restores_after_exception():
+def test_float16_on_a_gpu_host_keeps_remapping_and_does_not_warn(gpu_host, caplog):
+    with caplog.at_level(logging.WARNING):
+        enabled = tf_mixed.enable("mixed_float16")
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert remapping() is True
+    assert enabled.reason == "mixed_float16 requested explicitly"
+
+
+def test_policy_scope_restores_after_exception(cpu_host):
     keras.config.set_dtype_policy("float32")
     with pytest.raises(RuntimeError, match="boom"):
         with tf_mixed.policy_scope("fp16") as enabled:
@@ -160,7 +200,7 @@ def test_explicit_float32_layer_stays_float32(name):
     assert keras.layers.Dense(4)(tf.ones((2, 3))).dtype == name.replace("mixed_", "")
 
 
-def test_dense_model_float16_on_cpu_trains_one_epoch():
+def test_dense_model_float16_on_cpu_trains_one_epoch(cpu_host):
     """With remapping off, a float16 Dense model trains an epoch in seconds.
 
     The measured figures are in BUILD_NOTES.md (33 samples/s with remapping

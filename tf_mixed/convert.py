@@ -76,7 +76,7 @@ def _resolve_policy(policy) -> str:
     if name == "auto":
         from tf_mixed import hardware
 
-        name, reason = policy_module.choose_auto(hardware.detect())
+        name, reason = policy_module.resolve_auto(hardware.detect())
         if name == "float32":
             raise ValueError(
                 f"policy='auto' chose float32 on this host ({reason}): nothing "

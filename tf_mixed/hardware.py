@@ -134,9 +134,8 @@ def _tf_accelerators() -> tuple[tuple[GpuInfo, ...], bool]:
     return tuple(gpus), tpu
 
 
-@functools.lru_cache(maxsize=1)
-def detect() -> HardwareInfo:
-    """Describes this host; the result is cached for the process.
+def read_host() -> HardwareInfo:
+    """Describes this host afresh (`detect` caches this for the process).
 
     Listing physical devices does not initialise TensorFlow's runtime, so this
     may be called before logical devices are configured.
@@ -150,3 +149,16 @@ def detect() -> HardwareInfo:
     return HardwareInfo(
         gpus=gpus, tpu=tpu, cpu_model=model, cpu_flags=flags, amx_bf16_usable=amx
     )
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> HardwareInfo:
+    """Describes this host; the result is cached for the process.
+
+    Everything that decides by the hardware calls this (tests fake it).
+
+    Returns:
+        A `HardwareInfo` (see `read_host`).
+    """
+    return read_host()
+

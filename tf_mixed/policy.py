@@ -1,22 +1,33 @@
 """Policy names, `enable` / `disable` / `policy_scope`, and the "auto" choice.
 
 One table (`_POLICIES`) lists every accepted name; the parser and every error
-message are built from it. `enable()` changes two pieces of global state, the
-Keras dtype policy and (for float16 on a CPU-only host) TensorFlow's Grappler
-"remapping" pass, and remembers both as they were so `disable()` can put them
-back exactly.
+message are built from it. `enable()` changes two pieces of state, with the
+scope each really has (design.md fact 12): the Keras dtype policy, which Keras
+keeps per thread, so tf_mixed remembers it per thread too; and (for float16
+on a CPU-only host) TensorFlow's Grappler "remapping" option, which is per
+process, so each thread takes a counted hold on it (`tf_mixed._remapping`) and
+it comes back only when no thread needs it off. `policy_scope` also tells
+asyncio tasks apart (a context variable) and refuses to interleave their
+scopes, since they share their thread's Keras policy.
+
+"auto" follows rules on GPUs and TPUs and measures on CPUs
+(`tf_mixed.autotune`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
+import threading
 from typing import Iterator
 
 import keras
 import tensorflow as tf
 from absl import logging
 
+from tf_mixed import _remapping
+from tf_mixed import autotune
 from tf_mixed import hardware
 
 AUTO = "auto"
@@ -70,27 +81,39 @@ class Enabled:
         return f"{self.policy} ({self.reason})"
 
 
-@dataclasses.dataclass(frozen=True)
-class _GlobalState:
-    """The global settings `enable` may change, as they were before."""
+@dataclasses.dataclass
+class _ThreadState:
+    """What `enable` changed in this thread, to undo it (Keras's policy is per thread)."""
 
-    keras_policy: keras.DTypePolicy
-    remapping: bool | None  # None: TF's default (not set explicitly)
-
-    @classmethod
-    def capture(cls) -> "_GlobalState":
-        options = tf.config.optimizer.get_experimental_options()
-        return cls(keras.config.dtype_policy(), options.get("remapping"))
-
-    def restore(self) -> None:
-        keras.config.set_dtype_policy(self.keras_policy)
-        # An option that was unset before goes back to TF's default (on).
-        remapping = True if self.remapping is None else self.remapping
-        tf.config.optimizer.set_experimental_options({"remapping": remapping})
+    saved_policy: keras.DTypePolicy | None = None  # before the first enable()
+    active: str | None = None  # the policy tf_mixed set, to notice resets
+    holds_remapping: bool = False  # whether this thread holds remapping off
+    scopes: list = dataclasses.field(default_factory=list)  # open policy_scopes
 
 
-# State before the first `enable()` that has not been undone yet.
-_saved: _GlobalState | None = None
+_threads = threading.local()
+
+# Which policy_scope the running code is inside. asyncio tasks each run in a
+# copy of the context, so this tells apart two tasks sharing one thread (and so
+# one Keras policy), which a thread-local cannot.
+_scope_marker: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "tf_mixed_policy_scope", default=None
+)
+
+
+def _state() -> _ThreadState:
+    state = getattr(_threads, "state", None)
+    if state is None:
+        state = _threads.state = _ThreadState()
+    return state
+
+
+def _set_remapping_hold(state: _ThreadState, hold: bool) -> None:
+    if hold and not state.holds_remapping:
+        _remapping.hold()
+    elif not hold and state.holds_remapping:
+        _remapping.release()
+    state.holds_remapping = hold
 
 
 def canonical_name(name: object) -> str:
@@ -122,9 +145,10 @@ def canonical_name(name: object) -> str:
 
 
 def choose_auto(info: hardware.HardwareInfo) -> tuple[str, str]:
-    """Chooses the fastest safe policy for the given hardware.
+    """Chooses a policy for the given hardware by rule, without timing anything.
 
-    Rules, first match wins: a CUDA GPU with compute capability >= 7.0 gives
+    `enable("auto")` uses these rules for GPUs and TPUs, and for CPUs only
+    when measuring is turned off (see `resolve_auto`). Rules, first match wins: a CUDA GPU with compute capability >= 7.0 gives
     mixed_float16; any other GPU gives float32; a TPU gives mixed_bfloat16; a
     CPU whose AMX-BF16 units the kernel enables gives mixed_bfloat16; anything
     else gives float32, because TF's CPU half-precision kernels are slower
@@ -137,34 +161,84 @@ def choose_auto(info: hardware.HardwareInfo) -> tuple[str, str]:
         ``(policy, reason)``.
     """
     force_hint = "force one with tf_mixed.enable('mixed_float16') or 'mixed_bfloat16'"
+    gpu_rule = "GPU rule: compute capability >= 7.0 gives mixed_float16; GPUs are not timed"
     if info.gpus:
         gpu = min(info.gpus, key=lambda g: g.compute_capability or (0, 0))
         index = info.gpus.index(gpu)
         if gpu.compute_capability is None:
             return FLOAT32, (
                 f"GPU {index} ({gpu.name}) reports no CUDA compute capability, so "
-                f"Tensor Core support is unknown; {force_hint}"
+                f"Tensor Core support is unknown; {force_hint} ({gpu_rule})"
             )
         major, minor = gpu.compute_capability
         if gpu.has_tensor_cores:
             return MIXED_FLOAT16, (
-                f"GPU {index} has compute capability {major}.{minor} (Tensor Cores)"
+                f"GPU {index} has compute capability {major}.{minor} (Tensor Cores) "
+                f"({gpu_rule})"
             )
         return FLOAT32, (
             f"GPU {index} has compute capability {major}.{minor}, below 7.0: no "
-            f"Tensor Cores, so float16 brings little speed; {force_hint}"
+            f"Tensor Cores, so float16 brings little speed; {force_hint} ({gpu_rule})"
         )
     if info.tpu:
-        return MIXED_BFLOAT16, "a TPU is attached; TPUs compute natively in bfloat16"
+        return MIXED_BFLOAT16, (
+            "a TPU is attached; TPUs compute natively in bfloat16 (TPU rule; not timed)"
+        )
     if info.amx_bf16_usable:
         return MIXED_BFLOAT16, (
             "no GPU; the CPU has AMX-BF16 tile units (amx_bf16 in /proc/cpuinfo, "
-            "enabled by the kernel), which oneDNN uses for bfloat16 matmuls"
+            "enabled by the kernel), which oneDNN uses for bfloat16 matmuls "
+            "(CPU rule, not measured)"
         )
     return FLOAT32, (
-        "no GPU, TPU or AMX-BF16 CPU: TensorFlow's float16/bfloat16 CPU kernels "
-        f"are slower than float32 here; {force_hint}"
+        "no GPU, TPU or AMX-BF16 CPU: by the CPU rule (not measured) float32, "
+        "as half precision on CPUs without AMX is often slower than float32; "
+        f"measure with tf_mixed.enable('auto', measure=True), or {force_hint}"
     )
+
+
+def resolve_auto(
+    info: hardware.HardwareInfo | None = None, *, measure: bool | None = None
+) -> tuple[str, str]:
+    """What `enable("auto")` picks on this host, and why.
+
+    GPUs and TPUs follow `choose_auto`'s rules. On a CPU-only host the
+    candidate policies are timed on a small probe (about a second, once per
+    machine: the result is cached; see `tf_mixed.autotune`), unless
+    `measure` is False.
+
+    Args:
+        info: The host; default `hardware.detect()`.
+        measure: Whether to time the CPU; None reads the environment variable
+            TF_MIXED_AUTO_MEASURE (measuring unless it is "0", "false", "no"
+            or "off").
+
+    Returns:
+        ``(policy, reason)``.
+
+    Raises:
+        TypeError: If `measure` is not a bool or None.
+        ValueError: If TF_MIXED_AUTO_MEASURE holds an unknown value.
+    """
+    measure = _validated_measure(measure)
+    info = hardware.detect() if info is None else info
+    if info.gpus or info.tpu or not measure:
+        return choose_auto(info)
+    choice = autotune.measured_choice(info)
+    return choice.policy, choice.reason
+
+
+def _validated_measure(measure: object) -> bool:
+    if measure is None:
+        return autotune.measure_by_default()
+    if not isinstance(measure, bool):
+        raise TypeError(
+            "`measure` must be a bool (or None for the TF_MIXED_AUTO_MEASURE "
+            f"environment variable). Received: measure={measure!r} (of type "
+            f"{type(measure).__name__}). Pass measure=False to choose by rule "
+            "without timing the CPU."
+        )
+    return measure
 
 
 def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:
@@ -178,23 +252,31 @@ def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:
     return f"{name} requested explicitly"
 
 
-def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
-    """Sets Keras's global dtype policy to a mixed-precision policy.
+def enable(policy: str = AUTO, *, quiet: bool = False, measure: bool | None = None) -> Enabled:
+    """Sets Keras's dtype policy, in this thread, to a mixed-precision policy.
 
     Layers built after this call compute in the policy's dtype and keep their
     variables in float32. Calling `enable` again switches policy; `disable`
-    then restores what was active before the first call.
+    then restores what was active before the first call. Keras keeps the
+    policy per thread (so does tf_mixed's bookkeeping): enable in the thread
+    that builds the model. `keras.backend.clear_session()` resets the policy
+    of every thread to float32; the next `enable`/`disable` logs a warning
+    when it finds that, and `status()` reports it.
 
     Args:
-        policy: One of `POLICY_NAMES`; "auto" chooses from the hardware (see
-            `choose_auto`). An explicit name is always honoured.
+        policy: One of `POLICY_NAMES`; "auto" chooses for this host (see
+            `resolve_auto`: GPU/TPU rules; a cached measurement on CPUs). An
+            explicit name is always honoured.
         quiet: If True, do not log the choice (warnings are still logged).
+        measure: For "auto" on a CPU-only host: True times the CPU (once per
+            machine, then cached), False chooses by rule; None (default)
+            measures unless TF_MIXED_AUTO_MEASURE is "0"/"false"/"no"/"off".
 
     Returns:
         An `Enabled` with the active policy and the reason for it.
 
     Raises:
-        TypeError: If `policy` is not a string.
+        TypeError: If `policy` is not a string or `measure` not a bool.
         ValueError: If `policy` is not a known name. The global policy is left
             exactly as it was.
 
@@ -204,26 +286,28 @@ def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
         >>> enabled.policy
         'mixed_bfloat16'
     """
-    global _saved
     name = canonical_name(policy)  # validates before anything changes
+    measure = _validated_measure(measure)
+    state = _state()
+    _warn_if_reset(state, "enable")
     info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) else None
     if name == AUTO:
-        name, reason = choose_auto(info)
+        name, reason = resolve_auto(info, measure=measure)
     else:
         reason = _explicit_reason(name, info)
 
-    if _saved is None:
-        _saved = _GlobalState.capture()
-    # Every enable starts from the state saved before the first one, so that
-    # switching e.g. fp16 -> bf16 also gives back the remapping pass.
-    _saved.restore()
-    if name == MIXED_FLOAT16 and not info.has_gpu:
-        # Fact measured on TF 2.21: Grappler fuses MatMul+BiasAdd into a float16
-        # _FusedMatMul whose CPU kernel is >1000x slower than the plain matmul
-        # (a Dense model trains ~300x slower; see BUILD_NOTES.md).
-        tf.config.optimizer.set_experimental_options({"remapping": False})
+    if state.saved_policy is None:
+        state.saved_policy = keras.config.dtype_policy()
+    cpu_float16 = name == MIXED_FLOAT16 and not info.has_gpu
+    # Fact measured on TF 2.21: Grappler fuses MatMul+BiasAdd into a float16
+    # _FusedMatMul whose CPU kernel is >1000x slower than the plain matmul
+    # (a Dense model trains ~300x slower; see BUILD_NOTES.md). The option is
+    # per process, so it is held off until no thread needs it off.
+    _set_remapping_hold(state, cpu_float16)
+    if cpu_float16:
         logging.warning(_CPU_FLOAT16_WARNING)
     keras.mixed_precision.set_dtype_policy(name)
+    state.active = name
 
     enabled = Enabled(policy=name, reason=reason, requested=policy)
     if not quiet:
@@ -232,55 +316,178 @@ def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
 
 
 def disable() -> None:
-    """Restores the policy and TF options that were active before `enable`.
+    """Restores, in this thread, the policy that was active before `enable`.
 
-    Does nothing if `enable` has not been called (or was already undone).
+    Also gives back this thread's hold on Grappler's remapping option: the
+    option returns to its earlier value once no thread has float16 on a CPU
+    enabled. Does nothing if `enable` has not been called in this thread (or
+    was already undone).
     """
-    global _saved
-    if _saved is None:
+    state = _state()
+    _warn_if_reset(state, "disable")
+    if state.saved_policy is None:
         return
-    _saved.restore()
-    _saved = None
+    keras.config.set_dtype_policy(state.saved_policy)
+    _set_remapping_hold(state, False)
+    state.saved_policy, state.active = None, None
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyStatus:
+    """What tf_mixed has set in this thread, and whether Keras still has it.
+
+    Attributes:
+        keras_policy: Keras's dtype policy in this thread now.
+        enabled: The policy tf_mixed set in this thread (None if none).
+        reset_since_enable: True when Keras's policy is no longer the one
+            tf_mixed set, e.g. after `keras.backend.clear_session()`.
+        remapping_holders: Threads (and scopes) holding Grappler's remapping
+            option off for float16 on a CPU, in the whole process.
+    """
+
+    keras_policy: str
+    enabled: str | None
+    reset_since_enable: bool
+    remapping_holders: int
+
+    def __str__(self) -> str:
+        if self.enabled is None:
+            return f"{self.keras_policy} (tf_mixed.enable not in effect in this thread)"
+        if self.reset_since_enable:
+            return (
+                f"{self.keras_policy}, not {self.enabled} as tf_mixed.enable set it: "
+                "reset since (keras.backend.clear_session()?); call tf_mixed.enable() again"
+            )
+        return f"{self.keras_policy} (set by tf_mixed.enable)"
+
+
+def status() -> PolicyStatus:
+    """Reports this thread's policy and whether a reset undid `enable`.
+
+    Returns:
+        A `PolicyStatus`.
+    """
+    state = _state()
+    keras_policy = keras.config.dtype_policy().name
+    return PolicyStatus(
+        keras_policy=keras_policy,
+        enabled=state.active,
+        reset_since_enable=state.active is not None and keras_policy != state.active,
+        remapping_holders=_remapping.holders(),
+    )
+
+
+def _warn_if_reset(state: _ThreadState, caller: str) -> None:
+    if state.active is None:
+        return
+    now = keras.config.dtype_policy().name
+    if now != state.active:
+        logging.warning(
+            "tf_mixed.%s(): Keras's dtype policy in this thread is %r, not %r as "
+            "tf_mixed.enable() set it: keras.backend.clear_session() (or "
+            "keras.config.set_dtype_policy) reset it since, so layers built since "
+            "compute in %s. Call tf_mixed.enable() again after clear_session().",
+            caller, now, state.active, now,
+        )
+
+
+@dataclasses.dataclass
+class _Scope:
+    marker: object
+    keras_policy: keras.DTypePolicy
+    saved: _ThreadState
+
+
+_SCOPE_MISUSE = (
+    "tf_mixed.policy_scope: {what}. Keras keeps one dtype policy per thread, "
+    "so asyncio tasks (or generators) that interleave policy_scope blocks in one "
+    "thread would build layers under each other's policy. Build each model "
+    "inside one scope without awaiting in between, run the tasks one after "
+    "another, or give each its own thread (asyncio.to_thread)."
+)
 
 
 @contextlib.contextmanager
-def policy_scope(policy: str) -> Iterator[Enabled]:
-    """Enables `policy` for the body of a ``with`` block.
+def policy_scope(policy: str, *, measure: bool | None = None) -> Iterator[Enabled]:
+    """Enables `policy` for the body of a ``with`` block, in this thread.
 
-    On exit, also when the body raises, the global policy, TF options and
-    `enable`/`disable` bookkeeping are exactly as they were on entry.
+    On exit, also when the body raises, the thread's policy, its hold on the
+    remapping option and the `enable`/`disable` bookkeeping are exactly as
+    they were on entry. Scopes nest. Because Keras keeps the policy per
+    thread, two asyncio tasks on one thread must not have scopes open at the
+    same time: entering a scope while another task's scope is open, or
+    leaving scopes out of order, raises `RuntimeError`.
 
     Args:
         policy: One of `POLICY_NAMES`.
+        measure: As for `enable`.
 
     Yields:
         The `Enabled` result.
 
     Raises:
         TypeError, ValueError: As `enable`, before anything changes.
+        RuntimeError: When scopes of different asyncio tasks interleave in
+            one thread (see above).
 
     Example:
 
         >>> with tf_mixed.policy_scope("mixed_bfloat16"):
         ...     model = build_model()
     """
-    global _saved
     canonical_name(policy)
-    outer_state, outer_saved = _GlobalState.capture(), _saved
-    _saved = None  # this scope's enable() must save the state on entry
+    _validated_measure(measure)
+    state = _state()
+    if state.scopes and state.scopes[-1].marker is not _scope_marker.get():
+        raise RuntimeError(_SCOPE_MISUSE.format(
+            what="entered while a scope of another asyncio task (or context) is "
+            "open in this thread"))
+    scope = _Scope(
+        marker=object(),
+        keras_policy=keras.config.dtype_policy(),
+        saved=dataclasses.replace(state, scopes=[]),
+    )
+    state.scopes.append(scope)
+    token = _scope_marker.set(scope.marker)
+    # This scope's enable() saves the state on entry; the outer bookkeeping
+    # (and hold) comes back on exit.
+    state.saved_policy, state.active = None, None
     try:
-        yield enable(policy, quiet=True)
+        yield enable(policy, quiet=True, measure=measure)
     finally:
-        outer_state.restore()
-        _saved = outer_saved
+        _leave_scope(state, scope)
+        try:
+            _scope_marker.reset(token)
+        except ValueError:  # left in another context: already reported
+            pass
+
+
+def _leave_scope(state: _ThreadState, scope: _Scope) -> None:
+    if scope not in state.scopes:
+        return  # already unwound by an out-of-order exit
+    index = state.scopes.index(scope)
+    in_order = index == len(state.scopes) - 1
+    del state.scopes[index:]
+    keras.config.set_dtype_policy(scope.keras_policy)
+    _set_remapping_hold(state, scope.saved.holds_remapping)
+    state.saved_policy, state.active = scope.saved.saved_policy, scope.saved.active
+    if not in_order:
+        raise RuntimeError(_SCOPE_MISUSE.format(
+            what="left while a scope opened after it is still open (scopes of "
+            "different asyncio tasks interleaved); both are closed now and the "
+            "policy is back to what it was before this scope"))
 
 
 def current() -> str:
-    """The name of Keras's global dtype policy, e.g. "mixed_float16"."""
+    """The name of Keras's dtype policy in this thread, e.g. "mixed_float16".
+
+    See `status()` to know whether tf_mixed set it and whether
+    `keras.backend.clear_session()` has reset it since.
+    """
     return keras.config.dtype_policy().name
 
 
 def _reset_for_tests() -> None:
-    """Forgets any saved state (the test fixture restores globals itself)."""
-    global _saved
-    _saved = None
+    """Forgets this thread's state and every remapping hold (the fixture restores globals)."""
+    _threads.state = _ThreadState()
+    _remapping._reset_for_tests()

@@ -1,9 +1,10 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit] [flags]``.
+"""The command line: ``python -m tf_mixed [bench|info|audit|check] [flags]``.
 
     python -m tf_mixed                 same as ``bench`` with its defaults
     python -m tf_mixed bench --help    the bench's flags
     python -m tf_mixed info            this host's hardware and what "auto" picks
     python -m tf_mixed audit PATH      per-layer dtype report of a saved model
+    python -m tf_mixed check           prove the skip decision on this host's devices
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -27,6 +28,7 @@ from tf_mixed.bench import quiet
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed info [--verbose]
        python -m tf_mixed audit PATH [--verbose]
+       python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -172,7 +174,15 @@ def _audit(argv: list[str]) -> int:
     return audit_command.run(argv[1])
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"bench": _bench, "info": _info, "audit": _audit}
+def _check(argv: list[str]) -> int:
+    from tf_mixed.bench import check
+
+    return check.main(argv[1:])
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "bench": _bench, "info": _info, "audit": _audit, "check": _check,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

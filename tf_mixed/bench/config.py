@@ -150,7 +150,7 @@ def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     """
     from tf_mixed import hardware, policy
 
-    auto, reason = policy.choose_auto(hardware.detect())
+    auto, reason = policy.resolve_auto(hardware.detect())  # measured on CPUs
     names = []
     for name in requested or ("float32", "auto"):
         try:

@@ -38,7 +38,7 @@ def report(info: hardware.HardwareInfo | None = None) -> str:
     else:
         lines.append("GPU: none")
     lines.append(f"TPU: {'yes' if info.tpu else 'none'}")
-    choice, reason = policy.choose_auto(info)
+    choice, reason = policy.resolve_auto(info)
     lines.append(f'tf_mixed.enable("auto") picks: {choice}')
     lines.append(f"  because: {reason}")
     return "\n".join(lines)
