@@ -172,8 +172,7 @@ def _info(argv: list[str]) -> int:
 def _audit(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1].startswith("-"):
         return _error("audit", "expected exactly one argument: the path of a saved .keras model")
-    # The submodule, not the `tf_mixed.audit` function that __init__ exports.
-    from tf_mixed.audit import main as audit_main
+    from tf_mixed.auditing import main as audit_main
 
     return int(audit_main(argv[1]) or 0)
 

@@ -1,4 +1,4 @@
-"""tf_mixed.convert: float32-built models rebuilt under a mixed policy."""
+"""tf_mixed.conversion (tf_mixed.convert): float32-built models rebuilt under a mixed policy."""
 
 import warnings
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.convert import ConversionNote
+from tf_mixed.conversion import ConversionNote
 
 
 def _cnn():
