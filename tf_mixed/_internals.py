@@ -74,13 +74,15 @@ def keras_history(tensor) -> KerasHistory | None:
 
 
 def disable_input_casting(layer) -> None:
-    """Stops ``Layer.__call__`` from casting `layer`'s first argument.
+    """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
 
-    Keras casts the floating tensors of a layer's *first* argument to its
-    compute dtype when ``layer._convert_input_args`` is true (the default),
-    and leaves the others alone. `Float32Output` casts every argument itself,
-    so it turns Keras's partial cast off; there is no constructor argument
-    for it. Keras 3.15.1 (``keras/src/layers/layer.py``, ``__call__``).
+    Keras casts the floating tensors of a layer's arguments to its compute
+    dtype when ``layer._convert_input_args`` is true (the default; Keras 3.15
+    casts every argument, earlier 3.x releases the first one only).
+    `Float32Output` casts every nested float itself and passes everything
+    else through untouched, so Keras's conversion is turned off; there is no
+    constructor argument for it. Keras 3.15.1 (``keras/src/layers/layer.py``,
+    ``Layer.__call__``).
     """
     layer._convert_input_args = False
 

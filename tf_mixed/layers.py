@@ -138,7 +138,7 @@ class Float32Output(keras.layers.Layer):
         _check_float32(kwargs.pop("dtype", None), type(self).__name__)
         super().__init__(dtype="float32", **kwargs)
         self.supports_masking = True
-        # Keras would cast only the first argument's tensors; cast here instead.
+        # call() casts every nested float itself; Keras's own cast is off.
         _internals.disable_input_casting(self)
 
     def call(self, inputs):
