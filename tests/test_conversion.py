@@ -1,4 +1,4 @@
-"""tf_mixed.conversion (tf_mixed.convert): float32-built models rebuilt under a mixed policy."""
+"""tf_mixed.conversion (tf_mixed.convert): float32-built models made mixed."""
 
 import warnings
 

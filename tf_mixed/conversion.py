@@ -17,7 +17,8 @@ What it does:
   exact;
 * an output produced by a layer with a squashing activation (softmax,
   sigmoid, log_softmax: ``tf_mixed._facts.SQUASHING_ACTIVATIONS``, the same
-  table `tf_mixed.audit` reports from) gets a float32 head: that layer becomes linear (renamed ``<name>_logits``) and a
+  table `tf_mixed.audit` reports from) gets a float32 head: that layer
+  becomes linear (renamed ``<name>_logits``) and a
   ``tf_mixed.layers.OutputActivation`` named like the original layer is
   appended, so output names, and losses keyed by them, still match; an
   output ``Activation``/``Softmax`` layer, and any other layer producing a
@@ -128,8 +129,9 @@ def convert(model: keras.Model, policy: str | None = None, *,
     Returns:
       A new model with the same weights, float32 output heads where the
       outputs were softmax/sigmoid/log_softmax, compiled like the original
-      if it was compiled (fresh optimizer state). ``new_model.conversion_notes`` is a
-      tuple of notes, each also issued as a `ConversionNote` warning.
+      if it was compiled (fresh optimizer state).
+      ``new_model.conversion_notes`` is a tuple of notes, each also issued
+      as a `ConversionNote` warning.
 
     Raises:
       TypeError: `model` is not a Keras model, or is a subclassed model.
