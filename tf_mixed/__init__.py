@@ -4,71 +4,98 @@
     tf_mixed.enable()          # picks the policy for this hardware and says why
     model = build_model()      # layers now compute in float16 / bfloat16
     model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
-    model.fit(ds, callbacks=[tf_mixed.callbacks.LossScaleMonitor()])
+    model.fit(ds, callbacks=[tf_mixed.LossScaleMonitor()])
 
-The names below are imported on first use (PEP 562), so ``import tf_mixed``
-does not import TensorFlow: the command line sets TensorFlow's log level
-before anything loads it.
+``import tf_mixed`` does not import TensorFlow: each public name is imported
+from its module the first time it is used (PEP 562), so a program (the command
+line) can configure TensorFlow's logging before TensorFlow loads. The first
+public function or class used also imports `tf_mixed.layers` and
+`tf_mixed.loss_scale`, which register tf_mixed's Keras objects for
+``keras.saving.load_model``; to load a saved model before using any of them,
+``import tf_mixed.layers``.
 """
 
+from __future__ import annotations
+
 import importlib
-import sys
-import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# name -> (module, attribute); attribute None: the submodule itself.
+# Public name -> the submodule defining it. A name equal to its module's name
+# is the submodule itself (Keras-style aliases: tf_mixed.callbacks, ...).
 _EXPORTS = {
-    "callbacks": ("tf_mixed.callbacks", None),
-    "hardware": ("tf_mixed.hardware", None),
-    "layers": ("tf_mixed.layers", None),
-    "training": ("tf_mixed.training", None),
-    "AuditReport": ("tf_mixed.audit", "AuditReport"),
-    "audit": ("tf_mixed.audit", "audit"),
-    "convert": ("tf_mixed.convert", "convert"),
-    "Float32Output": ("tf_mixed.layers", "Float32Output"),
-    "OutputActivation": ("tf_mixed.layers", "OutputActivation"),
-    "float32_loss": ("tf_mixed.layers", "float32_loss"),
-    "LossScaleOptimizer": ("tf_mixed.loss_scale", "LossScaleOptimizer"),
-    "wrap_optimizer": ("tf_mixed.loss_scale", "wrap_optimizer"),
-    "POLICY_NAMES": ("tf_mixed.policy", "POLICY_NAMES"),
-    "Enabled": ("tf_mixed.policy", "Enabled"),
-    "disable": ("tf_mixed.policy", "disable"),
-    "enable": ("tf_mixed.policy", "enable"),
-    "policy_scope": ("tf_mixed.policy", "policy_scope"),
+    "AuditReport": "auditing",
+    "ConversionNote": "conversion",
+    "Enabled": "policy",
+    "Finding": "auditing",
+    "Float32Loss": "layers",
+    "Float32Output": "layers",
+    "LossScaleFailure": "callbacks",
+    "LossScaleMonitor": "callbacks",
+    "LossScaleOptimizer": "loss_scale",
+    "MixedPrecisionWarning": "callbacks",
+    "OutputActivation": "layers",
+    "POLICY_NAMES": "policy",
+    "audit": "auditing",
+    "callbacks": "callbacks",
+    "convert": "conversion",
+    "disable": "policy",
+    "enable": "policy",
+    "float32_loss": "layers",
+    "hardware": "hardware",
+    "layers": "layers",
+    "policy_scope": "policy",
+    "training": "training",
+    "wrap_optimizer": "loss_scale",
 }
 
-__all__ = sorted(["__version__", *_EXPORTS])
+# Modules whose import registers Keras-serialisable classes (see docstring).
+_REGISTERING = ("layers", "loss_scale")
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
+    from tf_mixed import callbacks
+    from tf_mixed import hardware
+    from tf_mixed import layers
+    from tf_mixed import training
+    from tf_mixed.auditing import AuditReport
+    from tf_mixed.auditing import Finding
+    from tf_mixed.auditing import audit
+    from tf_mixed.callbacks import LossScaleFailure
+    from tf_mixed.callbacks import LossScaleMonitor
+    from tf_mixed.callbacks import MixedPrecisionWarning
+    from tf_mixed.conversion import ConversionNote
+    from tf_mixed.conversion import convert
+    from tf_mixed.layers import Float32Loss
+    from tf_mixed.layers import Float32Output
+    from tf_mixed.layers import OutputActivation
+    from tf_mixed.layers import float32_loss
+    from tf_mixed.loss_scale import LossScaleOptimizer
+    from tf_mixed.loss_scale import wrap_optimizer
+    from tf_mixed.policy import POLICY_NAMES
+    from tf_mixed.policy import Enabled
+    from tf_mixed.policy import disable
+    from tf_mixed.policy import enable
+    from tf_mixed.policy import policy_scope
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
+def __getattr__(name: str) -> Any:
+    """Imports a public name from its module on first use (PEP 562)."""
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
         raise AttributeError(f"module 'tf_mixed' has no attribute {name!r}")
-    module_name, attribute = _EXPORTS[name]
-    module = importlib.import_module(module_name)
-    value = module if attribute is None else getattr(module, attribute)
-    setattr(sys.modules[__name__], name, value)
+    module = importlib.import_module(f"tf_mixed.{module_name}")
+    if name == module_name:  # a submodule alias: import only that module
+        value = module
+    else:
+        for registering in _REGISTERING:
+            importlib.import_module(f"tf_mixed.{registering}")
+        value = getattr(module, name)
+    globals()[name] = value  # later lookups skip this function
     return value
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
-
-
-class _Package(types.ModuleType):
-    """Keeps `tf_mixed.audit` / `tf_mixed.convert` the functions.
-
-    Loading a submodule binds it to the package attribute of the same name,
-    which would replace the functions of the same name; until those modules
-    are renamed, a submodule bound under an exported function's name is
-    replaced by that function.
-    """
-
-    def __setattr__(self, name, value):
-        export = _EXPORTS.get(name)
-        if export and export[1] == name and isinstance(value, types.ModuleType):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -57,9 +57,6 @@ __all__ = [
     "model_setup_problems",
 ]
 
-_HALF = ("float16", "bfloat16")
-
-
 class MixedPrecisionWarning(UserWarning):
     """A mixed-precision set-up that will train badly or not at all."""
 
@@ -145,25 +142,16 @@ class _ScaleReader:
 # ---------------------------------------------------------------- set-up checks
 
 
-def _walk_layers(model):
-    """All layers of `model`, depth first, entering nested models."""
-    for layer in getattr(model, "layers", []):
-        yield layer
-        if hasattr(layer, "layers"):
-            yield from _walk_layers(layer)
-
-
-def _model_outputs(model) -> list:
-    """Symbolic outputs of a Functional/Sequential model; [] for subclassed ones."""
-    try:
-        outputs = model.outputs
-    except (AttributeError, ValueError):
-        return []
-    return list(keras.tree.flatten(outputs)) if outputs else []
+# Audit findings that make a fit train badly; the monitor warns with them.
+SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch")
 
 
 def model_setup_problems(model) -> list[str]:
     """Mixed-precision set-up mistakes in a compiled model, each with its fix.
+
+    The model checks are `tf_mixed.audit`'s findings (the codes in
+    ``SETUP_FINDINGS``), in its words; the optimizer check is added here,
+    since audit does not see the optimizer.
 
     Args:
       model: a `keras.Model` (compiled or not; the optimizer check needs
@@ -172,45 +160,25 @@ def model_setup_problems(model) -> list[str]:
     Returns:
       A list of messages, empty when the set-up is sound.
     """
+    from tf_mixed import auditing
+
+    report = auditing.audit(model)
     problems = []
-    name = model.name
-    float16_layers = [
-        layer.name for layer in _walk_layers(model)
-        if getattr(layer, "compute_dtype", None) == "float16"
-    ]
+    float16_layers = [row.name for row in report.rows
+                      if row.compute_dtype == "float16"]
     optimizer = getattr(model, "optimizer", None)
     if float16_layers and optimizer is not None and not is_loss_scaling(optimizer):
         problems.append(
-            f"Model '{name}' computes in float16 ({len(float16_layers)} layers, "
-            f"e.g. '{float16_layers[0]}') but its optimizer "
+            f"Model '{model.name}' computes in float16 ({len(float16_layers)} "
+            f"layers, e.g. '{float16_layers[0]}') but its optimizer "
             f"{type(optimizer).__name__} does not scale the loss: small "
             "gradients underflow to zero in float16. Fix: compile with "
             "optimizer=tf_mixed.wrap_optimizer(optimizer)."
         )
-    for tensor in _model_outputs(model):
-        dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if dtype in _HALF:
-            problems.append(
-                f"Output '{getattr(tensor, 'name', '?')}' of model '{name}' is "
-                f"{dtype}: the loss is computed from a half-precision result "
-                "(a float16 softmax loses Keras's logits shortcut and "
-                "saturates). Fix: end the model with "
-                "tf_mixed.layers.OutputActivation('softmax') (or "
-                "tf_mixed.layers.Float32Output()), or run "
-                "model = tf_mixed.convert(model)."
-            )
-    model_policy = model.dtype_policy.name
-    global_policy = keras.config.dtype_policy().name
-    if model_policy != global_policy:
-        problems.append(
-            f"Model '{name}' has dtype policy '{model_policy}' but the global "
-            f"policy is '{global_policy}': it was built before the policy was "
-            f"set (e.g. tf_mixed.enable() called after building), so it "
-            f"does not train under '{global_policy}'. Fix: call "
-            "tf_mixed.enable() before building the model, or use "
-            "model = tf_mixed.convert(model). If this is deliberate, pass "
-            "check_setup=False."
-        )
+    problems.extend(
+        f"Model '{model.name}': {finding} (LossScaleMonitor(check_setup=False) "
+        "silences this check.)"
+        for finding in report.findings if finding.code in SETUP_FINDINGS)
     return problems
 
 

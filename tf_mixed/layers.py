@@ -14,6 +14,8 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from tf_mixed import _internals
+
 _PACKAGE = "tf_mixed"
 _NOT_ACTIVATIONS = frozenset({"get", "serialize", "deserialize"})
 
@@ -136,8 +138,8 @@ class Float32Output(keras.layers.Layer):
         _check_float32(kwargs.pop("dtype", None), type(self).__name__)
         super().__init__(dtype="float32", **kwargs)
         self.supports_masking = True
-        # Keras would cast only the first argument's tensors; cast here instead.
-        self._convert_input_args = False
+        # call() casts every nested float itself; Keras's own cast is off.
+        _internals.disable_input_casting(self)
 
     def call(self, inputs):
         return _cast_floats(inputs)

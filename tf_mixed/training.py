@@ -196,13 +196,15 @@ def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
     and the tests use this.
 
     Args:
-        devices: Device names such as ``["CPU:0", "CPU:1"]``, or None for all
-            GPUs (TF's default).
+        devices: Device names such as ``["CPU:0", "CPU:1"]``, one device name
+            such as ``"GPU:0"``, or None for all GPUs (TF's default).
 
     Returns:
         A ``tf.distribute.MirroredStrategy``, the same object for the same
         devices however they are spelled.
     """
+    if isinstance(devices, str):  # one device, not its characters
+        devices = [devices]
     if devices is None:
         key = ()
     else:

@@ -15,8 +15,10 @@ What it does:
   its weights (trainable and not, e.g. BatchNormalization statistics) are
   copied over; variables stay float32 under a mixed policy, so the copy is
   exact;
-* an output produced by a layer with a softmax/sigmoid activation gets a
-  float32 head: that layer becomes linear (renamed ``<name>_logits``) and a
+* an output produced by a layer with a squashing activation (softmax,
+  sigmoid, log_softmax: ``tf_mixed._facts.SQUASHING_ACTIVATIONS``, the same
+  table `tf_mixed.audit` reports from) gets a float32 head: that layer
+  becomes linear (renamed ``<name>_logits``) and a
   ``tf_mixed.layers.OutputActivation`` named like the original layer is
   appended, so output names, and losses keyed by them, still match; an
   output ``Activation``/``Softmax`` layer, and any other layer producing a
@@ -45,13 +47,17 @@ from typing import Iterable
 
 import keras
 
+from tf_mixed import _internals
+from tf_mixed._facts import FLOAT32_HEADS
+from tf_mixed._facts import HALF_DTYPES
+from tf_mixed._facts import SQUASHING_ACTIVATIONS
+from tf_mixed._facts import activation_name
+from tf_mixed._facts import walk_layers
+
 __all__ = ["ConversionNote", "convert"]
 
 _FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16",
                    "bfloat16")
-_HALF = ("float16", "bfloat16")
-_SQUASHING = ("softmax", "sigmoid")
-_FLOAT32_HEADS = ("OutputActivation", "Float32Output")
 
 
 class ConversionNote(UserWarning):
@@ -94,24 +100,9 @@ def _is_functional(model) -> bool:
     return bool(outputs) and bool(inputs)
 
 
-def _walk(model, prefix=""):
-    for layer in model.layers:
-        name = prefix + layer.name
-        yield name, layer
-        if isinstance(layer, keras.Model):
-            yield from _walk(layer, name + "/")
-
-
 def _producer(tensor):
-    history = getattr(tensor, "_keras_history", None)  # set on every KerasTensor
-    return history[0] if history is not None else None
-
-
-def _activation_name(layer) -> str | None:
-    if type(layer).__name__ == "Softmax":
-        return "softmax"
-    name = getattr(getattr(layer, "activation", None), "__name__", None)
-    return name if isinstance(name, str) else None
+    history = _internals.keras_history(tensor)
+    return history.operation if history is not None else None
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -137,9 +128,10 @@ def convert(model: keras.Model, policy: str | None = None, *,
 
     Returns:
       A new model with the same weights, float32 output heads where the
-      outputs were softmax/sigmoid, compiled like the original if it was
-      compiled (fresh optimizer state). ``new_model.conversion_notes`` is a
-      tuple of notes, each also issued as a `ConversionNote` warning.
+      outputs were softmax/sigmoid/log_softmax, compiled like the original
+      if it was compiled (fresh optimizer state).
+      ``new_model.conversion_notes`` is a tuple of notes, each also issued
+      as a `ConversionNote` warning.
 
     Raises:
       TypeError: `model` is not a Keras model, or is a subclassed model.
@@ -180,8 +172,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
             f"have: {unknown}. Its layers are: {sorted(names)}. Received: "
             f"keep_float32={sorted(keep)}")
 
-    half = keras.DTypePolicy(target).compute_dtype in _HALF
-    # Output layers whose softmax/sigmoid moves into a float32 head.
+    half = keras.DTypePolicy(target).compute_dtype in HALF_DTYPES
+    # Output layers whose squashing activation moves into a float32 head.
     split: dict[str, tuple[str, str]] = {}  # clone name -> (head name, activation)
     rename: dict[str, str] = {}  # original name -> clone name
     keep_outputs: set[str] = set()  # output Activation/Softmax layers
@@ -200,8 +192,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
                     "tf_mixed.audit() and add tf_mixed.layers.Float32Output() "
                     "if it is half precision.")
                 continue
-            activation = _activation_name(layer)
-            if (activation in _SQUASHING
+            activation = activation_name(layer)
+            if (activation in SQUASHING_ACTIVATIONS
                     and type(layer).__name__ not in ("Activation", "Softmax")):
                 if layer.name not in rename:
                     new_name = _unique(f"{layer.name}_logits", taken)
@@ -219,7 +211,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
         if layer.name in rename:
             config["name"] = rename[layer.name]
             config["activation"] = "linear"
-        stays = (cls == "InputLayer" or cls in _FLOAT32_HEADS
+        stays = (cls == "InputLayer" or cls in FLOAT32_HEADS
                  or policy_name not in _FLOAT_POLICIES
                  or layer.name in keep or layer.name in keep_outputs)
         if not stays and "dtype" in config:
@@ -237,43 +229,43 @@ def convert(model: keras.Model, policy: str | None = None, *,
             outputs = OutputActivation(activation, name=head_name)(outputs)
         return outputs
 
+    # New inputs named like the original input layers (clone_model would
+    # name them after the symbolic tensors), so inputs fed as a dict keyed
+    # by input name still work.
+    def new_input(t):
+        return keras.Input(batch_shape=t.shape, dtype=t.dtype,
+                           sparse=getattr(t, "sparse", False),
+                           name=getattr(_producer(t), "name", None))
+
     saved = keras.config.dtype_policy()
     keras.config.set_dtype_policy(target)  # the clone's own policy
-    # clone_model compiles the clone from the original's compile config when
-    # the original is compiled; that would raise for objects that do not
-    # deserialise and lose the clone, so hide the flag for the call (restored
-    # below) and compile once ourselves in _recompile.
-    was_compiled = getattr(model, "compiled", False)
-    model.compiled = False
     try:
         if isinstance(model, keras.Sequential):
-            new = keras.models.clone_model(
-                model, clone_function=clone_layer, recursive=True)
+            # Cloned layer by layer rather than with clone_model, which
+            # compiles the clone when the original is compiled (and raises
+            # for objects that do not deserialise); _recompile compiles once.
+            layers = [keras.models.clone_model(layer, clone_function=clone_layer,
+                                               recursive=True)
+                      if isinstance(layer, keras.Model) else clone_layer(layer)
+                      for layer in model.layers]
             if split:
                 from tf_mixed.layers import OutputActivation
 
                 (head_name, activation), = split.values()
-                new = keras.Sequential(
-                    [keras.Input(batch_shape=model.inputs[0].shape,
-                                 dtype=model.inputs[0].dtype)]
-                    + list(new.layers)
-                    + [OutputActivation(activation, name=head_name)],
-                    name=model.name)
+                layers.append(OutputActivation(activation, name=head_name))
+            new = keras.Sequential([new_input(model.inputs[0])] + layers,
+                                   name=model.name, trainable=model.trainable)
         else:
-            # New inputs named like the original input layers (clone_model
-            # would name them after the symbolic tensors), so inputs fed as
-            # a dict keyed by input name still work.
-            inputs = keras.tree.map_structure(
-                lambda t: keras.Input(
-                    batch_shape=t.shape, dtype=t.dtype,
-                    sparse=getattr(t, "sparse", False),
-                    name=getattr(_producer(t), "name", None)),
-                model.input)
+            # clone_model compiles the clone when the model it is given is
+            # compiled, so it is given an uncompiled functional view of the
+            # same graph (same layers, no new calls): the user's model is
+            # not touched. A subclass of Functional comes back as Functional.
+            view = keras.Model(model.input, model.output, name=model.name)
             new = keras.models.clone_model(
-                model, input_tensors=inputs, clone_function=clone_layer,
-                call_function=call_layer, recursive=True)
+                view, input_tensors=keras.tree.map_structure(new_input, model.input),
+                clone_function=clone_layer, call_function=call_layer,
+                recursive=True)
     finally:
-        model.compiled = was_compiled
         keras.config.set_dtype_policy(saved)
 
     _copy_weights(model, new, rename)
@@ -285,8 +277,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
 
 
 def _copy_weights(model, new, rename):
-    clones = dict(_walk(new))
-    for name, layer in _walk(model):
+    clones = dict(walk_layers(new))
+    for name, layer in walk_layers(model):
         if isinstance(layer, keras.Model) or not layer.weights:
             continue
         clone = clones.get(rename.get(name, name))  # only top-level renames

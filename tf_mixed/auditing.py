@@ -8,7 +8,7 @@ or, for a saved model, ``python -m tf_mixed audit path/to/model.keras``.
 
 What is checked (each finding has a severity, the layer, and the fix):
 
-* ``half_output_activation`` (error): a softmax/sigmoid computed in
+* ``half_output_activation`` (error): a softmax/sigmoid/log_softmax computed in
   float16/bfloat16 produces a model output. The probabilities saturate and
   Keras loses its exact logits shortcut in the cross-entropy.
 * ``half_output`` (warning): a model output is float16/bfloat16.
@@ -46,14 +46,18 @@ from typing import Any
 
 import keras
 
+from tf_mixed import _internals
+from tf_mixed._facts import FLOAT32_HEADS
+from tf_mixed._facts import HALF_DTYPES
+from tf_mixed._facts import SQUASHING_ACTIVATIONS
+from tf_mixed._facts import activation_name
+from tf_mixed._facts import model_outputs
+from tf_mixed._facts import walk_layers
+
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
 
-HALF_DTYPES = ("float16", "bfloat16")
 SEVERITIES = ("error", "warning", "info")
 DEFAULT_MEMORY_BATCH = 32
-_SQUASHING = ("softmax", "sigmoid", "log_softmax")
-# tf_mixed's float32 heads, float32 by design (no need to list them).
-_FLOAT32_HEADS = ("OutputActivation", "Float32Output")
 # Attributes that become matrix dimensions: (attribute, description).
 _DIMENSIONS = (
     ("units", "units"),
@@ -213,28 +217,15 @@ def _human(n: int) -> str:
 # ------------------------------------------------------------------ traversal
 
 
-def _is_model(layer) -> bool:
-    return isinstance(layer, keras.Model)
-
-
-def _walk(model, prefix=""):
-    """(qualified name, layer) for every non-model layer, entering nested models."""
-    for layer in model.layers:
-        name = prefix + layer.name
-        if _is_model(layer):
-            yield from _walk(layer, name + "/")
-        else:
-            yield name, layer
+def _leaf_layers(model) -> list:
+    """(qualified name, layer) for every layer that is not itself a model."""
+    return [(name, layer) for name, layer in walk_layers(model)
+            if not isinstance(layer, keras.Model)]
 
 
 def _layer_outputs(layer) -> list:
     """Symbolic outputs of every call of `layer` in a graph ([] if none)."""
-    # Keras 3 has no public per-call output accessor (`layer.output` gives the
-    # first call only), so read the nodes when they exist.
-    nodes = getattr(layer, "_inbound_nodes", None) or []
-    outputs = []
-    for node in nodes:
-        outputs.extend(keras.tree.flatten(getattr(node, "output_tensors", [])))
+    outputs = _internals.call_outputs(layer)
     if not outputs:
         try:
             outputs = keras.tree.flatten(layer.output)
@@ -243,28 +234,20 @@ def _layer_outputs(layer) -> list:
     return [t for t in outputs if hasattr(t, "shape") and hasattr(t, "dtype")]
 
 
-def _model_outputs(model) -> list:
-    try:
-        outputs = model.outputs
-    except (AttributeError, ValueError):
-        return []
-    return list(keras.tree.flatten(outputs)) if outputs else []
-
-
 def _producer(tensor, layers):
     """The (name, layer) that produced a symbolic tensor."""
     for name, layer in layers:
         if any(out is tensor for out in _layer_outputs(layer)):
             return name, layer
-    history = getattr(tensor, "_keras_history", None)
+    history = _internals.keras_history(tensor)
     if history is None:
         return None, None
-    op, _, tensor_index = history
-    if _is_model(op):  # a nested model: find the layer inside it
-        inner = _model_outputs(op)
-        if tensor_index < len(inner):
-            inner_layers = [(f"{op.name}/{n}", lay) for n, lay in _walk(op)]
-            name, layer = _producer(inner[tensor_index], inner_layers)
+    op = history.operation
+    if isinstance(op, keras.Model):  # a nested model: find the layer inside it
+        inner = model_outputs(op)
+        if history.tensor_index < len(inner):
+            inner_layers = [(f"{op.name}/{n}", lay) for n, lay in _leaf_layers(op)]
+            name, layer = _producer(inner[history.tensor_index], inner_layers)
             if layer is not None:
                 return name, layer
     return getattr(op, "name", "?"), op
@@ -276,14 +259,6 @@ def _dtype(x) -> str:
 
 def _params(layer) -> int:
     return int(sum(math.prod(w.shape) for w in layer.weights))
-
-
-def _activation_name(layer) -> str | None:
-    if type(layer).__name__ == "Softmax":
-        return "softmax"
-    activation = getattr(layer, "activation", None)
-    name = getattr(activation, "__name__", None)
-    return name if isinstance(name, str) else None
 
 
 def _round8(n: int) -> int:
@@ -331,7 +306,7 @@ def audit(model, batch_size: int | None = None, *,
                 "'batch_size' must be a positive integer or None, such as 64. "
                 f"Received: batch_size={batch_size!r}")
 
-    layers = list(_walk(model))
+    layers = _leaf_layers(model)
     policy = _effective_policy(model, layers)
     rows = []
     for name, layer in layers:
@@ -350,17 +325,16 @@ def audit(model, batch_size: int | None = None, *,
         r.compute_dtype in HALF_DTYPES for r in rows)
 
     findings: list[Finding] = []
-    outputs = _model_outputs(model)
+    outputs = model_outputs(model)
     output_layers = set()
     for tensor in outputs:
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
         findings.extend(_output_findings(tensor, name, layer))
-        if type(layer).__name__ in _FLOAT32_HEADS:
+        if type(layer).__name__ in FLOAT32_HEADS:
             # The layer feeding a float32 head is the real output layer.
-            for node in getattr(layer, "_inbound_nodes", None) or []:
-                for inner in keras.tree.flatten(getattr(node, "input_tensors", [])):
-                    output_layers.add(_producer(inner, layers)[0])
+            for inner in _internals.call_inputs(layer):
+                output_layers.add(_producer(inner, layers)[0])
     global_policy = keras.config.dtype_policy().name
     model_policy = model.dtype_policy.name
     if check_global_policy and model_policy != global_policy:
@@ -400,7 +374,7 @@ def _effective_policy(model, layers) -> str:
     """The policy most layers have (a loaded model's own policy can differ)."""
     counts: dict[str, int] = {}
     for _, layer in layers:
-        if type(layer).__name__ in ("InputLayer",) + _FLOAT32_HEADS:
+        if type(layer).__name__ in ("InputLayer",) + FLOAT32_HEADS:
             continue
         name = getattr(layer.dtype_policy, "name", None)
         if name:
@@ -414,8 +388,8 @@ def _output_findings(tensor, name, layer) -> list[Finding]:
     dtype = _dtype(tensor.dtype)
     if dtype not in HALF_DTYPES:
         return []
-    activation = _activation_name(layer) if layer is not None else None
-    if activation in _SQUASHING:
+    activation = activation_name(layer) if layer is not None else None
+    if activation in SQUASHING_ACTIVATIONS:
         return [Finding(
             "error", "half_output_activation", name,
             f"the model output is a {activation} computed in {dtype}: "
@@ -456,7 +430,7 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             f"use {attribute}={_round8(value)}."))
     explicit32 = (
         mixed and compute == "float32" and cls != "InputLayer"
-        and cls not in _FLOAT32_HEADS
+        and cls not in FLOAT32_HEADS
         and getattr(layer.dtype_policy, "name", None) == "float32")
     if explicit32:
         found.append(Finding(

@@ -1,4 +1,4 @@
-"""tf_mixed.convert: float32-built models rebuilt under a mixed policy."""
+"""tf_mixed.conversion (tf_mixed.convert): float32-built models made mixed."""
 
 import warnings
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.convert import ConversionNote
+from tf_mixed.conversion import ConversionNote
 
 
 def _cnn():
@@ -92,6 +92,55 @@ def test_sequential_sigmoid_to_bfloat16():
     assert _policies(mixed)["hidden"] == "mixed_bfloat16"
     np.testing.assert_allclose(mixed.predict(x, verbose=0),
                                model.predict(x, verbose=0), atol=1e-2)
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid", "log_softmax"])
+def test_audits_squashing_output_is_what_convert_splits(activation):
+    # audit reports a half-precision squashing output and advises convert;
+    # convert must then give that output a float32 head, for every
+    # activation audit reports (log_softmax included).
+    def build():
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+        outputs = keras.layers.Dense(4, activation=activation, name="out")(h)
+        return keras.Model(inputs, outputs, name="m")
+
+    model = build()
+    with tf_mixed.policy_scope("mixed_float16"):
+        built_mixed = build()
+    finding, = tf_mixed.audit(built_mixed).by_code("half_output_activation")
+    assert "tf_mixed.convert(model)" in finding.fix
+    mixed = _convert_quietly(model, "mixed_float16")
+    assert [layer.name for layer in mixed.layers] == [
+        mixed.layers[0].name, "hidden", "out_logits", "out"]
+    head = mixed.get_layer("out")
+    assert isinstance(head, tf_mixed.OutputActivation)
+    assert head.activation.__name__ == activation
+    assert tf_mixed.audit(mixed).by_code("half_output_activation") == []
+    x = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
+    got = mixed.predict(x, verbose=0)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-2)
+
+
+@pytest.mark.parametrize("build", ["functional", "sequential"])
+def test_the_users_model_is_never_written_to(build, monkeypatch):
+    model = _cnn() if build == "functional" else keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="mse")
+    writes = []
+    original = type(model).__setattr__
+
+    def spy(self, name, value):
+        if self is model:
+            writes.append(name)
+        original(self, name, value)
+
+    monkeypatch.setattr(type(model), "__setattr__", spy)
+    mixed = _convert_quietly(model, "mixed_float16")
+    assert writes == []
+    assert model.compiled and mixed.compiled
+    assert model.dtype_policy.name == "float32"
 
 
 def test_regression_and_activation_outputs_stay_float32():

@@ -1,0 +1,144 @@
+"""tf_mixed._internals: each private Keras/TF name still exists and behaves as used.
+
+Every test here names the private API it guards; when one fails after a
+Keras or TensorFlow upgrade, the shim of that name in tf_mixed/_internals.py
+needs a new way (and pyproject.toml's Keras range a new bound).
+"""
+
+import pathlib
+import re
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from tf_mixed import _internals
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _declared_keras_range() -> SpecifierSet:
+    text = (ROOT / "pyproject.toml").read_text()
+    found = re.findall(r'^\s*"keras([<>=!~,.\d\s]+)"', text, flags=re.M)
+    assert len(found) == 1, "pyproject.toml must declare keras exactly once"
+    return SpecifierSet(found[0].replace(" ", ""))
+
+
+def test_installed_keras_is_inside_the_declared_range():
+    declared = _declared_keras_range()
+    assert Version(keras.__version__) in declared, (keras.__version__, declared)
+    # A bounded range: an upper bound, so an untested Keras is not installed.
+    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in declared)
+
+
+# --------------------------------------------------------------------- Keras
+
+
+def _shared_dense_model():
+    inputs = keras.Input((4,), name="x")
+    dense = keras.layers.Dense(4, name="shared")
+    first = dense(inputs)
+    second = dense(first)
+    return keras.Model(inputs, [first, second]), dense, inputs, first, second
+
+
+def test_inbound_nodes_give_every_call():  # Layer._inbound_nodes, Node.*_tensors
+    _, dense, inputs, first, second = _shared_dense_model()
+    assert _internals.call_outputs(dense) == [first, second]
+    assert _internals.call_inputs(dense) == [inputs, first]
+    assert _internals.call_outputs(keras.layers.Dense(2)) == []  # never called
+
+
+def test_keras_history_names_the_producer():  # KerasTensor._keras_history
+    model, dense, inputs, first, second = _shared_dense_model()
+    assert _internals.keras_history(second) == (dense, 1, 0)
+    assert _internals.keras_history(first).operation is dense
+    assert _internals.keras_history(inputs).operation.name == "x"
+    assert _internals.keras_history(keras.KerasTensor((2, 3))) is None
+    # A nested model is the producer of its outputs, with their index.
+    outer_in = keras.Input((4,))
+    outs = model(outer_in)
+    history = _internals.keras_history(outs[1])
+    assert history.operation is model and history.tensor_index == 1
+
+
+def test_disable_input_casting():  # Layer._convert_input_args
+    class Dtypes(keras.layers.Layer):
+        def call(self, a, b):
+            return tf.constant(f"{a.dtype.name},{b.dtype.name}")
+
+        def compute_output_spec(self, a, b):
+            return keras.KerasTensor((), dtype="string")
+
+    half = tf.ones((2,), tf.float16)
+    layer = Dtypes(dtype="float32")
+    assert layer._convert_input_args is True  # Keras's default, relied on
+    # Keras casts the floating arguments to the compute dtype ...
+    assert layer(half, half).numpy().decode() == "float32,float32"
+    # ... and the shim turns that off: call() sees its inputs as given.
+    _internals.disable_input_casting(layer)
+    assert layer(half, half).numpy().decode() == "float16,float16"
+
+
+def test_optimizer_trainable_variables():  # Optimizer._trainable_variables
+    variables = [keras.Variable(np.ones(2)), keras.Variable(np.ones(3))]
+    optimizer = keras.optimizers.SGD(0.5)
+    optimizer.build(variables)
+    assert _internals.optimizer_trainable_variables(optimizer) == variables
+    # What it is for: apply() without variables updates these.
+    optimizer.apply([tf.ones(2), tf.ones(3)])
+    np.testing.assert_array_equal(variables[0].numpy(), [0.5, 0.5])
+
+
+def test_no_automatic_dependency_tracking():  # keras.src.utils.tracking
+    from keras.src.utils import tracking  # the import itself is what moves
+
+    assert callable(tracking.no_automatic_dependency_tracking)
+
+    class Holder(keras.layers.Layer):
+        def tracked(self):
+            self.a = [keras.Variable(1.0)]
+
+        @_internals.no_automatic_dependency_tracking
+        def untracked(self):
+            self.b = [keras.Variable(2.0)]
+
+    holder = Holder()
+    holder.tracked()
+    holder.untracked()
+    # Keras tracks the variable set normally, not the one set under the shim.
+    assert [float(v.numpy()) for v in holder.weights] == [1.0]
+
+
+# ------------------------------------------------------------------ TensorFlow
+
+
+def test_in_xla_context():  # control_flow_util.GraphOrParentsInXlaContext
+    from tensorflow.python.ops import control_flow_util  # noqa: F401 moved?
+
+    assert not isinstance(_internals._xla_probe(), Exception)
+
+    def probe():
+        return tf.constant(
+            _internals.in_xla_context(tf.compat.v1.get_default_graph()))
+
+    assert bool(tf.function(probe, jit_compile=True)())
+    assert not bool(tf.function(probe)())
+
+
+def test_in_xla_context_warns_when_tf_moves_it(monkeypatch):
+    monkeypatch.setattr(_internals, "_xla_probe",
+                        lambda: ImportError("no control_flow_util"))
+    with pytest.warns(RuntimeWarning, match="no control_flow_util"):
+        assert _internals.in_xla_context(tf.Graph()) is False
+
+
+def test_strategy_supports_no_merge_call(mirrored):
+    # tf.__internal__.distribute.strategy_supports_no_merge_call
+    assert _internals.strategy_supports_no_merge_call() is True  # default
+    with mirrored.scope():
+        assert _internals.strategy_supports_no_merge_call() is False

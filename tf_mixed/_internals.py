@@ -1,0 +1,173 @@
+"""Every use of private Keras / TensorFlow API in tf_mixed, each in one shim.
+
+Each function reaches one private name, says why no public API does the job,
+and names the version it was checked on (Keras 3.15.1, TensorFlow 2.21.0).
+tests/test_internals.py asserts that each name still exists and behaves as
+relied on here, so a Keras or TF upgrade that moves one fails a named test
+instead of changing tf_mixed's behaviour silently. pyproject.toml bounds the
+Keras version to the range these tests ran on.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, NamedTuple
+
+
+class KerasHistory(NamedTuple):
+    """Where a symbolic tensor came from (Keras's own record, copied)."""
+
+    operation: Any  # the layer (or nested model) that produced the tensor
+    node_index: int  # which call of that operation
+    tensor_index: int  # which of that call's outputs
+
+
+# --------------------------------------------------------------------- Keras
+
+
+def call_outputs(layer) -> list:
+    """The symbolic outputs of every call of `layer` in a functional graph.
+
+    Reaches ``layer._inbound_nodes`` (one ``Node`` per call, each with
+    ``output_tensors``). The public ``layer.output`` gives the first call only
+    and raises for a shared layer; audit needs every call's dtype and shape.
+    Checked on Keras 3.15.1.
+
+    Returns:
+      A flat list of KerasTensors; [] for a layer never called symbolically.
+    """
+    import keras
+
+    return [t for node in layer._inbound_nodes
+            for t in keras.tree.flatten(node.output_tensors)]
+
+
+def call_inputs(layer) -> list:
+    """The symbolic inputs of every call of `layer` (``_inbound_nodes``).
+
+    Used to find the layer feeding one of tf_mixed's float32 heads; no public
+    accessor gives a shared layer's inputs per call. Keras 3.15.1.
+    """
+    import keras
+
+    return [t for node in layer._inbound_nodes
+            for t in keras.tree.flatten(node.input_tensors)]
+
+
+def keras_history(tensor) -> KerasHistory | None:
+    """The operation that produced a symbolic tensor (``_keras_history``).
+
+    Keras stores it on every KerasTensor a layer outputs; there is no public
+    accessor. A nested model appears as the operation, with the index of its
+    output. Keras 3.15.1.
+
+    Returns:
+      A `KerasHistory`, or None for a tensor no operation produced (a plain
+      ``keras.KerasTensor``, an eager tensor).
+    """
+    history = getattr(tensor, "_keras_history", None)
+    if history is None:
+        return None
+    operation, node_index, tensor_index = history
+    return KerasHistory(operation, node_index, tensor_index)
+
+
+def disable_input_casting(layer) -> None:
+    """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
+
+    Keras casts the floating tensors of a layer's arguments to its compute
+    dtype when ``layer._convert_input_args`` is true (the default; Keras 3.15
+    casts every argument, earlier 3.x releases the first one only).
+    `Float32Output` casts every nested float itself and passes everything
+    else through untouched, so Keras's conversion is turned off; there is no
+    constructor argument for it. Keras 3.15.1 (``keras/src/layers/layer.py``,
+    ``Layer.__call__``).
+    """
+    layer._convert_input_args = False
+
+
+def optimizer_trainable_variables(optimizer) -> list:
+    """The variables a built optimizer was built for (``_trainable_variables``).
+
+    Keras keeps them to apply gradients when ``apply`` is called without
+    variables; the public ``optimizer.variables`` holds the optimizer's own
+    state instead. For `LossScaleOptimizer.apply`. Keras 3.15.1.
+    """
+    return list(optimizer._trainable_variables)
+
+
+def no_automatic_dependency_tracking(fn: Callable) -> Callable:
+    """Decorator: attributes set inside `fn` are not tracked by Keras.
+
+    ``keras.src.utils.tracking.no_automatic_dependency_tracking`` is how
+    Keras's own ``LossScaleOptimizer.build`` creates its state, so the state
+    variables are tracked once (in ``_variables``) and not also as attributes.
+    No public equivalent. Imported when the decorated function is defined, so
+    a Keras that moves it fails at import, loudly. Keras 3.15.1.
+    """
+    from keras.src.utils import tracking
+
+    return tracking.no_automatic_dependency_tracking(fn)
+
+
+# ------------------------------------------------------------------- TensorFlow
+
+_XLA_PROBE_MISSING = (
+    "tf_mixed cannot tell whether this step is compiled with XLA: TensorFlow "
+    "{version} no longer has tensorflow.python.ops.control_flow_util."
+    "GraphOrParentsInXlaContext ({error}). The clear error for jit_compile=True "
+    "under a multi-replica strategy is off; XLA's own error will show instead. "
+    "Please report this at tf_mixed with your TensorFlow version."
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_probe():
+    """TF's own XLA-context check, or the ImportError/AttributeError met."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext
+    except (ImportError, AttributeError) as error:
+        return error
+
+
+def in_xla_context(graph) -> bool:
+    """Whether ops added to `graph` now are compiled with XLA.
+
+    Reaches ``tensorflow.python.ops.control_flow_util.
+    GraphOrParentsInXlaContext``, the check TF's own strategies use; a
+    ``tf.function(jit_compile=True)`` leaves no public trace in its graph.
+    TF 2.21.0. If TF moves it, this warns (``RuntimeWarning``, once) and
+    returns False: the check only swaps XLA's resource-device error for a
+    clearer one, so training goes on, but not silently.
+
+    Args:
+      graph: a ``tf.Graph`` (usually ``tf.compat.v1.get_default_graph()``).
+
+    Returns:
+      True inside an XLA-compiled function (or a function it calls).
+    """
+    probe = _xla_probe()
+    if isinstance(probe, Exception):
+        import tensorflow as tf
+
+        warnings.warn(_XLA_PROBE_MISSING.format(version=tf.__version__,
+                                                error=probe),
+                      RuntimeWarning, stacklevel=2)
+        return False
+    return bool(probe(graph))
+
+
+def strategy_supports_no_merge_call() -> bool:
+    """Whether the current strategy updates variables without ``merge_call``.
+
+    ``tf.__internal__.distribute.strategy_supports_no_merge_call`` is what
+    Keras's optimizers ask before applying gradients in the replica context
+    (true for the default strategy and with XLA on GPUs; false for
+    MirroredStrategy on CPUs). No public equivalent. TF 2.21.0.
+    """
+    import tensorflow as tf
+
+    return bool(tf.__internal__.distribute.strategy_supports_no_merge_call())
