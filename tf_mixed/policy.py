@@ -18,6 +18,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_mixed import hardware
+from tf_mixed import keep_float32 as keep_float32_rules
 
 AUTO = "auto"
 MIXED_FLOAT16 = "mixed_float16"
@@ -178,7 +179,7 @@ def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:
     return f"{name} requested explicitly"
 
 
-def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
+def enable(policy: str = AUTO, *, quiet: bool = False, keep_float32=()) -> Enabled:
     """Sets Keras's global dtype policy to a mixed-precision policy.
 
     Layers built after this call compute in the policy's dtype and keep their
@@ -189,12 +190,16 @@ def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
         policy: One of `POLICY_NAMES`; "auto" chooses from the hardware (see
             `choose_auto`). An explicit name is always honoured.
         quiet: If True, do not log the choice (warnings are still logged).
+        keep_float32: Layers to keep computing in float32 in models built
+            afterwards: layer names, layer classes, predicates ``layer ->
+            bool``, or a list of these (see `tf_mixed.keep_float32`).
 
     Returns:
         An `Enabled` with the active policy and the reason for it.
 
     Raises:
-        TypeError: If `policy` is not a string.
+        TypeError: If `policy` is not a string, or `keep_float32` holds
+            something that is not a name, class or predicate.
         ValueError: If `policy` is not a known name. The global policy is left
             exactly as it was.
 
@@ -206,6 +211,7 @@ def enable(policy: str = AUTO, *, quiet: bool = False) -> Enabled:
     """
     global _saved
     name = canonical_name(policy)  # validates before anything changes
+    keep_float32_rules.activate(keep_float32)  # validates; applies once the policy is set
     info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) else None
     if name == AUTO:
         name, reason = choose_auto(info)
