@@ -26,6 +26,8 @@ from tf_mixed.policy import Enabled
 from tf_mixed.policy import disable
 from tf_mixed.policy import enable
 from tf_mixed.policy import policy_scope
+from tf_mixed.probe import probe
+from tf_mixed.probe_report import ProbeReport
 
 __all__ = [
     "AuditReport",
@@ -34,6 +36,7 @@ __all__ = [
     "LossScaleOptimizer",
     "OutputActivation",
     "POLICY_NAMES",
+    "ProbeReport",
     "__version__",
     "audit",
     "callbacks",
@@ -44,6 +47,7 @@ __all__ = [
     "hardware",
     "layers",
     "policy_scope",
+    "probe",
     "training",
     "wrap_optimizer",
 ]

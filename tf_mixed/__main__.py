@@ -21,10 +21,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-SUBCOMMANDS = ("bench", "info", "audit")
+SUBCOMMANDS = ("bench", "info", "audit", "probe")
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...]
        python -m tf_mixed info
        python -m tf_mixed audit PATH
+       python -m tf_mixed probe MODEL.keras [--dataset=SPEC]
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             "", f"unknown command {args[0]!r}; accepted: {', '.join(SUBCOMMANDS)} "
             "(no command runs bench)",
         )
-    handler = {"bench": _bench, "info": _info, "audit": _audit}[command]
+    handler = {"bench": _bench, "info": _info, "audit": _audit,
+               "probe": lambda a: __import__("tf_mixed.bench_probe").bench_probe.main(a)}[command]
     return handler([f"{program} {command}"] + rest)
 
 
