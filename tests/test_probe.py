@@ -140,6 +140,21 @@ def test_recommended_scale_matches_dynamic_scaling_after_200_steps():
     assert recommended / 4 <= reached <= recommended * 4
 
 
+@pytest.mark.parametrize("half_gradients", [True, False])
+def test_gradient_overflow_at_the_current_scale_is_named_measured_or_predicted(half_gradients):
+    x, y = _healthy_batch()
+    mse = keras.losses.MeanSquaredError()
+    report = tf_mixed.probe(_healthy(), x, y, loss=lambda t, p: 1e3 * mse(t, p),
+                            half_gradients=half_gradients)
+    assert report.half_gradients == ("measured" if half_gradients else "predicted")
+    assert all(row.nonfinite == 0 for row in report.layers)
+    # d(loss)/d(d2 output) ~ 1e3 * 2 * 0.7 / 64 ~ 20; times 2^15 it overflows
+    # float16, and d2 is the layer nearest the loss whose output is float16.
+    assert (report.first_nonfinite, report.first_nonfinite_in) == ("d2", "backward")
+    assert report.recommended_scale < report.current_scale == 2.0**15
+    assert f"initial_scale=2**{int(math.log2(report.recommended_scale))}" in report.advice
+
+
 def test_dense_relative_error_is_within_float16_rounding():
     n = 64
     rng = np.random.default_rng(3)

@@ -17,6 +17,8 @@ import time
 
 from absl import flags
 
+_HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
+
 USAGE = """usage: python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [--batch_size=32]
        [--batches=1] [--policy=mixed_float16] [--loss=NAME] [--output_dir=DIR]
 
@@ -43,6 +45,11 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("output_dir", "tf_mixed_probe", "Directory for probe.json and probe.png.",
                         flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
+    flags.DEFINE_enum("half_gradients", "auto", list(_HALF_GRADIENTS),
+                      "Output gradients at the current loss scale: measured in a half-precision "
+                      "backward pass, or predicted from float32 (auto: predicted for float16 on "
+                      "a host without a GPU, whose float16 conv filter gradient is very slow).",
+                      flag_values=fv)
 
 
 def _error(message: str) -> int:
@@ -143,7 +150,8 @@ def main(argv: list[str]) -> int:
         loss = fv.loss or (getattr(model, "loss", None) if getattr(model, "compiled", False)
                            else None) or "sparse_categorical_crossentropy"
         report = tf_mixed.probe(model, x, y, loss=loss, policy=fv.policy or None,
-                                batches=fv.batches)
+                                batches=fv.batches,
+                                half_gradients=_HALF_GRADIENTS[fv.half_gradients])
     except (UsageError, ValueError, TypeError) as error:
         return _error(_first_line(error))
     seconds = time.perf_counter() - start

@@ -22,6 +22,9 @@ statistics and other state of the model stay as they were):
   recommended scale is the largest power of two at which none of those
   gradients of half-precision layers overflows.
 
+Layers with randomness (Dropout, noise) draw different masks in the two
+runs, so their relative error measures the masks, not the precision.
+
 Layer names are those of `tf_mixed.audit` (its naming is reused while the
 walkers are being unified into one table module); a nested model is one
 row, under its own name, since its inner outputs are not reachable from
@@ -58,7 +61,7 @@ _FLOAT16_NORMAL = DTYPE_LIMITS["float16"][1]
 
 
 def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
-          batches: int = 1) -> ProbeReport:
+          batches: int = 1, half_gradients: bool | None = None) -> ProbeReport:
     """Measures every layer in half precision against float32 on real batches.
 
     Args:
@@ -78,6 +81,12 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         float32 heads stay float32); in a mixed model every float32 layer
         stays float32.
       batches: how many batches to measure, at least 1.
+      half_gradients: True to measure which output gradients overflow in a
+        half-precision backward pass at the current scale; False to predict
+        it from the float32 gradients (|gradient| * scale above the dtype's
+        largest finite value). None: measure, except for float16 on a host
+        without a GPU, where TF's float16 convolution filter gradient takes
+        seconds per op.
 
     Returns:
       A `ProbeReport`.
@@ -98,9 +107,15 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     ref = _Tap(_clone(model, lambda layer: "float32"))
     current = _current_scale(model, half_dtype)
 
+    if half_gradients is None:
+        # Measuring means a float16 backward pass; on a CPU TF's float16
+        # Conv2D filter gradient (computed with every input gradient) takes
+        # seconds per op (design fact 4: the probe of the bench CNN took 44 s
+        # instead of 0.4 s), so there the float32 gradients predict it.
+        half_gradients = half_dtype != "float16" or bool(tf.config.list_logical_devices("GPU"))
     acc = _Accumulator(half, ref)
     for xb, yb in batches_list:
-        acc.add(xb, yb, loss_fn, current)
+        acc.add(xb, yb, loss_fn, current, bool(half_gradients))
     layers = acc.layer_stats()
     recommended = _recommended_scale(layers, acc, half)
     variables = acc.variable_stats(current, recommended)
@@ -113,7 +128,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         variables=tuple(variables), current_scale=current,
         recommended_scale=recommended, underflow_at_recommended=underflow,
         gradient_entries=entries, first_nonfinite=first, first_nonfinite_in=where,
-        advice=advice)
+        advice=advice, half_gradients="measured" if half_gradients else "predicted")
 
 
 # ------------------------------------------------------------------ checks
@@ -130,8 +145,7 @@ def _check_model(model) -> None:
         ok = False
     if ok:
         return
-    if isinstance(model, keras.Sequential) or isinstance(model, keras.Model) and \
-            type(model).__name__ == "Functional":
+    if isinstance(model, keras.Sequential):
         raise ValueError(
             f"Model '{model.name}' is not built, so it has no inputs to probe. "
             "Build it first (add a keras.Input or call model.build(input_shape)).")
@@ -317,8 +331,12 @@ class _Tap:
                            keras.backend.standardize_dtype(layer.compute_dtype), v)
                           for layer in model.layers for v in layer.trainable_variables]
 
-    def run(self, xb, yb, loss_fn, scale: float, with_variables: bool):
+    def run(self, xb, yb, loss_fn, scale: float, with_variables: bool,
+            gradients: bool = True):
         """Forward under a tape; gradients of loss*scale wrt outputs (and variables)."""
+        if not gradients:
+            outs = self.tap(xb, training=True)[:-len(self.final)]
+            return outs, [None] * len(outs), [], None
         with tf.GradientTape() as tape:
             values = self.tap(xb, training=True)
             k = len(self.final)
@@ -363,8 +381,8 @@ class _Accumulator:
         self.var_grads: list[list[np.ndarray]] = [[] for _ in ref.variables]
         self.dtypes: dict[int, str] = {}  # output dtype per layer, half run
 
-    def add(self, xb, yb, loss_fn, scale):
-        h_outs, h_grads, _, _ = self.half.run(xb, yb, loss_fn, scale, False)
+    def add(self, xb, yb, loss_fn, scale, half_gradients: bool):
+        h_outs, h_grads, _, _ = self.half.run(xb, yb, loss_fn, scale, False, half_gradients)
         r_outs, r_grads, r_var_grads, _ = self.ref.run(xb, yb, loss_fn, 1.0, True)
         i = 0
         for j, (_, layer, n_outs) in enumerate(self.half.layers):
@@ -382,6 +400,10 @@ class _Accumulator:
             if rg:
                 rgv = np.concatenate([np.abs(_np(g).ravel()) for g in rg])
                 self.ref_grad_max[j] = max(self.ref_grad_max[j], float(rgv.max(initial=0)))
+                if not half_gradients:  # predicted: what overflows the output dtype
+                    self.grad_count[j] += rgv.size
+                    top = DTYPE_LIMITS.get(dtype, DTYPE_LIMITS["float32"])[0]
+                    self.grad_bad[j] += np.count_nonzero(rgv * scale > top)
         for k, g in enumerate(r_var_grads):
             if g is not None:
                 self.var_grads[k].append(np.abs(_np(g).ravel()))

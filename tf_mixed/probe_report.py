@@ -50,8 +50,9 @@ class LayerStats:
       rel_error: ||half - float32|| / ||float32|| over the outputs (2-norms;
         inf when the half run is non-finite, NaN when float32 is all zero).
       grad_nonfinite: fraction of d(scaled loss)/d(output) entries that are
-        inf/NaN in the half run at the current loss scale (None when the
-        loss does not depend on the output).
+        inf/NaN in the half run at the current loss scale, measured or
+        predicted from float32 (see `ProbeReport.half_gradients`); None
+        when the loss does not depend on the output.
       float32_grad_max_abs: max |d(loss)/d(output)| of the unscaled loss in
         the float32 run (None as above).
     """
@@ -124,6 +125,9 @@ class ProbeReport:
         is inf/NaN in the half run; None if none.
       first_nonfinite_in: "forward", "backward" or None.
       advice: one sentence: what is wrong first and what to do.
+      half_gradients: "measured" (a half-precision backward pass) or
+        "predicted" (float32 output gradients times the current scale
+        against the output dtype's largest finite value).
     """
 
     model_name: str
@@ -139,6 +143,7 @@ class ProbeReport:
     first_nonfinite: str | None
     first_nonfinite_in: str | None
     advice: str
+    half_gradients: str = "measured"
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (non-finite floats become strings)."""
@@ -152,7 +157,8 @@ class ProbeReport:
             "",
             "Forward, per layer (headroom: doublings before the output "
             "overflows its dtype; err: relative error against float32; "
-            "grad!: non-finite output gradients at the current scale):",
+            f"grad!: non-finite output gradients at the current scale, "
+            f"{self.half_gradients}):",
         ]
         header = ("layer", "class", "dtype", "max|out|", "headroom", "inf/nan",
                   "flushed", "subnorm", "err", "grad!")
