@@ -35,12 +35,12 @@ from typing import Callable, Iterable, Union
 import keras
 
 from tf_mixed import _internals
+from tf_mixed.audit import HALF_DTYPES
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
 
 Spec = Union[str, type, Callable[[keras.layers.Layer], bool], Iterable, None]
 
-_HALF = ("float16", "bfloat16")
 _EXAMPLE = "keep_float32=['l2_norm', keras.layers.UnitNormalization, lambda layer: ...]"
 
 
@@ -188,7 +188,7 @@ def activate(spec: Spec) -> KeepFloat32:
 def active() -> KeepFloat32:
     """The rules that apply to a layer created now (empty when none)."""
     rules, policy = _active["rules"], keras.config.dtype_policy()
-    if not rules or policy is _active["before"] or policy.compute_dtype not in _HALF:
+    if not rules or policy is _active["before"] or policy.compute_dtype not in HALF_DTYPES:
         return KeepFloat32()
     if _active["bound"] is None:
         _active["bound"] = policy

@@ -41,14 +41,15 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed import keep_float32 as keep_float32_rules
-from tf_mixed.audit import _layer_outputs
+# The tables of half dtypes, float32 heads and float policies live in audit
+# and convert (house-core is moving them into one table module).
+from tf_mixed.audit import _FLOAT32_HEADS, _layer_outputs
+from tf_mixed.convert import _FLOAT_POLICIES
 from tf_mixed.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
 __all__ = ["probe"]
 
 _HALF_POLICIES = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
-_FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
-_FLOAT32_HEADS = ("OutputActivation", "Float32Output")
 _POLICY_ALIASES = {"fp16": "mixed_float16", "bf16": "mixed_bfloat16",
                    "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
 # Keras's and tf_mixed's default initial loss scale for float16.
