@@ -68,7 +68,8 @@ def test_every_table_is_written_once():
         name: set(value) for name, value in vars(_facts).items()
         if name.isupper() and isinstance(value, tuple)
     }
-    assert set(tables) == {"HALF_DTYPES", "FLOAT32_HEADS", "SQUASHING_ACTIVATIONS"}
+    assert set(tables) == {"HALF_DTYPES", "FLOAT32_HEADS", "SQUASHING_ACTIVATIONS",
+                           "FLOAT_POLICIES"}
     for path in PACKAGE_DIR.rglob("*.py"):
         if path.name == "_facts.py":
             continue

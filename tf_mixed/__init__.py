@@ -37,6 +37,7 @@ _EXPORTS = {
     "MixedPrecisionWarning": "callbacks",
     "OutputActivation": "layers",
     "POLICY_NAMES": "policy",
+    "ProbeReport": "probe_report",
     "audit": "auditing",
     "callbacks": "callbacks",
     "convert": "conversion",
@@ -46,6 +47,7 @@ _EXPORTS = {
     "hardware": "hardware",
     "layers": "layers",
     "policy_scope": "policy",
+    "probe": "probing",
     "training": "training",
     "wrap_optimizer": "loss_scale",
 }
@@ -79,6 +81,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.policy import disable
     from tf_mixed.policy import enable
     from tf_mixed.policy import policy_scope
+    from tf_mixed.probing import probe
+    from tf_mixed.probe_report import ProbeReport
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,10 @@ FLOAT32_HEADS = ("OutputActivation", "Float32Output")
 # Keras's exact cross-entropy, so they belong in a float32 head.
 SQUASHING_ACTIVATIONS = ("softmax", "sigmoid", "log_softmax")
 
+# Dtype policies whose layers compute in a float type: the ones `convert`
+# may switch to a mixed policy, and `probe` may compare against float32.
+FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+
 
 def activation_name(layer) -> str | None:
     """The name of the activation a layer applies last, or None.
@@ -67,6 +71,26 @@ def walk_layers(model, prefix: str = "") -> Iterator[tuple[str, keras.Layer]]:
         yield name, layer
         if isinstance(layer, keras.Model):
             yield from walk_layers(layer, name + "/")
+
+
+def layer_outputs(layer) -> list:
+    """Symbolic outputs of every call of `layer` in a graph ([] if none).
+
+    Args:
+      layer: a layer of a Sequential/functional model.
+
+    Returns:
+      A list of KerasTensors (anything without shape and dtype dropped).
+    """
+    from tf_mixed import _internals
+
+    outputs = _internals.call_outputs(layer)
+    if not outputs:
+        try:
+            outputs = keras.tree.flatten(layer.output)
+        except (AttributeError, ValueError, RuntimeError):
+            outputs = []
+    return [t for t in outputs if hasattr(t, "shape") and hasattr(t, "dtype")]
 
 
 def model_outputs(model) -> list:

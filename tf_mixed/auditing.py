@@ -51,6 +51,7 @@ from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import SQUASHING_ACTIVATIONS
 from tf_mixed._facts import activation_name
+from tf_mixed._facts import layer_outputs
 from tf_mixed._facts import model_outputs
 from tf_mixed._facts import walk_layers
 
@@ -223,21 +224,10 @@ def _leaf_layers(model) -> list:
             if not isinstance(layer, keras.Model)]
 
 
-def _layer_outputs(layer) -> list:
-    """Symbolic outputs of every call of `layer` in a graph ([] if none)."""
-    outputs = _internals.call_outputs(layer)
-    if not outputs:
-        try:
-            outputs = keras.tree.flatten(layer.output)
-        except (AttributeError, ValueError, RuntimeError):
-            outputs = []
-    return [t for t in outputs if hasattr(t, "shape") and hasattr(t, "dtype")]
-
-
 def _producer(tensor, layers):
     """The (name, layer) that produced a symbolic tensor."""
     for name, layer in layers:
-        if any(out is tensor for out in _layer_outputs(layer)):
+        if any(out is tensor for out in layer_outputs(layer)):
             return name, layer
     history = _internals.keras_history(tensor)
     if history is None:
@@ -310,7 +300,7 @@ def audit(model, batch_size: int | None = None, *,
     policy = _effective_policy(model, layers)
     rows = []
     for name, layer in layers:
-        outs = _layer_outputs(layer)
+        outs = layer_outputs(layer)
         is_input = type(layer).__name__ == "InputLayer"
         rows.append(LayerRow(
             name=name,
@@ -447,7 +437,7 @@ def _memory(layers, policy, batch_size) -> MemoryEstimate:
     for _, layer in layers:
         if type(layer).__name__ == "InputLayer":
             continue  # inputs are data, not activations
-        for tensor in _layer_outputs(layer):
+        for tensor in layer_outputs(layer):
             dims = list(tensor.shape)[1:]
             if any(d is None for d in dims):
                 exact = False

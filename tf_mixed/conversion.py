@@ -43,21 +43,20 @@ says to call ``tf_mixed.enable()`` before building the model.
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
 
 import keras
 
 from tf_mixed import _internals
 from tf_mixed._facts import FLOAT32_HEADS
+from tf_mixed._facts import FLOAT_POLICIES
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import SQUASHING_ACTIVATIONS
 from tf_mixed._facts import activation_name
 from tf_mixed._facts import walk_layers
+from tf_mixed import keep_float32 as keep_float32_rules
 
 __all__ = ["ConversionNote", "convert"]
 
-_FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16",
-                   "bfloat16")
 
 
 class ConversionNote(UserWarning):
@@ -114,7 +113,7 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def convert(model: keras.Model, policy: str | None = None, *,
-            keep_float32: Iterable[str] = ()) -> keras.Model:
+            keep_float32: keep_float32_rules.Spec = ()) -> keras.Model:
     """Returns a copy of a float32-built model that computes under a mixed policy.
 
     Args:
@@ -124,7 +123,9 @@ def convert(model: keras.Model, policy: str | None = None, *,
         "float32", an alias such as "fp16", "auto", or a `keras.DTypePolicy`.
         None (default) uses the global policy, which must then be mixed
         (call ``tf_mixed.enable()`` first).
-      keep_float32: names of top-level layers to leave in float32.
+      keep_float32: layers to leave in float32: names, layer classes,
+        predicates ``layer -> bool``, or a list of these (the argument
+        ``tf_mixed.enable`` takes; see `tf_mixed.keep_float32`).
 
     Returns:
       A new model with the same weights, float32 output heads where the
@@ -136,8 +137,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
     Raises:
       TypeError: `model` is not a Keras model, or is a subclassed model.
       ValueError: `policy` is unknown, or None while the global policy is
-        float32; `keep_float32` names a layer the model lacks; the model is
-        not built.
+        float32; `keep_float32` names a layer the model lacks (the message
+        lists close matches); the model is not built.
 
     Example:
 
@@ -163,14 +164,9 @@ def convert(model: keras.Model, policy: str | None = None, *,
             "before building the model (before its constructor runs), so "
             "its layers are created under the mixed policy.")
     target = _resolve_policy(policy)
-    keep = set(keep_float32) if not isinstance(keep_float32, str) else {keep_float32}
+    keep = keep_float32_rules.parse(keep_float32)
     names = {layer.name for layer in model.layers}
-    unknown = sorted(keep - names)
-    if unknown:
-        raise ValueError(
-            f"keep_float32 names layers that model '{model.name}' does not "
-            f"have: {unknown}. Its layers are: {sorted(names)}. Received: "
-            f"keep_float32={sorted(keep)}")
+    keep.check_names({layer.name for _, layer in walk_layers(model)}, model.name)
 
     half = keras.DTypePolicy(target).compute_dtype in HALF_DTYPES
     # Output layers whose squashing activation moves into a float32 head.
@@ -211,12 +207,13 @@ def convert(model: keras.Model, policy: str | None = None, *,
         if layer.name in rename:
             config["name"] = rename[layer.name]
             config["activation"] = "linear"
+        to_float32 = policy_name in FLOAT_POLICIES and (
+            keep.matches(layer) or layer.name in keep_outputs)
         stays = (cls == "InputLayer" or cls in FLOAT32_HEADS
-                 or policy_name not in _FLOAT_POLICIES
-                 or layer.name in keep or layer.name in keep_outputs)
+                 or policy_name not in FLOAT_POLICIES or to_float32)
         if not stays and "dtype" in config:
             config["dtype"] = target
-        elif layer.name in keep_outputs:
+        elif to_float32:
             config["dtype"] = "float32"
         return layer.__class__.from_config(config)
 

@@ -29,6 +29,7 @@ from absl import logging
 from tf_mixed import _remapping
 from tf_mixed import autotune
 from tf_mixed import hardware
+from tf_mixed import keep_float32 as keep_float32_rules
 
 AUTO = "auto"
 MIXED_FLOAT16 = "mixed_float16"
@@ -252,7 +253,13 @@ def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:
     return f"{name} requested explicitly"
 
 
-def enable(policy: str = AUTO, *, quiet: bool = False, measure: bool | None = None) -> Enabled:
+def enable(
+    policy: str = AUTO,
+    *,
+    quiet: bool = False,
+    measure: bool | None = None,
+    keep_float32=(),
+) -> Enabled:
     """Sets Keras's dtype policy, in this thread, to a mixed-precision policy.
 
     Layers built after this call compute in the policy's dtype and keep their
@@ -271,12 +278,17 @@ def enable(policy: str = AUTO, *, quiet: bool = False, measure: bool | None = No
         measure: For "auto" on a CPU-only host: True times the CPU (once per
             machine, then cached), False chooses by rule; None (default)
             measures unless TF_MIXED_AUTO_MEASURE is "0"/"false"/"no"/"off".
+        keep_float32: Layers to keep computing in float32 in models built
+            afterwards: layer names, layer classes, predicates ``layer ->
+            bool``, or a list of these (see `tf_mixed.keep_float32`).
 
     Returns:
         An `Enabled` with the active policy and the reason for it.
 
     Raises:
-        TypeError: If `policy` is not a string or `measure` not a bool.
+        TypeError: If `policy` is not a string, `measure` not a bool, or
+            `keep_float32` holds something that is not a name, class or
+            predicate.
         ValueError: If `policy` is not a known name. The global policy is left
             exactly as it was.
 
@@ -288,6 +300,7 @@ def enable(policy: str = AUTO, *, quiet: bool = False, measure: bool | None = No
     """
     name = canonical_name(policy)  # validates before anything changes
     measure = _validated_measure(measure)
+    keep_float32_rules.activate(keep_float32)  # validates; applies once the policy is set
     state = _state()
     _warn_if_reset(state, "enable")
     info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) else None

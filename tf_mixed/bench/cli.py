@@ -1,10 +1,11 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit|check] [flags]``.
+"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe] [flags]``.
 
     python -m tf_mixed                 same as ``bench`` with its defaults
     python -m tf_mixed bench --help    the bench's flags
     python -m tf_mixed info            this host's hardware and what "auto" picks
     python -m tf_mixed audit PATH      per-layer dtype report of a saved model
     python -m tf_mixed check           prove the skip decision on this host's devices
+    python -m tf_mixed probe MODEL     per-layer numerics of a saved model in half precision
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -29,6 +30,7 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed info [--verbose]
        python -m tf_mixed audit PATH [--verbose]
        python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
+       python -m tf_mixed probe MODEL.keras [--dataset=SPEC]   (find the layer that breaks)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -180,8 +182,14 @@ def _check(argv: list[str]) -> int:
     return check.main(argv[1:])
 
 
+def _probe(argv: list[str]) -> int:
+    from tf_mixed.bench import probe
+
+    return probe.main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "bench": _bench, "info": _info, "audit": _audit, "check": _check,
+    "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
 }
 
 

@@ -1,0 +1,124 @@
+"""keep_float32: by name, class or predicate, for later-built and existing models."""
+
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import tf_mixed
+from tf_mixed import keep_float32
+
+
+class SquareSum(keras.layers.Layer):
+    """No weights, no build(): Keras marks it built at init (path None)."""
+
+    def call(self, x):
+        return keras.ops.sum(x * x, axis=-1, keepdims=True)
+
+
+def _functional():
+    inputs = keras.Input((4,))
+    x = keras.layers.Dense(4, name="dense")(inputs)
+    x = keras.layers.UnitNormalization(name="unit")(x)
+    x = SquareSum(name="sqsum")(x)
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
+
+
+def _compute(model):
+    return {layer.name: layer.compute_dtype for layer in model.layers
+            if type(layer).__name__ != "InputLayer"}
+
+
+@pytest.mark.parametrize("spec", [
+    ["sqsum", "unit"],
+    [SquareSum, keras.layers.UnitNormalization],
+    lambda layer: layer.name in ("sqsum", "unit"),
+    ["sqsum", keras.layers.UnitNormalization],
+])
+def test_enable_keeps_later_layers_float32_by_name_class_or_predicate(spec):
+    tf_mixed.enable("mixed_bfloat16", quiet=True, keep_float32=spec)
+    model = _functional()
+    assert _compute(model) == {"dense": "bfloat16", "unit": "float32",
+                               "sqsum": "float32", "head": "bfloat16"}
+    # The symbolic graph and an eager call agree: the kept layer's output is
+    # float32, computed from the half input cast up.
+    sqsum = model.get_layer("sqsum")
+    assert sqsum.output.dtype == "float32"
+    probe = keras.Model(model.inputs[0], sqsum.output)
+    assert probe(np.ones((2, 4), "float32")).dtype == "float32"
+
+
+def test_enable_keep_float32_in_sequential_and_saved_model(tmp_path):
+    tf_mixed.enable("mixed_bfloat16", quiet=True, keep_float32=["norm"])
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, name="d"),
+                              keras.layers.LayerNormalization(name="norm")])
+    assert _compute(model) == {"d": "bfloat16", "norm": "float32"}
+    path = os.path.join(tmp_path, "m.keras")
+    model.save(path)
+    tf_mixed.disable()
+    loaded = keras.saving.load_model(path)
+    assert loaded.get_layer("norm").dtype_policy.name == "float32"
+    assert loaded.get_layer("d").dtype_policy.name == "mixed_bfloat16"
+
+
+def test_explicit_dtype_is_not_overridden():
+    tf_mixed.enable("mixed_bfloat16", quiet=True, keep_float32=keras.layers.Dense)
+    kept = keras.layers.Dense(2)
+    explicit = keras.layers.Dense(2, dtype="mixed_float16")
+    assert kept.compute_dtype == "float32"
+    assert explicit.compute_dtype == "float16"
+
+
+def test_rules_end_with_disable_a_new_enable_or_clear_session():
+    tf_mixed.enable("mixed_bfloat16", quiet=True, keep_float32=["x"])
+    assert keras.layers.Dense(1, name="x").compute_dtype == "float32"
+    tf_mixed.disable()
+    assert keras.layers.Dense(1, name="x").compute_dtype == "float32"  # float32 policy
+    keras.config.set_dtype_policy("mixed_bfloat16")  # by hand, not enable
+    assert keras.layers.Dense(1, name="x").compute_dtype == "bfloat16"
+    tf_mixed.enable("mixed_bfloat16", quiet=True)
+    assert keras.layers.Dense(1, name="x").compute_dtype == "bfloat16"
+    tf_mixed.enable("mixed_bfloat16", quiet=True, keep_float32="x")
+    keras.backend.clear_session()
+    assert keras.layers.Dense(1, name="x").compute_dtype == "float32"  # float32 policy
+    assert keras.config.dtype_policy().name == "float32"
+
+
+@pytest.mark.parametrize("bad, error", [
+    ([3], TypeError), (["ok", object], TypeError), ([""], ValueError), (3.5, TypeError),
+])
+def test_bad_spec_raises_before_anything_changes(bad, error):
+    before = keras.config.dtype_policy()
+    with pytest.raises(error, match="keep_float32"):
+        tf_mixed.enable("mixed_bfloat16", keep_float32=bad)
+    assert keras.config.dtype_policy() is before
+
+
+def test_convert_accepts_the_same_spec():
+    model = _functional()  # float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        by_class = tf_mixed.convert(model, "mixed_bfloat16",
+                                    keep_float32=[SquareSum, "unit"])
+        by_predicate = tf_mixed.convert(
+            model, "mixed_bfloat16", keep_float32=lambda l: l.name == "sqsum")
+    assert _compute(by_class)["sqsum"] == "float32"
+    assert _compute(by_class)["unit"] == "float32"
+    assert _compute(by_class)["dense"] == "bfloat16"
+    assert _compute(by_predicate)["sqsum"] == "float32"
+    assert _compute(by_predicate)["unit"] == "bfloat16"
+
+
+def test_unknown_name_lists_close_matches():
+    with pytest.raises(ValueError, match=r"'sqsun' \(did you mean 'sqsum'\?\)"):
+        tf_mixed.convert(_functional(), "mixed_bfloat16", keep_float32=["sqsun"])
+    with pytest.raises(ValueError, match=r"'zzz'.*Its layers are"):
+        tf_mixed.convert(_functional(), "mixed_bfloat16", keep_float32=["zzz"])
+
+
+def test_argument_text_is_what_enable_accepts():
+    text = keep_float32.argument(["l2_norm", "b"])
+    assert text == "keep_float32=['l2_norm', 'b']"
+    assert keep_float32.parse(eval(text.split("=", 1)[1])).names == ("l2_norm", "b")
