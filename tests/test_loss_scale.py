@@ -1,7 +1,5 @@
 """tf_mixed.loss_scale on one device: arithmetic, knobs, wrapping, state."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -202,8 +200,11 @@ def test_inner_must_be_a_plain_keras_optimizer():
 def test_wrap_optimizer_follows_the_policy_and_never_double_wraps():
     keras.config.set_dtype_policy("float32")
     sgd = keras.optimizers.SGD()
-    assert wrap_optimizer(sgd) is sgd
-    assert isinstance(wrap_optimizer(sgd, force=True), LossScaleOptimizer)
+    passing = wrap_optimizer(sgd)  # pass-through: scale 1, fixed
+    assert passing.inner_optimizer is sgd
+    assert (passing.dynamic, passing.initial_scale) == (False, 1.0)
+    forced = wrap_optimizer(keras.optimizers.SGD(), force=True)
+    assert isinstance(forced, LossScaleOptimizer) and forced.dynamic
     keras.config.set_dtype_policy("mixed_float16")
     wrapped = wrap_optimizer("sgd", initial_scale=64.0)
     assert isinstance(wrapped, LossScaleOptimizer)
@@ -353,28 +354,43 @@ def test_cross_replica_apply_is_refused(mirrored):
 def test_public_names():
     assert tf_mixed.LossScaleOptimizer is LossScaleOptimizer
     assert tf_mixed.wrap_optimizer is wrap_optimizer
-    assert os.path.basename(tf_mixed.loss_scale.__file__) == "loss_scale.py"
 
 
 # ---------------------------------------------------- unscale_gradients
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
-def test_apply_after_unscale_gradients_does_not_unscale_again(use_function):
+def test_unscaled_flag_says_whether_apply_divides(use_function):
     var = keras.Variable(1.0)
     opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=64.0)
     opt.build([var])
 
     def step(scaled_grad):
         grads = opt.unscale_gradients([scaled_grad])  # 128 / 64 = 2
-        return opt.apply_gradients(zip(grads, [var]))
+        return opt.apply_gradients(zip(grads, [var]), unscaled=True)
 
     step = tf.function(step) if use_function else step
     step(tf.constant(128.0))
     assert float(var.numpy()) == -1.0  # 1 - 2, not 1 - 2 / 64
-    # The mark is consumed: a plain apply divides again.
-    opt.apply([tf.constant(128.0)], [var])
+    opt.apply([tf.constant(128.0)], [var])  # scaled: divided
     assert float(var.numpy()) == -3.0
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
+def test_unscale_to_log_then_apply_original_is_the_true_step(use_function):
+    # Issue 9, point 2: unscaling only to look leaves no mark behind.
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1024.0)
+    opt.build([var])
+
+    def step(g):
+        norm = tf.linalg.global_norm(opt.unscale_gradients([g]))
+        opt.apply([g], [var])
+        return norm
+
+    step = tf.function(step) if use_function else step
+    assert float(step(tf.constant(1024.0))) == 1.0
+    assert float(var.numpy()) == -1.0  # not -1024
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
@@ -404,7 +420,7 @@ def test_clipping_after_unscale_equals_clipping_float32_gradients(use_function):
         grads = tape.gradient(scaled, [var])
         grads = opt.unscale_gradients(grads)
         grads, _ = tf.clip_by_global_norm(grads, 1.0)
-        return opt.apply(grads, [var])
+        return opt.apply(grads, [var], unscaled=True)
 
     step = tf.function(step) if use_function else step
     assert bool(step())
@@ -419,7 +435,7 @@ def test_unscaled_overflow_is_still_skipped():
     opt.build([var])
     grads = opt.unscale_gradients([tf.constant(INF)])
     grads, _ = tf.clip_by_global_norm(grads, 1.0)  # inf -> NaN
-    assert not bool(opt.apply(grads, [var]))
+    assert not bool(opt.apply(grads, [var], unscaled=True))
     assert float(var.numpy()) == 1.0
     assert float(opt.loss_scale.numpy()) == 4.0
     assert int(opt.skipped_steps.numpy()) == 1
