@@ -152,7 +152,7 @@ def test_overflow_every_step_stops_within_patience(fp16, caplog, kind,
     model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss="mse",
                   steps_per_execution=steps_per_execution)
     x, y = _data(80, marked=range(80))
-    monitor = LossScaleMonitor(patience=3)
+    monitor = LossScaleMonitor(patience=3, check_every_n_batches=1)
     counter = StepCounter()
     with caplog.at_level(logging.ERROR):
         history = model.fit(x, y, batch_size=4, epochs=3, shuffle=False,
@@ -178,7 +178,7 @@ def test_infinite_loss_every_step_stops_within_patience(fp16, caplog, kind):
     model = _model()
     model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss=_infinite_loss)
     counter = StepCounter()
-    monitor = LossScaleMonitor(patience=4)
+    monitor = LossScaleMonitor(patience=4, check_every_n_batches=1)
     with caplog.at_level(logging.ERROR):
         model.fit(*_data(80), batch_size=4, epochs=2, shuffle=False, verbose=0,
                   callbacks=[monitor, counter])
@@ -231,7 +231,7 @@ def test_nan_loss_on_applied_step_stops():
     x, y = _data(40)
     y[12] = np.nan  # in step 4 (batch size 4)
     counter = StepCounter()
-    monitor = LossScaleMonitor()
+    monitor = LossScaleMonitor(check_every_n_batches=1)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
               callbacks=[monitor, counter])
     assert counter.batches[-1] == 3
@@ -249,7 +249,9 @@ def test_nan_loss_on_skipped_step_does_not_stop(fp16, kind):
                         verbose=0, callbacks=[monitor])
     assert monitor.stop_reason is None
     assert history.history["skipped_steps"] == [1.0, 1.0]
-    assert math.isnan(history.history["loss"][0])
+    # tf_mixed's optimizer: the epoch loss is the mean of the 9 applied
+    # steps; Keras's wrapper keeps no per-step losses, so Keras's NaN stays.
+    assert math.isnan(history.history["loss"][0]) == (kind == "keras")
     assert np.isfinite(model.get_weights()[0]).all()
 
 
@@ -271,7 +273,7 @@ def test_corrupted_weights_stop_even_though_steps_are_skipped(fp16, kind):
     model = _model()
     model.compile(optimizer=OPTIMIZERS[kind](), loss="mse")
     counter = StepCounter()
-    monitor = LossScaleMonitor()
+    monitor = LossScaleMonitor(check_every_n_batches=1)
     model.fit(*_data(40), batch_size=4, epochs=2, shuffle=False, verbose=0,
               callbacks=[CorruptAfter(2), monitor, counter])
     # Step 4 is the first with a NaN loss; it is skipped, but the weights are
@@ -291,7 +293,7 @@ def test_mirrored_strategy(fp16, mirrored, caplog):
         model.compile(optimizer=_tf_mixed_lso(scale=4.0), loss="mse")
     x, y = _data(64, marked=range(64))
     counter = StepCounter()
-    monitor = LossScaleMonitor(patience=2)
+    monitor = LossScaleMonitor(patience=2, check_every_n_batches=1)
     with caplog.at_level(logging.ERROR):
         model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                   callbacks=[monitor, counter])

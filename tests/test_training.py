@@ -151,7 +151,9 @@ def _train_final_loss(policy, loop):
         tf_mixed.OutputActivation("softmax"),
     ])
     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.2))
-    assert isinstance(opt, LossScaleOptimizer) == (policy == "mixed_float16")
+    # float32: a pass-through wrapper (scale 1, fixed), same loop.
+    assert isinstance(opt, LossScaleOptimizer)
+    assert opt.dynamic == (policy == "mixed_float16")
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     if loop == "fit":
         model.compile(optimizer=opt, loss=loss_fn)

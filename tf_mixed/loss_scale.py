@@ -325,7 +325,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         strategy = tf.distribute.get_strategy()
         backups = []
         for variable in variables:
-            inner = getattr(variable, "value", variable)
+            inner = (variable.value if isinstance(variable, keras.Variable)
+                     else variable)
             backups.append(tf.Variable(
                 tf.zeros(variable.shape, variable.dtype), trainable=False,
                 synchronization=inner.synchronization,
@@ -934,7 +935,7 @@ def _forward_variables(model_or_variables) -> list:
 
 def _local_values(variable) -> list:
     """Every replica's copy on this worker, as numpy values."""
-    value = getattr(variable, "value", variable)
+    value = variable.value if isinstance(variable, keras.Variable) else variable
     if isinstance(value, tf.distribute.DistributedValues):
         parts = value.values
     else:
