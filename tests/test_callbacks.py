@@ -434,3 +434,72 @@ def test_get_config_round_trips():
                                raise_on_failure=True, check_setup=False)
     clone = LossScaleMonitor(**monitor.get_config())
     assert clone.get_config() == monitor.get_config()
+
+
+# ------------------------------------------------------ issue 9: no per-step cost
+
+
+def test_three_steps_per_execution_one_bad_sample_trains_every_epoch(fp16):
+    # Issue 9, point 3: the execution of steps 1-3 holds one NaN sample; its
+    # step is skipped, the others are applied. The old monitor saw a NaN
+    # running loss with "only 1 of 3 steps skipped" and stopped.
+    model = _model()
+    model.compile(optimizer=_tf_mixed_lso(), loss="mse", steps_per_execution=3)
+    x, y = _data(24)
+    y[5] = np.nan  # batch size 4: step 2 of 6
+    monitor = LossScaleMonitor()
+    history = model.fit(x, y, batch_size=4, epochs=3, shuffle=False,
+                        verbose=0, callbacks=[monitor])
+    assert monitor.stop_reason is None
+    assert len(history.history["loss"]) == 3
+    assert history.history["skipped_steps"] == [1.0, 1.0, 1.0]
+    assert all(math.isfinite(v) for v in history.history["loss"])
+    assert np.isfinite(model.get_weights()[0]).all()
+
+
+def test_default_monitor_reads_the_optimizer_once_per_epoch(fp16, monkeypatch):
+    from tf_mixed import loss_scale as loss_scale_module
+
+    reads = []
+    real = loss_scale_module.loss_scale_state
+    monkeypatch.setattr(loss_scale_module, "loss_scale_state",
+                        lambda opt: reads.append(1) or real(opt))
+    model = _model()
+    model.compile(optimizer=_tf_mixed_lso(), loss="mse")
+    monitor = LossScaleMonitor()
+    # No batch hook of its own: Keras may then dispatch batch hooks
+    # without waiting for each step.
+    assert "on_train_batch_end" not in vars(monitor)
+    model.fit(*_data(40), batch_size=4, epochs=3, verbose=0,
+              callbacks=[monitor])
+    assert len(reads) == 1 + 3  # on_train_begin + one per epoch end
+
+
+def test_epoch_loss_is_the_mean_of_applied_steps(fp16):
+    model = _model()
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.0),
+                                      initial_scale=2.0**10)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(16)
+    y[5] = np.nan  # step 2 of 4 (batch size 4): NaN loss, skipped
+    history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False,
+                        verbose=0, callbacks=[LossScaleMonitor()])
+    # lr 0: the weights never move, so each step's loss is evaluate's.
+    per_step = [model.evaluate(x[i:i + 4], y[i:i + 4], verbose=0)
+                for i in (0, 8, 12)]
+    assert history.history["skipped_steps"] == [1.0]
+    assert history.history["loss"][0] == pytest.approx(np.mean(per_step),
+                                                       rel=1e-6)
+
+
+def test_nan_loss_on_applied_step_stops_at_epoch_end_by_default():
+    model = _model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = _data(40)
+    y[12] = np.nan
+    counter = StepCounter()
+    monitor = LossScaleMonitor()
+    model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
+              callbacks=[monitor, counter])
+    assert counter.batches[-1] == 9  # the end of epoch 1
+    assert "no step was skipped" in monitor.stop_reason
