@@ -90,11 +90,30 @@ def test_current_scale_reads_every_kind_of_optimizer():
     assert float(training.current_scale(ours)) == 16.0
     theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(),
                                                  initial_scale=8.0)
+    assert float(training.current_scale(theirs)) == 8.0  # before build
     theirs.build([var])
-    assert float(training.current_scale(theirs)) == 8.0
+    theirs.dynamic_scale.assign(4.0)
+    assert float(training.current_scale(theirs)) == 4.0
     assert float(training.current_scale(keras.optimizers.SGD())) == 1.0
     assert float(training.current_scale(
         keras.optimizers.SGD(loss_scale_factor=4.0))) == 4.0
+
+
+def test_loss_scale_state_reads_every_kind_of_optimizer():
+    import tf_mixed
+
+    ours = LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=32.0)
+    assert tf_mixed.loss_scale_state(ours).scale == 32.0
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(),
+                                                 initial_scale=8.0)
+    theirs.build([keras.Variable(0.0)])
+    theirs.step_counter.assign(3)
+    state = tf_mixed.loss_scale_state(theirs)
+    assert (state.scale, state.good_steps, state.skipped_steps) == (8.0, 3, None)
+    plain = tf_mixed.loss_scale_state(keras.optimizers.SGD(loss_scale_factor=4.0))
+    assert (plain.scale, plain.skipped_steps) == (4.0, 0)
+    with pytest.raises(TypeError, match="optimizer="):
+        tf_mixed.loss_scale_state("adam")
 
 
 def test_make_train_step_single_device():

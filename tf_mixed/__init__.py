@@ -20,18 +20,23 @@ from tf_mixed.layers import Float32Output
 from tf_mixed.layers import OutputActivation
 from tf_mixed.layers import float32_loss
 from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.loss_scale import loss_scale_state
 from tf_mixed.loss_scale import wrap_optimizer
 from tf_mixed.policy import POLICY_NAMES
 from tf_mixed.policy import Enabled
 from tf_mixed.policy import disable
 from tf_mixed.policy import enable
 from tf_mixed.policy import policy_scope
+from tf_mixed.scale_state import LossScaleConfig
+from tf_mixed.scale_state import LossScaleState
 
 __all__ = [
     "AuditReport",
     "Enabled",
     "Float32Output",
+    "LossScaleConfig",
     "LossScaleOptimizer",
+    "LossScaleState",
     "OutputActivation",
     "POLICY_NAMES",
     "__version__",
@@ -43,6 +48,7 @@ __all__ = [
     "float32_loss",
     "hardware",
     "layers",
+    "loss_scale_state",
     "policy_scope",
     "training",
     "wrap_optimizer",
