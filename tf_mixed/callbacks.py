@@ -414,8 +414,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def _track(self, optimizer):
         """Hands the model's forward state to the optimizer (retraces once)."""
         model = self.model
-        wanted = [id(v) for v in loss_scale_module._forward_variables(model)]
-        tracked = [id(v) for v in optimizer._scratch.forward_variables]
+        wanted = tuple(id(v) for v in loss_scale_module._forward_variables(model))
+        tracked = tuple(id(v) for v in optimizer._scratch.forward_variables)
         if wanted == tracked:
             return
         with model.distribute_strategy.scope():
