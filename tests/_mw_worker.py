@@ -58,6 +58,8 @@ def main(index, ports, out_path, bad_worker, bad_step, bn=False):
         result = step(x, y)
         applied.append(bool(result["applied"]))
         scales.append(float(optimizer.loss_scale.numpy()))
+    dense = next(layer for layer in model.layers
+                 if isinstance(layer, keras.layers.Dense))
     stats = {}
     if bn:
         layer = model.get_layer("bn")
@@ -69,7 +71,7 @@ def main(index, ports, out_path, bad_worker, bad_step, bn=False):
             **stats,
             "applied": applied,
             "scales": scales,
-            "kernel": model.get_weights()[0].ravel().tolist(),
+            "kernel": dense.kernel.numpy().ravel().tolist(),
             "iterations": int(optimizer.iterations.numpy()),
             "skipped_steps": int(optimizer.skipped_steps.numpy()),
             "replicas": strategy.num_replicas_in_sync,
