@@ -503,3 +503,25 @@ def test_nan_loss_on_applied_step_stops_at_epoch_end_by_default():
               callbacks=[monitor, counter])
     assert counter.batches[-1] == 9  # the end of epoch 1
     assert "no step was skipped" in monitor.stop_reason
+
+
+class CorruptReplica1(keras.callbacks.Callback):
+    """Writes inf into replica 1's copy of the first kernel only."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 0:
+            copies = self.model.layers[1].kernel.value.values
+            copies[1].assign(np.full(copies[1].shape, np.inf, "float32"))
+
+
+def test_mirrored_nan_check_reads_every_replica_copy(fp16, mirrored):
+    with mirrored.scope():
+        model = _model()
+        model.compile(optimizer=_tf_mixed_lso(), loss="mse")
+    monitor = LossScaleMonitor()
+    model.fit(*_data(32), batch_size=8, epochs=3, shuffle=False, verbose=0,
+              callbacks=[CorruptReplica1(), monitor])
+    # Replica 0's copy (what get_weights() reads) stays finite.
+    assert np.isfinite(model.get_weights()[0]).all()
+    assert "hold NaN/inf" in monitor.stop_reason
+    assert len(model.history.history["loss"]) == 1
