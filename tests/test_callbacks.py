@@ -152,7 +152,7 @@ def test_overflow_every_step_stops_within_patience(fp16, caplog, kind,
     model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss="mse",
                   steps_per_execution=steps_per_execution)
     x, y = _data(80, marked=range(80))
-    monitor = LossScaleMonitor(patience=3)
+    monitor = LossScaleMonitor(patience=3, check_every_n_batches=1)
     counter = StepCounter()
     with caplog.at_level(logging.ERROR):
         history = model.fit(x, y, batch_size=4, epochs=3, shuffle=False,
@@ -178,7 +178,7 @@ def test_infinite_loss_every_step_stops_within_patience(fp16, caplog, kind):
     model = _model()
     model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss=_infinite_loss)
     counter = StepCounter()
-    monitor = LossScaleMonitor(patience=4)
+    monitor = LossScaleMonitor(patience=4, check_every_n_batches=1)
     with caplog.at_level(logging.ERROR):
         model.fit(*_data(80), batch_size=4, epochs=2, shuffle=False, verbose=0,
                   callbacks=[monitor, counter])
@@ -231,7 +231,7 @@ def test_nan_loss_on_applied_step_stops():
     x, y = _data(40)
     y[12] = np.nan  # in step 4 (batch size 4)
     counter = StepCounter()
-    monitor = LossScaleMonitor()
+    monitor = LossScaleMonitor(check_every_n_batches=1)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
               callbacks=[monitor, counter])
     assert counter.batches[-1] == 3
@@ -249,7 +249,9 @@ def test_nan_loss_on_skipped_step_does_not_stop(fp16, kind):
                         verbose=0, callbacks=[monitor])
     assert monitor.stop_reason is None
     assert history.history["skipped_steps"] == [1.0, 1.0]
-    assert math.isnan(history.history["loss"][0])
+    # tf_mixed's optimizer: the epoch loss is the mean of the 9 applied
+    # steps; Keras's wrapper keeps no per-step losses, so Keras's NaN stays.
+    assert math.isnan(history.history["loss"][0]) == (kind == "keras")
     assert np.isfinite(model.get_weights()[0]).all()
 
 
@@ -271,7 +273,7 @@ def test_corrupted_weights_stop_even_though_steps_are_skipped(fp16, kind):
     model = _model()
     model.compile(optimizer=OPTIMIZERS[kind](), loss="mse")
     counter = StepCounter()
-    monitor = LossScaleMonitor()
+    monitor = LossScaleMonitor(check_every_n_batches=1)
     model.fit(*_data(40), batch_size=4, epochs=2, shuffle=False, verbose=0,
               callbacks=[CorruptAfter(2), monitor, counter])
     # Step 4 is the first with a NaN loss; it is skipped, but the weights are
@@ -291,7 +293,7 @@ def test_mirrored_strategy(fp16, mirrored, caplog):
         model.compile(optimizer=_tf_mixed_lso(scale=4.0), loss="mse")
     x, y = _data(64, marked=range(64))
     counter = StepCounter()
-    monitor = LossScaleMonitor(patience=2)
+    monitor = LossScaleMonitor(patience=2, check_every_n_batches=1)
     with caplog.at_level(logging.ERROR):
         model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                   callbacks=[monitor, counter])
@@ -433,3 +435,94 @@ def test_get_config_round_trips():
                                raise_on_failure=True, check_setup=False)
     clone = LossScaleMonitor(**monitor.get_config())
     assert clone.get_config() == monitor.get_config()
+
+
+# ------------------------------------------------------ issue 9: no per-step cost
+
+
+def test_three_steps_per_execution_one_bad_sample_trains_every_epoch(fp16):
+    # Issue 9, point 3: the execution of steps 1-3 holds one NaN sample; its
+    # step is skipped, the others are applied. The old monitor saw a NaN
+    # running loss with "only 1 of 3 steps skipped" and stopped.
+    model = _model()
+    model.compile(optimizer=_tf_mixed_lso(), loss="mse", steps_per_execution=3)
+    x, y = _data(24)
+    y[5] = np.nan  # batch size 4: step 2 of 6
+    monitor = LossScaleMonitor()
+    history = model.fit(x, y, batch_size=4, epochs=3, shuffle=False,
+                        verbose=0, callbacks=[monitor])
+    assert monitor.stop_reason is None
+    assert len(history.history["loss"]) == 3
+    assert history.history["skipped_steps"] == [1.0, 1.0, 1.0]
+    assert all(math.isfinite(v) for v in history.history["loss"])
+    assert np.isfinite(model.get_weights()[0]).all()
+
+
+def test_default_monitor_reads_the_optimizer_once_per_epoch(fp16, monkeypatch):
+    from tf_mixed import loss_scale as loss_scale_module
+
+    reads = []
+    real = loss_scale_module.loss_scale_state
+    monkeypatch.setattr(loss_scale_module, "loss_scale_state",
+                        lambda opt: reads.append(1) or real(opt))
+    model = _model()
+    model.compile(optimizer=_tf_mixed_lso(), loss="mse")
+    monitor = LossScaleMonitor()
+    # No batch hook of its own: Keras may then dispatch batch hooks
+    # without waiting for each step.
+    assert "on_train_batch_end" not in vars(monitor)
+    model.fit(*_data(40), batch_size=4, epochs=3, verbose=0,
+              callbacks=[monitor])
+    assert len(reads) == 1 + 3  # on_train_begin + one per epoch end
+
+
+def test_epoch_loss_is_the_mean_of_applied_steps(fp16):
+    model = _model()
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.0),
+                                      initial_scale=2.0**10)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(16)
+    y[5] = np.nan  # step 2 of 4 (batch size 4): NaN loss, skipped
+    history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False,
+                        verbose=0, callbacks=[LossScaleMonitor()])
+    # lr 0: the weights never move, so each step's loss is evaluate's.
+    per_step = [model.evaluate(x[i:i + 4], y[i:i + 4], verbose=0)
+                for i in (0, 8, 12)]
+    assert history.history["skipped_steps"] == [1.0]
+    assert history.history["loss"][0] == pytest.approx(np.mean(per_step),
+                                                       rel=1e-6)
+
+
+def test_nan_loss_on_applied_step_stops_at_epoch_end_by_default():
+    model = _model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = _data(40)
+    y[12] = np.nan
+    counter = StepCounter()
+    monitor = LossScaleMonitor()
+    model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
+              callbacks=[monitor, counter])
+    assert counter.batches[-1] == 9  # the end of epoch 1
+    assert "no step was skipped" in monitor.stop_reason
+
+
+class CorruptReplica1(keras.callbacks.Callback):
+    """Writes inf into replica 1's copy of the first kernel only."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 0:
+            copies = self.model.layers[1].kernel.value.values
+            copies[1].assign(np.full(copies[1].shape, np.inf, "float32"))
+
+
+def test_mirrored_nan_check_reads_every_replica_copy(fp16, mirrored):
+    with mirrored.scope():
+        model = _model()
+        model.compile(optimizer=_tf_mixed_lso(), loss="mse")
+    monitor = LossScaleMonitor()
+    model.fit(*_data(32), batch_size=8, epochs=3, shuffle=False, verbose=0,
+              callbacks=[CorruptReplica1(), monitor])
+    # Replica 0's copy (what get_weights() reads) stays finite.
+    assert np.isfinite(model.get_weights()[0]).all()
+    assert "hold NaN/inf" in monitor.stop_reason
+    assert len(model.history.history["loss"]) == 1

@@ -211,14 +211,14 @@ def test_make_train_step_refuses_jit_under_strategy(mirrored):
 
 
 def test_unscale_then_clip_under_mirrored(mirrored):
-    """Each replica's unscale mark is its own (replicas run in threads)."""
+    """Unscaled gradients, clipped per replica, applied with unscaled=True."""
     var, opt = _setup(mirrored, lambda: keras.optimizers.SGD(0.5),
                       initial_scale=8.0)
 
     def replica_fn():
         grads = opt.unscale_gradients([tf.constant([24.0, 32.0])])  # [3, 4]
         grads, _ = tf.clip_by_global_norm(grads, 1.0)  # [0.6, 0.8]
-        return opt.apply(grads, [var])
+        return opt.apply(grads, [var], unscaled=True)
 
     applied = tf.function(lambda: mirrored.run(replica_fn))()
     assert all(bool(a) for a in _locals(mirrored, applied))

@@ -1,7 +1,5 @@
 """tf_mixed.loss_scale on one device: arithmetic, knobs, wrapping, state."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -202,8 +200,11 @@ def test_inner_must_be_a_plain_keras_optimizer():
 def test_wrap_optimizer_follows_the_policy_and_never_double_wraps():
     keras.config.set_dtype_policy("float32")
     sgd = keras.optimizers.SGD()
-    assert wrap_optimizer(sgd) is sgd
-    assert isinstance(wrap_optimizer(sgd, force=True), LossScaleOptimizer)
+    passing = wrap_optimizer(sgd)  # pass-through: scale 1, fixed
+    assert passing.inner_optimizer is sgd
+    assert (passing.dynamic, passing.initial_scale) == (False, 1.0)
+    forced = wrap_optimizer(keras.optimizers.SGD(), force=True)
+    assert isinstance(forced, LossScaleOptimizer) and forced.dynamic
     keras.config.set_dtype_policy("mixed_float16")
     wrapped = wrap_optimizer("sgd", initial_scale=64.0)
     assert isinstance(wrapped, LossScaleOptimizer)
@@ -325,6 +326,8 @@ def test_keras_file_restores_optimizer_state_exactly(tmp_path):
               model.trainable_variables)
     before = _state(opt, model.trainable_variables[0])
     path = str(tmp_path / "model.keras")
+    saved_scale = float(model.optimizer.dynamic_scale.numpy())
+    assert saved_scale < 2.0**15
     model.save(path)
     loaded = keras.models.load_model(path)
     assert type(loaded.optimizer) is LossScaleOptimizer
@@ -353,28 +356,43 @@ def test_cross_replica_apply_is_refused(mirrored):
 def test_public_names():
     assert tf_mixed.LossScaleOptimizer is LossScaleOptimizer
     assert tf_mixed.wrap_optimizer is wrap_optimizer
-    assert os.path.basename(tf_mixed.loss_scale.__file__) == "loss_scale.py"
 
 
 # ---------------------------------------------------- unscale_gradients
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
-def test_apply_after_unscale_gradients_does_not_unscale_again(use_function):
+def test_unscaled_flag_says_whether_apply_divides(use_function):
     var = keras.Variable(1.0)
     opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=64.0)
     opt.build([var])
 
     def step(scaled_grad):
         grads = opt.unscale_gradients([scaled_grad])  # 128 / 64 = 2
-        return opt.apply_gradients(zip(grads, [var]))
+        return opt.apply_gradients(zip(grads, [var]), unscaled=True)
 
     step = tf.function(step) if use_function else step
     step(tf.constant(128.0))
     assert float(var.numpy()) == -1.0  # 1 - 2, not 1 - 2 / 64
-    # The mark is consumed: a plain apply divides again.
-    opt.apply([tf.constant(128.0)], [var])
+    opt.apply([tf.constant(128.0)], [var])  # scaled: divided
     assert float(var.numpy()) == -3.0
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
+def test_unscale_to_log_then_apply_original_is_the_true_step(use_function):
+    # Issue 9, point 2: unscaling only to look leaves no mark behind.
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1024.0)
+    opt.build([var])
+
+    def step(g):
+        norm = tf.linalg.global_norm(opt.unscale_gradients([g]))
+        opt.apply([g], [var])
+        return norm
+
+    step = tf.function(step) if use_function else step
+    assert float(step(tf.constant(1024.0))) == 1.0
+    assert float(var.numpy()) == -1.0  # not -1024
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
@@ -404,7 +422,7 @@ def test_clipping_after_unscale_equals_clipping_float32_gradients(use_function):
         grads = tape.gradient(scaled, [var])
         grads = opt.unscale_gradients(grads)
         grads, _ = tf.clip_by_global_norm(grads, 1.0)
-        return opt.apply(grads, [var])
+        return opt.apply(grads, [var], unscaled=True)
 
     step = tf.function(step) if use_function else step
     assert bool(step())
@@ -419,7 +437,195 @@ def test_unscaled_overflow_is_still_skipped():
     opt.build([var])
     grads = opt.unscale_gradients([tf.constant(INF)])
     grads, _ = tf.clip_by_global_norm(grads, 1.0)  # inf -> NaN
-    assert not bool(opt.apply(grads, [var]))
+    assert not bool(opt.apply(grads, [var], unscaled=True))
     assert float(var.numpy()) == 1.0
     assert float(opt.loss_scale.numpy()) == 4.0
     assert int(opt.skipped_steps.numpy()) == 1
+
+
+# ------------------------------------------------- Keras drop-in (issue 9)
+
+
+def test_keras_argument_names_and_config_are_accepted():
+    opt = LossScaleOptimizer(keras.optimizers.SGD(), dynamic_growth_steps=10)
+    assert opt.growth_interval == 10 and opt.dynamic_growth_steps == 10
+    theirs = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.5), initial_scale=64.0, dynamic_growth_steps=7)
+    ours = LossScaleOptimizer.from_config(theirs.get_config())
+    assert (ours.initial_scale, ours.growth_interval) == (64.0, 7)
+    assert float(ours.inner_optimizer.learning_rate.numpy()) == 0.5
+    with pytest.raises(ValueError, match="dynamic_growth_steps"):
+        LossScaleOptimizer(keras.optimizers.SGD(), dynamic_growth_steps=3,
+                           growth_interval=4)
+
+
+def test_state_variables_follow_keras_layout():
+    var = keras.Variable([1.0])
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    ours = LossScaleOptimizer(keras.optimizers.SGD())
+    theirs.build([var])
+    ours.build([var])
+
+    def layout(opt):
+        return [(v.name, v.dtype) for v in opt.variables]
+
+    n = len(layout(theirs)) - 2  # the inner SGD's iteration, learning_rate
+    assert layout(ours)[:n] == layout(theirs)[:n]
+    assert [v.name for v in ours.variables][n:n + 4] == [
+        "overflow_streak", "skipped_steps", "last_step_skipped",
+        "min_scale_skips"]
+
+
+def _keras_trained(policy_model):
+    """A model compiled under mixed_float16 (Keras wraps its optimizer), then
+    one overflow so the scale is not the initial one."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2),
+                              keras.layers.Dense(1, dtype="float32")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer
+    x = np.ones((4, 2), np.float32)
+    y = np.zeros((4, 1), np.float32)
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    model.optimizer.apply([tf.fill(v.shape, INF) for v in
+                           model.trainable_variables], model.trainable_variables)
+    return model, x, y
+
+
+def test_keras_wrapper_checkpoint_restores_into_tf_mixed(tmp_path):
+    keras.config.set_dtype_policy("mixed_float16")
+    model, x, y = _keras_trained(None)
+    saved_scale = float(model.optimizer.dynamic_scale.numpy())
+    assert saved_scale < 2.0**15  # not the initial scale
+    weights = [w.copy() for w in model.get_weights()]
+    slots = [v.numpy().copy() for v in model.optimizer.inner_optimizer.variables]
+    path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
+        str(tmp_path / "ckpt"))
+
+    keras.utils.set_random_seed(9)  # different initial weights
+    clone = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2),
+                              keras.layers.Dense(1, dtype="float32")])
+    opt = LossScaleOptimizer(keras.optimizers.Adam(0.01))
+    clone.compile(optimizer=opt, loss="mse")
+    opt.build(clone.trainable_variables)
+    tf.train.Checkpoint(model=clone, optimizer=opt).restore(path).expect_partial()
+    assert opt.loss_scale_state().scale == saved_scale
+    for a, b in zip(clone.get_weights(), weights):
+        np.testing.assert_array_equal(a, b)
+    for v, old in zip(opt.inner_optimizer.variables, slots):
+        np.testing.assert_array_equal(v.numpy(), old)
+    # Training continues from the saved scale with the saved slots.
+    iterations = int(model.optimizer.iterations.numpy())
+    assert int(opt.iterations.numpy()) == iterations
+    clone.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    assert int(opt.iterations.numpy()) == iterations + 2
+    assert opt.loss_scale_state().scale == saved_scale
+
+
+def test_keras_wrapper_keras_file_loads_into_tf_mixed(tmp_path):
+    keras.config.set_dtype_policy("mixed_float16")
+    model, x, y = _keras_trained(None)
+    path = str(tmp_path / "keras_wrapper.keras")
+    saved_scale = float(model.optimizer.dynamic_scale.numpy())
+    assert saved_scale < 2.0**15
+    model.save(path)
+    # A model compiled with tf_mixed's optimizer loads the file's weights and
+    # Keras's optimizer layout (load_own_variables maps it).
+    keras.utils.set_random_seed(9)
+    loaded = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2),
+                               keras.layers.Dense(1, dtype="float32")])
+    opt = LossScaleOptimizer(keras.optimizers.Adam(0.01))
+    loaded.compile(optimizer=opt, loss="mse")
+    opt.build(loaded.trainable_variables)
+    loaded.load_weights(path)
+    assert opt.loss_scale_state().scale == saved_scale
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(opt.inner_optimizer.variables,
+                    model.optimizer.inner_optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    before = int(opt.iterations.numpy())
+    loaded.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    assert int(opt.iterations.numpy()) + opt.loss_scale_state().skipped_steps == before + 2
+    # Or keep Keras's object and re-wrap it: the scale carries over.
+    plain = keras.models.load_model(path)
+    rewrapped = wrap_optimizer(plain.optimizer)
+    assert type(rewrapped) is LossScaleOptimizer
+    assert rewrapped.loss_scale_state().scale == saved_scale
+
+
+def test_tf_keras_names_and_fixed_scale():
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8.0,
+                             dynamic=False)
+    assert float(opt.get_scaled_loss(tf.constant(2.0))) == 16.0
+    with pytest.warns(UserWarning, match="unscaled=True"):
+        grads = opt.get_unscaled_gradients([tf.constant(16.0)])
+    assert float(grads[0]) == 2.0
+    opt.apply_gradients(zip(grads, [var]), unscaled=True)
+    assert float(var.numpy()) == -2.0
+    for _ in range(3):
+        opt.apply([tf.constant(INF)], [var])
+    for _ in range(5000 // 2000 + 2):
+        opt.apply([tf.constant(8.0)], [var])
+    state = opt.loss_scale_state()
+    assert state.scale == 8.0 and state.skipped_steps == 3
+
+
+def test_pass_through_under_bfloat16_runs_the_same_loop():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    var = keras.Variable(1.0)
+    opt = wrap_optimizer(keras.optimizers.SGD(1.0))
+
+    def step(g):
+        with tf.GradientTape() as tape:
+            loss = g * var
+            scaled = opt.scale_loss(loss)
+        return opt.apply(tape.gradient(scaled, [var]), [var])
+
+    assert bool(step(tf.constant(0.5)))
+    assert float(var.numpy()) == 0.5  # scale 1: the plain SGD step
+    assert not bool(step(tf.constant(NAN)))
+    assert float(var.numpy()) == 0.5
+    assert opt.loss_scale_state().scale == 1.0
+
+
+# ------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_wrap_optimizer_validates_knobs_under_every_policy(policy):
+    keras.config.set_dtype_policy(policy)
+    with pytest.raises(ValueError, match="growth_factor=0.5"):
+        wrap_optimizer(keras.optimizers.SGD(), growth_factor=0.5)
+    with pytest.raises(ValueError, match="initail_scale"):
+        wrap_optimizer(keras.optimizers.SGD(), initail_scale=8.0)
+
+
+def test_wrap_optimizer_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError) as info:
+        wrap_optimizer("no_such_optimizer")
+    message = str(info.value)
+    assert "optimizer='no_such_optimizer'" in message
+    assert "adam" in message and "sgd" in message and "rmsprop" in message
+
+
+@pytest.mark.parametrize("loss,text", [
+    (tf.constant(3), "floating-point"), (tf.constant([1.0, 2.0]), "scalar"),
+    ("big", "floating-point")])
+def test_scale_loss_refuses_non_float_or_non_scalar(loss, text):
+    opt = LossScaleOptimizer(keras.optimizers.SGD())
+    with pytest.raises(ValueError, match=text) as info:
+        opt.scale_loss(loss)
+    assert "`loss`" in str(info.value)
+
+
+@pytest.mark.parametrize("grads,variables,text", [
+    (None, 1, "grads=None"), ([tf.constant(1.0)] * 2, 1, "2 gradients for 1"),
+    (tf.constant([1.0]), 1, "list")])
+def test_apply_refuses_bad_grads_before_building(grads, variables, text):
+    var = keras.Variable(1.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD())
+    with pytest.raises(ValueError, match=text):
+        opt.apply(grads, [var] * variables)
+    assert not opt.built and float(var.numpy()) == 1.0

@@ -30,14 +30,14 @@ def _free_ports(count):
             s.close()
 
 
-def _run_workers(tmp_path, bad_worker, bad_step):
+def _run_workers(tmp_path, bad_worker, bad_step, *extra):
     ports = ",".join(str(p) for p in _free_ports(2))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     outs = [tmp_path / f"worker{i}.json" for i in range(2)]
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(i), ports, str(outs[i]),
-             str(bad_worker), str(bad_step)],
+             str(bad_worker), str(bad_step), *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         for i in range(2)
@@ -72,3 +72,16 @@ def test_overflow_on_one_worker_is_skipped_by_both(tmp_path, bad_worker):
     assert result["kernel"] == [-2.0]
     assert result["iterations"] == 3
     assert result["skipped_steps"] == 1
+
+
+def test_batchnorm_poisoned_on_one_worker_is_rolled_back_on_both(tmp_path):
+    results = _run_workers(tmp_path, 1, 2, "bn")
+    assert results[0] == results[1]
+    result = results[0]
+    assert result["applied"] == [True, False, True, True]
+    assert result["kernel"] == [-2.0]
+    # Three applied steps of input 1 (batch of one: mean 1, variance 0),
+    # momentum 0.99, from mean 0 / variance 1; the skipped step left nothing.
+    mean, variance = result["bn"]
+    assert mean == [pytest.approx(1 - 0.99**3, rel=1e-6)] * 1
+    assert variance == [pytest.approx(0.99**3, rel=1e-6)] * 1

@@ -90,11 +90,30 @@ def test_current_scale_reads_every_kind_of_optimizer():
     assert float(training.current_scale(ours)) == 16.0
     theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(),
                                                  initial_scale=8.0)
+    assert float(training.current_scale(theirs)) == 8.0  # before build
     theirs.build([var])
-    assert float(training.current_scale(theirs)) == 8.0
+    theirs.dynamic_scale.assign(4.0)
+    assert float(training.current_scale(theirs)) == 4.0
     assert float(training.current_scale(keras.optimizers.SGD())) == 1.0
     assert float(training.current_scale(
         keras.optimizers.SGD(loss_scale_factor=4.0))) == 4.0
+
+
+def test_loss_scale_state_reads_every_kind_of_optimizer():
+    import tf_mixed
+
+    ours = LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=32.0)
+    assert tf_mixed.loss_scale_state(ours).scale == 32.0
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(),
+                                                 initial_scale=8.0)
+    theirs.build([keras.Variable(0.0)])
+    theirs.step_counter.assign(3)
+    state = tf_mixed.loss_scale_state(theirs)
+    assert (state.scale, state.good_steps, state.skipped_steps) == (8.0, 3, None)
+    plain = tf_mixed.loss_scale_state(keras.optimizers.SGD(loss_scale_factor=4.0))
+    assert (plain.scale, plain.skipped_steps) == (4.0, 0)
+    with pytest.raises(TypeError, match="optimizer="):
+        tf_mixed.loss_scale_state("adam")
 
 
 def test_make_train_step_single_device():
@@ -141,7 +160,9 @@ def _train_final_loss(policy, loop):
     ])
     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.2))
     half = policy == "mixed_float16"
-    assert isinstance(opt, LossScaleOptimizer) == half
+    # float32: a pass-through wrapper (scale 1, fixed), same loop.
+    assert isinstance(opt, LossScaleOptimizer)
+    assert opt.dynamic == half
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     # 8 epochs of 6 batches, in order, as one stream of 48 batches.
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).repeat(8)
@@ -161,8 +182,9 @@ def _train_final_loss(policy, loop):
             expected.insert(POISON_AT, False)
         assert applied == expected
     if half:  # the one overflow was skipped and halved the scale
-        assert int(opt.skipped_steps.numpy()) == 1
-        assert float(opt.loss_scale.numpy()) == opt.initial_scale / 2
+        state = opt.loss_scale_state()
+        assert state.skipped_steps == 1
+        assert state.scale == opt.initial_scale / 2
     initial_like = float(loss_fn(y, np.full((len(y), 4), 0.25, "float32")))
     final = float(loss_fn(y, model(x)))
     tf_mixed.disable()

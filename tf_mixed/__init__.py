@@ -31,9 +31,11 @@ _EXPORTS = {
     "Finding": "auditing",
     "Float32Loss": "layers",
     "Float32Output": "layers",
+    "LossScaleConfig": "scale_state",
     "LossScaleFailure": "callbacks",
     "LossScaleMonitor": "callbacks",
     "LossScaleOptimizer": "loss_scale",
+    "LossScaleState": "scale_state",
     "MixedPrecisionWarning": "callbacks",
     "OutputActivation": "layers",
     "POLICY_NAMES": "policy",
@@ -46,8 +48,10 @@ _EXPORTS = {
     "float32_loss": "layers",
     "hardware": "hardware",
     "layers": "layers",
+    "loss_scale_state": "loss_scale",
     "policy_scope": "policy",
     "probe": "probing",
+    "scale_state": "scale_state",
     "training": "training",
     "wrap_optimizer": "loss_scale",
 }
@@ -61,6 +65,7 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
     from tf_mixed import hardware
     from tf_mixed import layers
+    from tf_mixed import scale_state
     from tf_mixed import training
     from tf_mixed.auditing import AuditReport
     from tf_mixed.auditing import Finding
@@ -75,6 +80,7 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.layers import OutputActivation
     from tf_mixed.layers import float32_loss
     from tf_mixed.loss_scale import LossScaleOptimizer
+    from tf_mixed.loss_scale import loss_scale_state
     from tf_mixed.loss_scale import wrap_optimizer
     from tf_mixed.policy import POLICY_NAMES
     from tf_mixed.policy import Enabled
@@ -83,6 +89,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.policy import policy_scope
     from tf_mixed.probing import probe
     from tf_mixed.probe_report import ProbeReport
+    from tf_mixed.scale_state import LossScaleConfig
+    from tf_mixed.scale_state import LossScaleState
 
 
 def __getattr__(name: str) -> Any:

@@ -1,42 +1,50 @@
 """Keras `fit` callbacks that make mixed-precision failures visible.
 
-`LossScaleMonitor` does three jobs:
+`LossScaleMonitor` does four jobs and costs nothing per step by default: it
+does not override ``on_train_batch_end`` (so Keras dispatches batch hooks
+asynchronously and never waits for a step on its behalf) and reads the
+optimizer once per epoch. Every counter it judges is kept by the optimizer
+itself (`tf_mixed.scale_state.LossScaleState`), so a read every epoch is as
+exact as a read every step, whatever ``steps_per_execution`` is.
 
 1. **Reports.** At the end of every epoch it writes ``loss_scale``,
    ``skipped_steps`` (steps skipped in that epoch) and ``skipped_fraction``
-   (skipped / steps in that epoch) into the epoch ``logs`` as Python floats, so
-   `History`, Keras's `TensorBoard` callback and the progress bar show them.
-   With ``log_every_n_batches=N`` it also writes them into the batch logs every
-   N batches (off by default).
-2. **Checks the set-up** at ``on_train_begin`` and warns (with the fix in the
-   message) when the model computes in float16 but its optimizer does not scale
-   the loss, when an output of the model is float16/bfloat16, and when the
-   model's dtype policy differs from the global one (a model built before
-   ``tf_mixed.enable()``).
-3. **Stops a run that cannot recover**: the loss scale sits at its minimum
-   while steps keep being skipped for ``patience`` consecutive steps; the
-   fraction of skipped steps in an epoch passes ``max_skip_fraction``; or the
-   loss turns NaN/inf on steps that were not skipped (weights are being
-   corrupted), or on skipped steps while the weights already hold NaN/inf
-   (an earlier update corrupted them). It sets ``model.stop_training = True`` and logs why, or with
-   ``raise_on_failure=True`` raises `LossScaleFailure` carrying the same text.
+   into the epoch ``logs`` as Python floats, so `History`, Keras's
+   `TensorBoard` callback and the progress bar show them. With
+   ``log_every_n_batches=N`` it also writes them into the batch logs every N
+   batches (a host read every N batches).
+2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
+   ``logs["loss"]`` averages in the skipped steps' NaN/inf loss and shows
+   ``loss: nan`` for a healthy epoch. With ``tf_mixed.LossScaleOptimizer``
+   the monitor replaces ``logs["loss"]`` by the mean loss of the applied
+   steps (the optimizer sums them as it applies; see
+   ``LossScaleOptimizer.applied_loss_totals``). Epochs without a skipped step
+   keep Keras's value untouched.
+3. **Protects the model.** At ``on_train_begin`` it hands the model to a
+   ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
+   step also rolls back what its forward pass wrote (BatchNormalization's
+   moving statistics), on every replica.
+4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`) and
+   **stops a run that cannot recover**: ``patience`` consecutive steps skipped
+   at the minimum loss scale; more than ``max_skip_fraction`` of an epoch
+   skipped; a non-finite loss on an *applied* step, or NaN/inf in any
+   replica's copy of the weights or statistics. These checks run at the end
+   of every epoch, and every ``check_every_n_batches`` batches when asked.
+   Every stop decision is taken from values that are the same on every
+   replica and worker (the optimizer's counters follow the all-reduced skip
+   verdict; the NaN checks are reduced across workers), so no worker stops
+   while its peers wait in a collective.
 
-The monitor reads counters from the optimizer's variables rather than
-counting hook calls, so it is exact with ``steps_per_execution > 1`` (hooks
-fire once per execution) and under `tf.distribute.MirroredStrategy` (the
-variables are mirrored; reading one gives the synchronised value).
+Supported optimizers, all read through `tf_mixed.loss_scale_state`:
 
-Supported optimizers (duck-typed):
-
-* ``tf_mixed.LossScaleOptimizer`` and anything with ``loss_scale`` and
-  ``skipped_steps`` variables (and optionally ``last_step_skipped`` and a
-  ``min_scale`` attribute): the skipped counter is read directly.
-* ``keras.optimizers.LossScaleOptimizer`` (scale in ``dynamic_scale``): it has
-  no skipped counter, but its inner optimizer's ``iterations`` advance only on
-  applied steps, so skipped = steps run - iterations advanced. It has no
-  minimum scale either; "at its minimum" then means at or below the monitor's
-  ``min_scale`` (default 1.0).
-* any other optimizer: nothing is skipped; only the NaN-loss check and the
+* ``tf_mixed.LossScaleOptimizer``: every rule is exact.
+* ``keras.optimizers.LossScaleOptimizer``: it keeps no skipped counter, but
+  its inner optimizer's ``iterations`` advance only on applied steps, so
+  skipped = steps run - iterations advanced; it has no minimum scale and
+  halves on every skip, so "at its minimum" means at or below the monitor's
+  ``min_scale`` (default 1.0) and the streak is counted from the halvings
+  between two reads. Its epoch loss cannot be corrected.
+* any other optimizer: nothing is skipped; only the NaN checks and the
   set-up checks apply, and ``loss_scale`` is logged as 1.0.
 """
 
@@ -48,7 +56,10 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import logging
+
+from tf_mixed import loss_scale as loss_scale_module
 
 __all__ = [
     "LossScaleFailure",
@@ -68,75 +79,16 @@ class LossScaleFailure(RuntimeError):
 # ---------------------------------------------------------------- optimizer
 
 
-def _value(variable) -> float:
-    """A scalar variable or tensor (possibly mirrored) as a Python float."""
-    return float(keras.ops.convert_to_numpy(variable))
-
-
 def is_loss_scaling(optimizer) -> bool:
-    """Whether `optimizer` scales the loss (tf_mixed's or Keras's wrapper)."""
-    if optimizer is None:
-        return False
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return True
-    return _ScaleReader(optimizer).kind != "none"
+    """Whether `optimizer` scales the loss (tf_mixed's or Keras's wrapper).
 
-
-class _ScaleReader:
-    """Reads (scale, skipped_total, applied_total, last_skipped) from an optimizer.
-
-    ``skipped_total`` is None when the optimizer has no skipped counter (Keras's
-    wrapper); the caller then derives skipped steps from ``applied_total``.
+    A tf_mixed pass-through wrapper (fixed scale 1) does not.
     """
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        # tf_mixed's optimizer creates its variables when it builds (first
-        # step), so recognise it by its Python knobs as well.
-        if optimizer is not None and (
-            hasattr(optimizer, "skipped_steps")
-            or (hasattr(optimizer, "min_scale")
-                and hasattr(optimizer, "growth_interval"))
-        ):
-            self.kind = "counter"
-        elif isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or (
-            hasattr(optimizer, "dynamic_growth_steps")
-        ):
-            self.kind = "keras"
-        else:
-            self.kind = "none"
-        self.backoff = float(getattr(optimizer, "backoff_factor", 0.5) or 0.5)
-        # Overflows needed per backoff (tf_mixed's hysteresis knob).
-        self.hysteresis = int(getattr(optimizer, "hysteresis", 1) or 1)
-
-    def scale(self) -> float:
-        opt = self.optimizer
-        if self.kind == "counter":
-            var = getattr(opt, "loss_scale", None)
-        elif self.kind == "keras":
-            var = getattr(opt, "dynamic_scale", None)
-        else:
-            return 1.0
-        if var is None:  # variables are created when the optimizer builds
-            return float(getattr(opt, "initial_scale", 1.0))
-        return _value(var)
-
-    def skipped_total(self) -> int | None:
-        if self.kind != "counter":
-            return None
-        var = getattr(self.optimizer, "skipped_steps", None)
-        return 0 if var is None else int(_value(var))
-
-    def applied_total(self) -> int:
-        if self.optimizer is None:
-            return 0
-        return int(_value(self.optimizer.iterations))
-
-    def last_skipped(self) -> bool | None:
-        var = getattr(self.optimizer, "last_step_skipped", None)
-        if self.kind != "counter" or var is None:
-            return None
-        return bool(_value(var))
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return False
+    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+        return optimizer.dynamic or optimizer.initial_scale != 1.0
+    return True
 
 
 # ---------------------------------------------------------------- set-up checks
@@ -200,7 +152,7 @@ def _check_fraction(name: str, value) -> float:
 
 
 def _check_int(name: str, value, minimum: int, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(
             f"'{name}' must be an integer >= {minimum}{hint}. "
             f"Received: {name}={value!r} (of type {type(value).__name__})"
@@ -210,7 +162,61 @@ def _check_int(name: str, value, minimum: int, hint: str) -> int:
             f"'{name}' must be an integer >= {minimum}{hint}. "
             f"Received: {name}={value!r}"
         )
-    return value
+    return int(value)
+
+
+def _copies(variable) -> list[np.ndarray]:
+    """Every local replica's copy of a (possibly distributed) variable."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    if isinstance(value, tf.distribute.DistributedValues):
+        parts = value.values
+    else:
+        parts = [value]
+    return [keras.ops.convert_to_numpy(p) for p in parts]
+
+
+def _global_sums(strategy, values: list[float]) -> list[float]:
+    """Sums ``values`` over the workers of a multi-worker strategy.
+
+    A callback runs on every worker at the same point of ``fit``, so all
+    workers enter this one small all-reduce together. With one worker the
+    values are returned as they are (no collective).
+    """
+    if not tf.distribute.has_strategy() and strategy.num_replicas_in_sync == 1:
+        return values
+    local_replicas = len(strategy.extended.worker_devices)
+    if strategy.num_replicas_in_sync <= local_replicas:
+        return values
+    share = tf.constant(values, tf.float32) / local_replicas
+
+    @tf.function
+    def reduce():
+        per_replica = strategy.run(lambda: tf.identity(share))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+                               axis=None)
+
+    return [float(v) for v in reduce().numpy()]
+
+
+def _keras_streak(scale_before: float, n: int, k: int, threshold: float,
+                  streak: int, scale_after: float) -> int:
+    """Consecutive skips at or below ``threshold``, for Keras's wrapper.
+
+    Keras's wrapper halves the scale on every skip and has no floor or
+    counter. When all ``n`` steps since the last read were skipped, step
+    ``i`` ran at ``scale_before / 2**i``: count those at the threshold (a
+    walk over the halvings, exact for powers of two). Otherwise the order of
+    applied and skipped steps is unknown; the streak restarts, at 1 if the
+    last step was skipped at the threshold (no growth since, scale halved).
+    """
+    if n and k == n:
+        used = scale_before
+        for _ in range(k):
+            if used <= threshold * (1 + 1e-6):
+                streak += 1
+            used /= 2
+        return streak
+    return 1 if k and scale_after * 2 <= threshold * (1 + 1e-6) else 0
 
 
 class LossScaleMonitor(keras.callbacks.Callback):
@@ -227,15 +233,22 @@ class LossScaleMonitor(keras.callbacks.Callback):
       max_skip_fraction: stop when the fraction of skipped steps in an epoch
         exceeds this, checked at the end of each epoch. In (0, 1]; 1.0
         turns the check off.
-      min_scale: the loss scale counted as "minimum". None (default) uses the
-        optimizer's ``min_scale`` attribute when it has one, else 1.0
-        (Keras's wrapper has no minimum and keeps halving below it).
+      min_scale: for optimizers without a minimum scale (Keras's wrapper),
+        the scale counted as "minimum". None (default) = 1.0.
+        ``tf_mixed.LossScaleOptimizer`` counts at its own ``min_scale``.
       log_every_n_batches: also write the values into the batch logs every N
         batches (so TensorBoard with ``update_freq=N`` plots them). 0
         (default) = epoch logs only.
+      check_every_n_batches: also run the stop checks every N batches (a
+        host read every N batches; with ``steps_per_execution > 1`` at the
+        first batch end after every N batches). 0 (default) = at the end of
+        every epoch only, which costs nothing per step.
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
       check_setup: run the set-up checks at ``on_train_begin``.
+      rollback_forward_state: hand the model to a
+        ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
+        non-trainable state (BatchNormalization statistics).
 
     Attributes:
       stop_reason: why training was stopped, or None.
@@ -258,6 +271,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         log_every_n_batches: int = 0,
         raise_on_failure: bool = False,
         check_setup: bool = True,
+        check_every_n_batches: int = 0,
+        rollback_forward_state: bool = True,
     ):
         super().__init__()
         self.patience = _check_int(
@@ -267,7 +282,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
             "max_skip_fraction", max_skip_fraction)
         if min_scale is not None:
             if isinstance(min_scale, bool) or not isinstance(
-                    min_scale, (int, float)):
+                    min_scale, (int, float, np.floating, np.integer)):
                 raise TypeError(
                     "'min_scale' must be a positive number or None, such as "
                     f"1.0. Received: min_scale={min_scale!r} (of type "
@@ -281,10 +296,18 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.log_every_n_batches = _check_int(
             "log_every_n_batches", log_every_n_batches, 0,
             " (0 turns batch logging off)")
+        self.check_every_n_batches = _check_int(
+            "check_every_n_batches", check_every_n_batches, 0,
+            " (0 checks at epoch ends only)")
         self.raise_on_failure = bool(raise_on_failure)
         self.check_setup = bool(check_setup)
+        self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
         self.total_skipped_steps = 0
+        if self.log_every_n_batches or self.check_every_n_batches:
+            # Only then: overriding the hook makes Keras call it
+            # synchronously, waiting for every step.
+            self.on_train_batch_end = self._on_train_batch_end
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -294,6 +317,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
             "log_every_n_batches": self.log_every_n_batches,
             "raise_on_failure": self.raise_on_failure,
             "check_setup": self.check_setup,
+            "check_every_n_batches": self.check_every_n_batches,
+            "rollback_forward_state": self.rollback_forward_state,
         }
 
     # -- hooks
@@ -301,159 +326,216 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.stop_reason = None
         self.total_skipped_steps = 0
-        self._reader = _ScaleReader(getattr(self.model, "optimizer", None))
-        threshold = self.min_scale
-        if threshold is None:
-            threshold = float(getattr(self._reader.optimizer, "min_scale", 1.0)
-                              or 1.0)
-        self._threshold = threshold
-        self._streak = 0  # consecutive skipped steps at the minimum scale
-        self._scale = self._reader.scale()
-        self._skipped = self._reader.skipped_total()
-        self._applied = self._reader.applied_total()
+        optimizer = getattr(self.model, "optimizer", None)
+        self._optimizer = optimizer
+        self._ours = isinstance(optimizer,
+                                loss_scale_module.LossScaleOptimizer)
+        self._keras = (isinstance(optimizer,
+                                  keras.optimizers.LossScaleOptimizer)
+                       and not self._ours)
+        self._threshold = self.min_scale if self.min_scale is not None else 1.0
+        self._streak = 0  # Keras's wrapper only: derived between reads
+        if self._ours and self.rollback_forward_state:
+            self._track(optimizer)
+        self._last = self._read()
+        self._epoch_start = self._last
+        self._epoch_skipped_seen = 0
+        self._batch_steps = 0
         if self.check_setup:
             for problem in model_setup_problems(self.model):
                 warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_steps = 0
-        self._epoch_skipped = 0
-        self._loss_was_finite = True
+        self._epoch_start = self._last
+        self._epoch_skipped_seen = 0
+        self._batch_steps = 0
         self._logged_at = 0
+        self._checked_at = 0
 
-    def on_train_batch_end(self, batch, logs=None):
+    def _on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
-        steps = batch + 1
-        total = self.params.get("steps") if self.params else None
-        if total:
-            steps = min(steps, total)
-        n = steps - self._epoch_steps
-        if n <= 0:
+        self._batch_steps = batch + 1
+        steps = self._batch_steps
+        log_every, check_every = (self.log_every_n_batches,
+                                  self.check_every_n_batches)
+        log_now = log_every and steps // log_every > self._logged_at // log_every
+        check_now = (check_every
+                     and steps // check_every > self._checked_at // check_every)
+        if not (log_now or check_now):
             return
-        self._epoch_steps = steps
-        k, scale, prev_scale = self._advance(n)
-        self._epoch_skipped += k
-        self.total_skipped_steps += k
-        self._check_streak(n, k, scale, prev_scale)
-        self._check_loss(n, k, logs)
-        every = self.log_every_n_batches
-        if every and steps // every > self._logged_at // every:
+        reading = self._advance()
+        if log_now:
             self._logged_at = steps
-            self._write(logs)
+            self._write(logs, reading)
+        if check_now:
+            self._checked_at = steps
+            self._check(reading, logs, epoch=None)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
-        self._write(logs)
-        steps = self._epoch_steps
-        if (self.stop_reason is None and steps
-                and self._epoch_skipped / steps > self.max_skip_fraction):
-            self._fail(
-                f"{self._epoch_skipped} of {steps} steps in epoch {epoch + 1} "
-                f"were skipped ({self._epoch_skipped / steps:.0%} > "
-                f"max_skip_fraction={self.max_skip_fraction:g}): the loss "
-                "scale keeps finding non-finite gradients, so most updates "
-                "are thrown away." + self._advice())
+        reading = self._advance()
+        self._write(logs, reading, epoch_end=True)
+        self._check(reading, logs, epoch=epoch)
 
-    # -- bookkeeping
+    # -- reading
 
-    def _write(self, logs):
-        steps = self._epoch_steps
-        logs["loss_scale"] = float(self._scale)
-        logs["skipped_steps"] = float(self._epoch_skipped)
-        logs["skipped_fraction"] = (
-            float(self._epoch_skipped / steps) if steps else 0.0)
+    def _track(self, optimizer):
+        """Hands the model's forward state to the optimizer (retraces once)."""
+        model = self.model
+        wanted = tuple(id(v) for v in loss_scale_module._forward_variables(model))
+        tracked = tuple(id(v) for v in optimizer._scratch.forward_variables)
+        if wanted == tracked:
+            return
+        with model.distribute_strategy.scope():
+            optimizer.track_forward_state(model)
+        if getattr(model, "train_function", None) is not None:
+            # A step traced before tracking would not roll back.
+            model.make_train_function(force=True)
 
-    def _advance(self, n: int) -> tuple[int, float, float]:
-        """Reads the optimizer after `n` more steps; returns (skipped, scale, previous scale)."""
-        reader = self._reader
-        prev_scale = self._scale
-        self._scale = reader.scale()
-        applied = reader.applied_total()
-        skipped_total = reader.skipped_total()
-        if skipped_total is not None:
-            k = skipped_total - (self._skipped or 0)
-            self._skipped = skipped_total
-        elif reader.kind == "keras":
-            # Keras's wrapper advances the inner optimizer's iterations only on
-            # applied steps.
-            k = n - (applied - self._applied)
+    def _read(self) -> dict[str, Any]:
+        """One read of everything the rules need (plain Python values)."""
+        optimizer = self._optimizer
+        if optimizer is None:
+            state = None
+            applied = 0
         else:
-            k = 0
-        self._applied = applied
-        return max(0, min(k, n)), self._scale, prev_scale
+            state = loss_scale_module.loss_scale_state(optimizer)
+            applied = int(keras.ops.convert_to_numpy(optimizer.iterations))
+        loss_sum, loss_steps = (optimizer.applied_loss_totals()
+                                if self._ours else (0.0, 0))
+        return {"state": state, "applied": applied,
+                "loss_sum": loss_sum, "loss_steps": loss_steps}
 
-    def _at_min(self, scale: float) -> bool:
-        return scale <= self._threshold * (1 + 1e-6)
-
-    def _check_streak(self, n: int, k: int, scale: float, prev_scale: float):
-        if self._reader.kind == "none":
-            return
-        if k == n and self._at_min(scale):
-            # Every step in this interval was skipped, so the scale only
-            # shrank: the first `arrive` skips brought it down to the minimum,
-            # the rest ran at it.
-            arrive = 0
-            if not self._at_min(prev_scale):
-                ratio = prev_scale / self._threshold
-                arrive = self._reader.hysteresis * max(1, math.ceil(
-                    math.log(ratio) / -math.log(self._reader.backoff) - 1e-9))
-            self._streak += max(0, k - arrive)
+    def _advance(self) -> dict[str, Any]:
+        """Reads the optimizer and works out what happened since the last read."""
+        previous, now = self._last, self._read()
+        self._last = now
+        start = self._epoch_start
+        applied_in_epoch = now["applied"] - start["applied"]
+        if self._ours:
+            skipped_in_epoch = (now["state"].skipped_steps
+                                - start["state"].skipped_steps)
+        elif self._keras:
+            # Keras's wrapper advances `iterations` on applied steps only.
+            steps = self._steps_so_far()
+            skipped_in_epoch = max(0, steps - applied_in_epoch) if steps else 0
         else:
-            last = self._reader.last_skipped()
-            self._streak = 1 if (last and self._at_min(scale)
-                                 and self._at_min(prev_scale)) else 0
-        if self._streak >= self.patience and self.stop_reason is None:
-            self._fail(
-                f"the loss scale has sat at its minimum ({self._threshold:g}) "
-                f"for {self._streak} consecutive skipped steps "
-                f"(patience={self.patience}): the gradients are non-finite "
-                "even without scaling, so no amount of loss scaling helps."
-                + self._advice())
+            skipped_in_epoch = 0
+        new_skips = skipped_in_epoch - self._epoch_skipped_seen
+        self._epoch_skipped_seen = skipped_in_epoch
+        self.total_skipped_steps += new_skips
+        now["skipped_in_epoch"] = skipped_in_epoch
+        now["steps_in_epoch"] = applied_in_epoch + skipped_in_epoch
+        if self._keras:
+            new_applied = now["applied"] - previous["applied"]
+            self._streak = _keras_streak(
+                previous["state"].scale, new_applied + new_skips, new_skips,
+                self._threshold, self._streak, now["state"].scale)
+        return now
 
-    def _check_loss(self, n: int, k: int, logs):
-        loss = logs.get("loss")
-        if loss is None or not self._loss_was_finite:
-            return
-        try:
-            finite = math.isfinite(float(loss))
-        except (TypeError, ValueError):
-            return
-        if finite:
-            return
-        # `loss` in the logs is the epoch's running mean, so it turns
-        # non-finite on the first bad step and stays so; judge that step.
-        self._loss_was_finite = False
+    def _steps_so_far(self) -> int | None:
+        """Steps run in this epoch, for Keras's wrapper (no skip counter)."""
+        if self._batch_steps:
+            return self._batch_steps
+        return (self.params or {}).get("steps")
+
+    # -- logs
+
+    def _write(self, logs, reading, epoch_end=False):
+        steps = reading["steps_in_epoch"]
+        skipped = reading["skipped_in_epoch"]
+        scale = reading["state"].scale if reading["state"] else 1.0
+        logs["loss_scale"] = float(scale)
+        logs["skipped_steps"] = float(skipped)
+        logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
+        if epoch_end and self._ours and skipped:
+            applied = reading["loss_steps"] - self._epoch_start["loss_steps"]
+            if applied:
+                total = reading["loss_sum"] - self._epoch_start["loss_sum"]
+                logs["loss"] = float(total / applied)
+
+    # -- rules
+
+    def _check(self, reading, logs, epoch):
         if self.stop_reason is not None:
             return
-        if k < n:
-            what = ("no step was skipped" if k == 0 else
-                    f"only {k} of its {n} steps were skipped")
+        state = reading["state"]
+        steps, skipped = reading["steps_in_epoch"], reading["skipped_in_epoch"]
+        if self._ours:
+            streak, threshold = state.min_scale_skips, self._optimizer.min_scale
+        else:
+            streak, threshold = self._streak, self._threshold
+        if (self._ours or self._keras) and streak >= self.patience:
+            return self._fail(
+                f"the loss scale has sat at its minimum ({threshold:g}) for "
+                f"{streak} consecutive skipped steps (patience="
+                f"{self.patience}): the gradients are non-finite even without "
+                "scaling, so no amount of loss scaling helps." + self._advice())
+        bad_loss, bad_weights = self._nan_signs(reading, logs, epoch)
+        if bad_loss:
+            return self._fail(bad_loss + self._advice(nan=True))
+        if bad_weights:
+            return self._fail(
+                f"weights {bad_weights[:3]} hold NaN/inf (in at least one "
+                "replica's copy): an earlier update corrupted them and no "
+                "later step can repair them. Restore a checkpoint."
+                + self._advice(nan=True))
+        if (epoch is not None and steps
+                and skipped / steps > self.max_skip_fraction):
             self._fail(
-                f"the loss became {loss} at step {self._epoch_steps} of the "
-                f"epoch and {what}: non-finite values are reaching the "
-                "weights." + self._advice(nan=True))
-            return
-        # All skipped: harmless if the weights are intact, fatal if an earlier
-        # applied step already wrote NaN/inf into them (then every later step
-        # is skipped and only the scale collapse would show it, much later).
-        bad = self._nonfinite_weights()
-        if bad:
-            self._fail(
-                f"the loss became {loss} at step {self._epoch_steps} of the "
-                f"epoch and weights {bad[:3]} hold NaN/inf: an earlier update "
-                "corrupted them and no later step can repair them. Restore a "
-                "checkpoint." + self._advice(nan=True))
+                f"{skipped} of {steps} steps in epoch {epoch + 1} were skipped "
+                f"({skipped / steps:.0%} > max_skip_fraction="
+                f"{self.max_skip_fraction:g}): the loss scale keeps finding "
+                "non-finite gradients, so most updates are thrown away."
+                + self._advice())
+
+    def _nan_signs(self, reading, logs, epoch) -> tuple[str | None, list]:
+        """(message about a non-finite loss on applied steps, bad weights).
+
+        Judged from values every worker agrees on: the local signs are
+        summed across workers before anything is decided.
+        """
+        loss_message = None
+        loss = logs.get("loss") if not self._ours else None
+        if self._ours:
+            applied_sum = reading["loss_sum"] - self._epoch_start["loss_sum"]
+            if not math.isfinite(applied_sum):
+                loss_message = (
+                    "the loss was NaN/inf on steps that were applied (not "
+                    "skipped) in this epoch: non-finite values are reaching "
+                    "the weights.")
+        elif loss is not None and not math.isfinite(float(loss)):
+            since = reading["skipped_in_epoch"]
+            if since == 0:
+                loss_message = (
+                    f"the loss became {loss} and no step was skipped: "
+                    "non-finite values are reaching the weights.")
+        logs_loss = logs.get("loss")
+        suspicious = epoch is not None or (
+            logs_loss is not None and not math.isfinite(float(logs_loss)))
+        bad = self._nonfinite_weights() if suspicious else []
+        strategy = self.model.distribute_strategy
+        flags = _global_sums(strategy, [float(loss_message is not None),
+                                        float(len(bad))])
+        if flags[0] and loss_message is None:
+            loss_message = ("the loss was NaN/inf on applied steps on "
+                            "another worker: non-finite values are reaching "
+                            "the weights.")
+        if flags[1] and not bad:
+            bad = ["(on another worker)"]
+        return loss_message, bad
 
     def _nonfinite_weights(self) -> list[str]:
         bad = []
         for weight in self.model.weights:
-            value = keras.ops.convert_to_numpy(weight)
-            if value.dtype.kind == "f" and not np.isfinite(value).all():
+            if not keras.backend.is_float_dtype(weight.dtype):
+                continue
+            if not all(np.isfinite(c).all() for c in _copies(weight)):
                 bad.append(weight.path)
         return bad
 
     def _advice(self, nan: bool = False) -> str:
-        if nan and self._reader.kind == "none":
+        if nan and not (self._ours or self._keras):
             return (" Fix: scale the loss with tf_mixed.wrap_optimizer(...) "
                     "(float16), lower the learning rate, and make the model's "
                     "outputs float32 (tf_mixed.audit(model) lists risky "

@@ -5,37 +5,41 @@ scale before differentiation (``scale_loss``) so small float16 gradients do not
 flush to zero; ``apply`` divides the gradients by the scale again and hands
 them to the inner optimizer, unless any gradient on any replica or worker is
 NaN or infinite, in which case the whole step is skipped everywhere and the
-scale is lowered.
+scale is lowered. A skipped step changes nothing in the model: weights, slots
+and ``iterations`` are untouched, and the non-trainable state the forward pass
+wrote (BatchNormalization's moving statistics) is rolled back once the model
+is handed over with ``track_forward_state`` (``LossScaleMonitor`` does it for
+``fit``).
 
 Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
 takes the finite check from the first replica's *local* gradients, so an
 overflow on any other replica is applied to the weights (they become
 ``-inf``), and under ``MultiWorkerMirroredStrategy`` workers that disagree can
 hang in the all-reduce. Here the per-replica verdicts are all-reduced first
-(see ``_all_replicas_finite``). It also adds the knobs the Keras class lacks:
-growth and backoff factors, minimum and maximum scale, hysteresis, and a
-skipped-step counter.
+(``_global_finite``). It also adds the knobs the Keras class lacks (growth and
+backoff factors, minimum and maximum scale, hysteresis, a fixed scale), the
+counters a monitor needs, and a pass-through mode for float32/bfloat16.
 
-The class subclasses ``keras.optimizers.LossScaleOptimizer`` only so that
-``model.compile`` recognises it and does not wrap it a second time when the
-model policy is ``mixed_float16``; every method that touches the scale or the
-skip decision is replaced here.
+It is a drop-in for Keras's class: same constructor names
+(``dynamic_growth_steps``), same configs, and the same variables
+(``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
+and ``.keras`` files written with Keras's wrapper load into it. The rule the
+scale follows is `tf_mixed.scale_state.next_state`, a pure function.
 """
 
 from __future__ import annotations
 
-import math
-import threading
+import warnings
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-# Keras's own wrapper builds under this decorator so its state variables are
-# tracked once (in `_variables`); there is no public equivalent.
-from keras.src.utils.tracking import no_automatic_dependency_tracking
+from tf_mixed import _internals
+from tf_mixed import scale_state
+from tf_mixed.scale_state import LossScaleConfig, LossScaleState
 
-__all__ = ["LossScaleOptimizer", "wrap_optimizer"]
+__all__ = ["LossScaleOptimizer", "loss_scale_state", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
     "LossScaleOptimizer.apply() must be called in a replica context. You "
@@ -52,6 +56,27 @@ _JIT_UNDER_STRATEGY_ERROR = (
     "from the tf.function around your step."
 )
 
+# The state variables after Keras's own (`step_counter`, `dynamic_scale`), in
+# checkpoint order. A file written by Keras's wrapper lacks exactly these.
+_EXTRA_STATE = ("overflow_streak", "skipped_steps", "last_step_skipped",
+                "min_scale_skips")
+
+
+class _Untracked:
+    """Holds variables that belong in no checkpoint (not a Trackable).
+
+    The rollback copies and the loss-report accumulators are scratch state:
+    saving them would change the optimizer's checkpoint layout, which must
+    stay Keras's.
+    """
+
+    def __init__(self):
+        self.forward_variables: tuple = ()
+        self.backups: tuple = ()
+        self.last_loss = None
+        self.applied_loss_sum = None
+        self.applied_steps = None
+
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
 class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
@@ -64,9 +89,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
       ``growth_interval`` finite steps in a row the scale is multiplied by
       ``growth_factor`` (capped at ``max_scale``);
     * otherwise the step is skipped on every replica (weights, slots and
-      ``iterations`` are untouched), ``skipped_steps`` grows by one, and after
-      ``hysteresis`` non-finite steps in a row the scale is multiplied by
-      ``backoff_factor`` (floored at ``min_scale``).
+      ``iterations`` are untouched; tracked forward state is rolled back),
+      ``skipped_steps`` grows by one, and after ``hysteresis`` non-finite
+      steps in a row the scale is multiplied by ``backoff_factor`` (floored
+      at ``min_scale``).
+
+    The rule is `tf_mixed.scale_state.next_state`; read the state with
+    ``loss_scale_state()``.
 
     Example:
 
@@ -79,20 +108,23 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     Args:
         inner_optimizer: The ``keras.optimizers.Optimizer`` that applies the
             unscaled gradients. Must not itself be a loss-scale optimizer.
-        initial_scale: First loss scale, a positive finite number between
+        initial_scale: First loss scale, a finite number > 0 between
             ``min_scale`` and ``max_scale``. Powers of two keep the unscaling
             exact.
-        growth_interval: Number of consecutive finite steps before the scale
-            grows. Positive integer.
+        dynamic_growth_steps: Consecutive finite steps before the scale grows
+            (Keras's name). Default 2000.
+        name: Optional name of the optimizer.
+        growth_interval: Same as ``dynamic_growth_steps`` (give one of them).
         growth_factor: Multiplier applied when the scale grows, ``> 1``.
         backoff_factor: Multiplier applied when the scale backs off, in
             ``(0, 1)``.
         min_scale: Lowest scale backoff can reach, positive.
         max_scale: Highest scale growth can reach, finite.
-        hysteresis: Number of consecutive non-finite steps needed before the
-            scale backs off (every one of them is still skipped). ``1`` backs
-            off on every overflow, as Keras does.
-        name: Optional name of the optimizer.
+        hysteresis: Consecutive non-finite steps needed before the scale
+            backs off (every one of them is still skipped). ``1`` backs off
+            on every overflow, as Keras does.
+        dynamic: False keeps ``initial_scale`` fixed (tf-keras's
+            ``dynamic=False``); non-finite steps are still skipped.
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
             weight decay and the like belong on ``inner_optimizer``.
@@ -108,51 +140,60 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self,
         inner_optimizer: keras.optimizers.Optimizer,
         initial_scale: float = 2.0**15,
-        growth_interval: int = 2000,
+        dynamic_growth_steps: int | None = None,
+        name: str | None = None,
+        *,
+        growth_interval: int | None = None,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
         min_scale: float = 1.0,
         max_scale: float = 2.0**24,
         hysteresis: int = 1,
-        name: str | None = None,
+        dynamic: bool = True,
         **kwargs: Any,
     ):
         _check_inner(inner_optimizer)
-        knobs = _validated_knobs(
+        config = LossScaleConfig(
             initial_scale=initial_scale,
-            growth_interval=growth_interval,
+            growth_interval=_growth_steps(dynamic_growth_steps,
+                                          growth_interval),
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,
             min_scale=min_scale,
             max_scale=max_scale,
             hysteresis=hysteresis,
+            dynamic=dynamic,
         )
         super().__init__(
             inner_optimizer,
-            initial_scale=knobs["initial_scale"],
-            dynamic_growth_steps=knobs["growth_interval"],
+            initial_scale=config.initial_scale,
+            dynamic_growth_steps=config.growth_interval,
             name=name,
             **kwargs,
         )
-        self.initial_scale = knobs["initial_scale"]
-        self.growth_interval = knobs["growth_interval"]
-        self.growth_factor = knobs["growth_factor"]
-        self.backoff_factor = knobs["backoff_factor"]
-        self.min_scale = knobs["min_scale"]
-        self.max_scale = knobs["max_scale"]
-        self.hysteresis = knobs["hysteresis"]
-        # (thread, graph) pairs whose next `apply` gets gradients that
-        # `unscale_gradients` already divided; see `_take_unscaled_mark`.
-        self._unscaled_marks = set()
+        self._scratch = _Untracked()
+        self.config = config
+
+    # The knobs, read from the frozen config (one source of truth).
+    growth_interval = property(lambda self: self.config.growth_interval)
+    growth_factor = property(lambda self: self.config.growth_factor)
+    backoff_factor = property(lambda self: self.config.backoff_factor)
+    min_scale = property(lambda self: self.config.min_scale)
+    max_scale = property(lambda self: self.config.max_scale)
+    hysteresis = property(lambda self: self.config.hysteresis)
+    dynamic = property(lambda self: self.config.dynamic)
 
     # ------------------------------------------------------------------ state
 
-    @no_automatic_dependency_tracking
+    @_internals.no_automatic_dependency_tracking
     def build(self, var_list):
         """Creates the loss-scale state and builds the inner optimizer.
 
-        Under a ``tf.distribute`` strategy call this (or let ``model.fit`` do
-        it) inside ``strategy.scope()``, before the first ``strategy.run``.
+        The first two state variables are Keras's (``step_counter`` int64,
+        ``dynamic_scale`` float32, in that order); the counters Keras lacks
+        follow. Under a ``tf.distribute`` strategy call this (or let
+        ``model.fit`` do it) inside ``strategy.scope()``, before the first
+        ``strategy.run``.
 
         Args:
             var_list: The trainable variables the optimizer will update.
@@ -162,32 +203,169 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # in replica context without a merge_call or a second collective.
         def state(name, dtype, value):
             return self.add_variable(
-                shape=(),
-                dtype=dtype,
+                shape=(), dtype=dtype,
                 initializer=keras.initializers.Constant(value),
-                aggregation="none",
-                name=name,
+                aggregation="none", name=name,
             )
 
-        self.loss_scale = state("loss_scale", "float32", self.initial_scale)
-        self.good_steps = state("good_steps", "int64", 0)
+        self.step_counter = state("step_counter", "int64", 0)
+        self.dynamic_scale = state("dynamic_scale", "float32",
+                                   self.config.initial_scale)
         self.overflow_streak = state("overflow_streak", "int64", 0)
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
+        self.min_scale_skips = state("min_scale_skips", "int64", 0)
+
+        def scratch(dtype):
+            return tf.Variable(tf.zeros((), dtype), trainable=False,
+                               aggregation=tf.VariableAggregation.NONE)
+
+        self._scratch.last_loss = scratch(tf.float32)
+        self._scratch.applied_loss_sum = scratch(tf.float32)
+        self._scratch.applied_steps = scratch(tf.int64)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
-        # second, unused scale variable.
+        # second pair of state variables.
         keras.optimizers.Optimizer.build(self, var_list)
 
     @property
-    def dynamic_scale(self):
-        """The current scale, under the attribute name Keras's wrapper uses."""
-        return self.loss_scale
+    def loss_scale(self):
+        """The scale variable (``dynamic_scale``, Keras's name)."""
+        return self.dynamic_scale
 
     @property
-    def step_counter(self):
-        """Consecutive finite steps, under the name Keras's wrapper uses."""
-        return self.good_steps
+    def good_steps(self):
+        """Consecutive finite steps (``step_counter``, Keras's name)."""
+        return self.step_counter
+
+    def _state_variables(self) -> LossScaleState:
+        return LossScaleState(
+            scale=self.dynamic_scale, good_steps=self.step_counter,
+            overflow_streak=self.overflow_streak,
+            skipped_steps=self.skipped_steps,
+            last_step_skipped=self.last_step_skipped,
+            min_scale_skips=self.min_scale_skips,
+        )
+
+    def loss_scale_state(self) -> LossScaleState:
+        """The current state in plain Python numbers (one host read).
+
+        Under a strategy the variables hold the same value on every replica
+        and worker (they follow the all-reduced verdict), so this is the
+        global state.
+
+        Returns:
+            A `tf_mixed.scale_state.LossScaleState`; before the optimizer is
+            built, the initial state.
+        """
+        if not self.built:
+            return scale_state.initial_state(self.config)
+        values = [keras.ops.convert_to_numpy(v)
+                  for v in self._state_variables()]
+        return LossScaleState(
+            scale=float(values[0]), good_steps=int(values[1]),
+            overflow_streak=int(values[2]), skipped_steps=int(values[3]),
+            last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
+        )
+
+    def applied_loss_totals(self) -> tuple[float, int]:
+        """Sum of the losses of applied steps, and how many steps were applied.
+
+        The loss of a step is the one last given to ``scale_loss`` (in
+        ``fit``: the step's loss, already divided by the number of replicas,
+        so summing the replicas' copies gives the global mean). Both totals
+        run from the build; ``LossScaleMonitor`` reports their change over an
+        epoch as the epoch's loss without the skipped steps.
+
+        Returns:
+            ``(loss_sum, applied_steps)`` as Python numbers, summed over this
+            worker's replicas for the loss and taken once for the count.
+        """
+        if not self.built:
+            return 0.0, 0
+        scratch = self._scratch
+        loss = sum(float(v) for v in _local_values(scratch.applied_loss_sum))
+        steps = int(_local_values(scratch.applied_steps)[0])
+        return loss, steps
+
+    # --------------------------------------------------- forward-state rollback
+
+    @_internals.no_automatic_dependency_tracking
+    def track_forward_state(self, model_or_variables) -> int:
+        """Restores these variables after every skipped step.
+
+        The forward pass of a step writes non-trainable state before the
+        optimizer sees the gradients: BatchNormalization's moving mean and
+        variance take the overflowing batch's inf/NaN. Tracked variables get a
+        backup copy, refreshed on every applied step and copied back on every
+        skipped step (in the same global verdict, on every replica's own
+        copy), so after a skipped step the model is bit-identical to before.
+
+        ``LossScaleMonitor`` calls this for ``fit``. A custom loop calls it
+        once, under the strategy's scope, before its first step::
+
+            optimizer.track_forward_state(model)
+
+        Calling it again replaces the tracked set.
+
+        Args:
+            model_or_variables: A Keras layer or model (its non-trainable
+                floating-point weights are tracked: BatchNormalization
+                statistics and any layer's other non-trainable float weights;
+                metric variables are not weights and are not tracked), or a
+                list of variables.
+
+        Returns:
+            The number of variables tracked.
+
+        Raises:
+            TypeError: if the argument is neither a layer nor variables.
+        """
+        variables = _forward_variables(model_or_variables)
+        strategy = tf.distribute.get_strategy()
+        backups = []
+        for variable in variables:
+            inner = (variable.value if isinstance(variable, keras.Variable)
+                     else variable)
+            backups.append(tf.Variable(
+                tf.zeros(variable.shape, variable.dtype), trainable=False,
+                synchronization=inner.synchronization,
+                aggregation=inner.aggregation,
+            ))
+        self._scratch.forward_variables = tuple(variables)
+        self._scratch.backups = tuple(backups)
+        self._refresh_backups_now(strategy)
+        return len(variables)
+
+    def _refresh_backups_now(self, strategy):
+        """Fills the backups from each replica's current copy."""
+        if not self._scratch.backups:
+            return
+
+        def copy():
+            self._refresh_backups()
+
+        if strategy.num_replicas_in_sync > 1:
+            strategy.run(tf.function(copy))
+        else:
+            copy()
+
+    def _refresh_backups(self):
+        for variable, backup in zip(self._scratch.forward_variables,
+                                    self._scratch.backups):
+            backup.assign(tf.convert_to_tensor(variable))
+
+    def _restore_backups(self):
+        for variable, backup in zip(self._scratch.forward_variables,
+                                    self._scratch.backups):
+            variable.assign(backup.read_value())
+
+    def _roll_back_forward_state(self, finite):
+        """Refresh the backups after an applied step, restore after a skip."""
+        if not self._scratch.backups:
+            return
+        tf.cond(finite, _returning_none(self._refresh_backups),
+                _returning_none(self._restore_backups))
 
     # ---------------------------------------------------------- scaling API
 
@@ -195,96 +373,122 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Multiplies ``loss`` by the current loss scale.
 
         A float16 or bfloat16 loss is cast to float32 first, so the scaled
-        value cannot overflow half precision.
+        value cannot overflow half precision. Once built, the optimizer also
+        remembers this (unscaled) loss for the epoch report of applied steps
+        (`applied_loss_totals`); it never affects the update.
 
         Args:
-            loss: A scalar loss tensor.
+            loss: A scalar floating-point loss tensor.
 
         Returns:
-            ``loss * loss_scale`` as a float32 (or wider) tensor.
+            ``loss * scale`` as a float32 (or wider) tensor.
+
+        Raises:
+            ValueError: if ``loss`` is not a floating-point scalar.
         """
-        loss = tf.convert_to_tensor(loss)
+        loss = _checked_loss(loss)
         if loss.dtype in (tf.float16, tf.bfloat16):
             loss = tf.cast(loss, tf.float32)
-        scale = self.loss_scale if self.built else self.initial_scale
-        return loss * tf.cast(scale, loss.dtype)
+        if not self.built:
+            return loss * tf.cast(self.config.initial_scale, loss.dtype)
+        self._scratch.last_loss.assign(
+            tf.cast(tf.stop_gradient(loss), tf.float32))
+        return loss * tf.cast(self.dynamic_scale, loss.dtype)
 
     def unscale_gradients(self, grads):
-        """Divides each gradient by the current loss scale, for clipping.
+        """Returns the gradients divided by the current loss scale.
 
-        Like ``torch.amp``'s ``unscale_``: call it to clip or inspect the true
-        gradients, then pass the *returned* (possibly clipped) gradients to
-        ``apply_gradients``/``apply``, which then does not divide them again.
-        The mark lasts until that next ``apply`` in the same thread and graph
-        (under ``MirroredStrategy`` each replica runs in its own thread, so
-        each replica's mark is its own). Non-finite values stay non-finite, so
-        an overflow is still skipped.
+        Use it to clip or inspect the true gradients; then tell ``apply``
+        that the gradients you pass are unscaled::
 
-        Example:
-
-            grads = tape.gradient(opt.scale_loss(loss), variables)
-            grads = opt.unscale_gradients(grads)
+            grads = opt.unscale_gradients(tape.gradient(scaled, variables))
             grads, _ = tf.clip_by_global_norm(grads, 1.0)
-            opt.apply_gradients(zip(grads, variables))
+            opt.apply(grads, variables, unscaled=True)
+
+        Nothing is remembered: ``apply`` divides whatever it receives unless
+        ``unscaled=True`` is passed, so unscaling only to log a norm and then
+        applying the original gradients is correct. Non-finite values stay
+        non-finite, so an overflow is still skipped.
 
         Args:
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
 
         Returns:
-            A list of the same structure holding the unscaled gradients.
+            A new list of the same structure holding the unscaled gradients.
         """
-        scale = self.loss_scale if self.built else self.initial_scale
-        unscaled = [_divide(g, scale) for g in grads]
-        self._unscaled_marks.add(_thread_and_graph())
-        return unscaled
+        scale = self.dynamic_scale if self.built else self.config.initial_scale
+        return [_divide(g, scale) for g in _checked_grads(grads)]
 
-    def _take_unscaled_mark(self) -> bool:
-        """Whether `unscale_gradients` ran since the last `apply`; clears it.
+    # tf-keras (Keras 2) names, which the TensorFlow mixed-precision guide
+    # still teaches.
+    def get_scaled_loss(self, loss):
+        """tf-keras's name for `scale_loss`."""
+        return self.scale_loss(loss)
 
-        The mark is keyed by thread and graph so that a replica thread, or a
-        `tf.function` trace, only consumes its own mark.
+    def get_unscaled_gradients(self, grads):
+        """tf-keras's name for `unscale_gradients`.
+
+        tf-keras's ``apply_gradients`` took unscaled gradients; here
+        ``apply``/``apply_gradients`` divide by the scale unless told
+        ``unscaled=True``. A warning says so once per optimizer.
         """
-        key = _thread_and_graph()
-        if key in self._unscaled_marks:
-            self._unscaled_marks.discard(key)
-            return True
-        return False
+        if not getattr(self, "_warned_tf_keras_unscale", False):
+            self._warned_tf_keras_unscale = True
+            warnings.warn(
+                "get_unscaled_gradients() returns unscaled gradients; pass "
+                "them as `optimizer.apply_gradients(zip(grads, variables), "
+                "unscaled=True)`. Unlike tf-keras, tf_mixed's apply_gradients "
+                "divides by the loss scale unless told the gradients are "
+                "already unscaled.", UserWarning, stacklevel=2)
+        return self.unscale_gradients(grads)
 
     # ----------------------------------------------------------- the update
 
-    def apply_gradients(self, grads_and_vars):
+    def apply_gradients(self, grads_and_vars, *, unscaled: bool = False):
         """Applies ``(gradient, variable)`` pairs; see ``apply``.
 
         Returns:
             The inner optimizer's ``iterations`` variable (tf.keras habit).
         """
-        grads, trainable_variables = zip(*grads_and_vars)
-        self.apply(grads, trainable_variables)
+        pairs = list(grads_and_vars)
+        grads = [g for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        self.apply(grads, variables, unscaled=unscaled)
         return self.iterations
 
-    def apply(self, grads, trainable_variables=None):
-        """Unscales and applies scaled gradients, or skips the step.
+    def apply(self, grads, trainable_variables=None, *,
+              unscaled: bool = False):
+        """Unscales and applies gradients, or skips the step everywhere.
 
         Works eagerly, inside ``tf.function``, and in the replica context of
         ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` (``strategy.run``
         or ``model.fit``).
 
         Args:
-            grads: Gradients of the *scaled* loss, one per variable, or the
-                output of ``unscale_gradients`` (then not divided again).
+            grads: One gradient per variable (None allowed), of the *scaled*
+                loss unless ``unscaled=True``.
             trainable_variables: The variables to update. May be omitted once
                 the optimizer is built.
+            unscaled: True when ``grads`` were already divided by the scale
+                (e.g. by ``unscale_gradients`` before clipping).
 
         Returns:
             A scalar bool tensor: True when the step was applied, False when
             it was skipped. It is the same value on every replica and worker.
 
         Raises:
-            ValueError: if called in a cross-replica context, if the optimizer
-                is unbuilt and no variables are given, or under a strategy in a
+            ValueError: before anything is built or changed, if ``grads`` is
+                None or not one per variable, if no variables are given to an
+                unbuilt optimizer, if ``unscaled`` is not a bool, if called in
+                a cross-replica context, or under a strategy in a
                 jit-compiled function.
         """
-        grads = list(grads)
+        grads = _checked_grads(grads)
+        if not isinstance(unscaled, bool):
+            raise ValueError(
+                "LossScaleOptimizer.apply() argument `unscaled` must be True "
+                f"or False. Received: unscaled={unscaled!r} (of type "
+                f"{type(unscaled).__name__}).")
         if trainable_variables is None:
             if not self.built:
                 raise ValueError(
@@ -293,11 +497,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     "trainable_variables=None. Pass the variables or call "
                     "`optimizer.build(variables)` first."
                 )
-            trainable_variables = self._trainable_variables
+            trainable_variables = _internals.optimizer_trainable_variables(
+                self)
         trainable_variables = list(trainable_variables)
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
         if len(grads) != len(trainable_variables):
             raise ValueError(
                 "LossScaleOptimizer.apply() needs one gradient per variable. "
@@ -308,50 +510,53 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if tf.distribute.in_cross_replica_context():
             raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
         _refuse_jit_under_strategy(strategy)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
         self._check_variables_in_scope(strategy)
 
-        already_unscaled = self._take_unscaled_mark()
         with keras.name_scope(self.name, caller=self):
-            finite = _all_replicas_finite(grads)
-            scale = tf.identity(self.loss_scale.value)
-            unscaled = [
-                g if already_unscaled
-                or getattr(v, "overwrite_with_gradient", False)
-                else _divide(g, scale)
-                for g, v in zip(grads, trainable_variables)
-            ]
-            self._apply_if(finite, unscaled, trainable_variables)
-            self._update_state(finite, scale)
+            finite = self._global_finite(grads)
+            if not unscaled:
+                scale = tf.identity(self.dynamic_scale.value)
+                grads = [
+                    g if getattr(v, "overwrite_with_gradient", False)
+                    else _divide(g, scale)
+                    for g, v in zip(grads, trainable_variables)
+                ]
+            self._apply_unscaled(finite, grads, trainable_variables)
+            self._roll_back_forward_state(finite)
+            self._advance_state(finite)
         return finite
 
-    def _check_variables_in_scope(self, strategy):
-        """Refuses state created outside the strategy's scope.
+    def _global_finite(self, grads):
+        """(a) The skip verdict, identical on every replica of every worker.
 
-        An inner optimizer made before ``strategy.scope()`` holds plain
-        variables: every replica would then bump ``iterations`` (and slots)
-        once per step instead of once in total.
+        Each replica's own gradients can differ (its batch shard overflowed,
+        another's did not), and the inner optimizer's gradient all-reduce has
+        not happened yet. So the local 0/1 flags are summed with an
+        all-reduce over all replicas (a collective across workers under
+        MultiWorkerMirrored) *before* anything branches on them: every
+        replica then takes the same branch, no replica applies a step another
+        one skips, and no worker waits in a collective its peers never enter.
         """
-        if strategy.num_replicas_in_sync <= 1:
-            return
-        for variable in self.variables:
-            if not strategy.extended.variable_created_in_scope(
-                    getattr(variable, "value", variable)):
-                raise ValueError(
-                    f"Optimizer variable '{variable.path}' was created "
-                    f"outside the scope of {type(strategy).__name__}, so "
-                    "replicas would each update their own copy. Create the "
-                    "inner optimizer and the LossScaleOptimizer inside "
-                    "`with strategy.scope():` and build it there "
-                    "(`optimizer.build(model.trainable_variables)`)."
-                )
+        flag = _local_nonfinite_flag(grads)
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            flag = context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
+        return tf.equal(flag, 0.0)
 
-    def _apply_if(self, finite, grads, trainable_variables):
-        """Runs the inner optimizer when ``finite`` (already global) is True."""
+    def _apply_unscaled(self, finite, grads, trainable_variables):
+        """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
+
+        ``finite`` is already global. The inner optimizer all-reduces the
+        gradients itself.
+        """
 
         def apply_inner():
             self.inner_optimizer.apply(grads, trainable_variables)
 
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        if _internals.strategy_supports_no_merge_call():
             # No merge_call in the inner update (XLA on GPUs): the cond can
             # stay in the replica context. All replicas take the same branch
             # because `finite` is all-reduced, so the gradient all-reduce
@@ -380,35 +585,43 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             cross_replica, args=(finite, grads, trainable_variables)
         )
 
-    def _update_state(self, finite, scale):
-        """Advances the counters and the scale from the global verdict."""
-        overflow_streak = tf.where(
-            finite, tf.constant(0, tf.int64), self.overflow_streak.value + 1
-        )
-        back_off = tf.logical_and(
-            tf.logical_not(finite), overflow_streak >= self.hysteresis
-        )
-        good_steps = tf.where(
-            finite, self.good_steps.value + 1, tf.constant(0, tf.int64)
-        )
-        grow = tf.logical_and(finite, good_steps >= self.growth_interval)
-        new_scale = tf.where(
-            back_off,
-            tf.maximum(scale * self.backoff_factor, self.min_scale),
-            tf.where(
-                grow, tf.minimum(scale * self.growth_factor, self.max_scale),
-                scale,
-            ),
-        )
-        skipped = tf.cast(tf.logical_not(finite), tf.int64)
-        self.loss_scale.assign(new_scale)
-        self.good_steps.assign(tf.where(grow, tf.zeros_like(good_steps),
-                                        good_steps))
-        self.overflow_streak.assign(
-            tf.where(back_off, tf.zeros_like(overflow_streak), overflow_streak)
-        )
-        self.skipped_steps.assign_add(skipped)
-        self.last_step_skipped.assign(skipped)
+    def _advance_state(self, finite):
+        """Writes `next_state` of the global verdict into the variables."""
+        variables = self._state_variables()
+        before = LossScaleState(
+            *(tf.convert_to_tensor(v.value) for v in variables))
+        before = before._replace(
+            last_step_skipped=tf.cast(before.last_step_skipped, tf.bool))
+        after = scale_state.next_state(self.config, before, finite)
+        after = after._replace(
+            last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
+        for variable, value in zip(variables, after):
+            variable.assign(value)
+        scratch = self._scratch
+        scratch.applied_loss_sum.assign_add(
+            tf.where(finite, scratch.last_loss.read_value(), 0.0))
+        scratch.applied_steps.assign_add(tf.cast(finite, tf.int64))
+
+    def _check_variables_in_scope(self, strategy):
+        """Refuses state created outside the strategy's scope.
+
+        An inner optimizer made before ``strategy.scope()`` holds plain
+        variables: every replica would then bump ``iterations`` (and slots)
+        once per step instead of once in total.
+        """
+        if strategy.num_replicas_in_sync <= 1:
+            return
+        for variable in self.variables:
+            if not strategy.extended.variable_created_in_scope(
+                    getattr(variable, "value", variable)):
+                raise ValueError(
+                    f"Optimizer variable '{variable.path}' was created "
+                    f"outside the scope of {type(strategy).__name__}, so "
+                    "replicas would each update their own copy. Create the "
+                    "inner optimizer and the LossScaleOptimizer inside "
+                    "`with strategy.scope():` and build it there "
+                    "(`optimizer.build(model.trainable_variables)`)."
+                )
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         """Not supported: tf_mixed targets the TensorFlow backend only.
@@ -436,63 +649,160 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # ------------------------------------------------------ serialisation
 
+    def load_own_variables(self, store):
+        """Loads a ``.keras`` file's optimizer state, Keras's layout included.
+
+        A file written by ``keras.optimizers.LossScaleOptimizer`` holds the
+        same variables minus the counters Keras lacks (`_EXTRA_STATE`); they
+        are loaded into the same places and the extra counters start at 0.
+        """
+        ours = self.variables
+        if self.built and len(store.keys()) == len(ours) - len(_EXTRA_STATE):
+            extra_start = len(self._variables) - len(_EXTRA_STATE)
+            targets = ours[:extra_start] + ours[len(self._variables):]
+            for i, variable in enumerate(targets):
+                variable.assign(store[str(i)])
+            return
+        super().load_own_variables(store)
+
     def get_config(self):
-        """Returns the constructor arguments, with the inner optimizer."""
+        """Returns the constructor arguments (Keras's names first)."""
+        knobs = self.config.to_dict()
         return {
             "name": self.name,
             "inner_optimizer": keras.saving.serialize_keras_object(
                 self.inner_optimizer
             ),
-            "initial_scale": self.initial_scale,
-            "growth_interval": self.growth_interval,
-            "growth_factor": self.growth_factor,
-            "backoff_factor": self.backoff_factor,
-            "min_scale": self.min_scale,
-            "max_scale": self.max_scale,
-            "hysteresis": self.hysteresis,
+            "initial_scale": knobs.pop("initial_scale"),
+            "dynamic_growth_steps": knobs.pop("growth_interval"),
+            **knobs,
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """Rebuilds the optimizer from ``get_config()`` output."""
+        """Rebuilds the optimizer from ``get_config()`` output.
+
+        Also reads a ``keras.optimizers.LossScaleOptimizer`` config.
+        """
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )
         return cls(inner, **config)
 
+    @classmethod
+    def from_keras(cls, optimizer: keras.optimizers.LossScaleOptimizer,
+                   **knobs: Any) -> "LossScaleOptimizer":
+        """A tf_mixed wrapper around a Keras wrapper's inner optimizer.
+
+        Keeps its initial scale and growth steps (unless ``knobs`` override
+        them) and, if it is built, its current scale and step counter, so
+        training continues from where it stands.
+
+        Args:
+            optimizer: A ``keras.optimizers.LossScaleOptimizer``.
+            **knobs: Other ``LossScaleOptimizer`` arguments.
+
+        Returns:
+            A new ``tf_mixed.LossScaleOptimizer`` (built if ``optimizer``
+            was), sharing ``optimizer.inner_optimizer``.
+        """
+        knobs.setdefault("initial_scale", float(optimizer.initial_scale))
+        if "growth_interval" not in knobs:
+            knobs.setdefault("dynamic_growth_steps",
+                             int(optimizer.dynamic_growth_steps))
+        wrapper = cls(optimizer.inner_optimizer, **knobs)
+        if optimizer.built:
+            saved = read_keras_state(optimizer)
+            wrapper.build(_internals.optimizer_trainable_variables(optimizer))
+            wrapper.dynamic_scale.assign(saved.scale)
+            wrapper.step_counter.assign(saved.good_steps)
+        return wrapper
+
+
+def read_keras_state(optimizer) -> LossScaleState:
+    """`LossScaleState` of a ``keras.optimizers.LossScaleOptimizer``.
+
+    Keras keeps only the scale (``dynamic_scale``) and the consecutive
+    finite steps (``step_counter``); the counters it does not keep are None.
+    """
+    if optimizer.built:
+        scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+        good = int(keras.ops.convert_to_numpy(optimizer.step_counter))
+    else:
+        scale, good = float(optimizer.initial_scale), 0
+    return LossScaleState(scale=scale, good_steps=good, overflow_streak=None,
+                          skipped_steps=None, last_step_skipped=None,
+                          min_scale_skips=None)
+
+
+def loss_scale_state(optimizer) -> LossScaleState:
+    """The loss-scale state of any Keras optimizer, in Python numbers.
+
+    * ``tf_mixed.LossScaleOptimizer``: its ``loss_scale_state()``;
+    * ``keras.optimizers.LossScaleOptimizer``: the scale and step counter it
+      keeps, the other fields None (see `read_keras_state`);
+    * any other optimizer: it never skips; the scale is its
+      ``loss_scale_factor`` or 1.
+
+    Args:
+        optimizer: A Keras optimizer.
+
+    Returns:
+        A `tf_mixed.scale_state.LossScaleState`.
+
+    Raises:
+        TypeError: if ``optimizer`` is not a Keras optimizer.
+    """
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.loss_scale_state()
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return read_keras_state(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "loss_scale_state() needs a Keras optimizer. Received: "
+            f"optimizer={optimizer!r} (of type {type(optimizer).__name__}).")
+    factor = optimizer.loss_scale_factor
+    return LossScaleState(
+        scale=1.0 if factor is None else float(factor), good_steps=0,
+        overflow_streak=0, skipped_steps=0, last_step_skipped=False,
+        min_scale_skips=0)
+
 
 def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
-    """Wraps ``optimizer`` in a ``tf_mixed.LossScaleOptimizer`` if it needs it.
+    """Wraps ``optimizer`` in a ``tf_mixed.LossScaleOptimizer`` for the policy.
+
+    * Global policy ``mixed_float16`` (or ``force=True``): dynamic loss
+      scaling with ``knobs``.
+    * Any other policy (float32, mixed_bfloat16): a pass-through wrapper
+      (scale 1, fixed), which skips only steps with non-finite gradients, so
+      the same loop and the same ``fit`` set-up run under every policy.
+      ``knobs`` are still validated, so a typo shows up on any machine.
 
     Passing an optimizer that already is a ``tf_mixed.LossScaleOptimizer``
     returns it unchanged (no double scaling). A
-    ``keras.optimizers.LossScaleOptimizer`` is unwrapped and its inner
-    optimizer re-wrapped, keeping its initial scale and growth steps unless
-    overridden, so it gains the replica-safe skip decision (whatever the
-    policy: loss scaling was asked for explicitly).
-
-    When the global Keras policy is not ``mixed_float16`` (float32 or
-    bfloat16 need no loss scaling) the optimizer is returned as is, unless
-    ``force=True``.
+    ``keras.optimizers.LossScaleOptimizer`` becomes a tf_mixed one around the
+    same inner optimizer, keeping its scale (`LossScaleOptimizer.from_keras`),
+    whatever the policy: loss scaling was asked for explicitly.
 
     Args:
         optimizer: A ``keras.optimizers.Optimizer`` or a name Keras knows,
             such as ``"adam"``.
-        force: Wrap even when the global policy does not need loss scaling.
+        force: Scale dynamically even when the policy does not need it.
         **knobs: ``LossScaleOptimizer`` arguments (``initial_scale``,
-            ``growth_interval``, ...).
+            ``dynamic_growth_steps``, ...).
 
     Returns:
         The optimizer to pass to ``model.compile`` or to use in a loop.
 
     Raises:
         TypeError: if ``optimizer`` is neither an optimizer nor a name.
-        ValueError: if ``optimizer`` is already a ``tf_mixed`` wrapper and
-            ``knobs`` ask for different settings, or a knob is invalid.
+        ValueError: if ``optimizer`` is an unknown name (the message lists the
+            known ones), is already a ``tf_mixed`` wrapper and ``knobs`` ask
+            for different settings, or a knob is invalid.
     """
     if isinstance(optimizer, str):
-        optimizer = keras.optimizers.get(optimizer)
+        optimizer = _optimizer_by_name(optimizer)
     if isinstance(optimizer, LossScaleOptimizer):
         differing = {k: v for k, v in knobs.items()
                      if getattr(optimizer, k, object()) != v}
@@ -505,27 +815,132 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             )
         return optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        knobs.setdefault("initial_scale", float(optimizer.initial_scale))
-        knobs.setdefault("growth_interval",
-                         int(optimizer.dynamic_growth_steps))
-        optimizer = optimizer.inner_optimizer
-        force = True  # loss scaling was asked for explicitly: keep it
+        return LossScaleOptimizer.from_keras(optimizer, **knobs)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
             f"such as 'adam'. Received: optimizer={optimizer!r} (of type "
             f"{type(optimizer).__name__})."
         )
-    if not force and keras.config.dtype_policy().name != "mixed_float16":
-        return optimizer
-    return LossScaleOptimizer(optimizer, **knobs)
+    if force or keras.config.dtype_policy().name == "mixed_float16":
+        return LossScaleOptimizer(optimizer, **knobs)
+    _validate_knobs(knobs)
+    return LossScaleOptimizer(
+        optimizer, **LossScaleConfig.pass_through().to_dict())
 
 
 # --------------------------------------------------------------- helpers
 
 
-def _thread_and_graph():
-    return threading.get_ident(), id(tf.compat.v1.get_default_graph())
+def _validate_knobs(knobs):
+    """Validates constructor knobs without building an optimizer."""
+    knobs = dict(knobs)
+    knobs["growth_interval"] = _growth_steps(
+        knobs.pop("dynamic_growth_steps", None),
+        knobs.pop("growth_interval", None))
+    unknown = sorted(set(knobs) - set(LossScaleConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(
+            f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
+            "initial_scale, dynamic_growth_steps (or growth_interval), "
+            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}."
+        )
+    LossScaleConfig(**knobs)
+
+
+def _optimizer_names() -> list[str]:
+    names = []
+    for attr in dir(keras.optimizers):
+        obj = getattr(keras.optimizers, attr)
+        if (isinstance(obj, type) and issubclass(obj, keras.optimizers.Optimizer)
+                and obj not in (keras.optimizers.Optimizer,
+                                keras.optimizers.LossScaleOptimizer)):
+            names.append(attr.lower())
+    return sorted(names)
+
+
+def _optimizer_by_name(name: str):
+    names = _optimizer_names()
+    if name.lower() not in names:
+        raise ValueError(
+            "wrap_optimizer() does not know the optimizer name. Received: "
+            f"optimizer={name!r}. Valid names: {', '.join(names)}; or pass a "
+            "keras.optimizers.Optimizer instance."
+        )
+    return keras.optimizers.get(name)
+
+
+def _growth_steps(dynamic_growth_steps, growth_interval):
+    """One growth interval from Keras's name or ours (default 2000)."""
+    if dynamic_growth_steps is None:
+        return 2000 if growth_interval is None else growth_interval
+    if growth_interval is not None and growth_interval != dynamic_growth_steps:
+        raise ValueError(
+            "LossScaleOptimizer got both `dynamic_growth_steps` and "
+            "`growth_interval` (the same knob) with different values. "
+            f"Received: dynamic_growth_steps={dynamic_growth_steps!r}, "
+            f"growth_interval={growth_interval!r}. Give one of them.")
+    return dynamic_growth_steps
+
+
+def _checked_grads(grads) -> list:
+    if grads is None or tf.is_tensor(grads) or isinstance(
+            grads, (tf.IndexedSlices, str, bytes)):
+        raise ValueError(
+            "LossScaleOptimizer needs `grads` as a list with one gradient "
+            "(or None) per variable. Received: grads="
+            f"{grads!r:.80} (of type {type(grads).__name__}).")
+    try:
+        return list(grads)
+    except TypeError:
+        raise ValueError(
+            "LossScaleOptimizer needs `grads` as a list with one gradient "
+            "(or None) per variable. Received: grads="
+            f"{grads!r:.80} (of type {type(grads).__name__}).") from None
+
+
+def _checked_loss(loss):
+    try:
+        tensor = tf.convert_to_tensor(loss)
+    except (TypeError, ValueError):
+        tensor = None
+    if tensor is None or not tensor.dtype.is_floating:
+        raise ValueError(
+            "scale_loss() argument `loss` must be a floating-point scalar "
+            f"tensor. Received: loss={loss!r:.80} (dtype "
+            f"{getattr(tensor, 'dtype', type(loss).__name__)}). Cast it, "
+            "e.g. tf.cast(loss, 'float32').")
+    if tensor.shape.rank is not None and tensor.shape.num_elements() != 1:
+        raise ValueError(
+            "scale_loss() argument `loss` must be a scalar (reduce it with "
+            f"a mean first). Received: loss of shape {tensor.shape}.")
+    if tensor.shape.rank:
+        tensor = tf.reshape(tensor, ())
+    return tensor
+
+
+def _forward_variables(model_or_variables) -> list:
+    if isinstance(model_or_variables, keras.layers.Layer):
+        candidates = model_or_variables.non_trainable_weights
+    elif isinstance(model_or_variables, (list, tuple)):
+        candidates = list(model_or_variables)
+    else:
+        raise TypeError(
+            "track_forward_state() needs a Keras layer/model or a list of "
+            f"variables. Received: {model_or_variables!r:.80} (of type "
+            f"{type(model_or_variables).__name__}).")
+    return [v for v in candidates
+            if tf.as_dtype(keras.backend.standardize_dtype(v.dtype)).is_floating]
+
+
+def _local_values(variable) -> list:
+    """Every replica's copy on this worker, as numpy values."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    if isinstance(value, tf.distribute.DistributedValues):
+        parts = value.values
+    else:
+        parts = [value]
+    return [keras.ops.convert_to_numpy(p) for p in parts]
 
 
 def _returning_none(fn):
@@ -562,36 +977,13 @@ def _local_nonfinite_flag(grads):
                    tf.float32)
 
 
-def _all_replicas_finite(grads):
-    """The skip verdict, identical on every replica of every worker.
-
-    Each replica's own gradients can differ (its batch shard overflowed,
-    another's did not), and the inner optimizer's gradient all-reduce has not
-    happened yet. So the local 0/1 flags are summed with an all-reduce over
-    all replicas (a collective across workers under MultiWorkerMirrored)
-    *before* anything branches on them: every replica then takes the same
-    branch, no replica applies a step another one skips, and no worker waits
-    in a collective its peers never enter.
-    """
-    flag = _local_nonfinite_flag(grads)
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        flag = context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
-    return tf.equal(flag, 0.0)
-
-
 def _refuse_jit_under_strategy(strategy):
     """Raises the clear error for design fact 5 instead of XLA's."""
     if strategy.num_replicas_in_sync <= 1 or not tf.distribute.has_strategy():
         return
     if tf.executing_eagerly():
         return
-    try:  # TF's own strategies use this check (private, hence guarded).
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - older/newer TF layouts
-        return
-    graph = tf.compat.v1.get_default_graph()
-    if control_flow_util.GraphOrParentsInXlaContext(graph):
+    if _internals.in_xla_context(tf.compat.v1.get_default_graph()):
         raise ValueError(_JIT_UNDER_STRATEGY_ERROR.format(
             strategy=type(strategy).__name__,
             replicas=strategy.num_replicas_in_sync,
@@ -616,48 +1008,3 @@ def _check_inner(inner_optimizer):
             "keras.optimizers.Adam(), or a name through "
             "tf_mixed.wrap_optimizer('adam')."
         )
-
-
-# (name, kind, check, description of the valid range) for each knob; error
-# messages are built from this table.
-_KNOBS = (
-    ("initial_scale", float, lambda v: 0 < v < math.inf, "a finite number > 0"),
-    ("growth_interval", int, lambda v: v >= 1, "an integer >= 1"),
-    ("growth_factor", float, lambda v: 1 < v < math.inf,
-     "a finite number > 1"),
-    ("backoff_factor", float, lambda v: 0 < v < 1, "a number in (0, 1)"),
-    ("min_scale", float, lambda v: 0 < v < math.inf, "a finite number > 0"),
-    ("max_scale", float, lambda v: 0 < v < math.inf, "a finite number > 0"),
-    ("hysteresis", int, lambda v: v >= 1, "an integer >= 1"),
-)
-
-
-def _validated_knobs(**values):
-    out = {}
-    for name, kind, check, valid in _KNOBS:
-        value = values[name]
-        is_number = isinstance(value, (int, float)) and not isinstance(
-            value, bool)
-        if kind is int and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not is_number or (kind is int and not isinstance(value, int)):
-            # ValueError, not TypeError: a knob is one kind of bad value
-            # whatever its type, so one `except ValueError` catches them all.
-            raise ValueError(
-                f"LossScaleOptimizer argument `{name}` must be {valid}. "
-                f"Received: {name}={value!r} (of type {type(value).__name__})."
-            )
-        if not check(value):
-            raise ValueError(
-                f"LossScaleOptimizer argument `{name}` must be {valid}. "
-                f"Received: {name}={value!r}."
-            )
-        out[name] = kind(value)
-    if not out["min_scale"] <= out["initial_scale"] <= out["max_scale"]:
-        raise ValueError(
-            "LossScaleOptimizer needs min_scale <= initial_scale <= max_scale."
-            f" Received: min_scale={out['min_scale']}, initial_scale="
-            f"{out['initial_scale']}, max_scale={out['max_scale']}. Raise "
-            "max_scale or lower min_scale to include initial_scale."
-        )
-    return out

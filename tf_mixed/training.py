@@ -37,23 +37,24 @@ _MIRRORED_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
 def current_scale(optimizer) -> tf.Tensor:
     """The loss scale ``optimizer`` multiplies losses by, as a float32 tensor.
 
-    Works for ``tf_mixed.LossScaleOptimizer`` (``loss_scale``),
-    ``keras.optimizers.LossScaleOptimizer`` (``dynamic_scale``) and any other
-    Keras optimizer (its ``loss_scale_factor``, or 1).
+    For use inside a training step (a tensor, no host read); outside it,
+    ``tf_mixed.loss_scale_state(optimizer).scale`` gives a Python float.
 
     Args:
-        optimizer: A Keras optimizer.
+        optimizer: ``tf_mixed.LossScaleOptimizer``,
+            ``keras.optimizers.LossScaleOptimizer`` (both: ``dynamic_scale``
+            once built, else ``initial_scale``) or any other Keras optimizer
+            (its ``loss_scale_factor``, or 1).
 
     Returns:
         A scalar float32 tensor.
     """
-    for name in ("loss_scale", "dynamic_scale"):
-        variable = getattr(optimizer, name, None)
-        if variable is not None and getattr(optimizer, "built", False):
-            return tf.cast(tf.convert_to_tensor(variable), tf.float32)
-    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if optimizer.built:
+            return tf.cast(tf.convert_to_tensor(optimizer.dynamic_scale),
+                           tf.float32)
         return tf.constant(optimizer.initial_scale, tf.float32)
-    factor = getattr(optimizer, "loss_scale_factor", None)
+    factor = optimizer.loss_scale_factor
     return tf.constant(1.0 if factor is None else factor, tf.float32)
 
 
@@ -147,7 +148,10 @@ def make_train_step(
 
     Returns:
         A function ``step(x, y) -> {"loss": float32 tensor, "applied": bool
-        tensor}``; ``loss`` is the mean over replicas.
+        tensor}``; ``loss`` is the mean over replicas. With a
+        ``tf_mixed.LossScaleOptimizer`` the model's forward state is handed
+        to it (``track_forward_state``), so a skipped step also rolls back
+        BatchNormalization statistics.
 
     Raises:
         ValueError: if ``jit_compile`` is True under a multi-replica strategy.
@@ -159,6 +163,9 @@ def make_train_step(
             strategy=type(strategy).__name__, replicas=replicas,
             version=tf.__version__,
         ))
+    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+        with strategy.scope():
+            optimizer.track_forward_state(model)
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:

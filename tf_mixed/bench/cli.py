@@ -6,6 +6,7 @@
     python -m tf_mixed audit PATH      per-layer dtype report of a saved model
     python -m tf_mixed check           prove the skip decision on this host's devices
     python -m tf_mixed probe MODEL     per-layer numerics of a saved model in half precision
+    python -m tf_mixed rollback-cost   step time and memory of BatchNorm rollback (ResNet-18)
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -188,8 +189,15 @@ def _probe(argv: list[str]) -> int:
     return probe.main(argv)
 
 
+def _rollback_cost(argv: list[str]) -> int:
+    from tf_mixed.bench import rollback_cost
+
+    return rollback_cost.main(argv[1:])
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
+    "rollback-cost": _rollback_cost,
 }
 
 

@@ -29,9 +29,9 @@ class Recorder:
         self.step_times: list[float] = []
         # [step, scale]: the scale before step 1 (step 0), then after each change.
         self.scale_changes: list[list[float]] = []
-        initial = getattr(optimizer, "initial_scale", None)
+        initial = loss_scale(optimizer)
         if initial is not None:
-            self.scale_changes.append([0, float(initial)])
+            self.scale_changes.append([0, initial])
         self.history: dict[str, list[float]] = {
             "train_loss": [], "train_accuracy": [], "val_loss": [], "val_accuracy": []
         }
@@ -86,18 +86,20 @@ class _FitRecorder(keras.callbacks.Callback):
 
 
 def loss_scale(optimizer) -> float | None:
-    for attr in ("loss_scale", "dynamic_scale"):
-        variable = getattr(optimizer, attr, None)
-        if isinstance(variable, (tf.Variable, keras.Variable)):
-            return float(keras.ops.convert_to_numpy(variable))
-    return None
+    """The current loss scale, or None for an optimizer that does not scale."""
+    from tf_mixed import loss_scale_state
+    from tf_mixed.callbacks import is_loss_scaling
+
+    if not is_loss_scaling(optimizer):
+        return None
+    return float(loss_scale_state(optimizer).scale)
 
 
 def skipped_steps(optimizer) -> int:
-    variable = getattr(optimizer, "skipped_steps", None)
-    if variable is None:
-        return 0
-    return int(keras.ops.convert_to_numpy(variable))
+    """Skipped steps so far (0 when the optimizer keeps no counter)."""
+    from tf_mixed import loss_scale_state
+
+    return loss_scale_state(optimizer).skipped_steps or 0
 
 
 def batched(dataset: tf.data.Dataset, batch: int, *, train: bool, seed: int, size: int):

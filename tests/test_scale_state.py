@@ -1,0 +1,185 @@
+"""tf_mixed.scale_state: the frozen config, the state record, next_state.
+
+No optimizer is built here except in the last tests, which check that the
+optimizer's TensorFlow transition is the pure one.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.scale_state import (LossScaleConfig, LossScaleState,
+                                  initial_state, next_state)
+
+INF, NAN = float("inf"), float("nan")
+
+# 100 steps: finite (True) or not, fixed so the expected lists below stay
+# valid; runs of overflows long enough to reach the minimum scale.
+PATTERN = ([True] * 6 + [False] + [True] * 3 + [False] * 8 + [True] * 20
+           + [False, False, True] * 5 + [True] * 10 + [False] * 6
+           + [True] * 25 + [False] * 3 + [True] * 3)
+assert len(PATTERN) == 100
+
+
+def _by_hand(pattern, *, initial_scale, growth_interval, growth_factor,
+             backoff_factor, min_scale, max_scale, hysteresis):
+    """The documented rule spelled out step by step (written independently
+    of next_state: counters as plain ints, one if/else per case)."""
+    scale, good, streak, skipped, at_min_run = initial_scale, 0, 0, 0, 0
+    rows = []
+    for finite in pattern:
+        used = scale
+        if finite:
+            good += 1
+            streak = 0
+            at_min_run = 0
+            if good == growth_interval:
+                scale = min(scale * growth_factor, max_scale)
+                good = 0
+        else:
+            skipped += 1
+            good = 0
+            streak += 1
+            at_min_run = at_min_run + 1 if used <= min_scale else 0
+            if streak == hysteresis:
+                scale = max(scale * backoff_factor, min_scale)
+                streak = 0
+        rows.append((scale, good, streak, skipped, not finite, at_min_run))
+    return rows
+
+
+KNOB_SETS = {
+    "keras-like": dict(initial_scale=32.0, growth_interval=3,
+                       growth_factor=2.0, backoff_factor=0.5, min_scale=1.0,
+                       max_scale=2.0**24, hysteresis=1),
+    "hysteresis": dict(initial_scale=64.0, growth_interval=2,
+                       growth_factor=4.0, backoff_factor=0.25, min_scale=1.0,
+                       max_scale=1024.0, hysteresis=3),
+    "clamped": dict(initial_scale=16.0, growth_interval=1, growth_factor=2.0,
+                    backoff_factor=0.5, min_scale=8.0, max_scale=64.0,
+                    hysteresis=2),
+}
+
+
+def _run_python(config, pattern):
+    state, rows = initial_state(config), []
+    for finite in pattern:
+        state = next_state(config, state, finite)
+        rows.append(tuple(state))
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(KNOB_SETS))
+def test_100_steps_equal_the_hand_computed_sequence(name):
+    knobs = KNOB_SETS[name]
+    rows = _run_python(LossScaleConfig(**knobs), PATTERN)
+    assert rows == _by_hand(PATTERN, **knobs)
+
+
+def test_first_steps_written_out():
+    config = LossScaleConfig(initial_scale=4.0, growth_interval=2,
+                             min_scale=1.0)
+    scales = [s.scale for s in _states(config, [True, True, False, False,
+                                                False, False, True])]
+    assert scales == [4.0, 8.0, 4.0, 2.0, 1.0, 1.0, 1.0]
+    last = _states(config, [True, True, False, False, False, False, False])[-1]
+    # Steps 3-5 ran at 8, 4, 2; steps 6 and 7 at 1 = min_scale: two skips
+    # at the minimum.
+    assert last == LossScaleState(1.0, 0, 0, 5, True, 2)
+
+
+def _states(config, pattern):
+    state, out = initial_state(config), []
+    for finite in pattern:
+        state = next_state(config, state, finite)
+        out.append(state)
+    return out
+
+
+def test_fixed_scale_never_moves_and_counts_every_skip_as_at_minimum():
+    config = LossScaleConfig(initial_scale=128.0, dynamic=False)
+    states = _states(config, [True] * 5000 + [False] * 3)
+    assert {s.scale for s in states} == {128.0}
+    assert states[-1].min_scale_skips == 3
+    assert states[-1].skipped_steps == 3
+
+
+def test_pass_through_is_scale_one_fixed():
+    config = LossScaleConfig.pass_through()
+    assert (config.initial_scale, config.dynamic) == (1.0, False)
+
+
+def test_next_state_is_pure():
+    config = LossScaleConfig(initial_scale=8.0)
+    state = initial_state(config)
+    after = next_state(config, state, False)
+    assert state == initial_state(config)
+    assert after.scale == 4.0
+
+
+@pytest.mark.parametrize("name", sorted(KNOB_SETS))
+def test_tensor_transition_equals_python_transition(name):
+    config = LossScaleConfig(**KNOB_SETS[name])
+    state = LossScaleState(
+        tf.constant(config.initial_scale, tf.float32),
+        tf.constant(0, tf.int64), tf.constant(0, tf.int64),
+        tf.constant(0, tf.int64), tf.constant(False), tf.constant(0, tf.int64))
+    step = tf.function(lambda s, f: next_state(config, s, f))
+    expected = _run_python(config, PATTERN)
+    for finite, want in zip(PATTERN, expected):
+        state = step(state, tf.constant(finite))
+        got = (float(state.scale), int(state.good_steps),
+               int(state.overflow_streak), int(state.skipped_steps),
+               bool(state.last_step_skipped), int(state.min_scale_skips))
+        assert got == want
+
+
+@pytest.mark.parametrize("name", sorted(KNOB_SETS))
+def test_optimizer_follows_the_pure_transition(name):
+    """Finite and non-finite steps through the optimizer's TF update."""
+    knobs = KNOB_SETS[name]
+    var = keras.Variable([0.0])
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), **knobs)
+    step = tf.function(lambda g: opt.apply([g], [var]))
+    expected = _run_python(LossScaleConfig(**knobs), PATTERN[:40])
+    for finite, want in zip(PATTERN[:40], expected):
+        step(tf.constant([1.0 if finite else NAN]))
+        assert tuple(opt.loss_scale_state()) == want
+
+
+# ------------------------------------------------------------ bad input
+
+
+def test_numpy_scalars_are_accepted():
+    config = LossScaleConfig(initial_scale=np.float32(1024),
+                             growth_interval=np.int64(100),
+                             hysteresis=np.float64(2.0))
+    assert config.initial_scale == 1024.0 and type(config.initial_scale) is float
+    assert config.growth_interval == 100 and type(config.growth_interval) is int
+    assert config.hysteresis == 2
+
+
+@pytest.mark.parametrize("name,value", [
+    ("initial_scale", True), ("initial_scale", "1024"), ("initial_scale", NAN),
+    ("initial_scale", INF), ("initial_scale", None), ("growth_interval", True),
+    ("growth_interval", np.bool_(True)), ("growth_interval", INF),
+    ("growth_interval", NAN), ("backoff_factor", None),
+    ("max_scale", np.float32("inf")), ("hysteresis", "2"),
+])
+def test_bad_knobs_name_argument_value_and_rule(name, value):
+    with pytest.raises(ValueError) as info:
+        LossScaleConfig(**{name: value})
+    message = str(info.value)
+    assert f"`{name}`" in message and f"{name}={value!r}" in message
+    assert "must be" in message
+
+
+def test_config_is_frozen():
+    config = LossScaleConfig()
+    with pytest.raises(Exception):
+        config.initial_scale = 2.0
+    assert math.isclose(config.initial_scale, 2.0**15)
