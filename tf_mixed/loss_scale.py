@@ -35,6 +35,8 @@ import tensorflow as tf
 # tracked once (in `_variables`); there is no public equivalent.
 from keras.src.utils.tracking import no_automatic_dependency_tracking
 
+from tf_mixed import distribute
+
 __all__ = ["LossScaleOptimizer", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
@@ -144,6 +146,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # (thread, graph) pairs whose next `apply` gets gradients that
         # `unscale_gradients` already divided; see `_take_unscaled_mark`.
         self._unscaled_marks = set()
+        # Keras's fit fails under several workers (keras-team/keras#20585):
+        # created in such a strategy's scope, install tf_mixed's workaround.
+        distribute.fit_support()
 
     # ------------------------------------------------------------------ state
 
