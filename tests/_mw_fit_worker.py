@@ -138,6 +138,12 @@ def main(config):
             history = model.fit(dataset(config["bad_step"].get(policy, 0)), epochs=config["epochs"],
                                 verbose=0, shuffle=False, callbacks=callbacks)
             result = state(model, optimizer, history.history)
+            if mode == "fit":
+                # Every worker saves; the chief's file is the one to keep.
+                name = "model" if task.is_chief else f"scratch-{index}"
+                path = config["out"].replace("{i}", f"-{policy}-{name}") + ".keras"
+                model.save(path)
+                result["saved"] = path
             if mode != "backup":
                 x, y = global_batches(0)
                 result["evaluate"] = [float(v) for v in model.evaluate(

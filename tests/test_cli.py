@@ -45,7 +45,6 @@ def _bad(tmp_path, capsys, *flags):
         ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead."),
         ("--epochs=0", "--epochs=0: must be >= 1."),
         ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples. Accepted: 1 to 8000."),
-        ("--strategy=multiworker", "--loop='fit': Keras 3's model.fit fails under MultiWorkerMirroredStrategy"),
     ],
 )
 def test_bad_values_name_flag_value_and_choices(tmp_path, capsys, flag, expected):
@@ -150,14 +149,16 @@ def test_subprocess_isolation_run_writes_results(tmp_path):
         assert r["samples_per_sec"] > 0 and r["timed_steps"] == 2
 
 
-def test_multiworker_custom_loop(tmp_path):
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_multiworker(tmp_path, loop):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "tf_mixed", "bench", *TINY, "--policies=fp32",
-         "--strategy=multiworker", "--loop=custom", "--workers=2", f"--output_dir={out}"],
+         "--strategy=multiworker", f"--loop={loop}", "--workers=2", f"--output_dir={out}"],
         capture_output=True, text=True, env=ENV, timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())["results"][0]
     assert result["strategy"] == "multiworker" and result["replicas"] == 2 and result["workers"] == 2
+    assert result["loop"] == loop
     assert result["samples_per_sec"] > 0 and result["final_val_loss"] > 0

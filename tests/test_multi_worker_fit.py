@@ -167,6 +167,14 @@ def test_fit_evaluate_predict_agree_across_workers_and_with_one_process(fit_runs
         assert a["skipped_steps"] == 0 and a["iterations"] == 8
 
 
+def test_the_chief_saves_a_model_that_loads_with_the_trained_weights(fit_runs):
+    import keras
+
+    (w0, _), _ = fit_runs
+    loaded = keras.saving.load_model(w0["float32"]["saved"])
+    assert [w.ravel().tolist() for w in loaded.get_weights()] == w0["float32"]["weights"]
+
+
 # ------------------------------------------------------------ a worker dies
 
 
