@@ -141,9 +141,10 @@ def main(config):
             if mode == "fit":
                 # Every worker saves; the chief's file is the one to keep.
                 name = "model" if task.is_chief else f"scratch-{index}"
-                path = config["out"].replace("{i}", f"-{policy}-{name}") + ".keras"
+                path = os.path.splitext(config["out"].replace("{i}", ""))[0]
+                path = f"{path}-{policy}-{name}.keras"
                 model.save(path)
-                result["saved"] = path
+                results.setdefault("saved", {})[policy] = path
             if mode != "backup":
                 x, y = global_batches(0)
                 result["evaluate"] = [float(v) for v in model.evaluate(
