@@ -10,7 +10,9 @@
 __version__ = "0.1.0"
 
 from tf_mixed import callbacks
+from tf_mixed import distribute
 from tf_mixed import hardware
+from tf_mixed import launch
 from tf_mixed import layers
 from tf_mixed import training
 from tf_mixed.audit import AuditReport
@@ -39,9 +41,11 @@ __all__ = [
     "callbacks",
     "convert",
     "disable",
+    "distribute",
     "enable",
     "float32_loss",
     "hardware",
+    "launch",
     "layers",
     "policy_scope",
     "training",
