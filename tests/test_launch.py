@@ -111,9 +111,12 @@ def test_a_worker_that_never_starts_its_server_is_reported():
                           start_timeout=1, output=io.StringIO())
 
 
-def test_a_worker_that_cannot_be_executed_is_reported():
-    with pytest.raises(WorkersFailed, match="worker 0 could not be started"):
-        run_local_workers(2, ["/nonexistent/python"], timeout=60, output=io.StringIO())
+def test_a_worker_that_cannot_be_executed_is_reported_and_the_others_stopped():
+    argv = lambda i: _python("import time; time.sleep(600)") if i == 0 else ["/nonexistent/python"]
+    with pytest.raises(WorkersFailed, match="worker 1 could not be started") as info:
+        run_local_workers(2, argv, timeout=60, output=io.StringIO())
+    (started,) = info.value.results
+    assert started.stopped and started.returncode == -signal.SIGKILL
 
 
 def test_a_worker_reporting_its_port_taken_gets_a_hint():

@@ -252,9 +252,11 @@ class _Run:
                         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                     )
                 except OSError as error:
+                    self._stop_all()
                     raise WorkersFailed(
                         f"worker {index} could not be started: {error}. "
-                        f"Received: argv={command!r}.", self._results()) from error
+                        f"Received: argv={command!r}. The workers already started "
+                        "were stopped.", self._results()) from error
                 self.procs.append(proc)
                 thread = threading.Thread(target=self._pump, args=(index, proc),
                                           daemon=True)
