@@ -3,46 +3,42 @@
     python examples/multi_worker.py [--steps=20] [--overflow_at=5]
         [--timeout=240]
 
-With no ``--worker_index`` this script is the launcher: it picks two free
-127.0.0.1 ports, starts itself twice as workers 0 and 1 with ``TF_CONFIG``
-set, waits (at most ``--timeout`` seconds), and prints what each worker
-decided. At step ``--overflow_at`` only worker 1 gets an infinite loss; with
-tf_mixed both workers skip that step and end with identical weights. On real
-machines, set ``TF_CONFIG`` yourself and run the worker part on each.
+With no ``--worker`` this script is the launcher: `tf_mixed.launch.
+run_local_workers` starts it twice as workers 0 and 1, each with its
+``TF_CONFIG`` on free 127.0.0.1 ports, prints their output prefixed
+``[worker i]``, stops both if one fails or ``--timeout`` seconds pass, and
+then prints what each worker decided. At step ``--overflow_at`` only worker 1
+gets an infinite loss; with tf_mixed both workers skip that step and end with
+identical weights. On real machines, set ``TF_CONFIG`` yourself and run
+``python examples/multi_worker.py --worker`` on each.
 """
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 
 from absl import app
 from absl import flags
 
-_WORKER = flags.DEFINE_integer("worker_index", None, "Run as this worker.")
-_PORTS = flags.DEFINE_string("ports", "", "Comma-separated worker ports.")
-_OUT = flags.DEFINE_string("out", "", "Where a worker writes its JSON result.")
+_WORKER = flags.DEFINE_bool("worker", False, "Run as one worker (reads TF_CONFIG).")
+_OUT = flags.DEFINE_string("out", "", "Where a worker writes its JSON result ({i}: index).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Training steps.")
 _OVERFLOW_AT = flags.DEFINE_integer(
     "overflow_at", 5, "Step where worker 1's loss is infinite (0: never).")
 _TIMEOUT = flags.DEFINE_integer("timeout", 240, "Seconds to wait for workers.")
 
 
-def run_worker(index, ports, out_path):
-    """Trains as worker ``index`` and writes the result to ``out_path``."""
-    os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-        "task": {"type": "worker", "index": index},
-    })
+def run_worker(out_path):
+    """Trains as the worker ``TF_CONFIG`` names; writes the result to ``out_path``."""
     import keras
     import numpy as np
     import tensorflow as tf
 
     import tf_mixed
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf_mixed.distribute.multi_worker_strategy(timeout_seconds=120)
+    index = tf_mixed.distribute.current_task().index
     keras.utils.set_random_seed(0)  # same initial weights on every worker
     with strategy.scope():
         model = keras.Sequential([
@@ -68,7 +64,7 @@ def run_worker(index, ports, out_path):
         y[:, 1] = float(index == 1 and number == _OVERFLOW_AT.value)
         result = step(tf.constant(x), tf.constant(y))
         applied.append(bool(result["applied"]))
-    with open(out_path, "w") as f:
+    with open(out_path.replace("{i}", str(index)), "w") as f:
         json.dump({
             "applied": applied,
             "loss_scale": float(optimizer.loss_scale.numpy()),
@@ -77,43 +73,20 @@ def run_worker(index, ports, out_path):
         }, f)
 
 
-def free_ports(count):
-    """``count`` TCP ports that were free a moment ago."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def launch():
     """Starts two workers, waits, and compares what they decided."""
-    ports = ",".join(str(p) for p in free_ports(2))
-    workdir = tempfile.mkdtemp(prefix="tf_mixed_mw_")
-    outs = [os.path.join(workdir, f"worker{i}.json") for i in range(2)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), f"--worker_index={i}",
-             f"--ports={ports}", f"--out={outs[i]}", f"--steps={_STEPS.value}",
-             f"--overflow_at={_OVERFLOW_AT.value}"],
-            env=env)
-        for i in range(2)
-    ]
+    from tf_mixed.launch import WorkersFailed
+    from tf_mixed.launch import run_local_workers
+
+    out = os.path.join(tempfile.mkdtemp(prefix="tf_mixed_mw_"), "worker{i}.json")
+    outs = [out.replace("{i}", str(i)) for i in range(2)]
     try:
-        codes = [p.wait(timeout=_TIMEOUT.value) for p in procs]
-    except subprocess.TimeoutExpired:
-        print(f"workers did not finish in {_TIMEOUT.value} s")
-        return 1
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(codes):
-        print(f"worker exit codes: {codes}")
+        run_local_workers(2, [
+            sys.executable, os.path.abspath(__file__), "--worker", f"--out={out}",
+            f"--steps={_STEPS.value}", f"--overflow_at={_OVERFLOW_AT.value}",
+        ], timeout=_TIMEOUT.value)
+    except WorkersFailed as error:
+        print(f"the workers failed: {error}")
         return 1
     results = []
     for i, out in enumerate(outs):
@@ -130,10 +103,9 @@ def launch():
 
 def main(argv):
     del argv
-    if _WORKER.value is None:
+    if not _WORKER.value:
         return launch()
-    run_worker(_WORKER.value, [int(p) for p in _PORTS.value.split(",")],
-               _OUT.value)
+    run_worker(_OUT.value)
     return 0
 
 

@@ -48,7 +48,6 @@ def _bad(tmp_path, capsys, *flags):
         ("--epochs=0", "--epochs=0: must be >= 1."),
         ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples of shapes. Accepted: 1 to 8000."),
         ("--image_size=8", "--image_size=8: too small for the shapes data set. Accepted: 16 or more (0 picks 32)."),
-        ("--strategy=multiworker", "--loop='fit': Keras 3's model.fit fails under MultiWorkerMirroredStrategy"),
     ],
 )
 def test_bad_values_name_flag_value_and_choices(tmp_path, capsys, flag, expected):
@@ -285,16 +284,18 @@ def test_subprocess_isolation_run_writes_results(tmp_path):
         assert r["samples_per_sec"] > 0 and r["timed_steps"] == 2
 
 
-def test_multiworker_custom_loop(tmp_path):
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_multiworker(tmp_path, loop):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "tf_mixed", "bench", *TINY, "--policies=fp32",
-         "--strategy=multiworker", "--loop=custom", "--workers=2", f"--output_dir={out}"],
+         "--strategy=multiworker", f"--loop={loop}", "--workers=2", f"--output_dir={out}"],
         capture_output=True, text=True, env=ENV, timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())["results"][0]
     assert result["strategy"] == "multiworker" and result["replicas"] == 2 and result["workers"] == 2
+    assert result["loop"] == loop
     assert result["samples_per_sec"] > 0 and result["final_val_loss"] > 0
 
 

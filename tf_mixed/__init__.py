@@ -44,9 +44,11 @@ _EXPORTS = {
     "callbacks": "callbacks",
     "convert": "conversion",
     "disable": "policy",
+    "distribute": "distribute",
     "enable": "policy",
     "float32_loss": "layers",
     "hardware": "hardware",
+    "launch": "launch",
     "layers": "layers",
     "loss_scale_state": "loss_scale",
     "policy_scope": "policy",
@@ -63,7 +65,9 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
+    from tf_mixed import distribute
     from tf_mixed import hardware
+    from tf_mixed import launch
     from tf_mixed import layers
     from tf_mixed import scale_state
     from tf_mixed import training

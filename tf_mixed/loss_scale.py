@@ -39,6 +39,8 @@ from tf_mixed import _internals
 from tf_mixed import scale_state
 from tf_mixed.scale_state import LossScaleConfig, LossScaleState
 
+from tf_mixed import distribute
+
 __all__ = ["LossScaleOptimizer", "loss_scale_state", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
@@ -173,6 +175,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
         self._scratch = _Untracked()
         self.config = config
+        # Keras's fit fails under several workers (keras-team/keras#20585):
+        # created in such a strategy's scope, install tf_mixed's workaround.
+        distribute.fit_support()
 
     # The knobs, read from the frozen config (one source of truth).
     growth_interval = property(lambda self: self.config.growth_interval)

@@ -112,14 +112,6 @@ class BenchConfig:
         ):
             if value < minimum:
                 raise UsageError(flag, value, f"must be >= {minimum}", f"an integer >= {minimum}")
-        if self.strategy == "multiworker" and self.loop == "fit" and self.suite == "compare":
-            raise UsageError(
-                "loop", self.loop,
-                "Keras 3's model.fit fails under MultiWorkerMirroredStrategy (PerReplica "
-                "inputs reach a Tensor conversion; keras-team/keras#20585), so "
-                "--strategy=multiworker needs the GradientTape loop",
-                "custom", "Add --loop=custom.",
-            )
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise UsageError("learning_rate", self.learning_rate, "must be a positive number", "e.g. 0.001")
         if not self.output_dir:

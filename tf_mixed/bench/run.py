@@ -97,7 +97,11 @@ def split_cpu_for_replicas(replicas: int) -> None:
 def make_strategy(config: BenchConfig) -> tf.distribute.Strategy:
     """The `tf.distribute` strategy that ``--strategy`` names."""
     if config.strategy == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        # Checks TF_CONFIG, bounds every collective wait, and makes fit work
+        # (keras-team/keras#20585) whatever optimizer the policy gets.
+        from tf_mixed import distribute
+
+        return distribute.multi_worker_strategy(timeout_seconds=600)
     if config.strategy == "mirrored":
         # Shared per process: two MirroredStrategy objects over the same
         # devices clash in TF 2.21 (see training.shared_mirrored_strategy).

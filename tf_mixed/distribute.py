@@ -1,0 +1,199 @@
+"""Several workers: a checked ``TF_CONFIG``, a strategy with a bounded wait, `fit` support.
+
+On each machine (or local process, see `tf_mixed.launch`) the same script runs
+with its own ``TF_CONFIG``; the first lines are::
+
+    strategy = tf_mixed.distribute.multi_worker_strategy(timeout_seconds=60)
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=tf_mixed.wrap_optimizer(...), loss=...)
+    model.fit(dataset, callbacks=[tf_mixed.callbacks.LossScaleMonitor()])
+
+Keras 3's own ``fit``/``evaluate`` fail under MultiWorkerMirroredStrategy
+(keras-team/keras#20585). `fit_support` installs tf_mixed's narrow workaround
+(``tf_mixed/_keras_fix_20585.py``) when, and only when, a strategy spans
+several workers and the installed Keras still has the defect. It is called
+for you by `multi_worker_strategy` and by ``tf_mixed.LossScaleOptimizer``
+when it is created in such a strategy's scope; call it yourself if you build
+the strategy by hand and use a plain Keras optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from tf_mixed import _keras_fix_20585
+
+_TF_CONFIG_EXAMPLE = (
+    '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
+    '"task": {"type": "worker", "index": 0}}'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """This process's place in the cluster, read from ``TF_CONFIG``.
+
+    Attributes:
+        index: This worker's index in ``cluster["worker"]``.
+        workers: The worker addresses, in index order.
+        is_chief: Whether this worker writes the shared outputs (worker 0 when
+            the cluster has no "chief" job, TF's convention).
+    """
+
+    index: int
+    workers: tuple[str, ...]
+    is_chief: bool
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+
+def _bad(message: str, text: Any) -> ValueError:
+    return ValueError(
+        f"TF_CONFIG {message}. Received: TF_CONFIG={text!r}. It must be JSON "
+        f"like {_TF_CONFIG_EXAMPLE}, the same cluster on every worker and each "
+        "worker its own index."
+    )
+
+
+def parse_tf_config(text: str | Mapping[str, Any]) -> Task:
+    """Checks a ``TF_CONFIG`` for a cluster of workers and returns this task.
+
+    TensorFlow itself reports a malformed ``TF_CONFIG`` late and obscurely (or
+    waits for a worker that cannot exist), so tf_mixed checks it first.
+
+    Args:
+        text: The ``TF_CONFIG`` JSON string, or the decoded dict.
+
+    Returns:
+        The `Task`.
+
+    Raises:
+        ValueError: if the JSON is malformed, ``cluster["worker"]`` is not a
+            non-empty list of "host:port" strings, ``task`` is not a worker,
+            or ``task["index"]`` is out of range. The message names the field,
+            the value and the expected form.
+    """
+    if isinstance(text, Mapping):
+        config = text
+    else:
+        try:
+            config = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as error:
+            raise _bad(f"is not valid JSON ({error})", text) from None
+    if not isinstance(config, Mapping):
+        raise _bad("must be a JSON object", text)
+    cluster = config.get("cluster")
+    workers = cluster.get("worker") if isinstance(cluster, Mapping) else None
+    if (not isinstance(workers, list) or not workers
+            or not all(isinstance(w, str) and ":" in w for w in workers)):
+        raise _bad('needs cluster["worker"], a non-empty list of "host:port" '
+                   f"strings; got {workers!r}", text)
+    if len(set(workers)) != len(workers):
+        raise _bad(f'lists the same address twice in cluster["worker"] '
+                   f"({workers!r})", text)
+    task = config.get("task")
+    if not isinstance(task, Mapping) or task.get("type") not in ("worker", "chief"):
+        raise _bad(f'needs task {{"type": "worker", "index": i}}; got {task!r}', text)
+    has_chief = bool(isinstance(cluster, Mapping) and cluster.get("chief"))
+    if task["type"] == "chief":
+        return Task(index=0, workers=tuple(workers), is_chief=True)
+    index = task.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) \
+            or not 0 <= index < len(workers):
+        raise _bad(f'task["index"] must be an integer from 0 to '
+                   f"{len(workers) - 1} (the cluster lists {len(workers)} "
+                   f"workers); got {index!r}", text)
+    return Task(index=index, workers=tuple(workers),
+                is_chief=(index == 0 and not has_chief))
+
+
+def current_task() -> Task | None:
+    """The `Task` from this process's ``TF_CONFIG``; None when it is unset.
+
+    Raises:
+        ValueError: as `parse_tf_config`.
+    """
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        return None
+    return parse_tf_config(text)
+
+
+def multi_worker_strategy(
+    timeout_seconds: float | None = 60.0,
+) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """A MultiWorkerMirroredStrategy from a checked ``TF_CONFIG``, ready for `fit`.
+
+    Args:
+        timeout_seconds: Longest wait of any collective (all-reduce) before it
+            fails with an error instead of hanging, e.g. when a peer worker
+            died. None waits forever (TensorFlow's default). The first
+            collective also waits for the other workers to start, so leave
+            room for the slowest start-up.
+
+    Returns:
+        The strategy. `fit_support` has been applied for it.
+
+    Raises:
+        ValueError: if ``TF_CONFIG`` is unset or invalid (see
+            `parse_tf_config`), or ``timeout_seconds`` is not a positive
+            number or None.
+    """
+    if timeout_seconds is not None and (
+            isinstance(timeout_seconds, bool)
+            or not isinstance(timeout_seconds, (int, float))
+            or not timeout_seconds > 0):
+        raise ValueError(
+            "`timeout_seconds` must be a positive number of seconds or None "
+            f"(wait forever). Received: timeout_seconds={timeout_seconds!r} "
+            f"(of type {type(timeout_seconds).__name__})."
+        )
+    if current_task() is None:
+        raise ValueError(
+            "multi_worker_strategy() needs the TF_CONFIG environment variable, "
+            f"e.g. TF_CONFIG='{_TF_CONFIG_EXAMPLE}' on worker 0. Received: "
+            "TF_CONFIG unset. Start local workers with tf_mixed.launch."
+            "run_local_workers(), or set it on each machine."
+        )
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=timeout_seconds)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=options)
+    fit_support(strategy)
+    return strategy
+
+
+def fit_support(strategy: tf.distribute.Strategy | None = None) -> bool:
+    """Makes Keras's ``fit``/``evaluate``/``predict`` work under ``strategy``.
+
+    Installs the workaround for keras-team/keras#20585 (two small
+    replacements in Keras's TensorFlow trainer, see
+    ``tf_mixed/_keras_fix_20585.py``) if ``strategy`` is a
+    MultiWorkerMirroredStrategy over more than one worker and the installed
+    Keras still has the defect; otherwise changes nothing. The replacements
+    pass every other case (one worker, MirroredStrategy, no strategy) to
+    Keras's own code. Idempotent; `remove_fit_support` undoes it.
+
+    Args:
+        strategy: The strategy; by default the one whose scope is active.
+
+    Returns:
+        True if the workaround is installed after the call.
+    """
+    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    if not _keras_fix_20585._in_multi_worker_mode(strategy):
+        return _keras_fix_20585.is_applied()
+    return _keras_fix_20585.apply()
+
+
+def remove_fit_support() -> None:
+    """Puts Keras's own trainer functions back (undoes `fit_support`)."""
+    _keras_fix_20585.restore()
