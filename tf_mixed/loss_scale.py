@@ -11,10 +11,11 @@ Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
 takes the finite check from the first replica's *local* gradients, so an
 overflow on any other replica is applied to the weights (they become
 ``-inf``), and under ``MultiWorkerMirroredStrategy`` workers that disagree can
-hang in the all-reduce. Here the per-replica verdicts are all-reduced first
-(see ``_all_replicas_finite``). It also adds the knobs the Keras class lacks:
-growth and backoff factors, minimum and maximum scale, hysteresis, and a
-skipped-step counter.
+hang in the all-reduce. Here the gradients are all-reduced first, once
+(optionally in float16/bfloat16: ``communication_dtype``), and the verdict is
+taken from the reduced gradients (see ``_reduce`` and ``tf_mixed.allreduce``).
+It also adds the knobs the Keras class lacks: growth and backoff factors,
+minimum and maximum scale, hysteresis, and a skipped-step counter.
 
 The class subclasses ``keras.optimizers.LossScaleOptimizer`` only so that
 ``model.compile`` recognises it and does not wrap it a second time when the
@@ -30,6 +31,9 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+
+from tf_mixed import _internals
+from tf_mixed import allreduce
 
 # Keras's own wrapper builds under this decorator so its state variables are
 # tracked once (in `_variables`); there is no public equivalent.
@@ -92,6 +96,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         hysteresis: Number of consecutive non-finite steps needed before the
             scale backs off (every one of them is still skipped). ``1`` backs
             off on every overflow, as Keras does.
+        communication_dtype: The dtype gradients travel in when they are
+            all-reduced across replicas: None (float32, as Keras),
+            ``"float16"`` or ``"bfloat16"`` (half the bytes; see
+            ``tf_mixed.allreduce``). Either way the gradients are reduced in
+            ONE collective and the skip verdict is taken from the reduced
+            gradients. No effect with a single replica.
         name: Optional name of the optimizer.
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
@@ -114,10 +124,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         min_scale: float = 1.0,
         max_scale: float = 2.0**24,
         hysteresis: int = 1,
+        communication_dtype: str | None = None,
         name: str | None = None,
         **kwargs: Any,
     ):
         _check_inner(inner_optimizer)
+        communication_dtype = allreduce.validate_communication_dtype(
+            communication_dtype)
         knobs = _validated_knobs(
             initial_scale=initial_scale,
             growth_interval=growth_interval,
@@ -141,6 +154,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.min_scale = knobs["min_scale"]
         self.max_scale = knobs["max_scale"]
         self.hysteresis = knobs["hysteresis"]
+        self.communication_dtype = communication_dtype
         # (thread, graph) pairs whose next `apply` gets gradients that
         # `unscale_gradients` already divided; see `_take_unscaled_mark`.
         self._unscaled_marks = set()
@@ -312,17 +326,46 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         already_unscaled = self._take_unscaled_mark()
         with keras.name_scope(self.name, caller=self):
-            finite = _all_replicas_finite(grads)
             scale = tf.identity(self.loss_scale.value)
+            grads, finite = self._reduce(grads, trainable_variables, scale,
+                                         already_unscaled)
             unscaled = [
-                g if already_unscaled
-                or getattr(v, "overwrite_with_gradient", False)
+                g if getattr(v, "overwrite_with_gradient", False)
                 else _divide(g, scale)
                 for g, v in zip(grads, trainable_variables)
             ]
             self._apply_if(finite, unscaled, trainable_variables)
             self._update_state(finite, scale)
         return finite
+
+    # ------------------------------------------ communication (issue 12)
+
+    def _reduce(self, grads, trainable_variables, scale, already_unscaled):
+        """Sums the gradients over all replicas once; the global verdict.
+
+        The gradients travel *scaled* so that small ones do not flush to
+        zero in a float16 all-reduce: gradients the caller already unscaled
+        are multiplied by the scale again (exact for power-of-two scales).
+        A variable Keras overwrites with its gradient (float8 scales) is not
+        summed (Keras does not sum it either), only checked.
+
+        Returns:
+            ``(scaled_sums, finite)``; ``finite`` is the same on every
+            replica and worker because it is computed from all-reduced bytes.
+        """
+        local = [getattr(v, "overwrite_with_gradient", False)
+                 for v in trainable_variables]
+        if already_unscaled:
+            grads = [g if keep else _multiply(g, scale)
+                     for g, keep in zip(grads, local)]
+        return allreduce.reduce_gradients(
+            grads, self.communication_dtype,
+            tf.distribute.get_replica_context(), local=local)
+
+    def _apply_inner(self, grads, trainable_variables):
+        """The inner update without its own (second) gradient all-reduce."""
+        _internals.apply_reduced_gradients(self.inner_optimizer, grads,
+                                           trainable_variables)
 
     def _check_variables_in_scope(self, strategy):
         """Refuses state created outside the strategy's scope.
@@ -349,28 +392,29 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Runs the inner optimizer when ``finite`` (already global) is True."""
 
         def apply_inner():
-            self.inner_optimizer.apply(grads, trainable_variables)
+            self._apply_inner(grads, trainable_variables)
 
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
             # No merge_call in the inner update (XLA on GPUs): the cond can
             # stay in the replica context. All replicas take the same branch
-            # because `finite` is all-reduced, so the gradient all-reduce
-            # inside `apply_inner` is entered by every replica or by none.
+            # because `finite` comes from all-reduced gradients; the branch
+            # holds no collective (the gradients are already reduced).
             tf.cond(finite, _returning_none(apply_inner), lambda: None)
             return
 
         def cross_replica(strategy, finite, grads, trainable_variables):
             # The inner update calls merge_call, which cannot sit in a cond
             # branch built in the replica context, so the cond is built here.
-            # `finite` was all-reduced before the merge_call, so every local
-            # copy holds the global verdict; taking the first is safe here
-            # (unlike keras.optimizers.LossScaleOptimizer, which takes the
-            # first replica's *local* check).
+            # `finite` was computed from all-reduced gradients before the
+            # merge_call, so every local copy holds the global verdict; taking
+            # the first is safe here (unlike keras.optimizers.
+            # LossScaleOptimizer, which takes the first replica's *local*
+            # check).
             verdict = strategy.experimental_local_results(finite)[0]
 
             def apply_all():
                 strategy.extended.call_for_each_replica(
-                    self.inner_optimizer.apply,
+                    self._apply_inner,
                     args=(grads, trainable_variables),
                 )
 
@@ -424,7 +468,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def check_finite(self, grads):
         """Whether every gradient of *this replica* is finite (local check).
 
-        ``apply`` does not use this alone: it all-reduces the local verdicts.
+        ``apply`` does not use this: it checks the all-reduced gradients.
 
         Args:
             grads: A list of gradients (None entries are ignored).
@@ -450,6 +494,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "min_scale": self.min_scale,
             "max_scale": self.max_scale,
             "hysteresis": self.hysteresis,
+            "communication_dtype": self.communication_dtype,
         }
 
     @classmethod
@@ -474,14 +519,17 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
 
     When the global Keras policy is not ``mixed_float16`` (float32 or
     bfloat16 need no loss scaling) the optimizer is returned as is, unless
-    ``force=True``.
+    ``force=True``, or unless ``communication_dtype`` asks for a cheaper
+    all-reduce: then it is wrapped with the loss scale pinned at 1
+    (``initial_scale=min_scale=max_scale=1``, so no scaling; non-finite steps
+    are still skipped on every replica), which only changes communication.
 
     Args:
         optimizer: A ``keras.optimizers.Optimizer`` or a name Keras knows,
             such as ``"adam"``.
         force: Wrap even when the global policy does not need loss scaling.
         **knobs: ``LossScaleOptimizer`` arguments (``initial_scale``,
-            ``growth_interval``, ...).
+            ``growth_interval``, ``communication_dtype``, ...).
 
     Returns:
         The optimizer to pass to ``model.compile`` or to use in a loop.
@@ -517,7 +565,11 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             f"{type(optimizer).__name__})."
         )
     if not force and keras.config.dtype_policy().name != "mixed_float16":
-        return optimizer
+        if allreduce.validate_communication_dtype(
+                knobs.get("communication_dtype")) is None:
+            return optimizer
+        for knob in ("initial_scale", "min_scale", "max_scale"):
+            knobs.setdefault(knob, 1.0)
     return LossScaleOptimizer(optimizer, **knobs)
 
 
@@ -550,6 +602,17 @@ def _divide(grad, scale):
     return grad / tf.cast(scale, grad.dtype)
 
 
+def _multiply(grad, scale):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            _multiply(grad.values, scale), grad.indices, grad.dense_shape
+        )
+    grad = tf.convert_to_tensor(grad)
+    return grad * tf.cast(scale, grad.dtype)
+
+
 def _local_nonfinite_flag(grads):
     """1.0 if any gradient of this replica holds NaN or inf, else 0.0."""
     checks = [
@@ -560,24 +623,6 @@ def _local_nonfinite_flag(grads):
         return tf.constant(0.0)
     return tf.cast(tf.logical_not(tf.reduce_all(tf.stack(checks))),
                    tf.float32)
-
-
-def _all_replicas_finite(grads):
-    """The skip verdict, identical on every replica of every worker.
-
-    Each replica's own gradients can differ (its batch shard overflowed,
-    another's did not), and the inner optimizer's gradient all-reduce has not
-    happened yet. So the local 0/1 flags are summed with an all-reduce over
-    all replicas (a collective across workers under MultiWorkerMirrored)
-    *before* anything branches on them: every replica then takes the same
-    branch, no replica applies a step another one skips, and no worker waits
-    in a collective its peers never enter.
-    """
-    flag = _local_nonfinite_flag(grads)
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        flag = context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
-    return tf.equal(flag, 0.0)
 
 
 def _refuse_jit_under_strategy(strategy):
