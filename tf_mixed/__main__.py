@@ -150,6 +150,10 @@ def _bench(argv: list[str]) -> int:
         command = "python -m tf_mixed bench " + " ".join(shlex.quote(a) for a in argv[1:])
         if config.suite == "overhead":
             bench_overhead.run_overhead(config, command.strip())
+        elif config.suite == "comm":  # issue 12; the lead moves it into bench/
+            from tf_mixed import bench_comm
+
+            bench_comm.run_comm(config, command.strip())
         else:
             bench_launch.run_compare(config, command.strip())
     except UsageError as error:
