@@ -161,7 +161,7 @@ def _markdown(rows, worker) -> str:
             f"| {r['path']} | {wire} | {r['step_s']:.3f} | "
             f"{r['step_time_vs_keras']:.2f}x | {r['bytes_per_step'] / 1e6:.1f} | "
             f"{r['bytes_vs_float32']:.2f}x | {r['collectives_per_step']} "
-            f"({r['gradient_collectives_per_step']}) | {r["final_loss"]:.6f} |")
+            f"({r['gradient_collectives_per_step']}) | {r['final_loss']:.6f} |")
     lines += ["", "MB per step: what each worker puts into the gradient "
               "all-reduce (computed from gradient sizes and wire dtype; equal "
               "to the traced collectives' input sizes, checked). Collectives: "
