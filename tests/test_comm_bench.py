@@ -1,6 +1,6 @@
 """``--suite=comm``: bad input, the report, and the traced-collective count.
 
-The suite itself (two worker processes with a 26M-parameter model) is run by
+The suite itself (two worker processes with a 22M-parameter model) is run by
 hand, see BUILD_NOTES.md; here its pieces are checked quickly in process.
 """
 

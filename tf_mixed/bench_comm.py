@@ -3,7 +3,7 @@
     python -m tf_mixed bench --suite=comm --batch_size=8 --rounds=3 --steps=5
 
 Two (``--workers``) local worker processes join a MultiWorkerMirroredStrategy
-over 127.0.0.1 and train a wide Dense stack (about 26 million float32
+over 127.0.0.1 and train a wide Dense stack (about 22 million float32
 parameters) on a small synthetic batch, so that a step is dominated by the
 gradient exchange. Four paths train the same model from the same weights on
 the same data, in alternating timing rounds inside the same two processes
