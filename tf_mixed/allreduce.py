@@ -281,8 +281,10 @@ def _reduce_dense(tensors, wire, replicas, flag, context):
         buffer = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
         # The one collective of the step (per dtype group).
         summed = context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
-        pieces = tf.split(summed, tf.stack(sizes), axis=0) if len(parts) > 1 \
-            else [summed]
+        if len(parts) > 1:
+            pieces = tf.split(summed, tf.stack(sizes), axis=0)
+        else:
+            pieces = [summed]
         for p, piece in zip(positions, pieces):
             value = _from_wire(piece, tensors[p].dtype, wire, replicas)
             out[p] = tf.reshape(value, tf.shape(tensors[p]))
