@@ -15,8 +15,10 @@ Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
 takes the finite check from the first replica's *local* gradients, so an
 overflow on any other replica is applied to the weights (they become
 ``-inf``), and under ``MultiWorkerMirroredStrategy`` workers that disagree can
-hang in the all-reduce. Here the per-replica verdicts are all-reduced first
-(``_global_finite``). It also adds the knobs the Keras class lacks (growth and
+hang in the all-reduce. Here the gradients are all-reduced first, once
+(optionally in float16/bfloat16: ``communication_dtype``), and the verdict is
+taken from the reduced gradients (``_reduce``, `tf_mixed.allreduce`); the
+inner optimizer then applies them without a second all-reduce. It also adds the knobs the Keras class lacks (growth and
 backoff factors, minimum and maximum scale, hysteresis, a fixed scale), the
 counters a monitor needs, and a pass-through mode for float32/bfloat16.
 
@@ -36,6 +38,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import allreduce
 from tf_mixed import scale_state
 from tf_mixed.scale_state import LossScaleConfig, LossScaleState
 
@@ -127,6 +130,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             on every overflow, as Keras does.
         dynamic: False keeps ``initial_scale`` fixed (tf-keras's
             ``dynamic=False``); non-finite steps are still skipped.
+        communication_dtype: The dtype gradients travel in when they are
+            all-reduced across replicas: None (float32, as Keras),
+            ``"float16"`` or ``"bfloat16"`` (half the bytes; see
+            `tf_mixed.allreduce`). Either way the gradients are reduced in
+            ONE collective and the skip verdict is taken from the reduced
+            gradients. No effect with a single replica.
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
             weight decay and the like belong on ``inner_optimizer``.
@@ -152,9 +161,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         max_scale: float = 2.0**24,
         hysteresis: int = 1,
         dynamic: bool = True,
+        communication_dtype: str | None = None,
         **kwargs: Any,
     ):
         _check_inner(inner_optimizer)
+        communication_dtype = allreduce.validate_communication_dtype(
+            communication_dtype)
         config = LossScaleConfig(
             initial_scale=initial_scale,
             growth_interval=_growth_steps(dynamic_growth_steps,
@@ -175,6 +187,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
         self._scratch = _Untracked()
         self.config = config
+        self.communication_dtype = communication_dtype
         # Keras's fit fails under several workers (keras-team/keras#20585):
         # created in such a strategy's scope, install tf_mixed's workaround.
         distribute.fit_support()
@@ -521,9 +534,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._check_variables_in_scope(strategy)
 
         with keras.name_scope(self.name, caller=self):
-            finite = self._global_finite(grads)
-            if not unscaled:
-                scale = tf.identity(self.dynamic_scale.value)
+            scale = tf.identity(self.dynamic_scale.value)
+            grads, finite, scaled = self._reduce(
+                grads, trainable_variables, scale, unscaled)
+            if scaled:
                 grads = [
                     g if getattr(v, "overwrite_with_gradient", False)
                     else _divide(g, scale)
@@ -534,53 +548,71 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._advance_state(finite)
         return finite
 
-    def _global_finite(self, grads):
-        """(a) The skip verdict, identical on every replica of every worker.
+    def _reduce(self, grads, trainable_variables, scale, unscaled):
+        """(a) Sums the gradients over all replicas once; the global verdict.
 
         Each replica's own gradients can differ (its batch shard overflowed,
-        another's did not), and the inner optimizer's gradient all-reduce has
-        not happened yet. So the local 0/1 flags are summed with an
-        all-reduce over all replicas (a collective across workers under
-        MultiWorkerMirrored) *before* anything branches on them: every
-        replica then takes the same branch, no replica applies a step another
-        one skips, and no worker waits in a collective its peers never enter.
+        another's did not). They are all-reduced here, once, in
+        ``communication_dtype`` (`tf_mixed.allreduce.reduce_gradients`), and
+        the verdict is taken from the *reduced* gradients, which are the same
+        bytes on every replica and worker: every replica then takes the same
+        branch, no replica applies a step another one skips, no worker waits
+        in a collective its peers never enter, and an overflow of the
+        half-precision sum itself is caught too. No separate flag collective.
+
+        In half precision the gradients travel *scaled* so that small ones
+        do not flush to zero: gradients the caller already unscaled are
+        multiplied by the scale again (exact for power-of-two scales). A
+        variable Keras overwrites with its gradient (float8 scales) is only
+        checked, not summed (Keras does not sum it either).
+
+        Returns:
+            ``(reduced, finite, scaled)``: ``scaled`` says whether the
+            reduced gradients still carry the loss scale.
         """
-        flag = _local_nonfinite_flag(grads)
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync > 1:
-            flag = context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
-        return tf.equal(flag, 0.0)
+        local = [getattr(v, "overwrite_with_gradient", False)
+                 for v in trainable_variables]
+        scaled = not unscaled
+        if unscaled and self.communication_dtype is not None:
+            grads = [g if keep else _multiply(g, scale)
+                     for g, keep in zip(grads, local)]
+            scaled = True
+        reduced, finite = allreduce.reduce_gradients(
+            grads, self.communication_dtype,
+            tf.distribute.get_replica_context(), local=local)
+        return reduced, finite, scaled
 
     def _apply_unscaled(self, finite, grads, trainable_variables):
         """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
 
-        ``finite`` is already global. The inner optimizer all-reduces the
-        gradients itself.
+        ``finite`` is already global and the gradients already reduced, so
+        the inner optimizer applies them without its own all-reduce
+        (`tf_mixed._internals.apply_reduced_gradients`).
         """
 
         def apply_inner():
-            self.inner_optimizer.apply(grads, trainable_variables)
+            self._apply_inner(grads, trainable_variables)
 
         if _internals.strategy_supports_no_merge_call():
             # No merge_call in the inner update (XLA on GPUs): the cond can
             # stay in the replica context. All replicas take the same branch
-            # because `finite` is all-reduced, so the gradient all-reduce
-            # inside `apply_inner` is entered by every replica or by none.
+            # because `finite` comes from all-reduced gradients; the branch
+            # holds no collective (the gradients are already reduced).
             tf.cond(finite, _returning_none(apply_inner), lambda: None)
             return
 
         def cross_replica(strategy, finite, grads, trainable_variables):
             # The inner update calls merge_call, which cannot sit in a cond
             # branch built in the replica context, so the cond is built here.
-            # `finite` was all-reduced before the merge_call, so every local
-            # copy holds the global verdict; taking the first is safe here
+            # `finite` was computed from all-reduced gradients before the
+            # merge_call, so every local copy holds the global verdict; taking the first is safe here
             # (unlike keras.optimizers.LossScaleOptimizer, which takes the
             # first replica's *local* check).
             verdict = strategy.experimental_local_results(finite)[0]
 
             def apply_all():
                 strategy.extended.call_for_each_replica(
-                    self.inner_optimizer.apply,
+                    self._apply_inner,
                     args=(grads, trainable_variables),
                 )
 
@@ -589,6 +621,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         tf.distribute.get_replica_context().merge_call(
             cross_replica, args=(finite, grads, trainable_variables)
         )
+
+    def _apply_inner(self, grads, trainable_variables):
+        """The inner update without its own (second) gradient all-reduce."""
+        _internals.apply_reduced_gradients(self.inner_optimizer, grads,
+                                           trainable_variables)
 
     def _advance_state(self, finite):
         """Writes `next_state` of the global verdict into the variables."""
@@ -642,7 +679,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def check_finite(self, grads):
         """Whether every gradient of *this replica* is finite (local check).
 
-        ``apply`` does not use this alone: it all-reduces the local verdicts.
+        ``apply`` does not use this: it checks the all-reduced gradients.
 
         Args:
             grads: A list of gradients (None entries are ignored).
@@ -681,6 +718,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "initial_scale": knobs.pop("initial_scale"),
             "dynamic_growth_steps": knobs.pop("growth_interval"),
             **knobs,
+            "communication_dtype": self.communication_dtype,
         }
 
     @classmethod
@@ -829,9 +867,11 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
         )
     if force or keras.config.dtype_policy().name == "mixed_float16":
         return LossScaleOptimizer(optimizer, **knobs)
+    communication_dtype = knobs.pop("communication_dtype", None)
     _validate_knobs(knobs)
     return LossScaleOptimizer(
-        optimizer, **LossScaleConfig.pass_through().to_dict())
+        optimizer, **LossScaleConfig.pass_through().to_dict(),
+        communication_dtype=communication_dtype)
 
 
 # --------------------------------------------------------------- helpers
@@ -968,6 +1008,17 @@ def _divide(grad, scale):
         )
     grad = tf.convert_to_tensor(grad)
     return grad / tf.cast(scale, grad.dtype)
+
+
+def _multiply(grad, scale):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            _multiply(grad.values, scale), grad.indices, grad.dense_shape
+        )
+    grad = tf.convert_to_tensor(grad)
+    return grad * tf.cast(scale, grad.dtype)
 
 
 def _local_nonfinite_flag(grads):

@@ -148,6 +148,10 @@ def _bench(argv: list[str]) -> int:
         with quiet.summarised_tf_warnings(fv.verbose, "bench"):
             if config.suite == "overhead":
                 overhead.run_overhead(config, command.strip())
+            elif config.suite == "comm":
+                from tf_mixed.bench import comm
+
+                comm.run_comm(config, command.strip())
             else:
                 compare.run_compare(config, command.strip(), verbose=fv.verbose)
     except UsageError as error:

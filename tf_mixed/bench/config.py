@@ -17,9 +17,9 @@ from tf_mixed.bench.errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
-SUITES = ("compare", "overhead")
+SUITES = ("compare", "overhead", "comm")
 ISOLATIONS = ("subprocess", "inprocess")
-DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp"}
+DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp"}
 
 
 @dataclasses.dataclass(frozen=True)
