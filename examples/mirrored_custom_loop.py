@@ -69,13 +69,12 @@ def train(strategy, wrapper):
         batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
         result = step(*batch)
         if number % 10 == 0 or number == _OVERFLOW_AT.value:
-            scale = getattr(optimizer, "loss_scale", None)
-            scale = optimizer.dynamic_scale if scale is None else scale
+            state = tf_mixed.loss_scale_state(optimizer)
             # Keras's wrapper reports no skip signal, so only ours shows it.
             applied = (f"applied {bool(result['applied'])!s:5} "
-                       if hasattr(optimizer, "skipped_steps") else "")
+                       if isinstance(optimizer, tf_mixed.LossScaleOptimizer) else "")
             print(f"  step {number:3d} loss {float(result['loss']):10.4f} "
-                  f"{applied}scale {float(scale.numpy()):8.0f}")
+                  f"{applied}scale {state.scale:8.0f}")
     return all(np.isfinite(w).all() for w in model.get_weights())
 
 

@@ -122,3 +122,29 @@ def test_argument_text_is_what_enable_accepts():
     text = keep_float32.argument(["l2_norm", "b"])
     assert text == "keep_float32=['l2_norm', 'b']"
     assert keep_float32.parse(eval(text.split("=", 1)[1])).names == ("l2_norm", "b")
+
+
+def test_rules_are_per_thread_and_survive_another_threads_enable():
+    import threading
+
+    tf_mixed.enable("mixed_float16", keep_float32=["kept"])
+    other = {}
+
+    def in_another_thread():
+        tf_mixed.enable("mixed_bfloat16")  # must not clear this thread's rules
+        other["dtype"] = keras.layers.Dense(2, name="kept").compute_dtype
+        tf_mixed.disable()
+
+    thread = threading.Thread(target=in_another_thread)
+    thread.start()
+    thread.join(timeout=60)
+    assert other == {"dtype": "bfloat16"}  # the rules were never that thread's
+    assert keras.layers.Dense(2, name="kept").compute_dtype == "float32"
+    assert keras.layers.Dense(2, name="free").compute_dtype == "float16"
+
+
+def test_a_failed_enable_leaves_the_rules_as_they_were():
+    tf_mixed.enable("mixed_float16", keep_float32=["kept"])
+    with pytest.raises(TypeError):
+        tf_mixed.enable("mixed_bfloat16", measure="yes", keep_float32=["other"])
+    assert keras.layers.Dense(2, name="kept").compute_dtype == "float32"

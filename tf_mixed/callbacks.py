@@ -451,7 +451,12 @@ class LossScaleMonitor(keras.callbacks.Callback):
         if epoch_end and self._ours and skipped:
             applied = reading["loss_steps"] - self._epoch_start["loss_steps"]
             if applied:
-                total = reading["loss_sum"] - self._epoch_start["loss_sum"]
+                # Each worker's sum covers its own replicas only; `skipped`
+                # and `applied` follow the global verdict, so every worker
+                # enters this sum, and every worker logs the same loss.
+                total, = _global_sums(
+                    self.model.distribute_strategy,
+                    [reading["loss_sum"] - self._epoch_start["loss_sum"]])
                 logs["loss"] = float(total / applied)
 
     # -- rules

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import threading
 from typing import Callable, Iterable, Union
 
 import keras
@@ -152,25 +153,26 @@ def argument(names: Iterable[str]) -> str:
     return "keep_float32=[" + ", ".join(repr(n) for n in names) + "]"
 
 
-# The rules, the global policy object before `enable` changed it, and the
-# half-precision policy object they apply under (bound at the first layer
-# created after `activate`: `enable` sets a new policy object after calling
-# `activate`, and Keras offers no notice of that).
-_active: dict = {"rules": KeepFloat32(), "before": None, "bound": None}
+# The rules of this thread and the half-precision policy object they apply
+# under. Per thread, as Keras keeps the dtype policy per thread: an `enable`
+# in another thread neither clears these rules nor inherits them.
+_active = threading.local()
 
 
 def activate(spec: Spec) -> KeepFloat32:
     """Keeps matching layers created from now on in float32 (for `enable`).
 
-    Call it before `enable` changes the global policy: it validates `spec`
-    first. The rules then apply under the half-precision global policy that
-    `enable` sets, and stop when the global policy changes again (`disable`,
-    a later `enable`, `policy_scope`, ``keras.backend.clear_session()`` or
-    ``keras.config.set_dtype_policy``). Under a float32 policy keeping a layer
+    Call it right after `enable` set the global policy (validate `spec` with
+    `parse` before changing anything). The rules apply while this thread's
+    global policy is that very policy object and computes in half precision;
+    they stop when it changes (`disable`, a later `enable`, `policy_scope`,
+    ``keras.backend.clear_session()``, ``keras.config.set_dtype_policy``, or
+    `convert`'s temporary policy). Under a float32 policy keeping a layer
     float32 would change nothing, so nothing is done there.
 
     Args:
-        spec: See `parse`; None or ``()`` turns the rules off.
+        spec: See `parse` (a parsed `KeepFloat32` is taken as is); None or
+            ``()`` turns this thread's rules off.
 
     Returns:
         The parsed rules.
@@ -178,21 +180,22 @@ def activate(spec: Spec) -> KeepFloat32:
     Raises:
         TypeError, ValueError: As `parse`, before anything changes.
     """
-    rules = parse(spec)
-    _active.update(rules=rules, before=keras.config.dtype_policy(), bound=None)
+    rules = spec if isinstance(spec, KeepFloat32) else parse(spec)
+    _active.rules = rules
+    _active.bound = keras.config.dtype_policy()
     if rules:
         _internals.add_layer_init_hook(_on_layer_init)
     return rules
 
 
 def active() -> KeepFloat32:
-    """The rules that apply to a layer created now (empty when none)."""
-    rules, policy = _active["rules"], keras.config.dtype_policy()
-    if not rules or policy is _active["before"] or policy.compute_dtype not in HALF_DTYPES:
+    """The rules that apply to a layer created now in this thread (or none)."""
+    rules = getattr(_active, "rules", None)
+    policy = keras.config.dtype_policy()
+    if (not rules or policy is not getattr(_active, "bound", None)
+            or policy.compute_dtype not in HALF_DTYPES):
         return KeepFloat32()
-    if _active["bound"] is None:
-        _active["bound"] = policy
-    return rules if policy is _active["bound"] else KeepFloat32()
+    return rules
 
 
 def _on_layer_init(layer, dtype) -> None:

@@ -300,7 +300,7 @@ def enable(
     """
     name = canonical_name(policy)  # validates before anything changes
     measure = _validated_measure(measure)
-    keep_float32_rules.activate(keep_float32)  # validates; applies once the policy is set
+    keep = keep_float32_rules.parse(keep_float32)  # applied once the policy is set
     state = _state()
     _warn_if_reset(state, "enable")
     info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) else None
@@ -320,6 +320,7 @@ def enable(
     if cpu_float16:
         logging.warning(_CPU_FLOAT16_WARNING)
     keras.mixed_precision.set_dtype_policy(name)
+    keep_float32_rules.activate(keep)
     state.active = name
 
     enabled = Enabled(policy=name, reason=reason, requested=policy)
