@@ -7,7 +7,7 @@ With no ``--worker`` this script is the launcher: `tf_mixed.launch.
 run_local_workers` starts it twice as workers 0 and 1 (each with its own
 ``TF_CONFIG`` on 127.0.0.1), prints their output prefixed ``[worker i]``, and
 stops both if one fails. Each worker trains the same small CNN (Conv2D +
-BatchNormalization) with ``model.fit`` under MultiWorkerMirroredStrategy,
+BatchNormalization(synchronized=True)) with ``model.fit`` under MultiWorkerMirroredStrategy,
 tf_mixed's LossScaleOptimizer and LossScaleMonitor, on its own shard of
 generated images. At step ``--overflow_at`` of each epoch one pixel of
 worker 1's batch is 1e5, which is inf in float16: that step must be skipped
@@ -77,7 +77,10 @@ def run_worker():
         model = keras.Sequential([
             keras.Input(IMAGE),
             keras.layers.Conv2D(4, 3, padding="same", use_bias=False),
-            keras.layers.BatchNormalization(),
+            # synchronized: batch statistics all-reduced across workers, so
+            # the moving statistics are the same everywhere (plain Keras
+            # BatchNorm keeps each replica's own statistics).
+            keras.layers.BatchNormalization(synchronized=True),
             keras.layers.ReLU(),
             keras.layers.GlobalAveragePooling2D(),
             keras.layers.Dense(2),
