@@ -32,6 +32,7 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed audit PATH [--verbose]
        python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
        python -m tf_mixed probe MODEL.keras [--dataset=SPEC]   (find the layer that breaks)
+       python -m tf_mixed rollback-cost [--steps=N]   (what BatchNorm rollback costs)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
