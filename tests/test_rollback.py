@@ -187,3 +187,16 @@ def test_mirrored_without_rollback_only_replica_1_is_poisoned(fp16, mirrored):
               callbacks=[LossScaleMonitor(rollback_forward_state=False)])
     replica0, replica1 = _copies(model.layers[1].moving_variance)
     assert np.isfinite(replica0).all() and not np.isfinite(replica1).all()
+
+
+def test_mirrored_variable_with_aggregation_is_refused_with_its_name(mirrored):
+    # Written through merge_call, which cannot run inside the skip decision.
+    with mirrored.scope():
+        opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        summed = keras.Variable(0.0, trainable=False, aggregation="mean",
+                                name="running_total")
+        fine = keras.Variable(0.0, trainable=False, aggregation="none",
+                              name="per_replica")
+        assert opt.track_forward_state([fine]) == 1
+        with pytest.raises(ValueError, match="running_total.*MEAN"):
+            opt.track_forward_state([fine, summed])

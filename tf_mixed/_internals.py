@@ -211,9 +211,11 @@ def add_layer_init_hook(hook: Callable[[keras.layers.Layer, object], None]) -> N
     layer in a Sequential has the path ``sequential/NAME`` so an exact name
     key misses it, and it never sees a layer's class.
 
-    The wrapper keeps ``inspect.getfullargspec`` equal to the original's
-    (``self, **kwargs``) and ``inspect.signature`` follows ``__wrapped__``, so
-    Keras's automatic ``get_config`` (``Operation.__new__``) is unchanged.
+    The wrapper keeps what Keras reads of the signature equal to the
+    original's: ``getfullargspec``'s ``args`` and ``varkw`` (``self,
+    **kwargs``; the original's keyword-only arguments are not repeated) and
+    ``inspect.signature``, which follows ``__wrapped__``; so Keras's automatic
+    ``get_config`` (``Operation.__new__``) is unchanged.
     Installing twice adds the hook once.
 
     Args:

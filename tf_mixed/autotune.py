@@ -322,7 +322,7 @@ def write_cache(path: str, record: Mapping) -> bool:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return True
-    except OSError as error:
+    except (OSError, TypeError, ValueError) as error:  # unwritable, or not JSON-able
         logging.debug("tf_mixed: cannot write the auto-policy cache %s: %s", path, error)
         if tmp:
             try:

@@ -345,6 +345,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         for variable in variables:
             inner = (variable.value if isinstance(variable, keras.Variable)
                      else variable)
+            _check_restorable(variable, inner, strategy)
             backups.append(tf.Variable(
                 tf.zeros(variable.shape, variable.dtype), trainable=False,
                 synchronization=inner.synchronization,
@@ -573,13 +574,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         local = [getattr(v, "overwrite_with_gradient", False)
                  for v in trainable_variables]
         scaled = not unscaled
-        if unscaled and self.communication_dtype is not None:
+        context = tf.distribute.get_replica_context()
+        several = context is not None and context.num_replicas_in_sync > 1
+        if unscaled and several and self.communication_dtype is not None:
             grads = [g if keep else _multiply(g, scale)
                      for g, keep in zip(grads, local)]
             scaled = True
         reduced, finite = allreduce.reduce_gradients(
-            grads, self.communication_dtype,
-            tf.distribute.get_replica_context(), local=local)
+            grads, self.communication_dtype, context, local=local)
         return reduced, finite, scaled
 
     def _apply_unscaled(self, finite, grads, trainable_variables):
@@ -976,6 +978,29 @@ def _forward_variables(model_or_variables) -> list:
             f"{type(model_or_variables).__name__}).")
     return [v for v in candidates
             if tf.as_dtype(keras.backend.standardize_dtype(v.dtype)).is_floating]
+
+
+def _check_restorable(variable, inner, strategy) -> None:
+    """Refuses a variable the rollback could not write on the merge_call path.
+
+    The backup is copied back inside a ``tf.cond`` in the replica context. A
+    mirrored variable with an aggregation other than NONE writes through
+    ``merge_call``, which cannot run in a cond branch there (the trace of the
+    step would fail). BatchNormalization's statistics use NONE.
+    """
+    if strategy.num_replicas_in_sync <= 1:
+        return
+    if (inner.synchronization == tf.VariableSynchronization.ON_READ
+            or inner.aggregation == tf.VariableAggregation.NONE):
+        return
+    raise ValueError(
+        "track_forward_state() cannot roll back variable "
+        f"'{getattr(variable, 'path', variable.name)}' under "
+        f"{type(strategy).__name__}: its aggregation is "
+        f"{inner.aggregation.name}, so writing it needs a merge_call that "
+        "cannot run inside the skip decision. Create it with "
+        "aggregation='none' (as BatchNormalization does), or pass "
+        "track_forward_state() a list of variables without it.")
 
 
 def _local_values(variable) -> list:

@@ -317,8 +317,12 @@ def enable(
     # (a Dense model trains ~300x slower; see BUILD_NOTES.md). The option is
     # per process, so it is held off until no thread needs it off.
     _set_remapping_hold(state, cpu_float16)
-    if cpu_float16:
+    if cpu_float16 and canonical_name(policy) == MIXED_FLOAT16:
         logging.warning(_CPU_FLOAT16_WARNING)
+    elif cpu_float16:  # "auto" measured float16 fastest on this CPU
+        logging.info("tf_mixed: auto picked mixed_float16 on this CPU (%s); "
+                     "TF's 'remapping' graph pass is off, whose fused float16 "
+                     "MatMul+BiasAdd CPU kernel is very slow.", reason)
     keras.mixed_precision.set_dtype_policy(name)
     keep_float32_rules.activate(keep)
     state.active = name

@@ -74,8 +74,10 @@ def apply_scaled_gradients(
     ``clip_norm``. It is done in scaled space (clip to ``clip_norm * scale``),
     which is the same thing without a second unscaling pass, and leaves a
     non-finite gradient non-finite so the step is still skipped. Under a
-    strategy the norm is that of each replica's local gradients (as with the
-    ``global_clipnorm`` of a Keras optimizer).
+    strategy the norm is that of each replica's local gradients, before the
+    all-reduce (as plain Keras clips). Clipping set on the *inner* optimizer
+    (``clipnorm``, ``global_clipnorm``) differs: tf_mixed hands it the
+    gradients already summed over all replicas, so it clips the global sum.
 
     Args:
         tape: The ``tf.GradientTape`` that recorded the forward pass.
