@@ -165,16 +165,6 @@ def _check_int(name: str, value, minimum: int, hint: str) -> int:
     return int(value)
 
 
-def _copies(variable) -> list[np.ndarray]:
-    """Every local replica's copy of a (possibly distributed) variable."""
-    value = variable.value if isinstance(variable, keras.Variable) else variable
-    if isinstance(value, tf.distribute.DistributedValues):
-        parts = value.values
-    else:
-        parts = [value]
-    return [keras.ops.convert_to_numpy(p) for p in parts]
-
-
 def _global_sums(strategy, values: list[float]) -> list[float]:
     """Sums ``values`` over the workers of a multi-worker strategy.
 
@@ -535,7 +525,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         for weight in self.model.weights:
             if not keras.backend.is_float_dtype(weight.dtype):
                 continue
-            if not all(np.isfinite(c).all() for c in _copies(weight)):
+            if not all(np.isfinite(c).all() for c in loss_scale_module.local_copies(weight)):
                 bad.append(weight.path)
         return bad
 

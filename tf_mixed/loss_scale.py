@@ -302,8 +302,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.built:
             return 0.0, 0
         scratch = self._scratch
-        loss = sum(float(v) for v in _local_values(scratch.applied_loss_sum))
-        steps = int(_local_values(scratch.applied_steps)[0])
+        loss = sum(float(v) for v in local_copies(scratch.applied_loss_sum))
+        steps = int(local_copies(scratch.applied_steps)[0])
         return loss, steps
 
     # --------------------------------------------------- forward-state rollback
@@ -1003,7 +1003,7 @@ def _check_restorable(variable, inner, strategy) -> None:
         "track_forward_state() a list of variables without it.")
 
 
-def _local_values(variable) -> list:
+def local_copies(variable) -> list:
     """Every replica's copy on this worker, as numpy values."""
     value = variable.value if isinstance(variable, keras.Variable) else variable
     if isinstance(value, tf.distribute.DistributedValues):
@@ -1025,25 +1025,23 @@ def _values(grad):
 
 
 def _divide(grad, scale):
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            _divide(grad.values, scale), grad.indices, grad.dense_shape
-        )
-    grad = tf.convert_to_tensor(grad)
-    return grad / tf.cast(scale, grad.dtype)
+    return _rescale(grad, scale, tf.math.divide)
 
 
 def _multiply(grad, scale):
+    return _rescale(grad, scale, tf.math.multiply)
+
+
+def _rescale(grad, scale, op):
+    """``op(grad, scale)`` for a dense or sparse gradient; None stays None."""
     if grad is None:
         return None
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(
-            _multiply(grad.values, scale), grad.indices, grad.dense_shape
+            _rescale(grad.values, scale, op), grad.indices, grad.dense_shape
         )
     grad = tf.convert_to_tensor(grad)
-    return grad * tf.cast(scale, grad.dtype)
+    return op(grad, tf.cast(scale, grad.dtype))
 
 
 def _local_nonfinite_flag(grads):

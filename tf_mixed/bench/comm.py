@@ -111,12 +111,9 @@ def run_comm(config, command: str) -> dict[str, Any]:
         paths = bench_report.write_outputs(report, config.output_dir,
                                            plot=False)
     except BaseException:
-        if created:
-            shutil.rmtree(config.output_dir, ignore_errors=True)
+        bench_report.remove_if_created(config.output_dir, created)
         raise
-    print()
-    print(markdown)
-    print("Wrote " + ", ".join(paths))
+    bench_report.print_written(markdown, paths)
     return report
 
 

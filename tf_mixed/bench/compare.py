@@ -86,8 +86,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         }
         paths = report_module.write_outputs(report, config.output_dir)
     except BaseException:
-        if created:
-            shutil.rmtree(config.output_dir, ignore_errors=True)
+        report_module.remove_if_created(config.output_dir, created)
         raise
     print()
     print(report_module.markdown_table(results))

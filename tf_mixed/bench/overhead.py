@@ -18,7 +18,6 @@ both; the report is the ratio of median step times, tf_mixed / Keras.
 from __future__ import annotations
 
 import datetime
-import shutil
 import statistics
 import time
 from typing import Any
@@ -214,10 +213,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
         }
         written = report_module.write_outputs(report, config.output_dir)
     except BaseException:
-        if created:
-            shutil.rmtree(config.output_dir, ignore_errors=True)
+        report_module.remove_if_created(config.output_dir, created)
         raise
-    print()
-    print(markdown)
-    print("Wrote " + ", ".join(written))
+    report_module.print_written(markdown, written)
     return report

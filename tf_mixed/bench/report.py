@@ -128,6 +128,24 @@ def check_output_dir(path: str) -> bool:
     return created
 
 
+def remove_if_created(path: str, created: bool) -> None:
+    """Removes the output directory a failed run created (nothing half-written).
+
+    Args:
+        path: The ``--output_dir`` of the run.
+        created: What `check_output_dir` returned for it.
+    """
+    if created:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def print_written(markdown: str, paths: list[str]) -> None:
+    """Prints a suite's table and the files it wrote."""
+    print()
+    print(markdown)
+    print("Wrote " + ", ".join(paths))
+
+
 def _remove_if_empty(path: str) -> None:
     try:
         os.rmdir(path)
