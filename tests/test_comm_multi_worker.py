@@ -1,65 +1,24 @@
 """communication_dtype under MultiWorkerMirroredStrategy: two local workers.
 
 The workers (tests/_comm_worker.py) are fresh processes with TF_CONFIG on two
-127.0.0.1 ports, started the way tests/test_multi_worker.py starts its own;
+127.0.0.1 ports, started by tests/_workers.py (tf_mixed.launch);
 every wait is bounded and no process outlives the test.
 """
 
-import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from _workers import run_two_workers
 
 WORKER = pathlib.Path(__file__).with_name("_comm_worker.py")
 TIMEOUT_S = 240
 VALUES = np.array([0.3, -1.7, 12.345, 1e-3], np.float32)
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("comm")
-    ports = ",".join(str(p) for p in _free_ports(2))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    outs = [tmp_path / f"worker{i}.json" for i in range(2)]
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(i), ports,
-                          str(outs[i])],
-                         env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT)
-        for i in range(2)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            output, _ = proc.communicate(timeout=TIMEOUT_S)
-            logs.append(output.decode(errors="replace")[-3000:])
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"multi-worker run did not finish in {TIMEOUT_S} s "
-                    "(workers disagreeing would hang in a collective)")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, log
-    return [json.loads(out.read_text()) for out in outs]
+    return run_two_workers(WORKER, tmp_path_factory.mktemp("comm"), timeout=TIMEOUT_S)
 
 
 def test_workers_agree_on_everything(results):

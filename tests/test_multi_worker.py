@@ -6,58 +6,18 @@ pointing at two 127.0.0.1 ports. Every subprocess has a timeout, so a hang
 the suite.
 """
 
-import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
+from _workers import run_two_workers
 
 WORKER = pathlib.Path(__file__).with_name("_mw_worker.py")
 TIMEOUT_S = 240
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _run_workers(tmp_path, bad_worker, bad_step, *extra):
-    ports = ",".join(str(p) for p in _free_ports(2))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    outs = [tmp_path / f"worker{i}.json" for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), ports, str(outs[i]),
-             str(bad_worker), str(bad_step), *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            output, _ = proc.communicate(timeout=TIMEOUT_S)
-            logs.append(output.decode(errors="replace")[-3000:])
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"multi-worker run did not finish in {TIMEOUT_S} s "
-                    "(workers disagreeing would hang in a collective)")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, log
-    return [json.loads(out.read_text()) for out in outs]
+    return run_two_workers(WORKER, tmp_path, bad_worker, bad_step, *extra,
+                           timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("bad_worker", [0, 1])
