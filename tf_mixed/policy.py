@@ -35,6 +35,9 @@ AUTO = "auto"
 MIXED_FLOAT16 = "mixed_float16"
 MIXED_BFLOAT16 = "mixed_bfloat16"
 FLOAT32 = "float32"
+# Pure bfloat16: variables too (Keras's name). No short alias: "bf16" stays
+# mixed_bfloat16 (CHANGELOG.md), so no name means two things.
+BFLOAT16 = "bfloat16"
 
 # name -> canonical Keras policy name ("auto" resolves per host).
 _POLICIES = {
@@ -42,6 +45,7 @@ _POLICIES = {
     MIXED_FLOAT16: MIXED_FLOAT16,
     MIXED_BFLOAT16: MIXED_BFLOAT16,
     FLOAT32: FLOAT32,
+    BFLOAT16: BFLOAT16,
     "fp16": MIXED_FLOAT16,
     "bf16": MIXED_BFLOAT16,
     "fp32": FLOAT32,
@@ -69,7 +73,8 @@ class Enabled:
 
     Attributes:
         policy: The Keras policy now active: "mixed_float16",
-            "mixed_bfloat16" or "float32".
+            "mixed_bfloat16", "float32" or "bfloat16" (pure: variables in
+            bfloat16 too).
         reason: Why this policy, in one sentence a user can act on.
         requested: The name that was passed to `enable`, as given.
     """
@@ -124,7 +129,7 @@ def canonical_name(name: object) -> str:
         name: One of `POLICY_NAMES`.
 
     Returns:
-        "auto", "mixed_float16", "mixed_bfloat16" or "float32".
+        "auto", "mixed_float16", "mixed_bfloat16", "float32" or "bfloat16".
 
     Raises:
         TypeError: If `name` is not a string.
@@ -245,6 +250,12 @@ def _validated_measure(measure: object) -> bool:
 def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:
     if name == FLOAT32:
         return "float32 requested explicitly"
+    if name == BFLOAT16:
+        return (
+            "bfloat16 requested explicitly: variables, gradients and compute in "
+            "bfloat16; wrap_optimizer applies compensated updates so small "
+            "steps are not rounded away"
+        )
     if name == MIXED_FLOAT16 and info is not None and not info.has_gpu:
         return (
             "mixed_float16 requested explicitly; no GPU, so TF's remapping pass "
@@ -263,7 +274,9 @@ def enable(
     """Sets Keras's dtype policy, in this thread, to a mixed-precision policy.
 
     Layers built after this call compute in the policy's dtype and keep their
-    variables in float32. Calling `enable` again switches policy; `disable`
+    variables in float32; under "bfloat16" (pure) the variables are bfloat16
+    too, and `wrap_optimizer` then applies compensated updates
+    (`tf_mixed.bf16_update`). Calling `enable` again switches policy; `disable`
     then restores what was active before the first call. Keras keeps the
     policy per thread (so does tf_mixed's bookkeeping): enable in the thread
     that builds the model. `keras.backend.clear_session()` resets the policy
