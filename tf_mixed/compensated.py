@@ -44,6 +44,7 @@ __all__ = [
     "STATE_DTYPES",
     "CompensationConfig",
     "compensate",
+    "compensation_buffers",
     "compensation_of",
     "kahan_add",
     "stochastic_round",
@@ -211,15 +212,25 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
             "compensate() must be called before the optimizer is built: its "
             "slots and compensation buffers are created at build. Received: "
             f"a built {type(optimizer).__name__}. Call it on a fresh optimizer.")
+    installed = _Installed(optimizer, config)
     if config.method != "none" or config.state_dtype != "bfloat16":
-        _Installed(optimizer, config).install()
-    setattr(optimizer, _ATTRIBUTE, config)
+        installed.install()
+    setattr(optimizer, _ATTRIBUTE, installed)
     return optimizer
 
 
 def compensation_of(optimizer) -> CompensationConfig | None:
     """The `CompensationConfig` installed on ``optimizer``, or None."""
-    return getattr(optimizer, _ATTRIBUTE, None)
+    installed = getattr(optimizer, _ATTRIBUTE, None)
+    return None if installed is None else installed.config
+
+
+def compensation_buffers(optimizer) -> list:
+    """The Kahan buffers `compensate` created on ``optimizer`` (built), or []."""
+    installed = getattr(optimizer, _ATTRIBUTE, None)
+    if installed is None:
+        return []
+    return [b for b in installed.buffers if b is not None]
 
 
 def _config(compensation, state_dtype, seed) -> CompensationConfig:
