@@ -33,6 +33,7 @@ policy (`tf_mixed.enable("bfloat16")`).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import keras
 import tensorflow as tf
@@ -258,6 +259,9 @@ class _Installed:
         self.config = config
         self.buffers: list = []  # per trainable variable: bfloat16 buffer or None
         self.original = {}
+        # The graph being traced and, per device, the last weight write in it.
+        self._graph = None
+        self._last_write: dict = {}
 
     @_internals.no_automatic_dependency_tracking
     def install(self):
@@ -306,9 +310,29 @@ class _Installed:
         # Adam's beta_2 = 0.999 rounds to 1.0, its bias correction
         # sqrt(1 - beta_2**t) to 0, and every update to exactly 0. The
         # update is computed in float32 instead (then written below).
-        if _is_bfloat16(variable):
-            variable = _Float32View(variable)
-        return self.original["update_step"](gradient, variable, learning_rate)
+        if not _is_bfloat16(variable):
+            return self.original["update_step"](gradient, variable, learning_rate)
+        # In a graph, one variable's update runs after the previous one's
+        # write on the same device: the float32 temporaries of one variable
+        # at a time, not of all at once (measured: 14-18 bytes per parameter
+        # of the whole model otherwise, more than the bfloat16 state saves).
+        with tf.control_dependencies(self._previous_write(variable)):
+            return self.original["update_step"](
+                gradient, _Float32View(variable), learning_rate)
+
+    def _order_key(self, variable):
+        if tf.executing_eagerly():
+            return None
+        graph = tf.compat.v1.get_default_graph()
+        if self._graph is None or self._graph() is not graph:
+            self._graph, self._last_write = weakref.ref(graph), {}
+        target = variable.value if isinstance(variable, keras.Variable) else variable
+        return target.device
+
+    def _previous_write(self, variable) -> list:
+        key = self._order_key(variable)
+        previous = None if key is None else self._last_write.get(key)
+        return [] if previous is None else [previous]
 
     # The writes of model variables.
     def assign(self, variable, value):
@@ -336,16 +360,20 @@ class _Installed:
         update = {"assign": lambda: value - current,
                   "assign_add": lambda: value,
                   "assign_sub": lambda: -value}[how]()
+        writes = []
         if self.config.method == "kahan":
             buffer = self.buffers[index]
             new_weight, new_buffer = kahan_add(target, buffer, update)
-            buffer.assign(new_buffer)
+            writes.append(buffer.assign(new_buffer))
         else:
             seed = tf.stack([
                 tf.constant(self.config.seed * 1_000_003 + index, tf.int64),
                 tf.cast(self.optimizer.iterations, tf.int64)])
             new_weight = stochastic_round(current + update, seed)
-        target.assign(new_weight)
+        writes.append(target.assign(new_weight))
+        key = self._order_key(target)
+        if key is not None:
+            self._last_write[key] = tf.group(writes)
 
 
 class _Float32View:
