@@ -37,7 +37,9 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import accumulation
 from tf_mixed import allreduce
+from tf_mixed import compensated
 from tf_mixed import scale_state
 from tf_mixed.keras_compat import KerasCompat, read_keras_state
 from tf_mixed.loss_tally import LossTally
@@ -127,6 +129,20 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             `tf_mixed.allreduce`). Either way the gradients are reduced in
             ONE collective and the skip verdict is taken from the reduced
             gradients. No effect with a single replica.
+        gradient_accumulation_steps: None, or N >= 2: every N calls of
+            ``apply`` make one update from the mean of their gradients
+            (`tf_mixed.accumulation` gives the semantics: float32 buffers,
+            one all-reduce and one verdict per window, a non-finite
+            micro-step discards its whole window). An inner optimizer
+            created with Keras's ``gradient_accumulation_steps`` is taken
+            over the same way.
+        compensation: None, or how the inner optimizer updates bfloat16
+            weights: ``"kahan"``, ``"stochastic"`` or ``"none"``
+            (`tf_mixed.compensated`); ``wrap_optimizer`` sets it under the
+            pure ``"bfloat16"`` policy.
+        state_dtype: With ``compensation``: the dtype of the inner
+            optimizer's slots for bfloat16 weights (``"float32"`` or
+            ``"bfloat16"``).
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
             weight decay and the like belong on ``inner_optimizer``.
@@ -153,9 +169,28 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         hysteresis: int = 1,
         dynamic: bool = True,
         communication_dtype: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        compensation: str | dict | None = None,
+        state_dtype: str | None = None,
         **kwargs: Any,
     ):
         _check_inner(inner_optimizer)
+        steps = accumulation.validate_steps(
+            gradient_accumulation_steps,
+            inner_optimizer.gradient_accumulation_steps)
+        if inner_optimizer.gradient_accumulation_steps and inner_optimizer.built:
+            raise ValueError(
+                "The inner optimizer was built with Keras's gradient "
+                "accumulation, which would skip tf_mixed's window semantics. "
+                f"Received: a built {type(inner_optimizer).__name__} with "
+                "gradient_accumulation_steps="
+                f"{inner_optimizer.gradient_accumulation_steps}. Wrap a fresh "
+                "optimizer.")
+        if isinstance(compensation, dict):  # from get_config
+            compensation = compensated.CompensationConfig(**compensation)
+        if compensation is not None or state_dtype is not None:
+            compensated.compensate(inner_optimizer, compensation,
+                                   state_dtype=state_dtype)
         communication_dtype = allreduce.validate_communication_dtype(
             communication_dtype)
         config = LossScaleConfig(
@@ -179,6 +214,11 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self._scratch = _Scratch()
         self.config = config
         self.communication_dtype = communication_dtype
+        # Taken over from Keras (its own accumulation would apply every
+        # micro-step's update inside a cond: fact 22, and LR per micro-step).
+        inner_optimizer.gradient_accumulation_steps = None
+        self.accumulation_steps = steps
+        self._accumulator = None if steps is None else accumulation.Accumulator(steps)
 
     # The knobs, read from the frozen config (one source of truth).
     growth_interval = property(lambda self: self.config.growth_interval)
@@ -221,6 +261,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
+        if self._accumulator is not None:
+            self._accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
@@ -375,6 +417,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         Returns:
             A scalar bool tensor: True when the step was applied, False when
             it was skipped. It is the same value on every replica and worker.
+            With gradient accumulation: False on the last micro-step of a
+            discarded window, True on every other micro-step.
 
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
@@ -394,6 +438,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 self.build(trainable_variables)
         _check_variables_in_scope(self, strategy)
 
+        if self._accumulator is not None:
+            with keras.name_scope(self.name, caller=self):
+                return self._apply_window(grads, trainable_variables, unscaled)
         with keras.name_scope(self.name, caller=self):
             scale = tf.identity(self.dynamic_scale.value)
             grads, finite, scaled = _reduce(
@@ -410,6 +457,47 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             self._scratch.forward.roll_back(finite)
             self._advance_state(finite)
         return finite
+
+    def _apply_window(self, grads, trainable_variables, unscaled):
+        """One micro-step of accumulation (`tf_mixed.accumulation`)."""
+        accumulator = self._accumulator
+        scale = tf.identity(self.dynamic_scale.value)
+        if not unscaled:
+            grads = [g if getattr(v, "overwrite_with_gradient", False)
+                     else _divide(g, scale)
+                     for g, v in zip(grads, trainable_variables)]
+        sums = accumulator.add(grads)
+        is_last = accumulator.is_last()
+        # The one collective of the window, on its last micro-step only.
+        reduced, finite, scaled = _reduce(
+            sums, trainable_variables, scale, True, self.communication_dtype,
+            when=is_last)
+        steps = float(accumulator.steps)
+        reduced = [None if g is None else
+                   (_divide(g, scale) if scaled else g) / steps
+                   for g in reduced]
+        _apply_unscaled(self.inner_optimizer, tf.logical_and(is_last, finite),
+                        reduced, trainable_variables)
+
+        def end_window():
+            self._scratch.forward.roll_back(finite)
+            self._advance_state(finite)
+
+        tf.cond(is_last, end_window, lambda: None)
+        accumulator.end_micro_step(is_last)
+        return tf.logical_or(tf.logical_not(is_last), finite)
+
+    def accumulation_buffers(self) -> list:
+        """The float32 gradient accumulation buffers ([] without accumulation)."""
+        return [] if self._accumulator is None else self._accumulator.variables()
+
+    def get_config(self):
+        """The constructor arguments, accumulation and compensation included."""
+        config = super().get_config()
+        installed = compensated.compensation_of(self.inner_optimizer)
+        config["gradient_accumulation_steps"] = self.accumulation_steps
+        config["compensation"] = None if installed is None else installed.to_dict()
+        return config
 
     def _advance_state(self, finite):
         """Writes `next_state` of the global verdict into the variables."""
@@ -465,10 +553,18 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
 
     * Global policy ``mixed_float16`` (or ``force=True``): dynamic loss
       scaling with ``knobs``.
-    * Any other policy (float32, mixed_bfloat16): a pass-through wrapper
-      (scale 1, fixed), which skips only steps with non-finite gradients, so
-      the same loop and the same ``fit`` set-up run under every policy.
-      ``knobs`` are still validated, so a typo shows up on any machine.
+    * Any other policy (float32, mixed_bfloat16, bfloat16): a pass-through
+      wrapper (scale 1, fixed), which skips only steps with non-finite
+      gradients, so the same loop and the same ``fit`` set-up run under
+      every policy. ``knobs`` are still validated, so a typo shows up on any
+      machine.
+    * Pure ``bfloat16`` (variables in bfloat16 too): the inner optimizer
+      also updates the weights with compensation (`tf_mixed.compensated`:
+      ``compensation="kahan"`` unless given, slots in ``state_dtype``,
+      float32 unless given), so small updates are not rounded away.
+
+    ``gradient_accumulation_steps``, ``communication_dtype``,
+    ``compensation`` and ``state_dtype`` apply under every policy.
 
     Passing an optimizer that already is a ``tf_mixed.LossScaleOptimizer``
     returns it unchanged (no double scaling). A
@@ -513,13 +609,20 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             f"such as 'adam'. Received: optimizer={optimizer!r} (of type "
             f"{type(optimizer).__name__})."
         )
-    if force or keras.config.dtype_policy().name == "mixed_float16":
+    policy = keras.config.dtype_policy().name
+    if policy == "bfloat16" and compensated.compensation_of(optimizer) is None:
+        knobs.setdefault("compensation", compensated.DEFAULT_METHOD)
+    if force or policy == "mixed_float16":
         return LossScaleOptimizer(optimizer, **knobs)
-    communication_dtype = knobs.pop("communication_dtype", None)
+    wrapper_args = {k: knobs.pop(k) for k in _WRAPPER_ARGS if k in knobs}
     _validate_knobs(knobs)
     return LossScaleOptimizer(
-        optimizer, **LossScaleConfig.pass_through().to_dict(),
-        communication_dtype=communication_dtype)
+        optimizer, **LossScaleConfig.pass_through().to_dict(), **wrapper_args)
+
+
+# Constructor arguments that are not loss-scale knobs (valid in every mode).
+_WRAPPER_ARGS = ("communication_dtype", "gradient_accumulation_steps",
+                 "compensation", "state_dtype")
 
 
 # --------------------------------------------------------------- helpers
@@ -536,7 +639,8 @@ def _validate_knobs(knobs):
         raise ValueError(
             f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
             "initial_scale, dynamic_growth_steps (or growth_interval), "
-            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}."
+            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}, "
+            f"{', '.join(_WRAPPER_ARGS)}."
         )
     LossScaleConfig(**knobs)
 
@@ -700,7 +804,8 @@ def _check_inner(inner_optimizer):
 # ------------------------------------------------- the update, step by step
 
 
-def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype):
+def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
+            when=None):
     """(a) Sums the gradients over all replicas once; the global verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -732,7 +837,7 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype):
                  for g, keep in zip(grads, local)]
         scaled = True
     reduced, finite = allreduce.reduce_gradients(
-        grads, communication_dtype, context, local=local)
+        grads, communication_dtype, context, local=local, when=when)
     return reduced, finite, scaled
 
 def _apply_unscaled(inner, finite, grads, trainable_variables):
