@@ -59,12 +59,24 @@ def test_a_loss_scale_wrapper_counts_its_inner_optimizer():
     assert report.optimizer_state == 4 * 40 + 2 * ADAM_SCALARS + 5 * 8 + 4
 
 
+def test_accumulation_buffers_are_float32_and_counted_apart():
+    tf_mixed.enable("bfloat16", quiet=True)
+    model = _dense_model()
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(), gradient_accumulation_steps=4,
+                                  compensation="stochastic")
+    opt.build(model.trainable_variables)
+    report = tf_mixed.memory_report(model, opt)
+    assert (report.weights, report.accumulation, report.compensation) == (80, 160, 0)
+    # SGD's and the wrapper's scalars, the loss-scale state, the micro-step counter.
+    assert report.optimizer_state == 2 * ADAM_SCALARS + 5 * 8 + 4 + 8
+
+
 @pytest.mark.parametrize("name", ZOO)
 def test_every_zoo_model_in_pure_bfloat16(name):
     spec = ZOO[name]
     tf_mixed.enable("bfloat16", quiet=True)
     model = spec.ready()
-    opt = compensated.compensate(keras.optimizers.Adam(1e-3), "kahan")
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.Adam(1e-3))  # Kahan by default
     model.compile(optimizer=opt, loss=spec.loss)
     x, y = spec.data(8)
     assert np.all(np.isfinite(model.train_on_batch(x, y)))

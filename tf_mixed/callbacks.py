@@ -394,6 +394,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     def _advance(self) -> None:
         steps_run = self._batches or (self.params or {}).get("steps")
+        if steps_run and self._kind == "tf_mixed" and self._optimizer.accumulation_steps:
+            # With gradient accumulation a step is a window of batches.
+            steps_run //= self._optimizer.accumulation_steps
         self._progress = stop_rules.advance(
             self._progress, _snapshot(self._optimizer, self._kind),
             self._kind, steps_run, self._threshold)

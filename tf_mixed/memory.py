@@ -31,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import compensated
+from tf_mixed.loss_scale import LossScaleOptimizer
 
 __all__ = ["MemoryReport", "memory_report"]
 
@@ -143,6 +144,9 @@ def _buffer_kinds(optimizer) -> dict[int, str]:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     for buffer in compensated.compensation_buffers(inner):
         kinds[id(buffer)] = "compensation"
+    if isinstance(optimizer, LossScaleOptimizer):
+        for buffer in optimizer.accumulation_buffers():
+            kinds[id(buffer)] = "accumulation"
     return kinds
 
 
