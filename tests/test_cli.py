@@ -44,7 +44,7 @@ def _bad(tmp_path, capsys, *flags):
         ("--batch_size=0", "--batch_size=0: must be >= 1. Accepted: an integer >= 1."),
         ("--strategy=tpu", "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
         ("--loop=keras", "--loop='keras': unknown loop. Accepted: fit, custom."),
-        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm."),
+        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm, memory, bf16."),
         ("--epochs=0", "--epochs=0: must be >= 1."),
         ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples of shapes. Accepted: 1 to 8000."),
         ("--image_size=8", "--image_size=8: too small for the shapes data set. Accepted: 16 or more (0 picks 32)."),
