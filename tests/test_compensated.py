@@ -223,3 +223,17 @@ def test_plain_keras_adam_never_moves_bfloat16_weights():
     opt = compensated.compensate(keras.optimizers.Adam(2.0**-4), "kahan")
     _run(opt, v, tf.ones([4], tf.bfloat16), 4, graph=True)
     np.testing.assert_allclose(v.numpy().astype(np.float32), 0.75, rtol=1e-3)
+
+
+def test_the_monitor_names_a_plain_optimizer_on_bfloat16_weights():
+    from tf_mixed.callbacks import model_setup_problems
+
+    tf_mixed.enable("bfloat16", quiet=True)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="head")])
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    problems = [p for p in model_setup_problems(model) if "keeps weights" in p]
+    assert len(problems) == 1
+    assert "keeps weights in bfloat16 (1 layers, e.g. 'head')" in problems[0]
+    assert "tf_mixed.wrap_optimizer(optimizer)" in problems[0]
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.Adam()), loss="mse")
+    assert not [p for p in model_setup_problems(model) if "keeps weights" in p]
