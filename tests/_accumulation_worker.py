@@ -24,8 +24,8 @@ def main(index, ports, out_path, skip):
     import keras
     import numpy as np
     import tensorflow as tf
-
     import test_accumulation as t
+
     import tf_mixed
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

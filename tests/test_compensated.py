@@ -141,31 +141,33 @@ def test_decoupled_weight_decay_is_compensated_too(method):
     assert np.all(plain.numpy() == 1.0)  # Keras's own decay is rounded away
 
 
+def _stochastic_sgd_run(strategy):
+    """Eight steps of stochastic-rounding SGD; every replica's copy."""
+    with strategy.scope():
+        v = keras.Variable(tf.ones([256]), dtype="bfloat16")
+        opt = compensated.compensate(keras.optimizers.SGD(STEP), "stochastic")
+        opt.build([v])
+
+    @tf.function
+    def step():
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            # Per-replica gradient whose sum over replicas is 1.
+            g = tf.ones([256], tf.bfloat16) / ctx.num_replicas_in_sync
+            opt.apply([g], [v])
+        strategy.run(replica_fn)
+
+    for _ in range(8):
+        step()
+    return [c.numpy() for c in getattr(v.value, "values", [v.value])]
+
+
 def test_replicas_agree_and_match_one_device(mirrored):
     """Stochastic rounding draws the same bits on every replica."""
-    results = {}
-    for name, strategy in (("one", tf.distribute.get_strategy()), ("two", mirrored)):
-        with strategy.scope():
-            v = keras.Variable(tf.ones([256]), dtype="bfloat16")
-            opt = compensated.compensate(keras.optimizers.SGD(STEP), "stochastic")
-            opt.build([v])
-
-        @tf.function
-        def step():
-            def replica_fn():
-                ctx = tf.distribute.get_replica_context()
-                # Per-replica gradient whose sum over replicas is 1.
-                g = tf.ones([256], tf.bfloat16) / ctx.num_replicas_in_sync
-                opt.apply([g], [v])
-            strategy.run(replica_fn)
-
-        for _ in range(8):
-            step()
-        copies = [c.numpy() for c in getattr(v.value, "values", [v.value])]
-        for copy in copies[1:]:
-            np.testing.assert_array_equal(copy, copies[0])
-        results[name] = copies[0]
-    np.testing.assert_array_equal(results["one"], results["two"])
+    one, = _stochastic_sgd_run(tf.distribute.get_strategy())
+    first, second = _stochastic_sgd_run(mirrored)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_array_equal(first, one)
 
 
 def test_bad_arguments_are_named():
@@ -202,7 +204,7 @@ def test_pure_bfloat16_model_trains_through_fit():
     before = model.layers[0].kernel.numpy().astype(np.float32).copy()
     model.fit(x, np.full((32, 1), 100.0, np.float32), epochs=3, verbose=0)
     kernel = model.layers[0].kernel.numpy().astype(np.float32)
-    kahan = [v for v in opt.variables if v.name.endswith("kernel_kahan")][0]
+    kahan = next(v for v in opt.variables if v.name.endswith("kernel_kahan"))
     moved = kernel + kahan.numpy().astype(np.float32) - before
     np.testing.assert_allclose(moved, 3e-4, rtol=0.02)  # Adam: lr per step
 

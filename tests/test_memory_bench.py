@@ -51,7 +51,7 @@ def test_drawn_digits_are_deterministic_and_balanced():
     first, second = bf16_quality.digits(3), bf16_quality.digits(3)
     for a, b in zip(first[:4], second[:4]):
         np.testing.assert_array_equal(a, b)
-    x_train, y_train, x_val, y_val, source = first
+    x_train, y_train, x_val, _, source = first
     assert x_train.shape == (bf16_quality.TRAIN, 64) and x_val.shape[1] == 64
     assert x_train.min() >= 0 and x_train.max() <= 1
     assert set(np.unique(y_train)) == set(range(10))

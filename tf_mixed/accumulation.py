@@ -30,6 +30,8 @@ it); `validate_steps` is the argument's one check.
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -77,7 +79,7 @@ class Accumulator:
 
     def __init__(self, steps: int):
         self.steps = steps
-        self.micro_step = None
+        self.micro_step: Any = None  # an int64 optimizer variable once built
         self.buffers: list = []
 
     def build(self, optimizer, var_list) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -201,11 +202,11 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
         raise TypeError(
             "compensate() needs a keras.optimizers.Optimizer. Received: "
             f"optimizer={optimizer!r:.80} (of type {type(optimizer).__name__}).")
-    installed = compensation_of(optimizer)
-    if installed is not None:
-        if installed != config:
+    current = compensation_of(optimizer)
+    if current is not None:
+        if current != config:
             raise ValueError(
-                f"The optimizer already updates bfloat16 weights with {installed}. "
+                f"The optimizer already updates bfloat16 weights with {current}. "
                 f"Received: {config}. Use a new optimizer for other settings.")
         return optimizer
     if optimizer.built:
@@ -258,7 +259,7 @@ class _Installed:
         self.optimizer = optimizer
         self.config = config
         self.buffers: list = []  # per trainable variable: bfloat16 buffer or None
-        self.original = {}
+        self.original: dict[str, Any] = {}
         # The graph being traced and, per device, the last weight write in it.
         self._graph = None
         self._last_write: dict = {}

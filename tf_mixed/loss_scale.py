@@ -186,10 +186,11 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 "gradient_accumulation_steps="
                 f"{inner_optimizer.gradient_accumulation_steps}. Wrap a fresh "
                 "optimizer.")
-        if isinstance(compensation, dict):  # from get_config
-            compensation = compensated.CompensationConfig(**compensation)
-        if compensation is not None or state_dtype is not None:
-            compensated.compensate(inner_optimizer, compensation,
+        update_rule = (compensated.CompensationConfig(**compensation)
+                       if isinstance(compensation, dict)  # from get_config
+                       else compensation)
+        if update_rule is not None or state_dtype is not None:
+            compensated.compensate(inner_optimizer, update_rule,
                                    state_dtype=state_dtype)
         communication_dtype = allreduce.validate_communication_dtype(
             communication_dtype)

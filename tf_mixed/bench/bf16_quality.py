@@ -157,7 +157,7 @@ def _train(path: str, data, config) -> dict[str, Any]:
         if compensation is None and policy == "bfloat16":
             optimizer = adam  # what plain Keras does
         else:
-            knobs = {} if compensation is None else {
+            knobs: dict[str, Any] = {} if compensation is None else {
                 "compensation": compensation, "state_dtype": state_dtype}
             optimizer = tf_mixed.wrap_optimizer(adam, **knobs)
         model.compile(optimizer=optimizer, metrics=["accuracy"],

@@ -246,7 +246,8 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
     if compensation is not None:
         tf_mixed.compensate(inner, compensation, state_dtype=state_dtype,
                             seed=settings["seed"])
-    knobs = {"gradient_accumulation_steps": accumulation} if accumulation > 1 else {}
+    knobs: dict[str, Any] = (
+        {"gradient_accumulation_steps": accumulation} if accumulation > 1 else {})
     optimizer = tf_mixed.wrap_optimizer(inner, **knobs)
     optimizer.build(model.trainable_variables)
     micro = settings["batch_size"] // accumulation
