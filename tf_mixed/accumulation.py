@@ -35,6 +35,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_mixed import _validate
+
 __all__ = ["Accumulator", "validate_steps"]
 
 
@@ -49,18 +51,13 @@ def validate_steps(value, inner_steps=None) -> int | None:
         The number of micro-steps per update, or None for no accumulation.
 
     Raises:
-        ValueError: for anything but None or an int >= 1, or when both are
-            set and differ.
+        ValueError: for anything but None or an int >= 1 (a wrong type is
+            `tf_mixed._validate.ArgumentTypeError`, also a TypeError), or
+            when both are set and differ.
     """
-    for name, steps in (("gradient_accumulation_steps", value),
-                        ("inner_optimizer.gradient_accumulation_steps",
-                         inner_steps)):
-        if steps is not None and (isinstance(steps, bool)
-                                  or not isinstance(steps, int) or steps < 1):
-            raise ValueError(
-                f"`{name}` must be None or an integer >= 1 (the micro-steps "
-                f"per update). Received: {name}={steps!r} (of type "
-                f"{type(steps).__name__}).")
+    value = _checked(value, "gradient_accumulation_steps", "LossScaleOptimizer")
+    inner_steps = _checked(inner_steps, "gradient_accumulation_steps",
+                           "The inner optimizer's")
     if value is not None and inner_steps is not None and value != inner_steps:
         raise ValueError(
             "gradient_accumulation_steps is set on both the wrapper and the "
@@ -68,6 +65,14 @@ def validate_steps(value, inner_steps=None) -> int | None:
             f"{inner_steps} on the inner optimizer. Set it in one place.")
     steps = value if value is not None else inner_steps
     return None if steps is None or steps == 1 else steps
+
+
+def _checked(steps, name, owner):
+    if steps is None:
+        return None
+    return _validate.number(steps, name, valid="None or an integer >= 1 (the "
+                            "micro-steps per update)", rule=lambda n: n >= 1,
+                            integer=True, owner=owner)
 
 
 class Accumulator:
