@@ -40,6 +40,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import _validate
 
 __all__ = [
     "METHODS",
@@ -96,11 +97,9 @@ class CompensationConfig:
                 f"Received: state_dtype={self.state_dtype!r}. 'float32' keeps "
                 "Adam's moments accurate (4 bytes per value); 'bfloat16' halves "
                 "their memory.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
-                0 <= self.seed < 2**31):
-            raise ValueError(
-                "`seed` must be an int in [0, 2**31). Received: "
-                f"seed={self.seed!r} (of type {type(self.seed).__name__}).")
+        _validate.number(self.seed, "seed", valid="an integer in [0, 2**31)",
+                         rule=lambda n: 0 <= n < 2**31, integer=True,
+                         owner="compensate()")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
