@@ -283,3 +283,25 @@ def test_bad_arguments_are_named():
         tf_mixed.wrap_optimizer(keras.optimizers.SGD(), gradient_accumulation=2)
     assert tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(),
                                        gradient_accumulation_steps=1).accumulation_steps is None
+
+
+def test_a_run_resumed_inside_a_window_continues_it():
+    def fresh():
+        w = keras.Variable(np.zeros(2, np.float32))
+        opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1.0,
+                                          dynamic=False, gradient_accumulation_steps=4)
+        opt.build([w])
+        return w, opt
+
+    grads = [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0]),
+             tf.constant([5.0, 6.0]), tf.constant([7.0, 8.0])]
+    w, opt = fresh()
+    for g in grads[:2]:
+        opt.apply([g], [w])
+    store = {}
+    opt.save_own_variables(store)
+    w2, resumed = fresh()
+    resumed.load_own_variables(store)
+    for g in grads[2:]:
+        resumed.apply([g], [w2])
+    np.testing.assert_array_equal(w2.numpy(), [-4.0, -5.0])  # mean of the four
