@@ -23,8 +23,6 @@ in 8x8 with stroke and pixel noise; `digits`), stated in the report.
 
 from __future__ import annotations
 
-import datetime
-import os
 import time
 from typing import Any
 
@@ -118,13 +116,7 @@ def run_quality(config, command: str) -> dict[str, Any]:
             row["val_loss_ratio"] = row["val_loss"] / reference["val_loss"]
         markdown = _markdown(rows, data[4], config)
         report = {
-            "suite": "bf16",
-            "created_utc": datetime.datetime.now(
-                datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": command,
-            "flags": config.to_json(),
-            "host": bench_report.host_info(),
-            "load_average": list(os.getloadavg()),
+            **bench_report.suite_header("bf16", config, command),
             "dataset": data[4],
             "results": rows,
             "markdown": markdown,

@@ -27,7 +27,6 @@ peak, which counts tensors and variables only), and applied updates per second
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -132,13 +131,7 @@ def run_memory(config, command: str) -> dict[str, Any]:
         rows = _rows(runs)
         markdown = _markdown(rows, runs[paths[0]][0]["parameters"], settings)
         report = {
-            "suite": "memory",
-            "created_utc": datetime.datetime.now(
-                datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": command,
-            "flags": config.to_json(),
-            "host": bench_report.host_info(),
-            "load_average": list(os.getloadavg()),
+            **bench_report.suite_header("memory", config, command),
             "model": {"name": f"dense_{WIDTH}x{DEPTH}",
                       "params": runs[paths[0]][0]["parameters"]},
             "settings": settings,
