@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _workers import run_two_workers
+from zoo import ZOO
 
 import tf_mixed
 
@@ -305,3 +306,19 @@ def test_a_run_resumed_inside_a_window_continues_it():
     for g in grads[2:]:
         resumed.apply([g], [w2])
     np.testing.assert_array_equal(w2.numpy(), [-4.0, -5.0])  # mean of the four
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_fit_with_accumulation_over_the_zoo(name):
+    """Embedding's sparse gradients, BatchNorm, several outputs: one update per window."""
+    spec = ZOO[name]
+    model = spec.ready()
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01), gradient_accumulation_steps=2)
+    model.compile(optimizer=opt, loss=spec.loss)
+    x, y = spec.data(16)
+    before = [w.copy() for w in model.get_weights()]
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert int(opt.iterations.numpy()) == 2  # four batches, two windows
+    after = model.get_weights()
+    assert all(np.all(np.isfinite(w)) for w in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(after, before))
