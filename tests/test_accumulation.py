@@ -322,3 +322,20 @@ def test_fit_with_accumulation_over_the_zoo(name):
     after = model.get_weights()
     assert all(np.all(np.isfinite(w)) for w in after)
     assert any(not np.array_equal(a, b) for a, b in zip(after, before))
+
+
+def test_fit_under_mirrored_equals_one_device(mirrored):
+    """Keras fit, two replicas, micro-batches of 4: the one-device result."""
+    x, y = data()
+    results = []
+    for strategy in (tf.distribute.get_strategy(), mirrored):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(
+                1, use_bias=False, kernel_initializer="zeros")])
+            opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(2.0**-4),
+                                          gradient_accumulation_steps=STEPS)
+            model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
+        assert int(opt.iterations.numpy()) == WINDOWS
+        results.append(model.get_weights()[0])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
