@@ -74,7 +74,8 @@ class LossTally:
 
     def settle(self, finite: tf.Tensor) -> None:
         """Adds the mean remembered loss when the verdict is ``finite``; forgets it."""
-        if self._pending is None:
+        if (self._pending is None or self._observed is None or self._sum is None
+                or self._steps is None):
             return
         mean = self._pending.read_value() / tf.maximum(self._observed.read_value(), 1.0)
         self._sum.assign_add(tf.where(finite, mean, 0.0))
@@ -88,7 +89,7 @@ class LossTally:
         Returns:
             A `LossTotals`; zeros before `build`.
         """
-        if self._sum is None:
+        if self._sum is None or self._steps is None:
             return LossTotals(0.0, 0)
         loss = sum(float(v) for v in local_copies(self._sum))
         return LossTotals(loss, int(local_copies(self._steps)[0]))
