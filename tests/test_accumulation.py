@@ -83,7 +83,7 @@ def test_one_device(where, skip, graph):
     x, y = data()
     w = keras.Variable(np.zeros(FEATURES, np.float32))
     opt = _optimizer(where)
-    assert opt.accumulation_steps == STEPS
+    assert opt.accumulator.steps == STEPS
     opt.build([w])
 
     def step(grad):
@@ -111,7 +111,7 @@ def test_one_device(where, skip, graph):
     if skip is not None:
         expected[skip * STEPS + STEPS - 1] = False
     assert verdicts == expected
-    assert all(np.all(b.numpy() == 0) for b in opt.accumulation_buffers())
+    assert all(np.all(b.numpy() == 0) for b in opt.accumulator.buffers)
 
 
 def test_scale_never_changes_inside_a_window_and_backs_off_once():
@@ -261,7 +261,7 @@ def test_config_round_trip_and_checkpointed_state():
     assert config["compensation"] == {"method": "stochastic", "state_dtype": "bfloat16", "seed": 0}
     again = tf_mixed.LossScaleOptimizer.from_config(config)
     assert again.get_config() == config
-    assert again.accumulation_steps == 3
+    assert again.accumulator.steps == 3
     v = keras.Variable(np.zeros(4, np.float32))
     again.build([v])
     names = [var.name for var in again.variables]

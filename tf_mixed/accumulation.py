@@ -32,12 +32,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from tf_mixed import _validate
 
-__all__ = ["Accumulator", "validate_steps"]
+__all__ = ["Accumulator", "steps_to_take_over", "take_over", "validate_steps"]
 
 
 def validate_steps(value, inner_steps=None) -> int | None:
@@ -65,6 +64,42 @@ def validate_steps(value, inner_steps=None) -> int | None:
             f"{inner_steps} on the inner optimizer. Set it in one place.")
     steps = value if value is not None else inner_steps
     return None if steps is None or steps == 1 else steps
+
+
+def steps_to_take_over(inner_optimizer, value) -> int | None:
+    """The wrapper's micro-steps per update, from its argument or the inner's.
+
+    Changes nothing (the wrapper turns the inner optimizer's own
+    accumulation off once it is constructed).
+
+    Raises:
+        ValueError: as `validate_steps`, or for an inner optimizer already
+            built with Keras's accumulation (its buffers exist and it would
+            keep counting micro-steps).
+    """
+    inner_steps = inner_optimizer.gradient_accumulation_steps
+    steps = validate_steps(value, inner_steps)
+    if inner_steps and inner_optimizer.built:
+        raise ValueError(
+            "The inner optimizer was built with Keras's gradient accumulation, "
+            "which would bypass tf_mixed's window semantics. Received: a built "
+            f"{type(inner_optimizer).__name__} with gradient_accumulation_steps="
+            f"{inner_steps}. Wrap a fresh optimizer.")
+    return steps
+
+
+def take_over(inner_optimizer, steps: int | None) -> Accumulator | None:
+    """Turns the inner optimizer's Keras accumulation off; the wrapper's on.
+
+    Keras's own accumulation runs the learning-rate schedule per micro-step
+    and fails under MirroredStrategy in a custom loop (``merge_call`` inside
+    its cond).
+
+    Returns:
+        An `Accumulator` of ``steps`` micro-steps, or None for ``steps`` None.
+    """
+    inner_optimizer.gradient_accumulation_steps = None
+    return None if steps is None else Accumulator(steps)
 
 
 def _checked(steps, name, owner):
@@ -140,6 +175,3 @@ class Accumulator:
         tf.cond(is_last, reset, lambda: None)
         self.micro_step.assign((self.micro_step + 1) % self.steps)
 
-    def variables(self) -> list:
-        """The buffers (for memory reports), once built."""
-        return [b for b in self.buffers if isinstance(b, keras.Variable)]

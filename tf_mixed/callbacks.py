@@ -141,6 +141,13 @@ def model_setup_problems(model) -> list[str]:
     return problems
 
 
+def _updates(optimizer, kind, batches):
+    """Steps the optimizer took for ``batches``: with accumulation, windows."""
+    if batches and kind == "tf_mixed" and optimizer.accumulator is not None:
+        return batches // optimizer.accumulator.steps
+    return batches
+
+
 def _compensates_bfloat16(optimizer) -> bool:
     from tf_mixed import compensated
 
@@ -389,10 +396,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     # -- reading, logging, judging
 
     def _advance(self) -> None:
-        steps_run = self._batches or (self.params or {}).get("steps")
-        if steps_run and self._kind == "tf_mixed" and self._optimizer.accumulation_steps:
-            # With gradient accumulation a step is a window of batches.
-            steps_run //= self._optimizer.accumulation_steps
+        steps_run = _updates(self._optimizer, self._kind, self._batches or (self.params or {}).get("steps"))
         self._progress = stop_rules.advance(
             self._progress, _snapshot(self._optimizer, self._kind),
             self._kind, steps_run, self._threshold)

@@ -47,8 +47,11 @@ __all__ = [
     "STATE_DTYPES",
     "CompensationConfig",
     "compensate",
+    "compensate_if_asked",
     "compensation_buffers",
+    "compensation_config",
     "compensation_of",
+    "config_from_arguments",
     "kahan_add",
     "stochastic_round",
 ]
@@ -218,6 +221,31 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
         installed.install()
     setattr(optimizer, _ATTRIBUTE, installed)
     return optimizer
+
+
+def config_from_arguments(compensation, state_dtype) -> CompensationConfig | None:
+    """`LossScaleOptimizer`'s arguments as a config (None: nothing asked).
+
+    ``compensation`` may be a method name, a `CompensationConfig`, or the
+    dict ``get_config`` wrote. Validates; changes nothing.
+    """
+    if isinstance(compensation, dict):
+        compensation = CompensationConfig(**compensation)
+    if compensation is None and state_dtype is None:
+        return None
+    return _config(compensation, state_dtype, 0)
+
+
+def compensate_if_asked(optimizer, config: CompensationConfig | None) -> None:
+    """`compensate` with ``config``, unless it is None."""
+    if config is not None:
+        compensate(optimizer, config)
+
+
+def compensation_config(optimizer) -> dict | None:
+    """The installed config as a dict (for ``get_config``), or None."""
+    config = compensation_of(optimizer)
+    return None if config is None else config.to_dict()
 
 
 def compensation_of(optimizer) -> CompensationConfig | None:

@@ -130,20 +130,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             `tf_mixed.allreduce`). Either way the gradients are reduced in
             ONE collective and the skip verdict is taken from the reduced
             gradients. No effect with a single replica.
-        gradient_accumulation_steps: None, or N >= 2: every N calls of
-            ``apply`` make one update from the mean of their gradients
-            (`tf_mixed.accumulation` gives the semantics: float32 buffers,
-            one all-reduce and one verdict per window, a non-finite
-            micro-step discards its whole window). An inner optimizer
-            created with Keras's ``gradient_accumulation_steps`` is taken
-            over the same way.
-        compensation: None, or how the inner optimizer updates bfloat16
-            weights: ``"kahan"``, ``"stochastic"`` or ``"none"``
-            (`tf_mixed.compensated`); ``wrap_optimizer`` sets it under the
-            pure ``"bfloat16"`` policy.
-        state_dtype: With ``compensation``: the dtype of the inner
-            optimizer's slots for bfloat16 weights (``"float32"`` or
-            ``"bfloat16"``).
+        gradient_accumulation_steps, compensation, state_dtype: `tf_mixed.accumulation`, `tf_mixed.compensated`.
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
             weight decay and the like belong on ``inner_optimizer``.
@@ -170,29 +157,13 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         hysteresis: int = 1,
         dynamic: bool = True,
         communication_dtype: str | None = None,
-        gradient_accumulation_steps: int | None = None,
-        compensation: str | dict | None = None,
-        state_dtype: str | None = None,
+        gradient_accumulation_steps: int | None = None, compensation: Any = None, state_dtype: str | None = None,
         **kwargs: Any,
     ):
         _check_inner(inner_optimizer)
-        steps = accumulation.validate_steps(
-            gradient_accumulation_steps,
-            inner_optimizer.gradient_accumulation_steps)
-        if inner_optimizer.gradient_accumulation_steps and inner_optimizer.built:
-            raise ValueError(
-                "The inner optimizer was built with Keras's gradient "
-                "accumulation, which would skip tf_mixed's window semantics. "
-                f"Received: a built {type(inner_optimizer).__name__} with "
-                "gradient_accumulation_steps="
-                f"{inner_optimizer.gradient_accumulation_steps}. Wrap a fresh "
-                "optimizer.")
-        update_rule = (compensated.CompensationConfig(**compensation)
-                       if isinstance(compensation, dict)  # from get_config
-                       else compensation)
-        if update_rule is not None or state_dtype is not None:
-            compensated.compensate(inner_optimizer, update_rule,
-                                   state_dtype=state_dtype)
+        steps = accumulation.steps_to_take_over(inner_optimizer,
+                                                gradient_accumulation_steps)
+        update_rule = compensated.config_from_arguments(compensation, state_dtype)
         communication_dtype = allreduce.validate_communication_dtype(
             communication_dtype)
         config = LossScaleConfig(
@@ -216,11 +187,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self._scratch = _Scratch()
         self.config = config
         self.communication_dtype = communication_dtype
-        # Taken over from Keras (its own accumulation would apply every
-        # micro-step's update inside a cond: fact 22, and LR per micro-step).
-        inner_optimizer.gradient_accumulation_steps = None
-        self.accumulation_steps = steps
-        self._accumulator = None if steps is None else accumulation.Accumulator(steps)
+        compensated.compensate_if_asked(inner_optimizer, update_rule)
+        self.accumulator = accumulation.take_over(inner_optimizer, steps)  # None: off
 
     # The knobs, read from the frozen config (one source of truth).
     growth_interval = property(lambda self: self.config.growth_interval)
@@ -263,8 +231,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
-        if self._accumulator is not None:
-            self._accumulator.build(self, var_list)
+        if self.accumulator is not None:
+            self.accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
@@ -388,18 +356,6 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------- the update
 
-    def apply_gradients(self, grads_and_vars, *, unscaled: bool = False):
-        """Applies ``(gradient, variable)`` pairs; see ``apply``.
-
-        Returns:
-            The inner optimizer's ``iterations`` variable (tf.keras habit).
-        """
-        pairs = list(grads_and_vars)
-        grads = [g for g, _ in pairs]
-        variables = [v for _, v in pairs]
-        self.apply(grads, variables, unscaled=unscaled)
-        return self.iterations
-
     def apply(self, grads, trainable_variables=None, *,
               unscaled: bool = False):
         """Unscales and applies gradients, or skips the step everywhere.
@@ -419,8 +375,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         Returns:
             A scalar bool tensor: True when the step was applied, False when
             it was skipped. It is the same value on every replica and worker.
-            With gradient accumulation: False on the last micro-step of a
-            discarded window, True on every other micro-step.
+            Accumulating: False only on the last micro-step of a discarded window.
 
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
@@ -440,10 +395,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 self.build(trainable_variables)
         _check_variables_in_scope(self, strategy)
 
-        if self._accumulator is not None:
-            with keras.name_scope(self.name, caller=self):
-                return self._apply_window(grads, trainable_variables, unscaled)
         with keras.name_scope(self.name, caller=self):
+            if self.accumulator is not None:
+                return _apply_window(self, grads, trainable_variables, unscaled)
             scale = tf.identity(self.dynamic_scale.value)
             grads, finite, scaled = _reduce(
                 grads, trainable_variables, scale, unscaled,
@@ -459,47 +413,6 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             self._scratch.forward.roll_back(finite)
             self._advance_state(finite)
         return finite
-
-    def _apply_window(self, grads, trainable_variables, unscaled):
-        """One micro-step of accumulation (`tf_mixed.accumulation`)."""
-        accumulator = self._accumulator
-        scale = tf.identity(self.dynamic_scale.value)
-        if not unscaled:
-            grads = [g if getattr(v, "overwrite_with_gradient", False)
-                     else _divide(g, scale)
-                     for g, v in zip(grads, trainable_variables)]
-        sums = accumulator.add(grads)
-        is_last = accumulator.is_last()
-        # The one collective of the window, on its last micro-step only.
-        reduced, finite, scaled = _reduce(
-            sums, trainable_variables, scale, True, self.communication_dtype,
-            when=is_last)
-        steps = float(accumulator.steps)
-        reduced = [None if g is None else
-                   (_divide(g, scale) if scaled else g) / steps
-                   for g in reduced]
-        _apply_unscaled(self.inner_optimizer, tf.logical_and(is_last, finite),
-                        reduced, trainable_variables)
-
-        def end_window():
-            self._scratch.forward.roll_back(finite)
-            self._advance_state(finite)
-
-        tf.cond(is_last, end_window, lambda: None)
-        accumulator.end_micro_step(is_last)
-        return tf.logical_or(tf.logical_not(is_last), finite)
-
-    def accumulation_buffers(self) -> list:
-        """The float32 gradient accumulation buffers ([] without accumulation)."""
-        return [] if self._accumulator is None else self._accumulator.variables()
-
-    def get_config(self):
-        """The constructor arguments, accumulation and compensation included."""
-        config = super().get_config()
-        installed = compensated.compensation_of(self.inner_optimizer)
-        config["gradient_accumulation_steps"] = self.accumulation_steps
-        config["compensation"] = None if installed is None else installed.to_dict()
-        return config
 
     def _advance_state(self, finite):
         """Writes `next_state` of the global verdict into the variables."""
@@ -837,6 +750,42 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
     reduced, finite = allreduce.reduce_gradients(
         grads, communication_dtype, context, local=local, when=when)
     return reduced, finite, scaled
+
+def _apply_window(optimizer, grads, trainable_variables, unscaled):
+    """One micro-step of gradient accumulation (`tf_mixed.accumulation`).
+
+    Adds the unscaled gradients to the float32 buffers; on the window's last
+    micro-step only, all-reduces the buffers once, applies their mean if the
+    verdict (taken from the reduced sums) is finite, and advances the scale
+    state, rollback and tally once. Returns False only on the last micro-step
+    of a discarded window.
+    """
+    accumulator = optimizer.accumulator
+    scale = tf.identity(optimizer.dynamic_scale.value)
+    if not unscaled:
+        grads = [g if getattr(v, "overwrite_with_gradient", False)
+                 else _divide(g, scale)
+                 for g, v in zip(grads, trainable_variables)]
+    sums = accumulator.add(grads)
+    is_last = accumulator.is_last()
+    # The one collective of the window, on its last micro-step only.
+    reduced, finite, scaled = _reduce(
+        sums, trainable_variables, scale, True, optimizer.communication_dtype,
+        when=is_last)
+    steps = float(accumulator.steps)
+    reduced = [None if g is None else (_divide(g, scale) if scaled else g) / steps
+               for g in reduced]
+    _apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
+                    reduced, trainable_variables)
+
+    def end_window():
+        optimizer._scratch.forward.roll_back(finite)
+        optimizer._advance_state(finite)
+
+    tf.cond(is_last, end_window, lambda: None)
+    accumulator.end_micro_step(is_last)
+    return tf.logical_or(tf.logical_not(is_last), finite)
+
 
 def _apply_unscaled(inner, finite, grads, trainable_variables):
     """(b) Hands unscaled gradients to the inner optimizer when ``finite``.

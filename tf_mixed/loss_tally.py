@@ -68,7 +68,7 @@ class LossTally:
 
     def observe(self, loss: tf.Tensor) -> None:
         """Remembers the (unscaled) loss of the (micro-)step being run."""
-        if self._pending is not None:
+        if self._pending is not None and self._observed is not None:
             self._pending.assign_add(tf.cast(tf.stop_gradient(loss), tf.float32))
             self._observed.assign_add(1.0)
 

@@ -144,8 +144,8 @@ def _buffer_kinds(optimizer) -> dict[int, str]:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     for buffer in compensated.compensation_buffers(inner):
         kinds[id(buffer)] = "compensation"
-    if isinstance(optimizer, LossScaleOptimizer):
-        for buffer in optimizer.accumulation_buffers():
+    if isinstance(optimizer, LossScaleOptimizer) and optimizer.accumulator is not None:
+        for buffer in optimizer.accumulator.buffers:
             kinds[id(buffer)] = "accumulation"
     return kinds
 

@@ -59,7 +59,7 @@ def digits(seed: int = 0):
     """
     rng = np.random.default_rng(seed)
     try:
-        from sklearn.datasets import load_digits  # type: ignore[import-not-found]
+        from sklearn.datasets import load_digits
 
         bunch = load_digits()
         x, y = bunch.data.astype(np.float32) / 16.0, bunch.target.astype(np.int64)
