@@ -283,7 +283,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="unknown arguments.*gradient_accumulation_steps"):
         tf_mixed.wrap_optimizer(keras.optimizers.SGD(), gradient_accumulation=2)
     assert tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(),
-                                       gradient_accumulation_steps=1).accumulation_steps is None
+                                       gradient_accumulation_steps=1).accumulator is None
 
 
 def test_a_run_resumed_inside_a_window_continues_it():
