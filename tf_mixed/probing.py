@@ -446,7 +446,8 @@ class _Accumulator:
                 output_dtype=dtype, max_abs=float(self.max_abs[j]) if
                 self.nonfinite[j] == 0 else math.inf,
                 float32_max_abs=float(self.ref_max[j]),
-                headroom_log2=(math.log2(top / self.ref_max[j]) if self.ref_max[j] > 0 else None),
+                headroom_log2=(math.log2(top / self.ref_max[j])
+                               if 0 < self.ref_max[j] < math.inf else None),
                 nonfinite=float(self.nonfinite[j] / count),
                 flushed=float(self.flushed[j] / count),
                 subnormal=float(self.subnormal[j] / count),

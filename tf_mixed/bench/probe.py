@@ -44,7 +44,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("policy", "", "mixed_float16 or mixed_bfloat16 (default: the model's own "
                         "half dtype, else mixed_float16).", flag_values=fv)
     flags.DEFINE_list("loss", [], "Keras loss name, one per output for several outputs (default: "
-                      "the saved model's compiled loss, else sparse_categorical_crossentropy).",
+                      "the saved model's compiled loss, else sparse_categorical_crossentropy "
+                      "for a classifier's output; required otherwise).",
                       flag_values=fv)
     flags.DEFINE_string("output_dir", "tf_mixed_probe", "Directory for probe.json and probe.png.",
                         flag_values=fv)
@@ -172,6 +173,13 @@ def main(argv: list[str]) -> int:
     loss = (fv.loss if len(fv.loss) > 1 else fv.loss[0]) if fv.loss else compiled
     default = loss is None
     if default:
+        units = [t.shape[-1] for t in model.outputs]
+        if any(u is None or u < 2 for u in units):
+            return _error(f"model {model.name!r} is not compiled, so the loss must be given, and "
+                          f"its output{'s' if len(units) > 1 else ''} ({units} units) "
+                          "is not a classifier's, for which the default "
+                          "sparse_categorical_crossentropy is meant: pass --loss=NAME "
+                          "(e.g. --loss=mse).")
         loss = "sparse_categorical_crossentropy"
     try:
         report = tf_mixed.probe(model, x, y, loss=loss, policy=fv.policy or None,
