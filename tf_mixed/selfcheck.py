@@ -13,6 +13,9 @@ Three parts, each returning plain values (the command line in
    replica other than the first overflows (design.md fact 2).
 3. Seconds per step of each policy on the probe workload of
    `tf_mixed.autotune`, and what "auto" picks from them.
+4. The installed Keras/TF's known mixed-precision defects, each reproduced
+   on fakes, present or absent, and whether tf_mixed neutralises it
+   (`tf_mixed.upstream_defects`).
 
 Logical CPUs must be configured before TensorFlow initialises: call
 `prepare_devices()` first thing in a fresh process.
@@ -87,12 +90,15 @@ class CheckResult:
         tf_mixed: Part 1, one `Scenario` per replica.
         keras: Part 2, one `Scenario` per replica (empty if not run).
         throughput: Part 3 (None if not run).
+        defects: Part 4, the installed Keras/TF's known defects
+            (`tf_mixed.upstream_defects`; empty if not run).
     """
 
     devices: tuple[str, ...]
     tf_mixed: tuple[Scenario, ...]
     keras: tuple[Scenario, ...]
     throughput: Throughput | None
+    defects: tuple = ()
 
     @property
     def passed(self) -> bool:
@@ -134,6 +140,7 @@ class CheckResult:
                 "scenarios": scenarios(self.keras),
             },
             "throughput": throughput,
+            "upstream_defects": [d.to_json() for d in self.defects],
             "passed": self.passed,
         }
 
@@ -356,14 +363,15 @@ def measure_throughput(info=None, *, budget_s: float = 0.5, timer=None) -> Throu
 
 def run_check(
     *,
-    parts: Sequence[str] = ("tf_mixed", "keras", "throughput"),
+    parts: Sequence[str] = ("tf_mixed", "keras", "throughput", "defects"),
     budget_s: float = 0.5,
     progress: Callable[[str], None] = lambda message: None,
 ) -> CheckResult:
     """Runs the chosen parts on this host's devices.
 
     Args:
-        parts: Any of "tf_mixed" (part 1, always run), "keras", "throughput".
+        parts: Any of "tf_mixed" (part 1, always run), "keras", "throughput",
+            "defects".
         budget_s: Timing budget of part 3, in seconds.
         progress: Called with a short line before each step (the CLI prints it).
 
@@ -393,4 +401,10 @@ def run_check(
     if "throughput" in parts:
         progress("part 3: throughput of each policy on the probe")
         throughput = measure_throughput(budget_s=budget_s)
-    return CheckResult(tuple(devices), ours, theirs, throughput)
+    defects: tuple = ()
+    if "defects" in parts:
+        from tf_mixed import upstream_defects
+
+        progress("part 4: known defects of the installed Keras/TensorFlow")
+        defects = upstream_defects.run(strategy)
+    return CheckResult(tuple(devices), ours, theirs, throughput, defects)

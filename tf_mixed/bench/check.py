@@ -1,7 +1,7 @@
 """``python -m tf_mixed check``: prove tf_mixed on this host's own devices.
 
     python -m tf_mixed check [--output=check.json] [--budget=0.5]
-                             [--parts=tf_mixed,keras,throughput]
+                             [--parts=tf_mixed,keras,throughput,defects]
 
 Prints a table per part (see `tf_mixed.selfcheck`), writes every figure to
 ``--output`` as JSON (atomically: a temporary file, then a rename), and exits
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-PARTS = ("tf_mixed", "keras", "throughput")
+PARTS = ("tf_mixed", "keras", "throughput", "defects")
 _OK, _FAIL = "ok", "FAIL"
 
 
@@ -134,6 +134,19 @@ def render(result, info) -> str:
                    rows, ["policy", "ms/step", "vs float32"]),
             "",
             f"=> enable('auto') picks {t.auto_policy}: {t.auto_reason}",
+        ]
+    if result.defects:
+        rows = [(d.spec.key, ["-" if d.present is None else ("present" if d.present else "absent"),
+                              "yes" if d.neutralised else "no", d.spec.reference])
+                for d in result.defects]
+        parts += [
+            "",
+            _table(f"4. Known mixed-precision defects of Keras {keras.__version__} / "
+                   f"TensorFlow {tf.__version__}, reproduced on fakes",
+                   rows, ["defect", "here", "tf_mixed neutralises", "reference"]),
+            "",
+            *(f"- {d.spec.key}: {d.spec.title}. Here: {d.detail}. Remedy: {d.spec.remedy}."
+              for d in result.defects),
         ]
     parts += ["", "Result: " + ("PASS" if result.passed else "FAIL")]
     return "\n".join(parts)
