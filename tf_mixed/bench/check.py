@@ -68,6 +68,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise _UsageError(
                 f"--output={args.output!r}: directory {directory!r} does not exist"
             )
+        if os.path.isdir(args.output):
+            raise _UsageError(f"--output={args.output!r} is a directory; pass a file path "
+                              "such as check.json")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise _UsageError(f"--output={args.output!r}: directory {directory!r} is not "
+                              "writable")
     return args
 
 
