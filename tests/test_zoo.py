@@ -10,7 +10,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from zoo import KINDS, ZOO, reloaded_model, reloaded_path
+from zoo import KINDS, REFUSED, ZOO, reloaded_model, reloaded_path
 
 import tf_mixed
 from tf_mixed import training
@@ -240,3 +240,31 @@ def test_cli_names_what_a_zoo_kind_needs_to_load(name, flag, match, tmp_path, ca
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and match in err, err
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- refused kinds
+
+
+def test_probe_and_convert_refuse_a_subclassed_model_naming_the_kind():
+    spec = REFUSED["subclassed_model"]
+    model = spec.ready()
+    x, y = spec.data(8)
+    for call in (lambda: tf_mixed.probe(model, x, y, loss="mse"),
+                 lambda: tf_mixed.convert(model, "mixed_bfloat16")):
+        with pytest.raises(TypeError, match="subclassed model 'subclassed_model' "
+                                            r"\(class ZooSubclassed\)"):
+            call()
+
+
+def test_the_other_apis_take_a_subclassed_model():
+    spec = REFUSED["subclassed_model"]
+    tf_mixed.enable("mixed_float16", quiet=True)
+    model = spec.ready()
+    x, y = spec.data(8)
+    assert tf_mixed.audit(model).model_name == "subclassed_model"
+    optimizer = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**8)
+    assert bool(training.make_train_step(model, "mse", optimizer)(x, y)["applied"])
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    history = model.fit(x, y, epochs=1, verbose=0,
+                        callbacks=[tf_mixed.LossScaleMonitor(check_setup=False)])
+    assert np.isfinite(history.history["loss"][-1])

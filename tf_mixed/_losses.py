@@ -22,15 +22,18 @@ _HINT = ("a Keras loss name such as 'mean_squared_error', a keras.losses.Loss, a
          "per output) or a dict keyed by output name")
 
 
-def output_names(model: keras.Model) -> list[str]:
-    """The names of a model's outputs, in order (the producing layers' names)."""
+def output_names(model: keras.Model) -> list[str] | None:
+    """The names of a model's outputs, in order; None when unknown (a subclassed model)."""
+    from tf_mixed import _internals
+    from tf_mixed._facts import model_outputs
+
     names = getattr(model, "output_names", None)
     if names:
         return list(names)
-    from tf_mixed import _internals
-
-    return [getattr(_internals.keras_history(t), "operation", None).name
-            for t in keras.tree.flatten(model.outputs)]
+    outputs = model_outputs(model)
+    if not outputs:
+        return None
+    return [getattr(_internals.keras_history(t), "operation", None).name for t in outputs]
 
 
 def _single(loss, caller: str) -> Callable:
@@ -71,7 +74,19 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
         TypeError: an element is not a loss.
     """
     names = output_names(model)
-    if isinstance(loss, Mapping) and not _is_config(loss):
+    if names is None:  # a subclassed model: its outputs are known only when called
+        if isinstance(loss, Mapping) and not _is_config(loss):
+            raise ValueError(
+                f"{caller}: a loss dict needs output names, which the subclassed model "
+                f"'{model.name}' does not have. Pass a list with one loss per output. "
+                f"Received: loss={dict(loss)!r}")
+        if isinstance(loss, (list, tuple)):
+            per_output = [_single(each, caller) for each in loss]
+            names = [str(i) for i in range(len(per_output))]
+        else:
+            fn = _single(loss, caller)
+            return lambda y_true, y_pred: _mean(fn(y_true, y_pred))
+    elif isinstance(loss, Mapping) and not _is_config(loss):
         unknown = sorted(set(loss) - set(names))
         if unknown:
             raise ValueError(
@@ -96,7 +111,7 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
                 f"such as loss={[loss] * len(names)!r}. Received: loss={loss!r}")
         return lambda y_true, y_pred: _mean(fn(y_true, y_pred))  # handles the structure
 
-    def fn(y_true, y_pred):
+    def summed(y_true, y_pred):
         preds = keras.tree.flatten(y_pred)
         trues = ([y_true[n] for n in names] if isinstance(y_true, Mapping)
                  else list(y_true))
@@ -110,7 +125,7 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
                 total += _mean(each(true, pred))
         return total
 
-    return fn
+    return summed
 
 
 def _is_config(loss) -> bool:
