@@ -342,6 +342,7 @@ def save_and_reload(directory: str, names=None) -> dict[str, str]:
     for name in names:
         spec = ZOO[name]
         model = spec.compiled()
+        model.optimizer.build(model.trainable_variables)  # saved with its variables
         model.save(os.path.join(directory, f"{name}.keras"))
         with open(os.path.join(directory, f"{name}.expected.json"), "w") as f:
             json.dump(_prediction(model, spec.data(4)[0]), f)
