@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed import _internals
-from tf_mixed import _losses
+from tf_mixed import _internals, _losses
 from tf_mixed.bench import probe as bench_probe
 
 

@@ -19,6 +19,8 @@ from tf_mixed.bench import probe as bench_probe
 from tf_mixed.bench.cli import main as cli_main
 
 NAMES = list(ZOO)
+EVERY_MODEL = pytest.mark.parametrize("name", NAMES)
+BUILT_AND_RELOADED = pytest.mark.parametrize("reloaded", [False, True], ids=["built", "reloaded"])
 
 
 def _leaves(model):
@@ -28,6 +30,12 @@ def _leaves(model):
 
 def _model(name, reloaded):
     return reloaded_model(name) if reloaded else ZOO[name].ready()
+
+
+def _convert(model, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
+        return tf_mixed.convert(model, *args, **kwargs)
 
 
 def _flat(value):
@@ -41,7 +49,7 @@ def test_zoo_covers_every_kind():
     assert {spec.kind for spec in ZOO.values()} == set(KINDS)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@EVERY_MODEL
 def test_zoo_model_is_deterministic_and_fits_its_data(name):
     spec = ZOO[name]
     first, second = spec.ready(), spec.ready()
@@ -55,7 +63,7 @@ def test_zoo_model_is_deterministic_and_fits_its_data(name):
     # Training is run by the make_train_step and monitor tests below.
 
 
-@pytest.mark.parametrize("name", NAMES)
+@EVERY_MODEL
 def test_zoo_model_reloaded_in_a_fresh_process_predicts_the_same(name):
     spec = ZOO[name]
     x = spec.data(4)[0]
@@ -68,8 +76,8 @@ def test_zoo_model_reloaded_in_a_fresh_process_predicts_the_same(name):
 # ---------------------------------------------------------------- probe
 
 
-@pytest.mark.parametrize("reloaded", [False, True], ids=["built", "reloaded"])
-@pytest.mark.parametrize("name", NAMES)
+@BUILT_AND_RELOADED
+@EVERY_MODEL
 def test_probe_runs_on_every_zoo_model(name, reloaded):
     spec = ZOO[name]
     model = _model(name, reloaded)
@@ -87,15 +95,13 @@ def test_probe_runs_on_every_zoo_model(name, reloaded):
 # ---------------------------------------------------------------- convert
 
 
-@pytest.mark.parametrize("reloaded", [False, True], ids=["built", "reloaded"])
-@pytest.mark.parametrize("name", NAMES)
+@BUILT_AND_RELOADED
+@EVERY_MODEL
 def test_convert_runs_on_every_zoo_model(name, reloaded):
     spec = ZOO[name]
     model = _model(name, reloaded)
     x, _ = spec.data(8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
-        new = tf_mixed.convert(model, "mixed_bfloat16")
+    new = _convert(model, "mixed_bfloat16")
     old_leaves, new_leaves = _leaves(model), _leaves(new)
     half = [n for n, layer in new_leaves.items() if layer.compute_dtype == "bfloat16"]
     assert half, new_leaves  # converted
@@ -113,8 +119,8 @@ def test_convert_runs_on_every_zoo_model(name, reloaded):
 # ---------------------------------------------------------------- audit
 
 
-@pytest.mark.parametrize("reloaded", [False, True], ids=["built", "reloaded"])
-@pytest.mark.parametrize("name", NAMES)
+@BUILT_AND_RELOADED
+@EVERY_MODEL
 def test_audit_runs_on_every_zoo_model(name, reloaded):
     model = _model(name, reloaded)
     report = tf_mixed.audit(model, batch_size=8)
@@ -134,7 +140,7 @@ def _kept_name(spec, model):
     return next(n for n, layer in _leaves(model).items() if layer.weights)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@EVERY_MODEL
 def test_keep_float32_in_enable_on_every_zoo_model(name):
     spec = ZOO[name]
     kept = _kept_name(spec, spec.ready())
@@ -149,15 +155,13 @@ def test_keep_float32_in_enable_on_every_zoo_model(name):
     assert np.all(np.isfinite(model.train_on_batch(x, y)))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@EVERY_MODEL
 def test_keep_float32_in_convert_on_every_zoo_model(name):
     spec = ZOO[name]
     model = spec.ready()
     kept = _kept_name(spec, model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
-        new = tf_mixed.convert(model, "mixed_bfloat16", keep_float32=[kept])
-        plain = tf_mixed.convert(model, "mixed_bfloat16")
+    new = _convert(model, "mixed_bfloat16", keep_float32=[kept])
+    plain = _convert(model, "mixed_bfloat16")
     float32 = {n for n, layer in _leaves(new).items() if layer.compute_dtype == "float32"}
     before = {n for n, layer in _leaves(plain).items() if layer.compute_dtype == "float32"}
     expected = ({n for n in _leaves(model) if n.startswith(kept + "/")} if spec.nested else {kept})
@@ -167,7 +171,7 @@ def test_keep_float32_in_convert_on_every_zoo_model(name):
 # ---------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("name", NAMES)
+@EVERY_MODEL
 def test_make_train_step_on_every_zoo_model(name):
     spec = ZOO[name]
     tf_mixed.enable("mixed_float16", quiet=True)
@@ -182,15 +186,13 @@ def test_make_train_step_on_every_zoo_model(name):
     assert any(changed)
 
 
-@pytest.mark.parametrize("reloaded", [False, True], ids=["built", "reloaded"])
-@pytest.mark.parametrize("name", NAMES)
+@BUILT_AND_RELOADED
+@EVERY_MODEL
 def test_monitor_fits_every_zoo_model(name, reloaded):
     spec = ZOO[name]
     tf_mixed.enable("mixed_float16", quiet=True)
     if reloaded:  # a reloaded float32 model, converted (compiled like the original)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", tf_mixed.ConversionNote)
-            model = tf_mixed.convert(reloaded_model(name))
+        model = _convert(reloaded_model(name))
     else:
         model = spec.ready()
         model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)),
@@ -218,7 +220,7 @@ def _zoo_npz(tmp_path, name, n=16):
     return str(path)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@EVERY_MODEL
 def test_cli_probe_and_audit_on_every_reloaded_zoo_model(name, tmp_path, capsys):
     path = reloaded_path(name)
     out = tmp_path / "out"
