@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed import _internals, _losses
+from tf_mixed import _losses
 from tf_mixed.bench import probe as bench_probe
 
 
@@ -138,21 +138,6 @@ def test_multi_output_loss_list_dict_and_compiled_sum_exactly():
 def test_multi_output_loss_mismatch_is_named(loss, match):
     with pytest.raises((ValueError, TypeError), match=match):
         _losses.resolve(loss, _two_heads())
-
-
-def test_run_through_graph_and_lambda_output_shape_canary():
-    # Function._run_through_graph and Lambda._output_shape (Keras 3.15.1).
-    shape = (lambda s: s)
-    layer = keras.layers.Lambda(lambda t: t, output_shape=shape)
-    assert _internals.lambda_output_shape(layer) is shape
-    inputs = keras.Input((2,))
-    dense = keras.layers.Dense(3)
-    model = keras.Model(inputs, dense(inputs))
-    seen = []
-    new_in = keras.Input((2,))
-    out = _internals.run_through_graph(
-        model, new_in, lambda op, *a, **k: seen.append(op) or op(*a, **k))
-    assert seen == [dense] and tuple(out.shape) == (None, 3)
 
 
 # ---------------------------------------------------------------- the probe CLI

@@ -33,7 +33,8 @@ def output_names(model: keras.Model) -> list[str] | None:
     outputs = model_outputs(model)
     if not outputs:
         return None
-    return [getattr(_internals.keras_history(t), "operation", None).name for t in outputs]
+    histories = [_internals.keras_history(t) for t in outputs]
+    return [h.operation.name if h is not None else str(i) for i, h in enumerate(histories)]
 
 
 def _single(loss, caller: str) -> Callable:
@@ -81,7 +82,7 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
                 f"'{model.name}' does not have. Pass a list with one loss per output. "
                 f"Received: loss={dict(loss)!r}")
         if isinstance(loss, (list, tuple)):
-            per_output = [_single(each, caller) for each in loss]
+            per_output: list[Callable | None] = [_single(each, caller) for each in loss]
             names = [str(i) for i in range(len(per_output))]
         else:
             fn = _single(loss, caller)

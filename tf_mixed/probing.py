@@ -169,9 +169,9 @@ def _resolve_policy(model, policy) -> str:
                 f"{', '.join(_POLICY_ALIASES)}, or None. Received: policy={policy!r}")
         return _POLICY_ALIASES[key]
     for layer in _leaves(model):
-        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
-        if half_policy(dtype):
-            return half_policy(dtype)
+        found = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
+        if found:
+            return found
     global_dtype = keras.config.dtype_policy().compute_dtype
     return half_policy(global_dtype) or MIXED_FLOAT16
 

@@ -73,7 +73,7 @@ def load(path: str, safe_mode: bool = True, custom_modules=()):
 
     if not os.path.isfile(path):
         raise ValueError(f"MODEL={path!r}: no such file. Pass the path of a saved .keras model.")
-    custom_objects = {}
+    custom_objects: dict[str, object] = {}
     for name in custom_modules:
         try:
             module = importlib.import_module(name)
