@@ -33,5 +33,10 @@ def run(path: str, batch_size: int | None = None, *, safe_mode: bool = True,
     except ValueError as error:
         print(f"tf_mixed audit: error: {error}", file=sys.stderr)
         return 2
-    print(tf_mixed.audit(model, batch_size=batch_size, check_global_policy=False))
+    try:
+        report = tf_mixed.audit(model, batch_size=batch_size, check_global_policy=False)
+    except (TypeError, ValueError) as error:  # a model audit cannot read: one line
+        print(f"tf_mixed audit: error: {model_file.first_line(error)}", file=sys.stderr)
+        return 2
+    print(report)
     return 0
