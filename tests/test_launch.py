@@ -301,7 +301,8 @@ def test_launcher_refuses_bad_argv_before_starting_anything(argv, message):
 
 @pytest.mark.parametrize("ports, message", [
     ([5000, 5000], r"lists \[5000\] more than once"),
-    ([0, 70000], "integers from 1 to 65535"),
+    ([0, 70000], r"`ports\[0\]` must be an integer from 1 to 65535. Received: ports\[0\]=0"),
+    ([5000, True], r"`ports\[1\]` must be an integer from 1 to 65535"),
     ("5000,5001", "must be a list of port numbers"),
 ])
 def test_launcher_refuses_bad_ports(ports, message):

@@ -207,11 +207,9 @@ def run_local_workers(
             raise ValueError(
                 f"`ports` must list one port per worker ({num_workers}). "
                 f"Received: ports={ports!r}.")
-        bad = [p for p in ports
-               if isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536]
-        if bad:
-            raise ValueError(f"`ports` must be integers from 1 to 65535. Received: "
-                             f"ports={ports!r} (not ports: {bad!r}).")
+        ports = [_validate.number(p, f"ports[{i}]", integer=True, rule=lambda v: 0 < v < 65536,
+                                  valid="an integer from 1 to 65535")
+                 for i, p in enumerate(ports)]
         twice = sorted({p for p in ports if ports.count(p) > 1})
         if twice:
             raise ValueError(
