@@ -214,6 +214,16 @@ def main(argv: list[str]) -> int:
         )
     except selfcheck.StrategyUnavailable as error:
         return _error(str(error))
+    if "defects" in args.parts:
+        import dataclasses
+
+        from tf_mixed import upstream_defects
+        from tf_mixed.training import shared_mirrored_strategy
+
+        print("[check] part 4: known defects of the installed Keras/TensorFlow",
+              file=sys.stderr, flush=True)
+        strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
+        result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
     info = hardware.detect()
     print(render(result, info))
     if args.output:
