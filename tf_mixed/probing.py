@@ -124,7 +124,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     if half_gradients is None:
         # Measuring means a float16 backward pass; on a CPU TF's float16
         # Conv2D filter gradient (computed with every input gradient) takes
-        # seconds per op (design fact 4: the probe of the bench CNN took 44 s
+        # seconds per op (measured: the probe of the bench CNN took 44 s
         # instead of 0.4 s), so there the float32 gradients predict it.
         half_gradients = half_dtype != "float16" or bool(tf.config.list_logical_devices("GPU"))
     acc = _Accumulator(half, ref)
@@ -216,8 +216,8 @@ def _batches(model, x, y, batches) -> list[tuple[Any, Any]]:
             f"x has {n} examples but y has {_length(y)}. Received: y of shape "
             f"{keras.tree.flatten(y)[0].shape}")
     bounds = np.linspace(0, n, batches + 1).astype(int)
-    out = [(keras.tree.map_structure(lambda a: a[s:e], x),
-            keras.tree.map_structure(lambda a: a[s:e], y))
+    out = [(keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], x),
+            keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], y))
            for s, e in zip(bounds[:-1], bounds[1:])]
     _check_finite(out)
     return out
@@ -374,7 +374,7 @@ class _Accumulator:
         h_outs, h_grads, _, _ = self.half.run(xb, yb, loss_fn, scale, False, half_gradients)
         r_outs, r_grads, r_var_grads, _ = self.ref.run(xb, yb, loss_fn, 1.0, True)
         i = 0
-        for j, (_, layer, n_outs) in enumerate(self.half.layers):
+        for j, (_, _layer, n_outs) in enumerate(self.half.layers):
             h = np.concatenate([_np(t).ravel() for t in h_outs[i:i + n_outs]])
             r = np.concatenate([_np(t).ravel() for t in r_outs[i:i + n_outs]])
             hg = [g for g in h_grads[i:i + n_outs] if g is not None]
@@ -445,7 +445,7 @@ class _Accumulator:
 
     def variable_stats(self, current, recommended) -> list[VariableStats]:
         stats = []
-        for k, (name, layer, dtype, variable) in enumerate(self.ref.variables):
+        for k, (name, layer, _dtype, variable) in enumerate(self.ref.variables):
             g = self._grads(k)
             half_dtype = self.half.variables[k][2]
             zc, sc = _underflow(g, current)
