@@ -317,7 +317,7 @@ def add_container_hook(hook: Callable[[Any], None]) -> None:
         if rebuild:
             self._maybe_rebuild()
 
-    __init__._tf_mixed_hooked = True
+    __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
     Functional.__init__ = __init__
     keras.Sequential.add = add
 

@@ -85,7 +85,7 @@ def _npz_arrays(arrays, key: str):
     """``key`` (one array) or ``key0, key1, ...`` (a list) from an npz file; None if absent."""
     if key in arrays.files:
         return arrays[key]
-    numbered = []
+    numbered: list = []
     while f"{key}{len(numbered)}" in arrays.files:
         numbered.append(arrays[f"{key}{len(numbered)}"])
     return numbered or None
