@@ -6,7 +6,7 @@ Two things both need and Keras does not give:
   ``Lambda`` is re-created from the function object it holds
   (``layer.function``), never by deserialising its code: Keras refuses a
   Python lambda in safe mode and cannot locate an unregistered ``def``
-  (design fact 18), though the function is right there in memory.
+  (measured on Keras 3.15.1), though the function is right there in memory.
 * `flat_clone`: a functional copy of a Sequential or functional model in
   which every nested model is inlined, so the output of every leaf layer,
   inner ones included, is a tensor of one graph (the probe taps them all).

@@ -10,14 +10,14 @@ entry (and tf_mixed's workaround) can be retired.
 
     scale_collapse            Keras's LossScaleOptimizer has no floor: after enough
                               non-finite steps its scale is 0.0 and the next clean
-                              step writes inf/NaN into the weights (design.md fact 15).
+                              step writes inf/NaN into the weights.
     first_replica_verdict     Under MirroredStrategy Keras takes the skip verdict from
                               replica 0's local gradients: an overflow on another
-                              replica writes inf into the weights (fact 2).
+                              replica writes inf into the weights.
     multi_worker_fit_20585    Keras's fit fails under MultiWorkerMirroredStrategy
-                              (keras-team/keras#20585, fact 9).
+                              (keras-team/keras#20585).
     jit_under_strategy        jit_compile=True under a multi-replica strategy fails
-                              with an XLA resource-device error (fact 5).
+                              with an XLA resource-device error.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class DefectSpec:
     Attributes:
         key: Short identifier (JSON key, canary test name).
         title: One line saying what goes wrong.
-        reference: Where it is documented (upstream issue, design.md fact).
+        reference: Where it is documented: the upstream issue, else the
+            canary test that reproduces it here.
         remedy: How tf_mixed neutralises it (or refuses it up front).
     """
 
@@ -81,25 +82,25 @@ DEFECTS: tuple[DefectSpec, ...] = (
         "scale_collapse",
         "Keras's LossScaleOptimizer halves its scale down to 0.0, then a clean step "
         "writes inf/NaN into the weights",
-        "design.md fact 15",
+        "tests/test_upstream_defects.py::test_canary_scale_collapse",
         "tf_mixed.LossScaleOptimizer never goes below min_scale (default 1.0)"),
     DefectSpec(
         "first_replica_verdict",
         "Keras's LossScaleOptimizer under MirroredStrategy decides skip/apply from "
         "replica 0 alone: an overflow on another replica writes inf into the weights",
-        "design.md fact 2",
+        "tests/test_upstream_defects.py::test_canary_first_replica_verdict",
         "tf_mixed takes the verdict from the all-reduced gradients, the same on every replica"),
     DefectSpec(
         "multi_worker_fit_20585",
         "Keras's fit fails under MultiWorkerMirroredStrategy",
-        "keras-team/keras#20585, design.md fact 9",
+        "keras-team/keras#20585",
         "tf_mixed.distribute.multi_worker_strategy() / fit_support() install "
         "tf_mixed/_keras_fix_20585.py (a real 2-worker fit is tested; not re-run here)"),
     DefectSpec(
         "jit_under_strategy",
         "jit_compile=True under a multi-replica strategy fails with an XLA "
         "resource-device error",
-        "design.md fact 5",
+        "tests/test_upstream_defects.py::test_canary_jit_under_strategy",
         "refused up front with a clear error (make_train_step(jit_compile=True), "
         "a jit-compiled LossScaleOptimizer step under a strategy)"),
 )
