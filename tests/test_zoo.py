@@ -190,9 +190,10 @@ def test_make_train_step_on_every_zoo_model(name):
 @EVERY_MODEL
 def test_monitor_fits_every_zoo_model(name, reloaded):
     spec = ZOO[name]
+    loaded = reloaded_model(name) if reloaded else None  # loaded as saved: float32
     tf_mixed.enable("mixed_float16", quiet=True)
-    if reloaded:  # a reloaded float32 model, converted (compiled like the original)
-        model = _convert(reloaded_model(name))
+    if loaded is not None:  # converted, compiled like the original
+        model = _convert(loaded)
     else:
         model = spec.ready()
         model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)),

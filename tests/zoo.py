@@ -370,6 +370,8 @@ def _reload_main(directory, names):
         got = _prediction(model, ZOO[name].data(4)[0])
         for e, g in zip(expected, got):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=name)
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)  # saved with its variables
         model.save(os.path.join(directory, f"{name}.reloaded.keras"))
 
 
