@@ -47,6 +47,7 @@ from typing import Any
 import keras
 
 from tf_mixed import _internals
+from tf_mixed import tf_keras_check
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import SQUASHING_ACTIVATIONS
@@ -278,6 +279,7 @@ def audit(model, batch_size: int | None = None, *,
       TypeError: `model` is not a Keras model, or `batch_size` not an int.
       ValueError: `batch_size` is not positive.
     """
+    tf_keras_check.check_objects("tf_mixed.audit", model=model)
     if not isinstance(model, keras.Model):
         hint = (" To audit a saved model, run `python -m tf_mixed audit PATH`."
                 if isinstance(model, (str, os.PathLike)) else "")

@@ -60,6 +60,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_mixed import loss_scale as loss_scale_module
+from tf_mixed import tf_keras_check
 
 __all__ = [
     "LossScaleFailure",
@@ -314,6 +315,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     # -- hooks
 
     def on_train_begin(self, logs=None):
+        tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
         self.total_skipped_steps = 0
         optimizer = getattr(self.model, "optimizer", None)

@@ -54,6 +54,7 @@ from tf_mixed._facts import SQUASHING_ACTIVATIONS
 from tf_mixed._facts import activation_name
 from tf_mixed._facts import walk_layers
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import tf_keras_check
 
 __all__ = ["ConversionNote", "convert"]
 
@@ -146,6 +147,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
         tf_mixed.enable("mixed_float16")
         model = tf_mixed.convert(model)
     """
+    tf_keras_check.check_objects("tf_mixed.convert", model=model)
     if not isinstance(model, keras.Model):
         raise TypeError(
             "convert() needs a keras.Model (Sequential or functional). "

@@ -40,6 +40,7 @@ import tensorflow as tf
 from tf_mixed import _internals
 from tf_mixed import allreduce
 from tf_mixed import scale_state
+from tf_mixed import tf_keras_check
 from tf_mixed.scale_state import LossScaleConfig, LossScaleState
 
 from tf_mixed import distribute
@@ -164,6 +165,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         communication_dtype: str | None = None,
         **kwargs: Any,
     ):
+        tf_keras_check.check_objects(
+            "tf_mixed.LossScaleOptimizer", inner_optimizer=inner_optimizer)
         _check_inner(inner_optimizer)
         communication_dtype = allreduce.validate_communication_dtype(
             communication_dtype)
@@ -846,6 +849,7 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             known ones), is already a ``tf_mixed`` wrapper and ``knobs`` ask
             for different settings, or a knob is invalid.
     """
+    tf_keras_check.check_objects("tf_mixed.wrap_optimizer", optimizer=optimizer)
     if isinstance(optimizer, str):
         optimizer = _optimizer_by_name(optimizer)
     if isinstance(optimizer, LossScaleOptimizer):

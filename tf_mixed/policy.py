@@ -30,6 +30,7 @@ from tf_mixed import _remapping
 from tf_mixed import autotune
 from tf_mixed import hardware
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import tf_keras_check
 
 AUTO = "auto"
 MIXED_FLOAT16 = "mixed_float16"
@@ -298,6 +299,7 @@ def enable(
         >>> enabled.policy
         'mixed_bfloat16'
     """
+    tf_keras_check.check("tf_mixed.enable")
     name = canonical_name(policy)  # validates before anything changes
     measure = _validated_measure(measure)
     keep = keep_float32_rules.parse(keep_float32)  # applied once the policy is set
@@ -454,6 +456,7 @@ def policy_scope(policy: str, *, measure: bool | None = None) -> Iterator[Enable
         ...     model = build_model()
     """
     canonical_name(policy)
+    tf_keras_check.check("tf_mixed.policy_scope")
     _validated_measure(measure)
     state = _state()
     if state.scopes and state.scopes[-1].marker is not _scope_marker.get():

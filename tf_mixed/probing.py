@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import tf_keras_check
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import FLOAT_POLICIES
 from tf_mixed._facts import layer_outputs
@@ -98,6 +99,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         is missing; `loss` is missing and the model not compiled with one;
         `batches` < 1 or more than the examples; `policy` is unknown.
     """
+    tf_keras_check.check_objects("tf_mixed.probe", model=model)
     _check_model(model)
     loss_fn = _resolve_loss(model, loss)
     batches_list = _batches(model, x, y, batches)

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import loss_scale as loss_scale_module
+from tf_mixed import tf_keras_check
 
 __all__ = [
     "apply_scaled_gradients",
@@ -158,6 +159,8 @@ def make_train_step(
     Raises:
         ValueError: if ``jit_compile`` is True under a multi-replica strategy.
     """
+    tf_keras_check.check_objects(
+        "tf_mixed.training.make_train_step", model=model, optimizer=optimizer)
     strategy = strategy or tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
     if jit_compile and replicas > 1:
