@@ -1,10 +1,17 @@
 """Keras `fit` callbacks that make mixed-precision failures visible.
 
-`LossScaleMonitor` costs nothing per step by default: it does not override
-``on_train_batch_end`` (so Keras dispatches batch hooks asynchronously) and
-reads the optimizer once per epoch. Every counter it judges is kept by the
-optimizer itself (`tf_mixed.scale_state.LossScaleState`), so a read every
-epoch is as exact as a read every step, whatever ``steps_per_execution`` is.
+`LossScaleMonitor` reads the optimizer every `DEFAULT_CHECK_EVERY_N_BATCHES`
+batches by default and at each epoch end, so a run in which every step is
+skipped stops within about ``patience`` + 15 (the halvings from 2**15 to the
+minimum) + `DEFAULT_CHECK_EVERY_N_BATCHES` steps, not at the end of an epoch
+that may take hours. This adds no host synchronisation: Keras 3 on
+TensorFlow runs batch hooks in the training loop and converts every step's
+logs to Python floats whether a callback has a batch hook or not (its
+backend is not marked thread-safe, so it never dispatches them
+asynchronously); between reads the hook only counts. Every counter it judges
+is kept by the optimizer itself (`tf_mixed.scale_state.LossScaleState`), so
+a read every N batches is as exact as a read every step, whatever
+``steps_per_execution`` is.
 
 1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
@@ -55,11 +62,16 @@ from tf_mixed.rollback import forward_variables
 from tf_mixed.stop_rules import Progress, Snapshot
 
 __all__ = [
+    "DEFAULT_CHECK_EVERY_N_BATCHES",
     "LossScaleFailure",
     "LossScaleMonitor",
     "MixedPrecisionWarning",
     "model_setup_problems",
 ]
+
+
+DEFAULT_CHECK_EVERY_N_BATCHES = 50
+"""How often the default `LossScaleMonitor` reads the optimizer and checks."""
 
 
 class MixedPrecisionWarning(UserWarning):
@@ -272,8 +284,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
         (default) = epoch logs only.
       check_every_n_batches: also run the stop checks every N batches (a
         host read every N batches; with ``steps_per_execution > 1`` at the
-        first batch end after every N batches). 0 (default) = at the end of
-        every epoch only, which costs nothing per step.
+        first batch end after every N batches), in the training loop, at
+        the same batch on every worker. 0 = at the end of every epoch only.
+        None (default) = every `DEFAULT_CHECK_EVERY_N_BATCHES` batches.
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
       check_setup: run the set-up checks at ``on_train_begin``.
@@ -302,7 +315,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         log_every_n_batches: int = 0,
         raise_on_failure: bool = False,
         check_setup: bool = True,
-        check_every_n_batches: int = 0,
+        check_every_n_batches: int | None = None,
         rollback_forward_state: bool = True,
     ):
         super().__init__()
@@ -315,18 +328,19 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.log_every_n_batches = _check_int(
             "log_every_n_batches", log_every_n_batches, 0,
             " (0 turns batch logging off)")
-        self.check_every_n_batches = _check_int(
+        self.check_every_n_batches = None if check_every_n_batches is None else _check_int(
             "check_every_n_batches", check_every_n_batches, 0,
-            " (0 checks at epoch ends only)")
+            " (0 checks at epoch ends only; None, the default, every "
+            f"{DEFAULT_CHECK_EVERY_N_BATCHES} batches without waiting for them)")
         self.raise_on_failure = bool(raise_on_failure)
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress: Progress | None = None
-        if self.log_every_n_batches or self.check_every_n_batches:
-            # Only then: overriding the hook makes Keras call it
-            # synchronously, waiting for every step.
+        self._check_n = (DEFAULT_CHECK_EVERY_N_BATCHES if check_every_n_batches is None
+                         else self.check_every_n_batches)
+        if self.log_every_n_batches or self._check_n:
             self.on_train_batch_end = self._on_train_batch_end
 
     def get_config(self) -> dict[str, Any]:
@@ -373,7 +387,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def _on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
         self._batches = steps = batch + 1
-        log_n, check_n = self.log_every_n_batches, self.check_every_n_batches
+        log_n, check_n = self.log_every_n_batches, self._check_n
         log_now = log_n and steps // log_n > self._logged_at // log_n
         check_now = check_n and steps // check_n > self._checked_at // check_n
         if not (log_now or check_now):
