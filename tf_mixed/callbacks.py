@@ -338,6 +338,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.stop_reason: str | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress: Progress | None = None
+        self._refresh_due = False
         self._check_n = (DEFAULT_CHECK_EVERY_N_BATCHES if check_every_n_batches is None
                          else self.check_every_n_batches)
         if self.log_every_n_batches or self._check_n:
@@ -376,6 +377,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         first = _snapshot(self._optimizer, self._kind)
         self._progress = Progress(epoch_start=first, last=first)
         self._batches = self._logged_at = self._checked_at = 0
+        self._refresh_due = True
         if self.check_setup:
             for problem in model_setup_problems(self.model):
                 warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
@@ -383,6 +385,17 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._progress = stop_rules.start_epoch(self._progress)
         self._batches = self._logged_at = self._checked_at = 0
+        self._refresh_due = True
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # After every callback's on_train_begin/on_epoch_begin (a
+        # BackupAndRestore restore, in whatever order the callbacks came), so
+        # the rollback copies hold the state this epoch's first step starts
+        # from. Once per epoch: an eager copy, no host read.
+        if self._refresh_due:
+            self._refresh_due = False
+            if self._kind == "tf_mixed" and self.rollback_forward_state:
+                self._optimizer.refresh_forward_state()
 
     def _on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}

@@ -275,6 +275,17 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """
         return self._scratch.forward.track(model_or_variables)
 
+    def refresh_forward_state(self) -> None:
+        """Re-copies the tracked forward state after it was written between steps.
+
+        A skipped step restores the copy taken after the last applied step;
+        after a restore, a resumed ``fit`` or any assignment to the tracked
+        variables outside a step, call this (eagerly) so the copy holds the
+        state the next step starts from. ``LossScaleMonitor`` calls it before
+        the first step of every epoch.
+        """
+        self._scratch.forward.refresh()
+
     @property
     def tracked_forward_variables(self) -> tuple:
         """The variables ``track_forward_state`` tracks (a tuple)."""
