@@ -460,7 +460,7 @@ def test_a_version_1_cache_from_the_small_probe_is_not_read(tmp_path):
     [({"float32": [], "mixed_bfloat16": [1.0]}, "non-empty list"),
      ({"float32": 1.0}, "non-empty list"),
      ({"float32": "1.0"}, "non-empty list"),
-     ({"float32": [1.0, 0.0]}, "positive numbers of seconds"),
+     ({"float32": [1.0, 0.0]}, "positive number of seconds"),
      ({"mixed_bfloat16": [1.0]}, "must include 'float32'")],
 )
 def test_choose_from_rounds_rejects_bad_input(rounds, message):

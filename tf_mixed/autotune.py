@@ -44,11 +44,11 @@ from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
+from tf_mixed import _validate
 from tf_mixed import hardware
 
-FLOAT32 = "float32"
-MIXED_BFLOAT16 = "mixed_bfloat16"
-MIXED_FLOAT16 = "mixed_float16"
+from tf_mixed._facts import COMPUTE_DTYPES as _COMPUTE_DTYPE
+from tf_mixed._facts import FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16
 
 DEFAULT_MARGIN = 1.15
 """A half policy must be at least this many times float32's speed to be chosen."""
@@ -67,7 +67,6 @@ _CACHE_FORMAT = 2
 # kernels convert every element and are not worth timing).
 _NATIVE_FLOAT16_FLAGS = ("avx512_fp16", "amx_fp16")
 
-_COMPUTE_DTYPE = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16", MIXED_FLOAT16: "float16"}
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on", "")
@@ -190,20 +189,13 @@ def choose_from_timings(
     """
     _check_margin(margin)
     for name, seconds in _checked_names(timings).items():
-        if not _is_seconds(seconds):
-            raise ValueError(
-                f"`timings[{name!r}]` must be a positive number of seconds. "
-                f"Received: {seconds!r}."
-            )
+        _validate.number(seconds, f"timings[{name!r}]", rule=lambda v: 0 < v < math.inf,
+                         valid="a positive number of seconds")
     return choose_from_rounds({name: [seconds] for name, seconds in timings.items()}, margin)
 
 
 def _check_margin(margin: object) -> None:
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin >= 1.0:
-        raise ValueError(
-            f"`margin` must be a number >= 1.0. Received: margin={margin!r} "
-            f"(of type {type(margin).__name__})."
-        )
+    _validate.number(margin, "margin", rule=lambda v: v >= 1.0, valid="a number >= 1.0")
 
 
 def _checked_names(timings: Mapping) -> Mapping:
@@ -223,11 +215,6 @@ def _checked_names(timings: Mapping) -> Mapping:
 
 def _shown(value: object) -> str:
     return repr(dict(value)) if isinstance(value, Mapping) else repr(value)
-
-
-def _is_seconds(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
 
 
 def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -268,12 +255,15 @@ def choose_from_rounds(timings: Rounds, margin: float = DEFAULT_MARGIN) -> Decis
     """
     _check_margin(margin)
     for name, figures in _checked_names(timings).items():
-        if (isinstance(figures, (str, bytes)) or not isinstance(figures, Sequence)
-                or not figures or not all(_is_seconds(f) for f in figures)):
+        if isinstance(figures, (str, bytes)) or not isinstance(figures, Sequence) or not figures:
             raise ValueError(
                 f"`timings[{name!r}]` must be a non-empty list of positive numbers of "
                 f"seconds (one per round). Received: {figures!r}."
             )
+        for i, seconds in enumerate(figures):
+            _validate.number(seconds, f"timings[{name!r}][{i}]",
+                             rule=lambda v: 0 < v < math.inf,
+                             valid="a positive number of seconds")
     base = timings[FLOAT32]
     speedups, spreads, rounds = {FLOAT32: 1.0}, {FLOAT32: (1.0, 1.0)}, {FLOAT32: len(base)}
     for name, figures in timings.items():
@@ -662,16 +652,16 @@ def _run(step, inputs) -> None:
 
 
 def _first_call(step, inputs, remapping_off: bool) -> None:
-    from tf_mixed import _remapping
+    from tf_mixed import policy_state
 
     if remapping_off:
         # Grappler optimises a function on its first call: hold the option
         # off only for that call, as enable("mixed_float16") would on a CPU.
-        _remapping.hold()
+        policy_state.hold_remapping()
         try:
             _run(step, inputs)
         finally:
-            _remapping.release()
+            policy_state.release_remapping()
     else:
         _run(step, inputs)
 
