@@ -54,6 +54,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_mixed import _validate
+from tf_mixed import keep_float32
 from tf_mixed import loss_scale as loss_scale_module
 from tf_mixed import tf_keras_check
 from tf_mixed import stop_rules
@@ -138,6 +139,11 @@ def model_setup_problems(model) -> list[str]:
         f"Model '{model.name}': {finding} (LossScaleMonitor(check_setup=False) "
         "silences this check.)"
         for finding in report.findings if finding.code in SETUP_FINDINGS)
+    unknown = keep_float32.active().unknown_names(model)
+    if unknown:
+        problems.append(
+            f"tf_mixed.enable(): {unknown} Those names keep nothing in float32; "
+            "fix them (or pass keep_float32 to tf_mixed.convert, which checks).")
     return problems
 
 

@@ -438,6 +438,9 @@ def _leave_scope(state: ThreadState, scope: _Scope) -> None:
     keras.config.set_dtype_policy(scope.keras_policy)
     policy_state.set_remapping_hold(state, scope.saved.holds_remapping)
     state.saved_policy, state.active = scope.saved.saved_policy, scope.saved.active
+    # The scope's own enable() replaced this thread's keep_float32 rules: the
+    # outer enable's rules come back with its policy (they live as long as it).
+    state.keep, state.keep_bound = scope.saved.keep, scope.saved.keep_bound
     if not in_order:
         raise RuntimeError(_SCOPE_MISUSE.format(
             what="left while a scope opened after it is still open (scopes of "
