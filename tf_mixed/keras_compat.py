@@ -43,7 +43,8 @@ class KerasCompat:
 
         tf-keras's ``apply_gradients`` took unscaled gradients; here
         ``apply``/``apply_gradients`` divide by the scale unless told
-        ``unscaled=True``. A warning says so once per optimizer.
+        ``unscaled=True``. A warning says so once per optimizer, and the next
+        ``apply``/``apply_gradients`` without ``unscaled=`` raises.
         """
         if not getattr(self, "_warned_tf_keras_unscale", False):
             self._warned_tf_keras_unscale = True

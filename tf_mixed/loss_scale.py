@@ -64,6 +64,17 @@ _JIT_UNDER_STRATEGY_ERROR = (
 )
 
 
+_UNSAID_UNSCALED = (
+    "LossScaleOptimizer.apply() got gradients after unscale_gradients() was "
+    "called, and no `unscaled=` to say which ones they are. Received: unscaled=None. "
+    "Pass unscaled=True if they are what unscale_gradients() returned (clipped or "
+    "not): without it they would be divided by the loss scale again and the step "
+    "would be that many times too small (torch's unscale_()-then-step() habit). "
+    "Pass unscaled=False if you only inspected the unscaled copy and pass the "
+    "scaled gradients."
+)
+
+
 class _Scratch:
     """What the optimizer holds outside its checkpoint (not a Trackable).
 
@@ -74,6 +85,9 @@ class _Scratch:
     def __init__(self) -> None:
         self.forward = ForwardState()
         self.tally: LossTally | None = None
+        # unscale_gradients() calls since the last apply(): only to refuse an
+        # apply() that does not say what it got (it never changes arithmetic).
+        self.unscaled_since_apply = 0
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -338,15 +352,20 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """Returns the gradients divided by the current loss scale.
 
         Use it to clip or inspect the true gradients; then tell ``apply``
-        that the gradients you pass are unscaled::
+        which gradients you pass::
 
             grads = opt.unscale_gradients(tape.gradient(scaled, variables))
             grads, _ = tf.clip_by_global_norm(grads, 1.0)
             opt.apply(grads, variables, unscaled=True)
 
-        Nothing is remembered: ``apply`` divides whatever it receives unless
-        ``unscaled=True`` is passed. Non-finite values stay non-finite, so an
-        overflow is still skipped.
+            # or, having only looked at the unscaled copy:
+            opt.apply(scaled_grads, variables, unscaled=False)
+
+        After a call to this method, the next ``apply`` without ``unscaled=``
+        raises instead of guessing (dividing unscaled gradients again would
+        make the step ``scale`` times too small). The arithmetic never depends
+        on this call: ``apply`` divides unless ``unscaled=True``. Non-finite
+        values stay non-finite, so an overflow is still skipped.
 
         Args:
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
@@ -355,11 +374,13 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             A new list of the same structure holding the unscaled gradients.
         """
         scale = self.dynamic_scale if self.built else self.config.initial_scale
-        return [_divide(g, scale) for g in _checked_grads(grads)]
+        unscaled = [_divide(g, scale) for g in _checked_grads(grads)]
+        self._scratch.unscaled_since_apply += 1
+        return unscaled
 
     # ----------------------------------------------------------- the update
 
-    def apply_gradients(self, grads_and_vars, *, unscaled: bool = False):
+    def apply_gradients(self, grads_and_vars, *, unscaled: bool | None = None):
         """Applies ``(gradient, variable)`` pairs; see ``apply``.
 
         Returns:
@@ -372,7 +393,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         return self.iterations
 
     def apply(self, grads, trainable_variables=None, *,
-              unscaled: bool = False):
+              unscaled: bool | None = None):
         """Unscales and applies gradients, or skips the step everywhere.
 
         Works eagerly, inside ``tf.function``, and in the replica context of
@@ -385,7 +406,10 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             trainable_variables: The variables to update. May be omitted once
                 the optimizer is built.
             unscaled: True when ``grads`` were already divided by the scale
-                (e.g. by ``unscale_gradients`` before clipping).
+                (by ``unscale_gradients``, then perhaps clipped); False when
+                they are the scaled loss's. None (default): False, unless
+                ``unscale_gradients`` was called since the last ``apply``;
+                then say which, or a ValueError is raised.
 
         Returns:
             A scalar bool tensor: True when the step was applied, False when
@@ -394,12 +418,18 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
                 None or not one per variable, if no variables are given to an
-                unbuilt optimizer, if ``unscaled`` is not a bool, if called in
+                unbuilt optimizer, if ``unscaled`` is not a bool or None, if
+                ``unscaled`` is None after ``unscale_gradients``, if called in
                 a cross-replica context, or under a strategy in a
                 jit-compiled function.
         """
         grads, trainable_variables = _checked_apply_args(
             self, grads, trainable_variables, unscaled)
+        pending, self._scratch.unscaled_since_apply = self._scratch.unscaled_since_apply, 0
+        if unscaled is None:
+            if pending:
+                raise ValueError(_UNSAID_UNSCALED)
+            unscaled = False
         strategy = tf.distribute.get_strategy()
         if tf.distribute.in_cross_replica_context():
             raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
@@ -611,7 +641,8 @@ def _checked_grads(grads) -> list:
 def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
     """``apply``'s arguments checked: (gradients, variables) as lists."""
     grads = _checked_grads(grads)
-    _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
+    if unscaled is not None:
+        _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
     if trainable_variables is None:
         if not optimizer.built:
             raise ValueError(
