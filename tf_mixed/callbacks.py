@@ -439,10 +439,15 @@ class LossScaleMonitor(keras.callbacks.Callback):
                        "worker: non-finite values are reaching the weights.")
         if flags[1] and not bad:
             bad = ["(on another worker)"]
+        cause = None
+        if self._kind == "tf_mixed":
+            cause = stop_rules.wire_cause(
+                keras.backend.standardize_dtype(self.model.compute_dtype),
+                self._optimizer.communication_dtype)
         reason = stop_rules.decide(self._rules, stop_rules.Reading(
             kind=self._kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
-            bad_weights=tuple(bad), epoch=epoch))
+            bad_weights=tuple(bad), epoch=epoch, cause=cause))
         if reason is not None:
             self._fail(reason)
 

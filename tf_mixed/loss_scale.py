@@ -563,9 +563,12 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
         return LossScaleOptimizer(optimizer, **knobs)
     communication_dtype = knobs.pop("communication_dtype", None)
     _validate_knobs(knobs)
+    # No loss scaling needed; a float16 wire still needs a scale it can back
+    # off (bfloat16 has float32's range).
+    config = (LossScaleConfig.wire() if communication_dtype == "float16"
+              else LossScaleConfig.pass_through())
     return LossScaleOptimizer(
-        optimizer, **LossScaleConfig.pass_through().to_dict(),
-        communication_dtype=communication_dtype)
+        optimizer, **config.to_dict(), communication_dtype=communication_dtype)
 
 
 # --------------------------------------------------------------- helpers
