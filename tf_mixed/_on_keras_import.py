@@ -1,7 +1,7 @@
 """Registers tf_mixed's Keras objects the moment Keras is imported.
 
 Keras's deserializer imports a class's module only for packages named
-``keras*`` (design.md fact 17), so a ``.keras`` file that uses tf_mixed's
+``keras*``, so a ``.keras`` file that uses tf_mixed's
 layers or optimizer loads only once `tf_mixed.layers` and
 `tf_mixed.loss_scale` have registered them. Importing those modules from
 ``tf_mixed/__init__.py`` would import TensorFlow there, before the command line

@@ -1,13 +1,13 @@
 """Measured "auto" on hosts without an accelerator: time, decide, cache.
 
-CPU flags do not predict half-precision speed (design.md fact 8: bfloat16 was
+CPU flags do not predict half-precision speed (BUILD_NOTES.md: bfloat16 was
 2-3x slower than float32 on one avx512_bf16 Xeon, 2.75x faster on an AMX Xeon,
 2.00x faster on a Zen 4 EPYC), so on a CPU-only host `enable("auto")` times
 the candidate policies on a probe, a 1024-wide Dense and a 64-channel 3x3
 Conv2D forward+backward (the kernels that decide training speed, sized so that
 arithmetic, not op dispatch, fills the step: a ~2 ms probe read bfloat16 at
-0.91x-1.52x float32 on a host where real models ran 1.5-1.7x faster, design.md
-fact 21), and keeps a half policy only when it is at least `DEFAULT_MARGIN`
+0.91x-1.52x float32 on a Zen 4 host where real models ran 1.5-1.7x faster),
+and keeps a half policy only when it is at least `DEFAULT_MARGIN`
 times float32's speed.
 
 The statistic is the median, over interleaved rounds, of each round's ratio
@@ -73,13 +73,14 @@ _TRUE = ("1", "true", "yes", "on", "")
 
 # The probe: arithmetic-bound (about 25-50 ms a float32 step on a 2-core Zen 4
 # host, where a 1024-wide Dense + 64-channel Conv measured 1.5-1.8x in
-# bfloat16 like the models users train; design.md fact 21).
+# bfloat16 like the models users train).
 _DENSE = (256, 1024)         # batch, features (square weight)
 _CONV = (8, 32, 32, 64)      # batch, height, width, channels; 3x3 kernel
 # The screen: the old ~2 ms probe, timed once per policy before the probe. A
 # policy this many times slower than the fastest there is not run on the
 # probe at all: a float16 Conv2D filter gradient without native kernels takes
-# 40x float32's time (design.md fact 4), seconds a step at the probe's size.
+# 40x float32's time on a CPU without native float16, seconds a step at the
+# probe's size.
 _SCREEN_DENSE = (256, 512)
 _SCREEN_CONV = (8, 16, 16, 16)
 _HOPELESS = 4.0
@@ -147,7 +148,7 @@ class AutoChoice:
 
     policy: str
     reason: str
-    timings: Mapping[str, float]
+    timings: Rounds
     decision: Decision
     cached: bool
     cache_path: str
@@ -464,7 +465,7 @@ def measured_choice(
     record = read_cache(path, key)
     cached = record is not None
     not_cached = ""
-    if cached:
+    if record is not None:
         timings = {name: [float(v) for v in values]
                    for name, values in record["rounds_s"].items()}
         measured_at = str(record.get("measured_at", "an earlier run"))

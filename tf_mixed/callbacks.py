@@ -49,7 +49,6 @@ import warnings
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -184,6 +183,10 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
     return [float(v) for v in reduce().numpy()]
 
 
+# What the monitor knows before its first read.
+_NO_READ = Snapshot(scale=1.0, applied=0)
+
+
 def _kind(optimizer) -> stop_rules.Kind:
     """Which of the three kinds of optimizer the monitor reads."""
     if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
@@ -229,6 +232,31 @@ def _prepare(model, optimizer, rollback: bool) -> None:
         model.make_train_function(force=True)
 
 
+def _check_period(value) -> tuple[int | None, int]:
+    """``check_every_n_batches`` checked, and the period it means."""
+    if value is None:
+        return None, DEFAULT_CHECK_EVERY_N_BATCHES
+    value = _check_int("check_every_n_batches", value, 0,
+                       f" (0 checks at epoch ends only; None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
+    return value, value
+
+
+def _refresh(optimizer, kind: str, rollback: bool) -> None:
+    """Refreshes the rollback copies at an epoch's start: after every callback's
+    on_train_begin (a BackupAndRestore restore, in either order), so they hold
+    the state the epoch's first step starts from."""
+    if kind == "tf_mixed" and rollback:
+        loss_scale_module.refresh_forward_state(optimizer)
+
+
+def _wire_cause(model, optimizer, kind: str) -> str | None:
+    """`tf_mixed.stop_rules.wire_cause` for this model and optimizer."""
+    if kind != "tf_mixed":
+        return None
+    return stop_rules.wire_cause(keras.backend.standardize_dtype(model.compute_dtype),
+                                 optimizer.communication_dtype)
+
+
 def _nonfinite_weights(model) -> list[str]:
     """Paths of the model's float weights with NaN/inf in any local copy."""
     return [weight.path for weight in model.weights
@@ -258,8 +286,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         (default) = epoch logs only.
       check_every_n_batches: also run the stop checks every N batches (a
         host read every N batches; with ``steps_per_execution > 1`` at the
-        first batch end after every N batches), in the training loop, at
-        the same batch on every worker. 0 = at the end of every epoch only.
+        first batch end after every N batches). 0 = at epoch ends only;
         None (default) = every `DEFAULT_CHECK_EVERY_N_BATCHES` batches.
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
@@ -305,19 +332,13 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.log_every_n_batches = _check_int(
             "log_every_n_batches", log_every_n_batches, 0,
             " (0 turns batch logging off)")
-        self.check_every_n_batches = None if check_every_n_batches is None else _check_int(
-            "check_every_n_batches", check_every_n_batches, 0,
-            " (0 checks at epoch ends only; None, the default, every "
-            f"{DEFAULT_CHECK_EVERY_N_BATCHES} batches without waiting for them)")
+        self.check_every_n_batches, self._check_n = _check_period(check_every_n_batches)
         self.raise_on_failure = bool(raise_on_failure)
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
-        self._progress: Progress | None = None
-        self._refresh_due = False
-        self._check_n = (DEFAULT_CHECK_EVERY_N_BATCHES if check_every_n_batches is None
-                         else self.check_every_n_batches)
+        self._progress = Progress(_NO_READ, _NO_READ)
         if self.log_every_n_batches or self._check_n:
             self.on_train_batch_end = self._on_train_batch_end
 
@@ -337,7 +358,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     @property
     def total_skipped_steps(self) -> int:
         """Skipped steps seen since ``on_train_begin``."""
-        return self._progress.total_skipped if self._progress else 0
+        return self._progress.total_skipped
 
     # -- hooks
 
@@ -354,25 +375,14 @@ class LossScaleMonitor(keras.callbacks.Callback):
         first = _snapshot(self._optimizer, self._kind)
         self._progress = Progress(first, first)
         self._batches = self._logged_at = self._checked_at = 0
-        self._refresh_due = True
         if self.check_setup:
             for problem in model_setup_problems(self.model):
                 warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
 
     def on_epoch_begin(self, epoch, logs=None):
+        _refresh(self._optimizer, self._kind, self.rollback_forward_state)
         self._progress = stop_rules.start_epoch(self._progress)
         self._batches = self._logged_at = self._checked_at = 0
-        self._refresh_due = True
-
-    def on_train_batch_begin(self, batch, logs=None):
-        # After every callback's on_train_begin/on_epoch_begin (a
-        # BackupAndRestore restore, in whatever order the callbacks came), so
-        # the rollback copies hold the state this epoch's first step starts
-        # from. Once per epoch: an eager copy, no host read.
-        if self._refresh_due:
-            self._refresh_due = False
-            if self._kind == "tf_mixed" and self.rollback_forward_state:
-                self._optimizer.refresh_forward_state()
 
     def _on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
@@ -439,15 +449,11 @@ class LossScaleMonitor(keras.callbacks.Callback):
                        "worker: non-finite values are reaching the weights.")
         if flags[1] and not bad:
             bad = ["(on another worker)"]
-        cause = None
-        if self._kind == "tf_mixed":
-            cause = stop_rules.wire_cause(
-                keras.backend.standardize_dtype(self.model.compute_dtype),
-                self._optimizer.communication_dtype)
         reason = stop_rules.decide(self._rules, stop_rules.Reading(
             kind=self._kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
-            bad_weights=tuple(bad), epoch=epoch, cause=cause))
+            bad_weights=tuple(bad), epoch=epoch,
+            cause=_wire_cause(self.model, self._optimizer, self._kind)))
         if reason is not None:
             self._fail(reason)
 

@@ -46,7 +46,8 @@ from tf_mixed.loss_tally import LossTally
 from tf_mixed.rollback import ForwardState
 from tf_mixed.scale_state import LossScaleConfig, LossScaleState
 
-__all__ = ["LossScaleOptimizer", "loss_scale_state", "wrap_optimizer"]
+__all__ = ["LossScaleOptimizer", "loss_scale_state", "refresh_forward_state",
+           "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
     "LossScaleOptimizer.apply() must be called in a replica context. You "
@@ -171,8 +172,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         communication_dtype: str | None = None,
         **kwargs: Any,
     ):
-        tf_keras_check.check_objects(
-            "tf_mixed.LossScaleOptimizer", inner_optimizer=inner_optimizer)
+        tf_keras_check.check_objects("tf_mixed.LossScaleOptimizer", inner_optimizer=inner_optimizer)
         _check_inner(inner_optimizer)
         communication_dtype = allreduce.validate_communication_dtype(
             communication_dtype)
@@ -290,17 +290,6 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """
         return self._scratch.forward.track(model_or_variables)
 
-    def refresh_forward_state(self) -> None:
-        """Re-copies the tracked forward state after it was written between steps.
-
-        A skipped step restores the copy taken after the last applied step;
-        after a restore, a resumed ``fit`` or any assignment to the tracked
-        variables outside a step, call this (eagerly) so the copy holds the
-        state the next step starts from. ``LossScaleMonitor`` calls it before
-        the first step of every epoch.
-        """
-        self._scratch.forward.refresh()
-
     @property
     def tracked_forward_variables(self) -> tuple:
         """The variables ``track_forward_state`` tracks (a tuple)."""
@@ -351,21 +340,14 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     def unscale_gradients(self, grads):
         """Returns the gradients divided by the current loss scale.
 
-        Use it to clip or inspect the true gradients; then tell ``apply``
-        which gradients you pass::
+        To clip or inspect the true gradients; then tell ``apply`` which you
+        pass (``unscaled=True``, or ``unscaled=False`` after only looking): it
+        raises rather than guess. The arithmetic never depends on this call;
+        non-finite values stay non-finite (an overflow is still skipped)::
 
             grads = opt.unscale_gradients(tape.gradient(scaled, variables))
             grads, _ = tf.clip_by_global_norm(grads, 1.0)
             opt.apply(grads, variables, unscaled=True)
-
-            # or, having only looked at the unscaled copy:
-            opt.apply(scaled_grads, variables, unscaled=False)
-
-        After a call to this method, the next ``apply`` without ``unscaled=``
-        raises instead of guessing (dividing unscaled gradients again would
-        make the step ``scale`` times too small). The arithmetic never depends
-        on this call: ``apply`` divides unless ``unscaled=True``. Non-finite
-        values stay non-finite, so an overflow is still skipped.
 
         Args:
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
@@ -374,9 +356,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             A new list of the same structure holding the unscaled gradients.
         """
         scale = self.dynamic_scale if self.built else self.config.initial_scale
-        unscaled = [_divide(g, scale) for g in _checked_grads(grads)]
         self._scratch.unscaled_since_apply += 1
-        return unscaled
+        return [_divide(g, scale) for g in _checked_grads(grads)]
 
     # ----------------------------------------------------------- the update
 
@@ -405,11 +386,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 loss unless ``unscaled=True``.
             trainable_variables: The variables to update. May be omitted once
                 the optimizer is built.
-            unscaled: True when ``grads`` were already divided by the scale
-                (by ``unscale_gradients``, then perhaps clipped); False when
-                they are the scaled loss's. None (default): False, unless
-                ``unscale_gradients`` was called since the last ``apply``;
-                then say which, or a ValueError is raised.
+            unscaled: True when ``grads`` were already divided by the scale;
+                None (default) is False, but a ValueError right after
+                ``unscale_gradients`` (say which).
 
         Returns:
             A scalar bool tensor: True when the step was applied, False when
@@ -418,18 +397,11 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
                 None or not one per variable, if no variables are given to an
-                unbuilt optimizer, if ``unscaled`` is not a bool or None, if
-                ``unscaled`` is None after ``unscale_gradients``, if called in
-                a cross-replica context, or under a strategy in a
-                jit-compiled function.
+                unbuilt optimizer, if ``unscaled`` is not said as above, if called
+                in a cross-replica context, or under a strategy with jit.
         """
-        grads, trainable_variables = _checked_apply_args(
+        grads, trainable_variables, unscaled = _checked_apply_args(
             self, grads, trainable_variables, unscaled)
-        pending, self._scratch.unscaled_since_apply = self._scratch.unscaled_since_apply, 0
-        if unscaled is None:
-            if pending:
-                raise ValueError(_UNSAID_UNSCALED)
-            unscaled = False
         strategy = tf.distribute.get_strategy()
         if tf.distribute.in_cross_replica_context():
             raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
@@ -470,6 +442,21 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             variable.assign(value)
         if self._scratch.tally is not None:
             self._scratch.tally.settle(finite)
+
+
+def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
+    """Re-copies the forward state `optimizer` tracks, after a write between steps.
+
+    A skipped step restores the copy taken after the last applied step.
+    After anything outside a step wrote the tracked variables (a restore, a
+    resumed ``fit``, an assignment in a custom loop), call this eagerly so
+    the copy holds the state the next step starts from (`tf_mixed.rollback`).
+    ``LossScaleMonitor`` calls it before the first step of every epoch.
+
+    Args:
+        optimizer: A ``tf_mixed.LossScaleOptimizer``.
+    """
+    optimizer._scratch.forward.refresh()
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -641,8 +628,16 @@ def _checked_grads(grads) -> list:
             f"{grads!r:.80} (of type {type(grads).__name__}).") from None
 
 
+def _said_unscaled(scratch: _Scratch, unscaled: bool | None) -> bool:
+    """``apply``'s ``unscaled``, refusing None right after ``unscale_gradients``."""
+    pending, scratch.unscaled_since_apply = scratch.unscaled_since_apply, 0
+    if unscaled is None and pending:
+        raise ValueError(_UNSAID_UNSCALED)
+    return bool(unscaled)
+
+
 def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
-    """``apply``'s arguments checked: (gradients, variables) as lists."""
+    """``apply``'s arguments checked: (gradients, variables, unscaled)."""
     grads = _checked_grads(grads)
     if unscaled is not None:
         _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
@@ -663,7 +658,7 @@ def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
             f"Received: {len(grads)} gradients for "
             f"{len(trainable_variables)} variables."
         )
-    return grads, trainable_variables
+    return grads, trainable_variables, _said_unscaled(optimizer._scratch, unscaled)
 
 
 def _checked_loss(loss):

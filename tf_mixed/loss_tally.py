@@ -78,7 +78,8 @@ class LossTally:
 
     def settle(self, finite: tf.Tensor) -> None:
         """Adds the remembered loss when the step's verdict is ``finite``."""
-        if self._last is None:
+        if (self._last is None or self._sum is None or self._lost is None
+                or self._steps is None):
             return
         # Kahan summation: `lost` is the rounding error of the previous
         # additions (negated), fed back into the next one.
@@ -95,7 +96,7 @@ class LossTally:
         Returns:
             A `LossTotals`; zeros before `build`.
         """
-        if self._sum is None:
+        if self._sum is None or self._steps is None:
             return LossTotals(0.0, 0)
         loss = sum(float(total) - float(lost) for total, lost in
                    zip(local_copies(self._sum), local_copies(self._lost)))

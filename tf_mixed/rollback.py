@@ -15,8 +15,8 @@ them itself; anything that writes the variables between steps (a
 ``BackupAndRestore`` restore in any callback order, a resumed ``fit``, a
 user's assignment) must be followed by `ForwardState.refresh`: the monitor
 calls it before the first step of every epoch, and
-``LossScaleOptimizer.refresh_forward_state`` is the public door for custom
-loops. A model tracked before it was built (its variables are created by its
+``tf_mixed.loss_scale.refresh_forward_state(optimizer)`` is the public door
+for custom loops. A model tracked before it was built (its variables are created by its
 first call) cannot be rolled back: the first step that would skip it raises,
 naming the model, instead of leaving its new statistics unprotected.
 """
