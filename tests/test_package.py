@@ -95,6 +95,17 @@ def test_no_function_shadows_its_module():
         importlib.import_module("tf_mixed.audit")
 
 
+def _run_fresh(code, *args, cwd=SOURCE_ROOT) -> str:
+    """Runs ``code`` in a fresh Python with this checkout first on the path."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True,
+        timeout=300, cwd=cwd,
+        env={**__import__("os").environ, "PYTHONPATH": str(SOURCE_ROOT),
+             "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
 def test_import_does_not_load_tensorflow():
     code = textwrap.dedent("""
         import sys
@@ -114,13 +125,7 @@ def test_import_does_not_load_tensorflow():
         assert tf_mixed.callbacks.LossScaleMonitor is LossScaleMonitor
         print("ok")
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=300, cwd=SOURCE_ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(SOURCE_ROOT),
-             "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "ok"
+    assert _run_fresh(code) == "ok"
 
 
 _LOAD_IN_FRESH_PROCESS = """
@@ -164,13 +169,8 @@ def test_import_tf_mixed_is_enough_to_load_a_saved_model(tmp_path, imports):
     model.save(path)
     np.save(tmp_path / "expected.npy", model.predict(np.ones((2, 3), "float32"), verbose=0))
     code = _LOAD_IN_FRESH_PROCESS.format(imports=imports)
-    result = subprocess.run(
-        [sys.executable, "-c", code, path, str(tmp_path / "expected.npy")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**__import__("os").environ, "PYTHONPATH": str(SOURCE_ROOT),
-             "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "loaded"
+    out = _run_fresh(code, path, str(tmp_path / "expected.npy"), cwd=tmp_path)
+    assert out.splitlines()[-1] == "loaded"
 
 
 def test_registration_waits_for_keras_and_leaves_the_import_system():
@@ -189,13 +189,7 @@ def test_registration_waits_for_keras_and_leaves_the_import_system():
                     if isinstance(f, _on_keras_import._AfterKeras)], sys.meta_path
         print("ok")
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=300, cwd=SOURCE_ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(SOURCE_ROOT),
-             "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "ok"
+    assert _run_fresh(code) == "ok"
 
 
 def test_a_failing_registration_warns_and_keeps_keras_importable():

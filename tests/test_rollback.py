@@ -77,6 +77,18 @@ def _assert_identical(a, b):
             np.testing.assert_array_equal(x, y, err_msg=key)
 
 
+def _run_steps(step, xs, ys):
+    """Batches of 2 through a make_train_step step; whether each was applied."""
+    return [bool(step(xs[i:i + 2], ys[i:i + 2])["applied"]) for i in range(0, len(xs), 2)]
+
+
+def _assert_skip_changed_nothing(results):
+    """[(applied, snapshot)] of a run with bad batch 2 and one without it."""
+    assert results[0][0] == [True, True, False, True]
+    assert results[1][0] == [True, True, True]
+    _assert_identical(results[0][1], results[1][1])
+
+
 @pytest.fixture
 def fp16():
     tf_mixed.enable("mixed_float16", quiet=True)
@@ -122,12 +134,9 @@ def test_custom_loop_hands_over_the_model_once(fp16):
         assert opt.track_forward_state(model) == 2  # moving mean, variance
         model.optimizer = opt
         step = make_train_step(model, keras.losses.MeanSquaredError(), opt)
-        applied = [bool(step(xs[i:i + 2], ys[i:i + 2])["applied"])
-                   for i in range(0, len(xs), 2)]
+        applied = _run_steps(step, xs, ys)
         results.append((applied, _snapshot(model)))
-    assert results[0][0] == [True, True, False, True]
-    assert results[1][0] == [True, True, True]
-    _assert_identical(results[0][1], results[1][1])
+    _assert_skip_changed_nothing(results)
 
 
 def test_skipped_step_restores_the_state_before_it(fp16):
@@ -224,14 +233,11 @@ def test_make_train_step_rolls_back_a_model_built_by_its_first_call(fp16):
         model = build()
         opt = _optimizer()
         step = make_train_step(model, keras.losses.MeanSquaredError(), opt)
-        applied = [bool(step(xs[i:i + 2], ys[i:i + 2])["applied"])
-                   for i in range(0, len(xs), 2)]
+        applied = _run_steps(step, xs, ys)
         assert len(opt.tracked_forward_variables) == 2  # moving mean, variance
         model.optimizer = opt
         results.append((applied, _snapshot(model)))
-    assert results[0][0] == [True, True, False, True]
-    assert results[1][0] == [True, True, True]
-    _assert_identical(results[0][1], results[1][1])
+    _assert_skip_changed_nothing(results)
 
 
 def test_tracking_an_unbuilt_model_is_loud_at_the_first_step(fp16):
