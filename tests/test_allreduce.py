@@ -417,3 +417,41 @@ def test_float32_wire_equals_none_everywhere():
         [((4,), "float32")], None) == 16
     with pytest.raises(ValueError, match="different settings"):
         wrap_optimizer(wrapped, communication_dtype="float16")
+
+def test_float16_wire_under_a_float32_policy_backs_off_instead_of_skipping_forever(mirrored):
+    """Issue 16, case 3: no loss scaling is needed, but a mean gradient above
+    65504 overflows a float16 wire. The wire scale halves (1 -> 0.5) and the
+    next step is applied; with a scale pinned at 1 every step was skipped."""
+    keras.config.set_dtype_policy("float32")
+    with mirrored.scope():
+        var = keras.Variable([1.0])
+        opt = wrap_optimizer(keras.optimizers.SGD(2.0**-15), communication_dtype="float16")
+        opt.build([var])
+    assert (opt.initial_scale, opt.max_scale, opt.min_scale) == (1.0, 1.0, 2.0**-24)
+    assert opt.dynamic
+    # Unscaled gradient 98304 = 1.5 * 2**16 on each replica: at scale 1 each
+    # sends 49152, the sum 98304 overflows; at 0.5 the sum 49152 fits.
+    step = _step(mirrored, opt, var, lambda r: tf.fill([1], 98304.0) * opt.loss_scale.value)
+    assert [bool(a) for a in _locals(mirrored, step())] == [False, False]
+    assert [float(s) for s in _locals(mirrored, opt.loss_scale.value)] == [0.5, 0.5]
+    assert [bool(a) for a in _locals(mirrored, step())] == [True, True]
+    for copy in _locals(mirrored, var.value):  # 1 - 2**-15 * 2 * 98304
+        np.testing.assert_array_equal(copy, [-5.0])
+
+
+def test_the_monitor_blames_the_wire_not_the_forward_pass():
+    from tf_mixed import stop_rules
+
+    assert stop_rules.wire_cause("float32", None) is None
+    assert stop_rules.wire_cause("float16", "float16") is None  # may be either
+    assert stop_rules.wire_cause("bfloat16", "bfloat16") is None
+    cause = stop_rules.wire_cause("float32", "float16")
+    assert "computes in float32, so its forward pass cannot overflow float16" in cause
+    assert "communication_dtype='bfloat16'" in cause
+    first = stop_rules.Snapshot(scale=2.0**-24, applied=0)
+    progress = stop_rules.Progress(first, first, skipped_in_epoch=30, steps_in_epoch=30,
+                                   total_skipped=30, streak=30)
+    reason = stop_rules.decide(stop_rules.StopRules(20, 0.5), stop_rules.Reading(
+        kind="tf_mixed", progress=progress, threshold=2.0**-24, cause=cause))
+    assert "communication_dtype='float16'" in reason
+    assert "forward pass (tf_mixed.audit" not in reason

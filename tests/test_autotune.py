@@ -24,10 +24,12 @@ GPU = hardware.HardwareInfo(gpus=(hardware.GpuInfo("Test A100", (8, 0)),))
 
 
 class FakeTimer:
-    """Returns fixed seconds per step and counts its calls."""
+    """Returns fixed seconds per step and counts its calls: a number is the
+    same figure in each of `autotune.ROUNDS` rounds, a list is the rounds."""
 
     def __init__(self, **timings):
-        self.timings = timings
+        self.timings = {name: list(value) if isinstance(value, list)
+                        else [value] * autotune.ROUNDS for name, value in timings.items()}
         self.calls = []
 
     def __call__(self, policies):
@@ -113,7 +115,7 @@ def test_measures_once_then_reads_the_cache(tmp_path):
     assert "mixed_bfloat16 measured 1.90x float32 on this CPU (Test EPYC 9999)" in first.reason
     assert f"measured now, cached in {first.cache_path}" in first.reason
     record = json.loads(open(first.cache_path).read())
-    assert record["timings_s"] == {"float32": 1.9, "mixed_bfloat16": 1.0}
+    assert record["rounds_s"] == {"float32": [1.9] * 7, "mixed_bfloat16": [1.0] * 7}
     assert record["key"] == autotune.cache_key(CPU)
     assert os.listdir(tmp_path) == [os.path.basename(first.cache_path)]  # no temp file
 
@@ -129,7 +131,8 @@ def test_a_measurement_on_a_busy_machine_is_used_but_not_cached(tmp_path, monkey
     timer = FakeTimer(float32=1.9, mixed_bfloat16=1.0)
     first = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert first.policy == "mixed_bfloat16" and first.cache_path == ""
-    assert "busy (load average 7.5 on 2 CPUs), so not cached" in first.reason
+    assert ("not cached (the machine was busy: load average 7.5 on 2 CPUs): "
+            "the next call measures again") in first.reason
     assert os.listdir(tmp_path) == []
     autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert len(timer.calls) == 2  # measured again
@@ -140,7 +143,8 @@ def test_float32_reason_quotes_every_half_policy(tmp_path):
     choice = autotune.measured_choice(FP16_CPU, timer=timer, directory=str(tmp_path))
     assert choice.policy == "float32"
     assert "no half policy reached 1.15x float32" in choice.reason
-    assert "mixed_bfloat16 0.91x, mixed_float16 0.25x" in choice.reason
+    assert ("(median of per-round ratios: mixed_bfloat16 0.91x (interquartile "
+            "0.91-0.91x over 7 interleaved rounds), mixed_float16 0.25x") in choice.reason
     assert "tf_mixed.enable('mixed_bfloat16')" in choice.reason
 
 
@@ -160,8 +164,8 @@ def _write(path, text):
 
 def _valid_record(**key_changes):
     key = dict(autotune.cache_key(CPU), **key_changes)
-    return {"format": 1, "key": key, "measured_at": "then",
-            "timings_s": {"float32": 1.0, "mixed_bfloat16": 4.0}}
+    return {"format": 2, "key": key, "measured_at": "then",
+            "rounds_s": {"float32": [1.0] * 7, "mixed_bfloat16": [4.0] * 7}}
 
 
 @pytest.mark.parametrize(
@@ -181,7 +185,7 @@ def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
         content = json.dumps(_valid_record(tensorflow="2.0.0"))
     elif content == "BAD_TIMINGS":
         record = _valid_record()
-        record["timings_s"]["mixed_bfloat16"] = -1
+        record["rounds_s"]["mixed_bfloat16"] = [-1] * 7
         content = json.dumps(record)
     if isinstance(content, bytes):
         open(path, "wb").write(content)
@@ -193,7 +197,7 @@ def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
     assert len(timer.calls) == 1 and choice.policy == "mixed_bfloat16"
     assert any("ignoring the auto-policy cache" in r.getMessage() for r in caplog.records)
     # Replaced by a whole, valid record.
-    assert autotune.read_cache(path, autotune.cache_key(CPU))["timings_s"]["float32"] == 2.0
+    assert autotune.read_cache(path, autotune.cache_key(CPU))["rounds_s"]["float32"] == [2.0] * 7
 
 
 def test_a_valid_record_is_used_as_is(tmp_path):
@@ -274,7 +278,7 @@ def cpu_host(monkeypatch, tmp_path):
     monkeypatch.setattr(hardware, "detect", lambda: CPU)
     monkeypatch.setenv("TF_MIXED_CACHE_DIR", str(tmp_path))
     timer = FakeTimer(float32=1.9, mixed_bfloat16=1.0)
-    monkeypatch.setattr(autotune, "time_policies", timer)
+    monkeypatch.setattr(autotune, "time_rounds", timer)
     return timer
 
 
@@ -329,7 +333,7 @@ def test_measure_must_be_a_bool(cpu_host, bad):
 
 def test_gpu_keeps_the_rule_and_names_it(monkeypatch):
     monkeypatch.setattr(hardware, "detect", lambda: GPU)
-    monkeypatch.setattr(autotune, "time_policies", no_timing)
+    monkeypatch.setattr(autotune, "time_rounds", no_timing)
     enabled = tf_mixed.enable("auto", measure=True)
     assert enabled.policy == "mixed_float16"
     assert "GPU rule: compute capability >= 7.0" in enabled.reason
@@ -337,6 +341,170 @@ def test_gpu_keeps_the_rule_and_names_it(monkeypatch):
 
 def test_tpu_keeps_the_rule(monkeypatch):
     monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo(tpu=True))
-    monkeypatch.setattr(autotune, "time_policies", no_timing)
+    monkeypatch.setattr(autotune, "time_rounds", no_timing)
     enabled = tf_mixed.enable("auto", measure=True)
     assert enabled.policy == "mixed_bfloat16" and "TPU rule" in enabled.reason
+
+
+# --- issue 16, case 7: a load-robust statistic, settled before it is cached ------
+
+
+def test_median_of_paired_round_ratios_ignores_load_that_hits_both():
+    # Load slows both policies of rounds 2 and 4 alike: every ratio is 2.0.
+    rounds = {"float32": [2.0, 4.0, 2.0, 6.0, 2.0, 2.0, 2.0],
+              "mixed_bfloat16": [1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 1.0]}
+    decision = autotune.choose_from_rounds(rounds)
+    assert decision.policy == "mixed_bfloat16"
+    assert decision.speedups == {"float32": 1.0, "mixed_bfloat16": 2.0}
+    assert decision.spreads["mixed_bfloat16"] == (2.0, 2.0)
+    assert decision.rounds["mixed_bfloat16"] == 7 and decision.unsettled == ""
+
+
+def test_one_preempted_round_does_not_move_the_median():
+    # Round 5's float32 step was preempted (8.0): the median ratio stays 2.0;
+    # a mean of ratios would read 2.86x, a ratio of means 2.86x too.
+    rounds = {"float32": [2.0, 2.0, 2.0, 2.0, 8.0, 2.0, 2.0],
+              "mixed_bfloat16": [1.0] * 7}
+    decision = autotune.choose_from_rounds(rounds)
+    assert decision.speedups["mixed_bfloat16"] == 2.0
+    assert decision.spreads["mixed_bfloat16"] == (2.0, 2.0)
+    assert decision.unsettled == ""
+
+
+def test_quartiles_are_exact_on_a_known_spread():
+    # Ratios 1.0, 1.25, 1.5, 1.75, 2.0 (float32 seconds over 1.0 each round).
+    rounds = {"float32": [1.5, 1.0, 2.0, 1.25, 1.75], "mixed_bfloat16": [1.0] * 5}
+    decision = autotune.choose_from_rounds(rounds, margin=1.15)
+    assert decision.speedups["mixed_bfloat16"] == 1.5
+    assert decision.spreads["mixed_bfloat16"] == (1.25, 1.75)
+    assert decision.unsettled == (
+        "the rounds spread 1.25-1.75x, more than 20% of the median")
+
+
+@pytest.mark.parametrize(
+    "float32, expected_policy, unsettled",
+    [
+        # Near the 1.15x margin: ratios 1.10..1.22, interquartile 1.13-1.19.
+        ([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22], "mixed_bfloat16",
+         "the spread 1.13-1.19x reaches across the 1.15x margin"),
+        # Clearly above: interquartile 1.53-1.59x.
+        ([1.50, 1.52, 1.54, 1.56, 1.58, 1.60, 1.62], "mixed_bfloat16", ""),
+        # Clearly below.
+        ([0.90, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96], "float32", ""),
+        # Too few rounds to trust.
+        ([2.0, 2.0, 2.0], "mixed_bfloat16", "3 round(s), fewer than 5"),
+    ],
+    ids=["near-threshold", "clearly-above", "clearly-below", "few-rounds"],
+)
+def test_settled_only_when_clear_of_the_margin(float32, expected_policy, unsettled):
+    rounds = {"float32": float32, "mixed_bfloat16": [1.0] * len(float32)}
+    decision = autotune.choose_from_rounds(rounds)
+    assert decision.policy == expected_policy
+    assert decision.unsettled == unsettled
+
+
+@pytest.mark.parametrize(
+    "float32, why",
+    [([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
+      "the spread 1.13-1.19x reaches across the 1.15x margin"),
+     ([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2], "the rounds spread 1.30-1.90x, more than 20%")],
+    ids=["near-threshold", "noisy"],
+)
+def test_an_unsettled_measurement_is_used_but_not_cached(tmp_path, float32, why):
+    timer = FakeTimer(float32=float32, mixed_bfloat16=[1.0] * 7)
+    first = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
+    assert first.policy == "mixed_bfloat16" and first.cache_path == ""
+    assert os.listdir(tmp_path) == []
+    assert f"measured now, not cached ({why}" in first.reason
+    assert "the next call measures again" in first.reason
+    autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
+    assert len(timer.calls) == 2  # measured again
+
+
+def test_the_reason_quotes_measurement_and_spread(tmp_path):
+    timer = FakeTimer(float32=[1.50, 1.52, 1.54, 1.56, 1.58, 1.60, 1.62],
+                      mixed_bfloat16=[1.0] * 7)
+    choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
+    assert (
+        "mixed_bfloat16 measured 1.56x float32 on this CPU (Test EPYC 9999) on the "
+        "Dense+Conv2D training probe (median of per-round ratios, interquartile "
+        "1.53-1.59x over 7 interleaved rounds; needs >= 1.15x)") in choice.reason
+    assert f"measured now, cached in {choice.cache_path}" in choice.reason
+    cached = autotune.measured_choice(CPU, timer=no_timing, directory=str(tmp_path))
+    assert "interquartile 1.53-1.59x over 7 interleaved rounds" in cached.reason
+
+
+def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):
+    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    record = _valid_record()
+    record["rounds_s"] = {"float32": [1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
+                          "mixed_bfloat16": [1.0] * 7}
+    _write(path, json.dumps(record))
+    with caplog.at_level(logging.DEBUG):
+        assert autotune.read_cache(path, autotune.cache_key(CPU)) is None
+    assert any("an unsettled measurement" in r.getMessage() for r in caplog.records)
+
+
+def test_a_version_1_cache_from_the_small_probe_is_not_read(tmp_path):
+    """The 1.01x cached by the old ~2 ms probe must not decide any more."""
+    key = dict(autotune.cache_key(CPU), probe=1)
+    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    _write(path, json.dumps({"format": 1, "key": key, "measured_at": "then",
+                             "timings_s": {"float32": 1.01, "mixed_bfloat16": 1.0}}))
+    assert autotune.read_cache(path, autotune.cache_key(CPU)) is None
+    assert autotune.PROBE_VERSION == 2
+
+
+@pytest.mark.parametrize(
+    "rounds, message",
+    [({"float32": [], "mixed_bfloat16": [1.0]}, "non-empty list"),
+     ({"float32": 1.0}, "non-empty list"),
+     ({"float32": "1.0"}, "non-empty list"),
+     ({"float32": [1.0, 0.0]}, "positive number of seconds"),
+     ({"mixed_bfloat16": [1.0]}, "must include 'float32'")],
+)
+def test_choose_from_rounds_rejects_bad_input(rounds, message):
+    with pytest.raises(ValueError, match=message):
+        autotune.choose_from_rounds(rounds)
+
+
+class FakeProbe:
+    """Stands in for TF in `time_rounds`: each (size, dtype) step takes fixed
+    seconds; the order of timed steps is recorded."""
+
+    SECONDS = {("screen", "float32"): 2.0**-8, ("screen", "bfloat16"): 2.0**-9,
+               ("screen", "float16"): 40 * 2.0**-8,
+               ("probe", "float32"): 2.0**-4, ("probe", "bfloat16"): 2.0**-5}
+
+    def __init__(self, monkeypatch):
+        self.timed = []
+        monkeypatch.setattr(autotune, "_probe_inputs", lambda tf, dense, conv: (
+            "screen" if dense == autotune._SCREEN_DENSE else "probe"))
+        monkeypatch.setattr(autotune, "_probe_step", lambda tf, dtype: dtype)
+        monkeypatch.setattr(autotune, "_first_call", lambda step, inputs, remapping_off: None)
+        monkeypatch.setattr(autotune, "_time_steps", self.time_steps)
+
+    def time_steps(self, step, inputs, count):
+        self.timed.append((inputs, step))
+        return self.SECONDS[(inputs, step)]
+
+
+def test_time_rounds_screens_then_interleaves_on_the_probe(monkeypatch):
+    probe = FakeProbe(monkeypatch)
+    rounds = autotune.time_rounds(["float32", "mixed_bfloat16", "mixed_float16"], rounds=3)
+    # float16 is 40x float32 on the screen: never run on the probe; its one
+    # figure is scaled by float32's probe/screen ratio (16x).
+    assert rounds == {"float32": [2.0**-4] * 3, "mixed_bfloat16": [2.0**-5] * 3,
+                      "mixed_float16": [2.5]}
+    assert probe.timed == [("screen", "float32"), ("screen", "bfloat16"),
+                           ("screen", "float16")] + [
+        ("probe", "float32"), ("probe", "bfloat16")] * 3
+    decision = autotune.choose_from_rounds(rounds)
+    assert decision.policy == "mixed_bfloat16" and decision.speedups["mixed_bfloat16"] == 2.0
+    assert decision.speedups["mixed_float16"] == pytest.approx(0.025)
+
+
+def test_time_policies_summarises_rounds_by_median(monkeypatch):
+    FakeProbe(monkeypatch)
+    assert autotune.time_policies(["float32", "mixed_bfloat16"], rounds=3) == {
+        "float32": 2.0**-4, "mixed_bfloat16": 2.0**-5}

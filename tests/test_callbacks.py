@@ -458,9 +458,14 @@ def test_three_steps_per_execution_one_bad_sample_trains_every_epoch(fp16):
     assert np.isfinite(model.get_weights()[0]).all()
 
 
-def test_default_monitor_reads_the_optimizer_once_per_epoch(fp16, monkeypatch):
+def test_default_monitor_reads_the_optimizer_every_n_batches(fp16, monkeypatch):
+    """Issue 16, case 6: the default reads every DEFAULT_CHECK_EVERY_N_BATCHES
+    batches (Keras 3 on TF already syncs every step's logs, so the hook adds
+    no synchronisation; between reads it only counts)."""
+    from tf_mixed import callbacks as callbacks_module
     from tf_mixed import loss_scale as loss_scale_module
 
+    monkeypatch.setattr(callbacks_module, "DEFAULT_CHECK_EVERY_N_BATCHES", 4)
     reads = []
     real = loss_scale_module.loss_scale_state
     monkeypatch.setattr(loss_scale_module, "loss_scale_state",
@@ -468,12 +473,31 @@ def test_default_monitor_reads_the_optimizer_once_per_epoch(fp16, monkeypatch):
     model = _model()
     model.compile(optimizer=_tf_mixed_lso(), loss="mse")
     monitor = LossScaleMonitor()
-    # No batch hook of its own: Keras may then dispatch batch hooks
-    # without waiting for each step.
-    assert "on_train_batch_end" not in vars(monitor)
     model.fit(*_data(40), batch_size=4, epochs=3, verbose=0,
               callbacks=[monitor])
-    assert len(reads) == 1 + 3  # on_train_begin + one per epoch end
+    # on_train_begin + per epoch: batches 4 and 8 of 10, and the epoch end.
+    assert len(reads) == 1 + 3 * 3
+    assert monitor.get_config()["check_every_n_batches"] is None
+    # 0 keeps the epoch-end-only behaviour: no batch hook at all.
+    assert "on_train_batch_end" not in vars(LossScaleMonitor(check_every_n_batches=0))
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_default_monitor_stops_an_all_skipped_run_within_bounded_steps(fp16, kind):
+    """Issue 16, case 6: every step skipped; the default monitor stops within
+    patience + halvings + DEFAULT_CHECK_EVERY_N_BATCHES steps, long before
+    the end of a 400-step epoch (it used to read once per epoch)."""
+    from tf_mixed.callbacks import DEFAULT_CHECK_EVERY_N_BATCHES
+
+    model = _model()
+    model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss=_infinite_loss)
+    counter = StepCounter()
+    monitor = LossScaleMonitor(patience=4)
+    model.fit(*_data(1600), batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[monitor, counter])
+    # 2 halvings to the minimum, 4 skips at it: due at step 6, checked at 50.
+    assert counter.batches[-1] + 1 == DEFAULT_CHECK_EVERY_N_BATCHES == 50
+    assert "minimum" in monitor.stop_reason
 
 
 def test_epoch_loss_is_the_mean_of_applied_steps(fp16):

@@ -148,3 +148,58 @@ def test_a_failed_enable_leaves_the_rules_as_they_were():
     with pytest.raises(TypeError):
         tf_mixed.enable("mixed_bfloat16", measure="yes", keep_float32=["other"])
     assert keras.layers.Dense(2, name="kept").compute_dtype == "float32"
+
+
+# --- issue 16, case 4 -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "nesting",
+    [("float32",), ("mixed_bfloat16",), ("float32", "mixed_bfloat16"),
+     ("mixed_float16", "float32", "mixed_bfloat16")],
+    ids=lambda n: "-".join(n),
+)
+def test_rules_survive_any_nesting_of_policy_scope(nesting):
+    tf_mixed.enable("mixed_float16", keep_float32=["keepme"], quiet=True)
+
+    def enter(depth):
+        if depth == len(nesting):
+            return
+        with tf_mixed.policy_scope(nesting[depth]):
+            # Inside a scope its own policy (and no rules of its own) applies.
+            assert keras.layers.Dense(2, name="keepme").dtype_policy.name == nesting[depth]
+            enter(depth + 1)
+
+    enter(0)
+    assert keras.layers.Dense(2, name="keepme").dtype_policy.name == "float32"
+    assert keras.layers.Dense(2, name="other").dtype_policy.name == "mixed_float16"
+    tf_mixed.disable()
+    assert keras.layers.Dense(2, name="keepme").dtype_policy.name == "float32"  # float32 policy
+    tf_mixed.enable("mixed_float16", quiet=True)  # a new enable: the rules are gone
+    assert keras.layers.Dense(2, name="keepme").dtype_policy.name == "mixed_float16"
+
+
+def test_a_predicate_that_raises_names_keep_float32():
+    def by_units(layer):
+        return layer.units > 100  # not set yet when Layer.__init__ ends
+
+    tf_mixed.enable("mixed_float16", keep_float32=[by_units], quiet=True)
+    with pytest.raises(ValueError, match=r"A keep_float32 predicate raised AttributeError: .*"
+                       r"on layer 'wide' \(class Dense\).*getattr\(layer, 'units', None\)"
+                       r".*Received: keep_float32 predicate <function"):
+        keras.layers.Dense(2, name="wide")
+
+
+def test_an_unknown_name_is_reported_by_the_monitor_set_up_check():
+    tf_mixed.enable("mixed_float16", keep_float32=["keep_me"], quiet=True)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="keepme"),
+                              tf_mixed.Float32Output()])
+    model.compile(optimizer=tf_mixed.wrap_optimizer("sgd"), loss="mse")
+    problems = tf_mixed.callbacks.model_setup_problems(model)
+    unknown = [p for p in problems if "keep_float32" in p]
+    assert len(unknown) == 1
+    assert "'keep_me' (did you mean 'keepme'?)" in unknown[0]
+    assert "keep nothing in float32" in unknown[0]
+    with pytest.warns(tf_mixed.MixedPrecisionWarning, match="'keep_me'"):
+        model.fit(np.ones((2, 3)), np.ones((2, 2)), verbose=0,
+                  callbacks=[tf_mixed.LossScaleMonitor()])

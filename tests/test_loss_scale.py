@@ -374,19 +374,55 @@ def test_unscaled_flag_says_whether_apply_divides(use_function):
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 def test_unscale_to_log_then_apply_original_is_the_true_step(use_function):
-    # Issue 9, point 2: unscaling only to look leaves no mark behind.
+    # Issue 9, point 2: unscaling only to look leaves no mark on the
+    # arithmetic; issue 16, case 2: the apply says which gradients it got.
     var = keras.Variable(0.0)
     opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1024.0)
     opt.build([var])
 
     def step(g):
         norm = tf.linalg.global_norm(opt.unscale_gradients([g]))
-        opt.apply([g], [var])
+        opt.apply([g], [var], unscaled=False)
         return norm
 
     step = tf.function(step) if use_function else step
     assert float(step(tf.constant(1024.0))) == 1.0
     assert float(var.numpy()) == -1.0  # not -1024
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
+@pytest.mark.parametrize("which", ["unscaled", "scaled"])
+def test_apply_after_unscale_without_saying_raises(use_function, which):
+    """Issue 16, case 2: torch's unscale_()-then-step() habit divided twice
+    (a step 1/1024 of the true one here); the inspect-only case would be
+    1024x too large if apply guessed the other way. Both are loud."""
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1024.0)
+    opt.build([var])
+
+    def step(g):
+        unscaled = opt.unscale_gradients([g])
+        opt.apply(unscaled if which == "unscaled" else [g], [var])
+
+    step = tf.function(step) if use_function else step
+    with pytest.raises(ValueError, match=r"after unscale_gradients\(\) was called, and no "
+                       r"`unscaled=`.*Received: unscaled=None\. Pass unscaled=True.*"
+                       r"Pass unscaled=False"):
+        step(tf.constant(1024.0))
+    assert float(var.numpy()) == 0.0  # nothing applied
+    assert int(opt.iterations.numpy()) == 0
+    # The refusal is not remembered: a plain scaled step works next.
+    opt.apply([tf.constant(1024.0)], [var])
+    assert float(var.numpy()) == -1.0
+
+
+def test_apply_gradients_after_tf_keras_unscale_without_saying_raises():
+    var = keras.Variable(0.0)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8.0)
+    with pytest.warns(UserWarning, match="unscaled=True"):
+        grads = opt.get_unscaled_gradients([tf.constant(16.0)])
+    with pytest.raises(ValueError, match="unscaled=True"):
+        opt.apply_gradients(zip(grads, [var]))
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])

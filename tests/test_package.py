@@ -53,10 +53,11 @@ def test_no_public_name_missing_from_all():
         "auditing": {"LayerRow", "MemoryEstimate"},
         "probe_report": {"DTYPE_LIMITS", "LayerStats", "VariableStats"},
         "scale_state": {"initial_state", "next_state", "validate_knob"},
-        "callbacks": {"model_setup_problems"},
+        "callbacks": {"DEFAULT_CHECK_EVERY_N_BATCHES", "model_setup_problems"},
         "compensated": {"METHODS", "STATE_DTYPES", "compensate_if_asked",
                         "compensation_buffers", "compensation_config", "compensation_of",
                         "config_from_arguments", "kahan_add", "stochastic_round"},
+        "loss_scale": {"refresh_forward_state"},
     }
     lending = {m for n, m in tf_mixed._EXPORTS.items() if n != m}
     for module_name in lending:
@@ -97,6 +98,17 @@ def test_no_function_shadows_its_module():
         importlib.import_module("tf_mixed.audit")
 
 
+def _run_fresh(code, *args, cwd=SOURCE_ROOT) -> str:
+    """Runs ``code`` in a fresh Python with this checkout first on the path."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True,
+        timeout=300, cwd=cwd,
+        env={**__import__("os").environ, "PYTHONPATH": str(SOURCE_ROOT),
+             "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
 def test_import_does_not_load_tensorflow():
     code = textwrap.dedent("""
         import sys
@@ -116,13 +128,79 @@ def test_import_does_not_load_tensorflow():
         assert tf_mixed.callbacks.LossScaleMonitor is LossScaleMonitor
         print("ok")
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=300, cwd=SOURCE_ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(SOURCE_ROOT),
-             "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "ok"
+    assert _run_fresh(code) == "ok"
+
+
+_LOAD_IN_FRESH_PROCESS = """
+import sys
+{imports}
+import numpy as np
+model = keras.models.load_model(sys.argv[1])
+names = [type(layer).__name__ for layer in model.layers]
+assert names == ["Dense", "Float32Output", "OutputActivation"], names
+assert type(model.optimizer) is tf_mixed.LossScaleOptimizer, type(model.optimizer)
+assert model.optimizer.inner_optimizer.__class__.__name__ == "SGD"
+expected = np.load(sys.argv[2])
+got = model.predict(np.ones((2, 3), "float32"), verbose=0)
+assert np.array_equal(got, expected), (got, expected)
+print("loaded")
+"""
+
+
+@pytest.mark.parametrize(
+    "imports",
+    ["import tf_mixed\nimport keras", "import keras\nimport tf_mixed"],
+    ids=["tf_mixed-first", "keras-first"],
+)
+def test_import_tf_mixed_is_enough_to_load_a_saved_model(tmp_path, imports):
+    """Issue 16, case 1: a fresh process loads a .keras file with tf_mixed's
+    layers and optimizer after nothing but ``import tf_mixed`` (Keras imports
+    only packages named keras* on its own)."""
+    import keras
+    import numpy as np
+
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(4, kernel_initializer="ones"),
+        tf_mixed.Float32Output(),
+        tf_mixed.OutputActivation("softmax"),
+    ])
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.5), force=True),
+                  loss="mse")
+    model.fit(np.ones((2, 3), "float32"), np.zeros((2, 4), "float32"), verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    np.save(tmp_path / "expected.npy", model.predict(np.ones((2, 3), "float32"), verbose=0))
+    code = _LOAD_IN_FRESH_PROCESS.format(imports=imports)
+    out = _run_fresh(code, path, str(tmp_path / "expected.npy"), cwd=tmp_path)
+    assert out.splitlines()[-1] == "loaded"
+
+
+def test_registration_waits_for_keras_and_leaves_the_import_system():
+    code = textwrap.dedent("""
+        import sys
+        import tf_mixed
+        from tf_mixed import _on_keras_import
+        hooks = [f for f in sys.meta_path if isinstance(f, _on_keras_import._AfterKeras)]
+        assert len(hooks) == 1, sys.meta_path
+        assert "tf_mixed.layers" not in sys.modules
+        import keras
+        assert "tf_mixed.layers" in sys.modules and "tf_mixed.loss_scale" in sys.modules
+        assert keras.saving.get_registered_object(
+            "tf_mixed>Float32Output").__module__ == "tf_mixed.layers"
+        assert not [f for f in sys.meta_path
+                    if isinstance(f, _on_keras_import._AfterKeras)], sys.meta_path
+        print("ok")
+    """)
+    assert _run_fresh(code) == "ok"
+
+
+def test_a_failing_registration_warns_and_keeps_keras_importable():
+    from tf_mixed import _on_keras_import
+
+    with pytest.warns(UserWarning, match="could not register its Keras objects "
+                      r"\(tf_mixed.no_such_module: ModuleNotFoundError"):
+        _on_keras_import.register_when_keras_loads(["tf_mixed.no_such_module"])
 
 
 # --------------------------------------------------------------- import graph

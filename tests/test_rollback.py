@@ -77,6 +77,18 @@ def _assert_identical(a, b):
             np.testing.assert_array_equal(x, y, err_msg=key)
 
 
+def _run_steps(step, xs, ys):
+    """Batches of 2 through a make_train_step step; whether each was applied."""
+    return [bool(step(xs[i:i + 2], ys[i:i + 2])["applied"]) for i in range(0, len(xs), 2)]
+
+
+def _assert_skip_changed_nothing(results):
+    """[(applied, snapshot)] of a run with bad batch 2 and one without it."""
+    assert results[0][0] == [True, True, False, True]
+    assert results[1][0] == [True, True, True]
+    _assert_identical(results[0][1], results[1][1])
+
+
 @pytest.fixture
 def fp16():
     tf_mixed.enable("mixed_float16", quiet=True)
@@ -122,12 +134,9 @@ def test_custom_loop_hands_over_the_model_once(fp16):
         assert opt.track_forward_state(model) == 2  # moving mean, variance
         model.optimizer = opt
         step = make_train_step(model, keras.losses.MeanSquaredError(), opt)
-        applied = [bool(step(xs[i:i + 2], ys[i:i + 2])["applied"])
-                   for i in range(0, len(xs), 2)]
+        applied = _run_steps(step, xs, ys)
         results.append((applied, _snapshot(model)))
-    assert results[0][0] == [True, True, False, True]
-    assert results[1][0] == [True, True, True]
-    _assert_identical(results[0][1], results[1][1])
+    _assert_skip_changed_nothing(results)
 
 
 def test_skipped_step_restores_the_state_before_it(fp16):
@@ -200,3 +209,120 @@ def test_mirrored_variable_with_aggregation_is_refused_with_its_name(mirrored):
         assert opt.track_forward_state([fine]) == 1
         with pytest.raises(ValueError, match="running_total.*MEAN"):
             opt.track_forward_state([fine, summed])
+
+
+# --- issue 16, case 5: a model built by its first call -------------------------
+
+
+def _model_without_input():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.layers.Dense(8),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dense(1),
+        tf_mixed.Float32Output(),
+    ])
+
+
+def test_make_train_step_rolls_back_a_model_built_by_its_first_call(fp16):
+    """No keras.Input: the model has no variables when the step is made."""
+    x, y = _data(2, bad_batch=2)
+    results = []
+    for build, (xs, ys) in ((_model_without_input, (x, y)),
+                            (_model, _without_batch(x, y, 2, 2))):
+        model = build()
+        opt = _optimizer()
+        step = make_train_step(model, keras.losses.MeanSquaredError(), opt)
+        applied = _run_steps(step, xs, ys)
+        assert len(opt.tracked_forward_variables) == 2  # moving mean, variance
+        model.optimizer = opt
+        results.append((applied, _snapshot(model)))
+    _assert_skip_changed_nothing(results)
+
+
+def test_tracking_an_unbuilt_model_is_loud_at_the_first_step(fp16):
+    model = _model_without_input()
+    opt = _optimizer()
+    assert opt.track_forward_state(model) == 0
+    x, y = _data(2)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = opt.scale_loss(tf.reduce_mean(tf.square(model(x, training=True) - y)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+
+    with pytest.raises(ValueError, match=r"track_forward_state\(\) was given 'sequential"
+                       r".*had 0 forward-state variable\(s\); it has 2 now"):
+        step(x[:2], y[:2])
+
+
+# --- issue 16, case 8: the copies hold the state the next step starts from ------
+
+
+class _Crash(keras.callbacks.Callback):
+    """Raises at one batch of one epoch: an interrupted run."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at = (epoch, batch)
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            raise RuntimeError("interrupted")
+
+
+def _run(tmp_path, order, bad, resume):
+    """Two epochs of 4 batches of 2, batch `bad` overflowing (skipped) in
+    each; with `resume`, crash before batch 3 of epoch 2 and resume with
+    BackupAndRestore, in-process ("fit again") or as a restarted run (a new
+    model and optimizer, as a fresh process would build)."""
+    x, y = _data(2, bad_batch=bad)
+
+    def fit(model, extra=()):
+        monitor = LossScaleMonitor()
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        callbacks = [monitor, backup] if order == "monitor-first" else [backup, monitor]
+        model.fit(x, y, batch_size=2, epochs=2, shuffle=False, verbose=0,
+                  callbacks=callbacks + list(extra))
+
+    model = _model()
+    model.compile(optimizer=_optimizer(), loss="mse")
+    if resume is None:
+        fit(model)
+        return model
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(model, [_Crash(1, 3)])
+    if resume == "restarted":
+        model = _model()
+        model.compile(optimizer=_optimizer(), loss="mse")
+    fit(model)
+    return model
+
+
+@pytest.mark.parametrize("bad", [0, 1], ids=["first-step-skipped", "second-step-skipped"])
+@pytest.mark.parametrize("order", ["monitor-first", "backup-first"])
+@pytest.mark.parametrize("resume", ["in-process", "restarted"])
+def test_resume_with_backup_and_restore_is_bit_exact(fp16, tmp_path, bad, order, resume):
+    whole = _run(tmp_path / "whole", order, bad, None)
+    resumed = _run(tmp_path / "resumed", order, bad, resume)
+    assert whole.optimizer.loss_scale_state().skipped_steps == 2
+    assert resumed.optimizer.loss_scale_state().skipped_steps == 2
+    _assert_identical(_snapshot(resumed), _snapshot(whole))
+
+
+def test_refresh_after_an_assignment_in_a_custom_loop(fp16):
+    model = _model()
+    opt = _optimizer()
+    step = make_train_step(model, keras.losses.MeanSquaredError(), opt)
+    x, y = _data(2, bad_batch=1)
+    step(x[:2], y[:2])
+    bn = model.layers[1]
+    bn.moving_mean.assign(np.full((8,), 0.5, "float32"))  # outside any step
+    tf_mixed.loss_scale.refresh_forward_state(opt)
+    assert not bool(step(x[2:4], y[2:4])["applied"])
+    np.testing.assert_array_equal(bn.moving_mean.numpy(), np.full((8,), 0.5, "float32"))

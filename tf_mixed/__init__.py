@@ -8,17 +8,18 @@
 
 ``import tf_mixed`` does not import TensorFlow: each public name is imported
 from its module the first time it is used (PEP 562), so a program (the command
-line) can configure TensorFlow's logging before TensorFlow loads. The first
-public function or class used also imports `tf_mixed.layers` and
-`tf_mixed.loss_scale`, which register tf_mixed's Keras objects for
-``keras.saving.load_model``; to load a saved model before using any of them,
-``import tf_mixed.layers``.
+line) can configure TensorFlow's logging before TensorFlow loads. It is still
+enough for ``keras.models.load_model`` to load a ``.keras`` file that uses
+tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.loss_scale`,
+which register them, are imported as soon as Keras is (`tf_mixed._on_keras_import`).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from tf_mixed import _on_keras_import
 
 __version__ = "0.1.0"
 
@@ -65,6 +66,7 @@ _EXPORTS = {
 
 # Modules whose import registers Keras-serialisable classes (see docstring).
 _REGISTERING = ("layers", "loss_scale")
+_on_keras_import.register_when_keras_loads([f"tf_mixed.{name}" for name in _REGISTERING])
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

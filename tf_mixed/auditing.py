@@ -47,6 +47,7 @@ from typing import Any
 import keras
 
 from tf_mixed import _internals
+from tf_mixed import tf_keras_check
 from tf_mixed import _validate
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import HALF_DTYPES
@@ -281,6 +282,7 @@ def audit(model, batch_size: int | None = None, *,
       TypeError: `model` is not a Keras model, or `batch_size` not an int.
       ValueError: `batch_size` is not positive.
     """
+    tf_keras_check.check_objects("tf_mixed.audit", model=model)
     check_model_kind(
         model, "audit()", traced=False,
         hint=(" To audit a saved model, run `python -m tf_mixed audit PATH`."

@@ -1,10 +1,17 @@
 """Keras `fit` callbacks that make mixed-precision failures visible.
 
-`LossScaleMonitor` costs nothing per step by default: it does not override
-``on_train_batch_end`` (so Keras dispatches batch hooks asynchronously) and
-reads the optimizer once per epoch. Every counter it judges is kept by the
-optimizer itself (`tf_mixed.scale_state.LossScaleState`), so a read every
-epoch is as exact as a read every step, whatever ``steps_per_execution`` is.
+`LossScaleMonitor` reads the optimizer every `DEFAULT_CHECK_EVERY_N_BATCHES`
+batches by default and at each epoch end, so a run in which every step is
+skipped stops within about ``patience`` + 15 (the halvings from 2**15 to the
+minimum) + `DEFAULT_CHECK_EVERY_N_BATCHES` steps, not at the end of an epoch
+that may take hours. This adds no host synchronisation: Keras 3 on
+TensorFlow runs batch hooks in the training loop and converts every step's
+logs to Python floats whether a callback has a batch hook or not (its
+backend is not marked thread-safe, so it never dispatches them
+asynchronously); between reads the hook only counts. Every counter it judges
+is kept by the optimizer itself (`tf_mixed.scale_state.LossScaleState`), so
+a read every N batches is as exact as a read every step, whatever
+``steps_per_execution`` is.
 
 1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
@@ -46,7 +53,9 @@ import tensorflow as tf
 from absl import logging
 
 from tf_mixed import _validate
+from tf_mixed import keep_float32
 from tf_mixed import loss_scale as loss_scale_module
+from tf_mixed import tf_keras_check
 from tf_mixed import stop_rules
 from tf_mixed.loss_tally import LossTally
 from tf_mixed.replicas import all_copies_finite
@@ -54,11 +63,16 @@ from tf_mixed.rollback import forward_variables
 from tf_mixed.stop_rules import Progress, Snapshot
 
 __all__ = [
+    "DEFAULT_CHECK_EVERY_N_BATCHES",
     "LossScaleFailure",
     "LossScaleMonitor",
     "MixedPrecisionWarning",
     "model_setup_problems",
 ]
+
+
+DEFAULT_CHECK_EVERY_N_BATCHES = 50
+"""How often the default `LossScaleMonitor` reads the optimizer and checks."""
 
 
 class MixedPrecisionWarning(UserWarning):
@@ -138,6 +152,11 @@ def model_setup_problems(model) -> list[str]:
         f"Model '{model.name}': {finding} (LossScaleMonitor(check_setup=False) "
         "silences this check.)"
         for finding in report.findings if finding.code in SETUP_FINDINGS)
+    unknown = keep_float32.active().unknown_names(model)
+    if unknown:
+        problems.append(
+            f"tf_mixed.enable(): {unknown} Those names keep nothing in float32; "
+            "fix them (or pass keep_float32 to tf_mixed.convert, which checks).")
     return problems
 
 
@@ -243,6 +262,31 @@ def _prepare(model, optimizer, rollback: bool) -> None:
         model.make_train_function(force=True)
 
 
+def _check_period(value) -> tuple[int | None, int]:
+    """``check_every_n_batches`` checked, and the period it means."""
+    if value is None:
+        return None, DEFAULT_CHECK_EVERY_N_BATCHES
+    value = _check_int("check_every_n_batches", value, 0,
+                       f" (0 checks at epoch ends only; None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
+    return value, value
+
+
+def _refresh(optimizer, kind: str, rollback: bool) -> None:
+    """Refreshes the rollback copies at an epoch's start: after every callback's
+    on_train_begin (a BackupAndRestore restore, in either order), so they hold
+    the state the epoch's first step starts from."""
+    if kind == "tf_mixed" and rollback:
+        loss_scale_module.refresh_forward_state(optimizer)
+
+
+def _wire_cause(model, optimizer, kind: str) -> str | None:
+    """`tf_mixed.stop_rules.wire_cause` for this model and optimizer."""
+    if kind != "tf_mixed":
+        return None
+    return stop_rules.wire_cause(keras.backend.standardize_dtype(model.compute_dtype),
+                                 optimizer.communication_dtype)
+
+
 def _nonfinite_weights(model) -> list[str]:
     """Paths of the model's float weights with NaN/inf in any local copy."""
     return [weight.path for weight in model.weights
@@ -272,8 +316,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         (default) = epoch logs only.
       check_every_n_batches: also run the stop checks every N batches (a
         host read every N batches; with ``steps_per_execution > 1`` at the
-        first batch end after every N batches). 0 (default) = at the end of
-        every epoch only, which costs nothing per step.
+        first batch end after every N batches). 0 = at epoch ends only;
+        None (default) = every `DEFAULT_CHECK_EVERY_N_BATCHES` batches.
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
       check_setup: run the set-up checks at ``on_train_begin``.
@@ -302,7 +346,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         log_every_n_batches: int = 0,
         raise_on_failure: bool = False,
         check_setup: bool = True,
-        check_every_n_batches: int = 0,
+        check_every_n_batches: int | None = None,
         rollback_forward_state: bool = True,
     ):
         super().__init__()
@@ -318,17 +362,14 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.log_every_n_batches = _check_int(
             "log_every_n_batches", log_every_n_batches, 0,
             " (0 turns batch logging off)")
-        self.check_every_n_batches = _check_int(
-            "check_every_n_batches", check_every_n_batches, 0,
-            " (0 checks at epoch ends only)")
+        self.check_every_n_batches, self._check_n = _check_period(check_every_n_batches)
         self.raise_on_failure = bool(raise_on_failure)
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
-        if self.log_every_n_batches or self.check_every_n_batches:
-            # Only then: an overridden hook makes Keras wait for every step.
+        if self.log_every_n_batches or self._check_n:
             self.on_train_batch_end = self._on_train_batch_end
 
     def get_config(self) -> dict[str, Any]:
@@ -352,6 +393,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     # -- hooks
 
     def on_train_begin(self, logs=None):
+        tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
         self._optimizer = getattr(self.model, "optimizer", None)
         self._kind = _kind(self._optimizer)
@@ -368,13 +410,14 @@ class LossScaleMonitor(keras.callbacks.Callback):
                 warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
 
     def on_epoch_begin(self, epoch, logs=None):
+        _refresh(self._optimizer, self._kind, self.rollback_forward_state)
         self._progress = stop_rules.start_epoch(self._progress)
         self._batches = self._logged_at = self._checked_at = 0
 
     def _on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
         self._batches = steps = batch + 1
-        log_n, check_n = self.log_every_n_batches, self.check_every_n_batches
+        log_n, check_n = self.log_every_n_batches, self._check_n
         log_now = log_n and steps // log_n > self._logged_at // log_n
         check_now = check_n and steps // check_n > self._checked_at // check_n
         if not (log_now or check_now):
@@ -439,7 +482,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         reason = stop_rules.decide(self._rules, stop_rules.Reading(
             kind=self._kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
-            bad_weights=tuple(bad), epoch=epoch))
+            bad_weights=tuple(bad), epoch=epoch,
+            cause=_wire_cause(self.model, self._optimizer, self._kind)))
         if reason is not None:
             self._fail(reason)
 

@@ -57,6 +57,7 @@ from tf_mixed._facts import check_model_kind
 from tf_mixed._facts import is_input_layer
 from tf_mixed._facts import walk_layers
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import tf_keras_check
 
 __all__ = ["ConversionNote", "convert"]
 
@@ -140,6 +141,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
         tf_mixed.enable("mixed_float16")
         model = tf_mixed.convert(model)
     """
+    tf_keras_check.check_objects("tf_mixed.convert", model=model)
     check_model_kind(
         model, "convert()",
         why_traced="its layers are created in Python code that convert "

@@ -75,7 +75,17 @@ class KeepFloat32:
             return False  # an input's dtype is the data's, not a compute dtype
         return (layer.name in self.names
                 or isinstance(layer, self.classes)
-                or any(bool(p(layer)) for p in self.predicates))
+                or any(_call(p, layer) for p in self.predicates))
+
+    def unknown_names(self, model: keras.Model) -> str:
+        """A sentence on names that match no layer of `model` ("" if none)."""
+        from tf_mixed._facts import walk_layers
+
+        try:
+            self.check_names((layer.name for _, layer in walk_layers(model)), model.name)
+        except ValueError as error:
+            return str(error)
+        return ""
 
     def check_names(self, known: Iterable[str], model_name: str) -> None:
         """Raises if a name is not among `known`, listing close matches.
@@ -100,6 +110,20 @@ class KeepFloat32:
             f"keep_float32 names layers that model '{model_name}' does not "
             f"have: {'; '.join(hints)}. Its layers are: {known}. Received: "
             f"keep_float32={list(self.names)}")
+
+
+def _call(predicate: Callable, layer: keras.layers.Layer) -> bool:
+    try:
+        return bool(predicate(layer))
+    except Exception as error:
+        raise ValueError(
+            f"A keep_float32 predicate raised {type(error).__name__}: {error}, on "
+            f"layer '{layer.name}' (class {type(layer).__name__}). Under enable() a "
+            "predicate sees the layer as Layer.__init__ leaves it: name, class and "
+            "trainable are set, attributes a subclass sets afterwards (units, "
+            "filters, ...) are not; use getattr(layer, 'units', None), match by "
+            f"class, or pass keep_float32 to tf_mixed.convert. Received: "
+            f"keep_float32 predicate {predicate!r}") from error
 
 
 def parse(spec: Spec) -> KeepFloat32:

@@ -34,7 +34,7 @@ EXTRA_STATE = ("overflow_streak", "skipped_steps", "last_step_skipped",
 class KerasCompat:
     """Keras 3 and tf-keras compatibility methods of ``LossScaleOptimizer``."""
 
-    def apply_gradients(self: Any, grads_and_vars, *, unscaled: bool = False):
+    def apply_gradients(self: Any, grads_and_vars, *, unscaled: bool | None = None):
         """Applies ``(gradient, variable)`` pairs; see ``apply``.
 
         Returns:
@@ -54,7 +54,8 @@ class KerasCompat:
 
         tf-keras's ``apply_gradients`` took unscaled gradients; here
         ``apply``/``apply_gradients`` divide by the scale unless told
-        ``unscaled=True``. A warning says so once per optimizer.
+        ``unscaled=True``. A warning says so once per optimizer, and the next
+        ``apply``/``apply_gradients`` without ``unscaled=`` raises.
         """
         if not getattr(self, "_warned_tf_keras_unscale", False):
             self._warned_tf_keras_unscale = True

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import tf_keras_check
 
 _PACKAGE = "tf_mixed"
 _NOT_ACTIVATIONS = frozenset({"get", "serialize", "deserialize"})
@@ -74,8 +75,18 @@ def _cast_floats(structure: Any) -> Any:
     return keras.tree.map_structure(cast, structure)
 
 
+class _Keras3Inputs(keras.layers.Layer):
+    """Refuses tf-keras symbolic inputs: tf-keras would otherwise trace the
+    layer's ops into its own graph and keep no trace of the layer."""
+
+    def __call__(self, *args, **kwargs):
+        tf_keras_check.check_objects(
+            f"tf_mixed.{type(self).__name__}", inputs=args[0] if args else kwargs.get("inputs"))
+        return super().__call__(*args, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class OutputActivation(keras.layers.Layer):
+class OutputActivation(_Keras3Inputs):
     """Applies an activation in float32 and returns float32.
 
     Put it at the end of a mixed-precision model in place of the last layer's
@@ -120,7 +131,7 @@ class OutputActivation(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class Float32Output(keras.layers.Layer):
+class Float32Output(_Keras3Inputs):
     """Casts every floating tensor of its input (any nesting) to float32.
 
     Integer and boolean tensors pass through unchanged, so indices and masks
@@ -178,6 +189,7 @@ class Float32Loss(keras.losses.Loss):
         reduction: str | None = "sum_over_batch_size",
         **kwargs,
     ):
+        tf_keras_check.check_objects("tf_mixed.Float32Loss", loss=loss)
         kwargs.pop("dtype", None)
         self.loss = _get_loss(loss)
         inner_name = getattr(self.loss, "name", None) or getattr(

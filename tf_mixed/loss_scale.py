@@ -42,12 +42,14 @@ from tf_mixed import accumulation
 from tf_mixed import allreduce
 from tf_mixed import compensated
 from tf_mixed import scale_state
+from tf_mixed import tf_keras_check
 from tf_mixed.keras_compat import KerasCompat, read_keras_state
 from tf_mixed.loss_tally import LossTally
 from tf_mixed.rollback import ForwardState
 from tf_mixed.scale_state import LossScaleConfig, LossScaleState
 
-__all__ = ["LossScaleOptimizer", "loss_scale_state", "wrap_optimizer"]
+__all__ = ["LossScaleOptimizer", "loss_scale_state", "refresh_forward_state",
+           "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
     "LossScaleOptimizer.apply() must be called in a replica context. You "
@@ -65,6 +67,17 @@ _JIT_UNDER_STRATEGY_ERROR = (
 )
 
 
+_UNSAID_UNSCALED = (
+    "LossScaleOptimizer.apply() got gradients after unscale_gradients() was "
+    "called, and no `unscaled=` to say which ones they are. Received: unscaled=None. "
+    "Pass unscaled=True if they are what unscale_gradients() returned (clipped or "
+    "not): without it they would be divided by the loss scale again and the step "
+    "would be that many times too small (torch's unscale_()-then-step() habit). "
+    "Pass unscaled=False if you only inspected the unscaled copy and pass the "
+    "scaled gradients."
+)
+
+
 class _Scratch:
     """What the optimizer holds outside its checkpoint (not a Trackable).
 
@@ -75,6 +88,9 @@ class _Scratch:
     def __init__(self) -> None:
         self.forward = ForwardState()
         self.tally: LossTally | None = None
+        # unscale_gradients() calls since the last apply(): only to refuse an
+        # apply() that does not say what it got (it never changes arithmetic).
+        self.unscaled_since_apply = 0
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -157,9 +173,12 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         hysteresis: int = 1,
         dynamic: bool = True,
         communication_dtype: str | None = None,
-        gradient_accumulation_steps: int | None = None, compensation: Any = None, state_dtype: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        compensation: Any = None,
+        state_dtype: str | None = None,
         **kwargs: Any,
     ):
+        tf_keras_check.check_objects("tf_mixed.LossScaleOptimizer", inner_optimizer=inner_optimizer)
         _check_inner(inner_optimizer)
         steps = accumulation.steps_to_take_over(inner_optimizer,
                                                 gradient_accumulation_steps)
@@ -334,16 +353,14 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     def unscale_gradients(self, grads):
         """Returns the gradients divided by the current loss scale.
 
-        Use it to clip or inspect the true gradients; then tell ``apply``
-        that the gradients you pass are unscaled::
+        To clip or inspect the true gradients; then tell ``apply`` which you
+        pass (``unscaled=True``, or ``unscaled=False`` after only looking): it
+        raises rather than guess. The arithmetic never depends on this call;
+        non-finite values stay non-finite (an overflow is still skipped)::
 
             grads = opt.unscale_gradients(tape.gradient(scaled, variables))
             grads, _ = tf.clip_by_global_norm(grads, 1.0)
             opt.apply(grads, variables, unscaled=True)
-
-        Nothing is remembered: ``apply`` divides whatever it receives unless
-        ``unscaled=True`` is passed. Non-finite values stay non-finite, so an
-        overflow is still skipped.
 
         Args:
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
@@ -352,12 +369,13 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             A new list of the same structure holding the unscaled gradients.
         """
         scale = self.dynamic_scale if self.built else self.config.initial_scale
+        self._scratch.unscaled_since_apply += 1
         return [_divide(g, scale) for g in _checked_grads(grads)]
 
     # ----------------------------------------------------------- the update
 
     def apply(self, grads, trainable_variables=None, *,
-              unscaled: bool = False):
+              unscaled: bool | None = None):
         """Unscales and applies gradients, or skips the step everywhere.
 
         Works eagerly, inside ``tf.function``, and in the replica context of
@@ -369,8 +387,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 loss unless ``unscaled=True``.
             trainable_variables: The variables to update. May be omitted once
                 the optimizer is built.
-            unscaled: True when ``grads`` were already divided by the scale
-                (e.g. by ``unscale_gradients`` before clipping).
+            unscaled: True when ``grads`` were already divided by the scale;
+                None (default) is False, but a ValueError right after
+                ``unscale_gradients`` (say which).
 
         Returns:
             A scalar bool tensor: True when the step was applied, False when
@@ -380,11 +399,10 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
                 None or not one per variable, if no variables are given to an
-                unbuilt optimizer, if ``unscaled`` is not a bool, if called in
-                a cross-replica context, or under a strategy in a
-                jit-compiled function.
+                unbuilt optimizer, if ``unscaled`` is not said as above, if called
+                in a cross-replica context, or under a strategy with jit.
         """
-        grads, trainable_variables = _checked_apply_args(
+        grads, trainable_variables, unscaled = _checked_apply_args(
             self, grads, trainable_variables, unscaled)
         strategy = tf.distribute.get_strategy()
         if tf.distribute.in_cross_replica_context():
@@ -428,6 +446,21 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             variable.assign(value)
         if self._scratch.tally is not None:
             self._scratch.tally.settle(finite)
+
+
+def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
+    """Re-copies the forward state `optimizer` tracks, after a write between steps.
+
+    A skipped step restores the copy taken after the last applied step.
+    After anything outside a step wrote the tracked variables (a restore, a
+    resumed ``fit``, an assignment in a custom loop), call this eagerly so
+    the copy holds the state the next step starts from (`tf_mixed.rollback`).
+    ``LossScaleMonitor`` calls it before the first step of every epoch.
+
+    Args:
+        optimizer: A ``tf_mixed.LossScaleOptimizer``.
+    """
+    optimizer._scratch.forward.refresh()
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -503,6 +536,7 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             known ones), is already a ``tf_mixed`` wrapper and ``knobs`` ask
             for different settings, or a knob is invalid.
     """
+    tf_keras_check.check_objects("tf_mixed.wrap_optimizer", optimizer=optimizer)
     if isinstance(optimizer, str):
         optimizer = _optimizer_by_name(optimizer)
     if "communication_dtype" in knobs:  # "float32" means None, everywhere
@@ -534,8 +568,13 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
         return LossScaleOptimizer(optimizer, **knobs)
     wrapper_args = {k: knobs.pop(k) for k in _WRAPPER_ARGS if k in knobs}
     _validate_knobs(knobs)
+    # No loss scaling needed; a float16 wire still needs a scale it can back
+    # off (bfloat16 has float32's range).
+    config = (LossScaleConfig.wire()
+              if wrapper_args.get("communication_dtype") == "float16"
+              else LossScaleConfig.pass_through())
     return LossScaleOptimizer(
-        optimizer, **LossScaleConfig.pass_through().to_dict(), **wrapper_args)
+        optimizer, **config.to_dict(), **wrapper_args)
 
 
 # Constructor arguments that are not loss-scale knobs (valid in every mode).
@@ -614,10 +653,19 @@ def _checked_grads(grads) -> list:
             f"{grads!r:.80} (of type {type(grads).__name__}).") from None
 
 
+def _said_unscaled(scratch: _Scratch, unscaled: bool | None) -> bool:
+    """``apply``'s ``unscaled``, refusing None right after ``unscale_gradients``."""
+    pending, scratch.unscaled_since_apply = scratch.unscaled_since_apply, 0
+    if unscaled is None and pending:
+        raise ValueError(_UNSAID_UNSCALED)
+    return bool(unscaled)
+
+
 def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
-    """``apply``'s arguments checked: (gradients, variables) as lists."""
+    """``apply``'s arguments checked: (gradients, variables, unscaled)."""
     grads = _checked_grads(grads)
-    _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
+    if unscaled is not None:
+        _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
     if trainable_variables is None:
         if not optimizer.built:
             raise ValueError(
@@ -635,7 +683,7 @@ def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
             f"Received: {len(grads)} gradients for "
             f"{len(trainable_variables)} variables."
         )
-    return grads, trainable_variables
+    return grads, trainable_variables, _said_unscaled(optimizer._scratch, unscaled)
 
 
 def _checked_loss(loss):

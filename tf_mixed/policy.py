@@ -29,6 +29,7 @@ from tf_mixed._facts import (AUTO, BFLOAT16, FLOAT32, MIXED_BFLOAT16, MIXED_FLOA
 from tf_mixed import autotune
 from tf_mixed import hardware
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import tf_keras_check
 from tf_mixed import policy_state
 from tf_mixed.policy_state import ThreadState
 
@@ -253,6 +254,7 @@ def enable(
         >>> enabled.policy
         'mixed_bfloat16'
     """
+    tf_keras_check.check("tf_mixed.enable")
     name = canonical_name(policy)  # validates before anything changes
     measure = _validated_measure(measure)
     keep = keep_float32_rules.parse(keep_float32)  # applied once the policy is set
@@ -409,6 +411,7 @@ def policy_scope(policy: str, *, measure: bool | None = None) -> Iterator[Enable
         ...     model = build_model()
     """
     canonical_name(policy)
+    tf_keras_check.check("tf_mixed.policy_scope")
     _validated_measure(measure)
     state = policy_state.thread_state()
     if state.scopes and state.scopes[-1].marker is not policy_state.scope_marker.get():
@@ -444,6 +447,9 @@ def _leave_scope(state: ThreadState, scope: _Scope) -> None:
     keras.config.set_dtype_policy(scope.keras_policy)
     policy_state.set_remapping_hold(state, scope.saved.holds_remapping)
     state.saved_policy, state.active = scope.saved.saved_policy, scope.saved.active
+    # The scope's own enable() replaced this thread's keep_float32 rules: the
+    # outer enable's rules come back with its policy (they live as long as it).
+    state.keep, state.keep_bound = scope.saved.keep, scope.saved.keep_bound
     if not in_order:
         raise RuntimeError(_SCOPE_MISUSE.format(
             what="left while a scope opened after it is still open (scopes of "

@@ -45,6 +45,7 @@ from tf_mixed import _cloning
 from tf_mixed import _losses
 from tf_mixed import _validate
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import tf_keras_check
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import FLOAT_POLICIES
 from tf_mixed._facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
@@ -109,6 +110,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         is missing; `loss` is missing and the model not compiled with one;
         `batches` < 1 or more than the examples; `policy` is unknown.
     """
+    tf_keras_check.check_objects("tf_mixed.probe", model=model)
     check_model_kind(
         model, "probe()",
         why_traced="its layer outputs exist only inside Python code",

@@ -9,6 +9,16 @@ own copy, so a skipped step leaves the model bit-identical.
 
 ``tf_mixed.LossScaleOptimizer.track_forward_state`` hands a model to its
 `ForwardState`; `tf_mixed.callbacks.LossScaleMonitor` does it for ``fit``.
+
+The backups must hold the state the next step starts from. A step refreshes
+them itself; anything that writes the variables between steps (a
+``BackupAndRestore`` restore in any callback order, a resumed ``fit``, a
+user's assignment) must be followed by `ForwardState.refresh`: the monitor
+calls it before the first step of every epoch, and
+``tf_mixed.loss_scale.refresh_forward_state(optimizer)`` is the public door
+for custom loops. A model tracked before it was built (its variables are created by its
+first call) cannot be rolled back: the first step that would skip it raises,
+naming the model, instead of leaving its new statistics unprotected.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ class ForwardState:
     def __init__(self) -> None:
         self.variables: tuple = ()
         self.backups: tuple = ()
+        self.source: Any = None  # the layer tracked, to see it grow
 
     def track(self, model_or_variables: Any) -> int:
         """Tracks these variables, replacing any tracked before.
@@ -67,12 +78,24 @@ class ForwardState:
             ))
         self.variables = tuple(variables)
         self.backups = tuple(backups)
-        if self.backups:
-            if strategy.num_replicas_in_sync > 1:
-                strategy.run(tf.function(self._refresh))
-            else:
-                self._refresh()
+        self.source = (model_or_variables
+                       if isinstance(model_or_variables, keras.layers.Layer) else None)
+        self.refresh()
         return len(variables)
+
+    def refresh(self) -> None:
+        """Copies the tracked variables into the backups now, on every replica.
+
+        Call it (eagerly, between steps) after anything outside a step wrote
+        the tracked variables; call it under no ``tf.function``.
+        """
+        if not self.backups:
+            return
+        strategy = tf.distribute.get_strategy()
+        if strategy.num_replicas_in_sync > 1:
+            strategy.run(tf.function(self._refresh))
+        else:
+            self._refresh()
 
     def roll_back(self, finite: tf.Tensor) -> None:
         """Refreshes the backups after an applied step, restores after a skip.
@@ -80,7 +103,23 @@ class ForwardState:
         Args:
             finite: The global verdict of the step (a scalar bool tensor,
                 the same on every replica).
+
+        Raises:
+            ValueError: if the tracked layer has forward variables now that
+                it did not have when tracked (it was tracked before its first
+                call built it).
         """
+        if self.source is not None:
+            now = forward_variables(self.source)
+            if len(now) != len(self.variables):
+                raise ValueError(
+                    f"track_forward_state() was given '{self.source.name}' when it had "
+                    f"{len(self.variables)} forward-state variable(s); it has "
+                    f"{len(now)} now (its first call built it), and those could not "
+                    "be rolled back after a skipped step. Build the model first "
+                    "(keras.Input, model.build(shape), or one call), then call "
+                    "track_forward_state(model) again; "
+                    "tf_mixed.training.make_train_step does this for you.")
         if not self.backups:
             return
         tf.cond(finite, self._refresh, self._restore)

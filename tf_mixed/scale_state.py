@@ -152,6 +152,19 @@ class LossScaleConfig:
         """Scale 1, never changes: for float32/bfloat16, skips only bad steps."""
         return cls(initial_scale=1.0, min_scale=1.0, dynamic=False)
 
+    @classmethod
+    def wire(cls) -> "LossScaleConfig":
+        """At most 1, halved while a float16 gradient wire overflows.
+
+        For a model that needs no loss scaling (float32/bfloat16 compute)
+        whose gradients travel in float16 (``communication_dtype``): a mean
+        gradient above 65504 overflows the wire, and with `pass_through`'s
+        fixed scale every later step would be skipped too. This scale backs
+        off (down to 2**-24) until the wire holds the gradients, then grows
+        back towards 1 after ``growth_interval`` clean steps.
+        """
+        return cls(initial_scale=1.0, min_scale=2.0**-24, max_scale=1.0)
+
     def to_dict(self) -> dict[str, Any]:
         """The knobs as a dict of Python values (for ``get_config``)."""
         return dataclasses.asdict(self)

@@ -25,7 +25,7 @@ from typing import Literal
 
 __all__ = [
     "Kind", "Progress", "Reading", "Snapshot", "StopRules", "advance",
-    "decide", "keras_streak", "loss_problem", "start_epoch",
+    "decide", "keras_streak", "loss_problem", "start_epoch", "wire_cause",
 ]
 
 Kind = Literal["tf_mixed", "keras", "none"]
@@ -187,6 +187,8 @@ class Reading:
         bad_weights: Paths of weights holding NaN/inf in some replica's
             copy (``"(on another worker)"`` when only a peer saw one).
         epoch: The epoch index at an epoch end; None at a batch check.
+        cause: What overflows, when it is known not to be the forward pass
+            (`wire_cause`), or None.
     """
 
     kind: Kind
@@ -195,6 +197,29 @@ class Reading:
     loss_problem: str | None = None
     bad_weights: tuple[str, ...] = ()
     epoch: int | None = None
+    cause: str | None = None
+
+
+def wire_cause(compute_dtype: str, communication_dtype: str | None) -> str | None:
+    """The real cause of skipped steps when the forward pass cannot overflow.
+
+    A model computing in float32 or bfloat16 never overflows float16 in its
+    forward pass; if its gradients travel in float16, the wire does.
+
+    Args:
+        compute_dtype: The model's compute dtype.
+        communication_dtype: The optimizer's gradient wire dtype, or None.
+
+    Returns:
+        A sentence with its fix, or None.
+    """
+    if communication_dtype != "float16" or compute_dtype == "float16":
+        return None
+    return (f" Cause: the model computes in {compute_dtype}, so its forward pass "
+            "cannot overflow float16; its gradients travel between replicas in "
+            "float16 (communication_dtype='float16'), which overflows above 65504. "
+            "Fix: communication_dtype='bfloat16' (float32's range in half the "
+            "bytes) or None, or lower the learning rate / clip the loss.")
 
 
 def loss_problem(kind: Kind, progress: Progress,
@@ -246,7 +271,8 @@ def decide(rules: StopRules, reading: Reading) -> str | None:
             f"the loss scale has sat at its minimum ({reading.threshold:g}) "
             f"for {streak} consecutive skipped steps (patience="
             f"{rules.patience}): the gradients are non-finite even without "
-            "scaling, so no amount of loss scaling helps." + _advice(reading.kind))
+            "scaling, so no amount of loss scaling helps."
+            + (reading.cause or _advice(reading.kind)))
     if reading.loss_problem:
         return reading.loss_problem + _advice(reading.kind, nan=True)
     if reading.bad_weights:
@@ -263,7 +289,7 @@ def decide(rules: StopRules, reading: Reading) -> str | None:
             f"skipped ({skipped / steps:.0%} > max_skip_fraction="
             f"{rules.max_skip_fraction:g}): the loss scale keeps finding "
             "non-finite gradients, so most updates are thrown away."
-            + _advice(reading.kind))
+            + (reading.cause or _advice(reading.kind)))
     return None
 
 

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import loss_scale as loss_scale_module
+from tf_mixed import tf_keras_check
 
 __all__ = [
     "apply_scaled_gradients",
@@ -155,11 +156,15 @@ def make_train_step(
         tensor}``; ``loss`` is the mean over replicas. With a
         ``tf_mixed.LossScaleOptimizer`` the model's forward state is handed
         to it (``track_forward_state``), so a skipped step also rolls back
-        BatchNormalization statistics.
+        BatchNormalization statistics; a model not built yet (no
+        ``keras.Input``) is first built by an inference call on the first
+        batch.
 
     Raises:
         ValueError: if ``jit_compile`` is True under a multi-replica strategy.
     """
+    tf_keras_check.check_objects(
+        "tf_mixed.training.make_train_step", model=model, optimizer=optimizer)
     if isinstance(loss_fn, (str, list, tuple, dict)):
         from tf_mixed import _losses
 
@@ -171,7 +176,8 @@ def make_train_step(
             strategy=type(strategy).__name__, replicas=replicas,
             version=tf.__version__,
         ))
-    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+    ours = isinstance(optimizer, loss_scale_module.LossScaleOptimizer)
+    if ours and model.built:
         with strategy.scope():
             optimizer.track_forward_state(model)
 
@@ -196,7 +202,26 @@ def make_train_step(
         applied = strategy.experimental_local_results(applied)[0]
         return {"loss": loss, "applied": applied}
 
-    return step
+    if not ours or model.built:
+        return step
+
+    def first_step(x, y):
+        """A model built by its first call (no keras.Input) has no forward
+        state to track yet: build it with an inference call (training=False
+        writes no statistics), hand it over, then train."""
+        if not handed_over:
+            with strategy.scope():
+                if not model.built:
+                    model(tf.nest.map_structure(
+                        lambda v: strategy.experimental_local_results(v)[0], x),
+                        training=False)
+                optimizer.track_forward_state(model)
+            handed_over.append(True)
+        return step(x, y)
+
+    handed_over: list[bool] = []
+
+    return first_step
 
 
 def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
