@@ -28,6 +28,7 @@ _EXPORTS = {
     "AuditReport": "auditing",
     "ConversionNote": "conversion",
     "Enabled": "policy",
+    "ExportReport": "export_report",
     "Finding": "auditing",
     "Float32Loss": "layers",
     "Float32Output": "layers",
@@ -37,6 +38,7 @@ _EXPORTS = {
     "LossScaleOptimizer": "loss_scale",
     "LossScaleState": "scale_state",
     "MixedPrecisionWarning": "callbacks",
+    "ModelCheckpoint": "checkpoint_callback",
     "OutputActivation": "layers",
     "POLICY_NAMES": "policy",
     "ProbeReport": "probe_report",
@@ -46,13 +48,16 @@ _EXPORTS = {
     "disable": "policy",
     "distribute": "distribute",
     "enable": "policy",
+    "export": "exporting",
     "float32_loss": "layers",
     "hardware": "hardware",
     "launch": "launch",
+    "load_weights": "checkpoints",
     "layers": "layers",
     "loss_scale_state": "loss_scale",
     "policy_scope": "policy",
     "probe": "probing",
+    "save_weights": "checkpoints",
     "scale_state": "scale_state",
     "training": "training",
     "wrap_optimizer": "loss_scale",
@@ -78,7 +83,12 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.callbacks import LossScaleMonitor
     from tf_mixed.callbacks import MixedPrecisionWarning
     from tf_mixed.conversion import ConversionNote
+    from tf_mixed.checkpoint_callback import ModelCheckpoint
+    from tf_mixed.checkpoints import load_weights
+    from tf_mixed.checkpoints import save_weights
     from tf_mixed.conversion import convert
+    from tf_mixed.export_report import ExportReport
+    from tf_mixed.exporting import export
     from tf_mixed.layers import Float32Loss
     from tf_mixed.layers import Float32Output
     from tf_mixed.layers import OutputActivation
