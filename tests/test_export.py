@@ -331,3 +331,37 @@ def test_report_prints_and_serialises(trained, tmp_path):
 
     data = json.loads(json.dumps(report.to_dict()))
     assert data["precision"] == "float16_weights" and data["select_ops"] == []
+
+
+# ------------------------------------------------------------------ the zoo
+
+from zoo import ZOO  # noqa: E402
+from zoo import zoo_reloaded  # noqa: E402,F401  (a fixture)
+
+
+@pytest.mark.parametrize("fmt,precision", [("litert", "float16_weights"),
+                                           ("saved_model", "as_trained")])
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_mixed_model_exports_and_matches(tmp_path, name, fmt, precision):
+    spec = ZOO[name]
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = spec.ready()
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x, _ = spec.data(8)
+    path = str(tmp_path / ("m.tflite" if fmt == "litert" else "m"))
+    report = tf_mixed.export(model, path, format=fmt, precision=precision, sample=x)
+    assert report.select_ops == () and report.max_rel_error <= report.tolerance
+    assert set(report.output_dtypes) == {"float32"}
+    assert len(report.output_names) == len(keras.tree.flatten(spec.loss))
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_reloaded_model_exports_to_litert(tmp_path, zoo_reloaded, name):
+    from zoo import load
+
+    model = load(zoo_reloaded[name], name)
+    x, _ = ZOO[name].data(8)
+    report = tf_mixed.export(model, str(tmp_path / "m.tflite"), format="litert", sample=x)
+    assert report.runtime == "ai_edge_litert" and report.max_rel_error <= report.tolerance
