@@ -289,3 +289,9 @@ def test_nccl_implementations_are_recognised():
     assert not _internals.reduces_with_nccl(fake(collective(kinds.RING), gpus))
     assert not _internals.reduces_with_nccl(
         fake(cdo.ReductionToOneDevice(), gpus))
+
+
+def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
+    layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
+    assert _internals.lambda_output_shape(layer) == (2,)
+    assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None

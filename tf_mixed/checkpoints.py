@@ -33,7 +33,7 @@ import numpy as np
 
 from tf_mixed._facts import HALF_DTYPES
 
-__all__ = ["SAVE_DTYPES", "load_weights", "save_weights"]
+__all__ = ["load_weights", "save_weights"]
 
 SAVE_DTYPES = ("float16", "bfloat16", "float32")
 _FORMAT = "tf_mixed.weights/1"
