@@ -14,13 +14,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
-from ai_edge_litert.interpreter import Interpreter
-from ai_edge_litert.interpreter import OpResolverType
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+from zoo import (
+    ZOO,
+    zoo_reloaded,  # noqa: F401  (a fixture, used by name)
+)
 
 import tf_mixed
-from tf_mixed import _facts
-from tf_mixed import exporting
-from tf_mixed import rebuild
+from tf_mixed import _facts, exporting, rebuild
 
 TRAINING_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 COMBINATIONS = [(fmt, p) for fmt, ps in exporting.PRECISIONS.items() for p in ps]
@@ -184,7 +185,8 @@ def test_keras_own_litert_export_of_a_mixed_model_needs_flex(tmp_path):
     keras.config.set_dtype_policy("float32")
     path = str(tmp_path / "keras.tflite")
     model.export(path, format="litert", verbose=False)
-    assert exporting._select_ops(open(path, "rb").read())
+    with open(path, "rb") as f:
+        assert exporting._select_ops(f.read())
 
 
 # ----------------------------------------------------- structures and kinds
@@ -335,8 +337,6 @@ def test_report_prints_and_serialises(trained, tmp_path):
 
 # ------------------------------------------------------------------ the zoo
 
-from zoo import ZOO  # noqa: E402
-from zoo import zoo_reloaded  # noqa: E402,F401  (a fixture)
 
 
 @pytest.mark.parametrize("fmt,precision", [("litert", "float16_weights"),
@@ -358,7 +358,7 @@ def test_zoo_mixed_model_exports_and_matches(tmp_path, name, fmt, precision):
 
 
 @pytest.mark.parametrize("name", ZOO)
-def test_zoo_reloaded_model_exports_to_litert(tmp_path, zoo_reloaded, name):
+def test_zoo_reloaded_model_exports_to_litert(tmp_path, zoo_reloaded, name):  # noqa: F811
     from zoo import load
 
     model = load(zoo_reloaded[name], name)

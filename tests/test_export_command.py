@@ -128,12 +128,12 @@ def test_subprocess_exit_status_and_no_traceback(saved, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tf_mixed", "export", str(saved / "missing.keras"),
          f"--output_dir={tmp_path / 'out'}"],
-        capture_output=True, text=True, timeout=300, env={**os.environ},
+        capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"tf_mixed export: error: MODEL={str(saved / 'missing.keras')!r}: no such file. "
-        "Pass the path of a saved .keras model."]
+    expected = (f"tf_mixed export: error: MODEL={str(saved / 'missing.keras')!r}: "
+                "no such file. Pass the path of a saved .keras model.")
+    assert result.stderr.strip().splitlines() == [expected]
     assert not (tmp_path / "out").exists()
 
 

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import tempfile
+from typing import Any
 
 import keras
 import numpy as np
@@ -83,7 +84,9 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     import ml_dtypes  # a TensorFlow dependency; its finfo knows bfloat16
 
     limit = float(ml_dtypes.finfo(target).max)
-    arrays, records, too_large = {}, [], []
+    arrays: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
+    too_large: list[str] = []
     for i, variable in enumerate(model.weights):
         value = np.asarray(keras.ops.convert_to_numpy(variable.value))
         stored_dtype = variable.dtype

@@ -347,7 +347,7 @@ def _convert(saved_model: str, float16_weights: bool, name: str) -> bytes:
         converter.target_spec.supported_types = [tf.float16]
     try:
         return converter.convert()
-    except Exception as error:  # the converter raises its own error types
+    except Exception as error:  # noqa: BLE001 - the converter raises its own types
         text = str(error)
         found = re.search(r"Custom ops: ([^\n]+)", text)
         problem = (f"ops that are neither LiteRT builtins nor TensorFlow Select "

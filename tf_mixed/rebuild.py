@@ -29,10 +29,7 @@ from __future__ import annotations
 import keras
 
 from tf_mixed import _internals
-from tf_mixed._facts import FLOAT32_HEADS
-from tf_mixed._facts import FLOAT_POLICIES
-from tf_mixed._facts import HALF_DTYPES
-from tf_mixed._facts import walk_layers
+from tf_mixed._facts import FLOAT32_HEADS, FLOAT_POLICIES, HALF_DTYPES, walk_layers
 
 __all__ = ["compute_dtype", "is_graph_model", "rebuild"]
 
@@ -153,8 +150,8 @@ def _new_input(tensor):
 def _copy_weights(model, new) -> None:
     old_layers = [(n, layer) for n, layer in walk_layers(model)
                   if not isinstance(layer, keras.Model)]
-    new_layers = dict((n, layer) for n, layer in walk_layers(new)
-                      if not isinstance(layer, keras.Model))
+    new_layers = {n: layer for n, layer in walk_layers(new)
+                  if not isinstance(layer, keras.Model)}
     for name, layer in old_layers:
         if not layer.weights:
             continue

@@ -20,6 +20,9 @@ import time
 
 from absl import flags
 
+# One loader, one first-line rule and one atomic write for both model commands.
+from tf_mixed.bench.probe import _first_line, _load_model, _write
+
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
        [--dataset=SPEC] [--batch_size=32] [--tolerance=X] [--allow_select_ops]
@@ -57,11 +60,6 @@ def _define_flags(fv: flags.FlagValues) -> None:
 def _error(message: str) -> int:
     print(f"tf_mixed export: error: {message}", file=sys.stderr)
     return 2
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
 
 
 def _sample(fv, model):
@@ -122,7 +120,6 @@ def main(argv: list[str]) -> int:
     import tf_mixed
     from tf_mixed.bench import report as report_module
     from tf_mixed.bench.errors import UsageError
-    from tf_mixed.bench.probe import _load_model  # one loader for both commands
 
     fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
     if fmt not in ARTIFACT_NAMES:
@@ -164,13 +161,6 @@ def main(argv: list[str]) -> int:
     print(f"\nExported in {seconds:.1f} s; wrote {artifact} and "
           f"{os.path.join(fv.output_dir, REPORT_NAME)}")
     return 0
-
-
-def _write(path: str, data: bytes) -> None:
-    partial = path + ".partial"
-    with open(partial, "wb") as f:
-        f.write(data)
-    os.replace(partial, path)
 
 
 def _remove(path: str) -> None:

@@ -14,12 +14,13 @@ run it with a fake clock.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["main", "measure"]
 
@@ -70,6 +71,10 @@ def measure(runners: dict[str, Callable[[], object]], rounds: int, iterations: i
     return {name: statistics.median(values) for name, values in per_round.items()}
 
 
+def _invoke(runner, key: str, sample) -> object:
+    return runner(**{key: sample})
+
+
 def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int:
     """Runs the benchmark; see the module docstring.
 
@@ -94,19 +99,20 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         model = models.build(args.model, shape, 10)
     sample = np.random.default_rng(0).uniform(0, 255, (args.batch_size,) + shape).astype("float32")
     directory = tempfile.mkdtemp(prefix="tf_mixed_latency_")
-    reports, runners = {}, {}
+    reports: dict[str, tf_mixed.ExportReport] = {}
+    runners: dict[str, Callable[[], object]] = {}
     for precision in ("float32", "float16_weights"):
         path = os.path.join(directory, f"{precision}.tflite")
         reports[precision] = tf_mixed.export(model, path, format="litert",
                                              precision=precision, sample=sample)
         runner = Interpreter(model_path=path, num_threads=args.threads).get_signature_runner()
         (key,) = runner.get_input_details()
-        runners[precision] = (lambda r=runner, k=key: r(**{k: sample}))
+        runners[precision] = functools.partial(_invoke, runner, key, sample)
     load_before = os.getloadavg()
     latency = measure(runners, args.rounds, args.iterations, clock)
     load_after = os.getloadavg()
-    for precision in reports:
-        os.remove(reports[precision].path)
+    for report in reports.values():
+        os.remove(report.path)
     os.rmdir(directory)
 
     rows = ["| LiteRT file | KB | max rel error vs model | median ms / invoke |",
@@ -115,13 +121,11 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         rows.append(f"| {precision} | {report.bytes / 1024:,.1f} | {report.max_rel_error:.2e} "
                     f"| {latency[precision]:.3f} |")
     ratio = latency["float16_weights"] / latency["float32"]
-    text = "\n".join(rows + [
-        "",
-        f"--model={args.model} trained-policy={args.policy} batch {args.batch_size}, "
-        f"{args.threads} thread(s), {args.rounds} rounds x {args.iterations} invokes; "
-        f"float16 weights / float32 latency: {ratio:.2f}x; load average "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.",
-    ])
+    summary = (f"--model={args.model} trained-policy={args.policy} batch {args.batch_size}, "
+               f"{args.threads} thread(s), {args.rounds} rounds x {args.iterations} invokes; "
+               f"float16 weights / float32 latency: {ratio:.2f}x; load average "
+               f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.")
+    text = "\n".join([*rows, "", summary])
     record = {
         "command": "python -m tf_mixed litert-latency " + " ".join(argv),
         "model": args.model, "policy": args.policy, "batch_size": args.batch_size,

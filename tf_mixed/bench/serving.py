@@ -63,9 +63,9 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         return ""
     header = ("| policy | LiteRT float32 KB | float16 weights KB | size ratio "
               "| max rel error float32 | max rel error float16 weights |")
-    lines = ["Serving the trained model (LiteRT, builtin interpreter, checked on one "
-             "validation batch against the trained model):", "",
-             header, "|" + "---|" * (header.count("|") - 1)]
+    title = ("Serving the trained model (LiteRT, builtin interpreter, checked on one "
+             "validation batch against the trained model):")
+    lines = [title, "", header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         full, half = (r["serving"].get(p, {}) for p in PRECISIONS)
 
