@@ -23,7 +23,8 @@ from zoo import (
 import tf_mixed
 from tf_mixed import _facts, exporting, rebuild
 
-TRAINING_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+# Mixed policies, and the pure half ones (variables in half precision too).
+TRAINING_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
 COMBINATIONS = [(fmt, p) for fmt, ps in exporting.PRECISIONS.items() for p in ps]
 SAMPLE = np.random.RandomState(1).uniform(-2, 2, (8, 6)).astype("float32")
 
@@ -106,8 +107,7 @@ def test_artifact_runs_in_its_own_runtime_and_matches(trained, tmp_path, policy,
     path = str(tmp_path / ("model.tflite" if fmt == "litert" else "model"))
     report = tf_mixed.export(model, path, format=fmt, precision=precision, sample=SAMPLE)
 
-    trained_dtype = {"float32": "float32", "mixed_float16": "float16",
-                     "mixed_bfloat16": "bfloat16"}[policy]
+    trained_dtype = keras.DTypePolicy(policy).compute_dtype
     assert report.trained_dtype == trained_dtype
     expected = (exporting._AS_TRAINED[fmt][trained_dtype] if precision == "as_trained"
                 else precision)
@@ -147,6 +147,23 @@ def test_half_precision_saved_model_keeps_float32_layers_float32(trained):
     half = rebuild.rebuild(trained["float32"], "bfloat16")
     policies = {layer.name: layer.dtype_policy.name for layer in half.layers}
     assert policies["kept"] == "bfloat16" and policies["probs"] == "float32"
+
+
+def test_keep_float32_rules_survive_every_precision(tmp_path):
+    tf_mixed.enable("mixed_float16", quiet=True, keep_float32=["norm"])
+    try:
+        inputs = keras.Input((6,))
+        x = keras.layers.LayerNormalization(name="norm")(keras.layers.Dense(8)(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    finally:
+        tf_mixed.disable()
+    assert model.get_layer("norm").dtype_policy.name == "float32"
+    for target in ("float16", "bfloat16"):
+        copy = rebuild.rebuild(model, target)
+        assert copy.get_layer("norm").dtype_policy.name == "float32"
+        assert copy.layers[1].dtype_policy.name == target
+    report = tf_mixed.export(model, str(tmp_path / "m"), precision="float16", sample=SAMPLE)
+    assert report.max_rel_error <= report.tolerance
 
 
 def test_rebuild_copies_weights_exactly_to_float32(trained):
