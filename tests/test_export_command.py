@@ -170,3 +170,13 @@ def test_latency_command_writes_sizes_parity_and_load(tmp_path, capsys):
     assert files["float16_weights"]["bytes"] < files["float32"]["bytes"]
     assert "load average" in out and "| float16_weights |" in out
     assert len(record["load_average"]["before"]) == 3
+
+
+def test_artifact_failing_its_check_exits_1_and_leaves_nothing(saved, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "export", str(saved / "m.keras"), "--format=saved_model",
+                 "--precision=bfloat16", f"--dataset=npz:{saved / 'x.npz'}",
+                 "--tolerance=1e-12", f"--output_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "above tolerance=1e-12" in err[0]
+    assert not out.exists()

@@ -29,8 +29,10 @@ class ExportReport:
       select_ops: TensorFlow ops the LiteRT file runs through the Flex
         delegate (outside LiteRT's builtin set); () when it needs none,
         and always () for a SavedModel.
-      runtime: What ran the artifact for the check ("tf.saved_model",
-        "ai_edge_litert", or "tf.lite" for a file with Flex ops).
+      runtime: What ran the artifact for the check: "tf.saved_model",
+        "ai_edge_litert" (the builtin interpreter, no Flex delegate), or
+        "not run (needs the Flex delegate)" for a LiteRT file with Select
+        ops, which no Python runtime here can run.
       tolerance: The largest relative error accepted.
       max_abs_error: With a sample, the largest |artifact - model| over all
         outputs; None without one.
@@ -58,7 +60,7 @@ class ExportReport:
     worst_output: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (tuples become lists)."""
+        """The report as JSON-ready data (``json`` writes its tuples as lists)."""
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
