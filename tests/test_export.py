@@ -227,6 +227,17 @@ def test_multi_input_multi_output_order_is_kept(tmp_path):
         assert set(report.input_names) == {"a", "b"}
 
 
+def test_dict_outputs_are_named_in_flattened_order(tmp_path):
+    inputs = keras.Input((6,), name="x")
+    model = keras.Model(inputs, {"z_out": keras.layers.Dense(3, name="zeta")(inputs),
+                                 "a_out": keras.layers.Dense(1, name="alpha")(inputs)})
+    for fmt, name in (("litert", "m.tflite"), ("saved_model", "m")):
+        report = tf_mixed.export(model, str(tmp_path / name), format=fmt, sample=SAMPLE)
+        assert report.output_names == ("alpha", "zeta")
+        assert report.output_shapes == ((None, 1), (None, 3))
+        assert report.max_rel_error <= report.tolerance
+
+
 def test_sequential_with_nested_model(tmp_path):
     keras.config.set_dtype_policy("mixed_bfloat16")
     inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh")],
