@@ -183,32 +183,8 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
     created = _make_dirs(parent)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
-        saved_model = os.path.join(staging, "saved_model")
-        _write_saved_model(serving, specs, saved_model)
-        if format == "litert":
-            artifact = os.path.join(staging, "model.tflite")
-            content = _convert(saved_model, resolved == "float16_weights", model.name)
-            select_ops = _select_ops(content)
-            if select_ops and not allow_select_ops:
-                raise ValueError(
-                    f"The LiteRT file of model '{model.name}' needs TensorFlow Select "
-                    f"ops, which the builtin LiteRT interpreter cannot run: "
-                    f"{', '.join(select_ops)}. Pass allow_select_ops=True to write it "
-                    "anyway (it then needs the Flex delegate), or replace the layers "
-                    "that produce these ops.")
-            with open(artifact, "wb") as f:
-                f.write(content)
-            run, runtime = _litert_runner(artifact, bool(select_ops))
-            if run is None and sample is not None:
-                raise ValueError(
-                    "export() cannot check a LiteRT file with Select ops against "
-                    f"sample ({', '.join(select_ops)}): no Python LiteRT runtime here "
-                    "links the Flex delegate. Export without sample to write it "
-                    "unchecked, or replace the layers that produce these ops.")
-        else:
-            artifact, select_ops = saved_model, ()
-            run, runtime = _saved_model_runner(artifact)
-        got = run(sample if sample is not None else _zeros(specs)) if run else []
+        artifact, select_ops, runtime, got = _write_and_run(
+            serving, specs, staging, format, resolved, model.name, sample, allow_select_ops)
         errors = (None, None, None) if reference is None else _compare(
             reference, got, _output_names(model, len(reference)), tolerance, format, resolved)
         size = _size(artifact)
@@ -227,7 +203,7 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
         input_names=tuple(s.name for s in flat_specs),
         input_dtypes=tuple(s.dtype.name for s in flat_specs),
         input_shapes=tuple(tuple(s.shape) for s in flat_specs),
-        output_names=_output_names(model, len(got)),
+        output_names=_output_names(model, len(outputs)),
         output_dtypes=tuple("float32" if _is_float(o.dtype) else _dtype_name(o.dtype)
                             for o in outputs),
         output_shapes=tuple((None,) + tuple(o.shape[1:]) for o in outputs),
@@ -322,6 +298,44 @@ def _zeros(specs):
 
 
 # ------------------------------------------------------------- the artifact
+
+
+def _write_and_run(serving, specs, staging: str, format: str, precision: str, name: str,
+                   sample, allow_select_ops: bool):
+    """Writes the artifact into `staging` and runs it in its own runtime.
+
+    Returns:
+      ``(artifact path, select ops, runtime name, outputs)``: the outputs on
+      `sample` (on a batch of zeros without one; [] for a file no runtime
+      here can run).
+    """
+    saved_model = os.path.join(staging, "saved_model")
+    _write_saved_model(serving, specs, saved_model)
+    if format == "saved_model":
+        run, runtime = _saved_model_runner(saved_model)
+        return saved_model, (), runtime, run(sample if sample is not None else _zeros(specs))
+    artifact = os.path.join(staging, "model.tflite")
+    content = _convert(saved_model, precision == "float16_weights", name)
+    select_ops = _select_ops(content)
+    if select_ops and not allow_select_ops:
+        raise ValueError(
+            f"The LiteRT file of model '{name}' needs TensorFlow Select ops, which the "
+            f"builtin LiteRT interpreter cannot run: {', '.join(select_ops)}. Pass "
+            "allow_select_ops=True to write it anyway (it then needs the Flex "
+            "delegate), or replace the layers that produce these ops.")
+    with open(artifact, "wb") as f:
+        f.write(content)
+    litert_run, runtime = _litert_runner(artifact, bool(select_ops))
+    if litert_run is None:
+        if sample is not None:
+            raise ValueError(
+                "export() cannot check a LiteRT file with Select ops against sample "
+                f"({', '.join(select_ops)}): no Python LiteRT runtime here links the "
+                "Flex delegate. Export without sample to write it unchecked, or "
+                "replace the layers that produce these ops.")
+        return artifact, select_ops, runtime, []
+    return artifact, select_ops, runtime, litert_run(
+        sample if sample is not None else _zeros(specs))
 
 
 def _write_saved_model(serving, specs, directory: str) -> None:
