@@ -196,7 +196,8 @@ def test_float16_weights_file_is_smaller_and_runs_without_flex(tmp_path):
 
 
 def test_keras_own_litert_export_of_a_mixed_model_needs_flex(tmp_path):
-    """Design fact 16, the reason export rebuilds: fails once Keras fixes it."""
+    """Why export rebuilds in float32: Keras's own LiteRT file of a mixed model
+    needs Flex ops. Fails once Keras fixes it."""
     keras.config.set_dtype_policy("mixed_float16")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     keras.config.set_dtype_policy("float32")
@@ -336,7 +337,7 @@ def test_existing_artifact_is_replaced_whole(trained, tmp_path):
      r"cannot write precision='float16' \(it is a saved_model precision\).*float16_weights"),
     ({"precision": "float16_weights"}, r"it is a litert precision"),
     ({"precision": "fp8"}, r"the precisions are .*bfloat16"),
-    ({"tolerance": 0}, r"tolerance must be a positive finite number.*Received: tolerance=0"),
+    ({"tolerance": 0}, r"`tolerance` must be a positive finite number.*Received: tolerance=0"),
     ({"tolerance": float("nan")}, r"tolerance=nan"),
     ({"sample": np.ones((2, 5), "float32")}, r"sample has shape \(2, 5\).*'features'"),
     ({"sample": [SAMPLE, SAMPLE]}, r"sample does not have the structure"),

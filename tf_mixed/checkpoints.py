@@ -33,6 +33,7 @@ import keras
 import numpy as np
 
 from tf_mixed._facts import HALF_DTYPES
+from tf_mixed._facts import check_model_kind
 
 __all__ = ["load_weights", "save_weights"]
 
@@ -71,9 +72,7 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
         largest magnitude). Nothing is written then.
       TypeError: `model` is not a Keras model.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError("save_weights() needs a keras.Model. Received: "
-                        f"model={model!r} (of type {type(model).__name__})")
+    check_model_kind(model, "save_weights()", traced=False)
     if dtype not in SAVE_DTYPES:
         raise ValueError(f"save_weights() stores float variables in one of "
                          f"{', '.join(SAVE_DTYPES)}. Received: dtype={dtype!r}")
@@ -142,9 +141,7 @@ def load_weights(model: keras.Model, path: str | os.PathLike) -> None:
         first mismatch). The model is unchanged then.
       TypeError: `model` is not a Keras model.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError("load_weights() needs a keras.Model. Received: "
-                        f"model={model!r} (of type {type(model).__name__})")
+    check_model_kind(model, "load_weights()", traced=False)
     path = os.fspath(path)
     try:
         with np.load(path, allow_pickle=False) as archive:

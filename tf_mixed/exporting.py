@@ -43,8 +43,10 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import _validate
 from tf_mixed import rebuild as rebuild_module
 from tf_mixed._facts import EPSILON
+from tf_mixed._facts import check_model_kind
 from tf_mixed.export_report import ExportReport
 
 __all__ = ["export"]  # FORMATS, PRECISIONS, default_tolerance: module-level reference
@@ -141,10 +143,7 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
         artifact whose error exceeds `tolerance` (naming the worst output).
         Nothing is left at `path` in every case.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "export() needs a keras.Model. Received: "
-            f"model={model!r} (of type {type(model).__name__})")
+    check_model_kind(model, "export()", traced=False)
     if format not in FORMATS:
         raise ValueError(
             f"Unknown export format {format!r}. Use one of: {', '.join(FORMATS)}. "
@@ -157,15 +156,12 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
         raise ValueError(
             f"format={format!r} cannot write precision={precision!r} ({hint}). "
             f"Use one of: {', '.join(PRECISIONS[format])}.")
-    if tolerance is not None and not (
-            isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
-            and 0 < tolerance < float("inf")):
-        raise ValueError(
-            "tolerance must be a positive finite number (a relative error, "
-            f"such as 1e-3) or None for the default. Received: tolerance={tolerance!r}")
-    if not isinstance(allow_select_ops, bool):
-        raise TypeError(f"allow_select_ops must be True or False. Received: "
-                        f"allow_select_ops={allow_select_ops!r}")
+    if tolerance is not None:
+        tolerance = _validate.number(
+            tolerance, "tolerance", owner="export()", rule=lambda t: 0 < t < float("inf"),
+            valid="a positive finite number (a relative error, such as 1e-3) or None "
+                  "for the default")
+    _validate.boolean(allow_select_ops, "allow_select_ops", owner="export()")
     path = os.fspath(path)
 
     trained = rebuild_module.compute_dtype(model)

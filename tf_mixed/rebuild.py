@@ -29,7 +29,13 @@ from __future__ import annotations
 import keras
 
 from tf_mixed import _internals
-from tf_mixed._facts import FLOAT32_HEADS, FLOAT_POLICIES, HALF_DTYPES, walk_layers
+from tf_mixed._facts import HALF_DTYPES
+from tf_mixed._facts import check_model_kind
+from tf_mixed._facts import is_input_layer
+from tf_mixed._facts import model_inputs_and_outputs
+from tf_mixed._facts import FLOAT32_HEADS
+from tf_mixed._facts import FLOAT_POLICIES
+from tf_mixed._facts import walk_layers
 
 __all__ = ["compute_dtype", "is_graph_model", "rebuild"]
 
@@ -40,10 +46,7 @@ _TARGET_POLICY = {"float32": "float32", "float16": "float16", "bfloat16": "bfloa
 
 def is_graph_model(model) -> bool:
     """Whether `model` is a built Sequential or functional model."""
-    try:
-        return bool(model.inputs) and bool(model.outputs)
-    except (AttributeError, ValueError):
-        return False
+    return model_inputs_and_outputs(model)
 
 
 def compute_dtype(model) -> str:
@@ -60,7 +63,7 @@ def compute_dtype(model) -> str:
 def _target_policy(layer, target: str, trained_half: bool) -> str | None:
     """The policy name `layer` is rebuilt with, or None to keep its own."""
     name = getattr(layer.dtype_policy, "name", None)
-    if type(layer).__name__ in ("InputLayer",) + FLOAT32_HEADS:
+    if is_input_layer(layer) or type(layer).__name__ in FLOAT32_HEADS:
         return None
     if name not in FLOAT_POLICIES:
         return None  # an integer or quantized policy: not a compute choice
@@ -83,16 +86,15 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
       A new, uncompiled model with the same structure, names and weights.
 
     Raises:
-      TypeError: `model` is subclassed or not built (the message names the
-        kind and what to do).
+      TypeError: `model` is subclassed (the message names the class and
+        what to do).
+      ValueError: `model` is an unbuilt Sequential model.
     """
-    if not is_graph_model(model):
-        kind = ("an unbuilt Sequential model" if isinstance(model, keras.Sequential)
-                else f"the subclassed model '{model.name}' (class {type(model).__name__})")
-        raise TypeError(
-            f"tf_mixed cannot rebuild {kind} in another precision: its layers "
-            "are not a graph of layers it can re-create. Build a Sequential "
-            "model with a keras.Input, use a functional model, or export with "
+    check_model_kind(
+        model, "export()",
+        why_traced="its layers are created by Python code that tf_mixed cannot "
+                   "re-run in another precision",
+        fix="Use a Sequential or functional model, or export with "
             "precision='as_trained' to serve the model as it computes.")
     trained_half = compute_dtype(model) in HALF_DTYPES
 
