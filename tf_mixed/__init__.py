@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 # is the submodule itself (Keras-style aliases: tf_mixed.callbacks, ...).
 _EXPORTS = {
     "AuditReport": "auditing",
+    "CompensationConfig": "compensated",
     "ConversionNote": "conversion",
     "Enabled": "policy",
     "ExportReport": "export_report",
@@ -37,6 +38,7 @@ _EXPORTS = {
     "LossScaleMonitor": "callbacks",
     "LossScaleOptimizer": "loss_scale",
     "LossScaleState": "scale_state",
+    "MemoryReport": "memory",
     "MixedPrecisionWarning": "callbacks",
     "ModelCheckpoint": "checkpoint_callback",
     "OutputActivation": "layers",
@@ -44,6 +46,8 @@ _EXPORTS = {
     "ProbeReport": "probe_report",
     "audit": "auditing",
     "callbacks": "callbacks",
+    "compensate": "compensated",
+    "compensated": "compensated",
     "convert": "conversion",
     "disable": "policy",
     "distribute": "distribute",
@@ -55,6 +59,7 @@ _EXPORTS = {
     "load_weights": "checkpoints",
     "layers": "layers",
     "loss_scale_state": "loss_scale",
+    "memory_report": "memory",
     "policy_scope": "policy",
     "probe": "probing",
     "save_weights": "checkpoints",
@@ -70,6 +75,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
+    from tf_mixed import compensated
     from tf_mixed import distribute
     from tf_mixed import hardware
     from tf_mixed import launch
@@ -82,6 +88,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.callbacks import LossScaleFailure
     from tf_mixed.callbacks import LossScaleMonitor
     from tf_mixed.callbacks import MixedPrecisionWarning
+    from tf_mixed.compensated import CompensationConfig
+    from tf_mixed.compensated import compensate
     from tf_mixed.conversion import ConversionNote
     from tf_mixed.checkpoint_callback import ModelCheckpoint
     from tf_mixed.checkpoints import load_weights
@@ -96,6 +104,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.loss_scale import LossScaleOptimizer
     from tf_mixed.loss_scale import loss_scale_state
     from tf_mixed.loss_scale import wrap_optimizer
+    from tf_mixed.memory import MemoryReport
+    from tf_mixed.memory import memory_report
     from tf_mixed.policy import POLICY_NAMES
     from tf_mixed.policy import Enabled
     from tf_mixed.policy import disable
