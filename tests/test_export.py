@@ -109,7 +109,7 @@ def test_artifact_runs_in_its_own_runtime_and_matches(trained, tmp_path, policy,
 
     trained_dtype = keras.DTypePolicy(policy).compute_dtype
     assert report.trained_dtype == trained_dtype
-    expected = (exporting._AS_TRAINED[fmt][trained_dtype] if precision == "as_trained"
+    expected = (exporting.as_trained(fmt, trained_dtype) if precision == "as_trained"
                 else precision)
     assert report.precision == expected
     assert report.format == fmt and report.path == path

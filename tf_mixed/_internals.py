@@ -148,16 +148,6 @@ def no_automatic_dependency_tracking(fn: Callable) -> Callable:
     return tracking.no_automatic_dependency_tracking(fn)
 
 
-def lambda_output_shape(layer):
-    """The ``output_shape`` a ``Lambda`` layer was given (``_output_shape``).
-
-    Re-creating a Lambda from its in-memory ``function`` (its config refuses
-    a Python lambda in safe mode) needs the constructor's ``output_shape``,
-    which Keras keeps only privately. Keras 3.15.1.
-    """
-    return layer._output_shape
-
-
 # ------------------------------------------------------------------- TensorFlow
 
 _XLA_PROBE_MISSING = (

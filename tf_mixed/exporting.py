@@ -70,13 +70,16 @@ _DTYPES = {
     "bfloat16": ("bfloat16", "bfloat16"),
 }
 
-# "as_trained" per format and trained compute dtype. LiteRT's builtin ops
-# compute in float32, so a half-precision model's nearest LiteRT file is
-# float32 compute with float16 weights.
-_AS_TRAINED = {
-    "saved_model": {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"},
-    "litert": {"float32": "float32", "float16": "float16_weights", "bfloat16": "float16_weights"},
-}
+def as_trained(format: str, trained_dtype: str) -> str:
+    """The precision "as_trained" means for `format` and the model's compute dtype.
+
+    A SavedModel computes in the trained dtype; LiteRT's builtin ops compute
+    in float32, so a half-precision model's nearest LiteRT file is float32
+    compute with float16 weights.
+    """
+    if format == "litert" and trained_dtype != "float32":
+        return "float16_weights"
+    return trained_dtype
 
 # Default tolerance, in machine epsilons of the coarser dtype: rounding to
 # that dtype costs eps/2 per operation; 16 eps (4 bits of its mantissa)
@@ -165,7 +168,7 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
     path = os.fspath(path)
 
     trained = rebuild_module.compute_dtype(model)
-    resolved = _AS_TRAINED[format][trained] if precision == "as_trained" else precision
+    resolved = as_trained(format, trained) if precision == "as_trained" else precision
     tolerance = (default_tolerance(resolved, trained) if tolerance is None
                  else float(tolerance))
     serving = _serving_model(model, resolved, trained, precision)

@@ -39,10 +39,6 @@ from tf_mixed._facts import walk_layers
 
 __all__ = ["compute_dtype", "is_graph_model", "rebuild"]
 
-# The policy a rebuilt layer gets, by target compute dtype: the pure half
-# policies store their variables in half precision too (half-size artifacts).
-_TARGET_POLICY = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
 
 def is_graph_model(model) -> bool:
     """Whether `model` is a built Sequential or functional model."""
@@ -71,7 +67,9 @@ def _target_policy(layer, target: str, trained_half: bool) -> str | None:
         return "float32"
     if name == "float32" and trained_half:
         return None  # float32 on purpose in a half-precision model
-    return _TARGET_POLICY[target]
+    # The pure policy named like the dtype: variables in half precision too
+    # (half-size artifacts).
+    return target
 
 
 def rebuild(model: keras.Model, target: str | None) -> keras.Model:

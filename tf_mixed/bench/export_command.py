@@ -20,8 +20,8 @@ import time
 
 from absl import flags
 
-# One loader, one first-line rule and one atomic write for both model commands.
-from tf_mixed.bench.probe import _first_line, _load_model, _write
+from tf_mixed.bench import model_file
+from tf_mixed.bench.probe import _write  # one atomic write for both model commands
 
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
@@ -55,6 +55,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("output_dir", "tf_mixed_export", "Directory for the artifact and "
                         "export.json.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
+    model_file.define_flags(fv)
 
 
 def _error(message: str) -> int:
@@ -80,7 +81,7 @@ def _sample(fv, model):
                                           f"{', '.join(arrays.files) or 'none'})", "npz:PATH with an array x")
                 return arrays["x"][: fv.batch_size]
         except OSError as error:
-            raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz ({_first_line(error)})",
+            raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz ({model_file.first_line(error)})",
                                   "npz:PATH with an array x") from None
     shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else ()
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
-        model = _load_model(positionals[0])
+        model = model_file.load(positionals[0], fv.safe_mode, fv.custom_modules)
         sample = _sample(fv, model)
         created = report_module.check_output_dir(fv.output_dir)
         artifact = os.path.join(fv.output_dir, ARTIFACT_NAMES[fmt])
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
                                  allow_select_ops=fv.allow_select_ops)
     except (UsageError, ValueError, TypeError) as error:
         report_module.remove_if_created(fv.output_dir, created)
-        message = _first_line(error)
+        message = model_file.first_line(error)
         if "differs from the model on sample" in message:
             print(f"tf_mixed export: {message}", file=sys.stderr)
             return 1
