@@ -314,6 +314,7 @@ def test_keras_weight_decay_bypasses_assign_sub_until_routed():
     opt._apply_weight_decay([v])
     assert calls == [0.75 * 0.25] and float(v.numpy()) == 0.75
 
+
 def test_lambda_output_shape_and_run_through_graph():
     # Lambda._output_shape, Function._run_through_graph (Keras 3.15.1).
     shape = (lambda s: s)
