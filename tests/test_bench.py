@@ -179,6 +179,14 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     assert mixed["loss_scale"] is None  # bfloat16 needs no loss scaling
     md = (out / "results.md").read_text()
     assert "| float32 |" in md and report["policy_note"] in md and report["command"] in md
+    # What the mixed run leaves to serve: two LiteRT files, checked (issue 19).
+    assert report["results"][0]["serving"] is None
+    full, half = mixed["serving"]["float32"], mixed["serving"]["float16_weights"]
+    assert 0 < half["bytes"] < full["bytes"]
+    for figures in (full, half):
+        assert 0 <= figures["max_rel_error"] <= figures["tolerance"]
+    row = f"| mixed_bfloat16 | {full['bytes'] / 1024:,.1f} | {half['bytes'] / 1024:,.1f} |"
+    assert row in out_text and row in md
 
 
 def test_float16_custom_loop_mirrored_records_loss_scale(tmp_path, capsys):

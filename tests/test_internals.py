@@ -347,3 +347,7 @@ def test_container_hook_sees_built_functional_models_and_sequential_adds():
     assert ("hook_f", ["hook_in", "hook_d"]) in seen
     assert ("hook_s", ["hook_s1"]) in seen
 
+def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
+    layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
+    assert _internals.lambda_output_shape(layer) == (2,)
+    assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None

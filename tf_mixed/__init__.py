@@ -30,6 +30,7 @@ _EXPORTS = {
     "CompensationConfig": "compensated",
     "ConversionNote": "conversion",
     "Enabled": "policy",
+    "ExportReport": "export_report",
     "Finding": "auditing",
     "Float32Loss": "layers",
     "Float32Output": "layers",
@@ -40,6 +41,7 @@ _EXPORTS = {
     "LossScaleState": "scale_state",
     "MemoryReport": "memory",
     "MixedPrecisionWarning": "callbacks",
+    "ModelCheckpoint": "checkpoint_callback",
     "OutputActivation": "layers",
     "POLICY_NAMES": "policy",
     "ProbeReport": "probe_report",
@@ -51,14 +53,17 @@ _EXPORTS = {
     "disable": "policy",
     "distribute": "distribute",
     "enable": "policy",
+    "export": "exporting",
     "float32_loss": "layers",
     "hardware": "hardware",
     "launch": "launch",
+    "load_weights": "checkpoints",
     "layers": "layers",
     "loss_scale_state": "loss_scale",
     "memory_report": "memory",
     "policy_scope": "policy",
     "probe": "probing",
+    "save_weights": "checkpoints",
     "scale_state": "scale_state",
     "training": "training",
     "wrap_optimizer": "loss_scale",
@@ -88,7 +93,12 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.compensated import CompensationConfig
     from tf_mixed.compensated import compensate
     from tf_mixed.conversion import ConversionNote
+    from tf_mixed.checkpoint_callback import ModelCheckpoint
+    from tf_mixed.checkpoints import load_weights
+    from tf_mixed.checkpoints import save_weights
     from tf_mixed.conversion import convert
+    from tf_mixed.export_report import ExportReport
+    from tf_mixed.exporting import export
     from tf_mixed.layers import Float32Loss
     from tf_mixed.layers import Float32Output
     from tf_mixed.layers import OutputActivation

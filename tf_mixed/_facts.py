@@ -206,3 +206,8 @@ def model_outputs(model) -> list:
     except (AttributeError, ValueError):
         return []
     return list(keras.tree.flatten(outputs)) if outputs else []
+
+# Machine epsilon (the gap between 1 and the next float) of each float dtype:
+# 2**-(stored mantissa bits). `tf_mixed.export` derives its default parity
+# tolerances from these (tests/test_export.py checks them against NumPy).
+EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}

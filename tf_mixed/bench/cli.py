@@ -1,4 +1,4 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe] [flags]``.
+"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export] [flags]``.
 
     python -m tf_mixed                 same as ``bench`` with its defaults
     python -m tf_mixed bench --help    the bench's flags
@@ -7,6 +7,8 @@
     python -m tf_mixed check           prove the skip decision on this host's devices
     python -m tf_mixed probe MODEL     per-layer numerics of a saved model in half precision
     python -m tf_mixed rollback-cost   step time and memory of BatchNorm rollback (ResNet-18)
+    python -m tf_mixed export MODEL    a checked SavedModel or LiteRT file of a saved model
+    python -m tf_mixed litert-latency  float32 vs float16-weight LiteRT: size, parity, latency
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -33,6 +35,9 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
        python -m tf_mixed probe MODEL.keras [--dataset=SPEC]   (find the layer that breaks)
        python -m tf_mixed rollback-cost [--steps=N]   (what BatchNorm rollback costs)
+       python -m tf_mixed export MODEL.keras [--format=litert] [--precision=float32]
+                                 [--dataset=SPEC]   (serve what you trained)
+       python -m tf_mixed litert-latency [--model=cnn]   (float32 vs float16-weight LiteRT)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -218,9 +223,22 @@ def _rollback_cost(argv: list[str]) -> int:
     return rollback_cost.main(argv[1:])
 
 
+def _export(argv: list[str]) -> int:
+    from tf_mixed.bench import export_command
+
+    return export_command.main(argv)
+
+
+def _litert_latency(argv: list[str]) -> int:
+    from tf_mixed.bench import litert_latency
+
+    return litert_latency.main(argv[1:])
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
-    "rollback-cost": _rollback_cost,
+    "rollback-cost": _rollback_cost, "export": _export,
+    "litert-latency": _litert_latency,
 }
 
 

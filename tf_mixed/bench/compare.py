@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import quiet, report as report_module, run
+from tf_mixed.bench import quiet, report as report_module, run, serving
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.bench.errors import ChildFailed
 
@@ -90,6 +90,10 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         raise
     print()
     print(report_module.markdown_table(results))
+    serving_table = serving.markdown_table(results)
+    if serving_table:
+        print()
+        print(serving_table)
     print()
     print(note)
     print("Wrote " + ", ".join(paths))

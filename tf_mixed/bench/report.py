@@ -5,7 +5,9 @@ results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
 versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
 ``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it, plus
 ``ratio_to_float32`` (throughput, step time and peak-memory ratios, accuracy
-difference in points; absent when float32 was not run).
+difference in points; absent when float32 was not run). A mixed run's
+``serving`` holds the sizes and parity of its trained model's LiteRT files
+(`tf_mixed.bench.serving`; None for float32 runs and multi-worker runs).
 
 `write_outputs` writes every file into a temporary directory inside the
 output directory and moves them into place only when all are written, so a
@@ -23,6 +25,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from tf_mixed.bench import serving
 from tf_mixed.bench.errors import UsageError
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
@@ -100,6 +103,8 @@ def results_markdown(report: dict[str, Any]) -> str:
         report["policy_note"],
         "",
         markdown_table(report["results"]),
+        "",
+        serving.markdown_table(report["results"]),
         "",
     ])
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 import tf_mixed
 from tf_mixed import policy, training
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, train
+from tf_mixed.bench import models, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.bench.errors import UsageError
 
@@ -179,6 +179,10 @@ def run_policy(
         peak_gpu = _peak_gpu_mb()
         compute_dtype = model.dtype_policy.compute_dtype
         jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
+    # What the mixed run leaves to serve (tf_mixed.bench.serving); measured
+    # after the timings, so it costs none of them.
+    servable = compute_dtype != "float32" and config.strategy != "multiworker"
+    serving_figures = (serving.measure(model, next(iter(val_set))[0]) if servable else None)
 
     timed = recorder.step_times[warmup:]
     # A diverged run is a result too: non-finite losses are stored as None
@@ -230,6 +234,7 @@ def run_policy(
         },
         "model_params": int(model.count_params()),
         "dataset": bench_data.describe(),
+        "serving": serving_figures,
     }
     keras.backend.clear_session()
     return result
