@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 # is the submodule itself (Keras-style aliases: tf_mixed.callbacks, ...).
 _EXPORTS = {
     "AuditReport": "auditing",
+    "CensusReport": "step_census",
     "ConversionNote": "conversion",
     "Enabled": "policy",
     "Finding": "auditing",
@@ -42,6 +43,7 @@ _EXPORTS = {
     "ProbeReport": "probe_report",
     "audit": "auditing",
     "callbacks": "callbacks",
+    "census": "step_census",
     "convert": "conversion",
     "disable": "policy",
     "distribute": "distribute",
@@ -74,6 +76,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.auditing import AuditReport
     from tf_mixed.auditing import Finding
     from tf_mixed.auditing import audit
+    from tf_mixed.step_census import CensusReport
+    from tf_mixed.step_census import census
     from tf_mixed.callbacks import LossScaleFailure
     from tf_mixed.callbacks import LossScaleMonitor
     from tf_mixed.callbacks import MixedPrecisionWarning
