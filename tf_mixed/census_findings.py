@@ -16,7 +16,8 @@ doctor --measure` can apply the fix itself):
 * ``float64_input``: the data arrives as float64 and is cast in the step.
 * ``tile_misfit``: a half-precision layer's output width misses the tiles
   (`tf_mixed._facts.TILE_MULTIPLES`); model outputs are left out (their
-  width is the task's).
+  width is the task's). Automatic where ``tf_mixed.convert(..., pad_to=N)``
+  can pad it (`tf_mixed.padding`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tf_mixed import padding
 from tf_mixed._facts import HALF_DTYPES
 
 __all__ = ["CODES", "Finding", "find"]
@@ -163,5 +165,5 @@ def find(report, model) -> tuple[Finding, ...]:
             f"{misfit.value}, not a multiple of {misfit.multiple}: the last tile of "
             "every matmul runs partly empty.",
             fix, audited.get(("not_multiple_of_8", misfit.layer)),
-            automatic=attribute == "units"))
+            automatic=misfit.layer in padding.plan(model, misfit.multiple)))
     return tuple(found)
