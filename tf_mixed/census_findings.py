@@ -10,7 +10,9 @@ doctor --measure` can apply the fix itself):
 
 * ``float32_island``: matmul/conv ops of a layer compute in float32 in a
   half-precision model (an explicit float32 dtype, a keep_float32 rule, an
-  input arriving in float32, or XLA upcasting).
+  input arriving in float32, or XLA upcasting). A layer producing a model
+  output is left out: float32 there is usually deliberate, and audit's
+  ``explicit_float32`` lists it.
 * ``lambda_float32``: a Lambda computes in float32 (its matmuls, or casts
   of its half-precision input up to float32).
 * ``float64_input``: the data arrives as float64 and is cast in the step.
@@ -107,6 +109,8 @@ def find(report, model) -> tuple[Finding, ...]:
     found: list[Finding] = []
     lambdas: dict[str, list[str]] = {}
     for island in report.islands:
+        if island.output and island.reason != "lambda":
+            continue  # a float32 output layer is usually deliberate (audit lists it)
         flops = "" if island.flops is None else f", {island.flops:,} FLOPs per step"
         seen = (f"{island.ops} matmul/conv op(s) compute in {island.dtype}"
                 f"{flops}: {island.why}.")

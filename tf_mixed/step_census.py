@@ -103,6 +103,7 @@ class Island:
       compute: the layer's own compute dtype.
       ops: how many ops (forward and backward).
       flops: their FLOPs per step (None: a shape is unknown).
+      output: the layer produces a model output (often float32 on purpose).
     """
 
     layer: str
@@ -112,6 +113,7 @@ class Island:
     compute: str
     ops: int
     flops: int | None
+    output: bool = False
 
     @property
     def why(self) -> str:
@@ -156,7 +158,8 @@ class CensusReport:
 
     Attributes:
       model_name: the model's name.
-      policy: the policy most of its layers have.
+      policy: the half-precision policy most of its layers have (the most
+        common policy when none computes in half precision).
       source: "graph" (the traced TF graph) or "optimized_hlo" (XLA's).
       jit_compile: whether the step is compiled with XLA.
       batch_size: the batch the step was traced on.
@@ -260,7 +263,8 @@ class CensusReport:
             lines += ["", "Float32 islands:"] + _table(
                 [("layer", "class", "dtype", "ops", "FLOPs", "why")] + [
                     (i.layer, i.class_name, i.dtype, str(i.ops),
-                     "?" if i.flops is None else f"{i.flops:,}", i.why) for i in self.islands])
+                     "?" if i.flops is None else f"{i.flops:,}",
+                     i.why + (" (a model output)" if i.output else "")) for i in self.islands])
         if self.misfits:
             lines += ["", "Dimensions off the tiles:"] + _table(
                 [("layer", "class", "dtype", "dim", "value", "tile", "pad to")] + [
@@ -356,7 +360,7 @@ def census(model, x, y=None, *, loss=None, jit_compile: bool | None = None,
         flops=_flops(records),
         unknown_flops=sum(1 for r in records if r.is_compute and r.flops is None),
         casts=_casts(records, labels),
-        islands=_islands(records, labels, layers, policy, source),
+        islands=_islands(records, labels, layers, policy, source, outputs),
         misfits=_misfits(records, labels, layers, outputs),
         note=note,
     )
@@ -545,6 +549,11 @@ def _casts(records, labels) -> tuple[CastRow, ...]:
 
 
 def _policy(model, leaves) -> str:
+    """The half policy most layers have; the most common one if none is half.
+
+    A model with any layer computing in half precision is a half model: its
+    float32 layers are what the census looks for.
+    """
     counts: dict[str, int] = {}
     for _, layer in leaves:
         if type(layer).__name__ == "InputLayer":
@@ -552,17 +561,22 @@ def _policy(model, leaves) -> str:
         name = getattr(layer.dtype_policy, "name", None)
         if name:
             counts[name] = counts.get(name, 0) + 1
+    half = {n: c for n, c in counts.items() if _half_policy(n) is not None}
+    counts = half or counts
     if not counts:
         return model.dtype_policy.name
     return max(counts, key=lambda n: (counts[n], n == model.dtype_policy.name))
 
 
 def _half_policy(policy: str) -> str | None:
-    compute = keras.DTypePolicy(policy).compute_dtype
+    try:
+        compute = keras.DTypePolicy(policy).compute_dtype
+    except ValueError:  # a quantized policy's name, say
+        return None
     return compute if compute in HALF_DTYPES else None
 
 
-def _islands(records, labels, layers, policy, source) -> tuple[Island, ...]:
+def _islands(records, labels, layers, policy, source, outputs) -> tuple[Island, ...]:
     half = _half_policy(policy)
     if half is None:
         return ()
@@ -591,7 +605,8 @@ def _islands(records, labels, layers, policy, source) -> tuple[Island, ...]:
             reason = "float_input"
         flops = [r.flops for r in ops]
         islands.append(Island(name, type(layer).__name__, dtype, reason, compute, len(ops),
-                              None if None in flops else sum(flops)))  # type: ignore[arg-type]
+                              None if None in flops else sum(flops),  # type: ignore[arg-type]
+                              name in outputs))
     return tuple(islands)
 
 

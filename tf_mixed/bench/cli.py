@@ -1,4 +1,4 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe] [flags]``.
+"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|doctor] [flags]``.
 
     python -m tf_mixed                 same as ``bench`` with its defaults
     python -m tf_mixed bench --help    the bench's flags
@@ -7,6 +7,7 @@
     python -m tf_mixed check           prove the skip decision on this host's devices
     python -m tf_mixed probe MODEL     per-layer numerics of a saved model in half precision
     python -m tf_mixed rollback-cost   step time and memory of BatchNorm rollback (ResNet-18)
+    python -m tf_mixed doctor MODEL    why isn't it faster: census of the train step, fixes
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -33,6 +34,7 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
        python -m tf_mixed probe MODEL.keras [--dataset=SPEC]   (find the layer that breaks)
        python -m tf_mixed rollback-cost [--steps=N]   (what BatchNorm rollback costs)
+       python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--measure]   (why isn't it faster)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -194,6 +196,12 @@ def _probe(argv: list[str]) -> int:
     return probe.main(argv)
 
 
+def _doctor(argv: list[str]) -> int:
+    from tf_mixed.bench import doctor
+
+    return doctor.main(argv)
+
+
 def _rollback_cost(argv: list[str]) -> int:
     from tf_mixed.bench import rollback_cost
 
@@ -202,7 +210,7 @@ def _rollback_cost(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
-    "rollback-cost": _rollback_cost,
+    "rollback-cost": _rollback_cost, "doctor": _doctor,
 }
 
 

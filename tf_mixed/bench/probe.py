@@ -62,7 +62,12 @@ def _first_line(error: BaseException) -> str:
     return (text.splitlines()[0] if text else type(error).__name__)[:500]
 
 
-def _load_model(path: str):
+def load_model(path: str):
+    """A saved .keras model, with tf_mixed's layers registered (also for doctor).
+
+    Raises:
+        ValueError: No such file, or it does not load as a Keras model.
+    """
     import keras
 
     import tf_mixed.layers  # noqa: F401  registers tf_mixed's layers for loading
@@ -83,8 +88,12 @@ def _load_model(path: str):
     return model
 
 
-def _batches(fv, model):
-    """``(x, y)`` for `tf_mixed.probe`: arrays, or a dataset of batches."""
+def batches(fv, model):
+    """``(x, y)`` for `tf_mixed.probe` (and doctor): arrays, or a dataset of batches.
+
+    Reads ``fv.dataset``, ``fv.batch_size``, ``fv.batches``, ``fv.seed`` and
+    ``fv.data_dir``.
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -145,8 +154,8 @@ def main(argv: list[str]) -> int:
 
     start = time.perf_counter()
     try:
-        model = _load_model(positionals[0])
-        x, y = _batches(fv, model)
+        model = load_model(positionals[0])
+        x, y = batches(fv, model)
         loss = fv.loss or (getattr(model, "loss", None) if getattr(model, "compiled", False)
                            else None) or "sparse_categorical_crossentropy"
         report = tf_mixed.probe(model, x, y, loss=loss, policy=fv.policy or None,
