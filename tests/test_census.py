@@ -282,9 +282,11 @@ def test_mirrored_step_is_counted_per_replica(mirrored):
                              batch_size=16)
     with mirrored.scope():
         model = _mlp(middle_dtype="float32")
-        model.compile(optimizer="sgd", loss="mse")
-    report = tf_mixed.census(model, *_batch(), batch_size=16)
+    # Compiled (with Adam, whose slots fit builds before tracing) by census,
+    # in the model's strategy scope as fit would.
+    report = tf_mixed.census(model, *_batch(), loss="mse", batch_size=16)
     assert report.op_counts["MatMul"] == single.op_counts["MatMul"]
+    assert report.casts == single.casts
     assert [i.layer for i in report.islands] == ["d2"]
 
 

@@ -330,8 +330,19 @@ def census(model, x, y=None, *, loss=None, jit_compile: bool | None = None,
         `loss`, or data the model cannot take.
     """
     _check_arguments(model, loss, jit_compile, batch_size)
+    # fit compiles and runs the step in the model's strategy scope.
+    with model.distribute_strategy.scope():
+        return _census(model, x, y, loss, jit_compile, batch_size)
+
+
+def _census(model, x, y, loss, jit_compile, batch_size) -> CensusReport:
     if not model.compiled:
         model.compile(optimizer="adam", loss=loss)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        # fit builds the optimizer before its first trace under a strategy
+        # (slot variables cannot be created inside a replica's trace).
+        optimizer.build(model.trainable_variables)
     try:
         batch = _internals.fit_batch(x, y, batch_size)
     except (ValueError, TypeError) as error:
