@@ -318,3 +318,16 @@ def test_jit_compile_must_be_a_bool():
 def test_data_the_model_cannot_take():
     with pytest.raises(ValueError, match="cannot take the data"):
         tf_mixed.census(_mlp(), "not data", loss="mse")
+
+
+def test_the_layer_behind_a_float32_head_is_an_output_layer():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    inp = keras.Input((16,))
+    logits = keras.layers.Dense(10, name="logits")(keras.layers.Dense(32)(inp))
+    out = tf_mixed.layers.OutputActivation("softmax", name="probabilities")(logits)
+    model = keras.Model(inp, out)
+    report = tf_mixed.census(model, np.ones((16, 16), "float32"), np.zeros(16, "int32"),
+                             loss="sparse_categorical_crossentropy", batch_size=16)
+    misfit, = report.misfits
+    assert (misfit.layer, misfit.output) == ("logits", True)
+    assert report.findings == ()

@@ -51,6 +51,7 @@ import keras
 from tf_mixed import _internals
 from tf_mixed import hlo_ops
 from tf_mixed import step_ops
+from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import TILE_MULTIPLES
 from tf_mixed._facts import model_outputs
@@ -552,7 +553,11 @@ def _casts(records, labels) -> tuple[CastRow, ...]:
             key = (_label_of(labels, r.name), r.cast_from, r.dtype)
             groups.setdefault(key, []).append(r)
     rows = []
-    for (layer, source, target), casts in groups.items():
+    first = {}  # a layer's rows together, in the order the step meets them
+    for layer, _, _ in groups:
+        first.setdefault(layer, len(first))
+    for (layer, source, target), casts in sorted(groups.items(),
+                                                 key=lambda kv: first[kv[0][0]]):
         sizes = [c.cast_bytes for c in casts]
         rows.append(CastRow(layer, source, target, len(casts),
                             None if None in sizes else sum(sizes)))
@@ -622,14 +627,17 @@ def _islands(records, labels, layers, policy, source, outputs) -> tuple[Island, 
 
 
 def _output_layers(model, leaves) -> set[str]:
+    """Layers producing a model output (behind a float32 head: the layer it reads)."""
+    by_id = {id(layer): name for name, layer in leaves}
     found = set()
-    for tensor in model_outputs(model):
-        history = _internals.keras_history(tensor)
-        if history is None:
+    tensors = list(model_outputs(model))
+    while tensors:
+        history = _internals.keras_history(tensors.pop())
+        if history is None or id(history.operation) not in by_id:
             continue
-        for name, layer in leaves:
-            if layer is history.operation:
-                found.add(name)
+        found.add(by_id[id(history.operation)])
+        if type(history.operation).__name__ in FLOAT32_HEADS:
+            tensors.extend(_internals.call_inputs(history.operation))
     return found
 
 

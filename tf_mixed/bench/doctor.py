@@ -245,6 +245,7 @@ def _measure(fv, model, report, x, y) -> dict:
     paths = {"before": (model, _dataset(x, y, fv.batch_size, False)),
              "after": (fixed, _dataset(x, y, fv.batch_size, cast))}
     times: dict[str, list[float]] = {name: [] for name in paths}
+    rounds: dict[str, list[float]] = {name: [] for name in paths}
     with tf_mixed.policy_scope(report.policy):  # float16 on a CPU: remapping off
         for name, (m, data) in paths.items():
             if fv.warmup_steps:
@@ -255,12 +256,14 @@ def _measure(fv, model, report, x, y) -> dict:
                 m.fit(data, epochs=1, steps_per_epoch=fv.steps, verbose=0, shuffle=False,
                       callbacks=[timer])
                 times[name] += timer.times
+                rounds[name].append(1000 * statistics.median(timer.times))
     before, after = (1000 * statistics.median(times[n]) for n in ("before", "after"))
     return {
         "applied": applied,
         "policy": report.policy,
         "rounds": fv.rounds,
         "timed_steps": {n: len(t) for n, t in times.items()},
+        "round_medians_ms": rounds,
         "before_step_ms": before,
         "after_step_ms": after,
         "speedup": before / after,
@@ -277,4 +280,8 @@ def measured_text(measured: dict) -> str:
         "  applied: " + "; ".join(measured["applied"]),
         f"  before {measured['before_step_ms']:.2f} ms, after {measured['after_step_ms']:.2f} ms: "
         f"{measured['speedup']:.2f}x",
+        "  per round: " + ", ".join(
+            f"{b:.1f}/{a:.1f}" for b, a in zip(measured["round_medians_ms"]["before"],
+                                               measured["round_medians_ms"]["after"]))
+        + " ms (before/after)",
     ])
