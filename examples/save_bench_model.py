@@ -14,8 +14,7 @@ width off the tiles). The images are the bench's default ``shapes`` data
 """
 
 import keras
-from absl import app
-from absl import flags
+from absl import app, flags
 from keras import layers
 
 import tf_mixed

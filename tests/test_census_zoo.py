@@ -2,8 +2,7 @@
 
 import keras
 import pytest
-from zoo import ZOO
-from zoo import reloaded_model
+from zoo import ZOO, reloaded_model
 
 import tf_mixed
 from tf_mixed._facts import walk_layers

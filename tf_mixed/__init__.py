@@ -76,8 +76,6 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.auditing import AuditReport
     from tf_mixed.auditing import Finding
     from tf_mixed.auditing import audit
-    from tf_mixed.step_census import CensusReport
-    from tf_mixed.step_census import census
     from tf_mixed.callbacks import LossScaleFailure
     from tf_mixed.callbacks import LossScaleMonitor
     from tf_mixed.callbacks import MixedPrecisionWarning
@@ -99,6 +97,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.probe_report import ProbeReport
     from tf_mixed.scale_state import LossScaleConfig
     from tf_mixed.scale_state import LossScaleState
+    from tf_mixed.step_census import CensusReport
+    from tf_mixed.step_census import census
 
 
 def __getattr__(name: str) -> Any:

@@ -139,9 +139,9 @@ def find(report, model) -> tuple[Finding, ...]:
                 and row.source in HALF_DTYPES):
             lambdas.setdefault(row.layer, []).append(
                 f"{row.count} cast(s) of its {row.source} input up to float32 per step.")
-    for name, seen in lambdas.items():
+    for name, parts in lambdas.items():
         found.append(_finding(
-            "lambda_float32", name, f"Lambda computes in float32: {' '.join(seen)}",
+            "lambda_float32", name, f"Lambda computes in float32: {' '.join(parts)}",
             f"compute in the Lambda's input dtype (drop the cast to 'float32'; use "
             f"x.dtype for constants), or move the math into a layer, which Keras runs "
             f"in {report.policy}."))

@@ -100,7 +100,8 @@ def read_hlo(text: str) -> list[OpRecord]:
                 records.append(OpRecord(name, "convert", dtype, cast_from=source,
                                         elements=elements))
             continue
-        flops, dims = 0, ()
+        flops: int | None = 0
+        dims: tuple = ()
         if opcode == "dot":
             flops, dims = _dot(match["rest"], operands, shapes, shape)
         elif opcode == "convolution":

@@ -48,14 +48,14 @@ from typing import Any
 
 import keras
 
-from tf_mixed import _internals
-from tf_mixed import hlo_ops
-from tf_mixed import step_ops
-from tf_mixed._facts import FLOAT32_HEADS
-from tf_mixed._facts import HALF_DTYPES
-from tf_mixed._facts import TILE_MULTIPLES
-from tf_mixed._facts import model_outputs
-from tf_mixed._facts import walk_layers
+from tf_mixed import _internals, hlo_ops, step_ops
+from tf_mixed._facts import (
+    FLOAT32_HEADS,
+    HALF_DTYPES,
+    TILE_MULTIPLES,
+    model_outputs,
+    walk_layers,
+)
 
 __all__ = ["CastRow", "CensusReport", "Island", "Misfit", "census"]
 
@@ -353,9 +353,9 @@ def _census(model, x, y, loss, jit_compile, batch_size) -> CensusReport:
             f"of (x, y) batches. Received: x of type {type(x).__name__}") from None
     jit = bool(model.jit_compile) if jit_compile is None else jit_compile
     leaves = [(n, layer) for n, layer in walk_layers(model) if not isinstance(layer, keras.Model)]
-    graph, hlo, note = _trace(model, batch, jit, leaves)
+    graph, scopes, hlo, note = _trace(model, batch, jit)
     records = step_ops.read_graph(graph, skip_scope=_other_replica)
-    labels = _labels(records, _scopes_of(graph.scopes), _optimizer_names(model))
+    labels = _labels(records, _scopes_of(scopes), _optimizer_names(model))
     source = "graph"
     if hlo is not None:
         records, source = hlo, "optimized_hlo"
@@ -414,18 +414,17 @@ def _check_arguments(model, loss, jit_compile, batch_size) -> None:
             f"you want. Received: loss={loss!r}")
 
 
-def _trace(model, batch, jit: bool, leaves):
-    """(graph with .scopes, HLO records or None, note) for one step."""
+def _trace(model, batch, jit: bool):
+    """(graph, {name scope: layer name}, HLO records or None, note) of one step."""
     import tensorflow as tf
 
-    saved = model._jit_compile if hasattr(model, "_jit_compile") else None
+    saved = bool(model.jit_compile)
+    step: Any
     try:
-        if jit != bool(model.jit_compile):
-            model.jit_compile = jit
+        model.jit_compile = jit  # the step is made with the model's setting
         step, traced = _internals.keras_train_step(model)
     finally:
-        if saved is not None or hasattr(model, "_jit_compile"):
-            model._jit_compile = saved
+        model.jit_compile = saved
     note = ""
     if not traced:  # run_eagerly: the same ops, traced here to be read
         step = tf.function(step, jit_compile=jit)
@@ -433,8 +432,6 @@ def _trace(model, batch, jit: bool, leaves):
     named = [(model.name, model)] + [(n, layer) for n, layer in walk_layers(model)]
     with _internals.recording_layer_scopes(named) as scopes:
         concrete = step.get_concrete_function(batch)
-    graph = concrete.graph
-    graph.scopes = dict(scopes)  # type: ignore[attr-defined]
     hlo = None
     if jit:
         try:
@@ -444,7 +441,7 @@ def _trace(model, batch, jit: bool, leaves):
             note = ("XLA's optimized HLO is unavailable here "
                     f"({type(error).__name__}: {_first_line(error)}); the traced graph "
                     "was read instead, so XLA's own dtype changes are not seen.")
-    return graph, hlo, note
+    return concrete.graph, dict(scopes), hlo, note
 
 
 def _other_replica(name: str) -> bool:
@@ -553,7 +550,7 @@ def _casts(records, labels) -> tuple[CastRow, ...]:
             key = (_label_of(labels, r.name), r.cast_from, r.dtype)
             groups.setdefault(key, []).append(r)
     rows = []
-    first = {}  # a layer's rows together, in the order the step meets them
+    first: dict[str, int] = {}  # a layer's rows together, in the order the step meets them
     for layer, _, _ in groups:
         first.setdefault(layer, len(first))
     for (layer, source, target), casts in sorted(groups.items(),

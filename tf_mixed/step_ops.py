@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["COMPUTE_KINDS", "OpRecord", "read_graph", "itemsize"]
+__all__ = ["COMPUTE_KINDS", "OpRecord", "itemsize", "read_graph"]
 
 # Op types that move or hold data without computing on it: not counted.
 _BOOKKEEPING = frozenset({
@@ -107,7 +108,7 @@ def _op_dtype(op) -> str:
     return "other"
 
 
-def _shape(tensor) -> list[int | None] | None:
+def _shape(tensor) -> Any:  # a list of int | None, or None for an unknown rank
     if tensor.shape.rank is None:
         return None
     return list(tensor.shape.as_list())
@@ -130,7 +131,7 @@ def _flops(op) -> tuple[int | None, tuple]:
         except ValueError:
             adjoint = False
         k = a[-2] if adjoint else a[-1]
-        return 2 * math.prod(out) * k, (("n", out[-1]), ("k", k))
+        return 2 * _prod(out) * k, (("n", out[-1]), ("k", k))
     if kind == "einsum":
         return _einsum_flops(op.get_attr("equation").decode(), op.inputs, out)
     if kind in ("conv", "depthwise"):
@@ -141,10 +142,14 @@ def _flops(op) -> tuple[int | None, tuple]:
         grad, filt = _shape(op.inputs[2]), out
     if not _known(grad, filt):
         return None, ()
-    if kind.startswith("depthwise"):
-        per_output = math.prod(filt[:-2])
-        return 2 * math.prod(grad) * per_output, (("n", filt[-2] * filt[-1]), ("k", filt[-2]))
-    return 2 * math.prod(grad) * math.prod(filt[:-1]), (("n", filt[-1]), ("k", filt[-2]))
+    if kind.startswith("depthwise"):  # per channel: no matrix tile to fill
+        return 2 * _prod(grad) * _prod(filt[:-2]), ()
+    return 2 * _prod(grad) * _prod(filt[:-1]), (("n", filt[-1]), ("k", filt[-2]))
+
+
+def _prod(shape) -> int:
+    """The product of a fully known shape's dimensions."""
+    return math.prod(int(d) for d in shape)
 
 
 def _einsum_flops(equation: str, inputs, out) -> tuple[int | None, tuple]:
@@ -165,15 +170,15 @@ def _einsum_flops(equation: str, inputs, out) -> tuple[int | None, tuple]:
     contracted = [c for c in sizes if c not in result]
     if not _known(out) or any(sizes[c] is None for c in contracted):
         return None, ()
-    k = math.prod(sizes[c] for c in contracted)  # type: ignore[misc]
-    return 2 * math.prod(out) * k, (("n", out[-1]), ("k", k))
+    k = _prod(sizes[c] for c in contracted)
+    return 2 * _prod(out) * k, (("n", out[-1]), ("k", k))
 
 
 def _elements(op) -> int | None:
     if not op.outputs:
         return None
     shape = _shape(op.outputs[0])
-    return math.prod(shape) if _known(shape) else None  # type: ignore[arg-type]
+    return _prod(shape) if _known(shape) else None
 
 
 def _record(op) -> OpRecord:
