@@ -6,6 +6,7 @@ by hand in each test.
 """
 
 import pathlib
+import re
 
 import keras
 import numpy as np
@@ -254,8 +255,12 @@ def test_hlo_text_recorded_from_xla():
     assert "gradient_tape/tiny_1/head_1/MatMul/MatMul_1" in names
     casts = [r for r in records if r.cast_from is not None]
     kernel = [r for r in casts if r.name == "tiny_1/hidden_1/Cast/Cast"]
+    # Keras's cast of the 12x8 kernel to float16, and the convert XLA adds
+    # (no metadata of its own: named after its operand) back to float32.
     assert [(r.cast_from, r.dtype, r.elements, r.cast_bytes) for r in kernel] == [
-        ("float32", "float16", 96, 96 * 6)]
+        ("float32", "float16", 96, 96 * 6), ("float16", "float32", 96, 96 * 6)]
+    hlo_names = [r.name for r in dots + casts if re.fullmatch(r"[\w\-]+\.\d+", r.name)]
+    assert hlo_names == []  # every dot and convert traced back to a TF op
 
 
 def test_hlo_parser_on_a_convolution_line():

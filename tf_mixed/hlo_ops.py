@@ -44,6 +44,48 @@ _INSTRUCTION = re.compile(
     r"(?P<opcode>[a-z][\w\-]*)\((?P<operands>[^)]*)\)(?P<rest>.*)$")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
+_PARAMETER = re.compile(r"^\s*(\d+)")
+
+
+def _origins(parsed) -> dict[str, str]:
+    """HLO name -> the TF op it came from (``op_name``), inherited where XLA added it.
+
+    An instruction without metadata (a ``convert`` XLA put in front of a
+    ``dot``, a fused computation's parameter) takes its origin from its first
+    operand that has one; a fused computation's parameter i from operand i
+    of the ``fusion`` calling it.
+    """
+    origin: dict[str, str] = {}
+    callers: dict[str, list[str]] = {}  # computation -> the caller's operands
+    for match, _, _ in parsed:
+        found = _OP_NAME.search(match["rest"])
+        if found:
+            origin[match["name"]] = found.group(1)
+        called = _CALLS.search(match["rest"])
+        if called:
+            callers.setdefault(called.group(1), _OPERAND.findall(match["operands"]))
+    for _ in range(32):  # to a fixed point: origins flow along operands
+        changed = False
+        for match, _, computation in parsed:
+            name = match["name"]
+            if name in origin:
+                continue
+            if match["opcode"] == "parameter":
+                index = _PARAMETER.match(match["operands"])
+                sources = callers.get(computation, [])
+                candidates = ([sources[int(index.group(1))]]
+                              if index and int(index.group(1)) < len(sources) else [])
+            else:
+                candidates = _OPERAND.findall(match["operands"])
+            inherited = next((origin[c] for c in candidates if c in origin), None)
+            if inherited is not None:
+                origin[name] = inherited
+                changed = True
+        if not changed:
+            break
+    return origin
 
 
 def _dims(text: str) -> list[int]:
@@ -66,32 +108,38 @@ def read_hlo(text: str) -> list[OpRecord]:
       One record per array-valued instruction that computes (fusion
       wrappers, parameters, constants, reshapes and the like are left out;
       the instructions inside fused computations are counted). The record's
-      name is the TF op the instruction came from (its ``op_name``), or the
-      HLO name when it has none.
+      name is the TF op the instruction came from (its ``op_name``; for an
+      instruction XLA added without one, its first operand's), or the HLO
+      name when none is known.
 
     Raises:
       ValueError: `text` holds no HLO instruction.
     """
     shapes: dict[str, tuple[str, list[int]]] = {}
     parsed = []
+    computation = ""
     for line in text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header is not None:
+            computation = header.group(1)
+            continue
         match = _INSTRUCTION.match(line)
         if match is None:
             continue
         shape = _dims(match["dims"])
         shapes[match["name"]] = (match["type"], shape)
-        parsed.append((match, shape))
+        parsed.append((match, shape, computation))
     if not parsed:
         raise ValueError("the text holds no HLO instruction (expected lines such as "
                          "'%dot.1 = f32[8,16]{1,0} dot(%a, %b), ...')")
+    origin = _origins(parsed)
     records = []
-    for match, shape in parsed:
+    for match, shape, _ in parsed:
         opcode = match["opcode"]
+        operands = _OPERAND.findall(match["operands"])
         if opcode in _BOOKKEEPING:
             continue
-        operands = _OPERAND.findall(match["operands"])
-        op_name = _OP_NAME.search(match["rest"])
-        name = op_name.group(1) if op_name else match["name"]
+        name = origin.get(match["name"], match["name"])
         dtype = HLO_DTYPES.get(match["type"], "other")
         elements = math.prod(shape)
         if opcode == "convert":
