@@ -74,7 +74,7 @@ def test_measure_times_both_models(tmp_path, capsys):
     measured = json.loads((out / "doctor.json").read_text())["measured"]
     assert measured["timed_steps"] == {"before": 4, "after": 4}
     assert len(measured["applied"]) == 2
-    for key in ("before_step_ms", "after_step_ms", "speedup"):
+    for key in ("before_step_ms", "after_step_ms", "speedup", "round_speedup_median"):
         assert math.isfinite(measured[key]) and measured[key] > 0
     assert "Measured (median fit step" in capsys.readouterr().out
 
