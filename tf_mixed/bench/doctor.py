@@ -24,10 +24,11 @@ import json
 import os
 import shlex
 import statistics
-import sys
 import time
 
 from absl import flags
+
+from tf_mixed.bench import model_command
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
        [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
@@ -70,13 +71,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"tf_mixed doctor: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
+    return model_command.error("doctor", message)
 
 
 def _policy(name: str) -> str:
@@ -130,20 +125,11 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
-        print(USAGE)
-        print(fv.get_help())
-        return 0
-    try:
-        positionals = fv(argv)[1:]
-    except flags.Error as error:
-        return _error(str(error))
-    if len(positionals) != 1:
-        return _error("expected exactly one MODEL argument, the path of a saved .keras "
-                      f"model. Received: {positionals}")
-    for name in ("batch_size", "batches", "steps", "rounds"):
-        if getattr(fv, name) < 1:
-            return _error(f"--{name}={getattr(fv, name)}: must be at least 1.")
+    parsed = model_command.parse("doctor", argv, fv, USAGE,
+                                 ("batch_size", "batches", "steps", "rounds"))
+    if isinstance(parsed, int):
+        return parsed
+    positionals = [parsed]
     if fv.warmup_steps < 0:
         return _error(f"--warmup_steps={fv.warmup_steps}: must be at least 0.")
 
@@ -159,7 +145,7 @@ def main(argv: list[str]) -> int:
                                  batch_size=fv.batch_size)
         measured = _measure(fv, model, report, x, y) if fv.measure else None
     except (UsageError, ValueError, TypeError) as error:
-        return _error(_first_line(error))
+        return _error(model_command.first_line(error))
     seconds = time.perf_counter() - start
 
     record = {
@@ -174,10 +160,8 @@ def main(argv: list[str]) -> int:
     text = json.dumps(record, indent=2)
     # Everything is computed: only now touch the output directory.
     os.makedirs(fv.output_dir, exist_ok=True)
-    partial = os.path.join(fv.output_dir, "doctor.json.partial")
-    with open(partial, "w") as f:
-        f.write(text + "\n")
-    os.replace(partial, os.path.join(fv.output_dir, "doctor.json"))
+    model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
+                                   (text + "\n").encode())
     print(report)
     if measured is not None:
         print()
@@ -282,9 +266,9 @@ def measured_text(measured: dict) -> str:
     return "\n".join([
         "Measured (median fit step, " + f"{measured['rounds']} alternating rounds):",
         "  applied: " + "; ".join(measured["applied"]),
-        f"  before {measured['before_step_ms']:.2f} ms, after {measured['after_step_ms']:.2f} ms: "
-        f"{measured['speedup']:.2f}x (median of the rounds' ratios "
-        f"{measured['round_speedup_median']:.2f}x)",
+        (f"  before {measured['before_step_ms']:.2f} ms, after "
+         f"{measured['after_step_ms']:.2f} ms: {measured['speedup']:.2f}x (median of the "
+         f"rounds' ratios {measured['round_speedup_median']:.2f}x)"),
         "  per round: " + ", ".join(
             f"{b:.1f}/{a:.1f}" for b, a in zip(measured["round_medians_ms"]["before"],
                                                measured["round_medians_ms"]["after"]))

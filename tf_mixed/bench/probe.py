@@ -17,6 +17,8 @@ import time
 
 from absl import flags
 
+from tf_mixed.bench import model_command
+
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
 USAGE = """usage: python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [--batch_size=32]
@@ -53,13 +55,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"tf_mixed probe: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
+    return model_command.error("probe", message)
 
 
 def load_model(path: str):
@@ -82,7 +78,7 @@ def load_model(path: str):
         except Exception as error:  # any load failure is bad input here
             raise ValueError(
                 f"MODEL={path!r} cannot be loaded as a Keras model "
-                f"({type(error).__name__}: {_first_line(error)})") from None
+                f"({type(error).__name__}: {model_command.first_line(error)})") from None
     if not isinstance(model, keras.Model):
         raise ValueError(f"MODEL={path!r} holds a {type(model).__name__}, not a Keras model.")
     return model
@@ -107,7 +103,7 @@ def batches(fv, model):
             arrays = np.load(path)
         except Exception as error:  # missing or not an npz file
             raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz "
-                                  f"({type(error).__name__}: {_first_line(error)})",
+                                  f"({type(error).__name__}: {model_command.first_line(error)})",
                                   "npz:PATH with arrays x and y") from None
         missing = [k for k in ("x", "y") if k not in arrays.files]
         if missing:
@@ -134,20 +130,10 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
-        print(USAGE)
-        print(fv.get_help())
-        return 0
-    try:
-        positionals = fv(argv)[1:]
-    except flags.Error as error:
-        return _error(str(error))
-    if len(positionals) != 1:
-        return _error("expected exactly one MODEL argument, the path of a saved .keras "
-                      f"model. Received: {positionals}")
-    for name in ("batch_size", "batches"):
-        if getattr(fv, name) < 1:
-            return _error(f"--{name}={getattr(fv, name)}: must be at least 1.")
+    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"))
+    if isinstance(parsed, int):
+        return parsed
+    positionals = [parsed]
 
     import tf_mixed
     from tf_mixed.bench.errors import UsageError
@@ -162,7 +148,7 @@ def main(argv: list[str]) -> int:
                                 batches=fv.batches,
                                 half_gradients=_HALF_GRADIENTS[fv.half_gradients])
     except (UsageError, ValueError, TypeError) as error:
-        return _error(_first_line(error))
+        return _error(model_command.first_line(error))
     seconds = time.perf_counter() - start
 
     record = {
@@ -183,17 +169,10 @@ def main(argv: list[str]) -> int:
               "(pip install matplotlib)", file=sys.stderr)
     # Everything is computed: only now touch the output directory.
     os.makedirs(fv.output_dir, exist_ok=True)
-    _write(os.path.join(fv.output_dir, "probe.json"), text.encode())
+    model_command.write_atomically(os.path.join(fv.output_dir, "probe.json"), text.encode())
     if png is not None:
-        _write(os.path.join(fv.output_dir, "probe.png"), png)
+        model_command.write_atomically(os.path.join(fv.output_dir, "probe.png"), png)
     print(report)
     print(f"\nProbed in {seconds:.1f} s; wrote {fv.output_dir}/probe.json"
           + (" and probe.png" if png is not None else ""))
     return 0
-
-
-def _write(path: str, data: bytes) -> None:
-    partial = path + ".partial"
-    with open(partial, "wb") as f:
-        f.write(data)
-    os.replace(partial, path)
