@@ -45,17 +45,9 @@ _JIT = {"auto": None, "true": True, "false": False}
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import data
-
-    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x and y.",
-                        flag_values=fv)
-    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
-    flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
-    flags.DEFINE_integer("batches", 4, "Distinct batches --measure cycles through.", flag_values=fv)
+    model_command.define_data_flags(fv, 4, "Distinct batches --measure cycles through.")
     flags.DEFINE_string("policy", "", "Census the model converted to this policy (default: the "
                         "model's own).", flag_values=fv)
-    flags.DEFINE_string("loss", "", "Keras loss name (default: the saved model's compiled loss, "
-                        "else sparse_categorical_crossentropy).", flag_values=fv)
     flags.DEFINE_enum("jit_compile", "auto", list(_JIT),
                       "Census the step compiled with XLA (true), without (false), or as the "
                       "model is compiled (auto).", flag_values=fv)
@@ -67,7 +59,6 @@ def _define_flags(fv: flags.FlagValues) -> None:
                          flag_values=fv)
     flags.DEFINE_string("output_dir", "tf_mixed_doctor", "Directory for doctor.json.",
                         flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
 
 
 def _error(message: str) -> int:

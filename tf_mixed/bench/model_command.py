@@ -13,6 +13,22 @@ import sys
 from absl import flags
 
 
+def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> None:
+    """The flags naming the data, the batches and the loss (what `batches` of
+    `tf_mixed.bench.probe` reads): --dataset, --data_dir, --batch_size,
+    --batches, --loss, --seed."""
+    from tf_mixed.bench import data
+
+    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x and y.",
+                        flag_values=fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
+    flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
+    flags.DEFINE_integer("batches", batches, batches_help, flag_values=fv)
+    flags.DEFINE_string("loss", "", "Keras loss name (default: the saved model's compiled loss, "
+                        "else sparse_categorical_crossentropy).", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
+
+
 def error(command: str, message: str) -> int:
     """Prints ``tf_mixed COMMAND: error: MESSAGE`` on stderr; returns status 2."""
     print(f"tf_mixed {command}: error: {message}", file=sys.stderr)

@@ -33,20 +33,11 @@ goes non-finite with the keep_float32 fix; and a recommended loss scale.
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import data
-
-    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x and y.",
-                        flag_values=fv)
-    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
-    flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
-    flags.DEFINE_integer("batches", 1, "Batches to measure.", flag_values=fv)
+    model_command.define_data_flags(fv, 1, "Batches to measure.")
     flags.DEFINE_string("policy", "", "mixed_float16 or mixed_bfloat16 (default: the model's own "
                         "half dtype, else mixed_float16).", flag_values=fv)
-    flags.DEFINE_string("loss", "", "Keras loss name (default: the saved model's compiled loss, "
-                        "else sparse_categorical_crossentropy).", flag_values=fv)
     flags.DEFINE_string("output_dir", "tf_mixed_probe", "Directory for probe.json and probe.png.",
                         flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
     flags.DEFINE_enum("half_gradients", "auto", list(_HALF_GRADIENTS),
                       "Output gradients at the current loss scale: measured in a half-precision "
                       "backward pass, or predicted from float32 (auto: predicted for float16 on "
