@@ -336,3 +336,34 @@ def test_the_layer_behind_a_float32_head_is_an_output_layer():
     misfit, = report.misfits
     assert (misfit.layer, misfit.output) == ("logits", True)
     assert report.findings == ()
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__(name="sub")
+        self.hidden = keras.layers.Dense(40, name="hidden")
+        self.head = keras.layers.Dense(3, name="head")
+
+    def call(self, x):
+        return self.head(self.hidden(x))
+
+
+def test_subclassed_model_layers_and_its_output_found_from_the_graph():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = _Subclassed()
+    model(np.ones((2, 16), "float32"))
+    report = tf_mixed.census(model, *_batch(), loss="mse", batch_size=16)
+    # No symbolic outputs: 'head' is the output because the loss reads it.
+    assert [(f.code, f.layer) for f in report.findings] == [("tile_misfit", "hidden")]
+    # The input's cast belongs to the layer reading it, as in a functional model.
+    assert _casts(report)[("hidden", "float32", "bfloat16")] == 3
+
+
+def test_run_eagerly_model_is_traced_and_says_so():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = _mlp()
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    report = tf_mixed.census(model, *_batch(), batch_size=16)
+    assert "run_eagerly=True" in report.note
+    assert report.casts_per_step == tf_mixed.census(
+        _mlp(), *_batch(), loss="mse", batch_size=16).casts_per_step

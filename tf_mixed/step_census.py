@@ -361,7 +361,7 @@ def _census(model, x, y, loss, jit_compile, batch_size) -> CensusReport:
         records, source = hlo, "optimized_hlo"
     layers = dict(leaves)
     policy = _policy(model, leaves)
-    outputs = _output_layers(model, leaves)
+    outputs = _output_layers(model, leaves) | _loss_readers(records, labels, layers)
     report = CensusReport(
         model_name=model.name,
         policy=policy,
@@ -501,11 +501,12 @@ def _labels(records, scopes, optimizers) -> dict[str, str]:
                 found = LOSS
             elif any(_matches(p, optimizers) for p in parts):
                 found = OPTIMIZER
-            elif found is not None and depth < 8:  # Keras's cast in front of a layer
-                found = next((label(c, depth + 1) for c in consumers.get(name, ())
-                              if label(c, depth + 1) not in (MODEL, STEP)), MODEL)
-            else:
-                found = found and MODEL or STEP
+            else:  # Keras's cast in front of a layer: the layer that reads it
+                outside = MODEL if found is not None else STEP
+                readers = consumers.get(name, ()) if depth < 8 else ()
+                found = next((label(c, depth + 1) for c in readers
+                              if label(c, depth + 1) not in (MODEL, STEP, LOSS, OPTIMIZER)),
+                             outside)
         labels[name] = found
         return found
 
@@ -635,6 +636,32 @@ def _output_layers(model, leaves) -> set[str]:
         found.add(by_id[id(history.operation)])
         if type(history.operation).__name__ in FLOAT32_HEADS:
             tensors.extend(_internals.call_inputs(history.operation))
+    return found
+
+
+def _loss_readers(records, labels, layers) -> set[str]:
+    """Layers whose forward output the loss reads (outputs of a subclassed model too).
+
+    Walks back from the loss's forward ops through ops of no layer (Keras's
+    casts, the step's own) to the first layer met on each path.
+    """
+    by_name = {r.name: r for r in records}
+    found: set[str] = set()
+    stack = [r.name for r in records
+             if labels.get(r.name) == LOSS and not r.name.startswith(_GRADIENT)]
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        label = labels.get(name)
+        if label in layers:
+            found.add(label)
+            continue
+        record = by_name.get(name)
+        if record is not None and label in (LOSS, MODEL, STEP):
+            stack.extend(record.inputs)
     return found
 
 
