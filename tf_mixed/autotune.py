@@ -1,6 +1,6 @@
 """Measured "auto" on hosts without an accelerator: time, decide, cache.
 
-CPU flags do not predict half-precision speed (design.md fact 8: bfloat16 was
+CPU flags do not predict half-precision speed (BUILD_NOTES.md: bfloat16 was
 2-3x slower than float32 on one avx512_bf16 Xeon, 2.75x faster on an AMX Xeon,
 2.00x faster on a Zen 4 EPYC), so on a CPU-only host `enable("auto")` times
 the candidate policies on a small probe, a Dense and a Conv2D forward+backward
@@ -33,11 +33,11 @@ from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
+from tf_mixed import _validate
 from tf_mixed import hardware
 
-FLOAT32 = "float32"
-MIXED_BFLOAT16 = "mixed_bfloat16"
-MIXED_FLOAT16 = "mixed_float16"
+from tf_mixed._facts import COMPUTE_DTYPES as _COMPUTE_DTYPE
+from tf_mixed._facts import FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16
 
 DEFAULT_MARGIN = 1.15
 """A half policy must be at least this many times float32's speed to be chosen."""
@@ -56,7 +56,6 @@ _CACHE_FORMAT = 1
 # kernels convert every element and are not worth timing).
 _NATIVE_FLOAT16_FLAGS = ("avx512_fp16", "amx_fp16")
 
-_COMPUTE_DTYPE = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16", MIXED_FLOAT16: "float16"}
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on", "")
@@ -154,11 +153,8 @@ def choose_from_timings(
         ValueError: If `timings` lacks float32, holds an unknown policy or a
             value that is not a positive finite number, or `margin` < 1.
     """
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin >= 1.0:
-        raise ValueError(
-            f"`margin` must be a number >= 1.0. Received: margin={margin!r} "
-            f"(of type {type(margin).__name__})."
-        )
+    _validate.number(margin, "margin", rule=lambda v: v >= 1.0,
+                     valid="a number >= 1.0")
     if FLOAT32 not in timings:
         raise ValueError(
             "`timings` must include 'float32', the baseline. "
@@ -170,14 +166,9 @@ def choose_from_timings(
                 f"`timings` holds an unknown policy {name!r}. Valid names: "
                 f"{', '.join(_COMPUTE_DTYPE)}. Received: timings={dict(timings)!r}."
             )
-        if (
-            not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
-            or not math.isfinite(seconds) or seconds <= 0
-        ):
-            raise ValueError(
-                f"`timings[{name!r}]` must be a positive number of seconds. "
-                f"Received: {seconds!r}."
-            )
+        _validate.number(seconds, f"timings[{name!r}]",
+                         rule=lambda v: 0 < v < math.inf,
+                         valid="a positive number of seconds")
     base = float(timings[FLOAT32])
     speedups = {name: base / float(seconds) for name, seconds in timings.items()}
     halves = [name for name in speedups if name != FLOAT32]
@@ -357,7 +348,7 @@ def measured_choice(
     record = read_cache(path, key)
     cached = record is not None
     busy = ""
-    if cached:
+    if record is not None:
         timings = {name: float(value) for name, value in record["timings_s"].items()}
         measured_at = str(record.get("measured_at", "an earlier run"))
     else:
@@ -507,16 +498,16 @@ def _run(step, inputs) -> None:
 
 
 def _first_call(step, inputs, remapping_off: bool) -> None:
-    from tf_mixed import _remapping
+    from tf_mixed import policy_state
 
     if remapping_off:
         # Grappler optimises a function on its first call: hold the option
         # off only for that call, as enable("mixed_float16") would on a CPU.
-        _remapping.hold()
+        policy_state.hold_remapping()
         try:
             _run(step, inputs)
         finally:
-            _remapping.release()
+            policy_state.release_remapping()
     else:
         _run(step, inputs)
 

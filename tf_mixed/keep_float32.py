@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import threading
 from typing import Callable, Iterable, Union
 
 import keras
 
-from tf_mixed import _internals
+from tf_mixed import policy_state
 from tf_mixed._facts import HALF_DTYPES
+from tf_mixed._facts import is_input_layer
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
 
@@ -64,7 +64,7 @@ class KeepFloat32:
 
     def matches(self, layer: keras.layers.Layer) -> bool:
         """Whether `layer` is to compute in float32."""
-        if type(layer).__name__ == "InputLayer":
+        if is_input_layer(layer):
             return False  # an input's dtype is the data's, not a compute dtype
         return (layer.name in self.names
                 or isinstance(layer, self.classes)
@@ -153,13 +153,7 @@ def argument(names: Iterable[str]) -> str:
     return "keep_float32=[" + ", ".join(repr(n) for n in names) + "]"
 
 
-# The rules of this thread and the half-precision policy object they apply
-# under. Per thread, as Keras keeps the dtype policy per thread: an `enable`
-# in another thread neither clears these rules nor inherits them.
-_active = threading.local()
-
-
-def activate(spec: Spec) -> KeepFloat32:
+def activate(spec: Spec | KeepFloat32) -> KeepFloat32:
     """Keeps matching layers created from now on in float32 (for `enable`).
 
     Call it right after `enable` set the global policy (validate `spec` with
@@ -181,18 +175,19 @@ def activate(spec: Spec) -> KeepFloat32:
         TypeError, ValueError: As `parse`, before anything changes.
     """
     rules = spec if isinstance(spec, KeepFloat32) else parse(spec)
-    _active.rules = rules
-    _active.bound = keras.config.dtype_policy()
-    if rules:
-        _internals.add_layer_init_hook(_on_layer_init)
+    # Per thread (`tf_mixed.policy_state`), as Keras keeps the dtype policy
+    # per thread: an `enable` in another thread neither clears these rules
+    # nor inherits them.
+    policy_state.set_keep_rules(rules, keras.config.dtype_policy(),
+                                _on_layer_init)
     return rules
 
 
 def active() -> KeepFloat32:
     """The rules that apply to a layer created now in this thread (or none)."""
-    rules = getattr(_active, "rules", None)
+    rules, bound = policy_state.keep_rules()
     policy = keras.config.dtype_policy()
-    if (not rules or policy is not getattr(_active, "bound", None)
+    if (not rules or policy is not bound
             or policy.compute_dtype not in HALF_DTYPES):
         return KeepFloat32()
     return rules

@@ -10,7 +10,8 @@ Three parts, each returning plain values (the command line in
    and then apply the next finite step identically everywhere.
 2. The same scenario with `keras.optimizers.LossScaleOptimizer`, to report
    whether Keras still writes non-finite values into the weights when a
-   replica other than the first overflows (design.md fact 2).
+   replica other than the first overflows (its finite check reads the
+   first replica's local gradients).
 3. Seconds per step of each policy on the probe workload of
    `tf_mixed.autotune`, and what "auto" picks from them.
 
@@ -279,8 +280,10 @@ def overflow_scenario(strategy, make_optimizer: Callable, bad_replica: int) -> S
 
 
 def _locals(strategy, variable) -> list[np.ndarray]:
-    value = getattr(variable, "value", variable)  # keras.Variable -> its tf.Variable
-    return [np.array(v) for v in strategy.experimental_local_results(value)]
+    """Every replica's copy of ``variable`` (``strategy``'s, as its scope is entered)."""
+    from tf_mixed.replicas import local_copies
+
+    return local_copies(variable)
 
 
 def _slot_variables(optimizer) -> list:

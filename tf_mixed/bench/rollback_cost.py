@@ -80,13 +80,13 @@ def main(argv: list[str]) -> int:
             float(step())
         backup_bytes = sum(
             int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
-            for v in opt._scratch.forward_variables)
+            for v in opt.tracked_forward_variables)
         weight_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
                            for v in model.weights)
         return step, tracked, backup_bytes, weight_bytes
 
     paths = {"without rollback": build(False), "with rollback": build(True)}
-    times = {name: [] for name in paths}
+    times: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(args.rounds):
         for name, (step, *_rest) in paths.items():
             for _ in range(args.steps):
