@@ -54,7 +54,7 @@ def test_census_finds_no_misfit_after_padding():
 
 @pytest.mark.parametrize("bad", [0, -8, 2.5, True, "16"])
 def test_pad_to_must_be_a_positive_integer(bad):
-    with pytest.raises(ValueError, match=rf"'pad_to' must be.*Received: pad_to={bad!r}"):
+    with pytest.raises(ValueError, match=rf"`pad_to` must be.*Received: pad_to={bad!r}"):
         tf_mixed.convert(_model(), "mixed_bfloat16", pad_to=bad)
 
 

@@ -378,8 +378,9 @@ def keras_train_step(model) -> tuple[Callable, bool]:
         (False for a model compiled with ``run_eagerly=True``).
     """
     function = model._make_function(model.train_step)
-    cells = dict(zip(function.__code__.co_freevars,
-                     (cell.cell_contents for cell in function.__closure__ or ())))
+    cells: dict[str, Any] = dict(zip(
+        function.__code__.co_freevars,
+        (cell.cell_contents for cell in function.__closure__ or ())))
     step = cells["one_step_on_data"]
     step = getattr(step, "__wrapped__", step)
     return step, hasattr(step, "get_concrete_function")

@@ -56,6 +56,7 @@ from tf_mixed._facts import check_model_kind
 from tf_mixed._facts import is_input_layer
 from tf_mixed._facts import walk_layers
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import _validate
 from tf_mixed import padding
 
 __all__ = ["ConversionNote", "convert"]
@@ -152,11 +153,10 @@ def convert(model: keras.Model, policy: str | None = None, *,
         "cannot re-run",
         fix="Call tf_mixed.enable() before building the model (before its "
         "constructor runs), so its layers are created under the mixed policy.")
-    if pad_to is not None and (isinstance(pad_to, bool) or not isinstance(pad_to, int)
-                               or pad_to < 1):
-        raise ValueError(
-            "'pad_to' must be None or a positive integer, such as 8 (float16) or 16 "
-            f"(bfloat16). Received: pad_to={pad_to!r}")
+    if pad_to is not None:
+        pad_to = _validate.number(
+            pad_to, "pad_to", integer=True, rule=lambda n: n >= 1, owner="convert()",
+            valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
     keep = keep_float32_rules.parse(keep_float32)
     widths = padding.plan(model, pad_to) if pad_to else {}

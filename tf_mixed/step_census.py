@@ -48,8 +48,10 @@ from typing import Any
 
 import keras
 
-from tf_mixed import _internals, hlo_ops, step_ops
+from tf_mixed import _internals, _validate, hlo_ops, step_ops
 from tf_mixed._facts import (
+    check_model_kind,
+    is_input_layer,
     FLOAT32_HEADS,
     HALF_DTYPES,
     TILE_MULTIPLES,
@@ -387,20 +389,14 @@ def _first_line(error: BaseException) -> str:
 
 
 def _check_arguments(model, loss, jit_compile, batch_size) -> None:
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "census() needs a keras.Model. Received: model="
-            f"{model!r} (of type {type(model).__name__}). For a saved model "
-            "run `python -m tf_mixed doctor PATH`.")
-    if jit_compile is not None and not isinstance(jit_compile, bool):
-        raise TypeError(
-            "'jit_compile' must be None (the model's own setting), True or False. "
-            f"Received: jit_compile={jit_compile!r} (of type {type(jit_compile).__name__})")
-    if batch_size is not None and (isinstance(batch_size, bool)
-                                   or not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(
-            "'batch_size' must be a positive integer or None, such as 64. "
-            f"Received: batch_size={batch_size!r}")
+    check_model_kind(model, "census()", traced=False,
+                     hint=" For a saved model run `python -m tf_mixed doctor PATH`.")
+    if jit_compile is not None:
+        _validate.boolean(jit_compile, "jit_compile", owner="census()",
+                          valid="None (the model's own setting), True or False")
+    if batch_size is not None:
+        _validate.number(batch_size, "batch_size", integer=True, rule=lambda n: n >= 1,
+                         owner="census()", valid="None or a positive integer, such as 64")
     if not model.compiled and loss is None:
         raise ValueError(
             f"census() traces the step fit runs, which needs a loss: model "
@@ -570,7 +566,7 @@ def _policy(model, leaves) -> str:
     """
     counts: dict[str, int] = {}
     for _, layer in leaves:
-        if type(layer).__name__ == "InputLayer":
+        if is_input_layer(layer):
             continue
         name = getattr(layer.dtype_policy, "name", None)
         if name:
@@ -619,7 +615,7 @@ def _islands(records, labels, layers, policy, source, outputs) -> tuple[Island, 
             reason = "float_input"
         flops = [r.flops for r in ops]
         islands.append(Island(name, type(layer).__name__, dtype, reason, compute, len(ops),
-                              None if None in flops else sum(flops),  # type: ignore[arg-type]
+                              None if None in flops else sum(flops),
                               name in outputs))
     return tuple(islands)
 

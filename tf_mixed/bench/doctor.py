@@ -183,9 +183,10 @@ def fixed_model(model, report):
     if not convert_islands and not pads:
         return model, applied
     # Layers in float32 that no automatic finding names stay float32.
+    # (keep_float32 rules never match an input layer.)
     keep = [layer.name for layer in model.layers
             if getattr(layer.dtype_policy, "name", "") == "float32"
-            and layer.name not in convert_islands and type(layer).__name__ != "InputLayer"]
+            and layer.name not in convert_islands]
     pad_to = max((m.multiple for m in report.misfits if m.layer in pads), default=None)
     fixed = _quietly(tf_mixed.convert, model, report.policy, keep_float32=keep, pad_to=pad_to)
     applied += [f"'{name}' converted to {report.policy}" for name in convert_islands]
@@ -222,7 +223,7 @@ def _measure(fv, model, report, x, y) -> dict:
     times: dict[str, list[float]] = {name: [] for name in paths}
     rounds: dict[str, list[float]] = {name: [] for name in paths}
     with tf_mixed.policy_scope(report.policy):  # float16 on a CPU: remapping off
-        for name, (m, data) in paths.items():
+        for m, data in paths.values():
             if fv.warmup_steps:
                 m.fit(data, epochs=1, steps_per_epoch=fv.warmup_steps, verbose=0, shuffle=False)
         for _ in range(fv.rounds):
