@@ -39,12 +39,12 @@ def _bad(tmp_path, capsys, *flags):
     "flag, expected",
     [
         ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50."),
-        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, fp16, bf16, fp32."),
+        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32."),
         ("--dataset=imagenet", "--dataset='imagenet': unknown data set. Accepted: shapes, tfds:NAME[:SPLIT]"),
         ("--batch_size=0", "--batch_size=0: must be >= 1. Accepted: an integer >= 1."),
         ("--strategy=tpu", "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
         ("--loop=keras", "--loop='keras': unknown loop. Accepted: fit, custom."),
-        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm."),
+        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm, memory, bf16."),
         ("--epochs=0", "--epochs=0: must be >= 1."),
         ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples of shapes. Accepted: 1 to 8000."),
         ("--image_size=8", "--image_size=8: too small for the shapes data set. Accepted: 16 or more (0 picks 32)."),
@@ -228,7 +228,7 @@ def test_audit_unloadable_file(tmp_path, capsys):
     path.write_text("not a model")
     assert main(["tf_mixed", "audit", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tf_mixed audit: error: cannot load {path}")
+    assert err.count("\n") == 1 and err.startswith(f"tf_mixed audit: error: MODEL='{path}' cannot be loaded")
 
 
 # --- real processes -----------------------------------------------------------

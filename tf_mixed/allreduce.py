@@ -29,7 +29,9 @@ densified: a dense copy of a large embedding table per step is the memory
 blow-up the sparse gradient exists to avoid. Their values are cast like the
 dense ones and reduced sparsely through the strategy's own all-reduce (which
 gathers indices and values), so each sparse gradient adds its own gather
-collectives to the one dense all-reduce.
+collectives to the one dense all-reduce. TensorFlow's CPU gather has no
+bfloat16 kernel, so bfloat16 values are gathered bit-packed in int32 (exact,
+still two bytes a value).
 
 Where a dtype cannot be reduced: TensorFlow's NCCL kernels take half, float,
 double, int32 and int64 but not bfloat16 (``tensorflow/core/nccl/
@@ -103,6 +105,7 @@ def reduce_gradients(
     replica_context: tf.distribute.ReplicaContext | None = None,
     *,
     local: Sequence[bool] | None = None,
+    when: tf.Tensor | None = None,
 ):
     """Sums gradients over all replicas in one collective; says if all finite.
 
@@ -120,6 +123,10 @@ def reduce_gradients(
             unreduced (e.g. a variable Keras overwrites with its gradient)
             but its finiteness still joins the verdict, as one extra element
             of the same buffer.
+        when: Optional scalar bool tensor, the same on every replica (a
+            window of gradient accumulation ends): the collective runs only
+            when it is True; otherwise every replica gets its own gradients
+            back (and a verdict on them alone). Dense gradients only.
 
     Returns:
         ``(reduced, finite)``: the summed gradients, each in its input dtype
@@ -167,10 +174,14 @@ def reduce_gradients(
         tensors = [tf.convert_to_tensor(grads[i]) for i in dense]
         values, finite = _reduce_dense(tensors, wire, replicas,
                                        _nonfinite_flag(local_grads),
-                                       replica_context)
+                                       replica_context, when)
         checks.append(finite)
         for i, value in zip(dense, values):
             reduced[i] = value
+    if sparse and when is not None:
+        raise ValueError(
+            "reduce_gradients(when=...) takes dense gradients only. Received: "
+            f"{len(sparse)} tf.IndexedSlices. Convert them first.")
     if sparse:
         values, finite = _reduce_sparse([grads[i] for i in sparse], wire,
                                         replicas, replica_context)
@@ -266,7 +277,7 @@ def _from_wire(value, dtype, wire, replicas):
     return tf.cast(value, dtype) * tf.cast(replicas, dtype)
 
 
-def _reduce_dense(tensors, wire, replicas, flag, context):
+def _reduce_dense(tensors, wire, replicas, flag, context, when=None):
     """All-reduces ``tensors`` (and the local flag) as ONE flat buffer."""
     # Gradients keep their own dtype on the float32 path; when they are of
     # several dtypes, each dtype gets its own buffer (rare: float64 weights).
@@ -288,7 +299,7 @@ def _reduce_dense(tensors, wire, replicas, flag, context):
             sizes.append(tf.constant(1))
         buffer = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
         # The one collective of the step (per dtype group).
-        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+        summed = _all_reduce_sum(context, buffer, when)
         if len(parts) > 1:
             pieces = tf.split(summed, tf.stack(sizes), axis=0)
         else:
@@ -304,12 +315,73 @@ def _reduce_dense(tensors, wire, replicas, flag, context):
     return out, tf.reduce_all(tf.stack(checks))
 
 
+def _all_reduce_sum(context, buffer, when):
+    """``context.all_reduce(SUM, buffer)``; only when ``when`` if given.
+
+    A collective cannot sit in a ``tf.cond`` built in the replica context
+    (MirroredStrategy's all-reduce is a ``merge_call``: "merge_call called
+    while defining a new graph"), so the condition is built in the
+    cross-replica context: one ``merge_call`` on every step, the reduction
+    in one branch of a cond every replica takes alike (``when`` is the same
+    everywhere), each replica's own buffer in the other.
+    """
+    if when is None:
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+
+    def cross_replica(strategy, when, buffer):
+        local = list(strategy.experimental_local_results(buffer))
+
+        def reduce():
+            summed = strategy.extended.reduce_to(
+                tf.distribute.ReduceOp.SUM, buffer, destinations=buffer)
+            return list(strategy.experimental_local_results(summed))
+
+        out = tf.cond(strategy.experimental_local_results(when)[0], reduce,
+                      lambda: local)
+        # Local results are this worker's replicas, in order; every worker
+        # has as many (MultiWorkerMirroredStrategy requires it).
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: out[ctx.replica_id_in_sync_group % len(out)])
+
+    return context.merge_call(cross_replica, args=(when, buffer))
+
+
 def _reduce_sparse(slices, wire, replicas, context):
-    """All-reduces IndexedSlices sparsely, values in the wire dtype."""
-    sent = [tf.IndexedSlices(_to_wire(s.values, wire, replicas), s.indices,
-                             s.dense_shape) for s in slices]
+    """All-reduces IndexedSlices sparsely, values in the wire dtype.
+
+    A sparse all-reduce gathers (concatenates) indices and values; the sum
+    of duplicate rows happens where the gradient is applied. TensorFlow's
+    CPU all-gather has no bfloat16 kernel (it takes float32, float16,
+    float64, int32, int64), so bfloat16 values travel bit-packed, two per
+    int32 (`_pack`): a gather moves bits without arithmetic, so the packing
+    is exact and still sends two bytes per value.
+    """
+    packed = wire == tf.bfloat16
+    sent = []
+    for s in slices:
+        values = _to_wire(s.values, wire, replicas)
+        sent.append(tf.IndexedSlices(_pack(values) if packed else values, s.indices,
+                                     s.dense_shape))
     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, sent)
-    out = [tf.IndexedSlices(_from_wire(r.values, s.values.dtype, wire,
-                                       replicas), r.indices, r.dense_shape)
-           for r, s in zip(summed, slices)]
+    out = []
+    for r, s in zip(summed, slices):
+        values = _unpack(r.values, tf.shape(s.values)[1:]) if packed else r.values
+        out.append(tf.IndexedSlices(_from_wire(values, s.values.dtype, wire, replicas),
+                                    r.indices, r.dense_shape))
     return out, all_finite(out)
+
+
+def _pack(values):
+    """bfloat16 rows ``[n, ...]`` as int32 ``[n, ceil(m / 2)]`` (m values per row)."""
+    rows = tf.shape(values)[0]
+    flat = tf.reshape(values, [rows, -1])
+    flat = tf.pad(flat, [[0, 0], [0, tf.shape(flat)[1] % 2]])
+    return tf.bitcast(tf.reshape(flat, [rows, -1, 2]), tf.int32)
+
+
+def _unpack(packed, row_shape):
+    """Inverse of `_pack` for rows of shape ``row_shape`` (a shape tensor)."""
+    rows = tf.shape(packed)[0]
+    flat = tf.reshape(tf.bitcast(packed, tf.bfloat16), [rows, -1])
+    width = tf.reduce_prod(row_shape)
+    return tf.reshape(flat[:, :width], tf.concat([[rows], row_shape], axis=0))

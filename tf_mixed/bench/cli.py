@@ -30,7 +30,7 @@ from tf_mixed.bench import quiet
 
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed info [--verbose]
-       python -m tf_mixed audit PATH [--verbose]
+       python -m tf_mixed audit PATH [--custom_modules=M,...] [--safe_mode=false] [--verbose]
        python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
        python -m tf_mixed probe MODEL.keras [--dataset=SPEC]   (find the layer that breaks)
        python -m tf_mixed rollback-cost [--steps=N]   (what BatchNorm rollback costs)
@@ -40,7 +40,10 @@ bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
 a Markdown table on stdout, results.json, results.md and bench.png in
 --output_dir. --suite=overhead times tf_mixed's optimizer and callback against
-plain Keras mixed precision instead. --verbose lets TensorFlow's own log and
+plain Keras mixed precision instead; --suite=comm the gradient all-reduce;
+--suite=memory peak memory and speed per precision (pure bfloat16 and
+gradient accumulation included); --suite=bf16 what bfloat16 weights learn.
+--verbose lets TensorFlow's own log and
 warnings through.
 """
 _VERBOSE = ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True")
@@ -155,6 +158,14 @@ def _bench(argv: list[str]) -> int:
                 from tf_mixed.bench import comm
 
                 comm.run_comm(config, command.strip())
+            elif config.suite == "memory":
+                from tf_mixed.bench import memory_suite
+
+                memory_suite.run_memory(config, command.strip())
+            elif config.suite == "bf16":
+                from tf_mixed.bench import bf16_quality
+
+                bf16_quality.run_quality(config, command.strip())
             else:
                 compare.run_compare(config, command.strip(), verbose=fv.verbose)
     except UsageError as error:
@@ -177,11 +188,18 @@ def _info(argv: list[str]) -> int:
 
 
 def _audit(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[1].startswith("-"):
-        return _error("audit", "expected exactly one argument: the path of a saved .keras model")
-    from tf_mixed.bench import audit_command
+    from tf_mixed.bench import audit_command, model_file
 
-    return audit_command.run(argv[1])
+    fv = flags.FlagValues()
+    model_file.define_flags(fv)
+    try:
+        positionals = fv(argv)[1:]
+    except flags.Error as error:
+        return _error("audit", str(error))
+    if len(positionals) != 1:
+        return _error("audit", "expected exactly one argument: the path of a saved .keras model")
+    return audit_command.run(positionals[0], safe_mode=fv.safe_mode,
+                             custom_modules=fv.custom_modules)
 
 
 def _check(argv: list[str]) -> int:

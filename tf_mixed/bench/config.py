@@ -17,9 +17,10 @@ from tf_mixed.bench.errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
-SUITES = ("compare", "overhead", "comm")
+SUITES = ("compare", "overhead", "comm", "memory", "bf16")
 ISOLATIONS = ("subprocess", "inprocess")
-DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp"}
+DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
+                 "bf16": "mlp"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,12 +79,12 @@ def _policy(name: str) -> str:
 def _prepare(fv, path: str):
     """(model, x, y, loss or None): the model as censused, and its data."""
     import tf_mixed
-    from tf_mixed.bench import probe
+    from tf_mixed.bench import model_file, probe
 
-    model = probe.load_model(path)
+    model = model_file.load(path)
     if fv.policy:
         model = _quietly(tf_mixed.convert, model, _policy(fv.policy))
-    x, y = probe.batches(fv, model)
+    x, y = probe._batches(fv, model)
     loss = None
     if fv.loss:
         optimizer = model.optimizer if model.compiled else "adam"
