@@ -153,8 +153,15 @@ def _check_figures(report, out_text):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{r['samples_per_sec']:,.1f}"
         assert cells[2] == f"{ratio['samples_per_sec']:.2f}x"
-        assert cells[3] == f"{r['step_time_ms']:.1f}"
-        assert cells[8] == f"{100 * r['final_val_accuracy']:.2f}"
+        census = r["census"]
+        assert cells[3] == f"{100 * census['half_flop_share']:.0f}%"
+        assert cells[4] == str(census["casts_per_step"])
+        if r["policy"] == "float32":
+            assert census["half_flop_share"] == 0.0 and census["casts_per_step"] == 0
+        else:
+            assert census["half_flop_share"] > 0.5 and census["casts_per_step"] > 0
+        assert cells[5] == f"{r['step_time_ms']:.1f}"
+        assert cells[10] == f"{100 * r['final_val_accuracy']:.2f}"
 
 
 def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
@@ -289,7 +296,9 @@ def test_ratios_and_table_without_float32():
     assert results[1]["ratio_to_float32"]["step_time"] == pytest.approx(0.4)
     assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] == pytest.approx(-0.5)
     table = bench_report.markdown_table(results)
-    assert "| mixed_bfloat16 | 250.0 | 2.50x | 128.0 | 100 | 1.00x |" in table
+    assert "| mixed_bfloat16 | 250.0 | 2.50x | n/a | n/a | 128.0 | 100 | 1.00x |" in table
+    results[1]["census"] = {"half_flop_share": 0.923, "casts_per_step": 14}
+    assert "| 2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
     # The base is the float32 row wherever it stands, not the first row.
     later = [_fake_result("mixed_bfloat16", 250.0, 0.895), _fake_result("float32", 125.0, 0.90)]
     bench_report.add_ratios(later)

@@ -291,6 +291,58 @@ def test_nccl_implementations_are_recognised():
         fake(cdo.ReductionToOneDevice(), gpus))
 
 
+# ------------------------------------------------------- census (the traced step)
+
+
+def test_keras_train_step_is_keras_own_one_step_tf_function():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    step, traced = _internals.keras_train_step(model)
+    assert traced and isinstance(step, tf.types.experimental.PolymorphicFunction)
+    assert step.__name__ == "one_step_on_data"
+    assert model.train_function is None  # the model's own is not replaced
+    logs = step((tf.ones((4, 3)), tf.zeros((4, 2))))
+    assert set(logs) == {"loss"}
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    step, traced = _internals.keras_train_step(model)
+    assert not traced and callable(step)
+
+
+def test_fit_batch_converts_like_fit():
+    x64 = np.ones((10, 3), "float64")
+    batch = _internals.fit_batch(x64, np.zeros((10,), "int32"), 4)
+    assert batch[0].dtype == tf.float32 and batch[0].shape == (4, 3)
+    dataset = tf.data.Dataset.from_tensor_slices((x64, np.zeros(10))).batch(5)
+    assert _internals.fit_batch(dataset, None, None)[0].dtype == tf.float64
+
+
+def test_recording_layer_scopes_records_and_removes_its_wrapper():
+    layer = keras.layers.Dense(2, name="dense")
+    other = keras.layers.Dense(2, name="dense_1")
+    model = keras.Sequential([keras.Input((3,)), layer, other], name="seq")
+
+    @tf.function
+    def f(x):
+        return model(x)
+
+    with _internals.recording_layer_scopes([("seq", model), ("dense", layer),
+                                            ("dense_1", other)]) as scopes:
+        f.get_concrete_function(tf.TensorSpec((1, 3)))
+    assert sorted(scopes.values()) == ["dense", "dense_1", "seq"]
+    assert "call" not in vars(layer) and "call" not in vars(model)
+    assert model(np.ones((1, 3))).shape == (1, 2)
+
+
+def test_function_graphs_of_a_cond():
+    @tf.function
+    def f(x):
+        return tf.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0)
+
+    graph = f.get_concrete_function(tf.TensorSpec(())).graph
+    cond, = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    found = dict(_internals.function_graphs(cond))
+    assert set(found) == {"then_branch", "else_branch"}
+    assert "Mul" in {op.type for op in found["then_branch"].get_operations()}
 def test_optimizer_variable_index_finds_a_replica_component(mirrored):
     # BaseOptimizer._var_key, _trainable_variables_indices
     with mirrored.scope():

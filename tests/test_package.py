@@ -54,6 +54,7 @@ def test_no_public_name_missing_from_all():
         "probe_report": {"DTYPE_LIMITS", "LayerStats", "VariableStats"},
         "scale_state": {"initial_state", "next_state", "validate_knob"},
         "callbacks": {"DEFAULT_CHECK_EVERY_N_BATCHES", "model_setup_problems"},
+        "step_census": {"CastRow", "Island", "Misfit"},
         "compensated": {"METHODS", "STATE_DTYPES", "compensate_if_asked",
                         "compensation_buffers", "compensation_config", "compensation_of",
                         "config_from_arguments", "kahan_add", "stochastic_round"},

@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 # is the submodule itself (Keras-style aliases: tf_mixed.callbacks, ...).
 _EXPORTS = {
     "AuditReport": "auditing",
+    "CensusReport": "step_census",
     "CompensationConfig": "compensated",
     "ConversionNote": "conversion",
     "Enabled": "policy",
@@ -47,6 +48,7 @@ _EXPORTS = {
     "ProbeReport": "probe_report",
     "audit": "auditing",
     "callbacks": "callbacks",
+    "census": "step_census",
     "compensate": "compensated",
     "compensated": "compensated",
     "convert": "conversion",
@@ -117,6 +119,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.probe_report import ProbeReport
     from tf_mixed.scale_state import LossScaleConfig
     from tf_mixed.scale_state import LossScaleState
+    from tf_mixed.step_census import CensusReport
+    from tf_mixed.step_census import census
 
 
 def __getattr__(name: str) -> Any:

@@ -45,6 +45,12 @@ COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",
 # The reduced-precision float dtypes a layer can compute in.
 HALF_DTYPES = ("float16", "bfloat16")
 
+# The multiple a matrix dimension needs to fill the hardware's tiles, per
+# half dtype: float16 Tensor Cores take multiples of 8; Intel AMX tiles (and
+# float8 Tensor Cores) take multiples of 16 bfloat16 elements. `audit` checks
+# layer attributes against 8; `census` checks traced shapes against these.
+TILE_MULTIPLES = {"float16": 8, "bfloat16": 16}
+
 # Class names of tf_mixed's float32 heads (tf_mixed.layers): float32 by
 # design, so they are neither converted nor reported as explicit float32.
 FLOAT32_HEADS = ("OutputActivation", "Float32Output")

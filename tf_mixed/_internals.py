@@ -431,6 +431,132 @@ def reduces_with_nccl(strategy) -> bool:
     return False
 
 
+# ------------------------------------------------------- the traced train step (census)
+
+
+def keras_train_step(model) -> tuple[Callable, bool]:
+    """The function Keras's ``fit`` runs for one step, as Keras builds it.
+
+    Reaches ``model._make_function(model.train_step)`` (Keras 3.15.1,
+    keras/src/backend/tensorflow/trainer.py): what ``make_train_function``
+    stores in ``model.train_function``, a Python function whose closure holds
+    ``one_step_on_data``, the ``tf.function`` (with the model's
+    ``jit_compile``) that runs ``train_step`` under the model's strategy and
+    reduces its outputs. Keras wraps it in ``_autoconvert_optionals``
+    (``functools.wraps``, so ``__wrapped__`` is the function). A fresh one is
+    made so ``model.train_function`` is not replaced. No public API hands
+    out the traced step; ``model.train_function`` takes an iterator and runs
+    the step.
+
+    Args:
+        model: A compiled Keras model on the TensorFlow backend.
+
+    Returns:
+        ``(step, traced)``: the one-step function, taking the data tuple a
+        Keras data adapter yields, and whether it is a ``tf.function``
+        (False for a model compiled with ``run_eagerly=True``).
+    """
+    function = model._make_function(model.train_step)
+    cells: dict[str, Any] = dict(zip(
+        function.__code__.co_freevars,
+        (cell.cell_contents for cell in function.__closure__ or ())))
+    step = cells["one_step_on_data"]
+    step = getattr(step, "__wrapped__", step)
+    return step, hasattr(step, "get_concrete_function")
+
+
+def fit_batch(x, y, batch_size: int | None):
+    """The first batch ``fit`` would feed the train step, as Keras converts it.
+
+    Reaches ``keras.src.trainers.data_adapters.get_data_adapter`` (Keras
+    3.15.1), the adapter ``fit`` builds: it turns NumPy float64 arrays into
+    float32 but leaves a ``tf.data.Dataset``'s dtypes alone, so the dtypes
+    the step sees are the adapter's. No public API exposes it.
+
+    Args:
+        x, y: What ``fit`` accepts (arrays, tensors, a ``tf.data.Dataset``).
+        batch_size: For arrays (None: Keras's default of 32).
+
+    Returns:
+        The first batch: a tuple ``(x, y)`` or ``(x, y, sample_weight)``
+        of tensors.
+    """
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    adapter = get_data_adapter(x, y, batch_size=batch_size, shuffle=False)
+    for batch in adapter.get_tf_dataset().take(1):
+        return batch
+    raise ValueError("the data is empty: fit would run no step on it")
+
+
+class recording_layer_scopes:
+    """Records the graph name scope each layer's ``call`` runs in.
+
+    Sets an instance attribute ``call`` on each layer (bypassing Keras's
+    attribute tracking with ``object.__setattr__``) that reads
+    ``tf.get_current_name_scope()`` and calls the class's ``call``; removed
+    on exit. ``Layer.__call__`` and ``Operation.__call__`` look ``self.call``
+    up on every call (Keras 3.15.1), and Keras opens the layer's name scope
+    before it. TF makes scope names unique per graph (a layer ``dense`` runs
+    in ``dense_1``, a layer ``dense_1`` in ``dense_1_2``), so the scope of
+    an op cannot be mapped back to a layer by its name alone.
+
+    Usage: ``with recording_layer_scopes(pairs) as scopes: trace()``;
+    ``scopes`` maps a scope (``sequential_1/dense_1``) to the name paired with
+    the layer.
+    """
+
+    def __init__(self, named_layers):
+        self._named_layers = list(named_layers)
+        self._wrapped: list = []
+        self.scopes: dict[str, str] = {}
+
+    def __enter__(self) -> dict[str, str]:
+        import tensorflow as tf
+
+        for name, layer in self._named_layers:
+            if "call" in vars(layer):  # wrapped already, or set by its owner
+                continue
+            original = type(layer).call.__get__(layer)
+
+            def call(*args, _original=original, _name=name, **kwargs):
+                self.scopes.setdefault(tf.get_current_name_scope(), _name)
+                return _original(*args, **kwargs)
+
+            object.__setattr__(layer, "call", call)
+            self._wrapped.append(layer)
+        return self.scopes
+
+    def __exit__(self, *exc) -> None:
+        for layer in self._wrapped:
+            object.__delattr__(layer, "call")
+        self._wrapped = []
+
+
+def function_graphs(op) -> list:
+    """The graphs of the functions a control-flow or call op runs.
+
+    Reaches ``graph._get_function(name).graph`` (TF 2.21.0): an ``If``'s
+    branches, a ``While``'s condition and body, a ``PartitionedCall``'s
+    function are stored in the outer graph's function library by name; the
+    public ``ConcreteFunction`` gives only the outer graph.
+
+    Args:
+        op: A ``tf.Operation`` of a ``FuncGraph``.
+
+    Returns:
+        ``(attribute, FuncGraph)`` pairs, [] for an op that calls no function.
+    """
+    graphs = []
+    for attribute in ("then_branch", "else_branch", "cond", "body", "f"):
+        try:
+            name = op.get_attr(attribute).name
+        except (ValueError, AttributeError):
+            continue
+        function = op.graph._get_function(name)
+        if function is not None:
+            graphs.append((attribute, function.graph))
+    return graphs
 # ------------------------------------------------ compensated bfloat16 updates
 
 

@@ -58,6 +58,8 @@ from tf_mixed._facts import is_input_layer
 from tf_mixed._facts import walk_layers
 from tf_mixed import keep_float32 as keep_float32_rules
 from tf_mixed import tf_keras_check
+from tf_mixed import _validate
+from tf_mixed import padding
 
 __all__ = ["ConversionNote", "convert"]
 
@@ -108,7 +110,8 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def convert(model: keras.Model, policy: str | None = None, *,
-            keep_float32: keep_float32_rules.Spec = ()) -> keras.Model:
+            keep_float32: keep_float32_rules.Spec = (),
+            pad_to: int | None = None) -> keras.Model:
     """Returns a copy of a float32-built model that computes under a mixed policy.
 
     Args:
@@ -121,6 +124,10 @@ def convert(model: keras.Model, policy: str | None = None, *,
       keep_float32: layers to leave in float32: names, layer classes,
         predicates ``layer -> bool``, or a list of these (the argument
         ``tf_mixed.enable`` takes; see `tf_mixed.keep_float32`).
+      pad_to: widen hidden Dense layers whose ``units`` is not a multiple
+        of this (8 for float16 Tensor Cores, 16 for bfloat16 on AMX) to the
+        next multiple, with zero weights that leave every output unchanged
+        (see `tf_mixed.padding` for which layers qualify). None: no padding.
 
     Returns:
       A new model with the same weights, float32 output heads where the
@@ -133,7 +140,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
       TypeError: `model` is not a Keras model, or is a subclassed model.
       ValueError: `policy` is unknown, or None while the global policy is
         float32; `keep_float32` names a layer the model lacks (the message
-        lists close matches); the model is not built.
+        lists close matches); the model is not built; `pad_to` is not a
+        positive integer.
 
     Example:
 
@@ -148,8 +156,13 @@ def convert(model: keras.Model, policy: str | None = None, *,
         "cannot re-run",
         fix="Call tf_mixed.enable() before building the model (before its "
         "constructor runs), so its layers are created under the mixed policy.")
+    if pad_to is not None:
+        pad_to = _validate.number(
+            pad_to, "pad_to", integer=True, rule=lambda n: n >= 1, owner="convert()",
+            valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
     keep = keep_float32_rules.parse(keep_float32)
+    widths = padding.plan(model, pad_to) if pad_to else {}
     names = {layer.name for layer in model.layers}
     keep.check_names({layer.name for _, layer in walk_layers(model)}, model.name)
 
@@ -198,9 +211,12 @@ def convert(model: keras.Model, policy: str | None = None, *,
         stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
                  or policy_name not in FLOAT_POLICIES or to_float32)
         dtype = "float32" if to_float32 else (None if stays else target)
-        if layer.name in rename:
+        if layer.name in rename or layer.name in widths:
             config = layer.get_config()
-            config.update(name=rename[layer.name], activation="linear")
+            if layer.name in rename:
+                config.update(name=rename[layer.name], activation="linear")
+            if layer.name in widths:
+                config["units"] = widths[layer.name]
             if dtype is not None and "dtype" in config:
                 config["dtype"] = dtype
             return layer.__class__.from_config(config)
@@ -257,6 +273,10 @@ def convert(model: keras.Model, policy: str | None = None, *,
 
     _copy_weights(model, new, rename)
     notes += _recompile(model, new, target)
+    if widths:
+        notes.append("convert() padded " + ", ".join(
+            f"'{name}' to units={units}" for name, units in widths.items())
+            + " with zero weights; the outputs are unchanged.")
     new.conversion_notes = tuple(notes)
     for note in notes:
         warnings.warn(note, ConversionNote, stacklevel=2)
@@ -273,7 +293,7 @@ def _copy_weights(model, new, rename):
             raise RuntimeError(
                 f"convert(): no layer '{name}' in the converted model to copy "
                 "weights into; please report this with the model summary.")
-        clone.set_weights(layer.get_weights())
+        padding.copy_padded(layer.get_weights(), clone)
 
 
 def _recompile(model, new, target) -> list[str]:

@@ -17,6 +17,8 @@ imports only public names of the library.
     models.py    mlp, cnn, resnet18, resnet50
     info.py      the hardware report of ``python -m tf_mixed info``
     audit_command.py  ``python -m tf_mixed audit PATH``
+    doctor.py    ``python -m tf_mixed doctor MODEL``: census, findings, --measure
+    model_command.py  what probe and doctor share: MODEL parsing, errors, atomic writes
     quiet.py     TensorFlow's log level and the quiet import
     errors.py    `UsageError`, `ChildFailed`
 """

@@ -1,4 +1,4 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export] [flags]``.
+"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export|doctor] [flags]``.
 
     python -m tf_mixed                 same as ``bench`` with its defaults
     python -m tf_mixed bench --help    the bench's flags
@@ -9,6 +9,7 @@
     python -m tf_mixed rollback-cost   step time and memory of BatchNorm rollback (ResNet-18)
     python -m tf_mixed export MODEL    a checked SavedModel or LiteRT file of a saved model
     python -m tf_mixed litert-latency  float32 vs float16-weight LiteRT: size, parity, latency
+    python -m tf_mixed doctor MODEL    why isn't it faster: census of the train step, fixes
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -38,6 +39,7 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed export MODEL.keras [--format=litert] [--precision=float32]
                                  [--dataset=SPEC]   (serve what you trained)
        python -m tf_mixed litert-latency [--model=cnn]   (float32 vs float16-weight LiteRT)
+       python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--measure]   (why isn't it faster)
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -217,6 +219,12 @@ def _probe(argv: list[str]) -> int:
     return probe.main(argv)
 
 
+def _doctor(argv: list[str]) -> int:
+    from tf_mixed.bench import doctor
+
+    return doctor.main(argv)
+
+
 def _rollback_cost(argv: list[str]) -> int:
     from tf_mixed.bench import rollback_cost
 
@@ -238,7 +246,7 @@ def _litert_latency(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
     "rollback-cost": _rollback_cost, "export": _export,
-    "litert-latency": _litert_latency,
+    "litert-latency": _litert_latency, "doctor": _doctor,
 }
 
 

@@ -56,7 +56,9 @@ def _overhead_policy(config: BenchConfig) -> tuple[str, str]:
     return mixed[0], f"{mixed[0]} (as requested)"
 
 
-class _Timer(keras.callbacks.Callback):
+class StepTimer(keras.callbacks.Callback):
+    """Each fit step's wall time, the step waited for (also doctor --measure's)."""
+
     def __init__(self):
         super().__init__()
         self.times: list[float] = []
@@ -80,7 +82,7 @@ class _FitPath:
         self.optimizer = model.optimizer
 
     def steps(self, count: int) -> list[float]:
-        timer = _Timer()
+        timer = StepTimer()
         self.model.fit(self.train, epochs=1, steps_per_epoch=count, verbose=0, shuffle=False,
                        callbacks=[*self.callbacks, timer])
         return timer.times

@@ -3,7 +3,8 @@
 results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
 ``flags`` (the `BenchConfig`), ``host`` (hostname, CPU, GPUs, TF/Keras/NumPy
 versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
-``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it, plus
+``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it
+(its ``census``: ``half_flop_share``, ``casts_per_step``, ...), plus
 ``ratio_to_float32`` (throughput, step time and peak-memory ratios, accuracy
 difference in points; absent when float32 was not run). A mixed run's
 ``serving`` holds the sizes and parity of its trained model's LiteRT files
@@ -56,10 +57,19 @@ def _num(value: float | None, spec: str) -> str:
     return "nan" if value is None else format(value, spec)
 
 
+def _census_cells(result: dict[str, Any]) -> str:
+    """The half-FLOP share and casts per step (`tf_mixed.census`), or n/a."""
+    census = result.get("census") or {}
+    share = census.get("half_flop_share")
+    casts = census.get("casts_per_step")
+    return (f"{'n/a' if share is None else f'{100 * share:.0f}%'} "
+            f"| {'n/a' if casts is None else casts}")
+
+
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """One row per policy: figures and their ratio to float32."""
     header = (
-        "| policy | samples/s | vs float32 | step ms | peak MB | vs float32 "
+        "| policy | samples/s | vs float32 | half FLOPs | casts/step | step ms | peak MB | vs float32 "
         "| train loss | val loss | val acc % | acc diff (pts) | skipped | final loss scale |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -69,7 +79,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
         lines.append(
             f"| {r['policy']} | {r['samples_per_sec']:,.1f} | {_ratio(r, 'samples_per_sec')} "
-            f"| {r['step_time_ms']:.1f} | {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
+            f"| {_census_cells(r)} | {r['step_time_ms']:.1f} | {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
             f"| {_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')} "
             f"| {100 * r['final_val_accuracy']:.2f} | {diff} | {r['skipped_steps']} "
             f"| {'-' if scale is None else f'{scale:g}'} |"
@@ -99,6 +109,9 @@ def results_markdown(report: dict[str, Any]) -> str:
         f"{first['steps_per_epoch']} steps, {first['warmup_steps']} warm-up steps excluded, "
         f"{first['timed_steps']} timed; samples/s is the batch size over the median step time.",
         f"Peak MB: {memory}.",
+        "Half FLOPs: share of the step's matmul/conv FLOPs computed in float16/bfloat16; "
+        "casts/step: float casts in one step (both from `tf_mixed.census` of the trained "
+        "model's fit step; `python -m tf_mixed doctor` explains them).",
         "",
         report["policy_note"],
         "",

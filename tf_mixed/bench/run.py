@@ -3,8 +3,9 @@
 `run_policy(config, policy)` trains the model once under one policy, in the
 current process, and returns every figure of that run as a JSON-ready dict:
 steady-state throughput (median over timed steps, warm-up excluded), step
-time, peak memory, final train/validation loss and accuracy, skipped steps and
-the loss-scale trajectory. `tf_mixed.bench.compare` calls it once per policy,
+time, peak memory, final train/validation loss and accuracy, skipped steps,
+the loss-scale trajectory and, from `tf_mixed.census` of the trained model's
+step, the share of matmul/conv FLOPs in half precision and the casts per step. `tf_mixed.bench.compare` calls it once per policy,
 each in a fresh process by default; `tf_mixed.bench.report` turns the dicts
 into the table and files. Every policy sees the same seed, initial weights and data order.
 
@@ -179,6 +180,7 @@ def run_policy(
         peak_gpu = _peak_gpu_mb()
         compute_dtype = model.dtype_policy.compute_dtype
         jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
+        census = _census(config, model, train_set)
     # What the mixed run leaves to serve (tf_mixed.bench.serving); measured
     # after the timings, so it costs none of them.
     servable = compute_dtype != "float32" and config.strategy != "multiworker"
@@ -232,12 +234,37 @@ def run_policy(
             "max": max(v for _, v in scale_changes),
             "trajectory": scale_changes,  # [step, scale]: step 0, then every change
         },
+        "census": census,
         "model_params": int(model.count_params()),
         "dataset": bench_data.describe(),
         "serving": serving_figures,
     }
     keras.backend.clear_session()
     return result
+
+
+def _census(config: BenchConfig, model, train_set) -> dict[str, Any]:
+    """The half-precision FLOP share and casts of the trained model's fit step.
+
+    Taken after training, outside the timing. For the custom loop the model
+    is compiled for the census (its step computes the same forward and
+    backward pass). Under several workers it is not taken (a trace there
+    would join the workers' collectives); a failure is recorded, not raised.
+    """
+    if config.strategy == "multiworker":
+        return {"error": "not taken under multiworker"}
+    loss = None if model.compiled else "sparse_categorical_crossentropy"
+    try:
+        report = tf_mixed.census(model, train_set.take(1), loss=loss)
+    except Exception as error:  # noqa: BLE001 - the figures stand without it
+        return {"error": f"{type(error).__name__}: {str(error).strip()[:300]}"}
+    return {
+        "half_flop_share": report.half_flop_share,
+        "casts_per_step": report.casts_per_step,
+        "cast_bytes_per_step": report.cast_bytes_per_step,
+        "source": report.source,
+        "findings": [finding.code for finding in report.findings],
+    }
 
 
 def _unreadable_data(config: BenchConfig, error: Exception) -> Exception:

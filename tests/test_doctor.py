@@ -1,0 +1,136 @@
+"""``python -m tf_mixed doctor``: census, findings, doctor.json, --measure, bad input.
+
+Timing figures are never asserted (the machine decides them); the tests
+check what was applied and that the figures are real measurements.
+"""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import tf_mixed
+from tf_mixed.bench import doctor
+from tf_mixed.bench.cli import main
+
+
+def _planted(tmp_path):
+    """A mixed_bfloat16 MLP with a width-1001 Dense and a float32 Dense after it."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    inp = keras.Input((32,))
+    h = keras.layers.Dense(1001, activation="relu", name="wide")(inp)
+    h = keras.layers.Dense(64, name="island", dtype="float32")(h)
+    out = keras.layers.Dense(4, name="out", dtype="float32")(h)
+    model = keras.Model(inp, out, name="planted")
+    path = tmp_path / "planted.keras"
+    model.save(path)
+    keras.config.set_dtype_policy("float32")
+    rng = np.random.default_rng(0)
+    npz = tmp_path / "data.npz"
+    np.savez(npz, x=rng.normal(size=(64, 32)).astype("float32"), y=rng.integers(0, 4, 64))
+    return str(path), str(npz)
+
+
+def test_doctor_writes_the_census_and_names_each_cause(tmp_path, capsys):
+    path, npz = _planted(tmp_path)
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", path, f"--dataset=npz:{npz}", "--batch_size=16",
+                 f"--output_dir={out}"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    record = json.loads((out / "doctor.json").read_text())
+    findings = {(f["code"], f["layer"]) for f in record["census"]["findings"]}
+    assert findings == {("float32_island", "island"), ("tile_misfit", "wide")}
+    assert record["census"]["policy"] == "mixed_bfloat16"
+    assert record["measured"] is None
+    assert "use units=1008" in printed and "Float32 islands" in printed
+    assert not (out / "doctor.json.partial").exists()
+
+
+def test_fixed_model_applies_only_the_automatic_fixes(tmp_path):
+    path, npz = _planted(tmp_path)
+    model = keras.saving.load_model(path)
+    x = np.ones((16, 32), "float32")
+    report = tf_mixed.census(model, x, np.zeros(16, "int32"),
+                             loss="sparse_categorical_crossentropy", batch_size=16)
+    fixed, applied = doctor.fixed_model(model, report)
+    assert applied == ["'island' converted to mixed_bfloat16",
+                       "'wide' padded to a multiple of 16"]
+    assert fixed.get_layer("wide").units == 1008
+    assert fixed.get_layer("island").dtype_policy.name == "mixed_bfloat16"
+    assert fixed.get_layer("out").dtype_policy.name == "float32"  # no finding: kept
+    assert model.get_layer("wide").units == 1001  # the original is untouched
+
+
+def test_measure_times_both_models(tmp_path, capsys):
+    path, npz = _planted(tmp_path)
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", path, f"--dataset=npz:{npz}", "--batch_size=16",
+                 "--measure", "--steps=2", "--rounds=2", "--warmup_steps=1",
+                 f"--output_dir={out}"])
+    assert code == 0, capsys.readouterr().err
+    measured = json.loads((out / "doctor.json").read_text())["measured"]
+    assert measured["timed_steps"] == {"before": 4, "after": 4}
+    assert len(measured["applied"]) == 2
+    for key in ("before_step_ms", "after_step_ms", "speedup", "round_speedup_median"):
+        assert math.isfinite(measured[key]) and measured[key] > 0
+    assert "Measured (median fit step" in capsys.readouterr().out
+
+
+def test_measure_with_nothing_to_apply(tmp_path, capsys):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32),
+                              keras.layers.Dense(4)])
+    path = tmp_path / "clean.keras"
+    model.save(path)
+    npz = tmp_path / "d.npz"
+    np.savez(npz, x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
+                 "--measure", f"--output_dir={out}"])
+    assert code == 0
+    assert "nothing to measure" in capsys.readouterr().out
+    assert json.loads((out / "doctor.json").read_text())["measured"]["applied"] == []
+
+
+def _bad(tmp_path, capsys, *args):
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", *args, f"--output_dir={out}"])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("tf_mixed doctor: error: ")
+    assert not out.exists()  # nothing left behind
+    return lines[0]
+
+
+def test_missing_file(tmp_path, capsys):
+    line = _bad(tmp_path, capsys, str(tmp_path / "nope.keras"))
+    assert "no such file" in line
+
+
+def test_dataset_shape_mismatch(tmp_path, capsys):
+    path, _ = _planted(tmp_path)
+    npz = tmp_path / "narrow.npz"
+    np.savez(npz, x=np.ones((32, 7), "float32"), y=np.zeros(32, "int32"))
+    line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
+    assert "32" in line and "7" in line
+
+
+def test_unknown_policy(tmp_path, capsys):
+    path, npz = _planted(tmp_path)
+    line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--policy=fp12")
+    assert "--policy='fp12': unknown policy" in line
+    assert "mixed_bfloat16" in line  # the accepted names
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((), "expected exactly one MODEL"),
+    (("a.keras", "--steps=0"), "--steps=0"),
+    (("a.keras", "--jit_compile=maybe"), "jit_compile"),
+])
+def test_bad_flags(tmp_path, capsys, args, expected):
+    assert expected in _bad(tmp_path, capsys, *args)
