@@ -47,6 +47,7 @@ _EXPORTS = {
     "distribute": "distribute",
     "enable": "policy",
     "float32_loss": "layers",
+    "float8": "float8",
     "hardware": "hardware",
     "launch": "launch",
     "layers": "layers",
@@ -66,6 +67,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
     from tf_mixed import distribute
+    from tf_mixed import float8
     from tf_mixed import hardware
     from tf_mixed import launch
     from tf_mixed import layers

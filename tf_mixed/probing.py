@@ -40,6 +40,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed import float8_reading
+from tf_mixed import float8_readiness
 from tf_mixed import keep_float32 as keep_float32_rules
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import FLOAT_POLICIES
@@ -128,7 +130,15 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         variables=tuple(variables), current_scale=current,
         recommended_scale=recommended, underflow_at_recommended=underflow,
         gradient_entries=entries, first_nonfinite=first, first_nonfinite_in=where,
-        advice=advice, half_gradients="measured" if half_gradients else "predicted")
+        advice=advice, half_gradients="measured" if half_gradients else "predicted",
+        float8=_float8_section(model, batches_list[0], loss_fn))
+
+
+def _float8_section(model, batch, loss_fn) -> tuple:
+    """Float8 scales and saturation on the first batch, for a float8 model."""
+    if not any(float8_readiness.is_float8(layer) for layer in model.layers):
+        return ()
+    return float8_reading.state(model, batch[0], batch[1], loss=loss_fn).tensors
 
 
 # ------------------------------------------------------------------ checks
@@ -267,7 +277,7 @@ def _check_fits(model, x) -> None:
 
 def _half_dtype(model, layer, target) -> str | None:
     """The policy `layer` gets in the half clone (None: keep its own)."""
-    name = getattr(layer.dtype_policy, "name", None)
+    name = _policy_name(layer)
     if name not in FLOAT_POLICIES or type(layer).__name__ == "InputLayer":
         return None
     if keras.backend.standardize_dtype(layer.compute_dtype) in _HALF_POLICIES:
@@ -282,12 +292,25 @@ def _has_half_layers(model) -> bool:
                for l in model.layers if type(l).__name__ != "InputLayer")
 
 
+def _policy_name(layer) -> str | None:
+    """The layer's policy name; a float8 layer's source policy (its compute
+    policy without the float8 quantization)."""
+    if float8_readiness.is_float8(layer):
+        return layer.dtype_policy.name.partition("_from_")[2] or None
+    return getattr(layer.dtype_policy, "name", None)
+
+
 def _clone(model, policy_for):
+    # Float8 layers are cloned without their quantization: the per-layer
+    # tables compare compute policies; float8 itself is measured on the
+    # model (`_float8_section`).
     def clone_layer(layer):
         config = layer.get_config()
+        if float8_readiness.is_float8(layer):
+            config["dtype"] = _policy_name(layer)
         dtype = policy_for(layer)
         if dtype is not None and "dtype" in config and \
-                getattr(layer.dtype_policy, "name", None) in FLOAT_POLICIES and \
+                _policy_name(layer) in FLOAT_POLICIES and \
                 type(layer).__name__ != "InputLayer":
             config["dtype"] = dtype
         return layer.__class__.from_config(config)
@@ -303,8 +326,19 @@ def _clone(model, policy_for):
         model.compiled = was_compiled
     for source, target in zip(model.layers, clone.layers):
         if source.weights:
-            target.set_weights(source.get_weights())
+            _copy_weights(source, target)
     return clone
+
+
+def _copy_weights(source, target) -> None:
+    """Copies weights by order; a float8 source by name into its unquantized
+    clone (kernel and bias; the scales and histories have no place there)."""
+    if not float8_readiness.is_float8(source):
+        target.set_weights(source.get_weights())
+        return
+    by_name = {w.name: w for w in source.weights}
+    for weight in target.weights:
+        weight.assign(by_name[weight.name])
 
 
 class _Tap:

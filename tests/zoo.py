@@ -1,0 +1,378 @@
+"""The model zoo: the kinds of Keras models users bring, small enough for every test.
+
+Every public API that takes a model runs over `ZOO`::
+
+    from zoo import ZOO, reloaded_model
+
+    @pytest.mark.parametrize("name", ZOO)
+    def test_my_api(name):
+        spec = ZOO[name]
+        model = spec.ready()              # built, weights exist, not compiled
+        x, y = spec.data(32)
+        model.compile(optimizer="sgd", loss=spec.loss)
+        ...
+
+    @pytest.mark.parametrize("name", ZOO)
+    def test_my_api_after_reload(name):
+        model = reloaded_model(name)      # saved, reloaded in a fresh process, loaded here
+
+Each `ZooSpec` has:
+
+- ``name``: the key in `ZOO`; ``kind``: what sort of model it is (one of
+  `KINDS`), for tests whose API refuses a kind and must name it.
+- ``build()``: a new model as a user constructs it, in the current dtype
+  policy, uncompiled. Every model is built (has weights) except the kind
+  ``"sequential"`` without ``keras.Input``, which Keras builds on its first
+  call; ``ready()`` returns any of them built, by calling it on two examples.
+- ``data(n, seed=0)``: ``(x, y)`` numpy arrays (lists for several inputs or
+  outputs) that fit the model and ``loss``.
+- ``loss``: a Keras loss name, or a list of names (one per output).
+- ``nested``: the name of the inner model (``"nested"`` kind), else None.
+- ``custom_objects``: what `keras.saving.load_model` needs besides a
+  registered class (the unregistered ``def`` of the Lambda kind).
+- ``compiled(optimizer="sgd")``: ``ready()`` compiled with ``loss``.
+
+Saved and reloaded: `reloaded_path(name)` is a ``.keras`` file that was saved
+here (compiled with ``loss``), loaded in a fresh Python process exactly as a
+user would (``import tf_mixed``, ``keras.saving.load_model``), checked to give
+the same predictions and saved again; `reloaded_model(name)` loads it in this
+process. One subprocess serves the whole zoo, once per test session (the
+fixture ``zoo_reloaded`` gives the dict of paths).
+
+Every model computes a few ms per step on a CPU. Weights are seeded, so two
+builds give the same predictions. Add kinds; do not rename (other tests
+import these names).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+KINDS = (
+    "sequential", "functional", "nested", "subclassed_layer", "lambda",
+    "multi_input", "multi_output", "embedding", "batchnorm", "dropout",
+)
+
+FEATURES = 8  # width of every float input
+
+
+def _init(seed):
+    return keras.initializers.GlorotUniform(seed=seed)
+
+
+@keras.saving.register_keras_serializable(package="tf_mixed_zoo")
+class ZooScale(keras.layers.Layer):
+    """A subclassed layer with one trainable per-feature scale: ``x * scale``."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        return x * keras.ops.cast(self.scale, x.dtype)
+
+
+def zoo_double(t):
+    """The Lambda kind's module-level ``def`` (unregistered, as users write them)."""
+    return t * 2.0
+
+
+# ---------------------------------------------------------------- builders
+
+
+def _sequential_input():
+    return keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="d1"),
+        keras.layers.Dense(1, kernel_initializer=_init(2), name="d2"),
+    ], name="sequential_input")
+
+
+def _sequential_no_input():
+    return keras.Sequential([
+        keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="d1"),
+        keras.layers.Dense(1, kernel_initializer=_init(2), name="d2"),
+    ], name="sequential_no_input")
+
+
+def _functional():
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="d1")(inputs)
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(2), name="d2")(h)
+    return keras.Model(inputs, outputs, name="functional")
+
+
+def _nested():
+    inner_in = keras.Input((FEATURES,), name="enc_in")
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="enc_d1")(inner_in)
+    h = keras.layers.Dense(8, activation="relu", kernel_initializer=_init(2), name="enc_d2")(h)
+    encoder = keras.Model(inner_in, h, name="encoder")
+    inputs = keras.Input((FEATURES,), name="x")
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(3), name="head")(encoder(inputs))
+    return keras.Model(inputs, outputs, name="nested")
+
+
+def _subclassed_layer():
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="d1")(inputs)
+    h = ZooScale(name="scale")(h)
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(2), name="d2")(h)
+    return keras.Model(inputs, outputs, name="subclassed_layer")
+
+
+def _lambda_model(function, name):
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="d1")(inputs)
+    h = keras.layers.Lambda(function, name="double")(h)
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(2), name="d2")(h)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def _lambda_lambda():
+    return _lambda_model(lambda t: t * 2.0, "lambda_lambda")
+
+
+def _lambda_def():
+    return _lambda_model(zoo_double, "lambda_def")
+
+
+def _multi_input():
+    a = keras.Input((FEATURES,), name="a")
+    b = keras.Input((4,), name="b")
+    h = keras.layers.Concatenate(name="concat")([
+        keras.layers.Dense(8, activation="relu", kernel_initializer=_init(1), name="da")(a), b])
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(2), name="head")(h)
+    return keras.Model([a, b], outputs, name="multi_input")
+
+
+def _multi_output():
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="trunk")(inputs)
+    reg = keras.layers.Dense(1, kernel_initializer=_init(2), name="reg")(h)
+    cls = keras.layers.Dense(3, activation="softmax", kernel_initializer=_init(3), name="cls")(h)
+    return keras.Model(inputs, [reg, cls], name="multi_output")
+
+
+def _embedding():
+    inputs = keras.Input((6,), dtype="int32", name="tokens")
+    h = keras.layers.Embedding(50, 8, embeddings_initializer=keras.initializers.RandomUniform(
+        -0.5, 0.5, seed=1), name="embed")(inputs)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    outputs = keras.layers.Dense(3, activation="softmax", kernel_initializer=_init(2), name="head")(h)
+    return keras.Model(inputs, outputs, name="embedding")
+
+
+def _batchnorm():
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(16, kernel_initializer=_init(1), name="d1")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Activation("relu", name="relu")(h)
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(2), name="d2")(h)
+    return keras.Model(inputs, outputs, name="batchnorm")
+
+
+def _dropout():
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="d1")(inputs)
+    h = keras.layers.Dropout(0.25, seed=1, name="drop")(h)
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(2), name="d2")(h)
+    return keras.Model(inputs, outputs, name="dropout")
+
+
+# ---------------------------------------------------------------- data
+
+
+def _regression(n, seed=0):
+    x = np.random.default_rng(seed).normal(size=(n, FEATURES)).astype("float32")
+    return x, (0.5 * x[:, :1] - 0.25 * x[:, 1:2]).astype("float32")
+
+
+def _classes(x):
+    return (np.abs(x[:, 0] * 3).astype("int64") % 3).astype("int32")
+
+
+def _multi_input_data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(n, FEATURES)).astype("float32")
+    b = rng.normal(size=(n, 4)).astype("float32")
+    return [a, b], (0.5 * a[:, :1] + b[:, :1]).astype("float32")
+
+
+def _multi_output_data(n, seed=0):
+    x, y = _regression(n, seed)
+    return x, [y, _classes(x)]
+
+
+def _embedding_data(n, seed=0):
+    tokens = np.random.default_rng(seed).integers(0, 50, size=(n, 6)).astype("int32")
+    return tokens, (tokens[:, 0] % 3).astype("int32")
+
+
+# ---------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooSpec:
+    """One zoo model: how to build it, its data and its loss (see the module docstring)."""
+
+    name: str
+    kind: str
+    build: Callable[[], keras.Model]
+    data: Callable[..., tuple[Any, Any]]
+    loss: str | list[str]
+    nested: str | None = None
+    custom_objects: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def ready(self) -> keras.Model:
+        """A new model, built: called once on two examples if it had no weights."""
+        model = self.build()
+        if not model.built or not model.weights:
+            model(self.data(2)[0])
+        return model
+
+    def compiled(self, optimizer: Any = "sgd") -> keras.Model:
+        """`ready()` compiled with ``loss`` and ``optimizer``."""
+        model = self.ready()
+        model.compile(optimizer=optimizer, loss=self.loss)
+        return model
+
+
+_SPECS = (
+    ZooSpec("sequential_input", "sequential", _sequential_input, _regression, "mse"),
+    ZooSpec("sequential_no_input", "sequential", _sequential_no_input, _regression, "mse"),
+    ZooSpec("functional", "functional", _functional, _regression, "mse"),
+    ZooSpec("nested", "nested", _nested, _regression, "mse", nested="encoder"),
+    ZooSpec("subclassed_layer", "subclassed_layer", _subclassed_layer, _regression, "mse"),
+    ZooSpec("lambda_lambda", "lambda", _lambda_lambda, _regression, "mse"),
+    ZooSpec("lambda_def", "lambda", _lambda_def, _regression, "mse",
+            custom_objects={"zoo_double": zoo_double}),
+    ZooSpec("multi_input", "multi_input", _multi_input, _multi_input_data, "mse"),
+    ZooSpec("multi_output", "multi_output", _multi_output, _multi_output_data,
+            ["mse", "sparse_categorical_crossentropy"]),
+    ZooSpec("embedding", "embedding", _embedding, _embedding_data, "sparse_categorical_crossentropy"),
+    ZooSpec("batchnorm", "batchnorm", _batchnorm, _regression, "mse"),
+    ZooSpec("dropout", "dropout", _dropout, _regression, "mse"),
+)
+
+ZOO: dict[str, ZooSpec] = {spec.name: spec for spec in _SPECS}
+assert all(spec.kind in KINDS for spec in _SPECS)
+
+
+def load(path: str, name: str) -> keras.Model:
+    """Loads a saved zoo model ``name`` from ``path`` in this process.
+
+    ``safe_mode=False`` because the Lambda kind holds a Python lambda;
+    ``custom_objects`` supplies the unregistered ``def``.
+    """
+    import tf_mixed  # noqa: F401  as a user would, before loading
+
+    return keras.saving.load_model(path, custom_objects=ZOO[name].custom_objects, safe_mode=False)
+
+
+# ---------------------------------------------------------------- saved + reloaded
+
+
+def _prediction(model, x):
+    out = model.predict(x, verbose=0)
+    return [np.asarray(o).tolist() for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def save_and_reload(directory: str, names=None) -> dict[str, str]:
+    """Saves zoo models to ``directory``, reloads them in one fresh process.
+
+    Each model is built (`ZooSpec.compiled`), saved as ``NAME.keras`` with
+    its predictions on ``data(4)`` beside it; a fresh Python process loads
+    each file, checks its predictions match, and saves it again as
+    ``NAME.reloaded.keras``.
+
+    Args:
+        directory: An existing directory for the files.
+        names: Zoo names (default: the whole zoo).
+
+    Returns:
+        ``{name: path of NAME.reloaded.keras}``.
+
+    Raises:
+        RuntimeError: The fresh process failed (its output is in the message).
+    """
+    names = list(ZOO if names is None else names)
+    for name in names:
+        spec = ZOO[name]
+        model = spec.compiled()
+        model.save(os.path.join(directory, f"{name}.keras"))
+        with open(os.path.join(directory, f"{name}.expected.json"), "w") as f:
+            json.dump(_prediction(model, spec.data(4)[0]), f)
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [here, os.path.dirname(here)] + [p for p in [env.get("PYTHONPATH")] if p])
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, zoo; zoo._reload_main(sys.argv[1], sys.argv[2:])",
+         directory, *names],
+        check=False, env=env, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"reloading the zoo in a fresh process failed:\n{result.stdout}\n"
+                           f"{result.stderr[-4000:]}")
+    return {name: os.path.join(directory, f"{name}.reloaded.keras") for name in names}
+
+
+def _reload_main(directory, names):
+    """The fresh process: load each model as a user would, check it, save it again."""
+    for name in names:
+        model = load(os.path.join(directory, f"{name}.keras"), name)
+        with open(os.path.join(directory, f"{name}.expected.json")) as f:
+            expected = json.load(f)
+        got = _prediction(model, ZOO[name].data(4)[0])
+        for e, g in zip(expected, got):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=name)
+        model.save(os.path.join(directory, f"{name}.reloaded.keras"))
+
+
+@functools.cache
+def _reloaded_paths() -> dict[str, str]:
+    directory = tempfile.mkdtemp(prefix="tf_mixed_zoo_")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")  # the saved models are float32 models
+    try:
+        return save_and_reload(directory)
+    finally:
+        keras.config.set_dtype_policy(policy)
+
+
+def reloaded_path(name: str) -> str:
+    """The ``.keras`` file of zoo model ``name`` after a reload in a fresh process.
+
+    The whole zoo is saved and reloaded on the first call (one subprocess per
+    test session). The file is shared: copy it before changing it.
+    """
+    return _reloaded_paths()[name]
+
+
+def reloaded_model(name: str) -> keras.Model:
+    """Zoo model ``name``, saved, reloaded in a fresh process, loaded here (compiled)."""
+    return load(reloaded_path(name), name)
+
+
+try:
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def zoo_reloaded() -> dict[str, str]:
+        """``{name: path}`` of every zoo model saved and reloaded in a fresh process."""
+        return _reloaded_paths()
+except ImportError:  # the fresh process does not need pytest
+    pass
