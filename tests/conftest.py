@@ -61,12 +61,12 @@ def _fake_hardware(monkeypatch):
 @pytest.fixture(autouse=True)
 def _restore_global_state():
     """Saves and restores Keras's global dtype policy and TF's remapping option."""
-    from tf_mixed import policy as policy_module
+    from tf_mixed import policy_state
 
     saved_policy = keras.config.dtype_policy()
     saved_remapping = tf.config.optimizer.get_experimental_options().get("remapping")
     yield
-    policy_module._reset_for_tests()
+    policy_state.reset()
     keras.config.set_dtype_policy(saved_policy)
     # Unset before the test means TF's default, which is on.
     remapping = True if saved_remapping is None else saved_remapping

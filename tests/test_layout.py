@@ -158,3 +158,27 @@ def test_lazy_names_resolve_and_audit_stays_the_function():
         assert getattr(tf_mixed, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         tf_mixed.nope  # noqa: B018
+
+
+def _library_imports_reachable_from(module: str) -> set[str]:
+    """Every tf_mixed module ``module`` imports, directly or through others."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        path = ROOT / (name.replace(".", "/") + ".py")
+        if name in seen or not path.exists():
+            continue
+        seen.add(name)
+        todo += [m for m, _ in _imported_modules(path) if m.startswith("tf_mixed.")]
+    return seen - {module}
+
+
+def test_the_optimizer_does_not_reach_the_fit_workaround():
+    reached = _library_imports_reachable_from("tf_mixed.loss_scale")
+    assert "tf_mixed.rollback" in reached  # the walk follows imports
+    assert not {"tf_mixed.distribute", "tf_mixed._keras_fix_20585"} & reached, reached
+
+
+def test_the_stop_rules_import_neither_keras_nor_tensorflow():
+    imported = {m.split(".")[0] for m, _ in _imported_modules(PACKAGE / "stop_rules.py")}
+    assert not {"keras", "tensorflow", "tf_mixed"} & imported, imported

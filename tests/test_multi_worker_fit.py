@@ -101,7 +101,26 @@ def test_fit_support_changes_nothing_without_several_workers(mirrored):
     assert not fix.is_applied()
 
 
-def test_loss_scale_optimizer_in_a_multi_worker_scope_installs_the_fix(monkeypatch):
+def test_multi_worker_strategy_installs_the_fix_where_fit_is_prepared(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["localhost:1", "localhost:2"]},
+        "task": {"type": "worker", "index": 0}}))
+    fake = fix._fake_multi_worker_strategy()
+    # distribute's own `tf` sees a strategy class that starts no cluster.
+    monkeypatch.setattr(distribute, "tf", types.SimpleNamespace(
+        distribute=types.SimpleNamespace(
+            MultiWorkerMirroredStrategy=lambda **_: fake,
+            experimental=tf.distribute.experimental,
+            get_strategy=tf.distribute.get_strategy)))
+    try:
+        assert distribute.multi_worker_strategy() is fake
+        assert fix.is_applied()
+    finally:
+        distribute.remove_fit_support()
+    assert not fix.is_applied()
+
+
+def test_the_optimizer_does_not_install_the_fix(monkeypatch):
     import keras
 
     import tf_mixed
@@ -109,10 +128,9 @@ def test_loss_scale_optimizer_in_a_multi_worker_scope_installs_the_fix(monkeypat
     monkeypatch.setattr(tf.distribute, "get_strategy", fix._fake_multi_worker_strategy)
     try:
         tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-        assert fix.is_applied()
+        assert not fix.is_applied()
     finally:
         distribute.remove_fit_support()
-    assert not fix.is_applied()
 
 
 def test_fix_is_not_installed_on_another_keras_major(monkeypatch):

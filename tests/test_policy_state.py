@@ -231,3 +231,45 @@ def test_disable_after_clear_session_says_so_and_still_releases(caplog):
                for r in caplog.records)
     assert remapping() is True
     assert policy.status().enabled is None
+
+
+# --------------------------------------------------------- one owner, one reset
+
+
+def test_reset_forgets_this_threads_state_and_every_remapping_hold():
+    from tf_mixed import policy_state
+
+    tf_mixed.enable("mixed_float16", quiet=True, keep_float32=["head"])
+    state = policy_state.thread_state()
+    assert state.active == "mixed_float16" and state.holds_remapping
+    assert policy_state.remapping_holders() == 1 and remapping() is False
+    assert policy_state.keep_rules()[0].names == ("head",)
+    policy_state.reset()
+    assert policy_state.thread_state() == policy_state.ThreadState()
+    assert policy_state.remapping_holders() == 0
+    assert policy_state.keep_rules() == (None, None)
+    # The reset leaves Keras's policy and TF's option alone (the caller's).
+    assert keras.config.dtype_policy().name == "mixed_float16"
+    assert remapping() is False
+    tf_mixed.disable()  # nothing to undo any more
+    assert keras.config.dtype_policy().name == "mixed_float16"
+
+
+def test_hidden_policy_state_has_one_owner():
+    """Thread-locals, context variables and reset hooks live in policy_state only."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(tf_mixed.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "policy_state.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            text = ast.unparse(node) if isinstance(node, ast.Call) else ""
+            if text.startswith(("threading.local(", "contextvars.ContextVar(")):
+                offenders.append(f"{path.name}:{node.lineno} {text}")
+            if isinstance(node, ast.FunctionDef) and "for_test" in node.name:
+                offenders.append(f"{path.name}:{node.lineno} def {node.name}")
+    assert not offenders, offenders

@@ -150,7 +150,7 @@ def test_metric_variables_are_not_tracked(fp16):
     model.compile(optimizer=_optimizer(), loss="mse", metrics=["mae"])
     model.fit(*_data(2), batch_size=2, epochs=1, verbose=0,
               callbacks=[LossScaleMonitor()])
-    tracked = {v.path for v in model.optimizer._scratch.forward_variables}
+    tracked = {v.path for v in model.optimizer.tracked_forward_variables}
     assert tracked == {v.path for v in model.layers[1].non_trainable_weights}
     assert not tracked & {v.path for v in model.metrics_variables}
 

@@ -150,7 +150,7 @@ def reduce_gradients(
         replica_context = tf.distribute.get_replica_context()
     replicas = replica_context.num_replicas_in_sync
     if replicas <= 1:
-        return grads, _all_finite(grads)
+        return grads, all_finite(grads)
     _check_supported(wire, replica_context.strategy)
 
     dense = [i for i, g in enumerate(grads)
@@ -224,7 +224,15 @@ def _check_supported(wire, strategy):
         )
 
 
-def _all_finite(grads):
+def all_finite(grads) -> tf.Tensor:
+    """Whether every gradient in ``grads`` is finite (None entries ignored).
+
+    Args:
+        grads: Dense tensors, ``tf.IndexedSlices`` or None.
+
+    Returns:
+        A scalar bool tensor (True for an empty list).
+    """
     checks = [tf.reduce_all(tf.math.is_finite(_values(g)))
               for g in grads if g is not None]
     if not checks:
@@ -236,7 +244,7 @@ def _nonfinite_flag(grads):
     """A [1] float32 tensor, 1.0 when any of ``grads`` is not finite, or None."""
     if not grads:
         return None
-    return tf.reshape(tf.cast(tf.logical_not(_all_finite(grads)), tf.float32),
+    return tf.reshape(tf.cast(tf.logical_not(all_finite(grads)), tf.float32),
                       [1])
 
 

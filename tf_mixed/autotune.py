@@ -507,16 +507,16 @@ def _run(step, inputs) -> None:
 
 
 def _first_call(step, inputs, remapping_off: bool) -> None:
-    from tf_mixed import _remapping
+    from tf_mixed import policy_state
 
     if remapping_off:
         # Grappler optimises a function on its first call: hold the option
         # off only for that call, as enable("mixed_float16") would on a CPU.
-        _remapping.hold()
+        policy_state.hold_remapping()
         try:
             _run(step, inputs)
         finally:
-            _remapping.release()
+            policy_state.release_remapping()
     else:
         _run(step, inputs)
 

@@ -1,51 +1,38 @@
 """Keras `fit` callbacks that make mixed-precision failures visible.
 
-`LossScaleMonitor` does four jobs and costs nothing per step by default: it
-does not override ``on_train_batch_end`` (so Keras dispatches batch hooks
-asynchronously and never waits for a step on its behalf) and reads the
-optimizer once per epoch. Every counter it judges is kept by the optimizer
-itself (`tf_mixed.scale_state.LossScaleState`), so a read every epoch is as
-exact as a read every step, whatever ``steps_per_execution`` is.
+`LossScaleMonitor` costs nothing per step by default: it does not override
+``on_train_batch_end`` (so Keras dispatches batch hooks asynchronously) and
+reads the optimizer once per epoch. Every counter it judges is kept by the
+optimizer itself (`tf_mixed.scale_state.LossScaleState`), so a read every
+epoch is as exact as a read every step, whatever ``steps_per_execution`` is.
 
-1. **Reports.** At the end of every epoch it writes ``loss_scale``,
-   ``skipped_steps`` (steps skipped in that epoch) and ``skipped_fraction``
-   into the epoch ``logs`` as Python floats, so `History`, Keras's
-   `TensorBoard` callback and the progress bar show them. With
-   ``log_every_n_batches=N`` it also writes them into the batch logs every N
-   batches (a host read every N batches).
+1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
+   ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
+   `History`, Keras's `TensorBoard` callback and the progress bar show them;
+   with ``log_every_n_batches=N`` also into the batch logs every N batches.
 2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
-   ``logs["loss"]`` averages in the skipped steps' NaN/inf loss and shows
-   ``loss: nan`` for a healthy epoch. With ``tf_mixed.LossScaleOptimizer``
-   the monitor replaces ``logs["loss"]`` by the mean loss of the applied
-   steps (the optimizer sums them as it applies; see
-   ``LossScaleOptimizer.applied_loss_totals``). Epochs without a skipped step
-   keep Keras's value untouched.
-3. **Protects the model.** At ``on_train_begin`` it hands the model to a
+   ``logs["loss"]`` averages in their NaN/inf loss. With
+   ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
+   `tf_mixed.loss_tally.LossTally` and replaces ``logs["loss"]`` by the mean
+   loss of the applied steps. Epochs without a skipped step keep Keras's
+   value.
+3. **Protects the model**: it hands the model to a
    ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
-   step also rolls back what its forward pass wrote (BatchNormalization's
-   moving statistics), on every replica.
+   step also rolls back BatchNormalization's moving statistics
+   (`tf_mixed.rollback`).
 4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`) and
-   **stops a run that cannot recover**: ``patience`` consecutive steps skipped
-   at the minimum loss scale; more than ``max_skip_fraction`` of an epoch
-   skipped; a non-finite loss on an *applied* step, or NaN/inf in any
-   replica's copy of the weights or statistics. These checks run at the end
-   of every epoch, and every ``check_every_n_batches`` batches when asked.
-   Every stop decision is taken from values that are the same on every
-   replica and worker (the optimizer's counters follow the all-reduced skip
-   verdict; the NaN checks are reduced across workers), so no worker stops
-   while its peers wait in a collective.
+   **stops a run that cannot recover**, by the rules of
+   `tf_mixed.stop_rules` (pure functions of a typed reading). Every stop
+   decision is taken from values that are the same on every replica and
+   worker (the optimizer's counters follow the all-reduced skip verdict; the
+   NaN signs are summed across workers), so no worker stops while its peers
+   wait in a collective.
 
-Supported optimizers, all read through `tf_mixed.loss_scale_state`:
-
-* ``tf_mixed.LossScaleOptimizer``: every rule is exact.
-* ``keras.optimizers.LossScaleOptimizer``: it keeps no skipped counter, but
-  its inner optimizer's ``iterations`` advance only on applied steps, so
-  skipped = steps run - iterations advanced; it has no minimum scale and
-  halves on every skip, so "at its minimum" means at or below the monitor's
-  ``min_scale`` (default 1.0) and the streak is counted from the halvings
-  between two reads. Its epoch loss cannot be corrected.
-* any other optimizer: nothing is skipped; only the NaN checks and the
-  set-up checks apply, and ``loss_scale`` is logged as 1.0.
+Supported optimizers: ``tf_mixed.LossScaleOptimizer`` (every rule exact),
+``keras.optimizers.LossScaleOptimizer`` (skips derived from ``iterations``;
+see `tf_mixed.stop_rules`; its epoch loss cannot be corrected), and any other
+optimizer (nothing is skipped; only the NaN and set-up checks apply, and
+``loss_scale`` is logged as 1.0).
 """
 
 from __future__ import annotations
@@ -60,6 +47,11 @@ import tensorflow as tf
 from absl import logging
 
 from tf_mixed import loss_scale as loss_scale_module
+from tf_mixed import stop_rules
+from tf_mixed.loss_tally import LossTally
+from tf_mixed.replicas import local_copies
+from tf_mixed.rollback import forward_variables
+from tf_mixed.stop_rules import Progress, Snapshot
 
 __all__ = [
     "LossScaleFailure",
@@ -67,6 +59,7 @@ __all__ = [
     "MixedPrecisionWarning",
     "model_setup_problems",
 ]
+
 
 class MixedPrecisionWarning(UserWarning):
     """A mixed-precision set-up that will train badly or not at all."""
@@ -165,6 +158,22 @@ def _check_int(name: str, value, minimum: int, hint: str) -> int:
     return int(value)
 
 
+def _check_min_scale(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(
+            value, (int, float, np.floating, np.integer)):
+        raise TypeError(
+            "'min_scale' must be a positive number or None, such as "
+            f"1.0. Received: min_scale={value!r} (of type "
+            f"{type(value).__name__})")
+    if not value > 0 or math.isinf(value):
+        raise ValueError(
+            "'min_scale' must be a positive finite number or None, "
+            f"such as 1.0. Received: min_scale={value!r}")
+    return float(value)
+
+
 def _global_sums(strategy, values: list[float]) -> list[float]:
     """Sums ``values`` over the workers of a multi-worker strategy.
 
@@ -188,25 +197,56 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
     return [float(v) for v in reduce().numpy()]
 
 
-def _keras_streak(scale_before: float, n: int, k: int, threshold: float,
-                  streak: int, scale_after: float) -> int:
-    """Consecutive skips at or below ``threshold``, for Keras's wrapper.
+def _kind(optimizer) -> stop_rules.Kind:
+    """Which of the three kinds of optimizer the monitor reads."""
+    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+        return "tf_mixed"
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return "keras"
+    return "none"
 
-    Keras's wrapper halves the scale on every skip and has no floor or
-    counter. When all ``n`` steps since the last read were skipped, step
-    ``i`` ran at ``scale_before / 2**i``: count those at the threshold (a
-    walk over the halvings, exact for powers of two). Otherwise the order of
-    applied and skipped steps is unknown; the streak restarts, at 1 if the
-    last step was skipped at the threshold (no growth since, scale halved).
+
+def _snapshot(optimizer, kind: stop_rules.Kind) -> Snapshot:
+    """One read of everything the rules need (plain Python values)."""
+    if optimizer is None:
+        return Snapshot(scale=1.0, applied=0)
+    state = loss_scale_module.loss_scale_state(optimizer)
+    applied = int(keras.ops.convert_to_numpy(optimizer.iterations))
+    if kind != "tf_mixed":
+        return Snapshot(scale=float(state.scale), applied=applied)
+    tally = optimizer.loss_tally
+    loss_sum, loss_steps = tally.totals() if tally else (0.0, 0)
+    return Snapshot(scale=float(state.scale), applied=applied,
+                    skipped=state.skipped_steps,
+                    min_scale_skips=state.min_scale_skips,
+                    loss_sum=loss_sum, loss_steps=loss_steps)
+
+
+def _prepare(model, optimizer, rollback: bool) -> None:
+    """Hands the model's forward state and a loss tally to the optimizer.
+
+    A step traced before either would not feed them, so the train function
+    is made again when anything changed (it retraces once).
     """
-    if n and k == n:
-        used = scale_before
-        for _ in range(k):
-            if used <= threshold * (1 + 1e-6):
-                streak += 1
-            used /= 2
-        return streak
-    return 1 if k and scale_after * 2 <= threshold * (1 + 1e-6) else 0
+    changed = False
+    with model.distribute_strategy.scope():
+        wanted = tuple(id(v) for v in forward_variables(model))
+        tracked = tuple(id(v) for v in optimizer.tracked_forward_variables)
+        if rollback and wanted != tracked:
+            optimizer.track_forward_state(model)
+            changed = True
+        if optimizer.loss_tally is None:
+            optimizer.attach_loss_tally(LossTally())
+            changed = True
+    if changed and getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
+
+
+def _nonfinite_weights(model) -> list[str]:
+    """Paths of the model's float weights with NaN/inf in any local copy."""
+    return [weight.path for weight in model.weights
+            if keras.backend.is_float_dtype(weight.dtype)
+            and not all(np.isfinite(c).all() for c in local_copies(weight))]
 
 
 class LossScaleMonitor(keras.callbacks.Callback):
@@ -270,19 +310,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
             "scale before stopping)")
         self.max_skip_fraction = _check_fraction(
             "max_skip_fraction", max_skip_fraction)
-        if min_scale is not None:
-            if isinstance(min_scale, bool) or not isinstance(
-                    min_scale, (int, float, np.floating, np.integer)):
-                raise TypeError(
-                    "'min_scale' must be a positive number or None, such as "
-                    f"1.0. Received: min_scale={min_scale!r} (of type "
-                    f"{type(min_scale).__name__})")
-            if not min_scale > 0 or math.isinf(min_scale):
-                raise ValueError(
-                    "'min_scale' must be a positive finite number or None, "
-                    f"such as 1.0. Received: min_scale={min_scale!r}")
-            min_scale = float(min_scale)
-        self.min_scale = min_scale
+        self.min_scale = _check_min_scale(min_scale)
         self.log_every_n_batches = _check_int(
             "log_every_n_batches", log_every_n_batches, 0,
             " (0 turns batch logging off)")
@@ -293,13 +321,15 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
-        self.total_skipped_steps = 0
+        self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
+        self._progress: Progress | None = None
         if self.log_every_n_batches or self.check_every_n_batches:
             # Only then: overriding the hook makes Keras call it
             # synchronously, waiting for every step.
             self.on_train_batch_end = self._on_train_batch_end
 
     def get_config(self) -> dict[str, Any]:
+        """The constructor arguments."""
         return {
             "patience": self.patience,
             "max_skip_fraction": self.max_skip_fraction,
@@ -311,236 +341,106 @@ class LossScaleMonitor(keras.callbacks.Callback):
             "rollback_forward_state": self.rollback_forward_state,
         }
 
+    @property
+    def total_skipped_steps(self) -> int:
+        """Skipped steps seen since ``on_train_begin``."""
+        return self._progress.total_skipped if self._progress else 0
+
     # -- hooks
 
     def on_train_begin(self, logs=None):
         self.stop_reason = None
-        self.total_skipped_steps = 0
-        optimizer = getattr(self.model, "optimizer", None)
-        self._optimizer = optimizer
-        self._ours = isinstance(optimizer,
-                                loss_scale_module.LossScaleOptimizer)
-        self._keras = (isinstance(optimizer,
-                                  keras.optimizers.LossScaleOptimizer)
-                       and not self._ours)
-        self._threshold = self.min_scale if self.min_scale is not None else 1.0
-        self._streak = 0  # Keras's wrapper only: derived between reads
-        if self._ours and self.rollback_forward_state:
-            self._track(optimizer)
-        self._last = self._read()
-        self._epoch_start = self._last
-        self._epoch_skipped_seen = 0
-        self._batch_steps = 0
+        self._optimizer = getattr(self.model, "optimizer", None)
+        self._kind = _kind(self._optimizer)
+        if self._kind == "tf_mixed":
+            _prepare(self.model, self._optimizer, self.rollback_forward_state)
+            self._threshold = self._optimizer.min_scale
+        else:
+            self._threshold = 1.0 if self.min_scale is None else self.min_scale
+        first = _snapshot(self._optimizer, self._kind)
+        self._progress = Progress(epoch_start=first, last=first)
+        self._batches = self._logged_at = self._checked_at = 0
         if self.check_setup:
             for problem in model_setup_problems(self.model):
                 warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self._last
-        self._epoch_skipped_seen = 0
-        self._batch_steps = 0
-        self._logged_at = 0
-        self._checked_at = 0
+        self._progress = stop_rules.start_epoch(self._progress)
+        self._batches = self._logged_at = self._checked_at = 0
 
     def _on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
-        self._batch_steps = batch + 1
-        steps = self._batch_steps
-        log_every, check_every = (self.log_every_n_batches,
-                                  self.check_every_n_batches)
-        log_now = log_every and steps // log_every > self._logged_at // log_every
-        check_now = (check_every
-                     and steps // check_every > self._checked_at // check_every)
+        self._batches = steps = batch + 1
+        log_n, check_n = self.log_every_n_batches, self.check_every_n_batches
+        log_now = log_n and steps // log_n > self._logged_at // log_n
+        check_now = check_n and steps // check_n > self._checked_at // check_n
         if not (log_now or check_now):
             return
-        reading = self._advance()
+        self._advance()
         if log_now:
             self._logged_at = steps
-            self._write(logs, reading)
+            self._write(logs)
         if check_now:
             self._checked_at = steps
-            self._check(reading, logs, epoch=None)
+            self._check(logs, epoch=None)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
-        reading = self._advance()
-        self._write(logs, reading, epoch_end=True)
-        self._check(reading, logs, epoch=epoch)
+        self._advance()
+        self._write(logs, epoch_end=True)
+        self._check(logs, epoch=epoch)
 
-    # -- reading
+    # -- reading, logging, judging
 
-    def _track(self, optimizer):
-        """Hands the model's forward state to the optimizer (retraces once)."""
-        model = self.model
-        wanted = tuple(id(v) for v in loss_scale_module._forward_variables(model))
-        tracked = tuple(id(v) for v in optimizer._scratch.forward_variables)
-        if wanted == tracked:
-            return
-        with model.distribute_strategy.scope():
-            optimizer.track_forward_state(model)
-        if getattr(model, "train_function", None) is not None:
-            # A step traced before tracking would not roll back.
-            model.make_train_function(force=True)
+    def _advance(self) -> None:
+        steps_run = self._batches or (self.params or {}).get("steps")
+        self._progress = stop_rules.advance(
+            self._progress, _snapshot(self._optimizer, self._kind),
+            self._kind, steps_run, self._threshold)
 
-    def _read(self) -> dict[str, Any]:
-        """One read of everything the rules need (plain Python values)."""
-        optimizer = self._optimizer
-        if optimizer is None:
-            state = None
-            applied = 0
-        else:
-            state = loss_scale_module.loss_scale_state(optimizer)
-            applied = int(keras.ops.convert_to_numpy(optimizer.iterations))
-        loss_sum, loss_steps = (optimizer.applied_loss_totals()
-                                if self._ours else (0.0, 0))
-        return {"state": state, "applied": applied,
-                "loss_sum": loss_sum, "loss_steps": loss_steps}
-
-    def _advance(self) -> dict[str, Any]:
-        """Reads the optimizer and works out what happened since the last read."""
-        previous, now = self._last, self._read()
-        self._last = now
-        start = self._epoch_start
-        applied_in_epoch = now["applied"] - start["applied"]
-        if self._ours:
-            skipped_in_epoch = (now["state"].skipped_steps
-                                - start["state"].skipped_steps)
-        elif self._keras:
-            # Keras's wrapper advances `iterations` on applied steps only.
-            steps = self._steps_so_far()
-            skipped_in_epoch = max(0, steps - applied_in_epoch) if steps else 0
-        else:
-            skipped_in_epoch = 0
-        new_skips = skipped_in_epoch - self._epoch_skipped_seen
-        self._epoch_skipped_seen = skipped_in_epoch
-        self.total_skipped_steps += new_skips
-        now["skipped_in_epoch"] = skipped_in_epoch
-        now["steps_in_epoch"] = applied_in_epoch + skipped_in_epoch
-        if self._keras:
-            new_applied = now["applied"] - previous["applied"]
-            self._streak = _keras_streak(
-                previous["state"].scale, new_applied + new_skips, new_skips,
-                self._threshold, self._streak, now["state"].scale)
-        return now
-
-    def _steps_so_far(self) -> int | None:
-        """Steps run in this epoch, for Keras's wrapper (no skip counter)."""
-        if self._batch_steps:
-            return self._batch_steps
-        return (self.params or {}).get("steps")
-
-    # -- logs
-
-    def _write(self, logs, reading, epoch_end=False):
-        steps = reading["steps_in_epoch"]
-        skipped = reading["skipped_in_epoch"]
-        scale = reading["state"].scale if reading["state"] else 1.0
-        logs["loss_scale"] = float(scale)
+    def _write(self, logs, epoch_end=False) -> None:
+        progress = self._progress
+        steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
+        logs["loss_scale"] = float(progress.last.scale)
         logs["skipped_steps"] = float(skipped)
         logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
-        if epoch_end and self._ours and skipped:
-            applied = reading["loss_steps"] - self._epoch_start["loss_steps"]
-            if applied:
-                # Each worker's sum covers its own replicas only; `skipped`
-                # and `applied` follow the global verdict, so every worker
-                # enters this sum, and every worker logs the same loss.
-                total, = _global_sums(
-                    self.model.distribute_strategy,
-                    [reading["loss_sum"] - self._epoch_start["loss_sum"]])
-                logs["loss"] = float(total / applied)
+        applied = progress.epoch_loss_steps
+        if epoch_end and self._kind == "tf_mixed" and skipped and applied:
+            # Each worker's sum covers its own replicas only; `skipped` and
+            # `applied` follow the global verdict, so every worker enters
+            # this sum, and every worker logs the same loss.
+            total, = _global_sums(self.model.distribute_strategy,
+                                  [progress.epoch_loss_sum])
+            logs["loss"] = float(total / applied)
 
-    # -- rules
-
-    def _check(self, reading, logs, epoch):
+    def _check(self, logs, epoch) -> None:
         if self.stop_reason is not None:
             return
-        state = reading["state"]
-        steps, skipped = reading["steps_in_epoch"], reading["skipped_in_epoch"]
-        if self._ours:
-            streak, threshold = state.min_scale_skips, self._optimizer.min_scale
-        else:
-            streak, threshold = self._streak, self._threshold
-        if (self._ours or self._keras) and streak >= self.patience:
-            return self._fail(
-                f"the loss scale has sat at its minimum ({threshold:g}) for "
-                f"{streak} consecutive skipped steps (patience="
-                f"{self.patience}): the gradients are non-finite even without "
-                "scaling, so no amount of loss scaling helps." + self._advice())
-        bad_loss, bad_weights = self._nan_signs(reading, logs, epoch)
-        if bad_loss:
-            return self._fail(bad_loss + self._advice(nan=True))
-        if bad_weights:
-            return self._fail(
-                f"weights {bad_weights[:3]} hold NaN/inf (in at least one "
-                "replica's copy): an earlier update corrupted them and no "
-                "later step can repair them. Restore a checkpoint."
-                + self._advice(nan=True))
-        if (epoch is not None and steps
-                and skipped / steps > self.max_skip_fraction):
-            self._fail(
-                f"{skipped} of {steps} steps in epoch {epoch + 1} were skipped "
-                f"({skipped / steps:.0%} > max_skip_fraction="
-                f"{self.max_skip_fraction:g}): the loss scale keeps finding "
-                "non-finite gradients, so most updates are thrown away."
-                + self._advice())
-
-    def _nan_signs(self, reading, logs, epoch) -> tuple[str | None, list]:
-        """(message about a non-finite loss on applied steps, bad weights).
-
-        Judged from values every worker agrees on: the local signs are
-        summed across workers before anything is decided.
-        """
-        loss_message = None
-        loss = logs.get("loss") if not self._ours else None
-        if self._ours:
-            applied_sum = reading["loss_sum"] - self._epoch_start["loss_sum"]
-            if not math.isfinite(applied_sum):
-                loss_message = (
-                    "the loss was NaN/inf on steps that were applied (not "
-                    "skipped) in this epoch: non-finite values are reaching "
-                    "the weights.")
-        elif loss is not None and not math.isfinite(float(loss)):
-            since = reading["skipped_in_epoch"]
-            if since == 0:
-                loss_message = (
-                    f"the loss became {loss} and no step was skipped: "
-                    "non-finite values are reaching the weights.")
-        logs_loss = logs.get("loss")
+        logged = logs.get("loss")
+        logged = None if logged is None else float(logged)
+        problem = stop_rules.loss_problem(
+            self._kind, self._progress,
+            logged if self._kind != "tf_mixed" else None)
         suspicious = epoch is not None or (
-            logs_loss is not None and not math.isfinite(float(logs_loss)))
-        bad = self._nonfinite_weights() if suspicious else []
-        strategy = self.model.distribute_strategy
-        flags = _global_sums(strategy, [float(loss_message is not None),
-                                        float(len(bad))])
-        if flags[0] and loss_message is None:
-            loss_message = ("the loss was NaN/inf on applied steps on "
-                            "another worker: non-finite values are reaching "
-                            "the weights.")
+            logged is not None and not math.isfinite(logged))
+        bad = _nonfinite_weights(self.model) if suspicious else []
+        # Judged from values every worker agrees on: the local signs are
+        # summed across workers before anything is decided.
+        flags = _global_sums(self.model.distribute_strategy,
+                             [float(problem is not None), float(len(bad))])
+        if flags[0] and problem is None:
+            problem = ("the loss was NaN/inf on applied steps on another "
+                       "worker: non-finite values are reaching the weights.")
         if flags[1] and not bad:
             bad = ["(on another worker)"]
-        return loss_message, bad
+        reason = stop_rules.decide(self._rules, stop_rules.Reading(
+            kind=self._kind, progress=self._progress,
+            threshold=self._threshold, loss_problem=problem,
+            bad_weights=tuple(bad), epoch=epoch))
+        if reason is not None:
+            self._fail(reason)
 
-    def _nonfinite_weights(self) -> list[str]:
-        bad = []
-        for weight in self.model.weights:
-            if not keras.backend.is_float_dtype(weight.dtype):
-                continue
-            if not all(np.isfinite(c).all() for c in loss_scale_module.local_copies(weight)):
-                bad.append(weight.path)
-        return bad
-
-    def _advice(self, nan: bool = False) -> str:
-        if nan and not (self._ours or self._keras):
-            return (" Fix: scale the loss with tf_mixed.wrap_optimizer(...) "
-                    "(float16), lower the learning rate, and make the model's "
-                    "outputs float32 (tf_mixed.audit(model) lists risky "
-                    "layers).")
-        return (" Fix: look for float16 overflow in the forward pass "
-                "(tf_mixed.audit(model) lists risky layers), keep "
-                "softmax/normalisation in float32, lower the learning rate, or "
-                "train in mixed_bfloat16.")
-
-    def _fail(self, reason: str):
+    def _fail(self, reason: str) -> None:
         self.stop_reason = reason
         message = f"LossScaleMonitor stopped training: {reason}"
         if self.raise_on_failure:

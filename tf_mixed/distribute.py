@@ -13,9 +13,9 @@ Keras 3's own ``fit``/``evaluate`` fail under MultiWorkerMirroredStrategy
 (keras-team/keras#20585). `fit_support` installs tf_mixed's narrow workaround
 (``tf_mixed/_keras_fix_20585.py``) when, and only when, a strategy spans
 several workers and the installed Keras still has the defect. It is called
-for you by `multi_worker_strategy` and by ``tf_mixed.LossScaleOptimizer``
-when it is created in such a strategy's scope; call it yourself if you build
-the strategy by hand and use a plain Keras optimizer.
+for you by `multi_worker_strategy`, where a multi-worker ``fit`` is prepared;
+if you build the strategy by hand, call ``fit_support(strategy)`` yourself
+before ``fit``. The optimizer never installs it.
 """
 
 from __future__ import annotations

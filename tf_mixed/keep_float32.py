@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import threading
 from typing import Callable, Iterable, Union
 
 import keras
 
-from tf_mixed import _internals
+from tf_mixed import policy_state
 from tf_mixed._facts import HALF_DTYPES
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
@@ -153,12 +152,6 @@ def argument(names: Iterable[str]) -> str:
     return "keep_float32=[" + ", ".join(repr(n) for n in names) + "]"
 
 
-# The rules of this thread and the half-precision policy object they apply
-# under. Per thread, as Keras keeps the dtype policy per thread: an `enable`
-# in another thread neither clears these rules nor inherits them.
-_active = threading.local()
-
-
 def activate(spec: Spec) -> KeepFloat32:
     """Keeps matching layers created from now on in float32 (for `enable`).
 
@@ -181,18 +174,19 @@ def activate(spec: Spec) -> KeepFloat32:
         TypeError, ValueError: As `parse`, before anything changes.
     """
     rules = spec if isinstance(spec, KeepFloat32) else parse(spec)
-    _active.rules = rules
-    _active.bound = keras.config.dtype_policy()
-    if rules:
-        _internals.add_layer_init_hook(_on_layer_init)
+    # Per thread (`tf_mixed.policy_state`), as Keras keeps the dtype policy
+    # per thread: an `enable` in another thread neither clears these rules
+    # nor inherits them.
+    policy_state.set_keep_rules(rules, keras.config.dtype_policy(),
+                                _on_layer_init)
     return rules
 
 
 def active() -> KeepFloat32:
     """The rules that apply to a layer created now in this thread (or none)."""
-    rules = getattr(_active, "rules", None)
+    rules, bound = policy_state.keep_rules()
     policy = keras.config.dtype_policy()
-    if (not rules or policy is not getattr(_active, "bound", None)
+    if (not rules or policy is not bound
             or policy.compute_dtype not in HALF_DTYPES):
         return KeepFloat32()
     return rules

@@ -6,10 +6,9 @@ flush to zero; ``apply`` divides the gradients by the scale again and hands
 them to the inner optimizer, unless any gradient on any replica or worker is
 NaN or infinite, in which case the whole step is skipped everywhere and the
 scale is lowered. A skipped step changes nothing in the model: weights, slots
-and ``iterations`` are untouched, and the non-trainable state the forward pass
-wrote (BatchNormalization's moving statistics) is rolled back once the model
-is handed over with ``track_forward_state`` (``LossScaleMonitor`` does it for
-``fit``).
+and ``iterations`` are untouched, and the forward state handed over with
+``track_forward_state`` (BatchNormalization's moving statistics) is rolled
+back (`tf_mixed.rollback`).
 
 Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
 takes the finite check from the first replica's *local* gradients, so an
@@ -18,12 +17,13 @@ overflow on any other replica is applied to the weights (they become
 hang in the all-reduce. Here the gradients are all-reduced first, once
 (optionally in float16/bfloat16: ``communication_dtype``), and the verdict is
 taken from the reduced gradients (``_reduce``, `tf_mixed.allreduce`); the
-inner optimizer then applies them without a second all-reduce. It also adds the knobs the Keras class lacks (growth and
-backoff factors, minimum and maximum scale, hysteresis, a fixed scale), the
-counters a monitor needs, and a pass-through mode for float32/bfloat16.
+inner optimizer then applies them without a second all-reduce. It also adds
+the knobs the Keras class lacks (growth and backoff factors, minimum and
+maximum scale, hysteresis, a fixed scale), the counters a monitor needs, and
+a pass-through mode for float32/bfloat16.
 
-It is a drop-in for Keras's class: same constructor names
-(``dynamic_growth_steps``), same configs, and the same variables
+It is a drop-in for Keras's class (`tf_mixed.keras_compat`): same constructor
+names (``dynamic_growth_steps``), same configs, and the same variables
 (``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
 and ``.keras`` files written with Keras's wrapper load into it. The rule the
 scale follows is `tf_mixed.scale_state.next_state`, a pure function.
@@ -31,7 +31,6 @@ scale follows is `tf_mixed.scale_state.next_state`, a pure function.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import keras
@@ -40,9 +39,10 @@ import tensorflow as tf
 from tf_mixed import _internals
 from tf_mixed import allreduce
 from tf_mixed import scale_state
+from tf_mixed.keras_compat import KerasCompat, read_keras_state
+from tf_mixed.loss_tally import LossTally
+from tf_mixed.rollback import ForwardState
 from tf_mixed.scale_state import LossScaleConfig, LossScaleState
-
-from tf_mixed import distribute
 
 __all__ = ["LossScaleOptimizer", "loss_scale_state", "wrap_optimizer"]
 
@@ -61,30 +61,21 @@ _JIT_UNDER_STRATEGY_ERROR = (
     "from the tf.function around your step."
 )
 
-# The state variables after Keras's own (`step_counter`, `dynamic_scale`), in
-# checkpoint order. A file written by Keras's wrapper lacks exactly these.
-_EXTRA_STATE = ("overflow_streak", "skipped_steps", "last_step_skipped",
-                "min_scale_skips")
 
+class _Scratch:
+    """What the optimizer holds outside its checkpoint (not a Trackable).
 
-class _Untracked:
-    """Holds variables that belong in no checkpoint (not a Trackable).
-
-    The rollback copies and the loss-report accumulators are scratch state:
-    saving them would change the optimizer's checkpoint layout, which must
-    stay Keras's.
+    Saving the rollback backups or the loss tally would change the
+    optimizer's checkpoint layout, which must stay Keras's.
     """
 
-    def __init__(self):
-        self.forward_variables: tuple = ()
-        self.backups: tuple = ()
-        self.last_loss = None
-        self.applied_loss_sum = None
-        self.applied_steps = None
+    def __init__(self) -> None:
+        self.forward = ForwardState()
+        self.tally: LossTally | None = None
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that applies dynamic loss scaling safely.
 
     On every ``apply``:
@@ -185,12 +176,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             name=name,
             **kwargs,
         )
-        self._scratch = _Untracked()
+        self._scratch = _Scratch()
         self.config = config
         self.communication_dtype = communication_dtype
-        # Keras's fit fails under several workers (keras-team/keras#20585):
-        # created in such a strategy's scope, install tf_mixed's workaround.
-        distribute.fit_support()
 
     # The knobs, read from the frozen config (one source of truth).
     growth_interval = property(lambda self: self.config.growth_interval)
@@ -209,9 +197,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         The first two state variables are Keras's (``step_counter`` int64,
         ``dynamic_scale`` float32, in that order); the counters Keras lacks
-        follow. Under a ``tf.distribute`` strategy call this (or let
-        ``model.fit`` do it) inside ``strategy.scope()``, before the first
-        ``strategy.run``.
+        follow (`tf_mixed.keras_compat.EXTRA_STATE`). Under a
+        ``tf.distribute`` strategy call this (or let ``model.fit`` do it)
+        inside ``strategy.scope()``, before the first ``strategy.run``.
 
         Args:
             var_list: The trainable variables the optimizer will update.
@@ -233,28 +221,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
-
-        def scratch(dtype):
-            return tf.Variable(tf.zeros((), dtype), trainable=False,
-                               aggregation=tf.VariableAggregation.NONE)
-
-        self._scratch.last_loss = scratch(tf.float32)
-        self._scratch.applied_loss_sum = scratch(tf.float32)
-        self._scratch.applied_steps = scratch(tf.int64)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
         keras.optimizers.Optimizer.build(self, var_list)
-
-    @property
-    def loss_scale(self):
-        """The scale variable (``dynamic_scale``, Keras's name)."""
-        return self.dynamic_scale
-
-    @property
-    def good_steps(self):
-        """Consecutive finite steps (``step_counter``, Keras's name)."""
-        return self.step_counter
 
     def _state_variables(self) -> LossScaleState:
         return LossScaleState(
@@ -286,105 +256,41 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
         )
 
-    def applied_loss_totals(self) -> tuple[float, int]:
-        """Sum of the losses of applied steps, and how many steps were applied.
-
-        The loss of a step is the one last given to ``scale_loss`` (in
-        ``fit``: the step's loss, already divided by the number of replicas,
-        so summing the replicas' copies gives the global mean). Both totals
-        run from the build; ``LossScaleMonitor`` reports their change over an
-        epoch as the epoch's loss without the skipped steps.
-
-        Returns:
-            ``(loss_sum, applied_steps)`` as Python numbers, summed over this
-            worker's replicas for the loss and taken once for the count.
-        """
-        if not self.built:
-            return 0.0, 0
-        scratch = self._scratch
-        loss = sum(float(v) for v in local_copies(scratch.applied_loss_sum))
-        steps = int(local_copies(scratch.applied_steps)[0])
-        return loss, steps
-
-    # --------------------------------------------------- forward-state rollback
+    # ------------------------------------------- passengers: their own modules
 
     @_internals.no_automatic_dependency_tracking
     def track_forward_state(self, model_or_variables) -> int:
         """Restores these variables after every skipped step.
 
-        The forward pass of a step writes non-trainable state before the
-        optimizer sees the gradients: BatchNormalization's moving mean and
-        variance take the overflowing batch's inf/NaN. Tracked variables get a
-        backup copy, refreshed on every applied step and copied back on every
-        skipped step (in the same global verdict, on every replica's own
-        copy), so after a skipped step the model is bit-identical to before.
-
-        ``LossScaleMonitor`` calls this for ``fit``. A custom loop calls it
-        once, under the strategy's scope, before its first step::
-
-            optimizer.track_forward_state(model)
-
+        `tf_mixed.rollback.ForwardState.track` says what is tracked and when
+        it raises. ``LossScaleMonitor`` calls this for ``fit``; a custom loop
+        calls it once, under the strategy's scope, before its first step.
         Calling it again replaces the tracked set.
-
-        Args:
-            model_or_variables: A Keras layer or model (its non-trainable
-                floating-point weights are tracked: BatchNormalization
-                statistics and any layer's other non-trainable float weights;
-                metric variables are not weights and are not tracked), or a
-                list of variables.
 
         Returns:
             The number of variables tracked.
-
-        Raises:
-            TypeError: if the argument is neither a layer nor variables.
         """
-        variables = _forward_variables(model_or_variables)
-        strategy = tf.distribute.get_strategy()
-        backups = []
-        for variable in variables:
-            inner = (variable.value if isinstance(variable, keras.Variable)
-                     else variable)
-            _check_restorable(variable, inner, strategy)
-            backups.append(tf.Variable(
-                tf.zeros(variable.shape, variable.dtype), trainable=False,
-                synchronization=inner.synchronization,
-                aggregation=inner.aggregation,
-            ))
-        self._scratch.forward_variables = tuple(variables)
-        self._scratch.backups = tuple(backups)
-        self._refresh_backups_now(strategy)
-        return len(variables)
+        return self._scratch.forward.track(model_or_variables)
 
-    def _refresh_backups_now(self, strategy):
-        """Fills the backups from each replica's current copy."""
-        if not self._scratch.backups:
-            return
+    @property
+    def tracked_forward_variables(self) -> tuple:
+        """The variables ``track_forward_state`` tracks (a tuple)."""
+        return self._scratch.forward.variables
 
-        def copy():
-            self._refresh_backups()
+    @_internals.no_automatic_dependency_tracking
+    def attach_loss_tally(self, tally: LossTally) -> None:
+        """Shows ``tally`` every step's loss and verdict (builds it here).
 
-        if strategy.num_replicas_in_sync > 1:
-            strategy.run(tf.function(copy))
-        else:
-            copy()
+        ``LossScaleMonitor`` attaches one (`tf_mixed.loss_tally`). Call it
+        under the strategy's scope; a step traced before does not feed it.
+        """
+        tally.build()
+        self._scratch.tally = tally
 
-    def _refresh_backups(self):
-        for variable, backup in zip(self._scratch.forward_variables,
-                                    self._scratch.backups):
-            backup.assign(tf.convert_to_tensor(variable))
-
-    def _restore_backups(self):
-        for variable, backup in zip(self._scratch.forward_variables,
-                                    self._scratch.backups):
-            variable.assign(backup.read_value())
-
-    def _roll_back_forward_state(self, finite):
-        """Refresh the backups after an applied step, restore after a skip."""
-        if not self._scratch.backups:
-            return
-        tf.cond(finite, _returning_none(self._refresh_backups),
-                _returning_none(self._restore_backups))
+    @property
+    def loss_tally(self) -> LossTally | None:
+        """The attached `tf_mixed.loss_tally.LossTally`, or None."""
+        return self._scratch.tally
 
     # ---------------------------------------------------------- scaling API
 
@@ -392,9 +298,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Multiplies ``loss`` by the current loss scale.
 
         A float16 or bfloat16 loss is cast to float32 first, so the scaled
-        value cannot overflow half precision. Once built, the optimizer also
-        remembers this (unscaled) loss for the epoch report of applied steps
-        (`applied_loss_totals`); it never affects the update.
+        value cannot overflow half precision. An attached loss tally
+        (`attach_loss_tally`) is shown the unscaled loss.
 
         Args:
             loss: A scalar floating-point loss tensor.
@@ -410,8 +315,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             loss = tf.cast(loss, tf.float32)
         if not self.built:
             return loss * tf.cast(self.config.initial_scale, loss.dtype)
-        self._scratch.last_loss.assign(
-            tf.cast(tf.stop_gradient(loss), tf.float32))
+        if self._scratch.tally is not None:
+            self._scratch.tally.observe(loss)
         return loss * tf.cast(self.dynamic_scale, loss.dtype)
 
     def unscale_gradients(self, grads):
@@ -425,9 +330,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             opt.apply(grads, variables, unscaled=True)
 
         Nothing is remembered: ``apply`` divides whatever it receives unless
-        ``unscaled=True`` is passed, so unscaling only to log a norm and then
-        applying the original gradients is correct. Non-finite values stay
-        non-finite, so an overflow is still skipped.
+        ``unscaled=True`` is passed. Non-finite values stay non-finite, so an
+        overflow is still skipped.
 
         Args:
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
@@ -437,29 +341,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         scale = self.dynamic_scale if self.built else self.config.initial_scale
         return [_divide(g, scale) for g in _checked_grads(grads)]
-
-    # tf-keras (Keras 2) names, which the TensorFlow mixed-precision guide
-    # still teaches.
-    def get_scaled_loss(self, loss):
-        """tf-keras's name for `scale_loss`."""
-        return self.scale_loss(loss)
-
-    def get_unscaled_gradients(self, grads):
-        """tf-keras's name for `unscale_gradients`.
-
-        tf-keras's ``apply_gradients`` took unscaled gradients; here
-        ``apply``/``apply_gradients`` divide by the scale unless told
-        ``unscaled=True``. A warning says so once per optimizer.
-        """
-        if not getattr(self, "_warned_tf_keras_unscale", False):
-            self._warned_tf_keras_unscale = True
-            warnings.warn(
-                "get_unscaled_gradients() returns unscaled gradients; pass "
-                "them as `optimizer.apply_gradients(zip(grads, variables), "
-                "unscaled=True)`. Unlike tf-keras, tf_mixed's apply_gradients "
-                "divides by the loss scale unless told the gradients are "
-                "already unscaled.", UserWarning, stacklevel=2)
-        return self.unscale_gradients(grads)
 
     # ----------------------------------------------------------- the update
 
@@ -502,29 +383,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 a cross-replica context, or under a strategy in a
                 jit-compiled function.
         """
-        grads = _checked_grads(grads)
-        if not isinstance(unscaled, bool):
-            raise ValueError(
-                "LossScaleOptimizer.apply() argument `unscaled` must be True "
-                f"or False. Received: unscaled={unscaled!r} (of type "
-                f"{type(unscaled).__name__}).")
-        if trainable_variables is None:
-            if not self.built:
-                raise ValueError(
-                    "LossScaleOptimizer.apply() needs `trainable_variables` "
-                    "until the optimizer is built. Received: "
-                    "trainable_variables=None. Pass the variables or call "
-                    "`optimizer.build(variables)` first."
-                )
-            trainable_variables = _internals.optimizer_trainable_variables(
-                self)
-        trainable_variables = list(trainable_variables)
-        if len(grads) != len(trainable_variables):
-            raise ValueError(
-                "LossScaleOptimizer.apply() needs one gradient per variable. "
-                f"Received: {len(grads)} gradients for "
-                f"{len(trainable_variables)} variables."
-            )
+        grads, trainable_variables = _checked_apply_args(
+            self, grads, trainable_variables, unscaled)
         strategy = tf.distribute.get_strategy()
         if tf.distribute.in_cross_replica_context():
             raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
@@ -532,102 +392,24 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
-        self._check_variables_in_scope(strategy)
+        _check_variables_in_scope(self, strategy)
 
         with keras.name_scope(self.name, caller=self):
             scale = tf.identity(self.dynamic_scale.value)
-            grads, finite, scaled = self._reduce(
-                grads, trainable_variables, scale, unscaled)
+            grads, finite, scaled = _reduce(
+                grads, trainable_variables, scale, unscaled,
+                self.communication_dtype)
             if scaled:
                 grads = [
                     g if getattr(v, "overwrite_with_gradient", False)
                     else _divide(g, scale)
                     for g, v in zip(grads, trainable_variables)
                 ]
-            self._apply_unscaled(finite, grads, trainable_variables)
-            self._roll_back_forward_state(finite)
+            _apply_unscaled(self.inner_optimizer, finite, grads,
+                            trainable_variables)
+            self._scratch.forward.roll_back(finite)
             self._advance_state(finite)
         return finite
-
-    def _reduce(self, grads, trainable_variables, scale, unscaled):
-        """(a) Sums the gradients over all replicas once; the global verdict.
-
-        Each replica's own gradients can differ (its batch shard overflowed,
-        another's did not). They are all-reduced here, once, in
-        ``communication_dtype`` (`tf_mixed.allreduce.reduce_gradients`), and
-        the verdict is taken from the *reduced* gradients, which are the same
-        bytes on every replica and worker: every replica then takes the same
-        branch, no replica applies a step another one skips, no worker waits
-        in a collective its peers never enter, and an overflow of the
-        half-precision sum itself is caught too. No separate flag collective.
-
-        In half precision the gradients travel *scaled* so that small ones
-        do not flush to zero: gradients the caller already unscaled are
-        multiplied by the scale again (exact for power-of-two scales). A
-        variable Keras overwrites with its gradient (float8 scales) is only
-        checked, not summed (Keras does not sum it either).
-
-        Returns:
-            ``(reduced, finite, scaled)``: ``scaled`` says whether the
-            reduced gradients still carry the loss scale.
-        """
-        local = [getattr(v, "overwrite_with_gradient", False)
-                 for v in trainable_variables]
-        scaled = not unscaled
-        context = tf.distribute.get_replica_context()
-        several = context is not None and context.num_replicas_in_sync > 1
-        if unscaled and several and self.communication_dtype is not None:
-            grads = [g if keep else _multiply(g, scale)
-                     for g, keep in zip(grads, local)]
-            scaled = True
-        reduced, finite = allreduce.reduce_gradients(
-            grads, self.communication_dtype, context, local=local)
-        return reduced, finite, scaled
-
-    def _apply_unscaled(self, finite, grads, trainable_variables):
-        """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
-
-        ``finite`` is already global and the gradients already reduced, so
-        the inner optimizer applies them without its own all-reduce
-        (`tf_mixed._internals.apply_reduced_gradients`).
-        """
-
-        def apply_inner():
-            self._apply_inner(grads, trainable_variables)
-
-        if _internals.strategy_supports_no_merge_call():
-            # No merge_call in the inner update (XLA on GPUs): the cond can
-            # stay in the replica context. All replicas take the same branch
-            # because `finite` comes from all-reduced gradients; the branch
-            # holds no collective (the gradients are already reduced).
-            tf.cond(finite, _returning_none(apply_inner), lambda: None)
-            return
-
-        def cross_replica(strategy, finite, grads, trainable_variables):
-            # The inner update calls merge_call, which cannot sit in a cond
-            # branch built in the replica context, so the cond is built here.
-            # `finite` was computed from all-reduced gradients before the
-            # merge_call, so every local copy holds the global verdict; taking the first is safe here
-            # (unlike keras.optimizers.LossScaleOptimizer, which takes the
-            # first replica's *local* check).
-            verdict = strategy.experimental_local_results(finite)[0]
-
-            def apply_all():
-                strategy.extended.call_for_each_replica(
-                    self._apply_inner,
-                    args=(grads, trainable_variables),
-                )
-
-            tf.cond(verdict, _returning_none(apply_all), lambda: None)
-
-        tf.distribute.get_replica_context().merge_call(
-            cross_replica, args=(finite, grads, trainable_variables)
-        )
-
-    def _apply_inner(self, grads, trainable_variables):
-        """The inner update without its own (second) gradient all-reduce."""
-        _internals.apply_reduced_gradients(self.inner_optimizer, grads,
-                                           trainable_variables)
 
     def _advance_state(self, finite):
         """Writes `next_state` of the global verdict into the variables."""
@@ -641,144 +423,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
         for variable, value in zip(variables, after):
             variable.assign(value)
-        scratch = self._scratch
-        scratch.applied_loss_sum.assign_add(
-            tf.where(finite, scratch.last_loss.read_value(), 0.0))
-        scratch.applied_steps.assign_add(tf.cast(finite, tf.int64))
-
-    def _check_variables_in_scope(self, strategy):
-        """Refuses state created outside the strategy's scope.
-
-        An inner optimizer made before ``strategy.scope()`` holds plain
-        variables: every replica would then bump ``iterations`` (and slots)
-        once per step instead of once in total.
-        """
-        if strategy.num_replicas_in_sync <= 1:
-            return
-        for variable in self.variables:
-            if not strategy.extended.variable_created_in_scope(
-                    getattr(variable, "value", variable)):
-                raise ValueError(
-                    f"Optimizer variable '{variable.path}' was created "
-                    f"outside the scope of {type(strategy).__name__}, so "
-                    "replicas would each update their own copy. Create the "
-                    "inner optimizer and the LossScaleOptimizer inside "
-                    "`with strategy.scope():` and build it there "
-                    "(`optimizer.build(model.trainable_variables)`)."
-                )
-
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        """Not supported: tf_mixed targets the TensorFlow backend only.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError(
-            "tf_mixed.LossScaleOptimizer supports the TensorFlow backend "
-            "only, which has no stateless_apply. Call `apply` instead."
-        )
-
-    def check_finite(self, grads):
-        """Whether every gradient of *this replica* is finite (local check).
-
-        ``apply`` does not use this: it checks the all-reduced gradients.
-
-        Args:
-            grads: A list of gradients (None entries are ignored).
-
-        Returns:
-            A scalar bool tensor.
-        """
-        return tf.equal(_local_nonfinite_flag(grads), 0.0)
-
-    # ------------------------------------------------------ serialisation
-
-    def load_own_variables(self, store):
-        """Loads a ``.keras`` file's optimizer state, Keras's layout included.
-
-        A file written by ``keras.optimizers.LossScaleOptimizer`` holds the
-        same variables minus the counters Keras lacks (`_EXTRA_STATE`); they
-        are loaded into the same places and the extra counters start at 0.
-        """
-        ours = self.variables
-        if self.built and len(store.keys()) == len(ours) - len(_EXTRA_STATE):
-            extra_start = len(self._variables) - len(_EXTRA_STATE)
-            targets = ours[:extra_start] + ours[len(self._variables):]
-            for i, variable in enumerate(targets):
-                variable.assign(store[str(i)])
-            return
-        super().load_own_variables(store)
-
-    def get_config(self):
-        """Returns the constructor arguments (Keras's names first)."""
-        knobs = self.config.to_dict()
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(
-                self.inner_optimizer
-            ),
-            "initial_scale": knobs.pop("initial_scale"),
-            "dynamic_growth_steps": knobs.pop("growth_interval"),
-            **knobs,
-            "communication_dtype": self.communication_dtype,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        """Rebuilds the optimizer from ``get_config()`` output.
-
-        Also reads a ``keras.optimizers.LossScaleOptimizer`` config.
-        """
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        return cls(inner, **config)
-
-    @classmethod
-    def from_keras(cls, optimizer: keras.optimizers.LossScaleOptimizer,
-                   **knobs: Any) -> "LossScaleOptimizer":
-        """A tf_mixed wrapper around a Keras wrapper's inner optimizer.
-
-        Keeps its initial scale and growth steps (unless ``knobs`` override
-        them) and, if it is built, its current scale and step counter, so
-        training continues from where it stands.
-
-        Args:
-            optimizer: A ``keras.optimizers.LossScaleOptimizer``.
-            **knobs: Other ``LossScaleOptimizer`` arguments.
-
-        Returns:
-            A new ``tf_mixed.LossScaleOptimizer`` (built if ``optimizer``
-            was), sharing ``optimizer.inner_optimizer``.
-        """
-        knobs.setdefault("initial_scale", float(optimizer.initial_scale))
-        if "growth_interval" not in knobs:
-            knobs.setdefault("dynamic_growth_steps",
-                             int(optimizer.dynamic_growth_steps))
-        wrapper = cls(optimizer.inner_optimizer, **knobs)
-        if optimizer.built:
-            saved = read_keras_state(optimizer)
-            wrapper.build(_internals.optimizer_trainable_variables(optimizer))
-            wrapper.dynamic_scale.assign(saved.scale)
-            wrapper.step_counter.assign(saved.good_steps)
-        return wrapper
-
-
-def read_keras_state(optimizer) -> LossScaleState:
-    """`LossScaleState` of a ``keras.optimizers.LossScaleOptimizer``.
-
-    Keras keeps only the scale (``dynamic_scale``) and the consecutive
-    finite steps (``step_counter``); the counters it does not keep are None.
-    """
-    if optimizer.built:
-        scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
-        good = int(keras.ops.convert_to_numpy(optimizer.step_counter))
-    else:
-        scale, good = float(optimizer.initial_scale), 0
-    return LossScaleState(scale=scale, good_steps=good, overflow_streak=None,
-                          skipped_steps=None, last_step_skipped=None,
-                          min_scale_skips=None)
+        if self._scratch.tally is not None:
+            self._scratch.tally.settle(finite)
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -946,6 +592,34 @@ def _checked_grads(grads) -> list:
             f"{grads!r:.80} (of type {type(grads).__name__}).") from None
 
 
+def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
+    """``apply``'s arguments checked: (gradients, variables) as lists."""
+    grads = _checked_grads(grads)
+    if not isinstance(unscaled, bool):
+        raise ValueError(
+            "LossScaleOptimizer.apply() argument `unscaled` must be True "
+            f"or False. Received: unscaled={unscaled!r} (of type "
+            f"{type(unscaled).__name__}).")
+    if trainable_variables is None:
+        if not optimizer.built:
+            raise ValueError(
+                "LossScaleOptimizer.apply() needs `trainable_variables` "
+                "until the optimizer is built. Received: "
+                "trainable_variables=None. Pass the variables or call "
+                "`optimizer.build(variables)` first."
+            )
+        trainable_variables = _internals.optimizer_trainable_variables(
+            optimizer)
+    trainable_variables = list(trainable_variables)
+    if len(grads) != len(trainable_variables):
+        raise ValueError(
+            "LossScaleOptimizer.apply() needs one gradient per variable. "
+            f"Received: {len(grads)} gradients for "
+            f"{len(trainable_variables)} variables."
+        )
+    return grads, trainable_variables
+
+
 def _checked_loss(loss):
     try:
         tensor = tf.convert_to_tensor(loss)
@@ -964,64 +638,6 @@ def _checked_loss(loss):
     if tensor.shape.rank:
         tensor = tf.reshape(tensor, ())
     return tensor
-
-
-def _forward_variables(model_or_variables) -> list:
-    if isinstance(model_or_variables, keras.layers.Layer):
-        candidates = model_or_variables.non_trainable_weights
-    elif isinstance(model_or_variables, (list, tuple)):
-        candidates = list(model_or_variables)
-    else:
-        raise TypeError(
-            "track_forward_state() needs a Keras layer/model or a list of "
-            f"variables. Received: {model_or_variables!r:.80} (of type "
-            f"{type(model_or_variables).__name__}).")
-    return [v for v in candidates
-            if tf.as_dtype(keras.backend.standardize_dtype(v.dtype)).is_floating]
-
-
-def _check_restorable(variable, inner, strategy) -> None:
-    """Refuses a variable the rollback could not write on the merge_call path.
-
-    The backup is copied back inside a ``tf.cond`` in the replica context. A
-    mirrored variable with an aggregation other than NONE writes through
-    ``merge_call``, which cannot run in a cond branch there (the trace of the
-    step would fail). BatchNormalization's statistics use NONE.
-    """
-    if strategy.num_replicas_in_sync <= 1:
-        return
-    if (inner.synchronization == tf.VariableSynchronization.ON_READ
-            or inner.aggregation == tf.VariableAggregation.NONE):
-        return
-    raise ValueError(
-        "track_forward_state() cannot roll back variable "
-        f"'{getattr(variable, 'path', variable.name)}' under "
-        f"{type(strategy).__name__}: its aggregation is "
-        f"{inner.aggregation.name}, so writing it needs a merge_call that "
-        "cannot run inside the skip decision. Create it with "
-        "aggregation='none' (as BatchNormalization does), or pass "
-        "track_forward_state() a list of variables without it.")
-
-
-def local_copies(variable) -> list:
-    """Every replica's copy on this worker, as numpy values."""
-    value = variable.value if isinstance(variable, keras.Variable) else variable
-    if isinstance(value, tf.distribute.DistributedValues):
-        parts = value.values
-    else:
-        parts = [value]
-    return [keras.ops.convert_to_numpy(p) for p in parts]
-
-
-def _returning_none(fn):
-    def run():
-        fn()
-        return None
-    return run
-
-
-def _values(grad):
-    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
 
 def _divide(grad, scale):
@@ -1044,20 +660,12 @@ def _rescale(grad, scale, op):
     return op(grad, tf.cast(scale, grad.dtype))
 
 
-def _local_nonfinite_flag(grads):
-    """1.0 if any gradient of this replica holds NaN or inf, else 0.0."""
-    checks = [
-        tf.reduce_all(tf.math.is_finite(_values(g)))
-        for g in grads if g is not None
-    ]
-    if not checks:
-        return tf.constant(0.0)
-    return tf.cast(tf.logical_not(tf.reduce_all(tf.stack(checks))),
-                   tf.float32)
-
-
 def _refuse_jit_under_strategy(strategy):
-    """Raises the clear error for design fact 5 instead of XLA's."""
+    """Raises a clear error instead of XLA's resource-device error.
+
+    jit_compile=True with a strategy fails in TF 2.21 (BUILD_NOTES.md,
+    "Known limits").
+    """
     if strategy.num_replicas_in_sync <= 1 or not tf.distribute.has_strategy():
         return
     if tf.executing_eagerly():
@@ -1087,3 +695,107 @@ def _check_inner(inner_optimizer):
             "keras.optimizers.Adam(), or a name through "
             "tf_mixed.wrap_optimizer('adam')."
         )
+
+
+# ------------------------------------------------- the update, step by step
+
+
+def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype):
+    """(a) Sums the gradients over all replicas once; the global verdict.
+
+    Each replica's own gradients can differ (its batch shard overflowed,
+    another's did not). They are all-reduced here, once, in
+    ``communication_dtype`` (`tf_mixed.allreduce.reduce_gradients`), and
+    the verdict is taken from the *reduced* gradients, which are the same
+    bytes on every replica and worker: every replica then takes the same
+    branch, no replica applies a step another one skips, no worker waits
+    in a collective its peers never enter, and an overflow of the
+    half-precision sum itself is caught too. No separate flag collective.
+
+    In half precision the gradients travel *scaled* so that small ones
+    do not flush to zero: gradients the caller already unscaled are
+    multiplied by the scale again (exact for power-of-two scales). A
+    variable Keras overwrites with its gradient (float8 scales) is only
+    checked, not summed (Keras does not sum it either).
+
+    Returns:
+        ``(reduced, finite, scaled)``: ``scaled`` says whether the
+        reduced gradients still carry the loss scale.
+    """
+    local = [getattr(v, "overwrite_with_gradient", False)
+             for v in trainable_variables]
+    scaled = not unscaled
+    context = tf.distribute.get_replica_context()
+    several = context is not None and context.num_replicas_in_sync > 1
+    if unscaled and several and communication_dtype is not None:
+        grads = [g if keep else _multiply(g, scale)
+                 for g, keep in zip(grads, local)]
+        scaled = True
+    reduced, finite = allreduce.reduce_gradients(
+        grads, communication_dtype, context, local=local)
+    return reduced, finite, scaled
+
+def _apply_unscaled(inner, finite, grads, trainable_variables):
+    """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
+
+    ``finite`` is already global and the gradients already reduced, so
+    the inner optimizer applies them without its own all-reduce
+    (`tf_mixed._internals.apply_reduced_gradients`).
+    """
+
+    def apply_inner():
+        _apply_inner(inner, grads, trainable_variables)
+
+    if _internals.strategy_supports_no_merge_call():
+        # No merge_call in the inner update (XLA on GPUs): the cond can
+        # stay in the replica context. All replicas take the same branch
+        # because `finite` comes from all-reduced gradients; the branch
+        # holds no collective (the gradients are already reduced).
+        tf.cond(finite, apply_inner, lambda: None)
+        return
+
+    def cross_replica(strategy, finite, grads, trainable_variables):
+        # The inner update calls merge_call, which cannot sit in a cond
+        # branch built in the replica context, so the cond is built here.
+        # `finite` was computed from all-reduced gradients before the
+        # merge_call, so every local copy holds the global verdict: taking
+        # the first is safe here (unlike keras.optimizers.LossScaleOptimizer, which takes the
+        # first replica's *local* check).
+        verdict = strategy.experimental_local_results(finite)[0]
+
+        def apply_all():
+            strategy.extended.call_for_each_replica(
+                _apply_inner, args=(inner, grads, trainable_variables),
+            )
+
+        tf.cond(verdict, apply_all, lambda: None)
+
+    tf.distribute.get_replica_context().merge_call(
+        cross_replica, args=(finite, grads, trainable_variables)
+    )
+
+def _apply_inner(inner, grads, trainable_variables):
+    """The inner update without its own (second) gradient all-reduce."""
+    _internals.apply_reduced_gradients(inner, grads, trainable_variables)
+
+
+def _check_variables_in_scope(optimizer, strategy):
+    """Refuses state created outside the strategy's scope.
+
+    An inner optimizer made before ``strategy.scope()`` holds plain
+    variables: every replica would then bump ``iterations`` (and slots)
+    once per step instead of once in total.
+    """
+    if strategy.num_replicas_in_sync <= 1:
+        return
+    for variable in optimizer.variables:
+        if not strategy.extended.variable_created_in_scope(
+                getattr(variable, "value", variable)):
+            raise ValueError(
+                f"Optimizer variable '{variable.path}' was created "
+                f"outside the scope of {type(strategy).__name__}, so "
+                "replicas would each update their own copy. Create the "
+                "inner optimizer and the LossScaleOptimizer inside "
+                "`with strategy.scope():` and build it there "
+                "(`optimizer.build(model.trainable_variables)`)."
+            )

@@ -2,11 +2,11 @@
 
 One table (`_POLICIES`) lists every accepted name; the parser and every error
 message are built from it. `enable()` changes two pieces of state, with the
-scope each really has (design.md fact 12): the Keras dtype policy, which Keras
+scope each really has: the Keras dtype policy, which Keras
 keeps per thread, so tf_mixed remembers it per thread too; and (for float16
 on a CPU-only host) TensorFlow's Grappler "remapping" option, which is per
-process, so each thread takes a counted hold on it (`tf_mixed._remapping`) and
-it comes back only when no thread needs it off. `policy_scope` also tells
+process, so each thread takes a counted hold on it and it comes back only
+when no thread needs it off. All of that state lives in `tf_mixed.policy_state`. `policy_scope` also tells
 asyncio tasks apart (a context variable) and refuses to interleave their
 scopes, since they share their thread's Keras policy.
 
@@ -17,19 +17,18 @@ scopes, since they share their thread's Keras policy.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
-import threading
 from typing import Iterator
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_mixed import _remapping
 from tf_mixed import autotune
 from tf_mixed import hardware
 from tf_mixed import keep_float32 as keep_float32_rules
+from tf_mixed import policy_state
+from tf_mixed.policy_state import ThreadState
 
 AUTO = "auto"
 MIXED_FLOAT16 = "mixed_float16"
@@ -80,41 +79,6 @@ class Enabled:
 
     def __str__(self) -> str:
         return f"{self.policy} ({self.reason})"
-
-
-@dataclasses.dataclass
-class _ThreadState:
-    """What `enable` changed in this thread, to undo it (Keras's policy is per thread)."""
-
-    saved_policy: keras.DTypePolicy | None = None  # before the first enable()
-    active: str | None = None  # the policy tf_mixed set, to notice resets
-    holds_remapping: bool = False  # whether this thread holds remapping off
-    scopes: list = dataclasses.field(default_factory=list)  # open policy_scopes
-
-
-_threads = threading.local()
-
-# Which policy_scope the running code is inside. asyncio tasks each run in a
-# copy of the context, so this tells apart two tasks sharing one thread (and so
-# one Keras policy), which a thread-local cannot.
-_scope_marker: contextvars.ContextVar[object | None] = contextvars.ContextVar(
-    "tf_mixed_policy_scope", default=None
-)
-
-
-def _state() -> _ThreadState:
-    state = getattr(_threads, "state", None)
-    if state is None:
-        state = _threads.state = _ThreadState()
-    return state
-
-
-def _set_remapping_hold(state: _ThreadState, hold: bool) -> None:
-    if hold and not state.holds_remapping:
-        _remapping.hold()
-    elif not hold and state.holds_remapping:
-        _remapping.release()
-    state.holds_remapping = hold
 
 
 def canonical_name(name: object) -> str:
@@ -301,7 +265,7 @@ def enable(
     name = canonical_name(policy)  # validates before anything changes
     measure = _validated_measure(measure)
     keep = keep_float32_rules.parse(keep_float32)  # applied once the policy is set
-    state = _state()
+    state = policy_state.thread_state()
     _warn_if_reset(state, "enable")
     info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) else None
     if name == AUTO:
@@ -316,7 +280,7 @@ def enable(
     # _FusedMatMul whose CPU kernel is >1000x slower than the plain matmul
     # (a Dense model trains ~300x slower; see BUILD_NOTES.md). The option is
     # per process, so it is held off until no thread needs it off.
-    _set_remapping_hold(state, cpu_float16)
+    policy_state.set_remapping_hold(state, cpu_float16)
     if cpu_float16 and canonical_name(policy) == MIXED_FLOAT16:
         logging.warning(_CPU_FLOAT16_WARNING)
     elif cpu_float16:  # "auto" measured float16 fastest on this CPU
@@ -341,12 +305,12 @@ def disable() -> None:
     enabled. Does nothing if `enable` has not been called in this thread (or
     was already undone).
     """
-    state = _state()
+    state = policy_state.thread_state()
     _warn_if_reset(state, "disable")
     if state.saved_policy is None:
         return
     keras.config.set_dtype_policy(state.saved_policy)
-    _set_remapping_hold(state, False)
+    policy_state.set_remapping_hold(state, False)
     state.saved_policy, state.active = None, None
 
 
@@ -385,17 +349,17 @@ def status() -> PolicyStatus:
     Returns:
         A `PolicyStatus`.
     """
-    state = _state()
+    state = policy_state.thread_state()
     keras_policy = keras.config.dtype_policy().name
     return PolicyStatus(
         keras_policy=keras_policy,
         enabled=state.active,
         reset_since_enable=state.active is not None and keras_policy != state.active,
-        remapping_holders=_remapping.holders(),
+        remapping_holders=policy_state.remapping_holders(),
     )
 
 
-def _warn_if_reset(state: _ThreadState, caller: str) -> None:
+def _warn_if_reset(state: ThreadState, caller: str) -> None:
     if state.active is None:
         return
     now = keras.config.dtype_policy().name
@@ -413,7 +377,7 @@ def _warn_if_reset(state: _ThreadState, caller: str) -> None:
 class _Scope:
     marker: object
     keras_policy: keras.DTypePolicy
-    saved: _ThreadState
+    saved: ThreadState
 
 
 _SCOPE_MISUSE = (
@@ -455,8 +419,8 @@ def policy_scope(policy: str, *, measure: bool | None = None) -> Iterator[Enable
     """
     canonical_name(policy)
     _validated_measure(measure)
-    state = _state()
-    if state.scopes and state.scopes[-1].marker is not _scope_marker.get():
+    state = policy_state.thread_state()
+    if state.scopes and state.scopes[-1].marker is not policy_state.scope_marker.get():
         raise RuntimeError(_SCOPE_MISUSE.format(
             what="entered while a scope of another asyncio task (or context) is "
             "open in this thread"))
@@ -466,7 +430,7 @@ def policy_scope(policy: str, *, measure: bool | None = None) -> Iterator[Enable
         saved=dataclasses.replace(state, scopes=[]),
     )
     state.scopes.append(scope)
-    token = _scope_marker.set(scope.marker)
+    token = policy_state.scope_marker.set(scope.marker)
     # This scope's enable() saves the state on entry; the outer bookkeeping
     # (and hold) comes back on exit.
     state.saved_policy, state.active = None, None
@@ -475,19 +439,19 @@ def policy_scope(policy: str, *, measure: bool | None = None) -> Iterator[Enable
     finally:
         _leave_scope(state, scope)
         try:
-            _scope_marker.reset(token)
+            policy_state.scope_marker.reset(token)
         except ValueError:  # left in another context: already reported
             pass
 
 
-def _leave_scope(state: _ThreadState, scope: _Scope) -> None:
+def _leave_scope(state: ThreadState, scope: _Scope) -> None:
     if scope not in state.scopes:
         return  # already unwound by an out-of-order exit
     index = state.scopes.index(scope)
     in_order = index == len(state.scopes) - 1
     del state.scopes[index:]
     keras.config.set_dtype_policy(scope.keras_policy)
-    _set_remapping_hold(state, scope.saved.holds_remapping)
+    policy_state.set_remapping_hold(state, scope.saved.holds_remapping)
     state.saved_policy, state.active = scope.saved.saved_policy, scope.saved.active
     if not in_order:
         raise RuntimeError(_SCOPE_MISUSE.format(
@@ -503,9 +467,3 @@ def current() -> str:
     `keras.backend.clear_session()` has reset it since.
     """
     return keras.config.dtype_policy().name
-
-
-def _reset_for_tests() -> None:
-    """Forgets this thread's state and every remapping hold (the fixture restores globals)."""
-    _threads.state = _ThreadState()
-    _remapping._reset_for_tests()

@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             float(step())
         backup_bytes = sum(
             int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
-            for v in opt._scratch.forward_variables)
+            for v in opt.tracked_forward_variables)
         weight_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
                            for v in model.weights)
         return step, tracked, backup_bytes, weight_bytes

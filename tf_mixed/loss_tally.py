@@ -1,0 +1,87 @@
+"""The sum of the losses of applied steps, for the monitor's epoch loss.
+
+When a step is skipped its loss is NaN/inf, and Keras's running mean in
+``logs["loss"]`` then shows ``nan`` for a healthy epoch. A `LossTally`
+attached to a ``tf_mixed.LossScaleOptimizer`` (``attach_loss_tally``) sums
+the losses of the steps that were applied; `tf_mixed.callbacks.LossScaleMonitor`
+attaches one and reads it once per epoch as a `LossTotals` value.
+
+In ``fit`` the loss reaches tf_mixed only through ``scale_loss`` and the
+verdict only through ``apply``, so the tally is told both: `observe` the
+step's loss, then `settle` with the verdict. Nothing is recorded while no
+tally is attached.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from tf_mixed.replicas import local_copies
+
+__all__ = ["LossTally", "LossTotals"]
+
+
+class LossTotals(NamedTuple):
+    """What a `LossTally` has counted since it was built.
+
+    Attributes:
+        loss_sum: Sum of the losses of applied steps, over this worker's
+            replicas (in ``fit`` each replica's loss is already divided by
+            the number of replicas, so the sum over all workers is the mean).
+        applied_steps: Steps applied (counted once, not per replica).
+    """
+
+    loss_sum: float
+    applied_steps: int
+
+
+class LossTally:
+    """Scratch variables summing applied steps' losses (in no checkpoint).
+
+    Build it under the strategy's scope; every replica keeps its own copy
+    (aggregation NONE), written in the replica context.
+    """
+
+    def __init__(self) -> None:
+        self._last: tf.Variable | None = None
+        self._sum: tf.Variable | None = None
+        self._steps: tf.Variable | None = None
+
+    def build(self) -> None:
+        """Creates the variables (once) in the current strategy's scope."""
+        if self._last is not None:
+            return
+
+        def scratch(dtype):
+            return tf.Variable(tf.zeros((), dtype), trainable=False,
+                               aggregation=tf.VariableAggregation.NONE)
+
+        self._last = scratch(tf.float32)
+        self._sum = scratch(tf.float32)
+        self._steps = scratch(tf.int64)
+
+    def observe(self, loss: tf.Tensor) -> None:
+        """Remembers the (unscaled) loss of the step being run."""
+        if self._last is not None:
+            self._last.assign(tf.cast(tf.stop_gradient(loss), tf.float32))
+
+    def settle(self, finite: tf.Tensor) -> None:
+        """Adds the remembered loss when the step's verdict is ``finite``."""
+        if self._last is None:
+            return
+        self._sum.assign_add(tf.where(finite, self._last.read_value(), 0.0))
+        self._steps.assign_add(tf.cast(finite, tf.int64))
+
+    def totals(self) -> LossTotals:
+        """The totals since `build`, in Python numbers (one host read).
+
+        Returns:
+            A `LossTotals`; zeros before `build`.
+        """
+        if self._sum is None:
+            return LossTotals(0.0, 0)
+        loss = sum(float(v) for v in local_copies(self._sum))
+        return LossTotals(loss, int(local_copies(self._steps)[0]))
+
