@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tf_mixed import float8_reading
 from tf_mixed import float8_readiness as readiness
+from tf_mixed._facts import walk_layers
 
 __all__ = ["Float8Monitor", "Float8Saturation", "read", "saturation_verdict"]
 
@@ -164,10 +165,10 @@ class Float8Monitor(keras.callbacks.Callback):
             raise ValueError(
                 f"Float8Monitor: model '{model.name}' has no float8 layer. "
                 "Quantize it first: tf_mixed.float8.quantize(model).")
-        optimizer = getattr(model, "optimizer", None)
-        if not optimizer.built:
+        optimizer = model.optimizer
+        if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
-        self._sync = getattr(optimizer, "float8_sync", None)
+        self._sync = float8_reading.float8_sync_of(optimizer)
         if self._sync is None:
             raise ValueError(
                 "Float8Monitor needs the tf_mixed optimizer wrapper, which "
@@ -206,6 +207,4 @@ class Float8Monitor(keras.callbacks.Callback):
 
 
 def _leaves(model):
-    from tf_mixed._facts import walk_layers
-
     return [layer for _, layer in walk_layers(model)]

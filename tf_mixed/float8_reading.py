@@ -26,8 +26,10 @@ import tensorflow as tf
 from tf_mixed import float8_readiness as readiness
 from tf_mixed import float8_sync
 from tf_mixed._facts import walk_layers
+from tf_mixed.loss_scale import LossScaleOptimizer
 
-__all__ = ["Float8State", "TensorState", "fractions", "state"]
+__all__ = ["Float8State", "TensorState", "float8_sync_of", "fractions",
+           "state"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +227,7 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
             "tf_mixed.float8.quantize(model).")
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
-    sync = getattr(optimizer, "float8_sync", None)
+    sync = float8_sync_of(optimizer)
     loss_scale = 1.0
     if sync is not None:
         loss_scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
@@ -267,6 +269,13 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
                 saturated_steps=count[0], nonfinite_amax=count[1],
                 replicas_agree=bool(agree)))
     return Float8State(model.name, loss_scale, examples, tuple(tensors))
+
+
+def float8_sync_of(optimizer) -> float8_sync.Float8Sync | None:
+    """The optimizer's `Float8Sync`: only tf_mixed's wrapper agrees scales."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.float8_sync
+    return None
 
 
 def _counters(sync) -> dict[tuple[str, str], tuple[int, int]]:

@@ -39,6 +39,7 @@ import tensorflow as tf
 from tf_mixed import _internals
 from tf_mixed import allreduce
 from tf_mixed import scale_state
+from tf_mixed.float8_sync import Float8Sync
 from tf_mixed.keras_compat import KerasCompat, read_keras_state
 from tf_mixed.loss_tally import LossTally
 from tf_mixed.rollback import ForwardState
@@ -72,6 +73,7 @@ class _Scratch:
     def __init__(self) -> None:
         self.forward = ForwardState()
         self.tally: LossTally | None = None
+        self.float8: Float8Sync | None = None
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -221,6 +223,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
+        self._scratch.float8 = Float8Sync.for_variables(var_list)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
@@ -291,6 +294,18 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     def loss_tally(self) -> LossTally | None:
         """The attached `tf_mixed.loss_tally.LossTally`, or None."""
         return self._scratch.tally
+
+    @property
+    def float8_sync(self) -> Float8Sync | None:
+        """The `tf_mixed.float8_sync.Float8Sync` of the model's float8 layers.
+
+        Created at ``build`` when the variables hold Keras float8 scale and
+        amax-history pairs (else None). `apply` hands their "gradients" to
+        it instead of the inner optimizer, so every replica and worker
+        writes the same agreed values; `tf_mixed.float8.state` and
+        `tf_mixed.float8.Float8Monitor` read its counters.
+        """
+        return self._scratch.float8
 
     # ---------------------------------------------------------- scaling API
 
@@ -396,9 +411,16 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
         with keras.name_scope(self.name, caller=self):
             scale = tf.identity(self.dynamic_scale.value)
-            grads, finite, scaled = _reduce(
+            float8 = self._scratch.float8
+            float8_step = None
+            if float8 is not None:
+                # Float8 scales and histories leave the gradient list here;
+                # `float8` writes them after the verdict (tf_mixed.float8_sync).
+                grads, trainable_variables, float8_step = float8.split(
+                    grads, trainable_variables, scale)
+            grads, finite, scaled, gathered = _reduce(
                 grads, trainable_variables, scale, unscaled,
-                self.communication_dtype)
+                self.communication_dtype, float8, float8_step)
             if scaled:
                 grads = [
                     g if getattr(v, "overwrite_with_gradient", False)
@@ -409,6 +431,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                             trainable_variables)
             self._scratch.forward.roll_back(finite)
             self._advance_state(finite)
+            if float8 is not None:
+                float8.finish(gathered, finite, scale,
+                              self.dynamic_scale.value)
         return finite
 
     def _advance_state(self, finite):
@@ -700,7 +725,8 @@ def _check_inner(inner_optimizer):
 # ------------------------------------------------- the update, step by step
 
 
-def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype):
+def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
+            float8=None, float8_step=None):
     """(a) Sums the gradients over all replicas once; the global verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -718,9 +744,16 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype):
     variable Keras overwrites with its gradient (float8 scales) is only
     checked, not summed (Keras does not sum it either).
 
+    The float8 amaxes of the step (``float8_step``, see
+    `tf_mixed.float8_sync`) ride the same buffer as one more float32 piece
+    when the gradients travel in float32 (a SUM of one-hot slots is an
+    exact all-gather); in float16/bfloat16 they take one small float32
+    collective of their own, so they are never rounded.
+
     Returns:
-        ``(reduced, finite, scaled)``: ``scaled`` says whether the
-        reduced gradients still carry the loss scale.
+        ``(reduced, finite, scaled, gathered)``: ``scaled`` says whether
+        the reduced gradients still carry the loss scale; ``gathered`` is
+        the all-reduced float8 payload (None without float8 layers).
     """
     local = [getattr(v, "overwrite_with_gradient", False)
              for v in trainable_variables]
@@ -731,9 +764,17 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype):
         grads = [g if keep else _multiply(g, scale)
                  for g, keep in zip(grads, local)]
         scaled = True
+    gathered = None
+    if float8_step is not None and several and communication_dtype is None:
+        grads = grads + [float8.payload(float8_step, context)]
+        local = local + [False]
+    elif float8_step is not None:
+        gathered = float8.gather(float8_step, context)
     reduced, finite = allreduce.reduce_gradients(
         grads, communication_dtype, context, local=local)
-    return reduced, finite, scaled
+    if float8_step is not None and gathered is None:
+        reduced, gathered = reduced[:-1], reduced[-1]
+    return reduced, finite, scaled, gathered
 
 def _apply_unscaled(inner, finite, grads, trainable_variables):
     """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
