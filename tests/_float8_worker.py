@@ -22,9 +22,15 @@ def main(index, ports, out_path, mode):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import tensorflow as tf
+    from _float8_common import (
+        GLOBAL_BATCH,
+        batches,
+        build_model,
+        float8_values,
+        loss_fn,
+    )
 
     import tf_mixed
-    from _float8_common import GLOBAL_BATCH, batches, build_model, float8_values, loss_fn
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():

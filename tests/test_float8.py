@@ -10,14 +10,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from zoo import ZOO, reloaded_model
 
 import tf_mixed
-from tf_mixed import float8_lowering
-from tf_mixed import float8_monitor
-from tf_mixed import float8_sync
+from tf_mixed import float8_lowering, float8_monitor, float8_sync
 from tf_mixed.float8_reading import fractions
-from zoo import ZOO
-from zoo import reloaded_model
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
 
@@ -209,7 +206,7 @@ def test_state_measures_planted_inputs_and_output_gradients():
     x = np.ones((4, 16), np.float32)
     x[0, :3] = 1000.0   # 3 of 64 beyond 448 at scale 1: saturated
     x[1, :2] = 1e-6     # 2 of 64 below half of 2**-9: flushed
-    loss = lambda y, p: tf.reduce_mean(p)  # noqa: E731  upstream 2**-6 everywhere
+    loss = lambda y, p: tf.reduce_mean(p)
     state = tf_mixed.float8.state(model, x, np.zeros((4, 16), np.float32), loss=loss)
     inputs_state = state.get("d", "inputs")
     assert (inputs_state.saturated, inputs_state.flushed) == (3 / 64, 2 / 64)
@@ -248,8 +245,8 @@ def test_state_errors():
 
 
 def _reading(**kwargs):
-    base = dict(saturating_tensors=0, max_overflow=0.5, saturated_steps=0,
-                nonfinite_amax=0, streak=0, longest_streak=0)
+    base = {"saturating_tensors": 0, "max_overflow": 0.5, "saturated_steps": 0,
+            "nonfinite_amax": 0, "streak": 0, "longest_streak": 0}
     base.update(kwargs)
     return tf_mixed.float8.Float8Saturation(**base)
 
@@ -414,3 +411,57 @@ def test_probe_reports_float8_layers():
     assert "Float8, per layer and tensor" in str(report)
     # The per-layer tables compare the unquantized layers under bfloat16.
     assert [layer.name for layer in report.layers] == ["a", "b"]
+
+
+# ------------------------------------------------------------------ custom loops
+
+
+def _ones_model():
+    inputs = keras.Input((16,))
+    outputs = keras.layers.Dense(16, use_bias=False, kernel_initializer="ones", name="d")(inputs)
+    model = keras.Model(inputs, outputs)
+    tf_mixed.float8.quantize(model, keep_float32=[])
+    return model
+
+
+@pytest.mark.parametrize("unscale_first", [False, True])
+def test_unscaled_apply_records_the_same_amaxes(unscale_first):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _ones_model()
+    optimizer = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=2.0**10)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.cast(model(x, training=True), tf.float32))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if unscale_first:
+            optimizer.apply(optimizer.unscale_gradients(grads), model.trainable_variables,
+                            unscaled=True)
+        else:
+            optimizer.apply(grads, model.trainable_variables)
+
+    step(tf.fill((4, 16), 0.5))
+    layer = model.get_layer("d")
+    assert layer.inputs_amax_history.numpy()[0] == 0.5
+    assert layer.outputs_grad_amax_history.numpy()[0] == 2.0**-6
+
+
+def test_gradient_clipping_leaves_float8_state_alone():
+    def histories(clip_norm):
+        model = _ones_model()
+        optimizer = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0))
+        step = tf_mixed.training.make_train_step(
+            model, lambda y, p: tf.reduce_mean(p), optimizer, clip_norm=clip_norm)
+        for value in (3.0, 5.0):
+            step(tf.fill((4, 16), value), tf.zeros((4, 16)))
+        layer = model.get_layer("d")
+        return [layer.inputs_amax_history.numpy()[:2].tolist(),
+                float(layer.inputs_scale.numpy())]
+
+    clipped, plain = histories(1e-3), histories(None)
+    assert clipped == plain
+    assert clipped[0] == [5.0, 0.0]  # step 2's amax, unclipped
+    assert clipped[1] == pytest.approx(3.0 / 448.0, rel=1e-7)  # from step 1's

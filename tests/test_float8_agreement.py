@@ -8,17 +8,22 @@ mixed_float16 loss-scale changes leave the output-gradient history in
 unscaled units. Keras alone fails each of these (the contrast runs show it).
 """
 
-import json
 import pathlib
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _float8_common import (
+    batches,
+    build_model,
+    float8_values,
+    loss_fn,
+    one_device_run,
+    shard,
+)
 
 import tf_mixed
-from _float8_common import (batches, build_model, float8_values, loss_fn,
-                            one_device_run, shard)
 
 HERE = pathlib.Path(__file__).resolve().parent
 STEPS = 3
@@ -107,7 +112,7 @@ def test_keras_alone_disagrees(mirrored):
 
 
 def test_checkpoint_holds_agreed_state_and_resumes_bit_exact(mirrored, tmp_path):
-    make = lambda: tf_mixed.wrap_optimizer(_sgd())  # noqa: E731
+    make = lambda: tf_mixed.wrap_optimizer(_sgd())
     x, y = batches(2 * STEPS)
     straight, _ = _mirrored_run(mirrored, 2 * STEPS, make, x=x, y=y)
 

@@ -38,16 +38,10 @@ import keras
 
 from tf_mixed import float8_readiness as readiness
 from tf_mixed import keep_float32 as keep_rules
-from tf_mixed.float8_lowering import lowering_report
-from tf_mixed.float8_lowering import LoweringReport
-from tf_mixed.float8_monitor import Float8Monitor
-from tf_mixed.float8_monitor import Float8Saturation
-from tf_mixed.float8_reading import Float8State
-from tf_mixed.float8_reading import TensorState
-from tf_mixed.float8_reading import state
-from tf_mixed.float8_sync import ALGORITHMS
-from tf_mixed.float8_sync import Float8Scaling
-from tf_mixed.float8_sync import set_scaling
+from tf_mixed.float8_lowering import LoweringReport, lowering_report
+from tf_mixed.float8_monitor import Float8Monitor, Float8Saturation
+from tf_mixed.float8_reading import Float8State, TensorState, state
+from tf_mixed.float8_sync import ALGORITHMS, Float8Scaling, set_scaling
 
 __all__ = [
     "ALGORITHMS",
@@ -119,11 +113,12 @@ class Float8Plan:
                 "choices": [dataclasses.asdict(c) for c in self.choices]}
 
     def __str__(self) -> str:
-        lines = [f"Float8 plan for model '{self.model_name}': "
-                 f"{len(self.quantized)} of {len(self.choices)} Dense/"
-                 f"EinsumDense layers in float8 (margin {self.scaling.margin}, "
-                 f"amax {self.scaling.amax_compute_algo} over "
-                 f"{self.amax_history_length} steps)."]
+        head = (f"Float8 plan for model '{self.model_name}': "
+                f"{len(self.quantized)} of {len(self.choices)} Dense/"
+                f"EinsumDense layers in float8 (margin {self.scaling.margin}, "
+                f"amax {self.scaling.amax_compute_algo} over "
+                f"{self.amax_history_length} steps).")
+        lines = [head]
         width = max([len(c.layer) for c in self.choices] + [5])
         for c in self.choices:
             lines.append(f"  {c.layer.ljust(width)}  "

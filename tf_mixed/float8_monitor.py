@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed import float8_reading
 from tf_mixed import float8_readiness as readiness
+from tf_mixed import float8_reading
 from tf_mixed._facts import walk_layers
 
 __all__ = ["Float8Monitor", "Float8Saturation", "read", "saturation_verdict"]

@@ -29,8 +29,7 @@ from typing import NamedTuple
 
 import keras
 
-from tf_mixed._facts import layer_outputs
-from tf_mixed._facts import walk_layers
+from tf_mixed._facts import layer_outputs, walk_layers
 
 __all__ = ["FLOAT8_CLASSES", "REASONS", "LayerCheck", "check_layers",
            "findings", "flop_share", "is_float8"]
@@ -135,7 +134,7 @@ def _flops(layer) -> int:
         return 2 * out_elements * shape[0]
     if name == "EinsumDense":
         return 2 * out_elements * shape[0]
-    if name.startswith("Conv") or name.startswith("DepthwiseConv"):
+    if name.startswith(("Conv", "DepthwiseConv")):
         # Each output element takes the kernel's window over the inputs.
         return 2 * out_elements * math.prod(shape[:-1])
     return 0
@@ -158,6 +157,10 @@ def flop_share(model) -> float | None:
     return capable / total
 
 
+def _finding(severity, code, layer, *, message, fix):
+    return (severity, code, layer, message, fix)
+
+
 def findings(model) -> list[tuple[str, str, str | None, str, str]]:
     """The float8 readiness findings as (severity, code, layer, message, fix).
 
@@ -168,37 +171,39 @@ def findings(model) -> list[tuple[str, str, str | None, str, str]]:
     share = flop_share(model)
     capable = [c for c in checks if c.eligible]
     if share is not None:
-        out.append((
+        out.append(_finding(
             "info", "float8_flop_share", None,
-            f"{share:.0%} of the model's matrix-product FLOPs are in "
-            f"Dense/EinsumDense layers ({len(capable)} layers), the only "
-            "ones Keras runs in float8; float8 can speed up only those.",
-            "nothing to do if the share is high; float8 gains little when "
-            "convolutions or other layers dominate."))
+            message=(f"{share:.0%} of the model's matrix-product FLOPs are in "
+                     f"Dense/EinsumDense layers ({len(capable)} layers), the "
+                     "only ones Keras runs in float8; float8 can speed up "
+                     "only those."),
+            fix=("nothing to do if the share is high; float8 gains little "
+                 "when convolutions or other layers dominate.")))
     elif not capable:
-        out.append((
+        out.append(_finding(
             "info", "float8_flop_share", None,
-            "the model has no Dense/EinsumDense layer, the only ones Keras "
-            "runs in float8.", "float8 does not apply to this model."))
+            message=("the model has no Dense/EinsumDense layer, the only "
+                     "ones Keras runs in float8."),
+            fix="float8 does not apply to this model."))
     for check in capable:
-        quantized = is_float8(check.layer)
+        severity = "warning" if is_float8(check.layer) else "info"
         if "not_multiple_of_16" in check.keep:
             rounded = tuple(-(-d // 16) * 16 for d in check.dims)
-            out.append((
-                "warning" if quantized else "info",
-                "float8_not_multiple_of_16", check.name,
-                f"{type(check.layer).__name__} matrix dimensions {check.dims} "
-                "are not all multiples of 16: a float8 GEMM cannot run it, "
-                "so float8 would be emulated there.",
-                f"use dimensions {rounded}, or keep it out of float8 "
-                "(tf_mixed.float8.quantize does by default)."))
+            out.append(_finding(
+                severity, "float8_not_multiple_of_16", check.name,
+                message=(f"{type(check.layer).__name__} matrix dimensions "
+                         f"{check.dims} are not all multiples of 16: a float8 "
+                         "GEMM cannot run it, so float8 would be emulated "
+                         "there."),
+                fix=(f"use dimensions {rounded}, or keep it out of float8 "
+                     "(tf_mixed.float8.quantize does by default).")))
         for code in ("first", "last"):
             if code in check.keep:
-                out.append((
-                    "warning" if quantized else "info",
-                    "float8_keep_higher_precision", check.name,
-                    f"{REASONS[code]}; it should stay in higher precision"
-                    + (" but is float8." if quantized else "."),
-                    "leave it out of float8 (tf_mixed.float8.quantize does "
-                    "by default)."))
+                out.append(_finding(
+                    severity, "float8_keep_higher_precision", check.name,
+                    message=(f"{REASONS[code]}; it should stay in higher "
+                             "precision" + (" but is float8." if severity == "warning"
+                                            else ".")),
+                    fix=("leave it out of float8 (tf_mixed.float8.quantize "
+                         "does by default).")))
     return out

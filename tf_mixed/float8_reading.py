@@ -23,8 +23,8 @@ import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed import _internals, float8_sync
 from tf_mixed import float8_readiness as readiness
-from tf_mixed import float8_sync
 from tf_mixed._facts import walk_layers
 from tf_mixed.loss_scale import LossScaleOptimizer
 
@@ -244,8 +244,9 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
     tensors = []
     for name, layer in layers:
         for kind in float8_sync.KINDS:
-            scale_copies = _copies(getattr(layer, f"{kind}_scale"))
-            history_copies = _copies(getattr(layer, f"{kind}_amax_history"))
+            scale_variable, history_variable = _internals.float8_variables(layer, kind)
+            scale_copies = _copies(scale_variable)
+            history_copies = _copies(history_variable)
             agree = all(np.array_equal(c, scale_copies[0]) for c in scale_copies) \
                 and all(np.array_equal(c, history_copies[0]) for c in history_copies)
             scale = float(scale_copies[0])
@@ -303,18 +304,6 @@ def _measure(model, layers, x, y, loss) -> dict[tuple[str, str], np.ndarray]:
     """Inputs and output gradients (unscaled loss) of each float8 layer."""
     loss_fn = _loss_function(model, loss)
     records: dict[int, list] = {}
-    # Keras runs a quantized layer through `quantized_call` (public, on the
-    # instance): wrap it for this one trace to see the layer's inputs and
-    # outputs, then remove the wrapper.
-    for index, (_, layer) in enumerate(layers):
-
-        def recorder(inputs, *args, _index=index, _call=layer.quantized_call,
-                     **kwargs):
-            out = _call(inputs, *args, **kwargs)
-            records.setdefault(_index, []).append((inputs, out))
-            return out
-
-        layer.quantized_call = recorder
 
     @tf.function
     def run(xb, yb):
@@ -329,11 +318,9 @@ def _measure(model, layers, x, y, loss) -> dict[tuple[str, str], np.ndarray]:
         counts = [len(records[k]) for k in keys]
         return keys, counts, inputs, outs, grads
 
-    try:
-        keys, counts, inputs, outs, grads = run(x, y)
-    finally:
-        for _, layer in layers:
-            layer.__dict__.pop("quantized_call", None)
+    with _internals.recording_quantized_calls([layer for _, layer in layers],
+                                              records):
+        keys, counts, inputs, _, grads = run(x, y)
     measured = {}
     position = 0
     for key, count in zip(keys, counts):
@@ -357,8 +344,10 @@ def _upstream(layer, inputs, output_gradient):
     kernel = tf.cast(keras.ops.convert_to_tensor(layer.kernel), dtype)
     x = tf.cast(inputs, dtype)
     quantize = keras.quantizers.quantize_and_dequantize
-    qx = quantize(x, layer.inputs_scale, "float8_e4m3fn", dtype)
-    qk = quantize(kernel, layer.kernel_scale, "float8_e4m3fn", dtype)
+    inputs_scale, _ = _internals.float8_variables(layer, "inputs")
+    kernel_scale, _ = _internals.float8_variables(layer, "kernel")
+    qx = quantize(x, inputs_scale, "float8_e4m3fn", dtype)
+    qk = quantize(kernel, kernel_scale, "float8_e4m3fn", dtype)
     if type(layer).__name__ == "EinsumDense":
         product = keras.ops.einsum(layer.equation, qx, qk)
     else:

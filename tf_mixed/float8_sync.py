@@ -43,10 +43,13 @@ amax; `tf_mixed.float8.state` reads them.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
+
+from tf_mixed import _internals
 
 __all__ = [
     "ALGORITHMS",
@@ -63,7 +66,7 @@ __all__ = [
 
 # The quantized tensors of a Keras float8 layer, in Keras's variable order,
 # and the float8 format each one is cast to (keras/src/layers/core/dense.py).
-KINDS = ("inputs", "kernel", "outputs_grad")
+KINDS = _internals.FLOAT8_KINDS
 FORMATS = {"inputs": "float8_e4m3fn", "kernel": "float8_e4m3fn",
            "outputs_grad": "float8_e5m2"}
 # Largest finite value and smallest positive subnormal of each format.
@@ -129,8 +132,8 @@ def set_scaling(layer, scaling: Float8Scaling) -> None:
     `tf_mixed.float8.quantize` on it again to set a non-default scaling.
     """
     for kind in KINDS:
-        setattr(getattr(layer, f"{kind}_amax_history"), _SCALING_ATTRIBUTE,
-                scaling)
+        _, history = _internals.float8_variables(layer, kind)
+        setattr(history, _SCALING_ATTRIBUTE, scaling)
 
 
 def scaling_of(history_variable) -> Float8Scaling:
@@ -239,7 +242,7 @@ class Float8Sync:
             aggregation=tf.VariableAggregation.NONE)
 
     @classmethod
-    def for_variables(cls, variables) -> "Float8Sync | None":
+    def for_variables(cls, variables) -> Float8Sync | None:
         """A sync for the float8 pairs among ``variables``, or None if none."""
         slots = find_slots(variables)
         return cls(slots) if slots else None
@@ -250,7 +253,7 @@ class Float8Sync:
 
     # ------------------------------------------------------------ per step
 
-    def split(self, grads, variables, loss_scale):
+    def split(self, grads, variables, loss_scale, divided: bool = False):
         """Takes the float8 pairs out of a step's gradients.
 
         Args:
@@ -258,6 +261,9 @@ class Float8Sync:
             variables: The variables.
             loss_scale: The loss scale this step's loss was multiplied by
                 (1 when none).
+            divided: Whether every gradient, these included, was already
+                divided by ``loss_scale`` (``unscale_gradients`` before
+                ``apply(..., unscaled=True)``).
 
         Returns:
             ``(grads, variables, step)``: the other gradients and variables,
@@ -273,9 +279,15 @@ class Float8Sync:
                     "history gradient in this step: a float8 layer must take "
                     "part in every step of the model it was built for. "
                     f"Received: gradient=None for '{_name(slot.history)}'.")
-            amax = tf.cast(tf.convert_to_tensor(grads[i])[0], tf.float32)
-            if slot.kind == "outputs_grad":
-                amax = amax / tf.cast(loss_scale, tf.float32)
+            amax = tf.cast(_internals.float8_newest_amax(
+                tf.convert_to_tensor(grads[i])), tf.float32)
+            scale = tf.cast(loss_scale, tf.float32)
+            # Only the output gradient carries the loss scale; a division of
+            # every gradient by it is undone for the inputs and kernel.
+            if slot.kind == "outputs_grad" and not divided:
+                amax = amax / scale
+            elif slot.kind != "outputs_grad" and divided:
+                amax = amax * scale
             amaxes.append(amax)
         amax = tf.stack(amaxes)
         amax = tf.where(tf.math.is_finite(amax), amax, -tf.ones_like(amax))

@@ -417,7 +417,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 # Float8 scales and histories leave the gradient list here;
                 # `float8` writes them after the verdict (tf_mixed.float8_sync).
                 grads, trainable_variables, float8_step = float8.split(
-                    grads, trainable_variables, scale)
+                    grads, trainable_variables, scale, divided=unscaled)
             grads, finite, scaled, gathered = _reduce(
                 grads, trainable_variables, scale, unscaled,
                 self.communication_dtype, float8, float8_step)

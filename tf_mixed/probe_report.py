@@ -185,9 +185,9 @@ class ProbeReport:
                 for v in self.variables]
         lines += _table(header, rows, left=2)
         if self.float8:
-            lines += ["", "Float8, per layer and tensor (current scales, first "
-                          "batch; saturated: clipped to the format's max; "
-                          "flushed: non-zero values quantized to 0):"]
+            lines += ["", ("Float8, per layer and tensor (current scales, "
+                           "first batch; saturated: clipped to the format's "
+                           "max; flushed: non-zero values quantized to 0):")]
             header = ("layer", "tensor", "format", "scale", "amax", "saturated",
                       "flushed")
             rows = [(t.layer, t.tensor, t.format.replace("float8_", ""),
