@@ -61,22 +61,90 @@ def test_model_outputs():
     assert _facts.model_outputs(Subclassed()) == []
 
 
-def test_every_table_is_written_once():
-    # A module restating a table (as a tuple/list/set literal) instead of
-    # importing it from _facts fails here.
-    tables = {
-        name: set(value) for name, value in vars(_facts).items()
-        if name.isupper() and isinstance(value, tuple)
+def _tables():
+    """Every table of _facts: upper-case tuples and dicts."""
+    return {name: value for name, value in vars(_facts).items()
+            if name.isupper() and isinstance(value, (tuple, dict))}
+
+
+def _restatements(source: str, tables: dict) -> list[str]:
+    """Literals in ``source`` restating a table (or part of a dict table).
+
+    A tuple/list/set of constants equal to a tuple table as a set; a dict of
+    constants sharing two or more (key, value) pairs with a dict table, in
+    either direction (``{"float16": "mixed_float16"}`` restates the inverse
+    of ``COMPUTE_DTYPES``).
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
+                isinstance(e, ast.Constant) for e in node.elts):
+            values = {e.value for e in node.elts}
+            found += [f"{node.lineno}: {name}" for name, table in tables.items()
+                      if isinstance(table, tuple) and values == set(table)]
+        if isinstance(node, ast.Dict) and node.keys and all(
+                isinstance(e, ast.Constant) for e in node.keys + node.values):
+            pairs = {(k.value, v.value) for k, v in zip(node.keys, node.values)}
+            for name, table in tables.items():
+                if isinstance(table, dict):
+                    items = set(table.items())
+                    inverse = {(v, k) for k, v in items}
+                    if len(pairs & items) >= 2 or len(pairs & inverse) >= 2:
+                        found.append(f"{node.lineno}: {name}")
+    return found
+
+
+def test_the_check_sees_restated_tuples_and_dicts():
+    tables = _tables()
+    planted = {
+        'HALVES = ("bfloat16", "float16")': "HALF_DTYPES",
+        'NAMES = {"fp16": "mixed_float16", "bf16": "mixed_bfloat16"}': "POLICY_ALIASES",
+        'HALF = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}': "COMPUTE_DTYPES",
     }
+    for source, table in planted.items():
+        assert [f.split(": ")[1] for f in _restatements(source, tables)] == [table], source
+    assert _restatements('ONE = {"fp16": "mixed_float16"}', tables) == []
+
+
+def test_every_table_is_written_once():
+    tables = _tables()
     assert set(tables) == {"HALF_DTYPES", "FLOAT32_HEADS", "SQUASHING_ACTIVATIONS",
-                           "FLOAT_POLICIES"}
-    for path in PACKAGE_DIR.rglob("*.py"):
+                           "FLOAT_POLICIES", "POLICY_ALIASES", "COMPUTE_DTYPES"}
+    offenders = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
         if path.name == "_facts.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and all(
-                    isinstance(e, ast.Constant) for e in node.elts):
-                values = {e.value for e in node.elts}
-                for name, table in tables.items():
-                    assert values != table, (
-                        f"{path.name}:{node.lineno} restates _facts.{name}")
+        offenders += [f"{path.relative_to(PACKAGE_DIR)}:{f}"
+                      for f in _restatements(path.read_text(), tables)]
+    assert not offenders, offenders
+
+
+def _library_sources():
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        yield path.relative_to(PACKAGE_DIR).as_posix(), path.read_text()
+
+
+@pytest.mark.parametrize("fact, text, home", [
+    ("the input-layer test", "InputLayer", "_facts.py"),
+    ("the model-kind message", "needs a keras.Model", "_facts.py"),
+    ("the policy aliases", '"fp16":', "_facts.py"),
+    ("the number check's message", "must be {valid}", "_validate.py"),
+])
+def test_each_fact_is_written_in_one_module(fact, text, home):
+    holders = [name for name, source in _library_sources() if text in source]
+    assert holders == [home], f"{fact} is written in {holders}"
+
+
+def test_numbers_are_checked_by_the_one_helper():
+    """``isinstance(x, bool)`` (the "a number, not a bool" test) lives in _validate."""
+    allowed = {
+        "distribute.py",  # a field of the TF_CONFIG JSON, reported as TF_CONFIG
+        "auditing.py",    # reads a layer attribute (units) for advice, not an argument
+    }
+    users = set()
+    for name, source in _library_sources():
+        for node in ast.walk(ast.parse(source)):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"
+                    and len(node.args) == 2 and getattr(node.args[1], "id", None) == "bool"):
+                users.add(name)
+    assert users - allowed == {"_validate.py"}, users

@@ -1,15 +1,42 @@
 """Facts about mixed precision that several modules need, each kept once.
 
-`auditing` (what is wrong), `conversion` (how to fix it) and the set-up checks
-of `callbacks` read the same tables here, so the advice one gives is what the
-other does.
+`auditing` (what is wrong), `conversion` (how to fix it), `probing`, the
+policy parser and the set-up checks of `callbacks` read the same tables and
+tests here, so the advice one gives is what the other does.
+tests/test_facts.py fails when a module restates a table (tuple, list, set
+or dict) instead of importing it.
+
+Keras is imported inside the functions that need it, so `tf_mixed.autotune`
+can read the policy table without loading TensorFlow.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import keras
+if TYPE_CHECKING:
+    import keras
+
+# Policy names. Every name `tf_mixed.enable` accepts, mapped to the Keras
+# policy it means: canonical names first, then short aliases ("auto" resolves
+# per host).
+AUTO = "auto"
+FLOAT32 = "float32"
+MIXED_FLOAT16 = "mixed_float16"
+MIXED_BFLOAT16 = "mixed_bfloat16"
+POLICY_ALIASES = {
+    AUTO: AUTO,
+    MIXED_FLOAT16: MIXED_FLOAT16,
+    MIXED_BFLOAT16: MIXED_BFLOAT16,
+    FLOAT32: FLOAT32,
+    "fp16": MIXED_FLOAT16,
+    "bf16": MIXED_BFLOAT16,
+    "fp32": FLOAT32,
+}
+
+# The dtype each concrete policy computes in.
+COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",
+                  MIXED_FLOAT16: "float16"}
 
 # The reduced-precision float dtypes a layer can compute in.
 HALF_DTYPES = ("float16", "bfloat16")
@@ -26,6 +53,68 @@ SQUASHING_ACTIVATIONS = ("softmax", "sigmoid", "log_softmax")
 # Dtype policies whose layers compute in a float type: the ones `convert`
 # may switch to a mixed policy, and `probe` may compare against float32.
 FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+
+
+def half_policy(compute_dtype: str) -> str | None:
+    """The mixed policy computing in ``compute_dtype`` ("float16" ->
+    "mixed_float16"), or None for a dtype no mixed policy computes in."""
+    for name, dtype in COMPUTE_DTYPES.items():
+        if dtype == compute_dtype and dtype in HALF_DTYPES:
+            return name
+    return None
+
+
+def is_input_layer(layer: Any) -> bool:
+    """Whether ``layer`` is a Keras ``InputLayer`` (a placeholder, no compute)."""
+    import keras
+
+    return isinstance(layer, keras.layers.InputLayer)
+
+
+def check_model_kind(model: Any, caller: str, *, traced: bool = True,
+                     why_traced: str = "", fix: str = "", hint: str = "") -> None:
+    """Refuses what ``caller`` cannot work on, with the one message for it.
+
+    Args:
+      model: what the user passed.
+      caller: the function named in the message, e.g. "probe()".
+      traced: whether ``caller`` needs a Sequential or functional model (a
+        graph of layers); False accepts subclassed models too.
+      why_traced: why a subclassed model cannot be used (a clause).
+      fix: what to do instead, for a subclassed model (a sentence).
+      hint: appended to the message for a non-model.
+
+    Raises:
+      TypeError: ``model`` is not a ``keras.Model``, or (``traced``) a
+        subclassed model.
+      ValueError: (``traced``) a Sequential model that is not built.
+    """
+    import keras
+
+    kinds = "Sequential or functional" if traced else (
+        "Sequential, functional or subclassed")
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"{caller} needs a keras.Model ({kinds}). Received: model="
+            f"{model!r} (of type {type(model).__name__}).{hint}")
+    if not traced or model_inputs_and_outputs(model):
+        return
+    if isinstance(model, keras.Sequential):
+        raise ValueError(
+            f"Sequential model '{model.name}' is not built, so {caller} has "
+            "no inputs to work from. Build it first (add a keras.Input or "
+            "call model.build(input_shape)).")
+    raise TypeError(
+        f"{caller} cannot use the subclassed model '{model.name}' (class "
+        f"{type(model).__name__}): {why_traced}. {fix}")
+
+
+def model_inputs_and_outputs(model: Any) -> bool:
+    """Whether ``model`` has symbolic inputs and outputs (a traced graph)."""
+    try:
+        return bool(model.inputs) and bool(model.outputs)
+    except (AttributeError, ValueError):
+        return False
 
 
 def activation_name(layer) -> str | None:
@@ -66,6 +155,8 @@ def walk_layers(model, prefix: str = "") -> Iterator[tuple[str, keras.Layer]]:
     Yields:
       (qualified name, layer) pairs.
     """
+    import keras
+
     for layer in model.layers:
         name = prefix + layer.name
         yield name, layer
@@ -82,6 +173,8 @@ def layer_outputs(layer) -> list:
     Returns:
       A list of KerasTensors (anything without shape and dtype dropped).
     """
+    import keras
+
     from tf_mixed import _internals
 
     outputs = _internals.call_outputs(layer)
@@ -102,6 +195,8 @@ def model_outputs(model) -> list:
     Returns:
       A list of KerasTensors; [] for a subclassed or unbuilt model.
     """
+    import keras
+
     try:
         outputs = model.outputs
     except (AttributeError, ValueError):

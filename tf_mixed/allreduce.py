@@ -298,7 +298,7 @@ def _reduce_dense(tensors, wire, replicas, flag, context):
             out[p] = tf.reshape(value, tf.shape(tensors[p]))
             # The verdict is taken after the cast back and the rescale, so
             # an overflow in either is caught too.
-            checks.append(tf.reduce_all(tf.math.is_finite(out[p])))
+            checks.append(all_finite([out[p]]))
         if flag is not None and key == flag_key:
             checks.append(tf.equal(tf.reduce_sum(pieces[-1]), 0))
     return out, tf.reduce_all(tf.stack(checks))
@@ -312,6 +312,4 @@ def _reduce_sparse(slices, wire, replicas, context):
     out = [tf.IndexedSlices(_from_wire(r.values, s.values.dtype, wire,
                                        replicas), r.indices, r.dense_shape)
            for r, s in zip(summed, slices)]
-    finite = tf.reduce_all(tf.stack(
-        [tf.reduce_all(tf.math.is_finite(o.values)) for o in out]))
-    return out, finite
+    return out, all_finite(out)

@@ -51,6 +51,7 @@ from typing import Any
 import keras
 
 from tf_mixed import _internals
+from tf_mixed import _validate
 from tf_mixed import float8_readiness
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import HALF_DTYPES
@@ -58,6 +59,8 @@ from tf_mixed._facts import SQUASHING_ACTIVATIONS
 from tf_mixed._facts import activation_name
 from tf_mixed._facts import layer_outputs
 from tf_mixed._facts import model_outputs
+from tf_mixed._facts import check_model_kind
+from tf_mixed._facts import is_input_layer
 from tf_mixed._facts import walk_layers
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
@@ -288,30 +291,21 @@ def audit(model, batch_size: int | None = None, *,
       TypeError: `model` is not a Keras model, or `batch_size` not an int.
       ValueError: `batch_size` is not positive.
     """
-    if not isinstance(model, keras.Model):
-        hint = (" To audit a saved model, run `python -m tf_mixed audit PATH`."
-                if isinstance(model, (str, os.PathLike)) else "")
-        raise TypeError(
-            "audit() needs a keras.Model (Sequential, functional or "
-            f"subclassed). Received: model={model!r} (of type "
-            f"{type(model).__name__}).{hint}")
+    check_model_kind(
+        model, "audit()", traced=False,
+        hint=(" To audit a saved model, run `python -m tf_mixed audit PATH`."
+              if isinstance(model, (str, os.PathLike)) else ""))
     if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(
-                "'batch_size' must be a positive integer or None, such as 64. "
-                f"Received: batch_size={batch_size!r} (of type "
-                f"{type(batch_size).__name__})")
-        if batch_size < 1:
-            raise ValueError(
-                "'batch_size' must be a positive integer or None, such as 64. "
-                f"Received: batch_size={batch_size!r}")
+        _validate.number(batch_size, "batch_size", integer=True,
+                         rule=lambda v: v >= 1, owner="audit()",
+                         valid="a positive integer or None, such as 64")
 
     layers = _leaf_layers(model)
     policy = _effective_policy(model, layers)
     rows = []
     for name, layer in layers:
         outs = layer_outputs(layer)
-        is_input = type(layer).__name__ == "InputLayer"
+        is_input = is_input_layer(layer)
         rows.append(LayerRow(
             name=name,
             class_name=type(layer).__name__,
@@ -379,7 +373,7 @@ def _effective_policy(model, layers) -> str:
     """The policy most layers have (a loaded model's own policy can differ)."""
     counts: dict[str, int] = {}
     for _, layer in layers:
-        if type(layer).__name__ in ("InputLayer",) + FLOAT32_HEADS:
+        if is_input_layer(layer) or type(layer).__name__ in FLOAT32_HEADS:
             continue
         name = getattr(layer.dtype_policy, "name", None)
         if name:
@@ -434,7 +428,7 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             f"multiples of 8 for float16{note}.",
             f"use {attribute}={_round8(value)}."))
     explicit32 = (
-        mixed and compute == "float32" and cls != "InputLayer"
+        mixed and compute == "float32" and not is_input_layer(layer)
         and cls not in FLOAT32_HEADS
         and getattr(layer.dtype_policy, "name", None) == "float32")
     if explicit32:
@@ -450,7 +444,7 @@ def _memory(layers, policy, batch_size) -> MemoryEstimate:
     float32_bytes = policy_bytes = 0
     exact = True
     for _, layer in layers:
-        if type(layer).__name__ == "InputLayer":
+        if is_input_layer(layer):
             continue  # inputs are data, not activations
         for tensor in layer_outputs(layer):
             dims = list(tensor.shape)[1:]

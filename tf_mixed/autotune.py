@@ -33,11 +33,11 @@ from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
+from tf_mixed import _validate
 from tf_mixed import hardware
 
-FLOAT32 = "float32"
-MIXED_BFLOAT16 = "mixed_bfloat16"
-MIXED_FLOAT16 = "mixed_float16"
+from tf_mixed._facts import COMPUTE_DTYPES as _COMPUTE_DTYPE
+from tf_mixed._facts import FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16
 
 DEFAULT_MARGIN = 1.15
 """A half policy must be at least this many times float32's speed to be chosen."""
@@ -56,7 +56,6 @@ _CACHE_FORMAT = 1
 # kernels convert every element and are not worth timing).
 _NATIVE_FLOAT16_FLAGS = ("avx512_fp16", "amx_fp16")
 
-_COMPUTE_DTYPE = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16", MIXED_FLOAT16: "float16"}
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on", "")
@@ -154,11 +153,8 @@ def choose_from_timings(
         ValueError: If `timings` lacks float32, holds an unknown policy or a
             value that is not a positive finite number, or `margin` < 1.
     """
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin >= 1.0:
-        raise ValueError(
-            f"`margin` must be a number >= 1.0. Received: margin={margin!r} "
-            f"(of type {type(margin).__name__})."
-        )
+    _validate.number(margin, "margin", rule=lambda v: v >= 1.0,
+                     valid="a number >= 1.0")
     if FLOAT32 not in timings:
         raise ValueError(
             "`timings` must include 'float32', the baseline. "
@@ -170,14 +166,9 @@ def choose_from_timings(
                 f"`timings` holds an unknown policy {name!r}. Valid names: "
                 f"{', '.join(_COMPUTE_DTYPE)}. Received: timings={dict(timings)!r}."
             )
-        if (
-            not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
-            or not math.isfinite(seconds) or seconds <= 0
-        ):
-            raise ValueError(
-                f"`timings[{name!r}]` must be a positive number of seconds. "
-                f"Received: {seconds!r}."
-            )
+        _validate.number(seconds, f"timings[{name!r}]",
+                         rule=lambda v: 0 < v < math.inf,
+                         valid="a positive number of seconds")
     base = float(timings[FLOAT32])
     speedups = {name: base / float(seconds) for name, seconds in timings.items()}
     halves = [name for name in speedups if name != FLOAT32]

@@ -46,10 +46,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_mixed import _validate
 from tf_mixed import loss_scale as loss_scale_module
 from tf_mixed import stop_rules
 from tf_mixed.loss_tally import LossTally
-from tf_mixed.replicas import local_copies
+from tf_mixed.replicas import all_copies_finite
 from tf_mixed.rollback import forward_variables
 from tf_mixed.stop_rules import Progress, Snapshot
 
@@ -130,48 +131,15 @@ def model_setup_problems(model) -> list[str]:
 # ---------------------------------------------------------------- callback
 
 
-def _check_fraction(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"'{name}' must be a number in (0, 1], such as 0.5. "
-            f"Received: {name}={value!r} (of type {type(value).__name__})"
-        )
-    if not 0.0 < value <= 1.0 or math.isnan(value):
-        raise ValueError(
-            f"'{name}' must be in (0, 1] (1.0 turns the check off), such as "
-            f"0.5. Received: {name}={value!r}"
-        )
-    return float(value)
+def _check_number(name: str, value, rule, valid: str) -> float:
+    return _validate.number(value, name, owner="LossScaleMonitor", rule=rule,
+                            valid=valid)
 
 
 def _check_int(name: str, value, minimum: int, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(
-            f"'{name}' must be an integer >= {minimum}{hint}. "
-            f"Received: {name}={value!r} (of type {type(value).__name__})"
-        )
-    if value < minimum:
-        raise ValueError(
-            f"'{name}' must be an integer >= {minimum}{hint}. "
-            f"Received: {name}={value!r}"
-        )
-    return int(value)
-
-
-def _check_min_scale(value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(
-            value, (int, float, np.floating, np.integer)):
-        raise TypeError(
-            "'min_scale' must be a positive number or None, such as "
-            f"1.0. Received: min_scale={value!r} (of type "
-            f"{type(value).__name__})")
-    if not value > 0 or math.isinf(value):
-        raise ValueError(
-            "'min_scale' must be a positive finite number or None, "
-            f"such as 1.0. Received: min_scale={value!r}")
-    return float(value)
+    return _validate.number(value, name, integer=True, owner="LossScaleMonitor",
+                            rule=lambda v: v >= minimum,
+                            valid=f"an integer >= {minimum}{hint}")
 
 
 def _global_sums(strategy, values: list[float]) -> list[float]:
@@ -246,7 +214,7 @@ def _nonfinite_weights(model) -> list[str]:
     """Paths of the model's float weights with NaN/inf in any local copy."""
     return [weight.path for weight in model.weights
             if keras.backend.is_float_dtype(weight.dtype)
-            and not all(np.isfinite(c).all() for c in local_copies(weight))]
+            and not all_copies_finite(weight)]
 
 
 class LossScaleMonitor(keras.callbacks.Callback):
@@ -308,9 +276,12 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.patience = _check_int(
             "patience", patience, 1, ", such as 20 (steps at the minimum loss "
             "scale before stopping)")
-        self.max_skip_fraction = _check_fraction(
-            "max_skip_fraction", max_skip_fraction)
-        self.min_scale = _check_min_scale(min_scale)
+        self.max_skip_fraction = _check_number(
+            "max_skip_fraction", max_skip_fraction, lambda v: 0.0 < v <= 1.0,
+            "a number in (0, 1] (1.0 turns the check off), such as 0.5")
+        self.min_scale = None if min_scale is None else _check_number(
+            "min_scale", min_scale, lambda v: 0.0 < v < math.inf,
+            "a positive finite number or None, such as 1.0")
         self.log_every_n_batches = _check_int(
             "log_every_n_batches", log_every_n_batches, 0,
             " (0 turns batch logging off)")
@@ -324,8 +295,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress: Progress | None = None
         if self.log_every_n_batches or self.check_every_n_batches:
-            # Only then: overriding the hook makes Keras call it
-            # synchronously, waiting for every step.
+            # Only then: an overridden hook makes Keras wait for every step.
             self.on_train_batch_end = self._on_train_batch_end
 
     def get_config(self) -> dict[str, Any]:
@@ -358,7 +328,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         else:
             self._threshold = 1.0 if self.min_scale is None else self.min_scale
         first = _snapshot(self._optimizer, self._kind)
-        self._progress = Progress(epoch_start=first, last=first)
+        self._progress = Progress(first, first)
         self._batches = self._logged_at = self._checked_at = 0
         if self.check_setup:
             for problem in model_setup_problems(self.model):

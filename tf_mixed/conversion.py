@@ -52,6 +52,8 @@ from tf_mixed._facts import FLOAT_POLICIES
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import SQUASHING_ACTIVATIONS
 from tf_mixed._facts import activation_name
+from tf_mixed._facts import check_model_kind
+from tf_mixed._facts import is_input_layer
 from tf_mixed._facts import walk_layers
 from tf_mixed import keep_float32 as keep_float32_rules
 
@@ -88,15 +90,6 @@ def _resolve_policy(policy) -> str:
                 "to convert. Pass policy='mixed_float16' or "
                 "policy='mixed_bfloat16' to convert anyway.")
     return name
-
-
-def _is_functional(model) -> bool:
-    try:
-        outputs = model.outputs
-        inputs = model.inputs
-    except AttributeError:
-        return False
-    return bool(outputs) and bool(inputs)
 
 
 def _producer(tensor):
@@ -146,23 +139,12 @@ def convert(model: keras.Model, policy: str | None = None, *,
         tf_mixed.enable("mixed_float16")
         model = tf_mixed.convert(model)
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "convert() needs a keras.Model (Sequential or functional). "
-            f"Received: model={model!r} (of type {type(model).__name__})")
-    if not _is_functional(model):
-        if isinstance(model, keras.Sequential):
-            raise ValueError(
-                f"Sequential model '{model.name}' is not built, so it has no "
-                "inputs to rebuild from. Build it first (add a keras.Input or "
-                "call model.build(input_shape)), or call tf_mixed.enable() "
-                "before creating it.")
-        raise TypeError(
-            f"convert() cannot rebuild the subclassed model '{model.name}' "
-            f"(class {type(model).__name__}): its layers are created in "
-            "Python code that convert cannot re-run. Call tf_mixed.enable() "
-            "before building the model (before its constructor runs), so "
-            "its layers are created under the mixed policy.")
+    check_model_kind(
+        model, "convert()",
+        why_traced="its layers are created in Python code that convert "
+        "cannot re-run",
+        fix="Call tf_mixed.enable() before building the model (before its "
+        "constructor runs), so its layers are created under the mixed policy.")
     target = _resolve_policy(policy)
     keep = keep_float32_rules.parse(keep_float32)
     names = {layer.name for layer in model.layers}
@@ -178,7 +160,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
     if half:
         for tensor in keras.tree.flatten(model.outputs):
             layer = _producer(tensor)
-            if layer is None or type(layer).__name__ == "InputLayer":
+            if layer is None or is_input_layer(layer):
                 continue
             if isinstance(layer, keras.Model):
                 notes.append(
@@ -209,7 +191,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
             config["activation"] = "linear"
         to_float32 = policy_name in FLOAT_POLICIES and (
             keep.matches(layer) or layer.name in keep_outputs)
-        stays = (cls == "InputLayer" or cls in FLOAT32_HEADS
+        stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
                  or policy_name not in FLOAT_POLICIES or to_float32)
         if not stays and "dtype" in config:
             config["dtype"] = target

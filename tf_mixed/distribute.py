@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from tf_mixed import _keras_fix_20585
+from tf_mixed import _validate
 
 _TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
@@ -147,15 +148,9 @@ def multi_worker_strategy(
             `parse_tf_config`), or ``timeout_seconds`` is not a positive
             number or None.
     """
-    if timeout_seconds is not None and (
-            isinstance(timeout_seconds, bool)
-            or not isinstance(timeout_seconds, (int, float))
-            or not timeout_seconds > 0):
-        raise ValueError(
-            "`timeout_seconds` must be a positive number of seconds or None "
-            f"(wait forever). Received: timeout_seconds={timeout_seconds!r} "
-            f"(of type {type(timeout_seconds).__name__})."
-        )
+    if timeout_seconds is not None:
+        _validate.number(timeout_seconds, "timeout_seconds", rule=lambda v: v > 0,
+                         valid="a positive number of seconds or None (wait forever)")
     if current_task() is None:
         raise ValueError(
             "multi_worker_strategy() needs the TF_CONFIG environment variable, "

@@ -36,6 +36,7 @@ import keras
 
 from tf_mixed import policy_state
 from tf_mixed._facts import HALF_DTYPES
+from tf_mixed._facts import is_input_layer
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
 
@@ -63,7 +64,7 @@ class KeepFloat32:
 
     def matches(self, layer: keras.layers.Layer) -> bool:
         """Whether `layer` is to compute in float32."""
-        if type(layer).__name__ == "InputLayer":
+        if is_input_layer(layer):
             return False  # an input's dtype is the data's, not a compute dtype
         return (layer.name in self.names
                 or isinstance(layer, self.classes)

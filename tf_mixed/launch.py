@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
+from tf_mixed import _validate
+
 LOOPBACK = "127.0.0.1"
 _TAIL_LINES = 200
 _POLL_S = 0.05
@@ -112,12 +114,9 @@ def tf_config(ports: Sequence[int], index: int) -> str:
 def _check_positive(name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(
-            f"`{name}` must be a positive number of seconds"
-            f"{' or None' if allow_none else ''}. Received: {name}={value!r} "
-            f"(of type {type(value).__name__})."
-        )
+    _validate.number(
+        value, name, rule=lambda v: v > 0,
+        valid=f"a positive number of seconds{' or None' if allow_none else ''}")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -189,18 +188,12 @@ def run_local_workers(
             be started, did not start its server in time, or the run
             exceeded ``timeout``. Every worker has been stopped by then.
     """
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(
-            "`num_workers` must be an integer >= 1. Received: "
-            f"num_workers={num_workers!r} (of type {type(num_workers).__name__})."
-        )
+    _validate.number(num_workers, "num_workers", integer=True,
+                     rule=lambda v: v >= 1, valid="an integer >= 1")
     _check_positive("timeout", timeout)
     _check_positive("start_timeout", start_timeout, allow_none=True)
-    if isinstance(grace_seconds, bool) or not isinstance(grace_seconds, (int, float)) \
-            or grace_seconds < 0:
-        raise ValueError(
-            "`grace_seconds` must be a number >= 0. Received: "
-            f"grace_seconds={grace_seconds!r}.")
+    _validate.number(grace_seconds, "grace_seconds", rule=lambda v: v >= 0,
+                     valid="a number >= 0")
     if ports is None:
         ports = free_ports(num_workers)
     else:

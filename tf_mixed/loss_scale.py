@@ -37,6 +37,7 @@ import keras
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import _validate
 from tf_mixed import allreduce
 from tf_mixed import scale_state
 from tf_mixed.float8_sync import Float8Sync
@@ -620,11 +621,7 @@ def _checked_grads(grads) -> list:
 def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
     """``apply``'s arguments checked: (gradients, variables) as lists."""
     grads = _checked_grads(grads)
-    if not isinstance(unscaled, bool):
-        raise ValueError(
-            "LossScaleOptimizer.apply() argument `unscaled` must be True "
-            f"or False. Received: unscaled={unscaled!r} (of type "
-            f"{type(unscaled).__name__}).")
+    _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
     if trainable_variables is None:
         if not optimizer.built:
             raise ValueError(

@@ -1,6 +1,6 @@
 """Policy names, `enable` / `disable` / `policy_scope`, and the "auto" choice.
 
-One table (`_POLICIES`) lists every accepted name; the parser and every error
+One table (`tf_mixed._facts.POLICY_ALIASES`) lists every accepted name; the parser and every error
 message are built from it. `enable()` changes two pieces of state, with the
 scope each really has: the Keras dtype policy, which Keras
 keeps per thread, so tf_mixed remembers it per thread too; and (for float16
@@ -24,29 +24,15 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tf_mixed import _validate
+from tf_mixed._facts import AUTO, FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16, POLICY_ALIASES
 from tf_mixed import autotune
 from tf_mixed import hardware
 from tf_mixed import keep_float32 as keep_float32_rules
 from tf_mixed import policy_state
 from tf_mixed.policy_state import ThreadState
 
-AUTO = "auto"
-MIXED_FLOAT16 = "mixed_float16"
-MIXED_BFLOAT16 = "mixed_bfloat16"
-FLOAT32 = "float32"
-
-# name -> canonical Keras policy name ("auto" resolves per host).
-_POLICIES = {
-    AUTO: AUTO,
-    MIXED_FLOAT16: MIXED_FLOAT16,
-    MIXED_BFLOAT16: MIXED_BFLOAT16,
-    FLOAT32: FLOAT32,
-    "fp16": MIXED_FLOAT16,
-    "bf16": MIXED_BFLOAT16,
-    "fp32": FLOAT32,
-}
-
-POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
+POLICY_NAMES: tuple[str, ...] = tuple(POLICY_ALIASES)
 """Every name `enable` accepts: canonical names first, then short aliases."""
 
 _CPU_FLOAT16_WARNING = (
@@ -101,12 +87,12 @@ def canonical_name(name: object) -> str:
             f"Valid names: {', '.join(POLICY_NAMES)}."
         )
     key = name.strip().lower()
-    if key not in _POLICIES:
+    if key not in POLICY_ALIASES:
         raise ValueError(
             f"Unknown policy {name!r}. Valid names: {', '.join(POLICY_NAMES)}. "
             "Use 'auto' to let tf_mixed choose for this hardware."
         )
-    return _POLICIES[key]
+    return POLICY_ALIASES[key]
 
 
 def choose_auto(info: hardware.HardwareInfo) -> tuple[str, str]:
@@ -196,14 +182,10 @@ def resolve_auto(
 def _validated_measure(measure: object) -> bool:
     if measure is None:
         return autotune.measure_by_default()
-    if not isinstance(measure, bool):
-        raise TypeError(
-            "`measure` must be a bool (or None for the TF_MIXED_AUTO_MEASURE "
-            f"environment variable). Received: measure={measure!r} (of type "
-            f"{type(measure).__name__}). Pass measure=False to choose by rule "
-            "without timing the CPU."
-        )
-    return measure
+    return _validate.boolean(
+        measure, "measure",
+        valid="a bool (or None for the TF_MIXED_AUTO_MEASURE environment variable)",
+        hint=" Pass measure=False to choose by rule without timing the CPU.")
 
 
 def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:

@@ -40,19 +40,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed import _validate
 from tf_mixed import float8_reading
 from tf_mixed import float8_readiness
 from tf_mixed import keep_float32 as keep_float32_rules
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import FLOAT_POLICIES
+from tf_mixed._facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
+from tf_mixed._facts import check_model_kind, half_policy, is_input_layer
 from tf_mixed._facts import layer_outputs
 from tf_mixed.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
 __all__ = ["probe"]
 
-_HALF_POLICIES = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
-_POLICY_ALIASES = {"fp16": "mixed_float16", "bf16": "mixed_bfloat16",
-                   "mixed_float16": "mixed_float16", "mixed_bfloat16": "mixed_bfloat16"}
+# The names `probe(policy=...)` takes: the half-precision entries of the table.
+_POLICY_ALIASES = {name: policy for name, policy in POLICY_ALIASES.items()
+                   if COMPUTE_DTYPES.get(policy) in HALF_DTYPES}
 # Keras's and tf_mixed's default initial loss scale for float16.
 _DEFAULT_FLOAT16_SCALE = 2.0**15
 # A layer whose output differs this much from float32 is named in the advice.
@@ -100,7 +103,10 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         is missing; `loss` is missing and the model not compiled with one;
         `batches` < 1 or more than the examples; `policy` is unknown.
     """
-    _check_model(model)
+    check_model_kind(
+        model, "probe()",
+        why_traced="its layer outputs exist only inside Python code",
+        fix="Probe a Sequential or functional version of it.")
     loss_fn = _resolve_loss(model, loss)
     batches_list = _batches(model, x, y, batches)
     target = _resolve_policy(model, policy)
@@ -144,27 +150,6 @@ def _float8_section(model, batch, loss_fn) -> tuple:
 # ------------------------------------------------------------------ checks
 
 
-def _check_model(model) -> None:
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "probe() needs a keras.Model (Sequential or functional). "
-            f"Received: model={model!r} (of type {type(model).__name__})")
-    try:
-        ok = bool(model.inputs) and bool(model.outputs)
-    except (AttributeError, ValueError):
-        ok = False
-    if ok:
-        return
-    if isinstance(model, keras.Sequential):
-        raise ValueError(
-            f"Model '{model.name}' is not built, so it has no inputs to probe. "
-            "Build it first (add a keras.Input or call model.build(input_shape)).")
-    raise TypeError(
-        f"probe() cannot trace the subclassed model '{model.name}' (class "
-        f"{type(model).__name__}): its layer outputs exist only inside Python "
-        "code. Probe a Sequential or functional version of it.")
-
-
 def _resolve_loss(model, loss):
     if loss is None:
         loss = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
@@ -200,10 +185,10 @@ def _resolve_policy(model, policy) -> str:
         return _POLICY_ALIASES[key]
     for layer in model.layers:
         dtype = keras.backend.standardize_dtype(layer.compute_dtype)
-        if dtype in _HALF_POLICIES and type(layer).__name__ != "InputLayer":
-            return _HALF_POLICIES[dtype]
+        if half_policy(dtype) and not is_input_layer(layer):
+            return half_policy(dtype)
     global_dtype = keras.config.dtype_policy().compute_dtype
-    return _HALF_POLICIES.get(global_dtype, "mixed_float16")
+    return half_policy(global_dtype) or MIXED_FLOAT16
 
 
 def _length(xb) -> int:
@@ -211,12 +196,8 @@ def _length(xb) -> int:
 
 
 def _batches(model, x, y, batches) -> list[tuple[Any, Any]]:
-    if isinstance(batches, bool) or not isinstance(batches, int):
-        raise TypeError(
-            "batches must be a positive int, such as 1. Received: "
-            f"batches={batches!r} (of type {type(batches).__name__})")
-    if batches < 1:
-        raise ValueError(f"batches must be at least 1. Received: batches={batches}")
+    _validate.number(batches, "batches", integer=True, rule=lambda v: v >= 1,
+                     valid="a positive integer, such as 1", owner="probe()")
     if isinstance(x, tf.data.Dataset):
         out = []
         for element in x.take(batches):
@@ -278,9 +259,9 @@ def _check_fits(model, x) -> None:
 def _half_dtype(model, layer, target) -> str | None:
     """The policy `layer` gets in the half clone (None: keep its own)."""
     name = _policy_name(layer)
-    if name not in FLOAT_POLICIES or type(layer).__name__ == "InputLayer":
+    if name not in FLOAT_POLICIES or is_input_layer(layer):
         return None
-    if keras.backend.standardize_dtype(layer.compute_dtype) in _HALF_POLICIES:
+    if keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES:
         return target
     if type(layer).__name__ in FLOAT32_HEADS or _has_half_layers(model):
         return None  # float32 on purpose
@@ -288,8 +269,8 @@ def _half_dtype(model, layer, target) -> str | None:
 
 
 def _has_half_layers(model) -> bool:
-    return any(keras.backend.standardize_dtype(l.compute_dtype) in _HALF_POLICIES
-               for l in model.layers if type(l).__name__ != "InputLayer")
+    return any(keras.backend.standardize_dtype(l.compute_dtype) in HALF_DTYPES
+               for l in model.layers if not is_input_layer(l))
 
 
 def _policy_name(layer) -> str | None:
@@ -311,7 +292,7 @@ def _clone(model, policy_for):
         dtype = policy_for(layer)
         if dtype is not None and "dtype" in config and \
                 _policy_name(layer) in FLOAT_POLICIES and \
-                type(layer).__name__ != "InputLayer":
+                not is_input_layer(layer):
             config["dtype"] = dtype
         return layer.__class__.from_config(config)
 
@@ -349,7 +330,7 @@ class _Tap:
         self.layers = []  # (name, layer, number of float outputs)
         outputs = []
         for layer in model.layers:
-            if type(layer).__name__ == "InputLayer":
+            if is_input_layer(layer):
                 continue
             outs = [t for t in layer_outputs(layer)
                     if "float" in keras.backend.standardize_dtype(t.dtype)]
@@ -504,14 +485,14 @@ class _Accumulator:
         """Max |gradient| over variables of layers computing in half precision."""
         top = 0.0
         for k, (_, _, dtype, _) in enumerate(self.half.variables):
-            if dtype in _HALF_POLICIES:
+            if dtype in HALF_DTYPES:
                 top = max(top, float(self._grads(k).max(initial=0)))
         return top
 
     def underflow(self, scale) -> tuple[int, int]:
         lost = total = 0
         for k, (_, _, dtype, _) in enumerate(self.half.variables):
-            if dtype in _HALF_POLICIES:
+            if dtype in HALF_DTYPES:
                 g = self._grads(k)
                 total += g.size
                 lost += int(np.count_nonzero((g > 0) & (g * scale < _FLOAT16_ZERO_BELOW)))
@@ -536,7 +517,7 @@ def _recommended_scale(layers, acc: _Accumulator, half: _Tap) -> float:
     """Largest 2^k with every half-precision gradient * 2^k <= float16's max."""
     top = acc.half_variable_max()
     for stats in layers:
-        if stats.output_dtype in _HALF_POLICIES and stats.float32_grad_max_abs:
+        if stats.output_dtype in HALF_DTYPES and stats.float32_grad_max_abs:
             top = max(top, stats.float32_grad_max_abs)
     if top == 0 or not math.isfinite(top):
         return 1.0

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["local_copies"]
+__all__ = ["all_copies_finite", "local_copies"]
 
 
 def local_copies(value: Any) -> list[np.ndarray]:
@@ -33,3 +33,15 @@ def local_copies(value: Any) -> list[np.ndarray]:
     else:
         parts = [value]
     return [keras.ops.convert_to_numpy(p) for p in parts]
+
+
+def all_copies_finite(value: Any) -> bool:
+    """Whether every local replica's copy of ``value`` is free of NaN/inf.
+
+    Args:
+        value: As for `local_copies`.
+
+    Returns:
+        True when every element of every copy is finite.
+    """
+    return all(np.isfinite(copy).all() for copy in local_copies(value))

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from tf_mixed import _validate
 
 __all__ = [
     "LossScaleConfig",
@@ -78,34 +79,17 @@ def validate_knob(name: str, value: Any, owner: str = "LossScaleOptimizer"):
         The value as a Python ``float`` or ``int`` (the knob's kind).
 
     Raises:
-        ValueError: if the value is not a number of the knob's kind or breaks
-            its rule. The message names the argument, the value and the rule.
+        ValueError: if the value breaks its rule, or is not a number of the
+            knob's kind (then a `tf_mixed._validate.ArgumentTypeError`, both
+            a TypeError and a ValueError). The message names the argument,
+            the value and the rule.
     """
     _, kind, rule, valid = _KNOB_ROWS[name]
-    is_number = isinstance(value, numbers.Real) and not isinstance(
-        value, (bool, np.bool_))
-    converted = None
-    if is_number:
-        as_float = float(value)
-        if kind is float:
-            converted = as_float
-        elif isinstance(value, numbers.Integral):
-            converted = int(value)
-        elif math.isfinite(as_float) and as_float.is_integer():
-            converted = int(as_float)
-    # ValueError, not TypeError, for every bad knob: one `except ValueError`
-    # catches them all, whatever was wrong with the value.
-    if converted is None:
-        raise ValueError(
-            f"{owner} argument `{name}` must be {valid}. Received: "
-            f"{name}={value!r} (of type {type(value).__name__})."
-        )
-    if not rule(converted):
-        raise ValueError(
-            f"{owner} argument `{name}` must be {valid}. Received: "
-            f"{name}={value!r}."
-        )
-    return converted
+    # ValueError for every bad knob (ArgumentTypeError is one too): one
+    # `except ValueError` catches them all, whatever was wrong with the value.
+    return _validate.number(value, name, valid=valid, rule=rule,
+                            integer=kind is int, integral_floats=True,
+                            owner=owner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +131,7 @@ class LossScaleConfig:
             object.__setattr__(self, name,
                                validate_knob(name, getattr(self, name)))
         if not isinstance(self.dynamic, (bool, np.bool_)):
-            raise ValueError(
+            raise _validate.ArgumentTypeError(
                 "LossScaleOptimizer argument `dynamic` must be True or False. "
                 f"Received: dynamic={self.dynamic!r} (of type "
                 f"{type(self.dynamic).__name__})."

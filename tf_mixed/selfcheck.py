@@ -279,8 +279,10 @@ def overflow_scenario(strategy, make_optimizer: Callable, bad_replica: int) -> S
 
 
 def _locals(strategy, variable) -> list[np.ndarray]:
-    value = getattr(variable, "value", variable)  # keras.Variable -> its tf.Variable
-    return [np.array(v) for v in strategy.experimental_local_results(value)]
+    """Every replica's copy of ``variable`` (``strategy``'s, as its scope is entered)."""
+    from tf_mixed.replicas import local_copies
+
+    return local_copies(variable)
 
 
 def _slot_variables(optimizer) -> list:
