@@ -465,3 +465,21 @@ def test_gradient_clipping_leaves_float8_state_alone():
     assert clipped == plain
     assert clipped[0] == [5.0, 0.0]  # step 2's amax, unclipped
     assert clipped[1] == pytest.approx(3.0 / 448.0, rel=1e-7)  # from step 1's
+
+
+def test_monitor_under_mirrored_strategy_reads_agreed_counters(mirrored):
+    with mirrored.scope():
+        model = _model()
+        tf_mixed.float8.quantize(model, keep_float32=[])
+        model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)),
+                      loss="mse")
+    x = np.concatenate([np.full((8, 16), 2.0**i, np.float32) for i in range(8)])
+    monitor = tf_mixed.float8.Float8Monitor(patience=3, check_every_n_batches=1)
+    with pytest.warns(RuntimeWarning, match="consecutive"):
+        model.fit(x, np.zeros((64, 16), np.float32), batch_size=8, epochs=2,
+                  shuffle=False, verbose=0, callbacks=[monitor])
+    sync = model.optimizer.float8_sync
+    copies = [c.numpy() for c in sync.saturated_steps.values]
+    np.testing.assert_array_equal(copies[0], copies[1])
+    assert monitor.stop_reason is not None
+    assert all(t.replicas_agree for t in tf_mixed.float8.state(model).tensors)

@@ -300,7 +300,7 @@ def _float8_dense():
     inputs = keras.Input((4,))
     outputs = keras.layers.Dense(4, use_bias=False, name="f8")(inputs)
     model = keras.Model(inputs, outputs)
-    model.quantize("float8")
+    model.get_layer("f8").quantize("float8")
     return model, model.get_layer("f8")
 
 

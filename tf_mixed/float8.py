@@ -36,7 +36,9 @@ from typing import Any
 
 import keras
 
+from tf_mixed import _validate
 from tf_mixed import float8_readiness as readiness
+from tf_mixed._facts import check_model_kind
 from tf_mixed import keep_float32 as keep_rules
 from tf_mixed.float8_lowering import LoweringReport, lowering_report
 from tf_mixed.float8_monitor import Float8Monitor, Float8Saturation
@@ -169,15 +171,11 @@ def quantize(model: keras.Model, *, margin: int = 0,
             is out of range, ``keep_float32`` names an unknown layer, or a
             layer already in float8 has a different history length.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "tf_mixed.float8.quantize() needs a keras.Model. Received: "
-            f"model={model!r:.80} (of type {type(model).__name__}).")
-    if isinstance(amax_history_length, bool) or not isinstance(
-            amax_history_length, int) or amax_history_length < 1:
-        raise ValueError(
-            "`amax_history_length` must be an integer >= 1, such as 1024 "
-            f"or 16. Received: amax_history_length={amax_history_length!r}.")
+    check_model_kind(model, "tf_mixed.float8.quantize()", traced=False)
+    amax_history_length = _validate.number(
+        amax_history_length, "amax_history_length", integer=True,
+        rule=lambda n: n >= 1, owner="tf_mixed.float8.quantize()",
+        valid="an integer >= 1, such as 1024 or 16")
     scaling = Float8Scaling(margin=margin, amax_compute_algo=amax_compute_algo)
     automatic = isinstance(keep_float32, str) and keep_float32 == "auto"
     rules = None if automatic else keep_rules.parse(keep_float32)

@@ -197,7 +197,7 @@ def lowering_report(model: keras.Model, x=None, y=None, *, loss=None,
             ``hlo_text``, no batch or no loss.
     """
     names = []
-    for name, layer in walk_layers(model):
+    for _, layer in walk_layers(model):
         if readiness.is_float8(layer) and layer.name not in names:
             names.append(layer.name)
     if not names:

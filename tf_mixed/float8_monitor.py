@@ -26,8 +26,10 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed import float8_readiness as readiness
+from tf_mixed import _validate
 from tf_mixed import float8_reading
 from tf_mixed._facts import walk_layers
+from tf_mixed.loss_scale import LossScaleOptimizer
 
 __all__ = ["Float8Monitor", "Float8Saturation", "read", "saturation_verdict"]
 
@@ -127,14 +129,15 @@ class Float8Monitor(keras.callbacks.Callback):
                  check_every_n_batches: int = 0,
                  raise_on_failure: bool = False):
         super().__init__()
-        for name, value, low in (("patience", patience, 1),
-                                 ("check_every_n_batches",
-                                  check_every_n_batches, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) \
-                    or value < low:
-                raise ValueError(
-                    f"'{name}' must be an integer >= {low}. Received: "
-                    f"{name}={value!r} (of type {type(value).__name__}).")
+        patience = _validate.number(
+            patience, "patience", integer=True, rule=lambda n: n >= 1,
+            owner="Float8Monitor", valid="an integer >= 1, such as 50")
+        check_every_n_batches = _validate.number(
+            check_every_n_batches, "check_every_n_batches", integer=True,
+            rule=lambda n: n >= 0, owner="Float8Monitor",
+            valid="an integer >= 0 (0: epoch ends only)")
+        raise_on_failure = _validate.boolean(
+            raise_on_failure, "raise_on_failure", owner="Float8Monitor")
         if data is not None and (not isinstance(data, (tuple, list))
                                  or len(data) != 2):
             raise ValueError(
@@ -143,7 +146,7 @@ class Float8Monitor(keras.callbacks.Callback):
         self.patience = patience
         self.data = data
         self.check_every_n_batches = check_every_n_batches
-        self.raise_on_failure = bool(raise_on_failure)
+        self.raise_on_failure = raise_on_failure
         self.stop_reason: str | None = None
         self._sync = None
         self._batches = 0
@@ -166,18 +169,26 @@ class Float8Monitor(keras.callbacks.Callback):
                 f"Float8Monitor: model '{model.name}' has no float8 layer. "
                 "Quantize it first: tf_mixed.float8.quantize(model).")
         optimizer = model.optimizer
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        self._sync = float8_reading.float8_sync_of(optimizer)
-        if self._sync is None:
+        if not isinstance(optimizer, LossScaleOptimizer):
             raise ValueError(
                 "Float8Monitor needs the tf_mixed optimizer wrapper, which "
                 "agrees float8 scales across replicas and keeps non-finite "
                 "amaxes out of the histories. Received: optimizer of type "
                 f"{type(optimizer).__name__}. Compile with "
                 "optimizer=tf_mixed.wrap_optimizer(your_optimizer).")
+        # The optimizer is built by fit's first step, in the strategy's
+        # scope; its float8 sync is read from the first check on.
+        self._sync = None
 
     def _judge(self, logs) -> None:
+        if self._sync is None:
+            self._sync = float8_reading.float8_sync_of(self.model.optimizer)
+        if self._sync is None:
+            raise ValueError(
+                "Float8Monitor: the optimizer holds no float8 scales of model "
+                f"'{self.model.name}': it was built before the model was "
+                "quantized. Quantize first, then compile (or build the "
+                "optimizer) again.")
         reading = read(self._sync)
         logs["float8_saturating_tensors"] = float(reading.saturating_tensors)
         logs["float8_max_overflow"] = float(reading.max_overflow)

@@ -25,7 +25,7 @@ product). The rules:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import keras
 
@@ -62,7 +62,7 @@ class LayerCheck(NamedTuple):
     """
 
     name: str
-    layer: object
+    layer: Any
     eligible: bool
     keep: tuple[str, ...]
     dims: tuple[int, ...]

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tf_mixed import _internals, float8_sync
 from tf_mixed import float8_readiness as readiness
+from tf_mixed._facts import check_model_kind
 from tf_mixed._facts import walk_layers
 from tf_mixed.loss_scale import LossScaleOptimizer
 
@@ -216,10 +217,7 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
         ValueError: the model has no float8 layer; ``x`` without ``y``; no
             loss given and the model is not compiled with one.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "tf_mixed.float8.state() needs a keras.Model. Received: "
-            f"model={model!r:.80} (of type {type(model).__name__}).")
+    check_model_kind(model, "tf_mixed.float8.state()", traced=False)
     layers = _float8_layers(model)
     if not layers:
         raise ValueError(
@@ -253,6 +251,8 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
             if kind == "outputs_grad":
                 scale /= loss_scale
             history = history_copies[0]
+            saturated: float | None
+            flushed: float | None
             fmt = float8_sync.FORMATS[kind]
             if kind == "kernel":
                 saturated, flushed = fractions(

@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
 
 from tf_mixed import _internals
+from tf_mixed import _validate
 
 __all__ = [
     "ALGORITHMS",
@@ -93,12 +94,10 @@ class Float8Scaling:
     amax_compute_algo: str = "max"
 
     def __post_init__(self):
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int) \
-                or self.margin < 0:
-            raise ValueError(
-                "`margin` must be an integer >= 0 (the scale keeps 2**margin "
-                f"of headroom), such as 0 or 1. Received: margin={self.margin!r}"
-                f" (of type {type(self.margin).__name__}).")
+        _validate.number(self.margin, "margin", integer=True,
+                         rule=lambda m: m >= 0, owner="Float8Scaling",
+                         valid="an integer >= 0 (the scale keeps 2**margin of "
+                               "headroom), such as 0 or 1")
         if self.amax_compute_algo not in ALGORITHMS:
             raise ValueError(
                 "`amax_compute_algo` must be one of "
@@ -119,8 +118,8 @@ class Slot(NamedTuple):
 
     layer: str
     kind: str
-    scale: object
-    history: object
+    scale: Any
+    history: Any
     scaling: Float8Scaling
 
 
