@@ -47,7 +47,7 @@ def test_check_runs_every_part_and_writes_json(tmp_path, capsys):
     for scenario in ours["scenarios"]:
         assert scenario["checks"] == {key: True for key, _ in selfcheck.CHECKS}
     keras_part = result["keras_optimizer"]
-    # Keras notices an overflow on replica 0 (design.md fact 2).
+    # Keras notices an overflow on replica 0 (its check reads replica 0's gradients).
     assert all(keras_part["scenarios"][0]["checks"].values())
     corrupted = [s for s in keras_part["scenarios"]
                  if not (s["checks"]["weights_finite"] and s["checks"]["weights_unchanged"])]

@@ -239,7 +239,7 @@ def test_tfds_not_prepared_advice_is_a_command_that_prepares(tmp_path, monkeypat
 
 
 def test_tfds_builder_code_path_works_without_network(tmp_path):
-    """tfds 4.9.10 imports importlib_resources here on every Python (design.md fact 13).
+    """tfds 4.9.10 imports importlib_resources here on every Python, declared only for < 3.9.
 
     It declares that dependency only for Python < 3.9, so pyproject.toml does;
     without it no builder can prepare data. Fails in an environment that was

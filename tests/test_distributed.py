@@ -1,8 +1,8 @@
 """MirroredStrategy over two logical CPUs: one verdict for all replicas.
 
 The replica that overflows is chosen with ``replica_id_in_sync_group``; the
-step must be skipped on both replicas whichever one it is (design fact 2:
-Keras's own wrapper only notices replica 0).
+step must be skipped on both replicas whichever one it is (Keras's own
+wrapper only notices replica 0: it checks the first replica's local gradients).
 """
 
 import keras
@@ -100,7 +100,7 @@ def test_inner_optimizer_made_outside_the_scope_is_refused(mirrored):
 
 
 def test_keras_wrapper_still_corrupts_weights_when_replica_1_overflows(mirrored):
-    """Why tf_mixed exists (design fact 2). Fails once Keras fixes it."""
+    """Why tf_mixed exists: Keras applies replica 1's overflow. Fails once Keras fixes it."""
     with mirrored.scope():
         var = keras.Variable([1.0, 1.0])
         opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.25),

@@ -7,6 +7,9 @@ from tf_mixed import policy
 from tf_mixed.hardware import GpuInfo
 from tf_mixed.hardware import HardwareInfo
 
+# The real, cached detect(), taken before any fixture fakes it.
+_REAL_DETECT = hardware.detect
+
 CPUINFO = """\
 processor\t: 0
 vendor_id\t: GenuineIntel
@@ -106,4 +109,17 @@ def test_fake_hardware_mode_is_in_effect_or_detect_is_real():
         assert "TF_MIXED_FAKE_HARDWARE" in info.gpus[0].name
         assert policy.choose_auto(info)[0] == "mixed_float16"
     else:
-        assert hardware.detect() == hardware.read_host()
+        assert hardware.detect is _REAL_DETECT  # conftest faked nothing
+
+
+def test_detect_reads_the_host_once_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hardware, "_tf_accelerators",
+                        lambda: calls.append(1) or ((GpuInfo("A", (8, 0)),), False))
+    _REAL_DETECT.cache_clear()
+    try:
+        first = _REAL_DETECT()
+        assert _REAL_DETECT() is first
+        assert calls == [1] and [g.name for g in first.gpus] == ["A"]
+    finally:
+        _REAL_DETECT.cache_clear()  # the next caller reads the real host

@@ -126,8 +126,31 @@ def test_a_worker_reporting_its_port_taken_gets_a_hint():
             timeout=60, start_timeout=None, output=io.StringIO())
 
 
-def test_grace_lets_the_others_end_on_their_own():
-    argv = lambda i: _python(f"import sys, time; time.sleep(0.5 * {i}); sys.exit({i} + 1)")
+def test_grace_lets_the_others_end_on_their_own(tmp_path):
+    # Worker 0 writes its pid and fails; worker 1 ends on its own only once
+    # worker 0 is gone (reaped by the launcher): an order, not a delay.
+    pid_file = tmp_path / "worker0.pid"
+    first = (f"import os, sys; p = {str(pid_file)!r}; "
+             "open(p + '.tmp', 'w').write(str(os.getpid())); "
+             "os.replace(p + '.tmp', p); sys.exit(1)")
+    second = textwrap.dedent(f"""
+        import os, pathlib, sys, time
+        path = pathlib.Path({str(pid_file)!r})
+        deadline = time.monotonic() + 120
+        while not path.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pid = int(path.read_text())
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sys.exit(2)
+    """)
+    argv = lambda i: _python(first if i == 0 else second)
     with pytest.raises(WorkersFailed) as info:
         run_local_workers(2, argv, timeout=60, start_timeout=None, grace_seconds=30,
                           output=io.StringIO())

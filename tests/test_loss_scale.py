@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf_mixed
 from tf_mixed.loss_scale import LossScaleOptimizer, wrap_optimizer
 
 INF = float("inf")
@@ -351,11 +350,6 @@ def test_cross_replica_apply_is_refused(mirrored):
         opt.build([var])
         with pytest.raises(ValueError, match="strategy.run"):
             opt.apply([tf.constant(1.0)], [var])
-
-
-def test_public_names():
-    assert tf_mixed.LossScaleOptimizer is LossScaleOptimizer
-    assert tf_mixed.wrap_optimizer is wrap_optimizer
 
 
 # ---------------------------------------------------- unscale_gradients

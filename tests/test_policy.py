@@ -1,7 +1,6 @@
 """Tests for tf_mixed.enable / disable / policy_scope."""
 
 import logging
-import time
 
 import keras
 import numpy as np
@@ -200,12 +199,23 @@ def test_explicit_float32_layer_stays_float32(name):
     assert keras.layers.Dense(4)(tf.ones((2, 3))).dtype == name.replace("mixed_", "")
 
 
-def test_dense_model_float16_on_cpu_trains_one_epoch(cpu_host):
-    """With remapping off, a float16 Dense model trains an epoch in seconds.
+class _RemappingDuringFit(keras.callbacks.Callback):
+    """Records Grappler's remapping option at every batch of a fit."""
 
-    The measured figures are in BUILD_NOTES.md (33 samples/s with remapping
-    on, 5,752 off); this epoch takes about 1 s, so the bound, ~15x looser, only
-    catches the return of the slow fused kernel (which would take minutes).
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.seen.append(tf.config.optimizer.get_experimental_options().get("remapping"))
+
+
+def test_dense_model_float16_on_cpu_trains_with_remapping_off(cpu_host):
+    """float16 on a CPU host trains with Grappler's remapping off throughout.
+
+    Remapping on fuses MatMul+BiasAdd into the float16 CPU kernel measured
+    ~300x slower (BUILD_NOTES.md has the figures and their command); the
+    speed itself is a benchmark's job, not a test's.
     """
     tf_mixed.enable("mixed_float16")
     rng = np.random.default_rng(0)
@@ -219,10 +229,10 @@ def test_dense_model_float16_on_cpu_trains_one_epoch(cpu_host):
     model.compile(
         optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy"
     )
-    model.fit(x[:128], y[:128], batch_size=128, verbose=0)  # trace and warm up
-    start = time.perf_counter()
-    history = model.fit(x, y, batch_size=128, epochs=1, verbose=0)
-    elapsed = time.perf_counter() - start
+    seen = _RemappingDuringFit()
+    history = model.fit(x, y, batch_size=128, epochs=1, verbose=0, callbacks=[seen])
     assert model.layers[0].compute_dtype == "float16"
     assert np.isfinite(history.history["loss"][0])
-    assert elapsed < 20.0, f"one epoch took {elapsed:.1f}s: is remapping back on?"
+    assert seen.seen == [False] * 16
+    tf_mixed.disable()
+    assert tf.config.optimizer.get_experimental_options().get("remapping", True) is True

@@ -1,8 +1,8 @@
 """Policy state with Keras's own scoping (issue 10's reproductions).
 
 Keras keeps the dtype policy per thread, Grappler's remapping option is per
-process, and `keras.backend.clear_session()` resets every thread's policy
-(design.md fact 12). Each test here was a reproduced bug: threads undoing each
+process, and `keras.backend.clear_session()` resets every thread's policy.
+Each test here was a reproduced bug: threads undoing each
 other, remapping turned back on under another thread's float16 training,
 asyncio tasks building layers under each other's policy, a silent reset.
 """

@@ -4,7 +4,7 @@ No optimizer is built here except in the last tests, which check that the
 optimizer's TensorFlow transition is the pure one.
 """
 
-import math
+import dataclasses
 
 import keras
 import numpy as np
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tf_mixed.loss_scale import LossScaleOptimizer
-from tf_mixed.scale_state import (LossScaleConfig, LossScaleState,
+from tf_mixed.scale_state import (KNOBS, LossScaleConfig, LossScaleState,
                                   initial_state, next_state)
 
 INF, NAN = float("inf"), float("nan")
@@ -113,12 +113,18 @@ def test_pass_through_is_scale_one_fixed():
     assert (config.initial_scale, config.dynamic) == (1.0, False)
 
 
-def test_next_state_is_pure():
-    config = LossScaleConfig(initial_scale=8.0)
-    state = initial_state(config)
-    after = next_state(config, state, False)
-    assert state == initial_state(config)
-    assert after.scale == 4.0
+def test_next_state_depends_on_its_arguments_only():
+    """No hidden counter: the same (config, state, verdict) gives the same state."""
+    config = LossScaleConfig(initial_scale=8.0, growth_interval=2)
+    state = initial_state(config)._replace(good_steps=1)
+    first = next_state(config, state, True)
+    other = LossScaleConfig(hysteresis=2)
+    walk = initial_state(other)
+    for finite in (False, False, True, False):  # unrelated transitions between
+        walk = next_state(other, walk, finite)
+    assert next_state(config, state, True) == first
+    assert (first.scale, first.good_steps) == (16.0, 0)
+    assert next_state(config, first, False).scale == 8.0
 
 
 @pytest.mark.parametrize("name", sorted(KNOB_SETS))
@@ -178,8 +184,13 @@ def test_bad_knobs_name_argument_value_and_rule(name, value):
     assert "must be" in message
 
 
-def test_config_is_frozen():
+@pytest.mark.parametrize("name", [row[0] for row in KNOBS] + ["dynamic"])
+def test_config_is_frozen_and_a_replaced_knob_is_validated(name):
     config = LossScaleConfig()
-    with pytest.raises(Exception):
-        config.initial_scale = 2.0
-    assert math.isclose(config.initial_scale, 2.0**15)
+    before = getattr(config, name)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(config, name, before)
+    assert getattr(config, name) == before
+    # dataclasses.replace goes through the same checks as the constructor.
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        dataclasses.replace(config, **{name: "1"})

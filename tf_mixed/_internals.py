@@ -191,7 +191,7 @@ def strategy_supports_no_merge_call() -> bool:
 _layer_init_hooks: list[Callable] = []
 
 
-def add_layer_init_hook(hook: Callable[[keras.layers.Layer, object], None]) -> None:
+def add_layer_init_hook(hook: Callable[[Any, object], None]) -> None:
     """Calls ``hook(layer, dtype_argument)`` at the end of every ``Layer.__init__``.
 
     What it reaches: it replaces ``keras.layers.Layer.__init__`` (Keras 3.15.1)
@@ -240,7 +240,7 @@ def add_layer_init_hook(hook: Callable[[keras.layers.Layer, object], None]) -> N
         for each in tuple(_layer_init_hooks):
             each(self, kwargs.get("dtype"))
 
-    __init__._tf_mixed_hooked = True
+    __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
     layer_class.__init__ = __init__
 
 

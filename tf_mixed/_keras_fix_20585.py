@@ -6,7 +6,7 @@ callers in ``tf_mixed/distribute.py``) once Keras is fixed;
 ``tests/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails
 on the first Keras release that no longer has the defects, to say so.
 
-Keras 3 (measured on 3.15.1; design.md fact 9; tensorflow/tensorflow#72388)
+Keras 3 (measured on 3.15.1; keras-team/keras#20585, tensorflow/tensorflow#72388)
 fails in two places of ``keras/src/backend/tensorflow/trainer.py`` when
 ``fit``/``evaluate`` run under a MultiWorkerMirroredStrategy that spans
 several workers:
@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import threading
 import types
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -138,9 +139,9 @@ def probe(trainer=None) -> Defects:
         A `Defects` value.
     """
     trainer = trainer or _trainer_module()
-    build = _originals.get("_maybe_symbolic_build",
-                           trainer.TensorFlowTrainer._maybe_symbolic_build)
-    reduce_fn = _originals.get("reduce_per_replica", trainer.reduce_per_replica)
+    build: Any = _originals.get("_maybe_symbolic_build",
+                                trainer.TensorFlowTrainer._maybe_symbolic_build)
+    reduce_fn: Any = _originals.get("reduce_per_replica", trainer.reduce_per_replica)
 
     strategy = _fake_multi_worker_strategy()
     batch = _FakePerReplica((tf.zeros((2, 1)), tf.zeros((2, 1))))

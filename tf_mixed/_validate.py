@@ -66,7 +66,7 @@ def number(value: Any, name: str, *, valid: str,
         elif isinstance(value, numbers.Integral):
             converted = int(value)
         elif integral_floats and math.isfinite(value) and float(value).is_integer():
-            converted = int(value)
+            converted = int(float(value))
     if converted is None:
         raise ArgumentTypeError(
             f"{_where(name, owner)} must be {valid}. Received: {name}={value!r} "

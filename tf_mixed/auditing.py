@@ -215,7 +215,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -414,7 +414,7 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
         found.append(Finding(
             "warning", "norm_overflow", name,
             f"{cls} computes in float16: {_OVERFLOWING_NORMS[cls]}.",
-            f"create it with dtype='float32' (or 'mixed_bfloat16').",
+            "create it with dtype='float32' (or 'mixed_bfloat16').",
         ))
     for attribute, what in _DIMENSIONS:
         value = getattr(layer, attribute, None)

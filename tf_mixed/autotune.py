@@ -1,6 +1,6 @@
 """Measured "auto" on hosts without an accelerator: time, decide, cache.
 
-CPU flags do not predict half-precision speed (design.md fact 8: bfloat16 was
+CPU flags do not predict half-precision speed (BUILD_NOTES.md: bfloat16 was
 2-3x slower than float32 on one avx512_bf16 Xeon, 2.75x faster on an AMX Xeon,
 2.00x faster on a Zen 4 EPYC), so on a CPU-only host `enable("auto")` times
 the candidate policies on a small probe, a Dense and a Conv2D forward+backward
@@ -348,7 +348,7 @@ def measured_choice(
     record = read_cache(path, key)
     cached = record is not None
     busy = ""
-    if cached:
+    if record is not None:
         timings = {name: float(value) for name, value in record["timings_s"].items()}
         measured_at = str(record.get("measured_at", "an earlier run"))
     else:

@@ -42,7 +42,6 @@ import warnings
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -163,6 +162,10 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
                                axis=None)
 
     return [float(v) for v in reduce().numpy()]
+
+
+# What the monitor knows before its first read.
+_NO_READ = Snapshot(scale=1.0, applied=0)
 
 
 def _kind(optimizer) -> stop_rules.Kind:
@@ -293,7 +296,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
-        self._progress: Progress | None = None
+        self._progress = Progress(_NO_READ, _NO_READ)
         if self.log_every_n_batches or self.check_every_n_batches:
             # Only then: an overridden hook makes Keras wait for every step.
             self.on_train_batch_end = self._on_train_batch_end
@@ -314,7 +317,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     @property
     def total_skipped_steps(self) -> int:
         """Skipped steps seen since ``on_train_begin``."""
-        return self._progress.total_skipped if self._progress else 0
+        return self._progress.total_skipped
 
     # -- hooks
 

@@ -78,7 +78,8 @@ def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
     Returns:
         ``(model_name, flags)``; empty values for fields that are missing.
     """
-    model, flags = "", frozenset()
+    model: str = ""
+    flags: frozenset[str] = frozenset()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()

@@ -153,7 +153,7 @@ def argument(names: Iterable[str]) -> str:
     return "keep_float32=[" + ", ".join(repr(n) for n in names) + "]"
 
 
-def activate(spec: Spec) -> KeepFloat32:
+def activate(spec: Spec | KeepFloat32) -> KeepFloat32:
     """Keeps matching layers created from now on in float32 (for `enable`).
 
     Call it right after `enable` set the global policy (validate `spec` with

@@ -69,7 +69,7 @@ class LossTally:
 
     def settle(self, finite: tf.Tensor) -> None:
         """Adds the remembered loss when the step's verdict is ``finite``."""
-        if self._last is None:
+        if self._last is None or self._sum is None or self._steps is None:
             return
         self._sum.assign_add(tf.where(finite, self._last.read_value(), 0.0))
         self._steps.assign_add(tf.cast(finite, tf.int64))
@@ -80,7 +80,7 @@ class LossTally:
         Returns:
             A `LossTotals`; zeros before `build`.
         """
-        if self._sum is None:
+        if self._sum is None or self._steps is None:
             return LossTotals(0.0, 0)
         loss = sum(float(v) for v in local_copies(self._sum))
         return LossTotals(loss, int(local_copies(self._steps)[0]))

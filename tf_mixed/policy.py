@@ -21,7 +21,6 @@ import dataclasses
 from typing import Iterator
 
 import keras
-import tensorflow as tf
 from absl import logging
 
 from tf_mixed import _validate
@@ -257,7 +256,7 @@ def enable(
 
     if state.saved_policy is None:
         state.saved_policy = keras.config.dtype_policy()
-    cpu_float16 = name == MIXED_FLOAT16 and not info.has_gpu
+    cpu_float16 = name == MIXED_FLOAT16 and info is not None and not info.has_gpu
     # Fact measured on TF 2.21: Grappler fuses MatMul+BiasAdd into a float16
     # _FusedMatMul whose CPU kernel is >1000x slower than the plain matmul
     # (a Dense model trains ~300x slower; see BUILD_NOTES.md). The option is

@@ -165,9 +165,9 @@ class ProbeReport:
             f"grad!: non-finite output gradients at the current scale, "
             f"{self.half_gradients}):",
         ]
-        header = ("layer", "class", "dtype", "max|out|", "headroom", "inf/nan",
+        header: tuple[str, ...] = ("layer", "class", "dtype", "max|out|", "headroom", "inf/nan",
                   "flushed", "subnorm", "err", "grad!")
-        rows = [(l.name, l.class_name, l.compute_dtype, _num(l.max_abs),
+        rows: list[tuple[str, ...]] = [(l.name, l.class_name, l.compute_dtype, _num(l.max_abs),
                  "-" if l.headroom_log2 is None else f"2^{l.headroom_log2:.1f}",
                  _pct(l.nonfinite), _pct(l.flushed), _pct(l.subnormal),
                  _num(l.rel_error), "-" if l.grad_nonfinite is None

@@ -118,7 +118,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     if half_gradients is None:
         # Measuring means a float16 backward pass; on a CPU TF's float16
         # Conv2D filter gradient (computed with every input gradient) takes
-        # seconds per op (design fact 4: the probe of the bench CNN took 44 s
+        # seconds per op (measured: the probe of the bench CNN took 44 s
         # instead of 0.4 s), so there the float32 gradients predict it.
         half_gradients = half_dtype != "float16" or bool(tf.config.list_logical_devices("GPU"))
     acc = _Accumulator(half, ref)
@@ -184,9 +184,9 @@ def _resolve_policy(model, policy) -> str:
                 f"{', '.join(_POLICY_ALIASES)}, or None. Received: policy={policy!r}")
         return _POLICY_ALIASES[key]
     for layer in model.layers:
-        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
-        if half_policy(dtype) and not is_input_layer(layer):
-            return half_policy(dtype)
+        half = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
+        if half is not None and not is_input_layer(layer):
+            return half
     global_dtype = keras.config.dtype_policy().compute_dtype
     return half_policy(global_dtype) or MIXED_FLOAT16
 
@@ -230,8 +230,8 @@ def _batches(model, x, y, batches) -> list[tuple[Any, Any]]:
             f"x has {n} examples but y has {_length(y)}. Received: y of shape "
             f"{keras.tree.flatten(y)[0].shape}")
     bounds = np.linspace(0, n, batches + 1).astype(int)
-    return [(keras.tree.map_structure(lambda a: a[s:e], x),
-             keras.tree.map_structure(lambda a: a[s:e], y))
+    return [(keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], x),
+             keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], y))
             for s, e in zip(bounds[:-1], bounds[1:])]
 
 
@@ -400,7 +400,7 @@ class _Accumulator:
         h_outs, h_grads, _, _ = self.half.run(xb, yb, loss_fn, scale, False, half_gradients)
         r_outs, r_grads, r_var_grads, _ = self.ref.run(xb, yb, loss_fn, 1.0, True)
         i = 0
-        for j, (_, layer, n_outs) in enumerate(self.half.layers):
+        for j, (_, _layer, n_outs) in enumerate(self.half.layers):
             h = np.concatenate([_np(t).ravel() for t in h_outs[i:i + n_outs]])
             r = np.concatenate([_np(t).ravel() for t in r_outs[i:i + n_outs]])
             hg = [g for g in h_grads[i:i + n_outs] if g is not None]
@@ -468,7 +468,7 @@ class _Accumulator:
 
     def variable_stats(self, current, recommended) -> list[VariableStats]:
         stats = []
-        for k, (name, layer, dtype, variable) in enumerate(self.ref.variables):
+        for k, (name, layer, _dtype, variable) in enumerate(self.ref.variables):
             g = self._grads(k)
             half_dtype = self.half.variables[k][2]
             zc, sc = _underflow(g, current)

@@ -10,7 +10,8 @@ Three parts, each returning plain values (the command line in
    and then apply the next finite step identically everywhere.
 2. The same scenario with `keras.optimizers.LossScaleOptimizer`, to report
    whether Keras still writes non-finite values into the weights when a
-   replica other than the first overflows (design.md fact 2).
+   replica other than the first overflows (its finite check reads the
+   first replica's local gradients).
 3. Seconds per step of each policy on the probe workload of
    `tf_mixed.autotune`, and what "auto" picks from them.
 

@@ -219,6 +219,7 @@ def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
     """
     if isinstance(devices, str):  # one device, not its characters
         devices = [devices]
+    key: tuple[str, ...]
     if devices is None:
         key = ()
     else:

@@ -259,7 +259,7 @@ def _worker(index: int, ports: list[int], settings_path: str, out: str) -> None:
     for _ in range(settings["warmup_steps"]):
         for name in PATHS:
             paths[name]["step"](x_dist, y_dist)
-    times = {name: [] for name in PATHS}
+    times: dict[str, list[float]] = {name: [] for name in PATHS}
     for _ in range(settings["rounds"]):
         for name in PATHS:  # alternating rounds: load hits every path alike
             start = time.perf_counter()
@@ -269,7 +269,7 @@ def _worker(index: int, ports: list[int], settings_path: str, out: str) -> None:
             times[name].append((time.perf_counter() - start)
                                / settings["steps"])
             paths[name]["loss"] = float(result["loss"])
-    report = {"workers": workers,
+    report: dict[str, Any] = {"workers": workers,
               "params": int(paths["keras"]["model"].count_params()),
               "paths": {}}
     for name in PATHS:

@@ -107,7 +107,7 @@ class BenchConfig:
         ):
             if value not in choices:
                 raise UsageError(flag, value, f"unknown {flag}", ", ".join(choices))
-        for flag, value, minimum in (
+        for flag, number, minimum in (
             ("batch_size", self.batch_size, 1),
             ("epochs", self.epochs, 1),
             ("steps", self.steps, 0),
@@ -119,8 +119,8 @@ class BenchConfig:
             ("image_size", self.image_size, 0),
             ("rounds", self.rounds, 1),
         ):
-            if value < minimum:
-                raise UsageError(flag, value, f"must be >= {minimum}", f"an integer >= {minimum}")
+            if number < minimum:
+                raise UsageError(flag, number, f"must be >= {minimum}", f"an integer >= {minimum}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise UsageError("learning_rate", self.learning_rate, "must be a positive number", "e.g. 0.001")
         if not self.output_dir:

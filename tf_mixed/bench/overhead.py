@@ -146,7 +146,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
                                seed=config.seed, size=bench_data.train_size)
         keras.backend.clear_session()
         with policy.policy_scope(policy_name):
-            paths = {}
+            paths: dict[str, Any] = {}
             for name in PATHS:
                 keras.utils.set_random_seed(config.seed)
                 model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
@@ -161,7 +161,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
                     paths[name] = _FitPath(name, model, optimizer, train_set, callbacks)
                 else:
                     paths[name] = _CustomPath(name, model, optimizer, train_set, config.batch_size)
-            times = {name: [] for name in PATHS}
+            times: dict[str, list[float]] = {name: [] for name in PATHS}
             for path in paths.values():
                 path.steps(max(1, config.warmup_steps))  # tracing, not timed
             for round_index in range(config.rounds):
@@ -169,7 +169,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
                     times[name] += path.steps(steps)
                 print(f"round {round_index + 1}/{config.rounds}: " + ", ".join(
                     f"{n} {1000 * statistics.median(times[n]):.2f} ms/step" for n in PATHS), flush=True)
-        results = []
+        results: list[dict[str, Any]] = []
         for name in PATHS:
             median = statistics.median(times[name])
             optimizer = paths[name].optimizer

@@ -69,8 +69,8 @@ def plot(report: dict[str, Any], path: str) -> bool:
         ax = axes[2]
         for r in scaled:
             trajectory = r["loss_scale"]["trajectory"] + [[r["total_steps"], r["loss_scale"]["final"]]]
-            steps, values = zip(*trajectory)
-            ax.step(steps, values, where="post", color=colors[r["policy"]], label=r["policy"])
+            steps, scales = zip(*trajectory)
+            ax.step(steps, scales, where="post", color=colors[r["policy"]], label=r["policy"])
         ax.set_yscale("log", base=2)
         ax.set_xlabel("step")
         ax.set_title("Loss scale")

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
         return step, tracked, backup_bytes, weight_bytes
 
     paths = {"without rollback": build(False), "with rollback": build(True)}
-    times = {name: [] for name in paths}
+    times: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(args.rounds):
         for name, (step, *_rest) in paths.items():
             for _ in range(args.steps):
