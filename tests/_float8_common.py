@@ -3,7 +3,7 @@
 A functional model of three float8 Dense layers (16 -> 32 -> 32 -> 16, all
 quantized: ``keep_float32=[]``), seeded. Each step's global batch has 8
 rows; the second half (replica 1's or worker 1's shard) is 10x larger, so
-per-replica amaxes differ by about 10x (design fact 14).
+per-replica amaxes differ by about 10x.
 """
 
 import keras

@@ -104,7 +104,7 @@ def test_half_precision_communication_agrees_too(mirrored):
 
 
 def test_keras_alone_disagrees(mirrored):
-    """The defect (design fact 14), so the tests above can fail."""
+    """Keras alone: each replica keeps its own scales, so the tests above can fail."""
     model, _ = _mirrored_run(mirrored, STEPS, _sgd)
     copies = float8_values(model)["a/inputs_scale"]
     assert copies[0] != copies[1]

@@ -29,6 +29,7 @@ from tf_mixed import float8_readiness as readiness
 from tf_mixed import _validate
 from tf_mixed import float8_reading
 from tf_mixed._facts import walk_layers
+from tf_mixed.float8_sync import Float8Sync
 from tf_mixed.loss_scale import LossScaleOptimizer
 
 __all__ = ["Float8Monitor", "Float8Saturation", "read", "saturation_verdict"]
@@ -148,7 +149,7 @@ class Float8Monitor(keras.callbacks.Callback):
         self.check_every_n_batches = check_every_n_batches
         self.raise_on_failure = raise_on_failure
         self.stop_reason: str | None = None
-        self._sync = None
+        self._sync: Float8Sync | None = None
         self._batches = 0
         if check_every_n_batches:
             # Only then: overriding the hook makes Keras wait for each step.

@@ -7,7 +7,7 @@ history as the "gradients" of those variables, and the optimizer writes them
 over the variables (``overwrite_with_gradient``). Under a
 ``tf.distribute`` strategy each replica writes its own local values into its
 own copy (aggregation NONE, before any all-reduce), so replicas drift apart
-(design fact 14). Here the optimizer takes the float8 pairs out of the
+(measured on TF 2.21: docs/float8.md). Here the optimizer takes the float8 pairs out of the
 gradient list and writes them itself:
 
 1. ``split``: each replica reads its local amax of this step (element 0 of
