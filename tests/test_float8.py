@@ -13,7 +13,7 @@ import tensorflow as tf
 from zoo import ZOO, reloaded_model
 
 import tf_mixed
-from tf_mixed import float8_lowering, float8_monitor, float8_sync
+from tf_mixed import float8_lowering, float8_monitor, float8_sync, loss_scale
 from tf_mixed.float8_reading import fractions
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
@@ -279,7 +279,7 @@ def test_monitor_stops_on_sustained_saturation():
                                                check_every_n_batches=1)
     assert monitor.stop_reason is not None and "consecutive" in monitor.stop_reason
     assert len(history.history["loss"]) == 1  # stopped in the first epoch
-    reading = float8_monitor.read(model.optimizer.float8_sync)
+    reading = float8_monitor.read(loss_scale.float8_sync_of(model.optimizer))
     assert reading.longest_streak >= 3 and reading.max_overflow == pytest.approx(4.0)
 
 
@@ -478,7 +478,7 @@ def test_monitor_under_mirrored_strategy_reads_agreed_counters(mirrored):
     with pytest.warns(RuntimeWarning, match="consecutive"):
         model.fit(x, np.zeros((64, 16), np.float32), batch_size=8, epochs=2,
                   shuffle=False, verbose=0, callbacks=[monitor])
-    sync = model.optimizer.float8_sync
+    sync = loss_scale.float8_sync_of(model.optimizer)
     copies = [c.numpy() for c in sync.saturated_steps.values]
     np.testing.assert_array_equal(copies[0], copies[1])
     assert monitor.stop_reason is not None

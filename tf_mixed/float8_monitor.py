@@ -30,7 +30,7 @@ from tf_mixed import _validate
 from tf_mixed import float8_reading
 from tf_mixed._facts import walk_layers
 from tf_mixed.float8_sync import Float8Sync
-from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.loss_scale import LossScaleOptimizer, float8_sync_of
 
 __all__ = ["Float8Monitor", "Float8Saturation", "read", "saturation_verdict"]
 
@@ -183,7 +183,7 @@ class Float8Monitor(keras.callbacks.Callback):
 
     def _judge(self, logs) -> None:
         if self._sync is None:
-            self._sync = float8_reading.float8_sync_of(self.model.optimizer)
+            self._sync = float8_sync_of(self.model.optimizer)
         if self._sync is None:
             raise ValueError(
                 "Float8Monitor: the optimizer holds no float8 scales of model "

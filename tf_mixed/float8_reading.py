@@ -27,10 +27,9 @@ from tf_mixed import _internals, float8_sync
 from tf_mixed import float8_readiness as readiness
 from tf_mixed._facts import check_model_kind
 from tf_mixed._facts import walk_layers
-from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.loss_scale import float8_sync_of
 
-__all__ = ["Float8State", "TensorState", "float8_sync_of", "fractions",
-           "state"]
+__all__ = ["Float8State", "TensorState", "fractions", "state"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,13 +269,6 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
                 saturated_steps=count[0], nonfinite_amax=count[1],
                 replicas_agree=bool(agree)))
     return Float8State(model.name, loss_scale, examples, tuple(tensors))
-
-
-def float8_sync_of(optimizer) -> float8_sync.Float8Sync | None:
-    """The optimizer's `Float8Sync`: only tf_mixed's wrapper agrees scales."""
-    if isinstance(optimizer, LossScaleOptimizer):
-        return optimizer.float8_sync
-    return None
 
 
 def _counters(sync) -> dict[tuple[str, str], tuple[int, int]]:

@@ -296,18 +296,6 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """The attached `tf_mixed.loss_tally.LossTally`, or None."""
         return self._scratch.tally
 
-    @property
-    def float8_sync(self) -> Float8Sync | None:
-        """The `tf_mixed.float8_sync.Float8Sync` of the model's float8 layers.
-
-        Created at ``build`` when the variables hold Keras float8 scale and
-        amax-history pairs (else None). `apply` hands their "gradients" to
-        it instead of the inner optimizer, so every replica and worker
-        writes the same agreed values; `tf_mixed.float8.state` and
-        `tf_mixed.float8.Float8Monitor` read its counters.
-        """
-        return self._scratch.float8
-
     # ---------------------------------------------------------- scaling API
 
     def scale_loss(self, loss):
@@ -412,29 +400,14 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
         with keras.name_scope(self.name, caller=self):
             scale = tf.identity(self.dynamic_scale.value)
-            float8 = self._scratch.float8
-            float8_step = None
-            if float8 is not None:
-                # Float8 scales and histories leave the gradient list here;
-                # `float8` writes them after the verdict (tf_mixed.float8_sync).
-                grads, trainable_variables, float8_step = float8.split(
-                    grads, trainable_variables, scale, divided=unscaled)
-            grads, finite, scaled, gathered = _reduce(
+            grads, trainable_variables, finite, gathered = _reduce(
                 grads, trainable_variables, scale, unscaled,
-                self.communication_dtype, float8, float8_step)
-            if scaled:
-                grads = [
-                    g if getattr(v, "overwrite_with_gradient", False)
-                    else _divide(g, scale)
-                    for g, v in zip(grads, trainable_variables)
-                ]
+                self.communication_dtype, self._scratch.float8)
             _apply_unscaled(self.inner_optimizer, finite, grads,
                             trainable_variables)
             self._scratch.forward.roll_back(finite)
             self._advance_state(finite)
-            if float8 is not None:
-                float8.finish(gathered, finite, scale,
-                              self.dynamic_scale.value)
+            _finish_float8(self, gathered, finite, scale)
         return finite
 
     def _advance_state(self, finite):
@@ -722,9 +695,31 @@ def _check_inner(inner_optimizer):
 # ------------------------------------------------- the update, step by step
 
 
+def float8_sync_of(optimizer) -> Float8Sync | None:
+    """The `tf_mixed.float8_sync.Float8Sync` of ``optimizer``, or None.
+
+    A ``tf_mixed.LossScaleOptimizer`` creates one at ``build`` when the
+    variables hold Keras float8 scale and amax-history pairs; `apply` hands
+    their "gradients" to it instead of the inner optimizer, so every replica
+    and worker writes the same agreed values. `tf_mixed.float8.state` and
+    `tf_mixed.float8.Float8Monitor` read its counters. Any other optimizer:
+    None (it keeps Keras's per-replica float8 writes).
+    """
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer._scratch.float8
+    return None
+
+
+def _finish_float8(optimizer, gathered, finite, scale):
+    """(c) Writes the agreed float8 state after the verdict and the new scale."""
+    sync = optimizer._scratch.float8
+    if sync is not None:
+        sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
+
+
 def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
-            float8=None, float8_step=None):
-    """(a) Sums the gradients over all replicas once; the global verdict.
+            float8=None):
+    """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
     another's did not). They are all-reduced here, once, in
@@ -741,17 +736,22 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
     variable Keras overwrites with its gradient (float8 scales) is only
     checked, not summed (Keras does not sum it either).
 
-    The float8 amaxes of the step (``float8_step``, see
-    `tf_mixed.float8_sync`) ride the same buffer as one more float32 piece
-    when the gradients travel in float32 (a SUM of one-hot slots is an
-    exact all-gather); in float16/bfloat16 they take one small float32
-    collective of their own, so they are never rounded.
+    A ``float8`` sync (`tf_mixed.float8_sync`) first takes the float8
+    scale/history pairs out of the lists; their amaxes ride the same buffer
+    as one more float32 piece when the gradients travel in float32 (a SUM
+    of one-hot slots is an exact all-gather); in float16/bfloat16 they take
+    one small float32 collective of their own, so they are never rounded.
 
     Returns:
-        ``(reduced, finite, scaled, gathered)``: ``scaled`` says whether
-        the reduced gradients still carry the loss scale; ``gathered`` is
-        the all-reduced float8 payload (None without float8 layers).
+        ``(unscaled, variables, finite, gathered)``: the reduced gradients
+        divided by the loss scale and their variables (float8 pairs taken
+        out); ``gathered`` is the all-reduced float8 payload (None without
+        float8 layers).
     """
+    float8_step = None
+    if float8 is not None:
+        grads, trainable_variables, float8_step = float8.split(
+            grads, trainable_variables, scale, divided=unscaled)
     local = [getattr(v, "overwrite_with_gradient", False)
              for v in trainable_variables]
     scaled = not unscaled
@@ -771,7 +771,11 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
         grads, communication_dtype, context, local=local)
     if float8_step is not None and gathered is None:
         reduced, gathered = reduced[:-1], reduced[-1]
-    return reduced, finite, scaled, gathered
+    if scaled:
+        reduced = [g if getattr(v, "overwrite_with_gradient", False)
+                   else _divide(g, scale)
+                   for g, v in zip(reduced, trainable_variables)]
+    return reduced, trainable_variables, finite, gathered
 
 def _apply_unscaled(inner, finite, grads, trainable_variables):
     """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
