@@ -345,3 +345,27 @@ def test_quantized_layers_are_called_through_quantized_call():
     assert len(records[0]) == 1
     assert records[0][0][0].shape == (2, 4)
     assert "quantized_call" not in vars(layer)
+
+
+def test_optimizer_variable_index_finds_a_replica_component(mirrored):
+    # BaseOptimizer._var_key, _trainable_variables_indices
+    with mirrored.scope():
+        a, b = keras.Variable(1.0), keras.Variable(2.0)
+        opt = keras.optimizers.SGD()
+        opt.build([a, b])
+    assert _internals.optimizer_variable_index(opt, b) == 1
+    assert _internals.optimizer_variable_index(opt, b.value.values[1]) == 1
+    assert _internals.optimizer_variable_index(opt, keras.Variable(3.0)) is None
+
+
+def test_keras_weight_decay_bypasses_assign_sub_until_routed():
+    # TFOptimizer._apply_weight_decay, _use_weight_decay
+    calls = []
+    opt = keras.optimizers.AdamW(0.5, weight_decay=0.5)
+    opt.assign_sub = lambda variable, value: calls.append(float(value))
+    v = keras.Variable(1.0)
+    opt._apply_weight_decay([v])
+    assert calls == [] and float(v.numpy()) == 0.75  # Keras writes directly
+    _internals.route_weight_decay_through_assign(opt)
+    opt._apply_weight_decay([v])
+    assert calls == [0.75 * 0.25] and float(v.numpy()) == 0.75

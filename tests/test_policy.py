@@ -48,6 +48,7 @@ def gpu_host(monkeypatch):
         ("bf16", "mixed_bfloat16"),
         ("fp32", "float32"),
         ("  BF16 ", "mixed_bfloat16"),
+        ("bfloat16", "bfloat16"),
     ],
 )
 def test_every_name_and_alias(name, expected):
@@ -59,9 +60,22 @@ def test_every_name_and_alias(name, expected):
     assert keras.layers.Dense(2).compute_dtype == expected.replace("mixed_", "")
 
 
+def test_bfloat16_is_pure_and_bf16_stays_mixed():
+    """"bfloat16" puts the variables in bfloat16 too; the short alias keeps its meaning."""
+    assert tf_mixed.enable("bfloat16").policy == "bfloat16"
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    assert (layer.compute_dtype, layer.kernel.dtype) == ("bfloat16", "bfloat16")
+    assert tf_mixed.enable("bf16").policy == "mixed_bfloat16"
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    assert (layer.compute_dtype, layer.kernel.dtype) == ("bfloat16", "float32")
+
+
 def test_policy_names_table_is_what_enable_accepts():
     assert tf_mixed.POLICY_NAMES == (
-        "auto", "mixed_float16", "mixed_bfloat16", "float32", "fp16", "bf16", "fp32"
+        "auto", "mixed_float16", "mixed_bfloat16", "float32", "bfloat16",
+        "fp16", "bf16", "fp32"
     )
     for name in tf_mixed.POLICY_NAMES:
         tf_mixed.enable(name, quiet=True)
@@ -88,7 +102,7 @@ def test_auto_without_measuring_follows_the_hardware_rule(
     assert ("no GPU" in enabled.reason) == (not host.gpus)
 
 
-@pytest.mark.parametrize("bad", ["float16", "mixed_fp16", "", "bfloat16"])
+@pytest.mark.parametrize("bad", ["float16", "mixed_fp16", "", "bfloat"])
 def test_unknown_name_raises_and_keeps_policy(bad):
     tf_mixed.enable("bf16")
     with pytest.raises(ValueError) as info:

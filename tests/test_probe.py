@@ -298,3 +298,25 @@ def test_main_dispatches_probe(capsys):
 
     assert main(["tf_mixed", "probe", "--help"]) == 0
     assert "python -m tf_mixed probe MODEL.keras" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("build", ["functional", "sequential"])
+def test_the_users_model_is_never_written_to(build, monkeypatch):
+    model = _healthy() if build == "functional" else keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="d1"),
+         keras.layers.Dense(1, name="d2")])
+    model.compile(optimizer="sgd", loss="mse")
+    writes = []
+    original = type(model).__setattr__
+
+    def spy(self, name, value):
+        if self is model:
+            writes.append(name)
+        original(self, name, value)
+
+    monkeypatch.setattr(type(model), "__setattr__", spy)
+    x, y = _healthy_batch()
+    report = tf_mixed.probe(model, x, y, policy="mixed_bfloat16")
+    assert writes == []
+    assert model.compiled and model.dtype_policy.name == "float32"
+    assert [r.name for r in report.layers] == ["d1", "d2"] + (["out"] if build == "functional" else [])

@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 # is the submodule itself (Keras-style aliases: tf_mixed.callbacks, ...).
 _EXPORTS = {
     "AuditReport": "auditing",
+    "CompensationConfig": "compensated",
     "ConversionNote": "conversion",
     "Enabled": "policy",
     "Finding": "auditing",
@@ -36,12 +37,15 @@ _EXPORTS = {
     "LossScaleMonitor": "callbacks",
     "LossScaleOptimizer": "loss_scale",
     "LossScaleState": "scale_state",
+    "MemoryReport": "memory",
     "MixedPrecisionWarning": "callbacks",
     "OutputActivation": "layers",
     "POLICY_NAMES": "policy",
     "ProbeReport": "probe_report",
     "audit": "auditing",
     "callbacks": "callbacks",
+    "compensate": "compensated",
+    "compensated": "compensated",
     "convert": "conversion",
     "disable": "policy",
     "distribute": "distribute",
@@ -52,6 +56,7 @@ _EXPORTS = {
     "launch": "launch",
     "layers": "layers",
     "loss_scale_state": "loss_scale",
+    "memory_report": "memory",
     "policy_scope": "policy",
     "probe": "probing",
     "scale_state": "scale_state",
@@ -66,6 +71,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
+    from tf_mixed import compensated
     from tf_mixed import distribute
     from tf_mixed import float8
     from tf_mixed import hardware
@@ -79,6 +85,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.callbacks import LossScaleFailure
     from tf_mixed.callbacks import LossScaleMonitor
     from tf_mixed.callbacks import MixedPrecisionWarning
+    from tf_mixed.compensated import CompensationConfig
+    from tf_mixed.compensated import compensate
     from tf_mixed.conversion import ConversionNote
     from tf_mixed.conversion import convert
     from tf_mixed.layers import Float32Loss
@@ -88,6 +96,8 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.loss_scale import LossScaleOptimizer
     from tf_mixed.loss_scale import loss_scale_state
     from tf_mixed.loss_scale import wrap_optimizer
+    from tf_mixed.memory import MemoryReport
+    from tf_mixed.memory import memory_report
     from tf_mixed.policy import POLICY_NAMES
     from tf_mixed.policy import Enabled
     from tf_mixed.policy import disable

@@ -24,11 +24,15 @@ AUTO = "auto"
 FLOAT32 = "float32"
 MIXED_FLOAT16 = "mixed_float16"
 MIXED_BFLOAT16 = "mixed_bfloat16"
+# Pure bfloat16: variables too (Keras's name). No short alias: "bf16" stays
+# mixed_bfloat16 (CHANGELOG.md, issue 21), so no name means two things.
+BFLOAT16 = "bfloat16"
 POLICY_ALIASES = {
     AUTO: AUTO,
     MIXED_FLOAT16: MIXED_FLOAT16,
     MIXED_BFLOAT16: MIXED_BFLOAT16,
     FLOAT32: FLOAT32,
+    BFLOAT16: BFLOAT16,
     "fp16": MIXED_FLOAT16,
     "bf16": MIXED_BFLOAT16,
     "fp32": FLOAT32,

@@ -406,3 +406,59 @@ def recording_quantized_calls(layers, records: dict):
     finally:
         for layer in layers:
             layer.__dict__.pop("quantized_call", None)
+# ------------------------------------------------ compensated bfloat16 updates
+
+
+def optimizer_variable_index(optimizer, variable) -> int | None:
+    """The index of a trainable variable in a built optimizer, or None.
+
+    Reaches: ``BaseOptimizer._var_key`` (the TF optimizer resolves a
+    replica's component to its distributed container there) and
+    ``_trainable_variables_indices`` (Keras 3.15.1), which ``update_step``
+    uses through ``_get_variable_index`` to find a variable's slots.
+
+    Why: `tf_mixed.compensated` receives, in ``assign_sub``, the per-replica
+    component of a variable (inside ``distribution.extended.update``) and
+    needs the same index Keras uses for the slots, to find its buffer.
+    """
+    return optimizer._trainable_variables_indices.get(
+        optimizer._var_key(variable))
+
+
+def route_weight_decay_through_assign(optimizer) -> None:
+    """Makes decoupled weight decay write through ``optimizer.assign_sub``.
+
+    Reaches: ``TFOptimizer._apply_weight_decay`` and ``_use_weight_decay``
+    (Keras 3.15.1, keras/src/backend/tensorflow/optimizer.py). Keras's TF
+    version writes ``variable.assign_sub(variable * wd * lr)`` directly on the
+    variable, bypassing the optimizer's ``assign_sub``.
+
+    Why: on a bfloat16 weight ``lr * wd * w`` is far below the weight's
+    spacing, so the decay is rounded away like a small update is; routed
+    through ``assign_sub`` it gets the same compensation. The replacement is
+    Keras's own code with that one call changed.
+    """
+    import keras
+    import tensorflow as tf
+
+    def apply_weight_decay(variables):
+        if optimizer.weight_decay is None:
+            return
+
+        def distributed(distribution, variables, **kwargs):
+            def decay(variable):
+                if optimizer._use_weight_decay(variable):
+                    lr = tf.cast(optimizer.learning_rate, tf.float32)
+                    wd = tf.cast(optimizer.weight_decay, tf.float32)
+                    optimizer.assign_sub(
+                        variable, tf.cast(variable, tf.float32) * wd * lr)
+
+            for variable in variables:
+                if isinstance(variable, keras.Variable):
+                    variable = variable.value
+                distribution.extended.update(variable, decay, group=False)
+
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            distributed, optimizer._distribution_strategy, variables)
+
+    optimizer._apply_weight_decay = apply_weight_decay

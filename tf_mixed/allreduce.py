@@ -103,6 +103,7 @@ def reduce_gradients(
     replica_context: tf.distribute.ReplicaContext | None = None,
     *,
     local: Sequence[bool] | None = None,
+    when: tf.Tensor | None = None,
 ):
     """Sums gradients over all replicas in one collective; says if all finite.
 
@@ -120,6 +121,10 @@ def reduce_gradients(
             unreduced (e.g. a variable Keras overwrites with its gradient)
             but its finiteness still joins the verdict, as one extra element
             of the same buffer.
+        when: Optional scalar bool tensor, the same on every replica (a
+            window of gradient accumulation ends): the collective runs only
+            when it is True; otherwise every replica gets its own gradients
+            back (and a verdict on them alone). Dense gradients only.
 
     Returns:
         ``(reduced, finite)``: the summed gradients, each in its input dtype
@@ -167,10 +172,14 @@ def reduce_gradients(
         tensors = [tf.convert_to_tensor(grads[i]) for i in dense]
         values, finite = _reduce_dense(tensors, wire, replicas,
                                        _nonfinite_flag(local_grads),
-                                       replica_context)
+                                       replica_context, when)
         checks.append(finite)
         for i, value in zip(dense, values):
             reduced[i] = value
+    if sparse and when is not None:
+        raise ValueError(
+            "reduce_gradients(when=...) takes dense gradients only. Received: "
+            f"{len(sparse)} tf.IndexedSlices. Convert them first.")
     if sparse:
         values, finite = _reduce_sparse([grads[i] for i in sparse], wire,
                                         replicas, replica_context)
@@ -266,7 +275,7 @@ def _from_wire(value, dtype, wire, replicas):
     return tf.cast(value, dtype) * tf.cast(replicas, dtype)
 
 
-def _reduce_dense(tensors, wire, replicas, flag, context):
+def _reduce_dense(tensors, wire, replicas, flag, context, when=None):
     """All-reduces ``tensors`` (and the local flag) as ONE flat buffer."""
     # Gradients keep their own dtype on the float32 path; when they are of
     # several dtypes, each dtype gets its own buffer (rare: float64 weights).
@@ -288,7 +297,7 @@ def _reduce_dense(tensors, wire, replicas, flag, context):
             sizes.append(tf.constant(1))
         buffer = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
         # The one collective of the step (per dtype group).
-        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+        summed = _all_reduce_sum(context, buffer, when)
         if len(parts) > 1:
             pieces = tf.split(summed, tf.stack(sizes), axis=0)
         else:
@@ -302,6 +311,37 @@ def _reduce_dense(tensors, wire, replicas, flag, context):
         if flag is not None and key == flag_key:
             checks.append(tf.equal(tf.reduce_sum(pieces[-1]), 0))
     return out, tf.reduce_all(tf.stack(checks))
+
+
+def _all_reduce_sum(context, buffer, when):
+    """``context.all_reduce(SUM, buffer)``; only when ``when`` if given.
+
+    A collective cannot sit in a ``tf.cond`` built in the replica context
+    (MirroredStrategy's all-reduce is a ``merge_call``: "merge_call called
+    while defining a new graph"), so the condition is built in the
+    cross-replica context: one ``merge_call`` on every step, the reduction
+    in one branch of a cond every replica takes alike (``when`` is the same
+    everywhere), each replica's own buffer in the other.
+    """
+    if when is None:
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+
+    def cross_replica(strategy, when, buffer):
+        local = list(strategy.experimental_local_results(buffer))
+
+        def reduce():
+            summed = strategy.extended.reduce_to(
+                tf.distribute.ReduceOp.SUM, buffer, destinations=buffer)
+            return list(strategy.experimental_local_results(summed))
+
+        out = tf.cond(strategy.experimental_local_results(when)[0], reduce,
+                      lambda: local)
+        # Local results are this worker's replicas, in order; every worker
+        # has as many (MultiWorkerMirroredStrategy requires it).
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: out[ctx.replica_id_in_sync_group % len(out)])
+
+    return context.merge_call(cross_replica, args=(when, buffer))
 
 
 def _reduce_sparse(slices, wire, replicas, context):

@@ -120,11 +120,41 @@ def model_setup_problems(model) -> list[str]:
             "gradients underflow to zero in float16. Fix: compile with "
             "optimizer=tf_mixed.wrap_optimizer(optimizer)."
         )
+    bfloat16_layers = [row.name for row in report.rows
+                       if row.variable_dtype == "bfloat16"]
+    if (bfloat16_layers and optimizer is not None
+            and not _compensates_bfloat16(optimizer)):
+        problems.append(
+            f"Model '{model.name}' keeps weights in bfloat16 "
+            f"({len(bfloat16_layers)} layers, e.g. '{bfloat16_layers[0]}') but "
+            f"its optimizer {type(optimizer).__name__} updates them with "
+            "bfloat16 arithmetic and plain rounding: a Keras Adam update of a "
+            "bfloat16 weight is exactly 0, and small SGD steps round away. "
+            "Fix: compile with optimizer=tf_mixed.wrap_optimizer(optimizer) "
+            "under tf_mixed.enable('bfloat16') (compensated updates), or "
+            "tf_mixed.compensate(optimizer) before compiling."
+        )
     problems.extend(
         f"Model '{model.name}': {finding} (LossScaleMonitor(check_setup=False) "
         "silences this check.)"
         for finding in report.findings if finding.code in SETUP_FINDINGS)
     return problems
+
+
+def _updates(optimizer, kind, batches):
+    """Steps the optimizer took for ``batches``: with accumulation, windows."""
+    if batches and kind == "tf_mixed" and optimizer.accumulator is not None:
+        return batches // optimizer.accumulator.steps
+    return batches
+
+
+def _compensates_bfloat16(optimizer) -> bool:
+    from tf_mixed import compensated
+
+    inner = (optimizer.inner_optimizer
+             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+             else optimizer)
+    return compensated.compensation_of(inner) is not None
 
 
 # ---------------------------------------------------------------- callback
@@ -366,7 +396,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     # -- reading, logging, judging
 
     def _advance(self) -> None:
-        steps_run = self._batches or (self.params or {}).get("steps")
+        steps_run = _updates(self._optimizer, self._kind, self._batches or (self.params or {}).get("steps"))
         self._progress = stop_rules.advance(
             self._progress, _snapshot(self._optimizer, self._kind),
             self._kind, steps_run, self._threshold)

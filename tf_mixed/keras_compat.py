@@ -20,6 +20,7 @@ import keras
 
 from tf_mixed import _internals
 from tf_mixed import allreduce
+from tf_mixed.compensated import compensation_config
 from tf_mixed.scale_state import LossScaleState
 
 __all__ = ["EXTRA_STATE", "KerasCompat", "read_keras_state"]
@@ -32,6 +33,16 @@ EXTRA_STATE = ("overflow_streak", "skipped_steps", "last_step_skipped",
 
 class KerasCompat:
     """Keras 3 and tf-keras compatibility methods of ``LossScaleOptimizer``."""
+
+    def apply_gradients(self: Any, grads_and_vars, *, unscaled: bool = False):
+        """Applies ``(gradient, variable)`` pairs; see ``apply``.
+
+        Returns:
+            The inner optimizer's ``iterations`` variable (tf.keras habit).
+        """
+        pairs = list(grads_and_vars)
+        self.apply([g for g, _ in pairs], [v for _, v in pairs], unscaled=unscaled)
+        return self.iterations
 
     # tf-keras (Keras 2) names.
     def get_scaled_loss(self: Any, loss):
@@ -120,6 +131,9 @@ class KerasCompat:
             "dynamic_growth_steps": knobs.pop("growth_interval"),
             **knobs,
             "communication_dtype": self.communication_dtype,
+            "gradient_accumulation_steps": (
+                None if self.accumulator is None else self.accumulator.steps),
+            "compensation": compensation_config(self.inner_optimizer),
         }
 
     @classmethod

@@ -38,7 +38,9 @@ import tensorflow as tf
 
 from tf_mixed import _internals
 from tf_mixed import _validate
+from tf_mixed import accumulation
 from tf_mixed import allreduce
+from tf_mixed import compensated
 from tf_mixed import scale_state
 from tf_mixed.float8_sync import Float8Sync
 from tf_mixed.keras_compat import KerasCompat, read_keras_state
@@ -130,6 +132,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             `tf_mixed.allreduce`). Either way the gradients are reduced in
             ONE collective and the skip verdict is taken from the reduced
             gradients. No effect with a single replica.
+        gradient_accumulation_steps, compensation, state_dtype: `tf_mixed.accumulation`, `tf_mixed.compensated`.
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
             weight decay and the like belong on ``inner_optimizer``.
@@ -156,9 +159,13 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         hysteresis: int = 1,
         dynamic: bool = True,
         communication_dtype: str | None = None,
+        gradient_accumulation_steps: int | None = None, compensation: Any = None, state_dtype: str | None = None,
         **kwargs: Any,
     ):
         _check_inner(inner_optimizer)
+        steps = accumulation.steps_to_take_over(inner_optimizer,
+                                                gradient_accumulation_steps)
+        update_rule = compensated.config_from_arguments(compensation, state_dtype)
         communication_dtype = allreduce.validate_communication_dtype(
             communication_dtype)
         config = LossScaleConfig(
@@ -182,6 +189,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self._scratch = _Scratch()
         self.config = config
         self.communication_dtype = communication_dtype
+        compensated.compensate_if_asked(inner_optimizer, update_rule)
+        self.accumulator = accumulation.take_over(inner_optimizer, steps)  # None: off
 
     # The knobs, read from the frozen config (one source of truth).
     growth_interval = property(lambda self: self.config.growth_interval)
@@ -224,7 +233,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
-        self._scratch.float8 = Float8Sync.for_variables(var_list)
+        self._scratch.float8 = _float8_sync_for(self, var_list)
+        if self.accumulator is not None:
+            self.accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
@@ -348,18 +359,6 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------- the update
 
-    def apply_gradients(self, grads_and_vars, *, unscaled: bool = False):
-        """Applies ``(gradient, variable)`` pairs; see ``apply``.
-
-        Returns:
-            The inner optimizer's ``iterations`` variable (tf.keras habit).
-        """
-        pairs = list(grads_and_vars)
-        grads = [g for g, _ in pairs]
-        variables = [v for _, v in pairs]
-        self.apply(grads, variables, unscaled=unscaled)
-        return self.iterations
-
     def apply(self, grads, trainable_variables=None, *,
               unscaled: bool = False):
         """Unscales and applies gradients, or skips the step everywhere.
@@ -379,6 +378,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         Returns:
             A scalar bool tensor: True when the step was applied, False when
             it was skipped. It is the same value on every replica and worker.
+            Accumulating: False only on the last micro-step of a discarded window.
 
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
@@ -399,6 +399,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         _check_variables_in_scope(self, strategy)
 
         with keras.name_scope(self.name, caller=self):
+            if self.accumulator is not None:
+                return _apply_window(self, grads, trainable_variables, unscaled)
             scale = tf.identity(self.dynamic_scale.value)
             grads, trainable_variables, finite, gathered = _reduce(
                 grads, trainable_variables, scale, unscaled,
@@ -464,10 +466,18 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
 
     * Global policy ``mixed_float16`` (or ``force=True``): dynamic loss
       scaling with ``knobs``.
-    * Any other policy (float32, mixed_bfloat16): a pass-through wrapper
-      (scale 1, fixed), which skips only steps with non-finite gradients, so
-      the same loop and the same ``fit`` set-up run under every policy.
-      ``knobs`` are still validated, so a typo shows up on any machine.
+    * Any other policy (float32, mixed_bfloat16, bfloat16): a pass-through
+      wrapper (scale 1, fixed), which skips only steps with non-finite
+      gradients, so the same loop and the same ``fit`` set-up run under
+      every policy. ``knobs`` are still validated, so a typo shows up on any
+      machine.
+    * Pure ``bfloat16`` (variables in bfloat16 too): the inner optimizer
+      also updates the weights with compensation (`tf_mixed.compensated`:
+      ``compensation="kahan"`` unless given, slots in ``state_dtype``,
+      float32 unless given), so small updates are not rounded away.
+
+    ``gradient_accumulation_steps``, ``communication_dtype``,
+    ``compensation`` and ``state_dtype`` apply under every policy.
 
     Passing an optimizer that already is a ``tf_mixed.LossScaleOptimizer``
     returns it unchanged (no double scaling). A
@@ -512,13 +522,20 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             f"such as 'adam'. Received: optimizer={optimizer!r} (of type "
             f"{type(optimizer).__name__})."
         )
-    if force or keras.config.dtype_policy().name == "mixed_float16":
+    policy = keras.config.dtype_policy().name
+    if policy == "bfloat16" and compensated.compensation_of(optimizer) is None:
+        knobs.setdefault("compensation", compensated.DEFAULT_METHOD)
+    if force or policy == "mixed_float16":
         return LossScaleOptimizer(optimizer, **knobs)
-    communication_dtype = knobs.pop("communication_dtype", None)
+    wrapper_args = {k: knobs.pop(k) for k in _WRAPPER_ARGS if k in knobs}
     _validate_knobs(knobs)
     return LossScaleOptimizer(
-        optimizer, **LossScaleConfig.pass_through().to_dict(),
-        communication_dtype=communication_dtype)
+        optimizer, **LossScaleConfig.pass_through().to_dict(), **wrapper_args)
+
+
+# Constructor arguments that are not loss-scale knobs (valid in every mode).
+_WRAPPER_ARGS = ("communication_dtype", "gradient_accumulation_steps",
+                 "compensation", "state_dtype")
 
 
 # --------------------------------------------------------------- helpers
@@ -535,7 +552,8 @@ def _validate_knobs(knobs):
         raise ValueError(
             f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
             "initial_scale, dynamic_growth_steps (or growth_interval), "
-            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}."
+            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}, "
+            f"{', '.join(_WRAPPER_ARGS)}."
         )
     LossScaleConfig(**knobs)
 
@@ -717,8 +735,21 @@ def _finish_float8(optimizer, gathered, finite, scale):
         sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
 
 
+def _float8_sync_for(optimizer, var_list) -> Float8Sync | None:
+    """The sync for ``var_list``'s float8 pairs (None without any)."""
+    sync = Float8Sync.for_variables(var_list)
+    if sync is not None and optimizer.accumulator is not None:
+        raise ValueError(
+            "LossScaleOptimizer cannot yet accumulate gradients of a model with "
+            "float8 layers: the float8 scales would not be agreed across "
+            "replicas. Received: gradient_accumulation_steps="
+            f"{optimizer.accumulator.steps} and {len(sync.slots)} float8 "
+            "tensors. Train the float8 model without accumulation.")
+    return sync
+
+
 def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
-            float8=None):
+            float8=None, when=None):
     """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -768,7 +799,7 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
     elif float8_step is not None:
         gathered = float8.gather(float8_step, context)
     reduced, finite = allreduce.reduce_gradients(
-        grads, communication_dtype, context, local=local)
+        grads, communication_dtype, context, local=local, when=when)
     if float8_step is not None and gathered is None:
         reduced, gathered = reduced[:-1], reduced[-1]
     if scaled:
@@ -776,6 +807,42 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
                    else _divide(g, scale)
                    for g, v in zip(reduced, trainable_variables)]
     return reduced, trainable_variables, finite, gathered
+
+def _apply_window(optimizer, grads, trainable_variables, unscaled):
+    """One micro-step of gradient accumulation (`tf_mixed.accumulation`).
+
+    Adds the unscaled gradients to the float32 buffers; on the window's last
+    micro-step only, all-reduces the buffers once, applies their mean if the
+    verdict (taken from the reduced sums) is finite, and advances the scale
+    state, rollback and tally once. Returns False only on the last micro-step
+    of a discarded window.
+    """
+    accumulator = optimizer.accumulator
+    scale = tf.identity(optimizer.dynamic_scale.value)
+    if not unscaled:
+        grads = [g if getattr(v, "overwrite_with_gradient", False)
+                 else _divide(g, scale)
+                 for g, v in zip(grads, trainable_variables)]
+    sums = accumulator.add(grads)
+    is_last = accumulator.is_last()
+    # The one collective of the window, on its last micro-step only.
+    # `_reduce` returns the sums unscaled (no float8 pairs: refused at build).
+    reduced, _, finite, _ = _reduce(
+        sums, trainable_variables, scale, True, optimizer.communication_dtype,
+        when=is_last)
+    steps = float(accumulator.steps)
+    reduced = [None if g is None else g / steps for g in reduced]
+    _apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
+                    reduced, trainable_variables)
+
+    def end_window():
+        optimizer._scratch.forward.roll_back(finite)
+        optimizer._advance_state(finite)
+
+    tf.cond(is_last, end_window, lambda: None)
+    accumulator.end_micro_step(is_last)
+    return tf.logical_or(tf.logical_not(is_last), finite)
+
 
 def _apply_unscaled(inner, finite, grads, trainable_variables):
     """(b) Hands unscaled gradients to the inner optimizer when ``finite``.

@@ -8,8 +8,10 @@ attaches one and reads it once per epoch as a `LossTotals` value.
 
 In ``fit`` the loss reaches tf_mixed only through ``scale_loss`` and the
 verdict only through ``apply``, so the tally is told both: `observe` the
-step's loss, then `settle` with the verdict. Nothing is recorded while no
-tally is attached.
+step's loss, then `settle` with the verdict. With gradient accumulation a
+step is a window: its micro-steps' losses are observed one by one and the
+window settles once, with their mean. Nothing is recorded while no tally is
+attached.
 """
 
 from __future__ import annotations
@@ -45,34 +47,41 @@ class LossTally:
     """
 
     def __init__(self) -> None:
-        self._last: tf.Variable | None = None
+        self._pending: tf.Variable | None = None  # losses observed, unsettled
+        self._observed: tf.Variable | None = None  # how many
         self._sum: tf.Variable | None = None
         self._steps: tf.Variable | None = None
 
     def build(self) -> None:
         """Creates the variables (once) in the current strategy's scope."""
-        if self._last is not None:
+        if self._pending is not None:
             return
 
         def scratch(dtype):
             return tf.Variable(tf.zeros((), dtype), trainable=False,
                                aggregation=tf.VariableAggregation.NONE)
 
-        self._last = scratch(tf.float32)
+        self._pending = scratch(tf.float32)
+        self._observed = scratch(tf.float32)
         self._sum = scratch(tf.float32)
         self._steps = scratch(tf.int64)
 
     def observe(self, loss: tf.Tensor) -> None:
-        """Remembers the (unscaled) loss of the step being run."""
-        if self._last is not None:
-            self._last.assign(tf.cast(tf.stop_gradient(loss), tf.float32))
+        """Remembers the (unscaled) loss of the (micro-)step being run."""
+        if self._pending is not None and self._observed is not None:
+            self._pending.assign_add(tf.cast(tf.stop_gradient(loss), tf.float32))
+            self._observed.assign_add(1.0)
 
     def settle(self, finite: tf.Tensor) -> None:
-        """Adds the remembered loss when the step's verdict is ``finite``."""
-        if self._last is None or self._sum is None or self._steps is None:
+        """Adds the mean remembered loss when the verdict is ``finite``; forgets it."""
+        if (self._pending is None or self._observed is None or self._sum is None
+                or self._steps is None):
             return
-        self._sum.assign_add(tf.where(finite, self._last.read_value(), 0.0))
+        mean = self._pending.read_value() / tf.maximum(self._observed.read_value(), 1.0)
+        self._sum.assign_add(tf.where(finite, mean, 0.0))
         self._steps.assign_add(tf.cast(finite, tf.int64))
+        self._pending.assign(0.0)
+        self._observed.assign(0.0)
 
     def totals(self) -> LossTotals:
         """The totals since `build`, in Python numbers (one host read).

@@ -24,7 +24,8 @@ import keras
 from absl import logging
 
 from tf_mixed import _validate
-from tf_mixed._facts import AUTO, FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16, POLICY_ALIASES
+from tf_mixed._facts import (AUTO, BFLOAT16, FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16,
+                             POLICY_ALIASES)
 from tf_mixed import autotune
 from tf_mixed import hardware
 from tf_mixed import keep_float32 as keep_float32_rules
@@ -53,7 +54,8 @@ class Enabled:
 
     Attributes:
         policy: The Keras policy now active: "mixed_float16",
-            "mixed_bfloat16" or "float32".
+            "mixed_bfloat16", "float32" or "bfloat16" (pure: variables in
+            bfloat16 too).
         reason: Why this policy, in one sentence a user can act on.
         requested: The name that was passed to `enable`, as given.
     """
@@ -73,7 +75,7 @@ def canonical_name(name: object) -> str:
         name: One of `POLICY_NAMES`.
 
     Returns:
-        "auto", "mixed_float16", "mixed_bfloat16" or "float32".
+        "auto", "mixed_float16", "mixed_bfloat16", "float32" or "bfloat16".
 
     Raises:
         TypeError: If `name` is not a string.
@@ -190,6 +192,12 @@ def _validated_measure(measure: object) -> bool:
 def _explicit_reason(name: str, info: hardware.HardwareInfo | None) -> str:
     if name == FLOAT32:
         return "float32 requested explicitly"
+    if name == BFLOAT16:
+        return (
+            "bfloat16 requested explicitly: variables, gradients and compute in "
+            "bfloat16; wrap_optimizer applies compensated updates so small "
+            "steps are not rounded away"
+        )
     if name == MIXED_FLOAT16 and info is not None and not info.has_gpu:
         return (
             "mixed_float16 requested explicitly; no GPU, so TF's remapping pass "
@@ -208,7 +216,9 @@ def enable(
     """Sets Keras's dtype policy, in this thread, to a mixed-precision policy.
 
     Layers built after this call compute in the policy's dtype and keep their
-    variables in float32. Calling `enable` again switches policy; `disable`
+    variables in float32; under "bfloat16" (pure) the variables are bfloat16
+    too, and `wrap_optimizer` then applies compensated updates
+    (`tf_mixed.bf16_update`). Calling `enable` again switches policy; `disable`
     then restores what was active before the first call. Keras keeps the
     policy per thread (so does tf_mixed's bookkeeping): enable in the thread
     that builds the model. `keras.backend.clear_session()` resets the policy

@@ -296,16 +296,19 @@ def _clone(model, policy_for):
             config["dtype"] = dtype
         return layer.__class__.from_config(config)
 
-    # clone_model compiles the clone when the model is compiled, which fails
-    # for objects that do not deserialise; the probe needs no compiled clone.
-    was_compiled = getattr(model, "compiled", False)
-    model.compiled = False
-    try:
-        clone = keras.models.clone_model(model, clone_function=clone_layer,
-                                         recursive=True)
-    finally:
-        model.compiled = was_compiled
-    for source, target in zip(model.layers, clone.layers):
+    # clone_model compiles the clone when the model it is given is compiled
+    # (which fails for objects that do not deserialise; the probe needs no
+    # compiled clone), so a compiled model is cloned through an uncompiled
+    # functional view of the same graph: the user's model is not written to.
+    view = model
+    if getattr(model, "compiled", False):
+        inputs, outputs = ((model.inputs[0], model.outputs[0])
+                           if isinstance(model, keras.Sequential)
+                           else (model.input, model.output))
+        view = keras.Model(inputs, outputs, name=model.name)
+    clone = keras.models.clone_model(view, clone_function=clone_layer,
+                                     recursive=True)
+    for source, target in zip(view.layers, clone.layers):
         if source.weights:
             _copy_weights(source, target)
     return clone

@@ -38,7 +38,10 @@ bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
 a Markdown table on stdout, results.json, results.md and bench.png in
 --output_dir. --suite=overhead times tf_mixed's optimizer and callback against
-plain Keras mixed precision instead. --verbose lets TensorFlow's own log and
+plain Keras mixed precision instead; --suite=comm the gradient all-reduce;
+--suite=memory peak memory and speed per precision (pure bfloat16 and
+gradient accumulation included); --suite=bf16 what bfloat16 weights learn.
+--verbose lets TensorFlow's own log and
 warnings through.
 """
 _VERBOSE = ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True")
@@ -175,6 +178,14 @@ def _bench(argv: list[str]) -> int:
                 from tf_mixed.bench import comm
 
                 comm.run_comm(config, command.strip())
+            elif config.suite == "memory":
+                from tf_mixed.bench import memory_suite
+
+                memory_suite.run_memory(config, command.strip())
+            elif config.suite == "bf16":
+                from tf_mixed.bench import bf16_quality
+
+                bf16_quality.run_quality(config, command.strip())
             else:
                 compare.run_compare(config, command.strip(), verbose=fv.verbose)
     except UsageError as error:

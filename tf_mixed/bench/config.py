@@ -17,9 +17,10 @@ from tf_mixed.bench.errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
-SUITES = ("compare", "overhead", "comm")
+SUITES = ("compare", "overhead", "comm", "memory", "bf16")
 ISOLATIONS = ("subprocess", "inprocess")
-DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp"}
+DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
+                 "bf16": "mlp"}
 # Bench-only policy names: what the run computes in, and what it adds.
 # "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
 BENCH_POLICIES = {"float8": "mixed_bfloat16"}

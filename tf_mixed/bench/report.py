@@ -235,6 +235,25 @@ def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True)
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def suite_header(suite: str, config, command: str) -> dict[str, Any]:
+    """The fields every suite's results.json starts with.
+
+    ``suite``, ``created_utc``, ``command``, ``flags`` (the `BenchConfig`),
+    ``host`` and ``load_average`` (1, 5 and 15 minutes, at the end of the run).
+    """
+    import datetime
+
+    return {
+        "suite": suite,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"),
+        "command": command,
+        "flags": config.to_json(),
+        "host": host_info(),
+        "load_average": list(os.getloadavg()),
+    }
+
+
 def host_info() -> dict[str, Any]:
     """Host, TF and Keras versions for results.json."""
     import keras

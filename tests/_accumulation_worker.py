@@ -1,0 +1,69 @@
+"""One worker of the two-process gradient accumulation test.
+
+Run by tests/test_accumulation.py as
+``python _accumulation_worker.py INDEX PORT0,PORT1 OUT.json SKIP``. Each
+worker computes its half of every micro-batch (test_accumulation's data and
+loss) and applies it through ``LossScaleOptimizer(...,
+gradient_accumulation_steps=STEPS)`` under MultiWorkerMirroredStrategy; with
+SKIP a window number, worker 1 alone gets NaN gradients at micro-step 2 of
+that window. Writes its weights and counters to ``OUT.json``.
+"""
+
+import json
+import os
+import sys
+
+
+def main(index, ports, out_path, skip):
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": index},
+    })
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    import test_accumulation as t
+
+    import tf_mixed
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = keras.Variable(np.zeros(t.FEATURES, np.float32))
+        opt = tf_mixed.LossScaleOptimizer(
+            keras.optimizers.SGD(t.schedule()), initial_scale=16.0,
+            gradient_accumulation_steps=t.STEPS)
+        opt.build([w])
+
+    @tf.function
+    def step(xs, ys, start, poison):
+        def replica_fn():
+            residual = tf.linalg.matvec(xs, start) - ys
+            grad = (tf.linalg.matvec(xs, residual, transpose_a=True) / t.MICRO
+                    * opt.loss_scale.value)
+            grad = tf.where(poison, grad * np.nan, grad)
+            return opt.apply([grad], [w])
+
+        return strategy.run(replica_fn)
+
+    x, y = t.data()
+    half = t.MICRO // 2
+    for window in range(t.WINDOWS):
+        start = tf.constant(w.numpy())
+        for micro in range(t.STEPS):
+            first = (window * t.STEPS + micro) * t.MICRO + index * half
+            poison = index == 1 and window == skip and micro == 2
+            step(tf.constant(x[first:first + half]), tf.constant(y[first:first + half]),
+                 start, tf.constant(poison))
+    with open(out_path, "w") as f:
+        json.dump({
+            "weights": w.numpy().tolist(),
+            "skipped_windows": opt.loss_scale_state().skipped_steps,
+            "iterations": int(opt.iterations.numpy()),
+        }, f)
+
+
+if __name__ == "__main__":
+    skip = None if sys.argv[4] == "none" else int(sys.argv[4])
+    main(int(sys.argv[1]), [int(p) for p in sys.argv[2].split(",")], sys.argv[3], skip)
