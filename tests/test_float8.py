@@ -483,3 +483,11 @@ def test_monitor_under_mirrored_strategy_reads_agreed_counters(mirrored):
     np.testing.assert_array_equal(copies[0], copies[1])
     assert monitor.stop_reason is not None
     assert all(t.replicas_agree for t in tf_mixed.float8.state(model).tensors)
+
+
+def test_gradient_accumulation_with_float8_is_refused():
+    model = _ones_model()
+    optimizer = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.1),
+                                        gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="cannot yet accumulate gradients of a model with float8"):
+        optimizer.build(model.trainable_variables)
