@@ -368,3 +368,52 @@ def test_wrap_optimizer_keeps_communication_dtype_under_mixed_float16():
     assert wrap_optimizer(wrapped, communication_dtype="float16") is wrapped
     with pytest.raises(ValueError, match="different settings"):
         wrap_optimizer(wrapped, communication_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("width", [2, 3])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_sparse_gradients_in_every_wire_dtype_on_cpu(mirrored, dtype, width):
+    """bfloat16 too: TF's CPU gather has no bfloat16 kernel, so it travels packed."""
+
+    def replica_fn():
+        r = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+        sparse = tf.IndexedSlices(tf.fill([1, width], 1.5 + r),  # 1.5, 2.5: exact in bfloat16
+                                  tf.cast(tf.reshape(r, [1]), tf.int64),
+                                  tf.constant([3, width], tf.int64))
+        reduced, finite = allreduce.reduce_gradients([tf.ones([2]), sparse], dtype)
+        return tf.convert_to_tensor(reduced[1]), finite
+
+    dense, finite = tf.function(lambda: mirrored.run(replica_fn))()
+    assert [bool(f) for f in _locals(mirrored, finite)] == [True, True]
+    for copy in _locals(mirrored, dense):
+        np.testing.assert_array_equal(copy, [[1.5] * width, [2.5] * width, [0] * width])
+
+
+def test_embedding_fit_with_bfloat16_wire_on_cpu_matches_float32_wire(mirrored):
+    def fit(dtype):
+        with mirrored.scope():
+            inputs = keras.Input((3,), dtype="int32")
+            h = keras.layers.Embedding(10, 4, embeddings_initializer="ones")(inputs)
+            out = keras.layers.Dense(1, kernel_initializer="ones")(
+                keras.layers.GlobalAveragePooling1D()(h))
+            model = keras.Model(inputs, out)
+            model.compile(optimizer=LossScaleOptimizer(keras.optimizers.SGD(2.0**-4),
+                                                       communication_dtype=dtype), loss="mse")
+        x = np.arange(24).reshape(8, 3) % 10
+        model.fit(x, np.zeros((8, 1), "float32"), batch_size=8, epochs=1, verbose=0)
+        return model.get_weights()
+
+    for a, b in zip(fit("bfloat16"), fit(None)):
+        np.testing.assert_allclose(a, b, rtol=2.0**-7)
+
+
+def test_float32_wire_equals_none_everywhere():
+    inner = keras.optimizers.SGD()
+    wrapped = LossScaleOptimizer(inner)
+    assert wrap_optimizer(wrapped, communication_dtype="float32") is wrapped
+    assert LossScaleOptimizer(keras.optimizers.SGD(), communication_dtype="float32") \
+        .communication_dtype is None
+    assert allreduce.wire_bytes([((4,), "float32")], "float32") == allreduce.wire_bytes(
+        [((4,), "float32")], None) == 16
+    with pytest.raises(ValueError, match="different settings"):
+        wrap_optimizer(wrapped, communication_dtype="float16")

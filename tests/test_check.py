@@ -36,7 +36,8 @@ def test_check_runs_every_part_and_writes_json(tmp_path, capsys):
     assert bench_check.main([f"--output={out}", "--budget=0.05"]) == 0
     stdout = capsys.readouterr().out
     for heading in ("1. tf_mixed.LossScaleOptimizer", "2. keras.optimizers.LossScaleOptimizer",
-                    "3. Throughput", "enable('auto') picks", "Result: PASS"):
+                    "3. Throughput", "enable('auto') picks", "4. Known mixed-precision defects",
+                    "Result: PASS"):
         assert heading in stdout
     result = json.loads(out.read_text())
     assert os.listdir(tmp_path) == ["check.json"]  # no temporary file left
@@ -94,7 +95,8 @@ def test_no_mirrored_strategy_is_one_line_and_exit_2(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--parts=tf_mixed,speed"], "--parts='tf_mixed,speed': unknown part 'speed'; accepted: tf_mixed, keras, throughput"),
+        (["--parts=tf_mixed,speed"], "--parts='tf_mixed,speed': unknown part 'speed'; accepted: tf_mixed, keras, throughput, defects"),
+        (["--output=/tmp"], "--output='/tmp' is a directory; pass a file path such as check.json"),
         (["--budget=0"], "--budget=0.0: must be a number of seconds in (0, 60]"),
         (["--budget=fast"], "argument --budget: invalid float value: 'fast'"),
         (["--output=/no/such/dir/check.json"], "--output='/no/such/dir/check.json': directory '/no/such/dir' does not exist"),

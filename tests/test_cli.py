@@ -228,7 +228,7 @@ def test_audit_unloadable_file(tmp_path, capsys):
     path.write_text("not a model")
     assert main(["tf_mixed", "audit", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tf_mixed audit: error: cannot load {path}")
+    assert err.count("\n") == 1 and err.startswith(f"tf_mixed audit: error: MODEL='{path}' cannot be loaded")
 
 
 # --- real processes -----------------------------------------------------------

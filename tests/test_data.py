@@ -2,6 +2,8 @@
 
 import os
 
+import socket
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -254,6 +256,7 @@ def test_tfds_failed_download_explains_how(tmp_path, monkeypatch):
         raise OSError("Name or service not known")
 
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
+    monkeypatch.setattr(data, "_download_host_unreachable", lambda: None)  # host-independent
     with pytest.raises(UsageError) as info:
         data.load("tfds:mnist", data_dir=str(tmp_path))
     message = str(info.value)
@@ -265,3 +268,33 @@ def test_tfds_rejects_non_image_sets():
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(UsageError, match="not image classification"):
             data.load("tfds:imdb_reviews")
+
+
+def test_tfds_offline_and_not_prepared_fails_at_once_saying_where_and_how(tmp_path, monkeypatch):
+    tried = []  # TFDS's own download_and_prepare runs; its network part must not
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "_download_and_prepare",
+                        lambda *a, **k: tried.append(a))
+    monkeypatch.setattr(data, "_download_host_unreachable",
+                        lambda: "storage.googleapis.com:443 is unreachable (no network?)")
+    with pytest.raises(UsageError) as info:
+        data.load("tfds:mnist", data_dir=str(tmp_path))
+    message = str(info.value)
+    assert tried == []  # TFDS's minutes of download retries never start
+    assert "\n" not in message
+    assert f"is not prepared (looked in {tmp_path}/mnist/" in message
+    assert "cannot be downloaded here: storage.googleapis.com:443 is unreachable" in message
+    assert "download_and_prepare()" in message and "--data_dir" not in message.split(";")[0]
+
+
+def test_download_host_check_is_bounded_and_uses_the_proxy(monkeypatch):
+    with socket.socket() as s:  # a port with nothing listening: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+    reason = data._download_host_unreachable(timeout=2.0)
+    assert reason.startswith(f"the HTTPS proxy 127.0.0.1:{port} is unreachable (")
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("HTTPS_PROXY", f"127.0.0.1:{listening.getsockname()[1]}")
+        assert data._download_host_unreachable(timeout=2.0) is None

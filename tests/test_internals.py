@@ -369,3 +369,37 @@ def test_keras_weight_decay_bypasses_assign_sub_until_routed():
     _internals.route_weight_decay_through_assign(opt)
     opt._apply_weight_decay([v])
     assert calls == [0.75 * 0.25] and float(v.numpy()) == 0.75
+
+
+def test_lambda_output_shape_and_run_through_graph():
+    # Lambda._output_shape, Function._run_through_graph (Keras 3.15.1).
+    shape = (lambda s: s)
+    layer = keras.layers.Lambda(lambda t: t, output_shape=shape)
+    assert _internals.lambda_output_shape(layer) is shape
+    inputs = keras.Input((2,))
+    dense = keras.layers.Dense(3)
+    model = keras.Model(inputs, dense(inputs))
+    seen = []
+    out = _internals.run_through_graph(
+        model, keras.Input((2,)), lambda op, *a, **k: seen.append(op) or op(*a, **k))
+    assert seen == [dense] and tuple(out.shape) == (None, 3)
+
+
+def test_container_hook_sees_built_functional_models_and_sequential_adds():
+    # Functional.__init__, Sequential.add (Keras 3.15.1).
+    seen = []
+
+    def hook(model):
+        seen.append((model.name, [layer.name for layer in model.layers]))
+
+    _internals.add_container_hook(hook)
+    try:
+        inputs = keras.Input((2,), name="hook_in")
+        keras.Model(inputs, keras.layers.Dense(1, name="hook_d")(inputs), name="hook_f")
+        sequential = keras.Sequential(name="hook_s")
+        sequential.add(keras.layers.Dense(1, name="hook_s1"))
+    finally:
+        _internals._container_hooks.remove(hook)
+    assert ("hook_f", ["hook_in", "hook_d"]) in seen
+    assert ("hook_s", ["hook_s1"]) in seen
+

@@ -215,7 +215,7 @@ def test_ports_in_use_are_refused_before_anything_starts():
 def test_tf_config_round_trips_through_the_parser():
     task = distribute.parse_tf_config(tf_config([1111, 2222], 1))
     assert task == distribute.Task(index=1, workers=("127.0.0.1:1111", "127.0.0.1:2222"),
-                                   is_chief=False)
+                                   is_chief=False, task_type="worker", task_index=1)
     assert task.num_workers == 2
 
 
@@ -250,3 +250,92 @@ def test_multi_worker_strategy_checks_tf_config_before_starting_anything(monkeyp
         distribute.multi_worker_strategy()
     with pytest.raises(ValueError, match="timeout_seconds=0"):
         distribute.multi_worker_strategy(timeout_seconds=0)
+
+
+# ------------------------------------------------------- chief, argv, ports (issue 17)
+
+
+def _cluster(chief, workers, task_type, index):
+    cluster = {"worker": [f"w:{i}" for i in range(workers)]}
+    if chief is not None:
+        cluster["chief"] = [f"c:{i}" for i in range(chief)]
+    return {"cluster": cluster, "task": {"type": task_type, "index": index}}
+
+
+@pytest.mark.parametrize("chief, workers, task_type, index", [
+    (None, 3, "worker", 0), (None, 3, "worker", 2), (1, 2, "chief", 0),
+    (1, 2, "worker", 0), (1, 2, "worker", 1), (1, 0, "chief", 0),
+])
+def test_tf_config_follows_tensorflows_cluster_semantics(chief, workers, task_type, index):
+    from tensorflow.python.distribute import multi_worker_util as tf_rules
+
+    config = _cluster(chief, workers, task_type, index)
+    task = distribute.parse_tf_config(json.dumps(config))
+    assert task.index == tf_rules.id_in_cluster(config["cluster"], task_type, index)
+    assert task.num_workers == tf_rules.worker_count(config["cluster"], task_type)
+    assert task.is_chief == tf_rules.is_chief(config["cluster"], task_type, index)
+    assert (task.task_type, task.task_index) == (task_type, index)
+
+
+def test_every_task_of_a_cluster_with_a_chief_gets_its_own_index():
+    configs = [_cluster(1, 2, "chief", 0)] + [_cluster(1, 2, "worker", i) for i in range(2)]
+    tasks = [distribute.parse_tf_config(c) for c in configs]
+    assert [t.index for t in tasks] == [0, 1, 2]
+    assert [t.is_chief for t in tasks] == [True, False, False]
+    assert {t.num_workers for t in tasks} == {3}
+    # The README's per-worker paths are distinct for every live process.
+    paths = ["model.keras" if t.is_chief else f"/tmp/model-{t.index}.keras" for t in tasks]
+    backups = [f"/backup/worker-{t.index}" for t in tasks]
+    assert len(set(paths)) == len(set(backups)) == 3
+
+
+@pytest.mark.parametrize("config, message", [
+    (_cluster(None, 2, "chief", 0), "no 'chief' job"),
+    (_cluster(2, 2, "worker", 0), "at most one"),
+    (_cluster(1, 2, "chief", 1), r"from 0 to 0 \(the cluster lists 1 chief\); got 1"),
+    ({"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}},
+     r"has jobs \['ps'\]"),
+    ({"cluster": {"worker": ["a:1"], "chief": ["a:1"]}, "task": {"type": "worker", "index": 0}},
+     "the same address twice"),
+])
+def test_tf_config_refuses_what_tensorflow_refuses(config, message):
+    from tensorflow.python.distribute import multi_worker_util as tf_rules
+
+    with pytest.raises(ValueError, match=message):
+        distribute.parse_tf_config(config)
+    if "ps" not in config["cluster"] and len(set(sum(config["cluster"].values(), []))) == len(
+            sum(config["cluster"].values(), [])):
+        task = config["task"]
+        with pytest.raises(ValueError):  # TF refuses it too
+            tf_rules.id_in_cluster(config["cluster"], task["type"], task["index"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    ("python w.py", r"one string, 'python w.py'.*shlex.split"),
+    ([], "an empty list: there is no program to run"),
+    ([sys.executable, 3], r"every argument must be a string; not \[3\]"),
+    (lambda i: [], r"argv\(0\) returned an empty list"),
+    (lambda i: "python w.py", r"argv\(0\) returned one string"),
+])
+def test_launcher_refuses_bad_argv_before_starting_anything(argv, message):
+    with pytest.raises(ValueError, match=message):
+        run_local_workers(2, argv, start_timeout=None)
+
+
+@pytest.mark.parametrize("ports, message", [
+    ([5000, 5000], r"lists \[5000\] more than once"),
+    ([0, 70000], r"`ports\[0\]` must be an integer from 1 to 65535. Received: ports\[0\]=0"),
+    ([5000, True], r"`ports\[1\]` must be an integer from 1 to 65535"),
+    ("5000,5001", "must be a list of port numbers"),
+])
+def test_launcher_refuses_bad_ports(ports, message):
+    with pytest.raises(ValueError, match=message):
+        run_local_workers(2, [sys.executable, "-c", "pass"], ports=ports, start_timeout=None)
+
+
+def test_launcher_takes_path_arguments(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("print('ran')")
+    results = run_local_workers(1, [sys.executable, script], start_timeout=None,
+                                output=open(os.devnull, "w"))
+    assert results[0].returncode == 0 and "ran" in results[0].output

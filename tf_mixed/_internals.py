@@ -84,6 +84,33 @@ def keras_history(tensor) -> KerasHistory | None:
     return KerasHistory(operation, node_index, tensor_index)
 
 
+def lambda_output_shape(layer):
+    """The ``output_shape`` a ``Lambda`` layer was created with (``_output_shape``).
+
+    Keras keeps it only privately (``get_config`` returns it serialised, as
+    code when it is a Python lambda); re-creating a Lambda from its live
+    function (`tf_mixed._cloning.recreate`) needs the live value. Keras 3.15.1.
+    """
+    return layer._output_shape
+
+
+def run_through_graph(model, inputs, call_fn):
+    """Calls a functional model's graph on ``inputs``, each node through ``call_fn``.
+
+    Reaches ``Function._run_through_graph(inputs, operation_fn, call_fn)``,
+    which ``keras.models.clone_model`` uses: ``call_fn(operation, *args,
+    **kwargs)`` returns each node's outputs. No public API walks a functional
+    graph node by node with symbolic inputs that are not ``keras.Input``s
+    (``clone_model(input_tensors=...)`` then wraps the result in a model);
+    `tf_mixed._cloning.flat_clone` needs it to inline nested models.
+    Keras 3.15.1.
+
+    Returns:
+        The outputs, in the structure of ``model.outputs``'s calls.
+    """
+    return model._run_through_graph(inputs, operation_fn=lambda op: op, call_fn=call_fn)
+
+
 def disable_input_casting(layer) -> None:
     """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
 
@@ -242,6 +269,58 @@ def add_layer_init_hook(hook: Callable[[Any, object], None]) -> None:
 
     __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
     layer_class.__init__ = __init__
+
+
+# Hooks called when a model's layers are known (see add_container_hook).
+_container_hooks: list[Callable] = []
+
+
+def add_container_hook(hook: Callable[[Any], None]) -> None:
+    """Calls ``hook(model)`` once a functional model is built and after ``Sequential.add``.
+
+    What it reaches: it wraps ``keras.src.models.functional.Functional.__init__``
+    (run the original, then each hook) and ``keras.Sequential.add`` (run the
+    original with ``rebuild=False``, each hook, then the rebuild the caller
+    asked for, so the rebuilt graph sees what the hook set). Keras 3.15.1.
+
+    Why: `add_layer_init_hook` runs at the end of ``Layer.__init__``, when a
+    model does not yet know its layers (a functional model's layers were
+    created before it; a Sequential's are added after). ``keep_float32``
+    naming a nested model must reach the layers inside it, and no public
+    Keras hook runs once they are known.
+    Installing twice adds the hook once.
+
+    Args:
+        hook: Called as ``hook(model)``.
+    """
+    import keras
+    from keras.src.models.functional import Functional
+
+    if hook in _container_hooks:
+        return
+    _container_hooks.append(hook)
+    if getattr(Functional.__init__, "_tf_mixed_hooked", False):
+        return
+    functional_init = Functional.__init__
+    sequential_add = keras.Sequential.add
+
+    @functools.wraps(functional_init)
+    def __init__(self, *args, **kwargs):
+        functional_init(self, *args, **kwargs)
+        for each in tuple(_container_hooks):
+            each(self)
+
+    @functools.wraps(sequential_add)
+    def add(self, layer, rebuild=True):
+        sequential_add(self, layer, rebuild=False)
+        for each in tuple(_container_hooks):
+            each(self)
+        if rebuild:
+            self._maybe_rebuild()
+
+    __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
+    Functional.__init__ = __init__
+    keras.Sequential.add = add
 
 
 # ------------------------------------------------------- reduced gradients

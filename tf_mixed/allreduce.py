@@ -29,7 +29,9 @@ densified: a dense copy of a large embedding table per step is the memory
 blow-up the sparse gradient exists to avoid. Their values are cast like the
 dense ones and reduced sparsely through the strategy's own all-reduce (which
 gathers indices and values), so each sparse gradient adds its own gather
-collectives to the one dense all-reduce.
+collectives to the one dense all-reduce. TensorFlow's CPU gather has no
+bfloat16 kernel, so bfloat16 values are gathered bit-packed in int32 (exact,
+still two bytes a value).
 
 Where a dtype cannot be reduced: TensorFlow's NCCL kernels take half, float,
 double, int32 and int64 but not bfloat16 (``tensorflow/core/nccl/
@@ -345,11 +347,41 @@ def _all_reduce_sum(context, buffer, when):
 
 
 def _reduce_sparse(slices, wire, replicas, context):
-    """All-reduces IndexedSlices sparsely, values in the wire dtype."""
-    sent = [tf.IndexedSlices(_to_wire(s.values, wire, replicas), s.indices,
-                             s.dense_shape) for s in slices]
+    """All-reduces IndexedSlices sparsely, values in the wire dtype.
+
+    A sparse all-reduce gathers (concatenates) indices and values; the sum
+    of duplicate rows happens where the gradient is applied. TensorFlow's
+    CPU all-gather has no bfloat16 kernel (it takes float32, float16,
+    float64, int32, int64), so bfloat16 values travel bit-packed, two per
+    int32 (`_pack`): a gather moves bits without arithmetic, so the packing
+    is exact and still sends two bytes per value.
+    """
+    packed = wire == tf.bfloat16
+    sent = []
+    for s in slices:
+        values = _to_wire(s.values, wire, replicas)
+        sent.append(tf.IndexedSlices(_pack(values) if packed else values, s.indices,
+                                     s.dense_shape))
     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, sent)
-    out = [tf.IndexedSlices(_from_wire(r.values, s.values.dtype, wire,
-                                       replicas), r.indices, r.dense_shape)
-           for r, s in zip(summed, slices)]
+    out = []
+    for r, s in zip(summed, slices):
+        values = _unpack(r.values, tf.shape(s.values)[1:]) if packed else r.values
+        out.append(tf.IndexedSlices(_from_wire(values, s.values.dtype, wire, replicas),
+                                    r.indices, r.dense_shape))
     return out, all_finite(out)
+
+
+def _pack(values):
+    """bfloat16 rows ``[n, ...]`` as int32 ``[n, ceil(m / 2)]`` (m values per row)."""
+    rows = tf.shape(values)[0]
+    flat = tf.reshape(values, [rows, -1])
+    flat = tf.pad(flat, [[0, 0], [0, tf.shape(flat)[1] % 2]])
+    return tf.bitcast(tf.reshape(flat, [rows, -1, 2]), tf.int32)
+
+
+def _unpack(packed, row_shape):
+    """Inverse of `_pack` for rows of shape ``row_shape`` (a shape tensor)."""
+    rows = tf.shape(packed)[0]
+    flat = tf.reshape(tf.bitcast(packed, tf.bfloat16), [rows, -1])
+    width = tf.reduce_prod(row_shape)
+    return tf.reshape(flat[:, :width], tf.concat([[rows], row_shape], axis=0))

@@ -46,6 +46,7 @@ import warnings
 
 import keras
 
+from tf_mixed import _cloning
 from tf_mixed import _internals
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import FLOAT_POLICIES
@@ -182,22 +183,27 @@ def convert(model: keras.Model, policy: str | None = None, *,
                 # keep it float32 so the output is float32 under its name.
                 keep_outputs.add(layer.name)
 
+    # keep_float32 naming a nested model keeps every layer inside it.
+    kept_inside = {id(inner) for _, outer in walk_layers(model)
+                   if isinstance(outer, keras.Model) and keep.matches(outer)
+                   for _, inner in walk_layers(outer)}
+
     def clone_layer(layer):
-        config = layer.get_config()
         cls = type(layer).__name__
         policy_name = getattr(layer.dtype_policy, "name", None)
-        if layer.name in rename:
-            config["name"] = rename[layer.name]
-            config["activation"] = "linear"
         to_float32 = policy_name in FLOAT_POLICIES and (
-            keep.matches(layer) or layer.name in keep_outputs)
+            keep.matches(layer) or id(layer) in kept_inside or layer.name in keep_outputs)
         stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
                  or policy_name not in FLOAT_POLICIES or to_float32)
-        if not stays and "dtype" in config:
-            config["dtype"] = target
-        elif to_float32:
-            config["dtype"] = "float32"
-        return layer.__class__.from_config(config)
+        dtype = "float32" if to_float32 else (None if stays else target)
+        if layer.name in rename:
+            config = layer.get_config()
+            config.update(name=rename[layer.name], activation="linear")
+            if dtype is not None and "dtype" in config:
+                config["dtype"] = dtype
+            return layer.__class__.from_config(config)
+        # Lambda layers are re-created from their in-memory function.
+        return _cloning.recreate(layer, dtype)
 
     def call_layer(layer, *args, **kwargs):
         outputs = layer(*args, **kwargs)

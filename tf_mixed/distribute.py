@@ -40,19 +40,32 @@ _TF_CONFIG_EXAMPLE = (
 class Task:
     """This process's place in the cluster, read from ``TF_CONFIG``.
 
+    TensorFlow's MultiWorkerMirroredStrategy counts a "chief" task as a
+    worker: the chief is worker 0 and ``worker`` task ``i`` is worker
+    ``i + 1`` (``multi_worker_util.id_in_cluster``); without a chief job,
+    ``worker`` task ``i`` is worker ``i`` and worker 0 is the chief.
+
     Attributes:
-        index: This worker's index in ``cluster["worker"]``.
-        workers: The worker addresses, in index order.
-        is_chief: Whether this worker writes the shared outputs (worker 0 when
-            the cluster has no "chief" job, TF's convention).
+        index: This process's worker index in the whole cluster, from 0 to
+            ``num_workers - 1``: distinct for every task, chief included
+            (use it for per-worker paths).
+        workers: Every worker address in index order (the chief first).
+        is_chief: Whether this task writes the shared outputs: the "chief"
+            task, or worker 0 when the cluster has no "chief" job.
+        task_type: ``"chief"`` or ``"worker"``, as in ``TF_CONFIG``.
+        task_index: ``task["index"]`` as in ``TF_CONFIG`` (its index within
+            its own job).
     """
 
     index: int
     workers: tuple[str, ...]
     is_chief: bool
+    task_type: str = "worker"
+    task_index: int | None = None
 
     @property
     def num_workers(self) -> int:
+        """Every worker of the cluster, the chief included (TF's ``worker_count``)."""
         return len(self.workers)
 
 
@@ -64,11 +77,23 @@ def _bad(message: str, text: Any) -> ValueError:
     )
 
 
+def _addresses(cluster, job: str, text) -> list:
+    addresses = cluster.get(job, [])
+    if (not isinstance(addresses, list)
+            or not all(isinstance(w, str) and ":" in w for w in addresses)):
+        raise _bad(f'needs cluster["{job}"] to be a list of "host:port" strings; '
+                   f"got {addresses!r}", text)
+    return addresses
+
+
 def parse_tf_config(text: str | Mapping[str, Any]) -> Task:
     """Checks a ``TF_CONFIG`` for a cluster of workers and returns this task.
 
     TensorFlow itself reports a malformed ``TF_CONFIG`` late and obscurely (or
-    waits for a worker that cannot exist), so tf_mixed checks it first.
+    waits for a worker that cannot exist), so tf_mixed checks it first, with
+    TensorFlow's own rules (``multi_worker_util._validate_cluster_spec``):
+    jobs "chief" (at most one task) and "worker" only, the task's type must
+    be a job of the cluster, its index inside that job.
 
     Args:
         text: The ``TF_CONFIG`` JSON string, or the decoded dict.
@@ -77,10 +102,12 @@ def parse_tf_config(text: str | Mapping[str, Any]) -> Task:
         The `Task`.
 
     Raises:
-        ValueError: if the JSON is malformed, ``cluster["worker"]`` is not a
-            non-empty list of "host:port" strings, ``task`` is not a worker,
-            or ``task["index"]`` is out of range. The message names the field,
-            the value and the expected form.
+        ValueError: if the JSON is malformed; the cluster has a job other
+            than "chief" and "worker", no worker at all, more than one
+            chief, or an address twice; ``task`` is not a "chief" or
+            "worker" task of the cluster; or ``task["index"]`` is out of
+            range. The message names the field, the value and the expected
+            form.
     """
     if isinstance(text, Mapping):
         config = text
@@ -92,28 +119,37 @@ def parse_tf_config(text: str | Mapping[str, Any]) -> Task:
     if not isinstance(config, Mapping):
         raise _bad("must be a JSON object", text)
     cluster = config.get("cluster")
-    workers = cluster.get("worker") if isinstance(cluster, Mapping) else None
-    if (not isinstance(workers, list) or not workers
-            or not all(isinstance(w, str) and ":" in w for w in workers)):
+    if not isinstance(cluster, Mapping):
+        raise _bad('needs cluster, an object like {"worker": ["host:port", ...]}', text)
+    other = sorted(set(cluster) - {"chief", "worker"})
+    if other:
+        raise _bad(f"has jobs {other} in its cluster; MultiWorkerMirroredStrategy "
+                   'takes "chief" (at most one) and "worker" only', text)
+    chief, workers = _addresses(cluster, "chief", text), _addresses(cluster, "worker", text)
+    if len(chief) > 1:
+        raise _bad(f'lists {len(chief)} chiefs; there must be at most one (TensorFlow: '
+                   "\"There must be at most one 'chief' job.\")", text)
+    everyone = chief + workers
+    if not everyone:
         raise _bad('needs cluster["worker"], a non-empty list of "host:port" '
-                   f"strings; got {workers!r}", text)
-    if len(set(workers)) != len(workers):
-        raise _bad(f'lists the same address twice in cluster["worker"] '
-                   f"({workers!r})", text)
+                   f"strings; got {cluster.get('worker')!r}", text)
+    if len(set(everyone)) != len(everyone):
+        raise _bad(f"lists the same address twice in its cluster ({everyone!r})", text)
     task = config.get("task")
     if not isinstance(task, Mapping) or task.get("type") not in ("worker", "chief"):
         raise _bad(f'needs task {{"type": "worker", "index": i}}; got {task!r}', text)
-    has_chief = bool(isinstance(cluster, Mapping) and cluster.get("chief"))
-    if task["type"] == "chief":
-        return Task(index=0, workers=tuple(workers), is_chief=True)
-    index = task.get("index")
-    if isinstance(index, bool) or not isinstance(index, int) \
-            or not 0 <= index < len(workers):
-        raise _bad(f'task["index"] must be an integer from 0 to '
-                   f"{len(workers) - 1} (the cluster lists {len(workers)} "
-                   f"workers); got {index!r}", text)
-    return Task(index=index, workers=tuple(workers),
-                is_chief=(index == 0 and not has_chief))
+    job = chief if task["type"] == "chief" else workers
+    if not job:
+        raise _bad(f'has a task of type {task["type"]!r} but no {task["type"]!r} job '
+                   f"in its cluster (TensorFlow refuses this too)", text)
+    index = task.get("index", 0 if task["type"] == "chief" else None)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(job):
+        listed = f"{len(job)} workers" if task["type"] == "worker" else "1 chief"
+        raise _bad(f'task["index"] must be an integer from 0 to {len(job) - 1} (the '
+                   f"cluster lists {listed}); got {index!r}", text)
+    global_index = index if task["type"] == "chief" else index + len(chief)
+    return Task(index=global_index, workers=tuple(everyone), is_chief=global_index == 0,
+                task_type=task["type"], task_index=index)
 
 
 def current_task() -> Task | None:

@@ -24,6 +24,12 @@ one `enable` set. A predicate therefore sees the layer as
 ``Layer.__init__`` leaves it: its name, class and ``trainable`` are set, but
 attributes a subclass sets after ``super().__init__`` (``units``, ...) are
 not yet; `convert` calls predicates on complete layers.
+
+A rule that matches a model (a nested model's name, say) keeps every layer
+inside it in float32, in `enable` and in `convert`. Under `enable` those
+layers exist before the model does, so a second hook
+(`tf_mixed._internals.add_container_hook`) sets them once the model is
+built (a functional model) or as they are added (a Sequential).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import keras
 from tf_mixed import policy_state
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import is_input_layer
+from tf_mixed._facts import walk_layers
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
 
@@ -179,7 +186,7 @@ def activate(spec: Spec | KeepFloat32) -> KeepFloat32:
     # per thread: an `enable` in another thread neither clears these rules
     # nor inherits them.
     policy_state.set_keep_rules(rules, keras.config.dtype_policy(),
-                                _on_layer_init)
+                                _on_layer_init, _on_container)
     return rules
 
 
@@ -191,6 +198,17 @@ def active() -> KeepFloat32:
             or policy.compute_dtype not in HALF_DTYPES):
         return KeepFloat32()
     return rules
+
+
+def _on_container(model) -> None:
+    """A kept nested model keeps every layer inside it (created before it)."""
+    rules = active()
+    if not rules or not rules.matches(model):
+        return
+    for _, layer in walk_layers(model):
+        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
+        if not is_input_layer(layer) and dtype in HALF_DTYPES:
+            layer.dtype_policy = "float32"
 
 
 def _on_layer_init(layer, dtype) -> None:

@@ -18,6 +18,7 @@ and run the same script everywhere (README, "Several machines").
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
 import json
 import os
@@ -181,9 +182,10 @@ def run_local_workers(
         One `WorkerResult` per worker, in index order.
 
     Raises:
-        ValueError: for bad arguments (``num_workers`` < 1, a port list of
-            the wrong length, a port in use, a non-positive timeout), before
-            any process starts.
+        ValueError: for bad arguments (``num_workers`` < 1; ``argv`` a
+            string, empty, or holding a non-string; a port list of the wrong
+            length, with a port twice, not a port, or in use; a non-positive
+            timeout), before any process starts.
         WorkersFailed: if ``check`` and a worker exited non-zero, could not
             be started, did not start its server in time, or the run
             exceeded ``timeout``. Every worker has been stopped by then.
@@ -197,21 +199,57 @@ def run_local_workers(
     if ports is None:
         ports = free_ports(num_workers)
     else:
+        if isinstance(ports, (str, bytes)) or not isinstance(ports, collections.abc.Sequence):
+            raise ValueError(f"`ports` must be a list of port numbers, one per worker. "
+                             f"Received: ports={ports!r} (of type {type(ports).__name__}).")
         ports = list(ports)
         if len(ports) != num_workers:
             raise ValueError(
                 f"`ports` must list one port per worker ({num_workers}). "
                 f"Received: ports={ports!r}.")
+        ports = [_validate.number(p, f"ports[{i}]", integer=True, rule=lambda v: 0 < v < 65536,
+                                  valid="an integer from 1 to 65535")
+                 for i, p in enumerate(ports)]
+        twice = sorted({p for p in ports if ports.count(p) > 1})
+        if twice:
+            raise ValueError(
+                f"`ports` lists {twice} more than once: each worker needs its own port. "
+                f"Received: ports={ports!r}. Pass distinct ports, or ports=None to let "
+                "the launcher pick them.")
         busy = [p for p in ports if _port_in_use(p)]
         if busy:
             raise ValueError(
                 f"`ports` {busy} on {LOOPBACK} are in use by another process. "
                 f"Received: ports={ports!r}. Pass free ports, or ports=None to "
                 "let the launcher pick them.")
-    commands = [list(argv(i) if callable(argv) else argv) for i in range(num_workers)]
+    commands = [_command(argv(i) if callable(argv) else argv, i, callable(argv))
+                for i in range(num_workers)]
     output = output or sys.stdout
     return _Run(commands, ports, env or {}, cwd, output, timeout, start_timeout,
                 grace_seconds).wait(check)
+
+
+def _command(argv, index: int, from_function: bool) -> list[str]:
+    """``argv`` checked: a non-empty list of strings (paths are made strings)."""
+    where = f"argv({index}) returned" if from_function else "argv is"
+    if isinstance(argv, (str, bytes)):
+        raise ValueError(
+            f"{where} one string, {argv!r}; it must be a list of arguments such as "
+            "[sys.executable, 'train.py'] (a string would be run as one program name, "
+            f"spaces included). Use shlex.split({argv!r}) to split a command line.")
+    try:
+        command = [os.fspath(a) if isinstance(a, os.PathLike) else a for a in argv]
+    except TypeError:
+        raise ValueError(f"{where} {argv!r} (of type {type(argv).__name__}); it must be a "
+                         "list of strings such as [sys.executable, 'train.py'].") from None
+    if not command:
+        raise ValueError(f"{where} an empty list: there is no program to run. Pass the "
+                         "command, e.g. argv=[sys.executable, 'train.py'].")
+    bad = [a for a in command if not isinstance(a, str)]
+    if bad:
+        raise ValueError(f"{where} {argv!r}: every argument must be a string; not "
+                         f"{bad!r}. Convert numbers with str().")
+    return command
 
 
 class _Run:

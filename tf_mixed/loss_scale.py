@@ -503,6 +503,9 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
     """
     if isinstance(optimizer, str):
         optimizer = _optimizer_by_name(optimizer)
+    if "communication_dtype" in knobs:  # "float32" means None, everywhere
+        knobs["communication_dtype"] = allreduce.validate_communication_dtype(
+            knobs["communication_dtype"])
     if isinstance(optimizer, LossScaleOptimizer):
         differing = {k: v for k, v in knobs.items()
                      if getattr(optimizer, k, object()) != v}

@@ -81,19 +81,24 @@ def thread_state() -> ThreadState:
 
 
 def set_keep_rules(rules: Any, bound: Any,
-                   hook: Callable[[Any, object], None]) -> None:
-    """Stores this thread's keep_float32 rules; installs ``hook`` if any.
+                   hook: Callable[[Any, object], None],
+                   container_hook: Callable[[Any], None] | None = None) -> None:
+    """Stores this thread's keep_float32 rules; installs the hooks if any.
 
     Args:
         rules: A `tf_mixed.keep_float32.KeepFloat32` (falsy: no rules).
         bound: The Keras policy object the rules apply under.
         hook: Called as ``hook(layer, dtype)`` at the end of every
             ``Layer.__init__`` once installed (installed once per process).
+        container_hook: Called as ``container_hook(model)`` once a model
+            knows its layers (`tf_mixed._internals.add_container_hook`).
     """
     state = thread_state()
     state.keep, state.keep_bound = rules, bound
     if rules:
         _internals.add_layer_init_hook(hook)
+        if container_hook is not None:
+            _internals.add_container_hook(container_hook)
 
 
 def keep_rules() -> tuple[Any, Any]:

@@ -25,10 +25,11 @@ statistics and other state of the model stay as they were):
 Layers with randomness (Dropout, noise) draw different masks in the two
 runs, so their relative error measures the masks, not the precision.
 
-Layer names are those of `tf_mixed.audit` (its naming is reused while the
-walkers are being unified into one table module); a nested model is one
-row, under its own name, since its inner outputs are not reachable from
-the outer graph.
+Layer names are those of `tf_mixed.audit`: a layer inside a nested model is
+its own row, named ``outer/inner`` (the clones inline nested models, so the
+inner outputs are tensors of one graph), and an overflow there is reported
+and fixed at that innermost layer. Lambda layers are cloned from their
+in-memory function (`tf_mixed._cloning`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed import _cloning
+from tf_mixed import _losses
 from tf_mixed import _validate
 from tf_mixed import float8_reading
 from tf_mixed import float8_readiness
@@ -49,6 +52,7 @@ from tf_mixed._facts import FLOAT_POLICIES
 from tf_mixed._facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
 from tf_mixed._facts import check_model_kind, half_policy, is_input_layer
 from tf_mixed._facts import layer_outputs
+from tf_mixed._facts import walk_layers
 from tf_mixed.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
 __all__ = ["probe"]
@@ -76,8 +80,11 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         them), split into `batches` consecutive batches; or a `tf.data`
         dataset of ``(x, y)`` batches, of which the first `batches` are used.
       y: the targets for an array `x`.
-      loss: what to differentiate: a Keras loss name, `keras.losses.Loss` or
-        callable ``loss(y_true, y_pred)``; None for the compiled model's loss.
+      loss: what to differentiate, as ``model.compile`` takes it: a Keras
+        loss name, `keras.losses.Loss` or callable ``loss(y_true, y_pred)``,
+        or for several outputs a list (one per output) or a dict keyed by
+        output name; None for the compiled model's loss (the per-output
+        losses are summed, unweighted).
       policy: the half-precision policy to probe, "mixed_float16" or
         "mixed_bfloat16" (aliases "fp16", "bf16"). None: the model's own
         half dtype if it has half-precision layers, else the global policy
@@ -99,7 +106,8 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     Raises:
       TypeError: `model` is not a Keras model, or is subclassed; `batches`
         is not an int.
-      ValueError: the model is not built; `x` does not fit its inputs; `y`
+      ValueError: the model is not built; `x` does not fit its inputs; `x`
+        or `y` holds inf/NaN (named with the batch, example and column); `y`
         is missing; `loss` is missing and the model not compiled with one;
         `batches` < 1 or more than the examples; `policy` is unknown.
     """
@@ -112,7 +120,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     target = _resolve_policy(model, policy)
     half_dtype = keras.DTypePolicy(target).compute_dtype
     half = _Tap(_clone(model, lambda layer: _half_dtype(model, layer, target)))
-    ref = _Tap(_clone(model, lambda layer: "float32"))
+    ref = _Tap(_clone(model, _float32_dtype))
     current = _current_scale(model, half_dtype)
 
     if half_gradients is None:
@@ -158,20 +166,7 @@ def _resolve_loss(model, loss):
                 "probe() needs a loss to differentiate. Pass loss=..., such as "
                 "loss='sparse_categorical_crossentropy', or compile the model "
                 "with one. Received: loss=None")
-    if isinstance(loss, (str, dict)):
-        try:
-            return keras.losses.get(loss)
-        except (ValueError, TypeError) as error:
-            raise ValueError(
-                f"Unknown loss {loss!r}: {error}. Pass a Keras loss name such "
-                "as 'mean_squared_error', or a callable loss(y_true, y_pred). "
-                f"Received: loss={loss!r}") from None
-    if not callable(loss):
-        raise TypeError(
-            "loss must be a Keras loss name, a keras.losses.Loss or a callable "
-            f"loss(y_true, y_pred). Received: loss={loss!r} (of type "
-            f"{type(loss).__name__})")
-    return loss
+    return _losses.resolve(loss, model, "probe()")
 
 
 def _resolve_policy(model, policy) -> str:
@@ -183,10 +178,10 @@ def _resolve_policy(model, policy) -> str:
                 "policy must be a half-precision policy: "
                 f"{', '.join(_POLICY_ALIASES)}, or None. Received: policy={policy!r}")
         return _POLICY_ALIASES[key]
-    for layer in model.layers:
-        half = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
-        if half is not None and not is_input_layer(layer):
-            return half
+    for layer in _leaves(model):
+        found = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
+        if found:
+            return found
     global_dtype = keras.config.dtype_policy().compute_dtype
     return half_policy(global_dtype) or MIXED_FLOAT16
 
@@ -210,6 +205,7 @@ def _batches(model, x, y, batches) -> list[tuple[Any, Any]]:
             raise ValueError("The dataset x is empty: no batch to probe.")
         for xb, _ in out:
             _check_fits(model, xb)
+        _check_finite(out)
         return out
     if x is None:
         raise ValueError("x is None: pass a batch of inputs. Received: x=None")
@@ -230,9 +226,32 @@ def _batches(model, x, y, batches) -> list[tuple[Any, Any]]:
             f"x has {n} examples but y has {_length(y)}. Received: y of shape "
             f"{keras.tree.flatten(y)[0].shape}")
     bounds = np.linspace(0, n, batches + 1).astype(int)
-    return [(keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], x),
-             keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], y))
-            for s, e in zip(bounds[:-1], bounds[1:])]
+    out = [(keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], x),
+            keras.tree.map_structure(lambda a, s=s, e=e: a[s:e], y))
+           for s, e in zip(bounds[:-1], bounds[1:])]
+    _check_finite(out)
+    return out
+
+
+def _check_finite(batches) -> None:
+    """Raises if the data itself holds inf/NaN: a data problem, not precision."""
+    for index, (xb, yb) in enumerate(batches):
+        for role, structure in (("x", xb), ("y", yb)):
+            arrays = keras.tree.flatten(structure)
+            for k, array in enumerate(arrays):
+                a = np.asarray(keras.ops.convert_to_numpy(array))
+                if not np.issubdtype(a.dtype, np.floating) or np.isfinite(a).all():
+                    continue
+                where = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+                count = int(np.count_nonzero(~np.isfinite(a)))
+                part = f"{role}[{k}]" if len(arrays) > 1 else role
+                column = (f", column {where[1]}" if len(where) == 2
+                          else f", position {where[1:]}" if len(where) > 2 else "")
+                raise ValueError(
+                    f"The data is not finite: {part} holds {count} inf/NaN value(s), the "
+                    f"first ({a[where]}) in batch {index}, example {where[0]}{column}. "
+                    "This is a data problem, not a precision one (float32 cannot "
+                    "compute with it either): clean or filter the data, then probe again.")
 
 
 def _check_fits(model, x) -> None:
@@ -268,9 +287,19 @@ def _half_dtype(model, layer, target) -> str | None:
     return target
 
 
+def _float32_dtype(layer) -> str | None:
+    """The policy `layer` gets in the float32 clone (None: keep its own)."""
+    return "float32" if getattr(layer.dtype_policy, "name", None) in FLOAT_POLICIES else None
+
+
+def _leaves(model) -> list:
+    return [layer for _, layer in walk_layers(model)
+            if not isinstance(layer, keras.Model) and not is_input_layer(layer)]
+
+
 def _has_half_layers(model) -> bool:
-    return any(keras.backend.standardize_dtype(l.compute_dtype) in HALF_DTYPES
-               for l in model.layers if not is_input_layer(l))
+    return any(keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES
+               for layer in _leaves(model))
 
 
 def _policy_name(layer) -> str | None:
@@ -281,37 +310,9 @@ def _policy_name(layer) -> str | None:
     return getattr(layer.dtype_policy, "name", None)
 
 
-def _clone(model, policy_for):
-    # Float8 layers are cloned without their quantization: the per-layer
-    # tables compare compute policies; float8 itself is measured on the
-    # model (`_float8_section`).
-    def clone_layer(layer):
-        config = layer.get_config()
-        if float8_readiness.is_float8(layer):
-            config["dtype"] = _policy_name(layer)
-        dtype = policy_for(layer)
-        if dtype is not None and "dtype" in config and \
-                _policy_name(layer) in FLOAT_POLICIES and \
-                not is_input_layer(layer):
-            config["dtype"] = dtype
-        return layer.__class__.from_config(config)
-
-    # clone_model compiles the clone when the model it is given is compiled
-    # (which fails for objects that do not deserialise; the probe needs no
-    # compiled clone), so a compiled model is cloned through an uncompiled
-    # functional view of the same graph: the user's model is not written to.
-    view = model
-    if getattr(model, "compiled", False):
-        inputs, outputs = ((model.inputs[0], model.outputs[0])
-                           if isinstance(model, keras.Sequential)
-                           else (model.input, model.output))
-        view = keras.Model(inputs, outputs, name=model.name)
-    clone = keras.models.clone_model(view, clone_function=clone_layer,
-                                     recursive=True)
-    for source, target in zip(view.layers, clone.layers):
-        if source.weights:
-            _copy_weights(source, target)
-    return clone
+def _clone(model, policy_for) -> _cloning.FlatClone:
+    """A copy computing under ``policy_for(layer)``, nested models inlined."""
+    return _cloning.flat_clone(model, policy_for)
 
 
 def _copy_weights(source, target) -> None:
@@ -326,28 +327,27 @@ def _copy_weights(source, target) -> None:
 
 
 class _Tap:
-    """A clone and a model returning every top-level layer's outputs, then its own."""
+    """A flat clone and a model returning every leaf layer's outputs, then its own."""
 
-    def __init__(self, model):
+    def __init__(self, flat: _cloning.FlatClone):
+        model = flat.model
         self.model = model
-        self.layers = []  # (name, layer, number of float outputs)
+        self.layers = []  # (qualified name, layer, number of float outputs)
         outputs = []
-        for layer in model.layers:
-            if is_input_layer(layer):
-                continue
+        for name, _, layer in flat.layers:
             outs = [t for t in layer_outputs(layer)
                     if "float" in keras.backend.standardize_dtype(t.dtype)]
             if not outs:
                 continue
-            self.layers.append((layer.name, layer, len(outs)))
+            self.layers.append((name, layer, len(outs)))
             outputs.extend(outs)
         self.final = keras.tree.flatten(model.outputs)
-        # model.input keeps the structure (single tensor, list or dict) the
-        # model is called with, so batches go in as the user gives them.
+        # The clone's input keeps the structure (single tensor, list or
+        # dict) the model is called with, so batches go in as given.
         self.tap = keras.Model(model.input, outputs + list(self.final))
-        self.variables = [(f"{layer.name}/{v.path.split('/')[-1]}", layer.name,
+        self.variables = [(f"{name}/{v.path.split('/')[-1]}", name,
                            keras.backend.standardize_dtype(layer.compute_dtype), v)
-                          for layer in model.layers for v in layer.trainable_variables]
+                          for name, _, layer in flat.layers for v in layer.trainable_variables]
 
     def run(self, xb, yb, loss_fn, scale: float, with_variables: bool,
             gradients: bool = True):
@@ -435,7 +435,9 @@ class _Accumulator:
         self.flushed[j] += np.count_nonzero((h == 0) & (r != 0))
         self.subnormal[j] += np.count_nonzero((a > 0) & (a < limits[1]))
         self.max_abs[j] = max(self.max_abs[j], float(np.max(np.where(np.isnan(a), 0, a), initial=0)))
-        self.ref_max[j] = max(self.ref_max[j], float(np.max(np.abs(r), initial=0)))
+        # A NaN in the float32 run must survive max() (max(0.0, nan) is 0.0).
+        r_max = float(np.max(np.abs(r), initial=0)) if np.isfinite(r).all() else math.inf
+        self.ref_max[j] = max(self.ref_max[j], r_max)
         self.diff2[j] += float(np.sum((h - r) ** 2)) if finite.all() else math.inf
         self.ref2[j] += float(np.sum(r * r))
         self.dtypes[j] = dtype
@@ -454,7 +456,8 @@ class _Accumulator:
                 output_dtype=dtype, max_abs=float(self.max_abs[j]) if
                 self.nonfinite[j] == 0 else math.inf,
                 float32_max_abs=float(self.ref_max[j]),
-                headroom_log2=(math.log2(top / self.ref_max[j]) if self.ref_max[j] > 0 else None),
+                headroom_log2=(math.log2(top / self.ref_max[j])
+                               if 0 < self.ref_max[j] < math.inf else None),
                 nonfinite=float(self.nonfinite[j] / count),
                 flushed=float(self.flushed[j] / count),
                 subnormal=float(self.subnormal[j] / count),
@@ -553,7 +556,8 @@ def _advice(layers, first, where, policy, current, recommended, half_dtype) -> s
             return (f"Layer '{first}' ({s.class_name}) is the first to produce "
                     "inf/NaN, and it does so in the float32 run too: this is not a "
                     "precision problem; check the data and the model there.")
-        argument = keep_float32_rules.argument([first])
+        # keep_float32 matches a layer's own name, also inside a nested model.
+        argument = keep_float32_rules.argument([first.rsplit("/", 1)[-1]])
         if s.headroom_log2 is not None and s.headroom_log2 < 0:
             why = (f"its float32 output reaches {s.float32_max_abs:.4g}, beyond "
                    f"{s.output_dtype}'s largest finite value")
@@ -571,7 +575,7 @@ def _advice(layers, first, where, policy, current, recommended, half_dtype) -> s
                 f"tf_mixed.LossScaleOptimizer(optimizer, initial_scale={_scale_text(recommended)}).")
     for s in layers:
         if math.isfinite(s.rel_error) and s.rel_error > _LARGE_ERROR:
-            argument = keep_float32_rules.argument([s.name])
+            argument = keep_float32_rules.argument([s.name.rsplit("/", 1)[-1]])
             return (f"No layer produced inf/NaN, but layer '{s.name}' ({s.class_name}) "
                     f"differs from float32 by {s.rel_error:.0%} (relative error; "
                     f"{s.flushed:.0%} of its outputs flushed to zero): keep it in "

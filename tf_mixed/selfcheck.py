@@ -14,6 +14,9 @@ Three parts, each returning plain values (the command line in
    first replica's local gradients).
 3. Seconds per step of each policy on the probe workload of
    `tf_mixed.autotune`, and what "auto" picks from them.
+4. The installed Keras/TF's known mixed-precision defects, each reproduced
+   on fakes, present or absent, and whether tf_mixed neutralises it
+   (`tf_mixed.upstream_defects`).
 
 Logical CPUs must be configured before TensorFlow initialises: call
 `prepare_devices()` first thing in a fresh process.
@@ -88,12 +91,15 @@ class CheckResult:
         tf_mixed: Part 1, one `Scenario` per replica.
         keras: Part 2, one `Scenario` per replica (empty if not run).
         throughput: Part 3 (None if not run).
+        defects: Part 4, the installed Keras/TF's known defects
+            (`tf_mixed.upstream_defects.run`; empty if not run).
     """
 
     devices: tuple[str, ...]
     tf_mixed: tuple[Scenario, ...]
     keras: tuple[Scenario, ...]
     throughput: Throughput | None
+    defects: tuple = ()
 
     @property
     def passed(self) -> bool:
@@ -135,6 +141,7 @@ class CheckResult:
                 "scenarios": scenarios(self.keras),
             },
             "throughput": throughput,
+            "upstream_defects": [d.to_json() for d in self.defects],
             "passed": self.passed,
         }
 
@@ -367,6 +374,8 @@ def run_check(
 
     Args:
         parts: Any of "tf_mixed" (part 1, always run), "keras", "throughput".
+            (Part 4 is `tf_mixed.upstream_defects.run`, which the command line
+            adds to the result: that module uses this one's scenarios.)
         budget_s: Timing budget of part 3, in seconds.
         progress: Called with a short line before each step (the CLI prints it).
 

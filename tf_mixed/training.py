@@ -143,7 +143,9 @@ def make_train_step(
     Args:
         model: The Keras model to train.
         loss_fn: ``loss_fn(y_true, y_pred) -> scalar`` mean over the local
-            batch (a Keras loss object works).
+            batch (a Keras loss object works); or, as ``model.compile``
+            takes it, a Keras loss name or a list (one per output) or dict
+            (keyed by output name) of losses, whose means are summed.
         optimizer: The optimizer, normally a ``tf_mixed.LossScaleOptimizer``.
             Under ``strategy`` create and build it in ``strategy.scope()``.
         strategy: Optional ``tf.distribute`` strategy; defaults to the current
@@ -163,6 +165,10 @@ def make_train_step(
     Raises:
         ValueError: if ``jit_compile`` is True under a multi-replica strategy.
     """
+    if isinstance(loss_fn, (str, list, tuple, dict)):
+        from tf_mixed import _losses
+
+        loss_fn = _losses.resolve(loss_fn, model, "make_train_step()")
     strategy = strategy or tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
     if jit_compile and replicas > 1:

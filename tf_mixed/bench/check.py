@@ -1,7 +1,7 @@
 """``python -m tf_mixed check``: prove tf_mixed on this host's own devices.
 
     python -m tf_mixed check [--output=check.json] [--budget=0.5]
-                             [--parts=tf_mixed,keras,throughput]
+                             [--parts=tf_mixed,keras,throughput,defects]
 
 Prints a table per part (see `tf_mixed.selfcheck`), writes every figure to
 ``--output`` as JSON (atomically: a temporary file, then a rename), and exits
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-PARTS = ("tf_mixed", "keras", "throughput")
+PARTS = ("tf_mixed", "keras", "throughput", "defects")
 _OK, _FAIL = "ok", "FAIL"
 
 
@@ -68,6 +68,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise _UsageError(
                 f"--output={args.output!r}: directory {directory!r} does not exist"
             )
+        if os.path.isdir(args.output):
+            raise _UsageError(f"--output={args.output!r} is a directory; pass a file path "
+                              "such as check.json")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise _UsageError(f"--output={args.output!r}: directory {directory!r} is not "
+                              "writable")
     return args
 
 
@@ -135,6 +141,19 @@ def render(result, info) -> str:
             "",
             f"=> enable('auto') picks {t.auto_policy}: {t.auto_reason}",
         ]
+    if result.defects:
+        rows = [(d.spec.key, ["-" if d.present is None else ("present" if d.present else "absent"),
+                              "yes" if d.neutralised else "no", d.spec.reference])
+                for d in result.defects]
+        parts += [
+            "",
+            _table(f"4. Known mixed-precision defects of Keras {keras.__version__} / "
+                   f"TensorFlow {tf.__version__}, reproduced on fakes",
+                   rows, ["defect", "here", "tf_mixed neutralises", "reference"]),
+            "",
+            *(f"- {d.spec.key}: {d.spec.title}. Here: {d.detail}. Remedy: {d.spec.remedy}."
+              for d in result.defects),
+        ]
     parts += ["", "Result: " + ("PASS" if result.passed else "FAIL")]
     return "\n".join(parts)
 
@@ -195,6 +214,16 @@ def main(argv: list[str]) -> int:
         )
     except selfcheck.StrategyUnavailable as error:
         return _error(str(error))
+    if "defects" in args.parts:
+        import dataclasses
+
+        from tf_mixed import upstream_defects
+        from tf_mixed.training import shared_mirrored_strategy
+
+        print("[check] part 4: known defects of the installed Keras/TensorFlow",
+              file=sys.stderr, flush=True)
+        strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
+        result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
     info = hardware.detect()
     print(render(result, info))
     if args.output:

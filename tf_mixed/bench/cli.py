@@ -29,7 +29,7 @@ from tf_mixed.bench import quiet
 
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed info [--verbose]
-       python -m tf_mixed audit PATH [--verbose]
+       python -m tf_mixed audit PATH [--custom_modules=M,...] [--safe_mode=false] [--verbose]
        python -m tf_mixed check [--output=FILE]   (prove tf_mixed on this host's devices)
        python -m tf_mixed probe MODEL.keras [--dataset=SPEC]   (find the layer that breaks)
        python -m tf_mixed rollback-cost [--steps=N]   (what BatchNorm rollback costs)
@@ -208,11 +208,18 @@ def _info(argv: list[str]) -> int:
 
 
 def _audit(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[1].startswith("-"):
-        return _error("audit", "expected exactly one argument: the path of a saved .keras model")
-    from tf_mixed.bench import audit_command
+    from tf_mixed.bench import audit_command, model_file
 
-    return audit_command.run(argv[1])
+    fv = flags.FlagValues()
+    model_file.define_flags(fv)
+    try:
+        positionals = fv(argv)[1:]
+    except flags.Error as error:
+        return _error("audit", str(error))
+    if len(positionals) != 1:
+        return _error("audit", "expected exactly one argument: the path of a saved .keras model")
+    return audit_command.run(positionals[0], safe_mode=fv.safe_mode,
+                             custom_modules=fv.custom_modules)
 
 
 def _check(argv: list[str]) -> int:

@@ -17,7 +17,9 @@ models start with a ``Rescaling(1/255)`` layer, so no loader normalises.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 
 import numpy as np
@@ -293,6 +295,51 @@ def _prepare_hint(name: str, data_dir: str | None) -> str:
     )
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+    """Holds absl's Python logger at ERROR.
+
+    ``builder.is_prepared()`` logs "Variant folder ... has no dataset_info.json"
+    for a set that is not prepared; the error raised then says it in one line.
+    """
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# TFDS fetches most sets from its Google Cloud Storage mirror first.
+DOWNLOAD_HOST = ("storage.googleapis.com", 443)
+_REACH_TIMEOUT_S = 3.0
+
+
+def _download_host_unreachable(timeout: float = _REACH_TIMEOUT_S) -> str | None:
+    """Why TFDS's download host cannot be reached within ``timeout`` s (None: it can).
+
+    Through the HTTPS proxy when one is set (``HTTPS_PROXY``/``https_proxy``),
+    as TFDS's downloads would go.
+    """
+    import socket
+    import urllib.parse
+
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    if proxy:
+        parsed = urllib.parse.urlparse(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = parsed.hostname or "", parsed.port or 3128
+        what = f"the HTTPS proxy {host}:{port}"
+    else:
+        host, port = DOWNLOAD_HOST
+        what = f"{host}:{port}"
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as error:
+        return f"{what} is unreachable ({type(error).__name__}: {error}; no network?)"
+    return None
+
+
 def load_tfds(
     name: str,
     split: str = "train",
@@ -331,12 +378,28 @@ def load_tfds(
             "dataset", flag_value, f"TFDS has no data set {name!r} ({_first_line(error)})",
             "a name from `tfds.list_builders()`, e.g. tfds:mnist, tfds:cifar10",
         ) from None
-    if not builder.is_prepared():
+    with _quiet_absl():
+        prepared = builder.is_prepared()
+    if not prepared:
+        where = str(builder.data_dir)
         if not download:
             raise UsageError(
                 "dataset", flag_value,
-                f"TFDS data set {name!r} is not prepared in "
-                f"{data_dir or 'the default TFDS data_dir'} and --nodownload was given",
+                f"TFDS data set {name!r} is not prepared (looked in {where}) and "
+                "--nodownload was given",
+                fix=_prepare_hint(name, data_dir),
+            )
+        # Only TFDS's own download goes to the network (tfds.testing.mock_data
+        # replaces it with a no-op that needs none).
+        own = getattr(tfds.core.DatasetBuilder.download_and_prepare, "__module__", "")
+        unreachable = (_download_host_unreachable()
+                       if own.startswith("tensorflow_datasets.core") else None)
+        if unreachable:
+            # TFDS would retry its downloads for minutes before saying so.
+            raise UsageError(
+                "dataset", flag_value,
+                f"TFDS data set {name!r} is not prepared (looked in {where}) and cannot be "
+                f"downloaded here: {unreachable}",
                 fix=_prepare_hint(name, data_dir),
             )
         try:

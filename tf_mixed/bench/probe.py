@@ -20,7 +20,8 @@ from absl import flags
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
 USAGE = """usage: python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [--batch_size=32]
-       [--batches=1] [--policy=mixed_float16] [--loss=NAME] [--output_dir=DIR]
+       [--batches=1] [--policy=mixed_float16] [--loss=NAME[,NAME...]] [--output_dir=DIR]
+       [--custom_modules=MODULE,...] [--safe_mode=false]
 
 Runs the model on a few batches in half precision and in float32 with the
 same weights and reports, per layer, the headroom to overflow, inf/NaN,
@@ -31,17 +32,21 @@ goes non-finite with the keep_float32 fix; and a recommended loss scale.
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import data
+    from tf_mixed.bench import data, model_file
 
-    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x and y.",
+    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x "
+                        "and y (several inputs or outputs: x0, x1, ... and y0, y1, ...).",
                         flag_values=fv)
+    model_file.define_flags(fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
     flags.DEFINE_integer("batches", 1, "Batches to measure.", flag_values=fv)
     flags.DEFINE_string("policy", "", "mixed_float16 or mixed_bfloat16 (default: the model's own "
                         "half dtype, else mixed_float16).", flag_values=fv)
-    flags.DEFINE_string("loss", "", "Keras loss name (default: the saved model's compiled loss, "
-                        "else sparse_categorical_crossentropy).", flag_values=fv)
+    flags.DEFINE_list("loss", [], "Keras loss name, one per output for several outputs (default: "
+                      "the saved model's compiled loss, else sparse_categorical_crossentropy "
+                      "for a classifier's output; required otherwise).",
+                      flag_values=fv)
     flags.DEFINE_string("output_dir", "tf_mixed_probe", "Directory for probe.json and probe.png.",
                         flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
@@ -57,30 +62,33 @@ def _error(message: str) -> int:
     return 2
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
+def _check_output_dir(path: str) -> None:
+    """Raises unless ``path`` is a writable directory or can be created as one."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ValueError(f"--output_dir={path!r} is a file, not a directory. Pass a "
+                             "directory (it is created if missing).")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"--output_dir={path!r} is not writable. Pass a directory you "
+                             "can write to.")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        why = "a file" if not os.path.isdir(parent) else "not writable"
+        raise ValueError(f"--output_dir={path!r} cannot be created: {parent!r} is {why}. "
+                         "Pass a directory you can write to.")
 
 
-def _load_model(path: str):
-    import keras
-
-    import tf_mixed.layers  # noqa: F401  registers tf_mixed's layers for loading
-
-    if not os.path.isfile(path):
-        raise ValueError(f"MODEL={path!r}: no such file. Pass the path of a saved .keras model.")
-    try:
-        model = keras.saving.load_model(path)
-    except Exception:  # a compiled state that does not load: the weights may
-        try:
-            model = keras.saving.load_model(path, compile=False)
-        except Exception as error:  # any load failure is bad input here
-            raise ValueError(
-                f"MODEL={path!r} cannot be loaded as a Keras model "
-                f"({type(error).__name__}: {_first_line(error)})") from None
-    if not isinstance(model, keras.Model):
-        raise ValueError(f"MODEL={path!r} holds a {type(model).__name__}, not a Keras model.")
-    return model
+def _npz_arrays(arrays, key: str):
+    """``key`` (one array) or ``key0, key1, ...`` (a list) from an npz file; None if absent."""
+    if key in arrays.files:
+        return arrays[key]
+    numbered: list = []
+    while f"{key}{len(numbered)}" in arrays.files:
+        numbered.append(arrays[f"{key}{len(numbered)}"])
+    return numbered or None
 
 
 def _batches(fv, model):
@@ -88,7 +96,7 @@ def _batches(fv, model):
     import numpy as np
     import tensorflow as tf
 
-    from tf_mixed.bench import data
+    from tf_mixed.bench import data, model_file
 
     n = fv.batch_size * fv.batches
     spec = fv.dataset.strip()
@@ -98,20 +106,30 @@ def _batches(fv, model):
             arrays = np.load(path)
         except Exception as error:  # missing or not an npz file
             raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz "
-                                  f"({type(error).__name__}: {_first_line(error)})",
+                                  f"({type(error).__name__}: {model_file.first_line(error)})",
                                   "npz:PATH with arrays x and y") from None
-        missing = [k for k in ("x", "y") if k not in arrays.files]
+        x, y = _npz_arrays(arrays, "x"), _npz_arrays(arrays, "y")
+        missing = [k for k, v in (("x", x), ("y", y)) if v is None]
         if missing:
             raise data.UsageError("dataset", spec, f"the file has no {' or '.join(missing)} array "
                                   f"(it has {', '.join(arrays.files) or 'none'})",
-                                  "npz:PATH with arrays x and y")
-        return arrays["x"][:n], arrays["y"][:n]
+                                  "npz:PATH with arrays x and y (or x0, x1, ... and y0, y1, ...)")
+        return keras_tree_slice(x, n), keras_tree_slice(y, n)
+    if len(model.inputs) != 1:
+        raise data.UsageError("dataset", spec, f"model '{model.name}' takes {len(model.inputs)} "
+                              "inputs; generated data sets have one",
+                              "npz:PATH with arrays x0, x1, ... and y")
     shape = tuple(model.inputs[0].shape[1:])
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
     bench = data.load(spec, seed=fv.seed, image_size=side or 0, train_size=n,
                       val_size=1, data_dir=fv.data_dir or None, download=False)
     return bench.train.batch(fv.batch_size).map(
         lambda x, y: (tf.cast(x, "float32"), y)), None
+
+
+def keras_tree_slice(value, n: int):
+    """The first ``n`` examples of an array or a list of arrays."""
+    return [a[:n] for a in value] if isinstance(value, list) else value[:n]
 
 
 def main(argv: list[str]) -> int:
@@ -141,19 +159,38 @@ def main(argv: list[str]) -> int:
             return _error(f"--{name}={getattr(fv, name)}: must be at least 1.")
 
     import tf_mixed
+    from tf_mixed.bench import model_file
     from tf_mixed.bench.errors import UsageError
 
     start = time.perf_counter()
     try:
-        model = _load_model(positionals[0])
+        _check_output_dir(fv.output_dir)  # before the work, not after it
+        model = model_file.load(positionals[0], fv.safe_mode, fv.custom_modules)
         x, y = _batches(fv, model)
-        loss = fv.loss or (getattr(model, "loss", None) if getattr(model, "compiled", False)
-                           else None) or "sparse_categorical_crossentropy"
+    except (UsageError, ValueError, TypeError) as error:
+        return _error(model_file.first_line(error))
+    compiled = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
+    loss = (fv.loss if len(fv.loss) > 1 else fv.loss[0]) if fv.loss else compiled
+    default = loss is None
+    if default:
+        units = [t.shape[-1] for t in model.outputs]
+        if any(u is None or u < 2 for u in units):
+            return _error(f"model {model.name!r} is not compiled, so the loss must be given, and "
+                          f"its output{'s' if len(units) > 1 else ''} ({units} units) "
+                          "is not a classifier's, for which the default "
+                          "sparse_categorical_crossentropy is meant: pass --loss=NAME "
+                          "(e.g. --loss=mse).")
+        loss = "sparse_categorical_crossentropy"
+    try:
         report = tf_mixed.probe(model, x, y, loss=loss, policy=fv.policy or None,
                                 batches=fv.batches,
                                 half_gradients=_HALF_GRADIENTS[fv.half_gradients])
     except (UsageError, ValueError, TypeError) as error:
-        return _error(_first_line(error))
+        return _error(model_file.first_line(error) + (_LOSS_HINT if default else ""))
+    except Exception as error:  # TF's own report of a model/loss/data mismatch
+        return _error(f"model {model.name!r}, loss {_loss_text(loss)} and the data do not fit "
+                      f"together ({type(error).__name__}: {model_file.first_line(error)})"
+                      + (_LOSS_HINT if default else ""))
     seconds = time.perf_counter() - start
 
     record = {
@@ -161,7 +198,7 @@ def main(argv: list[str]) -> int:
         "model_path": positionals[0],
         "dataset": fv.dataset,
         "batch_size": fv.batch_size,
-        "loss": loss if isinstance(loss, str) else type(loss).__name__,
+        "loss": _loss_text(loss),
         "seconds": round(seconds, 2),
         "report": report.to_dict(),
     }
@@ -181,6 +218,18 @@ def main(argv: list[str]) -> int:
     print(f"\nProbed in {seconds:.1f} s; wrote {fv.output_dir}/probe.json"
           + (" and probe.png" if png is not None else ""))
     return 0
+
+
+_LOSS_HINT = ("; the model is not compiled, so the loss was the default "
+              "sparse_categorical_crossentropy: pass --loss=NAME (e.g. --loss=mse)")
+
+
+def _loss_text(loss) -> str:
+    if isinstance(loss, str):
+        return loss
+    if isinstance(loss, (list, tuple)):
+        return ",".join(_loss_text(each) for each in loss)
+    return getattr(loss, "name", None) or type(loss).__name__
 
 
 def _write(path: str, data: bytes) -> None:
