@@ -315,17 +315,6 @@ def _clone(model, policy_for) -> _cloning.FlatClone:
     return _cloning.flat_clone(model, policy_for)
 
 
-def _copy_weights(source, target) -> None:
-    """Copies weights by order; a float8 source by name into its unquantized
-    clone (kernel and bias; the scales and histories have no place there)."""
-    if not float8_readiness.is_float8(source):
-        target.set_weights(source.get_weights())
-        return
-    by_name = {w.name: w for w in source.weights}
-    for weight in target.weights:
-        weight.assign(by_name[weight.name])
-
-
 class _Tap:
     """A flat clone and a model returning every leaf layer's outputs, then its own."""
 
