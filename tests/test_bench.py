@@ -386,3 +386,53 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     path = tmp_path / "bench.png"
     assert plot.plot(report, str(path)) is True
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- float8 -------------------------------------------------------------------
+
+
+def _no_gpu(monkeypatch):
+    """The float8 figures must not depend on this host: pretend it has no GPU."""
+    real = run.tf.config.list_logical_devices
+    monkeypatch.setattr(run.tf.config, "list_logical_devices",
+                        lambda kind=None: [] if kind == "GPU" else real(kind))
+
+
+def test_float8_policy_mirrored_reports_parity_and_no_speed(tmp_path, capsys, monkeypatch):
+    _no_gpu(monkeypatch)
+    report, out_text, out = _run(tmp_path, capsys, "--model=mlp", "--policy=float8",
+                                 "--strategy=mirrored")
+    assert report["policies"] == ["float32", "mixed_bfloat16", "float8"]
+    float8 = report["results"][2]
+    assert float8["compute_dtype"] == "bfloat16" and float8["replicas"] == 2
+    plan = float8["float8"]
+    # mlp: Flatten, dense_0..2 (1024), logits (10): first and last stay out.
+    assert [c["layer"] for c in plan["choices"] if c["float8"]] == ["dense_1", "dense_2"]
+    assert plan["speed"] == "emulated"
+    assert math.isfinite(float8["final_val_loss"])
+    md = (out / "results.md").read_text()
+    assert "| float8 | emulated | emulated | emulated |" in md
+    assert "2 of 4 Dense layers in float8 (dense_1, dense_2)" in md
+    assert "Its speed is not reported" in md
+    assert report["results"][1]["float8"] is None
+
+
+def test_float8_layers_all_quantizes_every_dense(tmp_path, capsys, monkeypatch):
+    _no_gpu(monkeypatch)
+    report, _, _ = _run(tmp_path, capsys, "--model=cnn", "--policies=float8")
+    plan = report["results"][0]["float8"]
+    assert [c["float8"] for c in plan["choices"]] == [False]  # cnn: only the logits
+    report, _, _ = _run(tmp_path, capsys, "--model=cnn", "--policies=float8",
+                        "--float8_layers=all")
+    assert [c["layer"] for c in report["results"][0]["float8"]["choices"]
+            if c["float8"]] == ["logits"]
+
+
+def test_float8_flags_are_checked(tmp_path, capsys):
+    for flags, name in ((["--policy=float8", "--policies=float32"], "--policy"),
+                        (["--policy=float8", "--float8_layers=some"], "--float8_layers"),
+                        (["--policy=float9"], "--policies")):
+        code = main(["tf_mixed", "bench", *TINY, f"--output_dir={tmp_path / 'x'}", *flags])
+        assert code == 2, flags
+        assert name in capsys.readouterr().err
+    assert config.resolve_policies(("float8", "fp32", "FLOAT8"))[0] == ("float32", "float8")

@@ -343,6 +343,63 @@ def test_function_graphs_of_a_cond():
     found = dict(_internals.function_graphs(cond))
     assert set(found) == {"then_branch", "else_branch"}
     assert "Mul" in {op.type for op in found["then_branch"].get_operations()}
+
+# ---------------------------------------------------------- Keras float8
+
+
+def _float8_dense():
+    import keras
+
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(4, use_bias=False, name="f8")(inputs)
+    model = keras.Model(inputs, outputs)
+    model.get_layer("f8").quantize("float8")
+    return model, model.get_layer("f8")
+
+
+def test_float8_layers_keep_a_scale_and_history_per_tensor():
+    _, layer = _float8_dense()
+    for kind in _internals.FLOAT8_KINDS:
+        scale, history = _internals.float8_variables(layer, kind)
+        assert scale.path.endswith(f"{kind}_scale") and scale.shape == ()
+        assert history.path.endswith(f"{kind}_amax_history")
+        assert scale.overwrite_with_gradient and history.overwrite_with_gradient
+        assert scale.aggregation == history.aggregation == "none"
+
+
+def test_float8_history_gradient_holds_the_newest_amax_at_index_0():
+    import numpy as np
+    import tensorflow as tf
+
+    model, layer = _float8_dense()
+    _, history = _internals.float8_variables(layer, "inputs")
+    history.assign(np.arange(1.0, 1025.0, dtype=np.float32))
+    x = tf.constant([[1.0, -7.0, 2.0, 3.0]])
+
+    @tf.function
+    def history_gradient():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x, training=True))
+        return tape.gradient(loss, history.value)
+
+    gradient = history_gradient().numpy()
+    assert float(_internals.float8_newest_amax(gradient)) == 7.0
+    # The rest is the old history rolled left by one (Keras's ring buffer).
+    np.testing.assert_array_equal(gradient[1:], np.roll(history.numpy(), -1)[1:])
+
+
+def test_quantized_layers_are_called_through_quantized_call():
+    import numpy as np
+
+    model, layer = _float8_dense()
+    records = {}
+    with _internals.recording_quantized_calls([layer], records):
+        model(np.ones((2, 4), np.float32))
+    assert len(records[0]) == 1
+    assert records[0][0][0].shape == (2, 4)
+    assert "quantized_call" not in vars(layer)
+
+
 def test_optimizer_variable_index_finds_a_replica_component(mirrored):
     # BaseOptimizer._var_key, _trainable_variables_indices
     with mirrored.scope():

@@ -57,6 +57,7 @@ _EXPORTS = {
     "enable": "policy",
     "export": "exporting",
     "float32_loss": "layers",
+    "float8": "float8",
     "hardware": "hardware",
     "launch": "launch",
     "load_weights": "checkpoints",
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
     from tf_mixed import compensated
     from tf_mixed import distribute
+    from tf_mixed import float8
     from tf_mixed import hardware
     from tf_mixed import launch
     from tf_mixed import layers

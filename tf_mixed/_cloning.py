@@ -138,8 +138,21 @@ def flat_clone(model: keras.Model, dtype_for: Callable) -> FlatClone:
     clone = keras.Model(inputs, outputs, name=model.name)
     for _, layer, new in pairs:
         if layer.weights:
-            new.set_weights(layer.get_weights())
+            _copy_weights(layer, new)
     return FlatClone(clone, tuple(pairs))
+
+
+def _copy_weights(source, target) -> None:
+    """By name when the names are unique (a float8 layer cloned unquantized
+    keeps only its kernel and bias; rebuilt float8 creates them in another
+    order), else by order."""
+    by_name = {w.name: w for w in source.weights}
+    names = [w.name for w in target.weights]
+    if len(by_name) == len(source.weights) and set(names) <= set(by_name):
+        for weight in target.weights:
+            weight.assign(by_name[weight.name])
+    else:
+        target.set_weights(source.get_weights())
 
 
 def _input_name(tensor):

@@ -19,6 +19,7 @@ the first Keras without the defect.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import warnings
@@ -557,6 +558,61 @@ def function_graphs(op) -> list:
         if function is not None:
             graphs.append((attribute, function.graph))
     return graphs
+
+
+# ------------------------------------------------------- Keras float8 layers
+
+# The variables Keras's float8 Dense/EinsumDense create, per quantized tensor
+# (``_float8_build`` in keras/src/layers/core/dense.py and einsum_dense.py,
+# Keras 3.15.1): ``<kind>_scale`` and ``<kind>_amax_history``.
+FLOAT8_KINDS = ("inputs", "kernel", "outputs_grad")
+
+
+def float8_variables(layer, kind: str) -> tuple:
+    """``(scale, amax_history)`` variables of a Keras float8 layer's tensor.
+
+    Reaches the attributes ``_float8_build`` sets (``inputs_scale``,
+    ``inputs_amax_history``, ...): no public accessor lists them. Keras 3.15.1.
+    """
+    return getattr(layer, f"{kind}_scale"), getattr(layer, f"{kind}_amax_history")
+
+
+def float8_newest_amax(history_gradient):
+    """The amax of this step from the "gradient" Keras returns for a history.
+
+    Keras's float8 backward pass returns, as the gradient of an amax-history
+    variable, ``keras.quantizers.compute_float8_amax_history(x, history)``:
+    the history rolled left by one with this step's ``max(|x|)`` written at
+    index 0 (Keras 3.15.1). tf_mixed reads that element to agree it across
+    replicas; nothing public returns the step's amax.
+    """
+    return history_gradient[0]
+
+
+@contextlib.contextmanager
+def recording_quantized_calls(layers, records: dict):
+    """Records ``(inputs, outputs)`` of each quantized layer's calls meanwhile.
+
+    Keras runs a quantized layer through ``layer.quantized_call`` (from
+    ``Layer.__call__``, Keras 3.15.1) instead of ``call``. An instance
+    attribute wrapping it sees the layer's inputs and outputs; it is removed
+    on exit, so the class's method applies again. Appends to
+    ``records[index]`` for ``layers[index]``.
+    """
+    for index, layer in enumerate(layers):
+        original = layer.quantized_call
+
+        def recorder(inputs, *args, _index=index, _call=original, **kwargs):
+            out = _call(inputs, *args, **kwargs)
+            records.setdefault(_index, []).append((inputs, out))
+            return out
+
+        layer.quantized_call = recorder
+    try:
+        yield records
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("quantized_call", None)
 # ------------------------------------------------ compensated bfloat16 updates
 
 

@@ -30,6 +30,10 @@ What is checked (each finding has a severity, the layer, and the fix):
   float32 heads are not listed.
 * ``no_graph`` (info): a subclassed model has no symbolic graph, so output
   dtypes and the memory estimate are unavailable.
+* float8 readiness (with ``float8=True``, or for a model with float8
+  layers; `tf_mixed.float8_readiness`): ``float8_flop_share`` (info),
+  ``float8_not_multiple_of_16`` and ``float8_keep_higher_precision``
+  (warnings for float8 layers, info for candidates).
 
 The activation-memory estimate adds up the bytes of every layer output for
 one batch, once as if everything were float32 and once with the dtypes the
@@ -49,6 +53,7 @@ import keras
 from tf_mixed import _internals
 from tf_mixed import tf_keras_check
 from tf_mixed import _validate
+from tf_mixed import float8_readiness
 from tf_mixed._facts import FLOAT32_HEADS
 from tf_mixed._facts import HALF_DTYPES
 from tf_mixed._facts import SQUASHING_ACTIVATIONS
@@ -263,7 +268,8 @@ def _round8(n: int) -> int:
 
 
 def audit(model, batch_size: int | None = None, *,
-          check_global_policy: bool = True) -> AuditReport:
+          check_global_policy: bool = True,
+          float8: bool | None = None) -> AuditReport:
     """Lists each layer's dtypes and parameters and the mixed-precision risks.
 
     Args:
@@ -274,6 +280,10 @@ def audit(model, batch_size: int | None = None, *,
         8 and used for the memory estimate (default 32 for the estimate).
       check_global_policy: report a model whose policy differs from the
         global one (off for a model loaded from a file, as in the CLI).
+      float8: add the float8 readiness findings
+        (`tf_mixed.float8_readiness`: share of FLOPs float8 can run,
+        dimensions not a multiple of 16, layers to keep in higher
+        precision). None (default): only for a model with float8 layers.
 
     Returns:
       An `AuditReport`. The model is not modified.
@@ -346,6 +356,11 @@ def audit(model, batch_size: int | None = None, *,
             f"batch_size={batch_size} is not a multiple of 8, so the batch "
             "dimension of every matrix product misses the Tensor Core tiles.",
             f"use batch_size={_round8(batch_size)} (or another multiple of 8)."))
+
+    if float8 or (float8 is None and any(float8_readiness.is_float8(layer)
+                                         for _, layer in layers)):
+        findings.extend(Finding(*found)
+                        for found in float8_readiness.findings(model))
 
     memory = _memory(layers, policy, batch_size or DEFAULT_MEMORY_BATCH) \
         if outputs else None

@@ -43,6 +43,7 @@ from tf_mixed import allreduce
 from tf_mixed import compensated
 from tf_mixed import scale_state
 from tf_mixed import tf_keras_check
+from tf_mixed.float8_sync import Float8Sync
 from tf_mixed.keras_compat import KerasCompat, read_keras_state
 from tf_mixed.loss_tally import LossTally
 from tf_mixed.rollback import ForwardState
@@ -91,6 +92,7 @@ class _Scratch:
         # unscale_gradients() calls since the last apply(): only to refuse an
         # apply() that does not say what it got (it never changes arithmetic).
         self.unscaled_since_apply = 0
+        self.float8: Float8Sync | None = None
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -250,6 +252,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
+        self._scratch.float8 = _float8_sync_for(self, var_list)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
@@ -417,19 +420,14 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             if self.accumulator is not None:
                 return _apply_window(self, grads, trainable_variables, unscaled)
             scale = tf.identity(self.dynamic_scale.value)
-            grads, finite, scaled = _reduce(
+            grads, trainable_variables, finite, gathered = _reduce(
                 grads, trainable_variables, scale, unscaled,
-                self.communication_dtype)
-            if scaled:
-                grads = [
-                    g if getattr(v, "overwrite_with_gradient", False)
-                    else _divide(g, scale)
-                    for g, v in zip(grads, trainable_variables)
-                ]
+                self.communication_dtype, self._scratch.float8)
             _apply_unscaled(self.inner_optimizer, finite, grads,
                             trainable_variables)
             self._scratch.forward.roll_back(finite)
             self._advance_state(finite)
+            _finish_float8(self, gathered, finite, scale)
         return finite
 
     def _advance_state(self, finite):
@@ -766,9 +764,44 @@ def _check_inner(inner_optimizer):
 # ------------------------------------------------- the update, step by step
 
 
+def float8_sync_of(optimizer) -> Float8Sync | None:
+    """The `tf_mixed.float8_sync.Float8Sync` of ``optimizer``, or None.
+
+    A ``tf_mixed.LossScaleOptimizer`` creates one at ``build`` when the
+    variables hold Keras float8 scale and amax-history pairs; `apply` hands
+    their "gradients" to it instead of the inner optimizer, so every replica
+    and worker writes the same agreed values. `tf_mixed.float8.state` and
+    `tf_mixed.float8.Float8Monitor` read its counters. Any other optimizer:
+    None (it keeps Keras's per-replica float8 writes).
+    """
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer._scratch.float8
+    return None
+
+
+def _finish_float8(optimizer, gathered, finite, scale):
+    """(c) Writes the agreed float8 state after the verdict and the new scale."""
+    sync = optimizer._scratch.float8
+    if sync is not None:
+        sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
+
+
+def _float8_sync_for(optimizer, var_list) -> Float8Sync | None:
+    """The sync for ``var_list``'s float8 pairs (None without any)."""
+    sync = Float8Sync.for_variables(var_list)
+    if sync is not None and optimizer.accumulator is not None:
+        raise ValueError(
+            "LossScaleOptimizer cannot yet accumulate gradients of a model with "
+            "float8 layers: the float8 scales would not be agreed across "
+            "replicas. Received: gradient_accumulation_steps="
+            f"{optimizer.accumulator.steps} and {len(sync.slots)} float8 "
+            "tensors. Train the float8 model without accumulation.")
+    return sync
+
+
 def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
-            when=None):
-    """(a) Sums the gradients over all replicas once; the global verdict.
+            float8=None, when=None):
+    """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
     another's did not). They are all-reduced here, once, in
@@ -785,10 +818,22 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
     variable Keras overwrites with its gradient (float8 scales) is only
     checked, not summed (Keras does not sum it either).
 
+    A ``float8`` sync (`tf_mixed.float8_sync`) first takes the float8
+    scale/history pairs out of the lists; their amaxes ride the same buffer
+    as one more float32 piece when the gradients travel in float32 (a SUM
+    of one-hot slots is an exact all-gather); in float16/bfloat16 they take
+    one small float32 collective of their own, so they are never rounded.
+
     Returns:
-        ``(reduced, finite, scaled)``: ``scaled`` says whether the
-        reduced gradients still carry the loss scale.
+        ``(unscaled, variables, finite, gathered)``: the reduced gradients
+        divided by the loss scale and their variables (float8 pairs taken
+        out); ``gathered`` is the all-reduced float8 payload (None without
+        float8 layers).
     """
+    float8_step = None
+    if float8 is not None:
+        grads, trainable_variables, float8_step = float8.split(
+            grads, trainable_variables, scale, divided=unscaled)
     local = [getattr(v, "overwrite_with_gradient", False)
              for v in trainable_variables]
     scaled = not unscaled
@@ -798,9 +843,21 @@ def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
         grads = [g if keep else _multiply(g, scale)
                  for g, keep in zip(grads, local)]
         scaled = True
+    gathered = None
+    if float8_step is not None and several and communication_dtype is None:
+        grads = grads + [float8.payload(float8_step, context)]
+        local = local + [False]
+    elif float8_step is not None:
+        gathered = float8.gather(float8_step, context)
     reduced, finite = allreduce.reduce_gradients(
         grads, communication_dtype, context, local=local, when=when)
-    return reduced, finite, scaled
+    if float8_step is not None and gathered is None:
+        reduced, gathered = reduced[:-1], reduced[-1]
+    if scaled:
+        reduced = [g if getattr(v, "overwrite_with_gradient", False)
+                   else _divide(g, scale)
+                   for g, v in zip(reduced, trainable_variables)]
+    return reduced, trainable_variables, finite, gathered
 
 def _apply_window(optimizer, grads, trainable_variables, unscaled):
     """One micro-step of gradient accumulation (`tf_mixed.accumulation`).
@@ -820,12 +877,12 @@ def _apply_window(optimizer, grads, trainable_variables, unscaled):
     sums = accumulator.add(grads)
     is_last = accumulator.is_last()
     # The one collective of the window, on its last micro-step only.
-    reduced, finite, scaled = _reduce(
+    # `_reduce` returns the sums unscaled (no float8 pairs: refused at build).
+    reduced, _, finite, _ = _reduce(
         sums, trainable_variables, scale, True, optimizer.communication_dtype,
         when=is_last)
     steps = float(accumulator.steps)
-    reduced = [None if g is None else (_divide(g, scale) if scaled else g) / steps
-               for g in reduced]
+    reduced = [None if g is None else g / steps for g in reduced]
     _apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
                     reduced, trainable_variables)
 

@@ -128,6 +128,10 @@ class ProbeReport:
       half_gradients: "measured" (a half-precision backward pass) or
         "predicted" (float32 output gradients times the current scale
         against the output dtype's largest finite value).
+      float8: for a model with float8 layers, one
+        `tf_mixed.float8_reading.TensorState` per float8 layer and tensor
+        (scale, amax, saturated and flushed fractions on the first batch,
+        with the model's current scales); () otherwise.
     """
 
     model_name: str
@@ -144,6 +148,7 @@ class ProbeReport:
     first_nonfinite_in: str | None
     advice: str
     half_gradients: str = "measured"
+    float8: tuple = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (non-finite floats become strings)."""
@@ -179,6 +184,18 @@ class ProbeReport:
                  _pct(v.zero_at_recommended), _pct(v.subnormal_at_recommended))
                 for v in self.variables]
         lines += _table(header, rows, left=2)
+        if self.float8:
+            lines += ["", ("Float8, per layer and tensor (current scales, "
+                           "first batch; saturated: clipped to the format's "
+                           "max; flushed: non-zero values quantized to 0):")]
+            header = ("layer", "tensor", "format", "scale", "amax", "saturated",
+                      "flushed")
+            rows = [(t.layer, t.tensor, t.format.replace("float8_", ""),
+                     _num(t.scale), _num(t.amax),
+                     "-" if t.saturated is None else _pct(t.saturated),
+                     "-" if t.flushed is None else _pct(t.flushed))
+                    for t in self.float8]
+            lines += _table(header, rows, left=3)
         lines += [
             "",
             f"Loss scale: current {_scale(self.current_scale)}, recommended "

@@ -44,6 +44,8 @@ import tensorflow as tf
 from tf_mixed import _cloning
 from tf_mixed import _losses
 from tf_mixed import _validate
+from tf_mixed import float8_reading
+from tf_mixed import float8_readiness
 from tf_mixed import keep_float32 as keep_float32_rules
 from tf_mixed import tf_keras_check
 from tf_mixed._facts import FLOAT32_HEADS
@@ -144,7 +146,15 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         variables=tuple(variables), current_scale=current,
         recommended_scale=recommended, underflow_at_recommended=underflow,
         gradient_entries=entries, first_nonfinite=first, first_nonfinite_in=where,
-        advice=advice, half_gradients="measured" if half_gradients else "predicted")
+        advice=advice, half_gradients="measured" if half_gradients else "predicted",
+        float8=_float8_section(model, batches_list[0], loss_fn))
+
+
+def _float8_section(model, batch, loss_fn) -> tuple:
+    """Float8 scales and saturation on the first batch, for a float8 model."""
+    if not any(float8_readiness.is_float8(layer) for layer in model.layers):
+        return ()
+    return float8_reading.state(model, batch[0], batch[1], loss=loss_fn).tensors
 
 
 # ------------------------------------------------------------------ checks
@@ -269,7 +279,7 @@ def _check_fits(model, x) -> None:
 
 def _half_dtype(model, layer, target) -> str | None:
     """The policy `layer` gets in the half clone (None: keep its own)."""
-    name = getattr(layer.dtype_policy, "name", None)
+    name = _policy_name(layer)
     if name not in FLOAT_POLICIES or is_input_layer(layer):
         return None
     if keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES:
@@ -292,6 +302,14 @@ def _leaves(model) -> list:
 def _has_half_layers(model) -> bool:
     return any(keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES
                for layer in _leaves(model))
+
+
+def _policy_name(layer) -> str | None:
+    """The layer's policy name; a float8 layer's source policy (its compute
+    policy without the float8 quantization)."""
+    if float8_readiness.is_float8(layer):
+        return layer.dtype_policy.name.partition("_from_")[2] or None
+    return getattr(layer.dtype_policy, "name", None)
 
 
 def _clone(model, policy_for) -> _cloning.FlatClone:

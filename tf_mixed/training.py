@@ -111,10 +111,15 @@ def apply_scaled_gradients(
     grads = tape.gradient(scaled_loss, variables)
     if clip_norm is not None:
         limit = current_scale(optimizer) * clip_norm
-        present = [g for g in grads if g is not None]
-        clipped, _ = tf.clip_by_global_norm(present, limit)
+        # Variables Keras overwrites with their "gradient" (float8 scales
+        # and amax histories) are new values, not gradients: not clipped,
+        # not counted in the norm.
+        clip = [g is not None and not getattr(v, "overwrite_with_gradient", False)
+                for g, v in zip(grads, variables)]
+        clipped, _ = tf.clip_by_global_norm(
+            [g for g, c in zip(grads, clip) if c], limit)
         clipped = iter(clipped)
-        grads = [None if g is None else next(clipped) for g in grads]
+        grads = [next(clipped) if c else g for g, c in zip(grads, clip)]
     applied = optimizer.apply(grads, variables)
     if applied is None:  # A plain Keras optimizer returns nothing.
         return tf.constant(True)

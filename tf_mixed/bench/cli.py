@@ -65,6 +65,18 @@ def _define_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_string(
+        "policy", "",
+        "One policy to compare against float32 and mixed_bfloat16 (e.g. float8: Keras float8 "
+        "via tf_mixed.float8.quantize on bfloat16 compute). Use --policies for a full list.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "float8_layers", "auto",
+        "float8 policy: 'auto' (tf_mixed.float8.quantize's default: first, last and "
+        "unaligned Dense layers stay out) or 'all' (every Dense layer).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
         "model", "", f"One of {', '.join(models.MODEL_NAMES)}. Default: cnn (overhead suite: mlp).",
         flag_values=fv,
     )
@@ -105,8 +117,18 @@ def _help(fv: flags.FlagValues) -> str:
 def _config_from(fv: flags.FlagValues):
     from tf_mixed.bench.config import BenchConfig
 
+    from tf_mixed.bench.errors import UsageError
+
+    policies = tuple(p.strip() for p in fv.policies if p.strip())
+    single = fv.policy.strip()
+    if single and policies:
+        raise UsageError("policy", single, "given together with --policies",
+                         "one of them: --policy=X compares X with float32 and mixed_bfloat16")
+    if single:
+        policies = ("float32", "mixed_bfloat16", single)
     return BenchConfig(
-        policies=tuple(p.strip() for p in fv.policies if p.strip()),
+        policies=policies,
+        float8_layers=fv.float8_layers.strip().lower(),
         model=fv.model.strip().lower(),
         dataset=fv.dataset,
         data_dir=fv.data_dir,

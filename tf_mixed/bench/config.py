@@ -21,6 +21,11 @@ SUITES = ("compare", "overhead", "comm", "memory", "bf16")
 ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
                  "bf16": "mlp"}
+# Bench-only policy names: what the run computes in, and what it adds.
+# "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
+BENCH_POLICIES = {"float8": "mixed_bfloat16"}
+# --float8_layers: which Dense layers the float8 run quantizes.
+FLOAT8_LAYERS = ("auto", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,8 @@ class BenchConfig:
         output_dir: Where results.json, results.md and bench.png go.
         seed: Seed for data, initial weights and data order.
         rounds: Overhead suite: alternating timing rounds per path.
+        float8_layers: The float8 policy's layers: "auto" (tf_mixed.float8.quantize's
+            default: first, last and unaligned Dense layers kept out) or "all".
     """
 
     policies: tuple[str, ...] = ()
@@ -75,6 +82,7 @@ class BenchConfig:
     output_dir: str = "tf_mixed_bench"
     seed: int = 0
     rounds: int = 3
+    float8_layers: str = "auto"
 
     @property
     def model_name(self) -> str:
@@ -96,6 +104,7 @@ class BenchConfig:
             ("loop", self.loop, LOOPS),
             ("suite", self.suite, SUITES),
             ("isolation", self.isolation, ISOLATIONS),
+            ("float8_layers", self.float8_layers, FLOAT8_LAYERS),
         ):
             if value not in choices:
                 raise UsageError(flag, value, f"unknown {flag}", ", ".join(choices))
@@ -146,11 +155,17 @@ def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     auto, reason = policy.resolve_auto(hardware.detect())  # measured on CPUs
     names = []
     for name in requested or ("float32", "auto"):
+        key = name.strip().lower() if isinstance(name, str) else name
+        if key in BENCH_POLICIES:
+            if key not in names:
+                names.append(key)
+            continue
         try:
             canonical = policy.canonical_name(name)
         except (TypeError, ValueError):
             raise UsageError(
-                "policies", name, "unknown policy", ", ".join(policy.POLICY_NAMES)
+                "policies", name, "unknown policy",
+                ", ".join(list(policy.POLICY_NAMES) + list(BENCH_POLICIES))
             ) from None
         canonical = auto if canonical == "auto" else canonical
         if canonical not in names:

@@ -77,9 +77,13 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         ratios = r.get("ratio_to_float32")
         diff = "n/a" if not ratios else f"{ratios['val_accuracy_diff_points']:+.2f}"
         scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
+        emulated = (r.get("float8") or {}).get("speed") == "emulated"
+        speed = (f"emulated | emulated | {_census_cells(r)} | emulated" if emulated else
+                 f"{r['samples_per_sec']:,.1f} | {_ratio(r, 'samples_per_sec')} "
+                 f"| {_census_cells(r)} | {r['step_time_ms']:.1f}")
         lines.append(
-            f"| {r['policy']} | {r['samples_per_sec']:,.1f} | {_ratio(r, 'samples_per_sec')} "
-            f"| {_census_cells(r)} | {r['step_time_ms']:.1f} | {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
+            f"| {r['policy']} | {speed} "
+            f"| {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
             f"| {_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')} "
             f"| {100 * r['final_val_accuracy']:.2f} | {diff} | {r['skipped_steps']} "
             f"| {'-' if scale is None else f'{scale:g}'} |"
@@ -119,7 +123,29 @@ def results_markdown(report: dict[str, Any]) -> str:
         "",
         serving.markdown_table(report["results"]),
         "",
+        *_float8_notes(report["results"]),
     ])
+
+
+def _float8_notes(results: list[dict[str, Any]]) -> list[str]:
+    """What the float8 run quantized, and why its speed is or is not a figure."""
+    lines = []
+    for r in results:
+        plan = r.get("float8")
+        if not plan:
+            continue
+        chosen = [c["layer"] for c in plan["choices"] if c["float8"]]
+        lines.append(
+            f"{r['policy']}: {len(chosen)} of {len(plan['choices'])} Dense layers in float8 "
+            f"({', '.join(chosen) or 'none'}), margin {plan['scaling']['margin']}, "
+            f"amax {plan['scaling']['amax_compute_algo']} over {plan['amax_history_length']} steps, "
+            f"on {r['compute_dtype']} compute.")
+        if plan["speed"] == "emulated":
+            lines.append(
+                "Its speed is not reported: without a GPU float8 is quantize-dequantize "
+                "emulation (no float8 GEMM runs), so only its accuracy is a result.")
+        lines.append("")
+    return lines
 
 
 def check_output_dir(path: str) -> bool:

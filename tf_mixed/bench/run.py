@@ -158,10 +158,17 @@ def run_policy(
 
     keras.backend.clear_session()
     memory_reset = _reset_peak_memory()
-    with policy.policy_scope(policy_name) as enabled:
+    compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
+    float8_plan = None
+    with policy.policy_scope(compute_policy) as enabled:
         keras.utils.set_random_seed(config.seed)  # same initial weights for every policy
         with strategy.scope():
             model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
+            if policy_name == "float8":
+                # Created in the strategy's scope: the float8 scales are
+                # mirrored variables the optimizer agrees across replicas.
+                float8_plan = tf_mixed.float8.quantize(
+                    model, keep_float32="auto" if config.float8_layers == "auto" else [])
             optimizer = tf_mixed.wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
         recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose)
         start = time.perf_counter()
@@ -195,6 +202,12 @@ def run_policy(
     result = {
         "policy": policy_name,
         "policy_reason": enabled.reason,
+        # float8 on a host without a GPU is quantize-dequantize emulation:
+        # its speed says nothing about float8 GEMMs, so none is claimed.
+        "float8": None if float8_plan is None else {
+            **float8_plan.to_dict(),
+            "speed": "measured" if tf.config.list_logical_devices("GPU") else "emulated",
+        },
         "compute_dtype": compute_dtype,
         "variable_dtype": "float32",
         "optimizer": type(optimizer).__name__
