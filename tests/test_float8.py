@@ -396,10 +396,6 @@ def test_audit_flop_share_with_a_convolution():
     assert f"{32768 / (32768 + 73728):.0%}" in share.message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Since main's probe clones through tf_mixed._cloning (merged at 20:36), one of the "
-    "probe's clones keeps a float8 layer quantized and Keras's float8 custom gradient "
-    "fails in the probe's eager tape; passed before that merge. Open, see issue-22 notes."))
 def test_probe_reports_float8_layers():
     inputs = keras.Input((16,))
     h = keras.layers.Dense(32, name="a")(inputs)

@@ -291,7 +291,7 @@ def _half_dtype(model, layer, target) -> str | None:
 
 def _float32_dtype(layer) -> str | None:
     """The policy `layer` gets in the float32 clone (None: keep its own)."""
-    return "float32" if getattr(layer.dtype_policy, "name", None) in FLOAT_POLICIES else None
+    return "float32" if _policy_name(layer) in FLOAT_POLICIES else None
 
 
 def _leaves(model) -> list:
