@@ -102,19 +102,12 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
-        print(USAGE)
-        print(fv.get_help())
-        return 0
-    try:
-        positionals = fv(argv)[1:]
-    except flags.Error as error:
-        return _error(str(error))
-    if len(positionals) != 1:
-        return _error("expected exactly one MODEL argument, the path of a saved .keras "
-                      f"model. Received: {positionals}")
-    if fv.batch_size < 1:
-        return _error(f"--batch_size={fv.batch_size}: must be at least 1.")
+    from tf_mixed.bench import model_command
+
+    parsed = model_command.parse("export", argv, fv, USAGE, ("batch_size",))
+    if isinstance(parsed, int):
+        return parsed
+    model_path = parsed
     if fv.tolerance < 0:
         return _error(f"--tolerance={fv.tolerance}: must be positive (0 for the default).")
 
@@ -129,7 +122,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
-        model = model_file.load(positionals[0], fv.safe_mode, fv.custom_modules)
+        model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         sample = _sample(fv, model)
         created = report_module.check_output_dir(fv.output_dir)
         artifact = os.path.join(fv.output_dir, ARTIFACT_NAMES[fmt])
@@ -146,7 +139,7 @@ def main(argv: list[str]) -> int:
     seconds = time.perf_counter() - start
     record = {
         "command": "python -m tf_mixed export " + " ".join(shlex.quote(a) for a in argv[1:]),
-        "model_path": positionals[0],
+        "model_path": model_path,
         "dataset": fv.dataset,
         "batch_size": fv.batch_size if sample is not None else 0,
         "seconds": round(seconds, 2),

@@ -143,20 +143,12 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
-        print(USAGE)
-        print(fv.get_help())
-        return 0
-    try:
-        positionals = fv(argv)[1:]
-    except flags.Error as error:
-        return _error(str(error))
-    if len(positionals) != 1:
-        return _error("expected exactly one MODEL argument, the path of a saved .keras "
-                      f"model. Received: {positionals}")
-    for name in ("batch_size", "batches"):
-        if getattr(fv, name) < 1:
-            return _error(f"--{name}={getattr(fv, name)}: must be at least 1.")
+    from tf_mixed.bench import model_command
+
+    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"))
+    if isinstance(parsed, int):
+        return parsed
+    model_path = parsed
 
     import tf_mixed
     from tf_mixed.bench import model_file
@@ -165,7 +157,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     try:
         _check_output_dir(fv.output_dir)  # before the work, not after it
-        model = model_file.load(positionals[0], fv.safe_mode, fv.custom_modules)
+        model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         x, y = _batches(fv, model)
     except (UsageError, ValueError, TypeError) as error:
         return _error(model_file.first_line(error))
@@ -195,7 +187,7 @@ def main(argv: list[str]) -> int:
 
     record = {
         "command": "python -m tf_mixed probe " + " ".join(shlex.quote(a) for a in argv[1:]),
-        "model_path": positionals[0],
+        "model_path": model_path,
         "dataset": fv.dataset,
         "batch_size": fv.batch_size,
         "loss": _loss_text(loss),
