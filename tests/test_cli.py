@@ -39,7 +39,7 @@ def _bad(tmp_path, capsys, *flags):
     "flag, expected",
     [
         ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50."),
-        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32."),
+        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32, float8."),
         ("--dataset=imagenet", "--dataset='imagenet': unknown data set. Accepted: shapes, tfds:NAME[:SPLIT]"),
         ("--batch_size=0", "--batch_size=0: must be >= 1. Accepted: an integer >= 1."),
         ("--strategy=tpu", "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
