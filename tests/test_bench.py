@@ -6,6 +6,7 @@ shared) with tiny images and a few steps; one test per distinct path.
 
 import json
 import math
+import re
 import os
 
 import keras
@@ -411,7 +412,9 @@ def test_float8_policy_mirrored_reports_parity_and_no_speed(tmp_path, capsys, mo
     assert plan["speed"] == "emulated"
     assert math.isfinite(float8["final_val_loss"])
     md = (out / "results.md").read_text()
-    assert "| float8 | emulated | emulated | emulated |" in md
+    # samples/s, its ratio and step ms say "emulated"; the census cells stay.
+    assert re.search(r"^\| float8 \| emulated \| emulated \| [^|]+ \| [^|]+ \| emulated \|",
+                     md, re.M)
     assert "2 of 4 Dense layers in float8 (dense_1, dense_2)" in md
     assert "Its speed is not reported" in md
     assert report["results"][1]["float8"] is None
