@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
                                  ("batch_size", "batches", "steps", "rounds"))
     if isinstance(parsed, int):
         return parsed
-    positionals = [parsed]
+    model_path = parsed
     if fv.warmup_steps < 0:
         return _error(f"--warmup_steps={fv.warmup_steps}: must be at least 0.")
 
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
     try:
         if fv.policy:
             _policy(fv.policy)  # before loading anything
-        model, x, y, loss = _prepare(fv, positionals[0])
+        model, x, y, loss = _prepare(fv, model_path)
         report = tf_mixed.census(model, x, y, loss=loss, jit_compile=_JIT[fv.jit_compile],
                                  batch_size=fv.batch_size)
         measured = _measure(fv, model, report, x, y) if fv.measure else None
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
 
     record = {
         "command": "python -m tf_mixed doctor " + " ".join(shlex.quote(a) for a in argv[1:]),
-        "model_path": positionals[0],
+        "model_path": model_path,
         "dataset": fv.dataset,
         "batch_size": fv.batch_size,
         "seconds": round(seconds, 2),

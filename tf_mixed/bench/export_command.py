@@ -20,8 +20,8 @@ import time
 
 from absl import flags
 
+from tf_mixed.bench import model_command
 from tf_mixed.bench import model_file
-from tf_mixed.bench.probe import _write  # one atomic write for both model commands
 
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
@@ -59,8 +59,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"tf_mixed export: error: {message}", file=sys.stderr)
-    return 2
+    return model_command.error("export", message)
 
 
 def _sample(fv, model):
@@ -102,8 +101,6 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    from tf_mixed.bench import model_command
-
     parsed = model_command.parse("export", argv, fv, USAGE, ("batch_size",))
     if isinstance(parsed, int):
         return parsed
@@ -146,7 +143,7 @@ def main(argv: list[str]) -> int:
         "report": report.to_dict(),
     }
     try:
-        _write(os.path.join(fv.output_dir, REPORT_NAME), json.dumps(record, indent=2).encode())
+        model_command.write_atomically(os.path.join(fv.output_dir, REPORT_NAME), json.dumps(record, indent=2).encode())
     except OSError as error:
         _remove(artifact)
         report_module.remove_if_created(fv.output_dir, created)

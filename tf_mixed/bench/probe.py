@@ -17,6 +17,8 @@ import time
 
 from absl import flags
 
+from tf_mixed.bench import model_command
+
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
 USAGE = """usage: python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [--batch_size=32]
@@ -58,8 +60,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"tf_mixed probe: error: {message}", file=sys.stderr)
-    return 2
+    return model_command.error("probe", message)
 
 
 def _check_output_dir(path: str) -> None:
@@ -143,8 +144,6 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    from tf_mixed.bench import model_command
-
     parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"))
     if isinstance(parsed, int):
         return parsed
@@ -203,9 +202,9 @@ def main(argv: list[str]) -> int:
               "(pip install matplotlib)", file=sys.stderr)
     # Everything is computed: only now touch the output directory.
     os.makedirs(fv.output_dir, exist_ok=True)
-    _write(os.path.join(fv.output_dir, "probe.json"), text.encode())
+    model_command.write_atomically(os.path.join(fv.output_dir, "probe.json"), text.encode())
     if png is not None:
-        _write(os.path.join(fv.output_dir, "probe.png"), png)
+        model_command.write_atomically(os.path.join(fv.output_dir, "probe.png"), png)
     print(report)
     print(f"\nProbed in {seconds:.1f} s; wrote {fv.output_dir}/probe.json"
           + (" and probe.png" if png is not None else ""))
@@ -222,10 +221,3 @@ def _loss_text(loss) -> str:
     if isinstance(loss, (list, tuple)):
         return ",".join(_loss_text(each) for each in loss)
     return getattr(loss, "name", None) or type(loss).__name__
-
-
-def _write(path: str, data: bytes) -> None:
-    partial = path + ".partial"
-    with open(partial, "wb") as f:
-        f.write(data)
-    os.replace(partial, path)
