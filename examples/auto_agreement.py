@@ -21,7 +21,8 @@ import tempfile
 
 _CHILD = """
 import json, os, time
-from tf_mixed import autotune, hardware
+from tf_mixed.policy import autotune
+from tf_mixed.policy import hardware
 info = hardware.detect()
 load = os.getloadavg()[0]
 start = time.perf_counter()

@@ -23,11 +23,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402,F401  (TF start-up outside the timing)
 
 import tf_mixed  # noqa: E402
-from tf_mixed import autotune  # noqa: E402
+from tf_mixed.policy import autotune  # noqa: E402
 
 
 def main():
-    info = tf_mixed.hardware.detect()
+    info = tf_mixed.policy.hardware.detect()
     if info.gpus or info.tpu:
         print("This host has a GPU or TPU: enable('auto') uses the rules, nothing is timed.")
         return

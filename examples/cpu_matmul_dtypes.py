@@ -3,7 +3,7 @@
     python examples/cpu_matmul_dtypes.py [--size=1024] [--repeats=20]
 
 Prints GFLOP/s for float32, bfloat16 and float16 and the hardware report, so
-the "auto" choice (tf_mixed.hardware / tf_mixed.policy) can be checked against
+the "auto" choice (tf_mixed.policy.hardware / tf_mixed.policy) can be checked against
 what the kernels really do on this host. Run with ONEDNN_VERBOSE=1 to see which
 oneDNN implementation (e.g. brg_matmul:avx10_1_512_amx) each dtype used.
 """
@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
-from tf_mixed.bench import info
+from tf_mixed.cli import info
 
 _SIZE = flags.DEFINE_integer("size", 1024, "Square matrix size.")
 _REPEATS = flags.DEFINE_integer("repeats", 20, "Timed matmuls per dtype.")

@@ -17,7 +17,7 @@ from absl import flags
 import keras
 import tf_mixed
 
-_POLICY = flags.DEFINE_enum("policy", "mixed_float16", list(tf_mixed.POLICY_NAMES),
+_POLICY = flags.DEFINE_enum("policy", "mixed_float16", list(tf_mixed.policy.POLICY_NAMES),
                             "Mixed-precision policy.")
 _STEPS = flags.DEFINE_integer("steps", 60, "Training steps.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Examples per step.")

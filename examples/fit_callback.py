@@ -31,7 +31,7 @@ import tf_mixed
 from tf_mixed.callbacks import LossScaleMonitor
 
 _POLICY = flags.DEFINE_enum("policy", "mixed_float16",
-                            list(tf_mixed.POLICY_NAMES), "Mixed-precision policy.")
+                            list(tf_mixed.policy.POLICY_NAMES), "Mixed-precision policy.")
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Training epochs.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Examples per step.")
 _LOGDIR = flags.DEFINE_string(

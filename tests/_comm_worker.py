@@ -24,7 +24,7 @@ def main(index, ports, out_path):
     import keras
     import tensorflow as tf
 
-    from tf_mixed.loss_scale import LossScaleOptimizer
+    from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 

@@ -2,7 +2,7 @@
 
     python _mw_fit_worker.py CONFIG.json
 
-Started by `tf_mixed.launch.run_local_workers` (which sets ``TF_CONFIG``), or
+Started by `tf_mixed.distribute.launch.run_local_workers` (which sets ``TF_CONFIG``), or
 with ``"mode": "reference"`` as one plain process. The config (JSON) holds:
 
 - ``mode``: "fit" (fit, evaluate, predict under each policy), "reference"
@@ -89,7 +89,7 @@ def main(config):
     import tensorflow as tf
 
     import tf_mixed
-    from tf_mixed import distribute
+    from tf_mixed.distribute import cluster as distribute
 
     mode = config["mode"]
     task = distribute.current_task()
@@ -123,7 +123,7 @@ def main(config):
             else:
                 with strategy.scope():
                     model, optimizer = build(keras, tf_mixed, config.get("growth_interval", 1000))
-            callbacks = [tf_mixed.callbacks.LossScaleMonitor()]
+            callbacks = [tf_mixed.callbacks.monitor.LossScaleMonitor()]
             if mode == "backup":
                 # Each worker its own backup directory: they hold the same
                 # state, and two processes must not write one file. First in

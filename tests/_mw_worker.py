@@ -26,7 +26,7 @@ def main(index, ports, out_path, bad_worker, bad_step, bn=False):
     import keras
     import tensorflow as tf
 
-    from tf_mixed.loss_scale import LossScaleOptimizer
+    from tf_mixed.scaling.optimizer import LossScaleOptimizer
     from tf_mixed.training import make_train_step
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

@@ -46,7 +46,7 @@ if _FAKE_HARDWARE not in ("", "gpu"):
 @pytest.fixture(autouse=True)
 def _fake_hardware(monkeypatch):
     if _FAKE_HARDWARE == "gpu":
-        from tf_mixed import hardware
+        from tf_mixed.policy import hardware
 
         real = hardware.detect()
         fake = hardware.HardwareInfo(
@@ -61,7 +61,7 @@ def _fake_hardware(monkeypatch):
 @pytest.fixture(autouse=True)
 def _restore_global_state():
     """Saves and restores Keras's global dtype policy and TF's remapping option."""
-    from tf_mixed import policy_state
+    from tf_mixed.policy import state as policy_state
 
     saved_policy = keras.config.dtype_policy()
     saved_remapping = tf.config.optimizer.get_experimental_options().get("remapping")

@@ -1,4 +1,4 @@
-"""tf_mixed.allreduce and LossScaleOptimizer(communication_dtype=...).
+"""tf_mixed.scaling.allreduce and LossScaleOptimizer(communication_dtype=...).
 
 Under the ``mirrored`` fixture (two logical CPUs) each replica builds its own
 gradient from ``replica_id_in_sync_group``; the reduced gradients and the
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed import allreduce
-from tf_mixed.loss_scale import LossScaleOptimizer, wrap_optimizer
+from tf_mixed.scaling import allreduce
+from tf_mixed.scaling.optimizer import LossScaleOptimizer, wrap_optimizer
 
 INF = float("inf")
 HALF_EPS = 2.0**-10  # float16 relative rounding step
@@ -199,7 +199,7 @@ def test_local_gradients_are_not_summed_but_join_the_verdict(mirrored):
 
 
 def test_bfloat16_over_nccl_is_refused(mirrored, monkeypatch):
-    from tf_mixed import _internals
+    from tf_mixed._internal import shims as _internals
 
     monkeypatch.setattr(_internals, "reduces_with_nccl", lambda s: True)
     with pytest.raises(ValueError, match="NCCL.*float16"):
@@ -440,7 +440,7 @@ def test_float16_wire_under_a_float32_policy_backs_off_instead_of_skipping_forev
 
 
 def test_the_monitor_blames_the_wire_not_the_forward_pass():
-    from tf_mixed import stop_rules
+    from tf_mixed.callbacks import stop_rules
 
     assert stop_rules.wire_cause("float32", None) is None
     assert stop_rules.wire_cause("float16", "float16") is None  # may be either

@@ -1,4 +1,4 @@
-"""tf_mixed.auditing: per-layer rows, findings, memory estimate (command line: test_cli)."""
+"""tf_mixed.tools.auditing: per-layer rows, findings, memory estimate (command line: test_cli)."""
 
 import json
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.auditing import AuditReport
+from tf_mixed.tools.auditing import AuditReport
 
 
 @pytest.fixture

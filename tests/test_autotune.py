@@ -11,8 +11,8 @@ import keras
 import pytest
 
 import tf_mixed
-from tf_mixed import autotune
-from tf_mixed import hardware
+from tf_mixed.policy import autotune
+from tf_mixed.policy import hardware
 
 CPU = hardware.HardwareInfo(
     cpu_model="Test EPYC 9999", cpu_flags=frozenset({"avx2", "avx512_bf16"})

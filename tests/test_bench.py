@@ -1,6 +1,6 @@
 """Tests for the bench: models, policy choice, tiny in-process runs, result files.
 
-Runs go through `tf_mixed.bench.cli.main` in this process (TF start-up is
+Runs go through `tf_mixed.cli.main.main` in this process (TF start-up is
 shared) with tiny images and a few steps; one test per distinct path.
 """
 
@@ -13,12 +13,12 @@ import keras
 import numpy as np
 import pytest
 
-from tf_mixed import hardware
-from tf_mixed import policy as policy_module
+from tf_mixed.policy import hardware
+from tf_mixed.policy import global_policy as policy_module
 from tf_mixed.bench import compare, config, models, plot, run
 from tf_mixed.bench import report as bench_report
-from tf_mixed.bench.cli import main
-from tf_mixed.bench.errors import UsageError
+from tf_mixed.cli.main import main
+from tf_mixed._internal.cli_errors import UsageError
 
 TINY = [
     "--isolation=inprocess",

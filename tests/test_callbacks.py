@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed.callbacks import LossScaleFailure
-from tf_mixed.callbacks import LossScaleMonitor
-from tf_mixed.callbacks import MixedPrecisionWarning
+from tf_mixed.callbacks.monitor import LossScaleFailure
+from tf_mixed.callbacks.monitor import LossScaleMonitor
+from tf_mixed.callbacks.monitor import MixedPrecisionWarning
 
 
 class InfGradOn(keras.layers.Layer):
@@ -462,8 +462,8 @@ def test_default_monitor_reads_the_optimizer_every_n_batches(fp16, monkeypatch):
     """Issue 16, case 6: the default reads every DEFAULT_CHECK_EVERY_N_BATCHES
     batches (Keras 3 on TF already syncs every step's logs, so the hook adds
     no synchronisation; between reads it only counts)."""
-    from tf_mixed import callbacks as callbacks_module
-    from tf_mixed import loss_scale as loss_scale_module
+    from tf_mixed.callbacks import monitor as callbacks_module
+    from tf_mixed.scaling import optimizer as loss_scale_module
 
     monkeypatch.setattr(callbacks_module, "DEFAULT_CHECK_EVERY_N_BATCHES", 4)
     reads = []
@@ -487,7 +487,7 @@ def test_default_monitor_stops_an_all_skipped_run_within_bounded_steps(fp16, kin
     """Issue 16, case 6: every step skipped; the default monitor stops within
     patience + halvings + DEFAULT_CHECK_EVERY_N_BATCHES steps, long before
     the end of a 400-step epoch (it used to read once per epoch)."""
-    from tf_mixed.callbacks import DEFAULT_CHECK_EVERY_N_BATCHES
+    from tf_mixed.callbacks.monitor import DEFAULT_CHECK_EVERY_N_BATCHES
 
     model = _model()
     model.compile(optimizer=OPTIMIZERS[kind](scale=4.0), loss=_infinite_loss)

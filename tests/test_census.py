@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed import hlo_ops
+from tf_mixed.tools.census import hlo_ops
 
 DATA = pathlib.Path(__file__).parent / "data"
 

@@ -5,7 +5,7 @@ import pytest
 from zoo import ZOO, reloaded_model
 
 import tf_mixed
-from tf_mixed._facts import walk_layers
+from tf_mixed._internal.facts import walk_layers
 
 
 @pytest.mark.parametrize("name", ZOO)

@@ -14,9 +14,9 @@ import keras
 import pytest
 
 from tf_mixed import __main__ as cli
-from tf_mixed.bench import check as bench_check
-from tf_mixed import hardware
-from tf_mixed import selfcheck
+from tf_mixed.cli import check as bench_check
+from tf_mixed.policy import hardware
+from tf_mixed.tools.check import scenarios as selfcheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

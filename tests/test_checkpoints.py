@@ -29,9 +29,9 @@ def _rounded(values, dtype):
 
 def test_half_checkpoint_is_about_half_the_bytes(tmp_path):
     model = _model("mixed_float16")
-    full = tf_mixed.save_weights(model, tmp_path / "full.npz", dtype="float32")
+    full = tf_mixed.serving.save_weights(model, tmp_path / "full.npz", dtype="float32")
     for dtype in ("float16", "bfloat16"):
-        half = tf_mixed.save_weights(model, tmp_path / f"{dtype}.npz", dtype=dtype)
+        half = tf_mixed.serving.save_weights(model, tmp_path / f"{dtype}.npz", dtype=dtype)
         assert half == os.path.getsize(tmp_path / f"{dtype}.npz")
         assert 0.48 < half / full < 0.53, (dtype, half, full)
 
@@ -44,8 +44,8 @@ def test_round_trip_between_policies_is_the_dtypes_rounding(tmp_path, dtype, sou
     saved = _model(source, seed=0)
     loaded = _model(target, seed=1)  # other initial weights
     path = tmp_path / "w.npz"
-    tf_mixed.save_weights(saved, path, dtype=dtype)
-    tf_mixed.load_weights(loaded, path)
+    tf_mixed.serving.save_weights(saved, path, dtype=dtype)
+    tf_mixed.serving.load_weights(loaded, path)
     expected = _rounded(saved.get_weights(), dtype)
     for want, variable in zip(expected, loaded.weights):
         assert variable.dtype == "float32"
@@ -54,16 +54,16 @@ def test_round_trip_between_policies_is_the_dtypes_rounding(tmp_path, dtype, sou
 
 def test_float32_checkpoint_is_exact(tmp_path):
     saved, loaded = _model("mixed_float16", 0), _model("float32", 1)
-    tf_mixed.save_weights(saved, tmp_path / "w.npz", dtype="float32")
-    tf_mixed.load_weights(loaded, tmp_path / "w.npz")
+    tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
+    tf_mixed.serving.load_weights(loaded, tmp_path / "w.npz")
     for a, b in zip(saved.get_weights(), loaded.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
 def test_load_into_half_variables(tmp_path):
     saved, loaded = _model("float32", 0), _model("float16", 1)  # float16 variables
-    tf_mixed.save_weights(saved, tmp_path / "w.npz", dtype="float32")
-    tf_mixed.load_weights(loaded, tmp_path / "w.npz")
+    tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
+    tf_mixed.serving.load_weights(loaded, tmp_path / "w.npz")
     for want, variable in zip(_rounded(saved.get_weights(), "float16"), loaded.weights):
         assert variable.dtype == "float16"
         np.testing.assert_array_equal(np.asarray(variable.value, np.float32), want)
@@ -78,57 +78,57 @@ def test_out_of_float16_range_is_refused_naming_variables_and_nothing_written(tm
     path = tmp_path / "w.npz"
     with pytest.raises(ValueError, match=r"in float16: values beyond .*65504.*"
                                          r"m_mixed_float16/wide/kernel \(max \|value\| 70000\)"):
-        tf_mixed.save_weights(model, path, dtype="float16")
+        tf_mixed.serving.save_weights(model, path, dtype="float16")
     assert os.listdir(tmp_path) == []
     # 65504 (float16's largest) fits; bfloat16 holds 70000 (rounded).
     values[3, 4] = 65504.0
     kernel.assign(values)
-    tf_mixed.save_weights(model, path, dtype="float16")
+    tf_mixed.serving.save_weights(model, path, dtype="float16")
     values[3, 4] = -70000.0
     kernel.assign(values)
-    tf_mixed.save_weights(model, path, dtype="bfloat16")
+    tf_mixed.serving.save_weights(model, path, dtype="bfloat16")
 
 
 def test_load_refuses_values_half_variables_cannot_hold(tmp_path):
     saved, loaded = _model("float32", 0), _model("float16", 1)
     kernel = saved.get_layer("out").kernel
     kernel.assign(np.full(kernel.shape, 1e6, np.float32))
-    tf_mixed.save_weights(saved, tmp_path / "w.npz", dtype="float32")
+    tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
     before = loaded.get_weights()
     with pytest.raises(ValueError, match=r"out/kernel \(max \|value\| 1e\+06\).*unchanged"):
-        tf_mixed.load_weights(loaded, tmp_path / "w.npz")
+        tf_mixed.serving.load_weights(loaded, tmp_path / "w.npz")
     for a, b in zip(before, loaded.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
 def test_mismatched_architecture_is_refused_and_model_unchanged(tmp_path):
-    tf_mixed.save_weights(_model("float32"), tmp_path / "w.npz")
+    tf_mixed.serving.save_weights(_model("float32"), tmp_path / "w.npz")
     other = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
                               keras.layers.BatchNormalization(), keras.layers.Dense(11)])
     before = other.get_weights()
     with pytest.raises(ValueError, match=r"shape \[256, 10\] but the model's variable .* \[256, 11\]"):
-        tf_mixed.load_weights(other, tmp_path / "w.npz")
+        tf_mixed.serving.load_weights(other, tmp_path / "w.npz")
     for a, b in zip(before, other.get_weights()):
         np.testing.assert_array_equal(a, b)
     fewer = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
     with pytest.raises(ValueError, match="holds 8 variables .* has 2"):
-        tf_mixed.load_weights(fewer, tmp_path / "w.npz")
+        tf_mixed.serving.load_weights(fewer, tmp_path / "w.npz")
 
 
 def test_bad_arguments(tmp_path):
     model = _model("float32")
     with pytest.raises(ValueError, match=r"float16, bfloat16, float32\. Received: dtype='int8'"):
-        tf_mixed.save_weights(model, tmp_path / "w.npz", dtype="int8")
+        tf_mixed.serving.save_weights(model, tmp_path / "w.npz", dtype="int8")
     with pytest.raises(TypeError, match="needs a keras.Model"):
-        tf_mixed.save_weights("model", tmp_path / "w.npz")
+        tf_mixed.serving.save_weights("model", tmp_path / "w.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="not a weights file written by tf_mixed.save_weights"):
-        tf_mixed.load_weights(model, tmp_path / "junk.npz")
+    with pytest.raises(ValueError, match="not a weights file written by tf_mixed.serving.save_weights"):
+        tf_mixed.serving.load_weights(model, tmp_path / "junk.npz")
     with pytest.raises(ValueError, match="not a weights file"):
-        tf_mixed.load_weights(model, tmp_path / "missing.npz")
+        tf_mixed.serving.load_weights(model, tmp_path / "missing.npz")
     unbuilt = keras.Sequential([keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="has no weights yet"):
-        tf_mixed.save_weights(unbuilt, tmp_path / "u.npz")
+        tf_mixed.serving.save_weights(unbuilt, tmp_path / "u.npz")
     assert sorted(os.listdir(tmp_path)) == ["junk.npz"]
 
 
@@ -142,7 +142,7 @@ def test_checkpoint_callback_saves_half_weights_per_epoch(tmp_path):
     model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
     assert sorted(os.listdir(tmp_path)) == ["e01.npz", "e02.npz"]
     fresh = _model("float32", seed=3)
-    tf_mixed.load_weights(fresh, tmp_path / "e02.npz")
+    tf_mixed.serving.load_weights(fresh, tmp_path / "e02.npz")
     for want, have in zip(_rounded(model.get_weights(), "float16"), fresh.get_weights()):
         np.testing.assert_array_equal(have, want)
 
@@ -152,7 +152,7 @@ def test_checkpoint_callback_best_only():
                                         save_best_only=True)
     saved = []
     callback.set_model(_model("float32"))
-    import tf_mixed.checkpoint_callback as module
+    import tf_mixed.callbacks.checkpoint as module
 
     real = module.checkpoints.save_weights
     module.checkpoints.save_weights = lambda model, path, dtype: saved.append(path)

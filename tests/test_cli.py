@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from tf_mixed import hardware
-from tf_mixed.bench import child, compare, quiet
-from tf_mixed.bench.cli import main
+from tf_mixed.policy import hardware
+from tf_mixed.bench import child, compare
+from tf_mixed._internal import quiet
+from tf_mixed.cli.main import main
 
 # The CLI's own default log level is what is under test: none set here.
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -329,7 +330,7 @@ def test_tf_warnings_summarised_in_one_line_others_pass(capsys):
             warnings.warn_explicit("a Keras warning", UserWarning, keras_file, 1)
             warnings.warn_explicit("another", UserWarning, keras_file, 2)
             logging.getLogger("tensorflow").warning("a TF log warning")
-            warnings.warn_explicit("ours", UserWarning, "tf_mixed/callbacks.py", 3)
+            warnings.warn_explicit("ours", UserWarning, "tf_mixed/callbacks/monitor.py", 3)
     assert len(caught) == 3
     assert shown == ["ours"]  # passed on to the usual display
     err = capsys.readouterr().err

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tf_mixed.bench import comm as bench_comm
 from tf_mixed.__main__ import main
-from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 
 @pytest.mark.parametrize("flag,expected", [

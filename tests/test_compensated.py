@@ -1,4 +1,4 @@
-"""tf_mixed.compensated: bfloat16 weights keep updates below their spacing.
+"""tf_mixed.scaling.compensated: bfloat16 weights keep updates below their spacing.
 
 Exact numbers: SGD with learning rate 2**-10 and gradient 1 moves a weight
 of 1.0 by a quarter of bfloat16's spacing below 1.0 (2**-8) per step.
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed import compensated
+from tf_mixed.scaling import compensated
 
 STEP = 2.0**-10
 
@@ -228,7 +228,7 @@ def test_plain_keras_adam_never_moves_bfloat16_weights():
 
 
 def test_the_monitor_names_a_plain_optimizer_on_bfloat16_weights():
-    from tf_mixed.callbacks import model_setup_problems
+    from tf_mixed.callbacks.monitor import model_setup_problems
 
     tf_mixed.enable("bfloat16", quiet=True)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="head")])

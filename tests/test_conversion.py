@@ -1,4 +1,4 @@
-"""tf_mixed.conversion (tf_mixed.convert): float32-built models made mixed."""
+"""tf_mixed.models.conversion (tf_mixed.convert): float32-built models made mixed."""
 
 import warnings
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.conversion import ConversionNote
+from tf_mixed.models.conversion import ConversionNote
 
 
 def _cnn():

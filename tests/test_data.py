@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from tf_mixed.bench import data
-from tf_mixed.bench.errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError
 
 # --- parse_spec ---------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.scaling.optimizer import LossScaleOptimizer
 from tf_mixed.training import make_train_step
 
 INF = float("inf")

@@ -48,10 +48,10 @@ def _missing(text: str) -> list[str]:
 
 
 def test_the_check_finds_names_and_paths_that_do_not_exist():
-    text = ("Use `tf_mixed.enable()` and `tf_mixed.loss_scale.LossScaleOptimizer.apply`, "
-            "not `tf_mixed.loss_scale._global_finite` or tf_mixed.audit._layer_outputs; "
-            "see tf_mixed/rollback.py and tests/test_convert.py.")
-    assert _missing(text) == ["tf_mixed.loss_scale._global_finite",
+    text = ("Use `tf_mixed.enable()` and `tf_mixed.scaling.optimizer.LossScaleOptimizer.apply`, "
+            "not `tf_mixed.scaling.optimizer._global_finite` or tf_mixed.audit._layer_outputs; "
+            "see tf_mixed/scaling/rollback.py and tests/test_convert.py.")
+    assert _missing(text) == ["tf_mixed.scaling.optimizer._global_finite",
                               "tf_mixed.audit._layer_outputs", "tests/test_convert.py"]
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.bench import doctor
-from tf_mixed.bench.cli import main
+from tf_mixed.cli import doctor
+from tf_mixed.cli.main import main
 
 
 def _planted(tmp_path):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed import _losses
-from tf_mixed.bench import probe as bench_probe
+from tf_mixed._internal import losses as _losses
+from tf_mixed.cli import probe as bench_probe
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed_tests")
@@ -52,7 +52,7 @@ def test_nested_overflow_is_reported_and_fixed_at_the_innermost_layer():
     assert rows["encoder/proj"].nonfinite == 0 and rows["encoder/sqsum"].nonfinite == 1.0
     assert "keep_float32=['sqsum']" in report.advice
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
+        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
         assert not _finite(tf_mixed.convert(model, "mixed_float16"), x)
         # The advice works, and so does naming the nested model.
         assert _finite(tf_mixed.convert(model, "mixed_float16", keep_float32=["sqsum"]), x)
@@ -162,7 +162,7 @@ def test_cli_bad_output_dir_fails_first_one_line(tmp_path, capsys, kind, monkeyp
     blocker.write_text("a file")
     out = blocker if kind == "file" else blocker / "sub" / "dir"
     loaded = []
-    monkeypatch.setattr("tf_mixed.bench.model_file.load", lambda *a: loaded.append(a))
+    monkeypatch.setattr("tf_mixed.cli.model_file.load", lambda *a: loaded.append(a))
     code = bench_probe.main(["tf_mixed probe", path, f"--dataset=npz:{npz}",
                              f"--output_dir={out}"])
     err = capsys.readouterr().err.strip()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.bench.cli import main
+from tf_mixed.cli.main import main
 
 
 @pytest.fixture(scope="module")

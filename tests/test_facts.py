@@ -1,4 +1,4 @@
-"""tf_mixed._facts: the shared tables and the one layer walker."""
+"""tf_mixed._internal.facts: the shared tables and the one layer walker."""
 
 import ast
 import pathlib
@@ -7,7 +7,7 @@ import keras
 import pytest
 
 import tf_mixed
-from tf_mixed import _facts
+from tf_mixed._internal import facts as _facts
 
 PACKAGE_DIR = pathlib.Path(tf_mixed.__file__).resolve().parent
 

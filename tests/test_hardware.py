@@ -1,11 +1,11 @@
-"""Tests for tf_mixed.hardware and the "auto" policy rules on faked hardware."""
+"""Tests for tf_mixed.policy.hardware and the "auto" policy rules on faked hardware."""
 
 import pytest
 
-from tf_mixed import hardware
-from tf_mixed import policy
-from tf_mixed.hardware import GpuInfo
-from tf_mixed.hardware import HardwareInfo
+from tf_mixed.policy import hardware
+from tf_mixed.policy import global_policy as policy
+from tf_mixed.policy.hardware import GpuInfo
+from tf_mixed.policy.hardware import HardwareInfo
 
 # The real, cached detect(), taken before any fixture fakes it.
 _REAL_DETECT = hardware.detect

@@ -1,7 +1,7 @@
-"""tf_mixed._internals: each private Keras/TF name still exists and behaves as used.
+"""tf_mixed._internal.shims: each private Keras/TF name still exists and behaves as used.
 
 Every test here names the private API it guards; when one fails after a
-Keras or TensorFlow upgrade, the shim of that name in tf_mixed/_internals.py
+Keras or TensorFlow upgrade, the shim of that name in tf_mixed/_internal/shims.py
 needs a new way (and pyproject.toml's Keras range a new bound).
 """
 
@@ -18,7 +18,7 @@ import tensorflow as tf
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from tf_mixed import _internals
+from tf_mixed._internal import shims as _internals
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed import keep_float32
+from tf_mixed.policy import keep_float32
 
 
 class SquareSum(keras.layers.Layer):
@@ -195,11 +195,11 @@ def test_an_unknown_name_is_reported_by_the_monitor_set_up_check():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="keepme"),
                               tf_mixed.Float32Output()])
     model.compile(optimizer=tf_mixed.wrap_optimizer("sgd"), loss="mse")
-    problems = tf_mixed.callbacks.model_setup_problems(model)
+    problems = tf_mixed.callbacks.monitor.model_setup_problems(model)
     unknown = [p for p in problems if "keep_float32" in p]
     assert len(unknown) == 1
     assert "'keep_me' (did you mean 'keepme'?)" in unknown[0]
     assert "keep nothing in float32" in unknown[0]
-    with pytest.warns(tf_mixed.MixedPrecisionWarning, match="'keep_me'"):
+    with pytest.warns(tf_mixed.callbacks.MixedPrecisionWarning, match="'keep_me'"):
         model.fit(np.ones((2, 3)), np.ones((2, 2)), verbose=0,
                   callbacks=[tf_mixed.LossScaleMonitor()])

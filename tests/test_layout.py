@@ -16,6 +16,7 @@ import setuptools
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tf_mixed"
 BENCH = PACKAGE / "bench"
+CLI = PACKAGE / "cli"
 ENTRY_POINT = PACKAGE / "__main__.py"
 
 
@@ -60,49 +61,123 @@ def _py_files(directory):
     return sorted(p for p in directory.rglob("*.py"))
 
 
-def test_walker_sees_imports_of_the_bench(tmp_path):
-    """The check below can fail: each form of import is caught."""
-    for source in ("import tf_mixed.bench.cli", "from tf_mixed.bench import run",
-                   "from tf_mixed import bench", "from .bench import config"):
-        fake = tmp_path / "probe.py"  # as if it were tf_mixed/probe.py
-        fake.write_text(source + "\n")
-        assert any(m == "tf_mixed.bench" or m.startswith("tf_mixed.bench.")
-                   for m, _ in _imported_modules(fake, package="tf_mixed")), source
+LAYOUT = ROOT / "docs" / "layout.md"
+CLIENTS = ("tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
+CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors"}
 
 
-def test_nothing_outside_the_bench_imports_it():
+def _documented_units() -> list[tuple[str, list[str]]]:
+    """``(unit, modules)`` per concern in docs/layout.md, lowest first."""
+    units, current = [], None
+    for line in LAYOUT.read_text().splitlines():
+        heading = re.match(r"### (.+)", line)
+        if heading:
+            paths = re.findall(r"`tf_mixed/([^`]*)`", heading.group(1))
+            current = [p.rstrip("/") for p in paths]
+            units.append((current, []))
+        elif current is not None and line.startswith("- "):
+            units[-1][1].extend(re.findall(r"`([\w/]+\.py|\w+/)`", line.split(":")[0]))
+    return [(u, mods) for names, mods in units for u in names]
+
+
+def _unit_of(module: str) -> str:
+    """The concern a ``tf_mixed.x.y`` module belongs to: its first part under tf_mixed."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__.py"
+    path = PACKAGE / parts[1]
+    return parts[1] if path.is_dir() else parts[1] + ".py"
+
+
+def _rank() -> dict[str, int]:
+    return {unit: i for i, (unit, _) in enumerate(_documented_units())}
+
+
+def test_layout_lists_every_folder_and_module_on_disk():
+    units = dict(_documented_units())
+    on_disk = {p.name for p in PACKAGE.iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    assert set(units) == on_disk
+    for unit, modules in units.items():
+        if not (PACKAGE / unit).is_dir():
+            continue
+        files = {p.name for p in (PACKAGE / unit).glob("*.py") if p.name != "__init__.py"}
+        files |= {p.name + "/" for p in (PACKAGE / unit).iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists()}
+        listed = set()
+        for entry in modules:
+            listed.add(entry)
+        for sub in [f for f in files if f.endswith("/")]:  # a subfolder lists its own files
+            inside = {p.name for p in (PACKAGE / unit / sub).glob("*.py") if p.name != "__init__.py"}
+            text = LAYOUT.read_text()
+            assert all(f"`{name}`" in text for name in inside), (unit, sub, inside)
+        assert files == listed, (unit, files ^ listed)
+
+
+def test_no_import_runs_upward_and_the_check_can_fail(tmp_path):
+    rank = _rank()
+    fake = tmp_path / "fake.py"
+    fake.write_text("from tf_mixed.callbacks import monitor\n")
+    upward = [m for m, _ in _imported_modules(fake, package="tf_mixed.policy")
+              if m.startswith("tf_mixed.") and rank[_unit_of(m)] > rank["policy"]]
+    assert upward  # policy importing callbacks is caught
     offenders = []
     for path in _py_files(PACKAGE):
-        if BENCH in path.parents or path == ENTRY_POINT:
+        own = _unit_of(_module_name(path))
+        if own in ("__init__.py", "__main__.py"):
             continue
         for module, line in _imported_modules(path):
-            if module == "tf_mixed.bench" or module.startswith("tf_mixed.bench."):
+            if not module.startswith("tf_mixed.") or module.split(".")[1] not in {
+                    p.name.removesuffix(".py") for p in PACKAGE.iterdir()}:
+                continue
+            if rank[_unit_of(module)] > rank[own]:
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not offenders, offenders
 
 
-def test_the_bench_uses_only_public_library_names():
+def test_every_folder_init_only_hands_names_on():
     offenders = []
-    for path in _py_files(BENCH):
-        for module, names, line in _imports(path):
-            if not module.startswith("tf_mixed") or module.startswith("tf_mixed.bench"):
+    for init in PACKAGE.rglob("__init__.py"):
+        if init.parent == PACKAGE:
+            continue
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            private = [p for p in module.split(".") + names
-                       if p.startswith("_") and not p.startswith("__")]
-            if private:
-                offenders.append(f"{path.relative_to(ROOT)}:{line} {module} {names}")
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):  # tf_mixed.x._y as an attribute
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                    and not node.attr.startswith("__")
-                    and "tf_mixed" in ast.unparse(node.value).split(".")[:1]):
-                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue  # the docstring
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+                continue
+            offenders.append(f"{init.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_clients_use_only_public_library_names():
+    """bench/ and cli/ reach the library through public names (and two stdlib helpers)."""
+    offenders = []
+    for client in CLIENTS:
+        for path in _py_files(PACKAGE / client.split(".")[1]):
+            for module, names, line in _imports(path):
+                if not module.startswith("tf_mixed") or module.startswith(CLIENTS):
+                    continue
+                if module in CLIENT_HELPERS or (module == "tf_mixed._internal" and
+                                                {f"{module}.{n}" for n in names} <= CLIENT_HELPERS):
+                    continue
+                private = [p for p in module.split(".") + names
+                           if p.startswith("_") and not p.startswith("__")]
+                if private:
+                    offenders.append(f"{path.relative_to(ROOT)}:{line} {module} {names}")
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):  # tf_mixed.x._y as an attribute
+                if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                        and not node.attr.startswith("__")
+                        and "tf_mixed" in ast.unparse(node.value).split(".")[:1]):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, offenders
 
 
 def test_policy_and_hardware_do_not_import_each_other():
-    hardware_imports = {m for m, _ in _imported_modules(PACKAGE / "hardware.py")}
-    assert not {"tf_mixed.policy", "tf_mixed"} & hardware_imports, hardware_imports
+    hardware_imports = {m for m, _ in _imported_modules(PACKAGE / "policy" / "hardware.py")}
+    assert not {"tf_mixed.policy.global_policy", "tf_mixed"} & hardware_imports, hardware_imports
 
 
 def _command_line_code(source: str) -> list[str]:
@@ -136,7 +211,7 @@ def test_the_command_line_check_can_fail():
 def test_the_library_holds_no_command_line_code():
     offenders = {}
     for path in _py_files(PACKAGE):
-        if BENCH in path.parents or path == ENTRY_POINT:
+        if BENCH in path.parents or CLI in path.parents or path == ENTRY_POINT:
             continue
         found = _command_line_code(path.read_text())
         if found:
@@ -153,7 +228,7 @@ def test_setuptools_ships_every_package():
         find = config["packages"]["find"]
         shipped = set(setuptools.find_packages(where=str(ROOT), include=find["include"]))
     on_disk = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
-    assert {"tf_mixed", "tf_mixed.bench"} <= on_disk
+    assert {"tf_mixed", "tf_mixed.bench", "tf_mixed.cli"} <= on_disk
     assert shipped == on_disk
 
 
@@ -170,7 +245,7 @@ def test_every_third_party_import_of_the_library_is_declared():
     distributions = importlib.metadata.packages_distributions()
     undeclared = {}
     for path in _py_files(PACKAGE):
-        if BENCH in path.parents:
+        if BENCH in path.parents or CLI in path.parents:
             continue
         for module, _, line in _imports(path):
             top = module.split(".")[0]
@@ -196,19 +271,19 @@ def _library_imports_reachable_from(module: str) -> set[str]:
 
 
 def test_the_optimizer_does_not_reach_the_fit_workaround():
-    reached = _library_imports_reachable_from("tf_mixed.loss_scale")
-    assert "tf_mixed.rollback" in reached  # the walk follows imports
-    assert not {"tf_mixed.distribute", "tf_mixed._keras_fix_20585"} & reached, reached
+    reached = _library_imports_reachable_from("tf_mixed.scaling.optimizer")
+    assert "tf_mixed.scaling.rollback" in reached  # the walk follows imports
+    assert not {"tf_mixed.distribute.cluster", "tf_mixed.distribute.keras_fix_20585"} & reached, reached
 
 
 def test_the_stop_rules_import_neither_keras_nor_tensorflow():
-    imported = {m.split(".")[0] for m, _ in _imported_modules(PACKAGE / "stop_rules.py")}
+    imported = {m.split(".")[0] for m, _ in _imported_modules(PACKAGE / "callbacks" / "stop_rules.py")}
     assert not {"keras", "tensorflow", "tf_mixed"} & imported, imported
 
 
 @pytest.mark.parametrize("path, name, limit", [
-    ("tf_mixed/loss_scale.py", "LossScaleOptimizer", 350),
-    ("tf_mixed/callbacks.py", "LossScaleMonitor", 200),
+    ("tf_mixed/scaling/optimizer.py", "LossScaleOptimizer", 350),
+    ("tf_mixed/callbacks/monitor.py", "LossScaleMonitor", 200),
 ])
 def test_the_main_classes_stay_small(path, name, limit):
     """New jobs go into modules of their own (rollback, loss_tally, stop_rules, ...)."""

@@ -1,11 +1,11 @@
-"""tf_mixed.loss_scale on one device: arithmetic, knobs, wrapping, state."""
+"""tf_mixed.scaling.optimizer on one device: arithmetic, knobs, wrapping, state."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed.loss_scale import LossScaleOptimizer, wrap_optimizer
+from tf_mixed.scaling.optimizer import LossScaleOptimizer, wrap_optimizer
 
 INF = float("inf")
 NAN = float("nan")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed.loss_tally import LossTally
+from tf_mixed.scaling.loss_tally import LossTally
 
 LOSS = float(np.float32(0.0495))  # the loss of every step, as float32 holds it
 

@@ -1,4 +1,4 @@
-"""tf_mixed.memory_report: bytes per parameter from the real objects."""
+"""tf_mixed.tools.memory_report: bytes per parameter from the real objects."""
 
 import keras
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from zoo import ZOO, reloaded_model
 
 import tf_mixed
-from tf_mixed import compensated
+from tf_mixed.scaling import compensated
 
 # Adam's scalars: iteration (int64) and learning_rate (float32).
 ADAM_SCALARS = 8 + 4
@@ -36,10 +36,10 @@ def test_bytes_per_parameter_under_each_policy(policy, method, state_dtype, expe
     if method is not None:
         compensated.compensate(opt, method, state_dtype=state_dtype)
     opt.build(model.trainable_variables)
-    report = tf_mixed.memory_report(model, opt)
+    report = tf_mixed.tools.memory_report(model, opt)
     n = 40
     weights, grads, state, comp = expected
-    assert report == tf_mixed.MemoryReport(
+    assert report == tf_mixed.tools.MemoryReport(
         parameters=n, weights=weights * n, gradients=grads * n,
         optimizer_state=state * n + ADAM_SCALARS, compensation=comp * n,
         accumulation=0)
@@ -53,7 +53,7 @@ def test_a_loss_scale_wrapper_counts_its_inner_optimizer():
     model = _dense_model()
     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(momentum=0.9), force=True)
     opt.build(model.trainable_variables)
-    report = tf_mixed.memory_report(model, opt)
+    report = tf_mixed.tools.memory_report(model, opt)
     # Momentum (4/param), SGD's and the wrapper's iteration and learning
     # rate, and the wrapper's loss-scale state (five int64s, one float32).
     assert report.optimizer_state == 4 * 40 + 2 * ADAM_SCALARS + 5 * 8 + 4
@@ -65,7 +65,7 @@ def test_accumulation_buffers_are_float32_and_counted_apart():
     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(), gradient_accumulation_steps=4,
                                   compensation="stochastic")
     opt.build(model.trainable_variables)
-    report = tf_mixed.memory_report(model, opt)
+    report = tf_mixed.tools.memory_report(model, opt)
     assert (report.weights, report.accumulation, report.compensation) == (80, 160, 0)
     # SGD's and the wrapper's scalars, the loss-scale state, the micro-step counter.
     assert report.optimizer_state == 2 * ADAM_SCALARS + 5 * 8 + 4 + 8
@@ -80,7 +80,7 @@ def test_every_zoo_model_in_pure_bfloat16(name):
     model.compile(optimizer=opt, loss=spec.loss)
     x, y = spec.data(8)
     assert np.all(np.isfinite(model.train_on_batch(x, y)))
-    report = tf_mixed.memory_report(model, opt)
+    report = tf_mixed.tools.memory_report(model, opt)
     params = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     assert report.parameters == params
     assert report.weights == report.gradients == 2 * params
@@ -92,7 +92,7 @@ def test_every_zoo_model_reloaded(name):
     model = reloaded_model(name)
     opt = keras.optimizers.Adam()
     opt.build(model.trainable_variables)
-    report = tf_mixed.memory_report(model, opt)
+    report = tf_mixed.tools.memory_report(model, opt)
     params = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     assert (report.weights, report.optimizer_state) == (4 * params, 8 * params + ADAM_SCALARS)
 
@@ -100,10 +100,10 @@ def test_every_zoo_model_reloaded(name):
 def test_bad_input_is_named():
     opt = keras.optimizers.Adam()
     with pytest.raises(ValueError, match="built optimizer"):
-        tf_mixed.memory_report(_dense_model(), opt)
+        tf_mixed.tools.memory_report(_dense_model(), opt)
     with pytest.raises(ValueError, match="no trainable weights"):
-        tf_mixed.memory_report(keras.Sequential([keras.layers.Dense(2)]), opt)
+        tf_mixed.tools.memory_report(keras.Sequential([keras.layers.Dense(2)]), opt)
     with pytest.raises(TypeError, match="model='model'"):
-        tf_mixed.memory_report("model", opt)
+        tf_mixed.tools.memory_report("model", opt)
     with pytest.raises(TypeError, match="optimizer='adam'"):
-        tf_mixed.memory_report(_dense_model(), "adam")
+        tf_mixed.tools.memory_report(_dense_model(), "adam")

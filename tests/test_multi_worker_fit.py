@@ -1,10 +1,10 @@
 """`fit`, `evaluate` and `predict` under MultiWorkerMirroredStrategy, and a lost worker.
 
 Two local worker processes (tests/_mw_fit_worker.py, started by
-`tf_mixed.launch.run_local_workers`) train with ``model.fit``; the
+`tf_mixed.distribute.launch.run_local_workers`) train with ``model.fit``; the
 single-process reference runs the same worker code in this process, on the
 same global batches. Also here: the probe that tells us when Keras fixes
-keras-team/keras#20585 (then tf_mixed/_keras_fix_20585.py can go), and the
+keras-team/keras#20585 (then tf_mixed/distribute/keras_fix_20585.py can go), and the
 fault-tolerance run (SIGKILL one worker, restart both, resume from
 BackupAndRestore). Every launch has a timeout and kills what is left.
 """
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed import _keras_fix_20585 as fix
-from tf_mixed import distribute
-from tf_mixed.launch import run_local_workers
+from tf_mixed.distribute import keras_fix_20585 as fix
+from tf_mixed.distribute import cluster as distribute
+from tf_mixed.distribute.launch import run_local_workers
 
 WORKER = pathlib.Path(__file__).with_name("_mw_fit_worker.py")
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32")
@@ -58,11 +58,11 @@ def _outputs(results, paths):
 
 
 def test_keras_still_has_defect_20585():
-    """Fails once Keras fixes #20585: then delete tf_mixed/_keras_fix_20585.py."""
+    """Fails once Keras fixes #20585: then delete tf_mixed/distribute/keras_fix_20585.py."""
     defects = fix.probe()
     assert defects == fix.Defects(build_reduces_batch=True, scalar_reduce_axis0=True), (
         f"Keras {fix.keras.__version__} no longer has (all of) keras-team/keras#20585 "
-        f"({defects}): remove or narrow tf_mixed/_keras_fix_20585.py")
+        f"({defects}): remove or narrow tf_mixed/distribute/keras_fix_20585.py")
 
 
 def test_fix_feeds_build_the_first_local_batch_and_reduces_scalars_with_axis_none():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed import padding
+from tf_mixed.models import padding
 
 
 def _model():
@@ -30,7 +30,7 @@ def test_padded_model_computes_the_same_outputs():
     model = _model()
     x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
+        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
         padded = tf_mixed.convert(model, "float32", pad_to=16)
     assert padded.get_layer("wide").units == 1008
     assert padded.get_layer("mid").kernel.shape == (1008, 20)
@@ -42,7 +42,7 @@ def test_padded_model_computes_the_same_outputs():
 def test_census_finds_no_misfit_after_padding():
     model = _model()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
+        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
         padded = tf_mixed.convert(model, "mixed_bfloat16", pad_to=16)
     x, y = np.ones((16, 16), "float32"), np.zeros((16, 3), "float32")
     before = tf_mixed.census(tf_mixed.convert(model, "mixed_bfloat16"), x, y, loss="mse",

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed import hardware
-from tf_mixed import policy
+from tf_mixed.policy import hardware
+from tf_mixed.policy import global_policy as policy
 
 
 CPU_HOST = hardware.HardwareInfo(cpu_model="Test CPU")
@@ -73,11 +73,11 @@ def test_bfloat16_is_pure_and_bf16_stays_mixed():
 
 
 def test_policy_names_table_is_what_enable_accepts():
-    assert tf_mixed.POLICY_NAMES == (
+    assert tf_mixed.policy.POLICY_NAMES == (
         "auto", "mixed_float16", "mixed_bfloat16", "float32", "bfloat16",
         "fp16", "bf16", "fp32"
     )
-    for name in tf_mixed.POLICY_NAMES:
+    for name in tf_mixed.policy.POLICY_NAMES:
         tf_mixed.enable(name, quiet=True)
 
 
@@ -109,7 +109,7 @@ def test_unknown_name_raises_and_keeps_policy(bad):
         tf_mixed.enable(bad)
     message = str(info.value)
     assert repr(bad) in message
-    for name in tf_mixed.POLICY_NAMES:
+    for name in tf_mixed.policy.POLICY_NAMES:
         assert name in message
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
 

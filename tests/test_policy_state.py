@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed import hardware
-from tf_mixed import policy
+from tf_mixed.policy import hardware
+from tf_mixed.policy import global_policy as policy
 
 
 def remapping():
@@ -76,14 +76,14 @@ def test_one_threads_disable_leaves_the_other_thread_enabled():
     a = steps.thread([
         (0, lambda: tf_mixed.enable("mixed_float16", quiet=True)),
         (2, tf_mixed.disable),
-        (3, lambda: record.update(a_after=(tf_mixed.policy.current(), remapping()))),
+        (3, lambda: record.update(a_after=(tf_mixed.policy.global_policy.current(), remapping()))),
     ])
     b = steps.thread([
         (1, lambda: tf_mixed.enable("mixed_float16", quiet=True)),
-        (4, lambda: record.update(b_after_a=(tf_mixed.policy.current(), remapping(),
+        (4, lambda: record.update(b_after_a=(tf_mixed.policy.global_policy.current(), remapping(),
                                              policy.status().remapping_holders))),
         (5, tf_mixed.disable),
-        (6, lambda: record.update(b_after=(tf_mixed.policy.current(), remapping()))),
+        (6, lambda: record.update(b_after=(tf_mixed.policy.global_policy.current(), remapping()))),
     ])
     run_threads(a, b)
     assert not steps.errors, steps.errors
@@ -100,19 +100,19 @@ def test_enable_in_a_thread_leaves_the_main_thread_alone():
     seen = {}
 
     def worker():
-        seen["start"] = tf_mixed.policy.current()  # Keras's default in a new thread
+        seen["start"] = tf_mixed.policy.global_policy.current()  # Keras's default in a new thread
         tf_mixed.enable("mixed_float16", quiet=True)
-        seen["enabled"] = tf_mixed.policy.current()
+        seen["enabled"] = tf_mixed.policy.global_policy.current()
 
     t = threading.Thread(target=worker)
     t.start()
     t.join(timeout=60)
     assert seen == {"start": "float32", "enabled": "mixed_float16"}
-    assert tf_mixed.policy.current() == "mixed_bfloat16"
+    assert tf_mixed.policy.global_policy.current() == "mixed_bfloat16"
     # The worker ended without disable(): its hold is still counted.
     assert remapping() is False and policy.status().remapping_holders == 1
     tf_mixed.disable()  # not enabled in this thread: changes nothing
-    assert tf_mixed.policy.current() == "mixed_bfloat16"
+    assert tf_mixed.policy.global_policy.current() == "mixed_bfloat16"
 
 
 def test_remapping_returns_to_an_explicit_user_setting_after_the_last_hold():
@@ -156,7 +156,7 @@ def test_overlapping_scopes_in_asyncio_tasks_are_refused():
     assert "b" not in built
     assert "another asyncio task" in built["b_error"]
     assert "asyncio.to_thread" in built["b_error"]
-    assert tf_mixed.policy.current() == "float32"
+    assert tf_mixed.policy.global_policy.current() == "float32"
 
 
 def test_scopes_leaving_out_of_order_raise_and_restore():
@@ -177,10 +177,10 @@ def test_scopes_leaving_out_of_order_raise_and_restore():
                 await opened.wait()
         except RuntimeError as error:
             outcome["error"] = str(error)
-        outcome["after"] = tf_mixed.policy.current()
+        outcome["after"] = tf_mixed.policy.global_policy.current()
         release.set()
         await task
-        outcome["end"] = tf_mixed.policy.current()
+        outcome["end"] = tf_mixed.policy.global_policy.current()
 
     asyncio.run(main())
     assert "left while a scope opened after it is still open" in outcome["error"]
@@ -237,7 +237,7 @@ def test_disable_after_clear_session_says_so_and_still_releases(caplog):
 
 
 def test_reset_forgets_this_threads_state_and_every_remapping_hold():
-    from tf_mixed import policy_state
+    from tf_mixed.policy import state as policy_state
 
     tf_mixed.enable("mixed_float16", quiet=True, keep_float32=["head"])
     state = policy_state.thread_state()

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed.bench import probe as bench_probe
+from tf_mixed.cli import probe as bench_probe
 from tf_mixed.training import apply_scaled_gradients
 
 U16 = 2.0**-11  # float16 unit roundoff (10 stored mantissa bits, round to nearest)

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed.callbacks import LossScaleMonitor
-from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.callbacks.monitor import LossScaleMonitor
+from tf_mixed.scaling.optimizer import LossScaleOptimizer
 from tf_mixed.training import make_train_step
 
 
@@ -323,6 +323,6 @@ def test_refresh_after_an_assignment_in_a_custom_loop(fp16):
     step(x[:2], y[:2])
     bn = model.layers[1]
     bn.moving_mean.assign(np.full((8,), 0.5, "float32"))  # outside any step
-    tf_mixed.loss_scale.refresh_forward_state(opt)
+    tf_mixed.scaling.optimizer.refresh_forward_state(opt)
     assert not bool(step(x[2:4], y[2:4])["applied"])
     np.testing.assert_array_equal(bn.moving_mean.numpy(), np.full((8,), 0.5, "float32"))

@@ -1,4 +1,4 @@
-"""tf_mixed.scale_state: the frozen config, the state record, next_state.
+"""tf_mixed.scaling.scale_state: the frozen config, the state record, next_state.
 
 No optimizer is built here except in the last tests, which check that the
 optimizer's TensorFlow transition is the pure one.
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed.loss_scale import LossScaleOptimizer
-from tf_mixed.scale_state import (KNOBS, LossScaleConfig, LossScaleState,
+from tf_mixed.scaling.optimizer import LossScaleOptimizer
+from tf_mixed.scaling.scale_state import (KNOBS, LossScaleConfig, LossScaleState,
                                   initial_state, next_state)
 
 INF, NAN = float("inf"), float("nan")

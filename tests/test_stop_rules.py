@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tf_mixed import stop_rules
-from tf_mixed.stop_rules import Progress, Reading, Snapshot, StopRules
+from tf_mixed.callbacks import stop_rules
+from tf_mixed.callbacks.stop_rules import Progress, Reading, Snapshot, StopRules
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RULES = StopRules(patience=3, max_skip_fraction=0.5)
@@ -23,7 +23,7 @@ def _start(snapshot=Snapshot(scale=8.0, applied=0)):
 
 
 def test_the_rules_load_without_keras_or_tensorflow():
-    code = ("import sys, tf_mixed.stop_rules; "
+    code = ("import sys, tf_mixed.callbacks.stop_rules; "
             "print(sorted(m for m in ('keras', 'tensorflow') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed import tf_keras_check
+from tf_mixed._internal import tf_keras_check
 from tf_mixed import training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +78,7 @@ def test_global_entry_points_refuse_under_tf_keras(legacy, call):
         assert choice in message
     # Nothing was set: no policy is reported that tf.keras layers would not read.
     assert keras.config.dtype_policy().name == "float32"
-    assert tf_mixed.policy.current() == "float32"
+    assert tf_mixed.policy.global_policy.current() == "float32"
 
 
 def test_keras3_objects_still_work_when_the_variable_is_set(legacy):
@@ -155,7 +155,7 @@ def test_canary_tensorflow_resolves_tf_keras_as_detected():
     pytest.importorskip("tf_keras")
     code = textwrap.dedent("""
         import tensorflow as tf
-        from tf_mixed import tf_keras_check
+        from tf_mixed._internal import tf_keras_check
         print(tf.keras.layers.Dense.__module__.split(".")[0])
         print(tf_keras_check.legacy_keras())
     """)

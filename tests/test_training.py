@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tf_mixed import training
-from tf_mixed.loss_scale import LossScaleOptimizer
+from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 INF = float("inf")
 

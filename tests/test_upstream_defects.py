@@ -1,4 +1,4 @@
-"""The installed Keras/TF's known mixed-precision defects (tf_mixed.upstream_defects).
+"""The installed Keras/TF's known mixed-precision defects (tf_mixed.tools.check.upstream_defects).
 
 One canary per defect: it asserts the defect is still present, so it fails
 on the first Keras/TF that fixes it. Then retire the entry in
@@ -9,15 +9,15 @@ import json
 
 import pytest
 
-from tf_mixed import upstream_defects
-from tf_mixed.bench import check as bench_check
+from tf_mixed.tools.check import upstream_defects
+from tf_mixed.cli import check as bench_check
 
 
 def _canary(key, strategy=None):
     defect = upstream_defects.check(key, strategy)
     assert defect.present is True, (
         f"the installed Keras/TF no longer has {key} ({defect.detail}): retire it from "
-        f"tf_mixed.upstream_defects.DEFECTS and drop the workaround: {defect.spec.remedy}")
+        f"tf_mixed.tools.check.upstream_defects.DEFECTS and drop the workaround: {defect.spec.remedy}")
     assert defect.neutralised is True, defect.detail
     return defect
 

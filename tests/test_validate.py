@@ -1,11 +1,11 @@
-"""tf_mixed._validate: one check for numbers and flags, one exception per kind of error."""
+"""tf_mixed._internal.validate: one check for numbers and flags, one exception per kind of error."""
 
 import math
 
 import numpy as np
 import pytest
 
-from tf_mixed._validate import ArgumentTypeError, boolean, number
+from tf_mixed._internal.validate import ArgumentTypeError, boolean, number
 
 
 def test_a_wrong_type_is_both_a_type_error_and_a_value_error():

@@ -14,9 +14,9 @@ from zoo import KINDS, REFUSED, ZOO, reloaded_model, reloaded_path
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed._facts import walk_layers
-from tf_mixed.bench import probe as bench_probe
-from tf_mixed.bench.cli import main as cli_main
+from tf_mixed._internal.facts import walk_layers
+from tf_mixed.cli import probe as bench_probe
+from tf_mixed.cli.main import main as cli_main
 
 NAMES = list(ZOO)
 EVERY_MODEL = pytest.mark.parametrize("name", NAMES)
@@ -34,7 +34,7 @@ def _model(name, reloaded):
 
 def _convert(model, *args, **kwargs):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.ConversionNote)
+        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
         return tf_mixed.convert(model, *args, **kwargs)
 
 

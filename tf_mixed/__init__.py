@@ -10,128 +10,170 @@
 from its module the first time it is used (PEP 562), so a program (the command
 line) can configure TensorFlow's logging before TensorFlow loads. It is still
 enough for ``keras.models.load_model`` to load a ``.keras`` file that uses
-tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.loss_scale`,
-which register them, are imported as soon as Keras is (`tf_mixed._on_keras_import`).
+tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.scaling.optimizer`,
+which register them, are imported as soon as Keras is (`tf_mixed._internal.on_keras_import`).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from tf_mixed import _on_keras_import
+from tf_mixed._internal import on_keras_import as _on_keras_import
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-# Public name -> the submodule defining it. A name equal to its module's name
-# is the submodule itself (Keras-style aliases: tf_mixed.callbacks, ...).
+# Public name -> the module defining it. A name equal to its module's last part
+# is that module itself (Keras-style: tf_mixed.callbacks, tf_mixed.float8, ...).
 _EXPORTS = {
-    "AuditReport": "auditing",
-    "CensusReport": "step_census",
-    "CompensationConfig": "compensated",
-    "ConversionNote": "conversion",
-    "Enabled": "policy",
-    "ExportReport": "export_report",
-    "Finding": "auditing",
+    "Enabled": "policy.global_policy",
     "Float32Loss": "layers",
     "Float32Output": "layers",
-    "LossScaleConfig": "scale_state",
-    "LossScaleFailure": "callbacks",
-    "LossScaleMonitor": "callbacks",
-    "LossScaleOptimizer": "loss_scale",
-    "LossScaleState": "scale_state",
-    "MemoryReport": "memory",
-    "MixedPrecisionWarning": "callbacks",
-    "ModelCheckpoint": "checkpoint_callback",
+    "LossScaleMonitor": "callbacks.monitor",
+    "LossScaleOptimizer": "scaling.optimizer",
+    "ModelCheckpoint": "callbacks.checkpoint",
     "OutputActivation": "layers",
-    "POLICY_NAMES": "policy",
-    "ProbeReport": "probe_report",
-    "audit": "auditing",
+    "audit": "tools.auditing",
     "callbacks": "callbacks",
-    "census": "step_census",
-    "compensate": "compensated",
-    "compensated": "compensated",
-    "convert": "conversion",
-    "disable": "policy",
+    "census": "tools.census.step_census",
+    "convert": "models.conversion",
+    "disable": "policy.global_policy",
     "distribute": "distribute",
-    "enable": "policy",
-    "export": "exporting",
+    "enable": "policy.global_policy",
+    "export": "serving.exporting",
     "float32_loss": "layers",
     "float8": "float8",
-    "hardware": "hardware",
-    "launch": "launch",
-    "load_weights": "checkpoints",
     "layers": "layers",
-    "loss_scale_state": "loss_scale",
-    "memory_report": "memory",
-    "policy_scope": "policy",
-    "probe": "probing",
-    "save_weights": "checkpoints",
-    "scale_state": "scale_state",
+    "loss_scale_state": "scaling.optimizer",
+    "models": "models",
+    "policy": "policy",
+    "policy_scope": "policy.global_policy",
+    "probe": "tools.probing",
+    "scaling": "scaling",
+    "serving": "serving",
+    "tools": "tools",
     "training": "training",
-    "wrap_optimizer": "loss_scale",
+    "wrap_optimizer": "scaling.optimizer",
+}
+
+# Names that moved in 0.2.0 -> (where they live now, the attribute or None for a
+# module). Still importable, with a DeprecationWarning, until 0.3.0.
+_MOVED = {
+    "AuditReport": ("tools", "AuditReport"),
+    "CensusReport": ("tools.census", "CensusReport"),
+    "CompensationConfig": ("scaling", "CompensationConfig"),
+    "ConversionNote": ("models", "ConversionNote"),
+    "ExportReport": ("serving", "ExportReport"),
+    "Finding": ("tools", "Finding"),
+    "LossScaleConfig": ("scaling", "LossScaleConfig"),
+    "LossScaleFailure": ("callbacks", "LossScaleFailure"),
+    "LossScaleState": ("scaling", "LossScaleState"),
+    "MemoryReport": ("tools", "MemoryReport"),
+    "MixedPrecisionWarning": ("callbacks", "MixedPrecisionWarning"),
+    "POLICY_NAMES": ("policy", "POLICY_NAMES"),
+    "ProbeReport": ("tools", "ProbeReport"),
+    "accumulation": ("scaling.accumulation", None),
+    "allreduce": ("scaling.allreduce", None),
+    "auditing": ("tools.auditing", None),
+    "autotune": ("policy.autotune", None),
+    "census_findings": ("tools.census.findings", None),
+    "checkpoint_callback": ("callbacks.checkpoint", None),
+    "checkpoints": ("serving.half_checkpoints", None),
+    "compensate": ("scaling", "compensate"),
+    "compensated": ("scaling.compensated", None),
+    "conversion": ("models.conversion", None),
+    "export_report": ("serving.export_report", None),
+    "exporting": ("serving.exporting", None),
+    "float8_lowering": ("float8.lowering", None),
+    "float8_monitor": ("float8.monitor", None),
+    "float8_readiness": ("float8.readiness", None),
+    "float8_reading": ("float8.reading", None),
+    "float8_sync": ("scaling.float8_sync", None),
+    "hardware": ("policy.hardware", None),
+    "hlo_ops": ("tools.census.hlo_ops", None),
+    "keep_float32": ("policy.keep_float32", None),
+    "keras_compat": ("scaling.keras_compat", None),
+    "launch": ("distribute.launch", None),
+    "load_weights": ("serving", "load_weights"),
+    "loss_scale": ("scaling.optimizer", None),
+    "loss_tally": ("scaling.loss_tally", None),
+    "memory": ("tools.memory", None),
+    "memory_report": ("tools", "memory_report"),
+    "padding": ("models.padding", None),
+    "policy_state": ("policy.state", None),
+    "probe_report": ("tools.probe_report", None),
+    "probing": ("tools.probing", None),
+    "rebuild": ("models.rebuilding", None),
+    "replicas": ("scaling.replicas", None),
+    "rollback": ("scaling.rollback", None),
+    "save_weights": ("serving", "save_weights"),
+    "scale_state": ("scaling.scale_state", None),
+    "selfcheck": ("tools.check.scenarios", None),
+    "step_census": ("tools.census.step_census", None),
+    "step_ops": ("tools.census.step_ops", None),
+    "stop_rules": ("callbacks.stop_rules", None),
+    "tf_keras_check": ("_internal.tf_keras_check", None),
+    "upstream_defects": ("tools.check.upstream_defects", None),
 }
 
 # Modules whose import registers Keras-serialisable classes (see docstring).
-_REGISTERING = ("layers", "loss_scale")
+_REGISTERING = ("layers", "scaling.optimizer")
 _on_keras_import.register_when_keras_loads([f"tf_mixed.{name}" for name in _REGISTERING])
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import callbacks
-    from tf_mixed import compensated
+    from tf_mixed.callbacks.checkpoint import ModelCheckpoint
+    from tf_mixed.callbacks.monitor import LossScaleMonitor
     from tf_mixed import distribute
     from tf_mixed import float8
-    from tf_mixed import hardware
-    from tf_mixed import launch
-    from tf_mixed import layers
-    from tf_mixed import scale_state
-    from tf_mixed import training
-    from tf_mixed.auditing import AuditReport
-    from tf_mixed.auditing import Finding
-    from tf_mixed.auditing import audit
-    from tf_mixed.callbacks import LossScaleFailure
-    from tf_mixed.callbacks import LossScaleMonitor
-    from tf_mixed.callbacks import MixedPrecisionWarning
-    from tf_mixed.compensated import CompensationConfig
-    from tf_mixed.compensated import compensate
-    from tf_mixed.conversion import ConversionNote
-    from tf_mixed.checkpoint_callback import ModelCheckpoint
-    from tf_mixed.checkpoints import load_weights
-    from tf_mixed.checkpoints import save_weights
-    from tf_mixed.conversion import convert
-    from tf_mixed.export_report import ExportReport
-    from tf_mixed.exporting import export
     from tf_mixed.layers import Float32Loss
     from tf_mixed.layers import Float32Output
     from tf_mixed.layers import OutputActivation
     from tf_mixed.layers import float32_loss
-    from tf_mixed.loss_scale import LossScaleOptimizer
-    from tf_mixed.loss_scale import loss_scale_state
-    from tf_mixed.loss_scale import wrap_optimizer
-    from tf_mixed.memory import MemoryReport
-    from tf_mixed.memory import memory_report
-    from tf_mixed.policy import POLICY_NAMES
-    from tf_mixed.policy import Enabled
-    from tf_mixed.policy import disable
-    from tf_mixed.policy import enable
-    from tf_mixed.policy import policy_scope
-    from tf_mixed.probing import probe
-    from tf_mixed.probe_report import ProbeReport
-    from tf_mixed.scale_state import LossScaleConfig
-    from tf_mixed.scale_state import LossScaleState
-    from tf_mixed.step_census import CensusReport
-    from tf_mixed.step_census import census
+    from tf_mixed import layers
+    from tf_mixed import models
+    from tf_mixed.models.conversion import convert
+    from tf_mixed import policy
+    from tf_mixed.policy.global_policy import Enabled
+    from tf_mixed.policy.global_policy import disable
+    from tf_mixed.policy.global_policy import enable
+    from tf_mixed.policy.global_policy import policy_scope
+    from tf_mixed import scaling
+    from tf_mixed.scaling.optimizer import LossScaleOptimizer
+    from tf_mixed.scaling.optimizer import loss_scale_state
+    from tf_mixed.scaling.optimizer import wrap_optimizer
+    from tf_mixed import serving
+    from tf_mixed.serving.exporting import export
+    from tf_mixed import tools
+    from tf_mixed.tools.auditing import audit
+    from tf_mixed.tools.census.step_census import census
+    from tf_mixed.tools.probing import probe
+    from tf_mixed import training
 
 
 def __getattr__(name: str) -> Any:
-    """Imports a public name from its module on first use (PEP 562)."""
+    """Imports a public name from its module on first use (PEP 562).
+
+    A name that moved (`_MOVED`) still resolves, with a DeprecationWarning
+    that names its new home.
+    """
+    moved = _MOVED.get(name)
+    if moved is not None:
+        where, attribute = moved
+        new = f"tf_mixed.{where}" + (f".{attribute}" if attribute else "")
+        warnings.warn(
+            f"tf_mixed.{name} moved to {new} in tf_mixed 0.2.0; the old name goes in "
+            f"0.3.0. Use {new}.", DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(f"tf_mixed.{where}")
+        return getattr(module, attribute) if attribute else module
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'tf_mixed' has no attribute {name!r}")
     module = importlib.import_module(f"tf_mixed.{module_name}")
-    if name == module_name:  # a submodule alias: import only that module
+    if name == module_name.rpartition(".")[2]:  # a submodule alias: import only that module
         value = module
     else:
         for registering in _REGISTERING:

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from tf_mixed import _internals
-from tf_mixed import tf_keras_check
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal import tf_keras_check
 
 _PACKAGE = "tf_mixed"
 _NOT_ACTIVATIONS = frozenset({"get", "serialize", "deserialize"})

@@ -21,8 +21,8 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from tf_mixed import loss_scale as loss_scale_module
-from tf_mixed import tf_keras_check
+from tf_mixed.scaling import optimizer as loss_scale_module
+from tf_mixed._internal import tf_keras_check
 
 __all__ = [
     "apply_scaled_gradients",
@@ -171,7 +171,7 @@ def make_train_step(
     tf_keras_check.check_objects(
         "tf_mixed.training.make_train_step", model=model, optimizer=optimizer)
     if isinstance(loss_fn, (str, list, tuple, dict)):
-        from tf_mixed import _losses
+        from tf_mixed._internal import losses as _losses
 
         loss_fn = _losses.resolve(loss_fn, model, "make_train_step()")
     strategy = strategy or tf.distribute.get_strategy()

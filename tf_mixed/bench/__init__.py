@@ -1,10 +1,11 @@
-"""The bench and the command line: a client of tf_mixed's public API.
+"""The main job and its suites: a client of tf_mixed's public API.
 
-``python -m tf_mixed`` dispatches to `tf_mixed.bench.cli`. Nothing in the
-library imports this package (a test walks every module's imports); it
-imports only public names of the library.
+``python -m tf_mixed`` dispatches here through `tf_mixed.cli.main`. Nothing in
+the library imports this package (tests/test_layout.py walks every module's
+imports); it imports only public names of the library, and the two
+standard-library helpers `tf_mixed._internal.quiet` and
+`tf_mixed._internal.cli_errors`.
 
-    cli.py       flags and subcommands: bench, info, audit
     config.py    `BenchConfig`, policy resolution, the one data loader
     run.py       one policy trained and measured in this process
     train.py     the fit and GradientTape loops with their step recorder
@@ -15,10 +16,7 @@ imports only public names of the library.
     plot.py      bench.png
     data.py      shapes, tfds:NAME, folder:PATH
     models.py    mlp, cnn, resnet18, resnet50
-    info.py      the hardware report of ``python -m tf_mixed info``
-    audit_command.py  ``python -m tf_mixed audit PATH``
-    doctor.py    ``python -m tf_mixed doctor MODEL``: census, findings, --measure
-    model_command.py  what probe and doctor share: MODEL parsing, errors, atomic writes
-    quiet.py     TensorFlow's log level and the quiet import
-    errors.py    `UsageError`, `ChildFailed`
+    serving.py   LiteRT files of the main job's mixed run, sizes and parity
+    comm.py, memory_suite.py, bf16_quality.py, rollback_cost.py,
+    litert_latency.py   the other suites
 """

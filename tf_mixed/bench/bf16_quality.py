@@ -11,7 +11,7 @@ same initial weights and data order, with Adam, under:
 * ``bfloat16, float32 update math, plain rounding``: tf_mixed's float32
   update arithmetic without compensation, to separate the two causes;
 * ``bfloat16 <kahan|stochastic>, <float32|bfloat16> state``: tf_mixed's
-  compensated updates (`tf_mixed.compensated`) through
+  compensated updates (`tf_mixed.scaling.compensated`) through
   ``tf_mixed.wrap_optimizer``.
 
 Per path: final train loss, validation loss and accuracy, their difference

@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         The exit status: 0 success, 2 bad input (message in ``--error_file``).
     """
     args = _parse(sys.argv[1:] if argv is None else argv)
-    from tf_mixed.bench import quiet
+    from tf_mixed._internal import quiet
 
     quiet.import_tensorflow(args.verbose)
     from tf_mixed.bench import run
     from tf_mixed.bench.config import BenchConfig
-    from tf_mixed.bench.errors import UsageError
+    from tf_mixed._internal.cli_errors import UsageError
 
     with open(args.config) as f:
         fields = json.load(f)

@@ -64,7 +64,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
         RuntimeError: if a worker failed or did not finish in time.
     """
     from tf_mixed.bench import report as bench_report
-    from tf_mixed.bench.errors import UsageError
+    from tf_mixed._internal.cli_errors import UsageError
 
     if config.workers < 2:
         raise UsageError("workers", config.workers,
@@ -169,8 +169,8 @@ def _markdown(rows, worker) -> str:
 
 
 def _run_workers(settings: dict[str, Any], output_dir: str) -> dict[str, Any]:
-    """Starts the workers with `tf_mixed.launch` and returns worker 0's record."""
-    from tf_mixed import launch
+    """Starts the workers with `tf_mixed.distribute.launch` and returns worker 0's record."""
+    from tf_mixed.distribute import launch
 
     staging = tempfile.mkdtemp(prefix=".tf_mixed_comm.", dir=output_dir)
     try:
@@ -207,7 +207,7 @@ def _worker(index: int, ports: list[int], settings_path: str, out: str) -> None:
     import tensorflow as tf
 
     import tf_mixed
-    from tf_mixed import allreduce
+    from tf_mixed.scaling import allreduce
     from tf_mixed.training import make_train_step
 
     with open(settings_path) as f:

@@ -23,9 +23,10 @@ import time
 from typing import Any
 
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import quiet, report as report_module, run, serving
+from tf_mixed.bench import report as report_module, run, serving
+from tf_mixed._internal import quiet
 from tf_mixed.bench.config import BenchConfig
-from tf_mixed.bench.errors import ChildFailed
+from tf_mixed._internal.cli_errors import ChildFailed
 
 
 def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
 
 
 def _slow_float16_convs(config: BenchConfig, policies: tuple[str, ...]) -> bool:
-    from tf_mixed import hardware
+    from tf_mixed.policy import hardware
 
     return (
         "mixed_float16" in policies

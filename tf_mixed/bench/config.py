@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tf_mixed.bench.errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
@@ -22,7 +22,7 @@ ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
                  "bf16": "mlp"}
 # Bench-only policy names: what the run computes in, and what it adds.
-# "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
+# "float8": Keras float8 (tf_mixed.float8.quantization.quantize) on bfloat16 compute.
 BENCH_POLICIES = {"float8": "mixed_bfloat16"}
 # --float8_layers: which Dense layers the float8 run quantizes.
 FLOAT8_LAYERS = ("auto", "all")
@@ -56,7 +56,7 @@ class BenchConfig:
         output_dir: Where results.json, results.md and bench.png go.
         seed: Seed for data, initial weights and data order.
         rounds: Overhead suite: alternating timing rounds per path.
-        float8_layers: The float8 policy's layers: "auto" (tf_mixed.float8.quantize's
+        float8_layers: The float8 policy's layers: "auto" (tf_mixed.float8.quantization.quantize's
             default: first, last and unaligned Dense layers kept out) or "all".
     """
 
@@ -150,7 +150,8 @@ def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     Raises:
         UsageError: For an unknown name.
     """
-    from tf_mixed import hardware, policy
+    from tf_mixed.policy import hardware
+    from tf_mixed.policy import global_policy as policy
 
     auto, reason = policy.resolve_auto(hardware.detect())  # measured on CPUs
     names = []

@@ -25,7 +25,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed.bench.errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError
 
 SHAPES = "shapes"
 SHAPE_CLASSES = (

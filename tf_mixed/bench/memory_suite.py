@@ -11,14 +11,14 @@ changes of machine load hit them alike:
 
 * ``float32``, ``mixed_bfloat16``: ``tf_mixed.wrap_optimizer(Adam)``;
 * ``bfloat16 ...``: the pure policy (``tf_mixed.enable("bfloat16")``) with
-  the update rule named (`tf_mixed.compensated`) and Adam's state in the
+  the update rule named (`tf_mixed.scaling.compensated`) and Adam's state in the
   dtype named;
 * ``... accumN``: the same update made of N micro-batches of
   ``batch_size / N`` (``gradient_accumulation_steps=N``), when tf_mixed has
   gradient accumulation.
 
 Per path: bytes per parameter of weights, gradients, optimizer state and
-extra buffers (`tf_mixed.memory_report`), the peak resident memory of the
+extra buffers (`tf_mixed.tools.memory_report`), the peak resident memory of the
 process over the timed steps (Linux VmHWM, reset after warm-up, so it holds
 the state plus what one step allocates; and TensorFlow's own allocator
 peak, which counts tensors and variables only), and applied updates per second
@@ -84,9 +84,9 @@ def run_memory(config, command: str) -> dict[str, Any]:
         UsageError: for flags this suite cannot honour, before any work.
         RuntimeError: if a path's process failed.
     """
-    from tf_mixed import policy
+    from tf_mixed.policy import global_policy as policy
     from tf_mixed.bench import report as bench_report
-    from tf_mixed.bench.errors import UsageError
+    from tf_mixed._internal.cli_errors import UsageError
 
     paths = available_paths()
     if config.policies:
@@ -203,7 +203,7 @@ def _markdown(rows, params, settings) -> str:
             f"{r['peak_tensor_mb']:,.0f} | {r['peak_vs_first']:.2f}x | "
             f"{r['peak_rss_mb']:,.0f} | "
             f"{r['updates_per_sec']:.2f} | {r['samples_per_sec']:.0f} |")
-    lines += ["", "B/param: bytes per parameter from tf_mixed.memory_report "
+    lines += ["", "B/param: bytes per parameter from tf_mixed.tools.memory_report "
               "(extra: Kahan buffers and accumulation buffers). Peak tensor MB: "
               "TensorFlow's CPU allocator peak during the timed steps "
               "(tf.config.experimental.get_memory_info: variables and every "
@@ -237,7 +237,7 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
         + [keras.layers.Dense(CLASSES)])
     inner = keras.optimizers.Adam(settings["learning_rate"])
     if compensation is not None:
-        tf_mixed.compensate(inner, compensation, state_dtype=state_dtype,
+        tf_mixed.scaling.compensate(inner, compensation, state_dtype=state_dtype,
                             seed=settings["seed"])
     knobs: dict[str, Any] = (
         {"gradient_accumulation_steps": accumulation} if accumulation > 1 else {})
@@ -272,7 +272,7 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
         loss = update()
     final_loss = float(loss)
     elapsed = time.perf_counter() - start
-    report = tf_mixed.memory_report(model, optimizer)
+    report = tf_mixed.tools.memory_report(model, optimizer)
     result = {
         "path": path,
         "parameters": report.parameters,
@@ -289,7 +289,7 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
 
 def main(argv: list[str]) -> int:
     """``python -m tf_mixed.bench.memory_suite PATH SETTINGS_JSON OUT``."""
-    from tf_mixed.bench import quiet
+    from tf_mixed._internal import quiet
 
     quiet.import_tensorflow(False)
     path, settings, out = argv

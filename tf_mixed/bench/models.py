@@ -20,7 +20,7 @@ from typing import Callable
 import keras
 from keras import layers
 
-from tf_mixed.bench.errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.layers import OutputActivation
 
 

@@ -7,7 +7,7 @@ under the same mixed policy in one process:
   ``keras.optimizers.LossScaleOptimizer`` when the policy is mixed_float16
   (custom loop: ``scale_loss`` and ``apply`` on that optimizer by hand);
 * ``tf_mixed``: ``tf_mixed.wrap_optimizer(Adam)`` plus
-  ``tf_mixed.callbacks.LossScaleMonitor`` (custom loop:
+  ``tf_mixed.callbacks.monitor.LossScaleMonitor`` (custom loop:
   ``tf_mixed.training.apply_scaled_gradients``).
 
 The paths alternate for ``--rounds`` rounds of ``--steps`` steps (after
@@ -26,12 +26,13 @@ import keras
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed import policy, training
+from tf_mixed import training
+from tf_mixed.policy import global_policy as policy
 from tf_mixed.bench import config as config_module
 from tf_mixed.bench import models, report as report_module, train
 from tf_mixed.bench.config import BenchConfig
-from tf_mixed.bench.errors import UsageError
-from tf_mixed.callbacks import LossScaleMonitor
+from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.callbacks.monitor import LossScaleMonitor
 
 PATHS = ("keras", "tf_mixed")
 DEFAULT_STEPS = 40

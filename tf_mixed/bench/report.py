@@ -27,7 +27,7 @@ import tempfile
 from typing import Any
 
 from tf_mixed.bench import serving
-from tf_mixed.bench.errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
 
@@ -279,7 +279,7 @@ def host_info() -> dict[str, Any]:
     import tensorflow as tf
 
     import tf_mixed
-    from tf_mixed import hardware
+    from tf_mixed.policy import hardware
 
     info = hardware.detect()
     return {

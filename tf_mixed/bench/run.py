@@ -12,7 +12,7 @@ into the table and files. Every policy sees the same seed, initial weights and d
 Two training paths exercise tf_mixed's two integrations:
 
 * ``loop="fit"``: ``model.compile(optimizer=tf_mixed.wrap_optimizer(Adam))``
-  and ``model.fit(..., callbacks=[tf_mixed.callbacks.LossScaleMonitor()])``.
+  and ``model.fit(..., callbacks=[tf_mixed.callbacks.monitor.LossScaleMonitor()])``.
 * ``loop="custom"``: a ``tf.GradientTape`` step run with ``strategy.run``,
   the gradients applied through ``tf_mixed.training.apply_scaled_gradients``.
 """
@@ -28,11 +28,12 @@ import keras
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed import policy, training
+from tf_mixed import training
+from tf_mixed.policy import global_policy as policy
 from tf_mixed.bench import config as config_module
 from tf_mixed.bench import models, serving, train
 from tf_mixed.bench.config import BenchConfig
-from tf_mixed.bench.errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError
 
 # --- memory -------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ def make_strategy(config: BenchConfig) -> tf.distribute.Strategy:
     if config.strategy == "multiworker":
         # Checks TF_CONFIG, bounds every collective wait, and makes fit work
         # (keras-team/keras#20585) whatever optimizer the policy gets.
-        from tf_mixed import distribute
+        from tf_mixed.distribute import cluster as distribute
 
         return distribute.multi_worker_strategy(timeout_seconds=600)
     if config.strategy == "mirrored":
@@ -167,7 +168,7 @@ def run_policy(
             if policy_name == "float8":
                 # Created in the strategy's scope: the float8 scales are
                 # mirrored variables the optimizer agrees across replicas.
-                float8_plan = tf_mixed.float8.quantize(
+                float8_plan = tf_mixed.float8.quantization.quantize(
                     model, keep_float32="auto" if config.float8_layers == "auto" else [])
             optimizer = tf_mixed.wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
         recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose)

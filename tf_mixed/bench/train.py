@@ -1,7 +1,7 @@
 """The bench's two training paths and the per-step recorder they share.
 
 `train_fit` is ``model.compile`` + ``model.fit`` with
-``tf_mixed.callbacks.LossScaleMonitor``; `train_custom` is a
+``tf_mixed.callbacks.monitor.LossScaleMonitor``; `train_custom` is a
 ``tf.GradientTape`` step under ``strategy.run`` whose gradients go through
 ``tf_mixed.training.apply_scaled_gradients``. Both report every step's wall
 time (the step is waited for, so the time is the step's own) and the loss
@@ -88,7 +88,7 @@ class _FitRecorder(keras.callbacks.Callback):
 def loss_scale(optimizer) -> float | None:
     """The current loss scale, or None for an optimizer that does not scale."""
     from tf_mixed import loss_scale_state
-    from tf_mixed.callbacks import is_loss_scaling
+    from tf_mixed.callbacks.monitor import is_loss_scaling
 
     if not is_loss_scaling(optimizer):
         return None
@@ -120,7 +120,7 @@ def batched(dataset: tf.data.Dataset, batch: int, *, train: bool, seed: int, siz
 
 def train_fit(model, optimizer, train, val, steps: int, epochs: int, recorder: Recorder) -> None:
     """``compile`` + ``fit`` with tf_mixed's LossScaleMonitor and the step timer."""
-    from tf_mixed.callbacks import LossScaleMonitor
+    from tf_mixed.callbacks.monitor import LossScaleMonitor
 
     model.compile(
         optimizer=optimizer,

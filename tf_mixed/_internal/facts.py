@@ -1,0 +1,219 @@
+"""Facts about mixed precision that several modules need, each kept once.
+
+`auditing` (what is wrong), `conversion` (how to fix it), `probing`, the
+policy parser and the set-up checks of `callbacks` read the same tables and
+tests here, so the advice one gives is what the other does.
+tests/test_facts.py fails when a module restates a table (tuple, list, set
+or dict) instead of importing it.
+
+Keras is imported inside the functions that need it, so `tf_mixed.policy.autotune`
+can read the policy table without loading TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import keras
+
+# Policy names. Every name `tf_mixed.enable` accepts, mapped to the Keras
+# policy it means: canonical names first, then short aliases ("auto" resolves
+# per host).
+AUTO = "auto"
+FLOAT32 = "float32"
+MIXED_FLOAT16 = "mixed_float16"
+MIXED_BFLOAT16 = "mixed_bfloat16"
+# Pure bfloat16: variables too (Keras's name). No short alias: "bf16" stays
+# mixed_bfloat16 (CHANGELOG.md, issue 21), so no name means two things.
+BFLOAT16 = "bfloat16"
+POLICY_ALIASES = {
+    AUTO: AUTO,
+    MIXED_FLOAT16: MIXED_FLOAT16,
+    MIXED_BFLOAT16: MIXED_BFLOAT16,
+    FLOAT32: FLOAT32,
+    BFLOAT16: BFLOAT16,
+    "fp16": MIXED_FLOAT16,
+    "bf16": MIXED_BFLOAT16,
+    "fp32": FLOAT32,
+}
+
+# The dtype each concrete policy computes in.
+COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",
+                  MIXED_FLOAT16: "float16"}
+
+# The reduced-precision float dtypes a layer can compute in.
+HALF_DTYPES = ("float16", "bfloat16")
+
+# The multiple a matrix dimension needs to fill the hardware's tiles, per
+# half dtype: float16 Tensor Cores take multiples of 8; Intel AMX tiles (and
+# float8 Tensor Cores) take multiples of 16 bfloat16 elements. `audit` checks
+# layer attributes against 8; `census` checks traced shapes against these.
+TILE_MULTIPLES = {"float16": 8, "bfloat16": 16}
+
+# Class names of tf_mixed's float32 heads (tf_mixed.layers): float32 by
+# design, so they are neither converted nor reported as explicit float32.
+FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+
+# Activations that squash logits into probabilities (or their log). Computed
+# in half precision as a model output they saturate and hide the logits from
+# Keras's exact cross-entropy, so they belong in a float32 head.
+SQUASHING_ACTIVATIONS = ("softmax", "sigmoid", "log_softmax")
+
+# Dtype policies whose layers compute in a float type: the ones `convert`
+# may switch to a mixed policy, and `probe` may compare against float32.
+FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+
+
+def half_policy(compute_dtype: str) -> str | None:
+    """The mixed policy computing in ``compute_dtype`` ("float16" ->
+    "mixed_float16"), or None for a dtype no mixed policy computes in."""
+    for name, dtype in COMPUTE_DTYPES.items():
+        if dtype == compute_dtype and dtype in HALF_DTYPES:
+            return name
+    return None
+
+
+def is_input_layer(layer: Any) -> bool:
+    """Whether ``layer`` is a Keras ``InputLayer`` (a placeholder, no compute)."""
+    import keras
+
+    return isinstance(layer, keras.layers.InputLayer)
+
+
+def check_model_kind(model: Any, caller: str, *, traced: bool = True,
+                     why_traced: str = "", fix: str = "", hint: str = "") -> None:
+    """Refuses what ``caller`` cannot work on, with the one message for it.
+
+    Args:
+      model: what the user passed.
+      caller: the function named in the message, e.g. "probe()".
+      traced: whether ``caller`` needs a Sequential or functional model (a
+        graph of layers); False accepts subclassed models too.
+      why_traced: why a subclassed model cannot be used (a clause).
+      fix: what to do instead, for a subclassed model (a sentence).
+      hint: appended to the message for a non-model.
+
+    Raises:
+      TypeError: ``model`` is not a ``keras.Model``, or (``traced``) a
+        subclassed model.
+      ValueError: (``traced``) a Sequential model that is not built.
+    """
+    import keras
+
+    kinds = "Sequential or functional" if traced else (
+        "Sequential, functional or subclassed")
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"{caller} needs a keras.Model ({kinds}). Received: model="
+            f"{model!r} (of type {type(model).__name__}).{hint}")
+    if not traced or model_inputs_and_outputs(model):
+        return
+    if isinstance(model, keras.Sequential):
+        raise ValueError(
+            f"Sequential model '{model.name}' is not built, so {caller} has "
+            "no inputs to work from. Build it first (add a keras.Input or "
+            "call model.build(input_shape)).")
+    raise TypeError(
+        f"{caller} cannot use the subclassed model '{model.name}' (class "
+        f"{type(model).__name__}): {why_traced}. {fix}")
+
+
+def model_inputs_and_outputs(model: Any) -> bool:
+    """Whether ``model`` has symbolic inputs and outputs (a traced graph)."""
+    try:
+        return bool(model.inputs) and bool(model.outputs)
+    except (AttributeError, ValueError):
+        return False
+
+
+def activation_name(layer) -> str | None:
+    """The name of the activation a layer applies last, or None.
+
+    Args:
+      layer: a Keras layer.
+
+    Returns:
+      "softmax" for a ``Softmax`` layer; the function name of its
+      ``activation`` attribute (Dense, Conv, Activation, ...); None when the
+      layer has no named activation.
+    """
+    if type(layer).__name__ == "Softmax":
+        return "softmax"
+    name = getattr(getattr(layer, "activation", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+def walk_layers(model, prefix: str = "") -> Iterator[tuple[str, keras.Layer]]:
+    """Every layer of a model, depth first, entering nested models.
+
+    Semantics, which every caller relies on:
+
+    * pre-order: a nested model is yielded itself, then its own layers;
+    * names are qualified by the enclosing models, ``outer/inner`` (the
+      top-level layers keep their plain name);
+    * only models are entered (``keras.Model``); other layers that hold
+      layers (wrappers such as ``Bidirectional``) are yielded as one layer;
+    * a layer shared by several models is yielded once per place it appears.
+
+    Callers that want leaf layers only filter out ``keras.Model``.
+
+    Args:
+      model: a `keras.Model`.
+      prefix: prepended to every name (used for the recursion).
+
+    Yields:
+      (qualified name, layer) pairs.
+    """
+    import keras
+
+    for layer in model.layers:
+        name = prefix + layer.name
+        yield name, layer
+        if isinstance(layer, keras.Model):
+            yield from walk_layers(layer, name + "/")
+
+
+def layer_outputs(layer) -> list:
+    """Symbolic outputs of every call of `layer` in a graph ([] if none).
+
+    Args:
+      layer: a layer of a Sequential/functional model.
+
+    Returns:
+      A list of KerasTensors (anything without shape and dtype dropped).
+    """
+    import keras
+
+    from tf_mixed._internal import shims as _internals
+
+    outputs = _internals.call_outputs(layer)
+    if not outputs:
+        try:
+            outputs = keras.tree.flatten(layer.output)
+        except (AttributeError, ValueError, RuntimeError):
+            outputs = []
+    return [t for t in outputs if hasattr(t, "shape") and hasattr(t, "dtype")]
+
+
+def model_outputs(model) -> list:
+    """The symbolic outputs of a Sequential/functional model, flat.
+
+    Args:
+      model: a `keras.Model`.
+
+    Returns:
+      A list of KerasTensors; [] for a subclassed or unbuilt model.
+    """
+    import keras
+
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return []
+    return list(keras.tree.flatten(outputs)) if outputs else []
+
+# Machine epsilon (the gap between 1 and the next float) of each float dtype:
+# 2**-(stored mantissa bits). `tf_mixed.export` derives its default parity
+# tolerances from these (tests/test_export.py checks them against NumPy).
+EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}

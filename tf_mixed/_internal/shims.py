@@ -1,0 +1,671 @@
+"""Every use of private Keras / TensorFlow API in tf_mixed, each in one shim.
+
+Each function reaches one private name, says why no public API does the job,
+and names the version it was checked on (Keras 3.15.1, TensorFlow 2.21.0).
+tests/test_internals.py asserts that each name still exists and behaves as
+relied on here, so a Keras or TF upgrade that moves one fails a named test
+instead of changing tf_mixed's behaviour silently. pyproject.toml bounds the
+Keras version to the range these tests ran on.
+
+One patch is too large for a shim and lives in its own module so it can be
+deleted whole once Keras is fixed: ``tf_mixed/distribute/keras_fix_20585.py`` (``fit``
+under MultiWorkerMirroredStrategy, keras-team/keras#20585) replaces
+``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build``
+and ``keras.src.backend.tensorflow.trainer.reduce_per_replica`` (measured on
+Keras 3.15.1) and calls ``strategy.extended._in_multi_worker_mode()``;
+``tests/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails on
+the first Keras without the defect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import warnings
+from typing import Any, Callable, NamedTuple
+
+
+class KerasHistory(NamedTuple):
+    """Where a symbolic tensor came from (Keras's own record, copied)."""
+
+    operation: Any  # the layer (or nested model) that produced the tensor
+    node_index: int  # which call of that operation
+    tensor_index: int  # which of that call's outputs
+
+
+# --------------------------------------------------------------------- Keras
+
+
+def call_outputs(layer) -> list:
+    """The symbolic outputs of every call of `layer` in a functional graph.
+
+    Reaches ``layer._inbound_nodes`` (one ``Node`` per call, each with
+    ``output_tensors``). The public ``layer.output`` gives the first call only
+    and raises for a shared layer; audit needs every call's dtype and shape.
+    Checked on Keras 3.15.1.
+
+    Returns:
+      A flat list of KerasTensors; [] for a layer never called symbolically.
+    """
+    import keras
+
+    return [t for node in layer._inbound_nodes
+            for t in keras.tree.flatten(node.output_tensors)]
+
+
+def call_inputs(layer) -> list:
+    """The symbolic inputs of every call of `layer` (``_inbound_nodes``).
+
+    Used to find the layer feeding one of tf_mixed's float32 heads; no public
+    accessor gives a shared layer's inputs per call. Keras 3.15.1.
+    """
+    import keras
+
+    return [t for node in layer._inbound_nodes
+            for t in keras.tree.flatten(node.input_tensors)]
+
+
+def keras_history(tensor) -> KerasHistory | None:
+    """The operation that produced a symbolic tensor (``_keras_history``).
+
+    Keras stores it on every KerasTensor a layer outputs; there is no public
+    accessor. A nested model appears as the operation, with the index of its
+    output. Keras 3.15.1.
+
+    Returns:
+      A `KerasHistory`, or None for a tensor no operation produced (a plain
+      ``keras.KerasTensor``, an eager tensor).
+    """
+    history = getattr(tensor, "_keras_history", None)
+    if history is None:
+        return None
+    operation, node_index, tensor_index = history
+    return KerasHistory(operation, node_index, tensor_index)
+
+
+def lambda_output_shape(layer):
+    """The ``output_shape`` a ``Lambda`` layer was created with (``_output_shape``).
+
+    Keras keeps it only privately (``get_config`` returns it serialised, as
+    code when it is a Python lambda); re-creating a Lambda from its live
+    function (`tf_mixed.models.cloning.recreate`) needs the live value. Keras 3.15.1.
+    """
+    return layer._output_shape
+
+
+def run_through_graph(model, inputs, call_fn):
+    """Calls a functional model's graph on ``inputs``, each node through ``call_fn``.
+
+    Reaches ``Function._run_through_graph(inputs, operation_fn, call_fn)``,
+    which ``keras.models.clone_model`` uses: ``call_fn(operation, *args,
+    **kwargs)`` returns each node's outputs. No public API walks a functional
+    graph node by node with symbolic inputs that are not ``keras.Input``s
+    (``clone_model(input_tensors=...)`` then wraps the result in a model);
+    `tf_mixed.models.cloning.flat_clone` needs it to inline nested models.
+    Keras 3.15.1.
+
+    Returns:
+        The outputs, in the structure of ``model.outputs``'s calls.
+    """
+    return model._run_through_graph(inputs, operation_fn=lambda op: op, call_fn=call_fn)
+
+
+def disable_input_casting(layer) -> None:
+    """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
+
+    Keras casts the floating tensors of a layer's arguments to its compute
+    dtype when ``layer._convert_input_args`` is true (the default; Keras 3.15
+    casts every argument, earlier 3.x releases the first one only).
+    `Float32Output` casts every nested float itself and passes everything
+    else through untouched, so Keras's conversion is turned off; there is no
+    constructor argument for it. Keras 3.15.1 (``keras/src/layers/layer.py``,
+    ``Layer.__call__``).
+    """
+    layer._convert_input_args = False
+
+
+def optimizer_trainable_variables(optimizer) -> list:
+    """The variables a built optimizer was built for (``_trainable_variables``).
+
+    Keras keeps them to apply gradients when ``apply`` is called without
+    variables; the public ``optimizer.variables`` holds the optimizer's own
+    state instead. For `LossScaleOptimizer.apply`. Keras 3.15.1.
+    """
+    return list(optimizer._trainable_variables)
+
+
+def no_automatic_dependency_tracking(fn: Callable) -> Callable:
+    """Decorator: attributes set inside `fn` are not tracked by Keras.
+
+    ``keras.src.utils.tracking.no_automatic_dependency_tracking`` is how
+    Keras's own ``LossScaleOptimizer.build`` creates its state, so the state
+    variables are tracked once (in ``_variables``) and not also as attributes.
+    No public equivalent. Imported when the decorated function is defined, so
+    a Keras that moves it fails at import, loudly. Keras 3.15.1.
+    """
+    from keras.src.utils import tracking
+
+    return tracking.no_automatic_dependency_tracking(fn)
+
+
+# ------------------------------------------------------------------- TensorFlow
+
+_XLA_PROBE_MISSING = (
+    "tf_mixed cannot tell whether this step is compiled with XLA: TensorFlow "
+    "{version} no longer has tensorflow.python.ops.control_flow_util."
+    "GraphOrParentsInXlaContext ({error}). The clear error for jit_compile=True "
+    "under a multi-replica strategy is off; XLA's own error will show instead. "
+    "Please report this at tf_mixed with your TensorFlow version."
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_probe():
+    """TF's own XLA-context check, or the ImportError/AttributeError met."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext
+    except (ImportError, AttributeError) as error:
+        return error
+
+
+def in_xla_context(graph) -> bool:
+    """Whether ops added to `graph` now are compiled with XLA.
+
+    Reaches ``tensorflow.python.ops.control_flow_util.
+    GraphOrParentsInXlaContext``, the check TF's own strategies use; a
+    ``tf.function(jit_compile=True)`` leaves no public trace in its graph.
+    TF 2.21.0. If TF moves it, this warns (``RuntimeWarning``, once) and
+    returns False: the check only swaps XLA's resource-device error for a
+    clearer one, so training goes on, but not silently.
+
+    Args:
+      graph: a ``tf.Graph`` (usually ``tf.compat.v1.get_default_graph()``).
+
+    Returns:
+      True inside an XLA-compiled function (or a function it calls).
+    """
+    probe = _xla_probe()
+    if isinstance(probe, Exception):
+        import tensorflow as tf
+
+        warnings.warn(_XLA_PROBE_MISSING.format(version=tf.__version__,
+                                                error=probe),
+                      RuntimeWarning, stacklevel=2)
+        return False
+    return bool(probe(graph))
+
+
+def strategy_supports_no_merge_call() -> bool:
+    """Whether the current strategy updates variables without ``merge_call``.
+
+    ``tf.__internal__.distribute.strategy_supports_no_merge_call`` is what
+    Keras's optimizers ask before applying gradients in the replica context
+    (true for the default strategy and with XLA on GPUs; false for
+    MirroredStrategy on CPUs). No public equivalent. TF 2.21.0.
+    """
+    import tensorflow as tf
+
+    return bool(tf.__internal__.distribute.strategy_supports_no_merge_call())
+
+
+# ------------------------------------------------ the Layer.__init__ hook (keep_float32)
+
+
+# Hooks called at the end of every `keras.layers.Layer.__init__`.
+_layer_init_hooks: list[Callable] = []
+
+
+def add_layer_init_hook(hook: Callable[[Any, object], None]) -> None:
+    """Calls ``hook(layer, dtype_argument)`` at the end of every ``Layer.__init__``.
+
+    What it reaches: it replaces ``keras.layers.Layer.__init__`` (Keras 3.15.1)
+    with a wrapper that runs the original, then each hook. Every layer class
+    reaches it through ``super().__init__(...)``, after the layer's name and
+    dtype policy are set and before the subclass creates sub-layers or
+    weights (e.g. MultiHeadAttention passes its own policy to its sub-layers
+    after ``super().__init__``).
+
+    Why: Keras picks a layer's dtype policy in ``Layer.__init__`` from the
+    ``dtype`` argument or, when it is None, the global policy, and offers no
+    per-layer hook there. A global ``DTypePolicyMap`` was tried first and
+    does not do the job (measured, Keras 3.15.1): it is keyed by
+    ``layer.path``, which is None for layers without a ``build`` method (they
+    are built at init), it is consulted only after the first call's inputs
+    were already cast to the default dtype (the symbolic output of a
+    functional model says float16 while eager calls compute float32), a
+    layer in a Sequential has the path ``sequential/NAME`` so an exact name
+    key misses it, and it never sees a layer's class.
+
+    The wrapper keeps what Keras reads of the signature equal to the
+    original's: ``getfullargspec``'s ``args`` and ``varkw`` (``self,
+    **kwargs``; the original's keyword-only arguments are not repeated) and
+    ``inspect.signature``, which follows ``__wrapped__``; so Keras's automatic
+    ``get_config`` (``Operation.__new__``) is unchanged.
+    Installing twice adds the hook once.
+
+    Args:
+        hook: Called as ``hook(layer, dtype)``, ``dtype`` being the ``dtype``
+            argument the layer was created with (None: follow the global
+            policy).
+    """
+    import keras
+
+    if hook in _layer_init_hooks:
+        return
+    _layer_init_hooks.append(hook)
+    layer_class = keras.layers.Layer
+    if getattr(layer_class.__init__, "_tf_mixed_hooked", False):
+        return
+    original = layer_class.__init__
+
+    @functools.wraps(original)
+    def __init__(self, **kwargs):
+        original(self, **kwargs)
+        for each in tuple(_layer_init_hooks):
+            each(self, kwargs.get("dtype"))
+
+    __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
+    layer_class.__init__ = __init__
+
+
+# Hooks called when a model's layers are known (see add_container_hook).
+_container_hooks: list[Callable] = []
+
+
+def add_container_hook(hook: Callable[[Any], None]) -> None:
+    """Calls ``hook(model)`` once a functional model is built and after ``Sequential.add``.
+
+    What it reaches: it wraps ``keras.src.models.functional.Functional.__init__``
+    (run the original, then each hook) and ``keras.Sequential.add`` (run the
+    original with ``rebuild=False``, each hook, then the rebuild the caller
+    asked for, so the rebuilt graph sees what the hook set). Keras 3.15.1.
+
+    Why: `add_layer_init_hook` runs at the end of ``Layer.__init__``, when a
+    model does not yet know its layers (a functional model's layers were
+    created before it; a Sequential's are added after). ``keep_float32``
+    naming a nested model must reach the layers inside it, and no public
+    Keras hook runs once they are known.
+    Installing twice adds the hook once.
+
+    Args:
+        hook: Called as ``hook(model)``.
+    """
+    import keras
+    from keras.src.models.functional import Functional
+
+    if hook in _container_hooks:
+        return
+    _container_hooks.append(hook)
+    if getattr(Functional.__init__, "_tf_mixed_hooked", False):
+        return
+    functional_init = Functional.__init__
+    sequential_add = keras.Sequential.add
+
+    @functools.wraps(functional_init)
+    def __init__(self, *args, **kwargs):
+        functional_init(self, *args, **kwargs)
+        for each in tuple(_container_hooks):
+            each(self)
+
+    @functools.wraps(sequential_add)
+    def add(self, layer, rebuild=True):
+        sequential_add(self, layer, rebuild=False)
+        for each in tuple(_container_hooks):
+            each(self)
+        if rebuild:
+            self._maybe_rebuild()
+
+    __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
+    Functional.__init__ = __init__
+    keras.Sequential.add = add
+
+
+# ------------------------------------------------------- reduced gradients
+
+_SKIP_LOCK = threading.Lock()
+_SKIP_DEPTH = "_tf_mixed_reduced_depth"
+
+
+def apply_reduced_gradients(optimizer, grads, trainable_variables):
+    """Runs ``optimizer.apply`` on gradients that are already all-reduced.
+
+    Reaches: ``TFOptimizer._all_reduce_sum_gradients`` (Keras 3.15.1,
+    keras/src/backend/tensorflow/optimizer.py), which ``_backend_update_step``
+    calls in the replica context to SUM the gradients before
+    ``_distributed_tf_update_step``. Keras 3 has no public switch for it (tf-keras
+    had ``apply_gradients(..., experimental_aggregate_gradients=False)``).
+
+    Why: tf_mixed reduces the gradients itself, once, in the communication
+    dtype, and takes the skip verdict from the result; a second all-reduce
+    inside the inner optimizer would sum the sums (doubling them) and cost a
+    second collective.
+
+    How: the instance's method is wrapped once by one that returns the pairs
+    unchanged while a call of this function is in progress on that optimizer.
+    A depth counter (not a thread-local) is used because under
+    MirroredStrategy the replica threads that reach the inner update are not
+    the threads that entered this function. Everything else in ``apply``
+    (clipping, weight decay, EMA, constraints, ``iterations``) runs as usual.
+
+    Args:
+        optimizer: A Keras optimizer on the TensorFlow backend.
+        grads: The already-reduced gradients, one per variable.
+        trainable_variables: The variables to update.
+    """
+    _install_skippable_all_reduce(optimizer)
+    with _SKIP_LOCK:
+        setattr(optimizer, _SKIP_DEPTH, getattr(optimizer, _SKIP_DEPTH) + 1)
+    try:
+        optimizer.apply(grads, trainable_variables)
+    finally:
+        with _SKIP_LOCK:
+            setattr(optimizer, _SKIP_DEPTH,
+                    getattr(optimizer, _SKIP_DEPTH) - 1)
+
+
+def _install_skippable_all_reduce(optimizer):
+    with _SKIP_LOCK:
+        if getattr(optimizer, _SKIP_DEPTH, None) is not None:
+            return
+        try:
+            original = optimizer._all_reduce_sum_gradients
+        except AttributeError as error:  # pragma: no cover - a Keras change
+            raise RuntimeError(
+                "tf_mixed needs Keras's TFOptimizer._all_reduce_sum_gradients "
+                f"(Keras 3.15.1); {type(optimizer).__name__} has none in this "
+                "Keras version. Please report it to tf_mixed."
+            ) from error
+
+        def all_reduce_unless_reduced(grads_and_vars):
+            if getattr(optimizer, _SKIP_DEPTH) > 0:
+                return list(grads_and_vars)
+            return original(grads_and_vars)
+
+        optimizer._all_reduce_sum_gradients = all_reduce_unless_reduced
+        setattr(optimizer, _SKIP_DEPTH, 0)
+
+
+# ------------------------------------------------------- which all-reduce
+
+
+def reduces_with_nccl(strategy) -> bool:
+    """Whether ``strategy``'s replica all-reduce runs through NCCL.
+
+    Reaches: ``strategy.extended._cross_device_ops`` (MirroredStrategy and
+    MultiWorkerMirroredStrategy, TF 2.21) and, for a ``CollectiveAllReduce``,
+    its ``_options.implementation``; also ``_devices`` of the extended object.
+
+    Why: TF's NCCL kernels cannot reduce bfloat16 (see tf_mixed.scaling.allreduce);
+    there is no public way to ask a strategy which implementation it uses.
+    ``AUTO`` picks NCCL when every device is a GPU.
+
+    Args:
+        strategy: A ``tf.distribute.Strategy``.
+
+    Returns:
+        True for ``NcclAllReduce``, or collectives with implementation NCCL,
+        or AUTO on all-GPU devices; False otherwise (CPUs, RING, one device).
+    """
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_util
+    from tensorflow.python.distribute import cross_device_ops as cdo
+
+    extended = strategy.extended
+    ops = getattr(extended, "_cross_device_ops", None)
+    if isinstance(ops, cdo.NcclAllReduce):
+        return True
+    if isinstance(ops, cdo.CollectiveAllReduce):
+        implementation = ops._options.implementation
+        kinds = collective_util.CommunicationImplementation
+        if implementation == kinds.NCCL:
+            return True
+        if implementation == kinds.AUTO:
+            kinds_of_device = [
+                (tf.DeviceSpec.from_string(d).device_type or "").upper()
+                for d in getattr(extended, "_devices", ()) or ()
+            ]
+            return bool(kinds_of_device) and all(
+                kind == "GPU" for kind in kinds_of_device)
+    return False
+
+
+# ------------------------------------------------------- the traced train step (census)
+
+
+def keras_train_step(model) -> tuple[Callable, bool]:
+    """The function Keras's ``fit`` runs for one step, as Keras builds it.
+
+    Reaches ``model._make_function(model.train_step)`` (Keras 3.15.1,
+    keras/src/backend/tensorflow/trainer.py): what ``make_train_function``
+    stores in ``model.train_function``, a Python function whose closure holds
+    ``one_step_on_data``, the ``tf.function`` (with the model's
+    ``jit_compile``) that runs ``train_step`` under the model's strategy and
+    reduces its outputs. Keras wraps it in ``_autoconvert_optionals``
+    (``functools.wraps``, so ``__wrapped__`` is the function). A fresh one is
+    made so ``model.train_function`` is not replaced. No public API hands
+    out the traced step; ``model.train_function`` takes an iterator and runs
+    the step.
+
+    Args:
+        model: A compiled Keras model on the TensorFlow backend.
+
+    Returns:
+        ``(step, traced)``: the one-step function, taking the data tuple a
+        Keras data adapter yields, and whether it is a ``tf.function``
+        (False for a model compiled with ``run_eagerly=True``).
+    """
+    function = model._make_function(model.train_step)
+    cells: dict[str, Any] = dict(zip(
+        function.__code__.co_freevars,
+        (cell.cell_contents for cell in function.__closure__ or ())))
+    step = cells["one_step_on_data"]
+    step = getattr(step, "__wrapped__", step)
+    return step, hasattr(step, "get_concrete_function")
+
+
+def fit_batch(x, y, batch_size: int | None):
+    """The first batch ``fit`` would feed the train step, as Keras converts it.
+
+    Reaches ``keras.src.trainers.data_adapters.get_data_adapter`` (Keras
+    3.15.1), the adapter ``fit`` builds: it turns NumPy float64 arrays into
+    float32 but leaves a ``tf.data.Dataset``'s dtypes alone, so the dtypes
+    the step sees are the adapter's. No public API exposes it.
+
+    Args:
+        x, y: What ``fit`` accepts (arrays, tensors, a ``tf.data.Dataset``).
+        batch_size: For arrays (None: Keras's default of 32).
+
+    Returns:
+        The first batch: a tuple ``(x, y)`` or ``(x, y, sample_weight)``
+        of tensors.
+    """
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    adapter = get_data_adapter(x, y, batch_size=batch_size, shuffle=False)
+    for batch in adapter.get_tf_dataset().take(1):
+        return batch
+    raise ValueError("the data is empty: fit would run no step on it")
+
+
+class recording_layer_scopes:
+    """Records the graph name scope each layer's ``call`` runs in.
+
+    Sets an instance attribute ``call`` on each layer (bypassing Keras's
+    attribute tracking with ``object.__setattr__``) that reads
+    ``tf.get_current_name_scope()`` and calls the class's ``call``; removed
+    on exit. ``Layer.__call__`` and ``Operation.__call__`` look ``self.call``
+    up on every call (Keras 3.15.1), and Keras opens the layer's name scope
+    before it. TF makes scope names unique per graph (a layer ``dense`` runs
+    in ``dense_1``, a layer ``dense_1`` in ``dense_1_2``), so the scope of
+    an op cannot be mapped back to a layer by its name alone.
+
+    Usage: ``with recording_layer_scopes(pairs) as scopes: trace()``;
+    ``scopes`` maps a scope (``sequential_1/dense_1``) to the name paired with
+    the layer.
+    """
+
+    def __init__(self, named_layers):
+        self._named_layers = list(named_layers)
+        self._wrapped: list = []
+        self.scopes: dict[str, str] = {}
+
+    def __enter__(self) -> dict[str, str]:
+        import tensorflow as tf
+
+        for name, layer in self._named_layers:
+            if "call" in vars(layer):  # wrapped already, or set by its owner
+                continue
+            original = type(layer).call.__get__(layer)
+
+            def call(*args, _original=original, _name=name, **kwargs):
+                self.scopes.setdefault(tf.get_current_name_scope(), _name)
+                return _original(*args, **kwargs)
+
+            object.__setattr__(layer, "call", call)
+            self._wrapped.append(layer)
+        return self.scopes
+
+    def __exit__(self, *exc) -> None:
+        for layer in self._wrapped:
+            object.__delattr__(layer, "call")
+        self._wrapped = []
+
+
+def function_graphs(op) -> list:
+    """The graphs of the functions a control-flow or call op runs.
+
+    Reaches ``graph._get_function(name).graph`` (TF 2.21.0): an ``If``'s
+    branches, a ``While``'s condition and body, a ``PartitionedCall``'s
+    function are stored in the outer graph's function library by name; the
+    public ``ConcreteFunction`` gives only the outer graph.
+
+    Args:
+        op: A ``tf.Operation`` of a ``FuncGraph``.
+
+    Returns:
+        ``(attribute, FuncGraph)`` pairs, [] for an op that calls no function.
+    """
+    graphs = []
+    for attribute in ("then_branch", "else_branch", "cond", "body", "f"):
+        try:
+            name = op.get_attr(attribute).name
+        except (ValueError, AttributeError):
+            continue
+        function = op.graph._get_function(name)
+        if function is not None:
+            graphs.append((attribute, function.graph))
+    return graphs
+
+
+# ------------------------------------------------------- Keras float8 layers
+
+# The variables Keras's float8 Dense/EinsumDense create, per quantized tensor
+# (``_float8_build`` in keras/src/layers/core/dense.py and einsum_dense.py,
+# Keras 3.15.1): ``<kind>_scale`` and ``<kind>_amax_history``.
+FLOAT8_KINDS = ("inputs", "kernel", "outputs_grad")
+
+
+def float8_variables(layer, kind: str) -> tuple:
+    """``(scale, amax_history)`` variables of a Keras float8 layer's tensor.
+
+    Reaches the attributes ``_float8_build`` sets (``inputs_scale``,
+    ``inputs_amax_history``, ...): no public accessor lists them. Keras 3.15.1.
+    """
+    return getattr(layer, f"{kind}_scale"), getattr(layer, f"{kind}_amax_history")
+
+
+def float8_newest_amax(history_gradient):
+    """The amax of this step from the "gradient" Keras returns for a history.
+
+    Keras's float8 backward pass returns, as the gradient of an amax-history
+    variable, ``keras.quantizers.compute_float8_amax_history(x, history)``:
+    the history rolled left by one with this step's ``max(|x|)`` written at
+    index 0 (Keras 3.15.1). tf_mixed reads that element to agree it across
+    replicas; nothing public returns the step's amax.
+    """
+    return history_gradient[0]
+
+
+@contextlib.contextmanager
+def recording_quantized_calls(layers, records: dict):
+    """Records ``(inputs, outputs)`` of each quantized layer's calls meanwhile.
+
+    Keras runs a quantized layer through ``layer.quantized_call`` (from
+    ``Layer.__call__``, Keras 3.15.1) instead of ``call``. An instance
+    attribute wrapping it sees the layer's inputs and outputs; it is removed
+    on exit, so the class's method applies again. Appends to
+    ``records[index]`` for ``layers[index]``.
+    """
+    for index, layer in enumerate(layers):
+        original = layer.quantized_call
+
+        def recorder(inputs, *args, _index=index, _call=original, **kwargs):
+            out = _call(inputs, *args, **kwargs)
+            records.setdefault(_index, []).append((inputs, out))
+            return out
+
+        layer.quantized_call = recorder
+    try:
+        yield records
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("quantized_call", None)
+# ------------------------------------------------ compensated bfloat16 updates
+
+
+def optimizer_variable_index(optimizer, variable) -> int | None:
+    """The index of a trainable variable in a built optimizer, or None.
+
+    Reaches: ``BaseOptimizer._var_key`` (the TF optimizer resolves a
+    replica's component to its distributed container there) and
+    ``_trainable_variables_indices`` (Keras 3.15.1), which ``update_step``
+    uses through ``_get_variable_index`` to find a variable's slots.
+
+    Why: `tf_mixed.scaling.compensated` receives, in ``assign_sub``, the per-replica
+    component of a variable (inside ``distribution.extended.update``) and
+    needs the same index Keras uses for the slots, to find its buffer.
+    """
+    return optimizer._trainable_variables_indices.get(
+        optimizer._var_key(variable))
+
+
+def route_weight_decay_through_assign(optimizer) -> None:
+    """Makes decoupled weight decay write through ``optimizer.assign_sub``.
+
+    Reaches: ``TFOptimizer._apply_weight_decay`` and ``_use_weight_decay``
+    (Keras 3.15.1, keras/src/backend/tensorflow/optimizer.py). Keras's TF
+    version writes ``variable.assign_sub(variable * wd * lr)`` directly on the
+    variable, bypassing the optimizer's ``assign_sub``.
+
+    Why: on a bfloat16 weight ``lr * wd * w`` is far below the weight's
+    spacing, so the decay is rounded away like a small update is; routed
+    through ``assign_sub`` it gets the same compensation. The replacement is
+    Keras's own code with that one call changed.
+    """
+    import keras
+    import tensorflow as tf
+
+    def apply_weight_decay(variables):
+        if optimizer.weight_decay is None:
+            return
+
+        def distributed(distribution, variables, **kwargs):
+            def decay(variable):
+                if optimizer._use_weight_decay(variable):
+                    lr = tf.cast(optimizer.learning_rate, tf.float32)
+                    wd = tf.cast(optimizer.weight_decay, tf.float32)
+                    optimizer.assign_sub(
+                        variable, tf.cast(variable, tf.float32) * wd * lr)
+
+            for variable in variables:
+                if isinstance(variable, keras.Variable):
+                    variable = variable.value
+                distribution.extended.update(variable, decay, group=False)
+
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            distributed, optimizer._distribution_strategy, variables)
+
+    optimizer._apply_weight_decay = apply_weight_decay

@@ -1,0 +1,496 @@
+"""Keras `fit` callbacks that make mixed-precision failures visible.
+
+`LossScaleMonitor` reads the optimizer every `DEFAULT_CHECK_EVERY_N_BATCHES`
+batches by default and at each epoch end, so a run in which every step is
+skipped stops within about ``patience`` + 15 (the halvings from 2**15 to the
+minimum) + `DEFAULT_CHECK_EVERY_N_BATCHES` steps, not at the end of an epoch
+that may take hours. This adds no host synchronisation: Keras 3 on
+TensorFlow runs batch hooks in the training loop and converts every step's
+logs to Python floats whether a callback has a batch hook or not (its
+backend is not marked thread-safe, so it never dispatches them
+asynchronously); between reads the hook only counts. Every counter it judges
+is kept by the optimizer itself (`tf_mixed.scaling.scale_state.LossScaleState`), so
+a read every N batches is as exact as a read every step, whatever
+``steps_per_execution`` is.
+
+1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
+   ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
+   `History`, Keras's `TensorBoard` callback and the progress bar show them;
+   with ``log_every_n_batches=N`` also into the batch logs every N batches.
+2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
+   ``logs["loss"]`` averages in their NaN/inf loss. With
+   ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
+   `tf_mixed.scaling.loss_tally.LossTally` and replaces ``logs["loss"]`` by the mean
+   loss of the applied steps. Epochs without a skipped step keep Keras's
+   value.
+3. **Protects the model**: it hands the model to a
+   ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
+   step also rolls back BatchNormalization's moving statistics
+   (`tf_mixed.scaling.rollback`).
+4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`) and
+   **stops a run that cannot recover**, by the rules of
+   `tf_mixed.callbacks.stop_rules` (pure functions of a typed reading). Every stop
+   decision is taken from values that are the same on every replica and
+   worker (the optimizer's counters follow the all-reduced skip verdict; the
+   NaN signs are summed across workers), so no worker stops while its peers
+   wait in a collective.
+
+Supported optimizers: ``tf_mixed.LossScaleOptimizer`` (every rule exact),
+``keras.optimizers.LossScaleOptimizer`` (skips derived from ``iterations``;
+see `tf_mixed.callbacks.stop_rules`; its epoch loss cannot be corrected), and any other
+optimizer (nothing is skipped; only the NaN and set-up checks apply, and
+``loss_scale`` is logged as 1.0).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tf_mixed._internal import validate as _validate
+from tf_mixed.policy import keep_float32
+from tf_mixed.scaling import optimizer as loss_scale_module
+from tf_mixed._internal import tf_keras_check
+from tf_mixed.callbacks import stop_rules
+from tf_mixed.scaling.loss_tally import LossTally
+from tf_mixed.scaling.replicas import all_copies_finite
+from tf_mixed.scaling.rollback import forward_variables
+from tf_mixed.callbacks.stop_rules import Progress, Snapshot
+
+__all__ = [
+    "DEFAULT_CHECK_EVERY_N_BATCHES",
+    "LossScaleFailure",
+    "LossScaleMonitor",
+    "MixedPrecisionWarning",
+    "model_setup_problems",
+]
+
+
+DEFAULT_CHECK_EVERY_N_BATCHES = 50
+"""How often the default `LossScaleMonitor` reads the optimizer and checks."""
+
+
+class MixedPrecisionWarning(UserWarning):
+    """A mixed-precision set-up that will train badly or not at all."""
+
+
+class LossScaleFailure(RuntimeError):
+    """Raised by `LossScaleMonitor(raise_on_failure=True)` when training fails."""
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+def is_loss_scaling(optimizer) -> bool:
+    """Whether `optimizer` scales the loss (tf_mixed's or Keras's wrapper).
+
+    A tf_mixed pass-through wrapper (fixed scale 1) does not.
+    """
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return False
+    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+        return optimizer.dynamic or optimizer.initial_scale != 1.0
+    return True
+
+
+# ---------------------------------------------------------------- set-up checks
+
+
+# Audit findings that make a fit train badly; the monitor warns with them.
+SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch")
+
+
+def model_setup_problems(model) -> list[str]:
+    """Mixed-precision set-up mistakes in a compiled model, each with its fix.
+
+    The model checks are `tf_mixed.audit`'s findings (the codes in
+    ``SETUP_FINDINGS``), in its words; the optimizer check is added here,
+    since audit does not see the optimizer.
+
+    Args:
+      model: a `keras.Model` (compiled or not; the optimizer check needs
+        ``model.optimizer``).
+
+    Returns:
+      A list of messages, empty when the set-up is sound.
+    """
+    from tf_mixed.tools import auditing
+
+    report = auditing.audit(model)
+    problems = []
+    float16_layers = [row.name for row in report.rows
+                      if row.compute_dtype == "float16"]
+    optimizer = getattr(model, "optimizer", None)
+    if float16_layers and optimizer is not None and not is_loss_scaling(optimizer):
+        problems.append(
+            f"Model '{model.name}' computes in float16 ({len(float16_layers)} "
+            f"layers, e.g. '{float16_layers[0]}') but its optimizer "
+            f"{type(optimizer).__name__} does not scale the loss: small "
+            "gradients underflow to zero in float16. Fix: compile with "
+            "optimizer=tf_mixed.wrap_optimizer(optimizer)."
+        )
+    bfloat16_layers = [row.name for row in report.rows
+                       if row.variable_dtype == "bfloat16"]
+    if (bfloat16_layers and optimizer is not None
+            and not _compensates_bfloat16(optimizer)):
+        problems.append(
+            f"Model '{model.name}' keeps weights in bfloat16 "
+            f"({len(bfloat16_layers)} layers, e.g. '{bfloat16_layers[0]}') but "
+            f"its optimizer {type(optimizer).__name__} updates them with "
+            "bfloat16 arithmetic and plain rounding: a Keras Adam update of a "
+            "bfloat16 weight is exactly 0, and small SGD steps round away. "
+            "Fix: compile with optimizer=tf_mixed.wrap_optimizer(optimizer) "
+            "under tf_mixed.enable('bfloat16') (compensated updates), or "
+            "tf_mixed.scaling.compensate(optimizer) before compiling."
+        )
+    problems.extend(
+        f"Model '{model.name}': {finding} (LossScaleMonitor(check_setup=False) "
+        "silences this check.)"
+        for finding in report.findings if finding.code in SETUP_FINDINGS)
+    unknown = keep_float32.active().unknown_names(model)
+    if unknown:
+        problems.append(
+            f"tf_mixed.enable(): {unknown} Those names keep nothing in float32; "
+            "fix them (or pass keep_float32 to tf_mixed.convert, which checks).")
+    return problems
+
+
+def _updates(optimizer, kind, batches):
+    """Steps the optimizer took for ``batches``: with accumulation, windows."""
+    if batches and kind == "tf_mixed" and optimizer.accumulator is not None:
+        return batches // optimizer.accumulator.steps
+    return batches
+
+
+def _compensates_bfloat16(optimizer) -> bool:
+    from tf_mixed.scaling import compensated
+
+    inner = (optimizer.inner_optimizer
+             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+             else optimizer)
+    return compensated.compensation_of(inner) is not None
+
+
+# ---------------------------------------------------------------- callback
+
+
+def _check_number(name: str, value, rule, valid: str) -> float:
+    return _validate.number(value, name, owner="LossScaleMonitor", rule=rule,
+                            valid=valid)
+
+
+def _check_int(name: str, value, minimum: int, hint: str) -> int:
+    return _validate.number(value, name, integer=True, owner="LossScaleMonitor",
+                            rule=lambda v: v >= minimum,
+                            valid=f"an integer >= {minimum}{hint}")
+
+
+def _global_sums(strategy, values: list[float]) -> list[float]:
+    """Sums ``values`` over the workers of a multi-worker strategy.
+
+    A callback runs on every worker at the same point of ``fit``, so all
+    workers enter this one small all-reduce together. With one worker the
+    values are returned as they are (no collective).
+    """
+    if not tf.distribute.has_strategy() and strategy.num_replicas_in_sync == 1:
+        return values
+    local_replicas = len(strategy.extended.worker_devices)
+    if strategy.num_replicas_in_sync <= local_replicas:
+        return values
+    share = tf.constant(values, tf.float32) / local_replicas
+
+    @tf.function
+    def reduce():
+        per_replica = strategy.run(lambda: tf.identity(share))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+                               axis=None)
+
+    return [float(v) for v in reduce().numpy()]
+
+
+# What the monitor knows before its first read.
+_NO_READ = Snapshot(scale=1.0, applied=0)
+
+
+def _kind(optimizer) -> stop_rules.Kind:
+    """Which of the three kinds of optimizer the monitor reads."""
+    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
+        return "tf_mixed"
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return "keras"
+    return "none"
+
+
+def _snapshot(optimizer, kind: stop_rules.Kind) -> Snapshot:
+    """One read of everything the rules need (plain Python values)."""
+    if optimizer is None:
+        return Snapshot(scale=1.0, applied=0)
+    state = loss_scale_module.loss_scale_state(optimizer)
+    applied = int(keras.ops.convert_to_numpy(optimizer.iterations))
+    if kind != "tf_mixed":
+        return Snapshot(scale=float(state.scale), applied=applied)
+    tally = optimizer.loss_tally
+    loss_sum, loss_steps = tally.totals() if tally else (0.0, 0)
+    return Snapshot(scale=float(state.scale), applied=applied,
+                    skipped=state.skipped_steps,
+                    min_scale_skips=state.min_scale_skips,
+                    loss_sum=loss_sum, loss_steps=loss_steps)
+
+
+def _prepare(model, optimizer, rollback: bool) -> None:
+    """Hands the model's forward state and a loss tally to the optimizer.
+
+    A step traced before either would not feed them, so the train function
+    is made again when anything changed (it retraces once).
+    """
+    changed = False
+    with model.distribute_strategy.scope():
+        wanted = tuple(id(v) for v in forward_variables(model))
+        tracked = tuple(id(v) for v in optimizer.tracked_forward_variables)
+        if rollback and wanted != tracked:
+            optimizer.track_forward_state(model)
+            changed = True
+        if optimizer.loss_tally is None:
+            optimizer.attach_loss_tally(LossTally())
+            changed = True
+    if changed and getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
+
+
+def _check_period(value) -> tuple[int | None, int]:
+    """``check_every_n_batches`` checked, and the period it means."""
+    if value is None:
+        return None, DEFAULT_CHECK_EVERY_N_BATCHES
+    value = _check_int("check_every_n_batches", value, 0,
+                       f" (0 checks at epoch ends only; None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
+    return value, value
+
+
+def _refresh(optimizer, kind: str, rollback: bool) -> None:
+    """Refreshes the rollback copies at an epoch's start: after every callback's
+    on_train_begin (a BackupAndRestore restore, in either order), so they hold
+    the state the epoch's first step starts from."""
+    if kind == "tf_mixed" and rollback:
+        loss_scale_module.refresh_forward_state(optimizer)
+
+
+def _wire_cause(model, optimizer, kind: str) -> str | None:
+    """`tf_mixed.callbacks.stop_rules.wire_cause` for this model and optimizer."""
+    if kind != "tf_mixed":
+        return None
+    return stop_rules.wire_cause(keras.backend.standardize_dtype(model.compute_dtype),
+                                 optimizer.communication_dtype)
+
+
+def _nonfinite_weights(model) -> list[str]:
+    """Paths of the model's float weights with NaN/inf in any local copy."""
+    return [weight.path for weight in model.weights
+            if keras.backend.is_float_dtype(weight.dtype)
+            and not all_copies_finite(weight)]
+
+
+class LossScaleMonitor(keras.callbacks.Callback):
+    """Logs the loss scale and skipped steps, checks the set-up, stops failed runs.
+
+    Put it before `keras.callbacks.TensorBoard` in the callbacks list so
+    TensorBoard sees the values it adds to the logs (`History` and the
+    progress bar are appended by Keras after user callbacks, so they always
+    do).
+
+    Args:
+      patience: stop after this many consecutive skipped steps at the
+        minimum loss scale. Integer >= 1.
+      max_skip_fraction: stop when the fraction of skipped steps in an epoch
+        exceeds this, checked at the end of each epoch. In (0, 1]; 1.0
+        turns the check off.
+      min_scale: for optimizers without a minimum scale (Keras's wrapper),
+        the scale counted as "minimum". None (default) = 1.0.
+        ``tf_mixed.LossScaleOptimizer`` counts at its own ``min_scale``.
+      log_every_n_batches: also write the values into the batch logs every N
+        batches (so TensorBoard with ``update_freq=N`` plots them). 0
+        (default) = epoch logs only.
+      check_every_n_batches: also run the stop checks every N batches (a
+        host read every N batches; with ``steps_per_execution > 1`` at the
+        first batch end after every N batches). 0 = at epoch ends only;
+        None (default) = every `DEFAULT_CHECK_EVERY_N_BATCHES` batches.
+      raise_on_failure: raise `LossScaleFailure` instead of setting
+        ``model.stop_training``.
+      check_setup: run the set-up checks at ``on_train_begin``.
+      rollback_forward_state: hand the model to a
+        ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
+        non-trainable state (BatchNormalization statistics).
+
+    Attributes:
+      stop_reason: why training was stopped, or None.
+      total_skipped_steps: skipped steps seen since ``on_train_begin``.
+
+    Raises:
+      TypeError, ValueError: an argument out of range; the message names it.
+
+    Example:
+
+        history = model.fit(x, y, callbacks=[LossScaleMonitor(patience=20)])
+        history.history["loss_scale"], history.history["skipped_steps"]
+    """
+
+    def __init__(
+        self,
+        patience: int = 20,
+        max_skip_fraction: float = 0.5,
+        min_scale: float | None = None,
+        log_every_n_batches: int = 0,
+        raise_on_failure: bool = False,
+        check_setup: bool = True,
+        check_every_n_batches: int | None = None,
+        rollback_forward_state: bool = True,
+    ):
+        super().__init__()
+        self.patience = _check_int(
+            "patience", patience, 1, ", such as 20 (steps at the minimum loss "
+            "scale before stopping)")
+        self.max_skip_fraction = _check_number(
+            "max_skip_fraction", max_skip_fraction, lambda v: 0.0 < v <= 1.0,
+            "a number in (0, 1] (1.0 turns the check off), such as 0.5")
+        self.min_scale = None if min_scale is None else _check_number(
+            "min_scale", min_scale, lambda v: 0.0 < v < math.inf,
+            "a positive finite number or None, such as 1.0")
+        self.log_every_n_batches = _check_int(
+            "log_every_n_batches", log_every_n_batches, 0,
+            " (0 turns batch logging off)")
+        self.check_every_n_batches, self._check_n = _check_period(check_every_n_batches)
+        self.raise_on_failure = bool(raise_on_failure)
+        self.check_setup = bool(check_setup)
+        self.rollback_forward_state = bool(rollback_forward_state)
+        self.stop_reason: str | None = None
+        self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
+        self._progress = Progress(_NO_READ, _NO_READ)
+        if self.log_every_n_batches or self._check_n:
+            self.on_train_batch_end = self._on_train_batch_end
+
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments."""
+        return {
+            "patience": self.patience,
+            "max_skip_fraction": self.max_skip_fraction,
+            "min_scale": self.min_scale,
+            "log_every_n_batches": self.log_every_n_batches,
+            "raise_on_failure": self.raise_on_failure,
+            "check_setup": self.check_setup,
+            "check_every_n_batches": self.check_every_n_batches,
+            "rollback_forward_state": self.rollback_forward_state,
+        }
+
+    @property
+    def total_skipped_steps(self) -> int:
+        """Skipped steps seen since ``on_train_begin``."""
+        return self._progress.total_skipped
+
+    # -- hooks
+
+    def on_train_begin(self, logs=None):
+        tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
+        self.stop_reason = None
+        self._optimizer = getattr(self.model, "optimizer", None)
+        self._kind = _kind(self._optimizer)
+        if self._kind == "tf_mixed":
+            _prepare(self.model, self._optimizer, self.rollback_forward_state)
+            self._threshold = self._optimizer.min_scale
+        else:
+            self._threshold = 1.0 if self.min_scale is None else self.min_scale
+        first = _snapshot(self._optimizer, self._kind)
+        self._progress = Progress(first, first)
+        self._batches = self._logged_at = self._checked_at = 0
+        if self.check_setup:
+            for problem in model_setup_problems(self.model):
+                warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        _refresh(self._optimizer, self._kind, self.rollback_forward_state)
+        self._progress = stop_rules.start_epoch(self._progress)
+        self._batches = self._logged_at = self._checked_at = 0
+
+    def _on_train_batch_end(self, batch, logs=None):
+        logs = logs if logs is not None else {}
+        self._batches = steps = batch + 1
+        log_n, check_n = self.log_every_n_batches, self._check_n
+        log_now = log_n and steps // log_n > self._logged_at // log_n
+        check_now = check_n and steps // check_n > self._checked_at // check_n
+        if not (log_now or check_now):
+            return
+        self._advance()
+        if log_now:
+            self._logged_at = steps
+            self._write(logs)
+        if check_now:
+            self._checked_at = steps
+            self._check(logs, epoch=None)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        self._advance()
+        self._write(logs, epoch_end=True)
+        self._check(logs, epoch=epoch)
+
+    # -- reading, logging, judging
+
+    def _advance(self) -> None:
+        steps_run = _updates(self._optimizer, self._kind, self._batches or (self.params or {}).get("steps"))
+        self._progress = stop_rules.advance(
+            self._progress, _snapshot(self._optimizer, self._kind),
+            self._kind, steps_run, self._threshold)
+
+    def _write(self, logs, epoch_end=False) -> None:
+        progress = self._progress
+        steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
+        logs["loss_scale"] = float(progress.last.scale)
+        logs["skipped_steps"] = float(skipped)
+        logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
+        applied = progress.epoch_loss_steps
+        if epoch_end and self._kind == "tf_mixed" and skipped and applied:
+            # Each worker's sum covers its own replicas only; `skipped` and
+            # `applied` follow the global verdict, so every worker enters
+            # this sum, and every worker logs the same loss.
+            total, = _global_sums(self.model.distribute_strategy,
+                                  [progress.epoch_loss_sum])
+            logs["loss"] = float(total / applied)
+
+    def _check(self, logs, epoch) -> None:
+        if self.stop_reason is not None:
+            return
+        logged = logs.get("loss")
+        logged = None if logged is None else float(logged)
+        problem = stop_rules.loss_problem(
+            self._kind, self._progress,
+            logged if self._kind != "tf_mixed" else None)
+        suspicious = epoch is not None or (
+            logged is not None and not math.isfinite(logged))
+        bad = _nonfinite_weights(self.model) if suspicious else []
+        # Judged from values every worker agrees on: the local signs are
+        # summed across workers before anything is decided.
+        flags = _global_sums(self.model.distribute_strategy,
+                             [float(problem is not None), float(len(bad))])
+        if flags[0] and problem is None:
+            problem = ("the loss was NaN/inf on applied steps on another "
+                       "worker: non-finite values are reaching the weights.")
+        if flags[1] and not bad:
+            bad = ["(on another worker)"]
+        reason = stop_rules.decide(self._rules, stop_rules.Reading(
+            kind=self._kind, progress=self._progress,
+            threshold=self._threshold, loss_problem=problem,
+            bad_weights=tuple(bad), epoch=epoch,
+            cause=_wire_cause(self.model, self._optimizer, self._kind)))
+        if reason is not None:
+            self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        self.stop_reason = reason
+        message = f"LossScaleMonitor stopped training: {reason}"
+        if self.raise_on_failure:
+            raise LossScaleFailure(message)
+        logging.error(message)
+        self.model.stop_training = True

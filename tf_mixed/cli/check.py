@@ -1,0 +1,246 @@
+"""``python -m tf_mixed check``: prove tf_mixed on this host's own devices.
+
+    python -m tf_mixed check [--output=check.json] [--budget=0.5]
+                             [--parts=tf_mixed,keras,throughput,defects]
+
+Prints a table per part (see `tf_mixed.tools.check.scenarios`), writes every figure to
+``--output`` as JSON (atomically: a temporary file, then a rename), and exits
+0 only when every tf_mixed correctness check passed, 1 when one failed, 2 on
+bad input or when no MirroredStrategy can be built here (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+PARTS = ("tf_mixed", "keras", "throughput", "defects")
+_OK, _FAIL = "ok", "FAIL"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, from main, not SystemExit here
+        raise _UsageError(message)
+
+
+def _parser() -> _Parser:
+    parser = _Parser(
+        prog="python -m tf_mixed check",
+        description="Checks, on this host's devices, that an overflow on any one "
+        "replica is skipped on every replica, compares Keras's own loss-scale "
+        "optimizer, and times each policy.",
+    )
+    parser.add_argument("--output", default="", help="Write the results as JSON to this file.")
+    parser.add_argument(
+        "--budget", type=float, default=0.5,
+        help="Seconds for the throughput timing rounds (default 0.5).",
+    )
+    parser.add_argument(
+        "--parts", default=",".join(PARTS),
+        help=f"Comma-separated parts to run, of {', '.join(PARTS)} (tf_mixed always runs).",
+    )
+    return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    args = _parser().parse_args(argv)
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise _UsageError(
+            f"--parts={args.parts!r}: unknown part {unknown[0]!r}; accepted: {', '.join(PARTS)}"
+        )
+    args.parts = parts
+    if not args.budget > 0 or args.budget > 60:
+        raise _UsageError(f"--budget={args.budget!r}: must be a number of seconds in (0, 60]")
+    if args.output:
+        directory = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(directory):
+            raise _UsageError(
+                f"--output={args.output!r}: directory {directory!r} does not exist"
+            )
+        if os.path.isdir(args.output):
+            raise _UsageError(f"--output={args.output!r} is a directory; pass a file path "
+                              "such as check.json")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise _UsageError(f"--output={args.output!r}: directory {directory!r} is not "
+                              "writable")
+    return args
+
+
+def _table(title: str, result_rows: list[tuple[str, list[str]]], header: list[str]) -> str:
+    lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join([label] + cells) + " |" for label, cells in result_rows]
+    return "\n".join(lines)
+
+
+def _scenario_table(title: str, scenarios) -> str:
+    from tf_mixed.tools.check import scenarios as selfcheck
+
+    header = ["check"] + [f"replica {s.bad_replica} overflows" for s in scenarios]
+    rows = [
+        (text, [_OK if s.checks[key] else _FAIL for s in scenarios])
+        for key, text in selfcheck.CHECKS
+    ]
+    return _table(title, rows, header)
+
+
+def render(result, info) -> str:
+    """The stdout report for a `selfcheck.CheckResult`."""
+    import keras
+    import tensorflow as tf
+
+    parts = [
+        f"tf_mixed check: TensorFlow {tf.__version__}, Keras {keras.__version__}, "
+        f"Python {platform.python_version()}; CPU {info.cpu_model or 'unknown'}; "
+        f"GPUs: {', '.join(g.name for g in info.gpus) or 'none'}",
+        f"MirroredStrategy over {', '.join(result.devices)} ({len(result.devices)} replicas)",
+        "",
+        _scenario_table(
+            "1. tf_mixed.LossScaleOptimizer, inf injected into one replica's gradients",
+            result.tf_mixed,
+        ),
+        "",
+        "=> PASS: every replica skipped the step and the next finite step applied "
+        "identically" if result.passed else
+        "=> FAIL: tf_mixed did not keep every replica consistent (see the FAIL rows)",
+    ]
+    if result.keras:
+        bad = [s.bad_replica for s in result.keras
+               if not (s.checks["weights_finite"] and s.checks["weights_unchanged"])]
+        parts += [
+            "",
+            _scenario_table("2. keras.optimizers.LossScaleOptimizer, the same scenario",
+                            result.keras),
+            "",
+            "=> Keras's optimizer "
+            + (f"corrupts the weights on this TF/Keras when replica(s) "
+               f"{', '.join(map(str, bad))} overflow" if bad else
+               "no longer corrupts the weights on this TF/Keras")
+            + " (reported; it does not change the exit status)",
+        ]
+    if result.throughput is not None:
+        t = result.throughput
+        rows = [
+            (name, [f"{seconds * 1000:.2f}", f"{t.speedups[name]:.2f}x"])
+            for name, seconds in t.seconds_per_step.items()
+        ]
+        parts += [
+            "",
+            _table("3. Throughput: probe training step (Dense + Conv2D, forward and backward)",
+                   rows, ["policy", "ms/step", "vs float32"]),
+            "",
+            f"=> enable('auto') picks {t.auto_policy}: {t.auto_reason}",
+        ]
+    if result.defects:
+        rows = [(d.spec.key, ["-" if d.present is None else ("present" if d.present else "absent"),
+                              "yes" if d.neutralised else "no", d.spec.reference])
+                for d in result.defects]
+        parts += [
+            "",
+            _table(f"4. Known mixed-precision defects of Keras {keras.__version__} / "
+                   f"TensorFlow {tf.__version__}, reproduced on fakes",
+                   rows, ["defect", "here", "tf_mixed neutralises", "reference"]),
+            "",
+            *(f"- {d.spec.key}: {d.spec.title}. Here: {d.detail}. Remedy: {d.spec.remedy}."
+              for d in result.defects),
+        ]
+    parts += ["", "Result: " + ("PASS" if result.passed else "FAIL")]
+    return "\n".join(parts)
+
+
+def _write_json_atomically(path: str, payload: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".check-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _error(message: str) -> int:
+    print(f"tf_mixed check: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    """Runs the check.
+
+    Args:
+        argv: The arguments after ``check`` (no program name).
+
+    Returns:
+        0 every tf_mixed check passed, 1 one failed, 2 bad input or no
+        MirroredStrategy possible here.
+    """
+    try:
+        args = _parse(list(argv))
+    except _UsageError as error:
+        return _error(str(error))
+    except SystemExit as exit_:  # --help
+        return int(exit_.code or 0)
+
+    from tf_mixed.tools.check import scenarios as selfcheck
+
+    selfcheck.prepare_devices()  # before anything initialises TensorFlow
+
+    import keras
+    import tensorflow as tf
+
+    from tf_mixed import __version__
+    from tf_mixed.policy import hardware
+
+    start = time.perf_counter()
+    try:
+        result = selfcheck.run_check(
+            parts=args.parts, budget_s=args.budget,
+            progress=lambda line: print(f"[check] {line}", file=sys.stderr, flush=True),
+        )
+    except selfcheck.StrategyUnavailable as error:
+        return _error(str(error))
+    if "defects" in args.parts:
+        import dataclasses
+
+        from tf_mixed.tools.check import upstream_defects
+        from tf_mixed.training import shared_mirrored_strategy
+
+        print("[check] part 4: known defects of the installed Keras/TensorFlow",
+              file=sys.stderr, flush=True)
+        strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
+        result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
+    info = hardware.detect()
+    print(render(result, info))
+    if args.output:
+        payload = dict(
+            result.to_json(),
+            format=1,
+            seconds=round(time.perf_counter() - start, 2),
+            versions={"tf_mixed": __version__, "tensorflow": tf.__version__,
+                      "keras": keras.__version__, "python": platform.python_version()},
+            host={"cpu_model": info.cpu_model,
+                  "gpus": [{"name": g.name, "compute_capability": g.compute_capability}
+                           for g in info.gpus]},
+        )
+        try:
+            _write_json_atomically(args.output, payload)
+        except OSError as error:
+            return _error(f"--output={args.output!r}: cannot write: {error}")
+        print(f"Wrote {args.output}")
+    return 0 if result.passed else 1

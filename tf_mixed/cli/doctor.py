@@ -1,0 +1,269 @@
+"""``python -m tf_mixed doctor MODEL.keras``: why isn't it faster, and what to change.
+
+Loads a saved model, takes the first batch of the data (the bench's data
+sets, or ``npz:PATH`` with ``x`` and ``y`` arrays), runs `tf_mixed.census`
+on the step ``fit`` would run, prints the census and its findings and writes
+``doctor.json`` to ``--output_dir``.
+
+With ``--measure`` it also times training steps of the model before and
+after the fixes the doctor can apply itself (the findings marked
+automatic): float32 islands from an explicit dtype converted with
+`tf_mixed.convert`, hidden Dense widths padded with ``convert(pad_to=N)``,
+float64 data cast to float32 in the input pipeline. Timing is the bench's
+own (`tf_mixed.bench.overhead.StepTimer` around ``fit`` steps), both models
+alternating for ``--rounds`` rounds so machine load hits both; the figures
+are the ratio of the median step times and the median of the rounds' ratios. The saved file is never modified.
+
+Every file is written only after everything succeeded; bad input prints one
+line naming the value and exits with status 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import time
+
+from absl import flags
+
+from tf_mixed.cli import model_command
+
+USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
+       [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
+       [--measure [--steps=20] [--rounds=3] [--warmup_steps=3]] [--output_dir=DIR]
+
+Traces the training step fit runs and reports, per op type, the dtypes ops
+compute in, the share of matmul/conv FLOPs in half precision, every cast per
+step by layer, float32 islands and dimensions that miss the hardware's
+tiles; then the findings, each with its fix. --measure times the model
+before and after the fixes the doctor can apply itself.
+"""
+
+_JIT = {"auto": None, "true": True, "false": False}
+
+
+def _define_flags(fv: flags.FlagValues) -> None:
+    model_command.define_data_flags(fv, 4, "Distinct batches --measure cycles through.")
+    flags.DEFINE_string("policy", "", "Census the model converted to this policy (default: the "
+                        "model's own).", flag_values=fv)
+    flags.DEFINE_enum("jit_compile", "auto", list(_JIT),
+                      "Census the step compiled with XLA (true), without (false), or as the "
+                      "model is compiled (auto).", flag_values=fv)
+    flags.DEFINE_boolean("measure", False, "Time the model before and after the automatic fixes.",
+                         flag_values=fv)
+    flags.DEFINE_integer("steps", 20, "--measure: timed steps per model per round.", flag_values=fv)
+    flags.DEFINE_integer("rounds", 3, "--measure: alternating rounds.", flag_values=fv)
+    flags.DEFINE_integer("warmup_steps", 3, "--measure: untimed steps first (tracing).",
+                         flag_values=fv)
+    flags.DEFINE_string("output_dir", "tf_mixed_doctor", "Directory for doctor.json.",
+                        flag_values=fv)
+
+
+def _error(message: str) -> int:
+    return model_command.error("doctor", message)
+
+
+def _policy(name: str) -> str:
+    import tf_mixed
+    from tf_mixed._internal.cli_errors import UsageError
+
+    canonical = name.strip().lower()
+    if canonical not in tf_mixed.policy.POLICY_NAMES or canonical == "auto":
+        accepted = ", ".join(n for n in tf_mixed.policy.POLICY_NAMES if n != "auto")
+        raise UsageError("policy", name, "unknown policy", accepted)
+    return canonical
+
+
+def _prepare(fv, path: str):
+    """(model, x, y, loss or None): the model as censused, and its data."""
+    import tf_mixed
+    from tf_mixed.cli import model_file
+    from tf_mixed.cli import probe
+
+    model = model_file.load(path)
+    if fv.policy:
+        model = _quietly(tf_mixed.convert, model, _policy(fv.policy))
+    x, y = probe._batches(fv, model)
+    loss = None
+    if fv.loss:
+        optimizer = model.optimizer if model.compiled else "adam"
+        model.compile(optimizer=optimizer, loss=fv.loss)
+    elif not model.compiled:
+        loss = "sparse_categorical_crossentropy"
+    return model, x, y, loss
+
+
+def _quietly(function, *args, **kwargs):
+    """Calls `function` with `tf_mixed.models.ConversionNote` warnings kept quiet."""
+    import warnings
+
+    import tf_mixed
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
+        return function(*args, **kwargs)
+
+
+def main(argv: list[str]) -> int:
+    """Runs ``python -m tf_mixed doctor``.
+
+    Args:
+        argv: ``sys.argv``-style list: the program name, then arguments.
+
+    Returns:
+        The exit status: 0 success, 2 bad input.
+    """
+    fv = flags.FlagValues()
+    _define_flags(fv)
+    parsed = model_command.parse("doctor", argv, fv, USAGE,
+                                 ("batch_size", "batches", "steps", "rounds"))
+    if isinstance(parsed, int):
+        return parsed
+    model_path = parsed
+    if fv.warmup_steps < 0:
+        return _error(f"--warmup_steps={fv.warmup_steps}: must be at least 0.")
+
+    import tf_mixed
+    from tf_mixed._internal.cli_errors import UsageError
+
+    start = time.perf_counter()
+    try:
+        if fv.policy:
+            _policy(fv.policy)  # before loading anything
+        model, x, y, loss = _prepare(fv, model_path)
+        report = tf_mixed.census(model, x, y, loss=loss, jit_compile=_JIT[fv.jit_compile],
+                                 batch_size=fv.batch_size)
+        measured = _measure(fv, model, report, x, y) if fv.measure else None
+    except (UsageError, ValueError, TypeError) as error:
+        return _error(model_command.first_line(error))
+    seconds = time.perf_counter() - start
+
+    record = {
+        "command": "python -m tf_mixed doctor " + " ".join(shlex.quote(a) for a in argv[1:]),
+        "model_path": model_path,
+        "dataset": fv.dataset,
+        "batch_size": fv.batch_size,
+        "seconds": round(seconds, 2),
+        "census": report.to_dict(),
+        "measured": measured,
+    }
+    text = json.dumps(record, indent=2)
+    # Everything is computed: only now touch the output directory.
+    os.makedirs(fv.output_dir, exist_ok=True)
+    model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
+                                   (text + "\n").encode())
+    print(report)
+    if measured is not None:
+        print()
+        print(measured_text(measured))
+    print(f"\nExamined in {seconds:.1f} s; wrote {fv.output_dir}/doctor.json")
+    return 0
+
+
+# ------------------------------------------------------------------ --measure
+
+
+def fixed_model(model, report):
+    """The model with the automatic fixes applied, and what was applied.
+
+    Args:
+        model: The model the census was taken of.
+        report: Its `tf_mixed.tools.census.CensusReport`.
+
+    Returns:
+        ``(model, applied)``: a converted copy (or `model` itself when no
+        model fix applies) and the list of fixes in words.
+    """
+    import tf_mixed
+
+    applied = []
+    convert_islands = [f.layer for f in report.by_code("float32_island") if f.automatic]
+    pads = [f.layer for f in report.by_code("tile_misfit") if f.automatic]
+    if not convert_islands and not pads:
+        return model, applied
+    # Layers in float32 that no automatic finding names stay float32.
+    # (keep_float32 rules never match an input layer.)
+    keep = [layer.name for layer in model.layers
+            if getattr(layer.dtype_policy, "name", "") == "float32"
+            and layer.name not in convert_islands]
+    pad_to = max((m.multiple for m in report.misfits if m.layer in pads), default=None)
+    fixed = _quietly(tf_mixed.convert, model, report.policy, keep_float32=keep, pad_to=pad_to)
+    applied += [f"'{name}' converted to {report.policy}" for name in convert_islands]
+    applied += [f"'{name}' padded to a multiple of {pad_to}" for name in pads]
+    return fixed, applied
+
+
+def _dataset(x, y, batch_size: int, cast: bool):
+    import tensorflow as tf
+
+    data = x if y is None else tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        batch_size, drop_remainder=True)
+    if cast:
+        data = data.map(lambda a, b: (tf.cast(a, "float32"), b))
+    return data.repeat()
+
+
+def _measure(fv, model, report, x, y) -> dict:
+    """Median fit step times before and after the automatic fixes."""
+    import tf_mixed
+    from tf_mixed.bench.overhead import StepTimer
+
+    fixed, applied = fixed_model(model, report)
+    cast = bool(report.by_code("float64_input"))
+    if cast:
+        applied.append("the data cast to float32 in the input pipeline")
+    if not applied:
+        return {"applied": [], "note": "no finding has a fix the doctor applies itself: "
+                "nothing to measure"}
+    if not fixed.compiled:
+        fixed.compile(optimizer="adam", loss=model.loss)
+    paths = {"before": (model, _dataset(x, y, fv.batch_size, False)),
+             "after": (fixed, _dataset(x, y, fv.batch_size, cast))}
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    rounds: dict[str, list[float]] = {name: [] for name in paths}
+    with tf_mixed.policy_scope(report.policy):  # float16 on a CPU: remapping off
+        for m, data in paths.values():
+            if fv.warmup_steps:
+                m.fit(data, epochs=1, steps_per_epoch=fv.warmup_steps, verbose=0, shuffle=False)
+        for _ in range(fv.rounds):
+            for name, (m, data) in paths.items():
+                timer = StepTimer()
+                m.fit(data, epochs=1, steps_per_epoch=fv.steps, verbose=0, shuffle=False,
+                      callbacks=[timer])
+                times[name] += timer.times
+                rounds[name].append(1000 * statistics.median(timer.times))
+    before, after = (1000 * statistics.median(times[n]) for n in ("before", "after"))
+    return {
+        "applied": applied,
+        "policy": report.policy,
+        "rounds": fv.rounds,
+        "timed_steps": {n: len(t) for n, t in times.items()},
+        "round_medians_ms": rounds,
+        "before_step_ms": before,
+        "after_step_ms": after,
+        "speedup": before / after,
+        # Each round times both models back to back: the median of the rounds'
+        # ratios cancels load that drifts between rounds.
+        "round_speedup_median": statistics.median(
+            b / a for b, a in zip(rounds["before"], rounds["after"])),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def measured_text(measured: dict) -> str:
+    """The --measure result in a few lines."""
+    if not measured.get("applied"):
+        return f"Measure: {measured['note']}."
+    return "\n".join([
+        "Measured (median fit step, " + f"{measured['rounds']} alternating rounds):",
+        "  applied: " + "; ".join(measured["applied"]),
+        (f"  before {measured['before_step_ms']:.2f} ms, after "
+         f"{measured['after_step_ms']:.2f} ms: {measured['speedup']:.2f}x (median of the "
+         f"rounds' ratios {measured['round_speedup_median']:.2f}x)"),
+        "  per round: " + ", ".join(
+            f"{b:.1f}/{a:.1f}" for b, a in zip(measured["round_medians_ms"]["before"],
+                                               measured["round_medians_ms"]["after"]))
+        + " ms (before/after)",
+    ])

@@ -1,0 +1,81 @@
+"""What the subcommands taking a saved model share (``probe``, ``doctor``).
+
+`parse` reads ``MODEL.keras [--flag=value ...]`` into a ``FlagValues``;
+`error` prints the one line of bad input; `write_atomically` puts a result
+file in place only once it is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags
+
+
+def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> None:
+    """The flags naming the data, the batches and the loss (what `batches` of
+    `tf_mixed.cli.probe` reads): --dataset, --data_dir, --batch_size,
+    --batches, --loss, --seed."""
+    from tf_mixed.bench import data
+
+    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x and y.",
+                        flag_values=fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
+    flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
+    flags.DEFINE_integer("batches", batches, batches_help, flag_values=fv)
+    flags.DEFINE_string("loss", "", "Keras loss name (default: the saved model's compiled loss, "
+                        "else sparse_categorical_crossentropy).", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
+
+
+def error(command: str, message: str) -> int:
+    """Prints ``tf_mixed COMMAND: error: MESSAGE`` on stderr; returns status 2."""
+    print(f"tf_mixed {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def first_line(problem: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none)."""
+    text = str(problem).strip()
+    return (text.splitlines()[0] if text else type(problem).__name__)[:500]
+
+
+def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
+          positive: tuple[str, ...]) -> str | int:
+    """Parses ``MODEL [flags]`` into `fv`.
+
+    Args:
+        command: The subcommand's name, for messages.
+        argv: ``sys.argv``-style list: the program name, then arguments.
+        fv: Flag values with the subcommand's flags defined.
+        usage: Printed, with the flags' help, for ``--help``.
+        positive: Integer flags that must be at least 1.
+
+    Returns:
+        The MODEL path, or the exit status to return at once (0 after
+        ``--help``, 2 after printing the one line of bad input).
+    """
+    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
+        print(usage)
+        print(fv.get_help())
+        return 0
+    try:
+        positionals = fv(argv)[1:]
+    except flags.Error as problem:
+        return error(command, str(problem))
+    if len(positionals) != 1:
+        return error(command, "expected exactly one MODEL argument, the path of a saved "
+                     f".keras model. Received: {positionals}")
+    for name in positive:
+        if getattr(fv, name) < 1:
+            return error(command, f"--{name}={getattr(fv, name)}: must be at least 1.")
+    return positionals[0]
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary file and a rename."""
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        f.write(data)
+    os.replace(partial, path)

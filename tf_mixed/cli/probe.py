@@ -1,0 +1,225 @@
+"""``python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [flags]``: the numerics probe.
+
+Loads a saved model, takes a few batches of the bench's data (or ``npz:PATH``
+with ``x`` and ``y`` arrays), runs `tf_mixed.probe`, prints the table and
+writes ``probe.json`` and ``probe.png`` to ``--output_dir``. Every file is
+written only after the probe succeeded; bad input prints one line naming
+the value and exits with status 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+
+from absl import flags
+
+from tf_mixed.cli import model_command
+
+_HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
+
+USAGE = """usage: python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [--batch_size=32]
+       [--batches=1] [--policy=mixed_float16] [--loss=NAME[,NAME...]] [--output_dir=DIR]
+       [--custom_modules=MODULE,...] [--safe_mode=false]
+
+Runs the model on a few batches in half precision and in float32 with the
+same weights and reports, per layer, the headroom to overflow, inf/NaN,
+flushed and subnormal outputs and the error against float32; per variable,
+the gradient magnitudes and what float16 loses of them; the first layer that
+goes non-finite with the keep_float32 fix; and a recommended loss scale.
+"""
+
+
+def _define_flags(fv: flags.FlagValues) -> None:
+    from tf_mixed.bench import data
+    from tf_mixed.cli import model_file
+
+    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x "
+                        "and y (several inputs or outputs: x0, x1, ... and y0, y1, ...).",
+                        flag_values=fv)
+    model_file.define_flags(fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
+    flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
+    flags.DEFINE_integer("batches", 1, "Batches to measure.", flag_values=fv)
+    flags.DEFINE_string("policy", "", "mixed_float16 or mixed_bfloat16 (default: the model's own "
+                        "half dtype, else mixed_float16).", flag_values=fv)
+    flags.DEFINE_list("loss", [], "Keras loss name, one per output for several outputs (default: "
+                      "the saved model's compiled loss, else sparse_categorical_crossentropy "
+                      "for a classifier's output; required otherwise).",
+                      flag_values=fv)
+    flags.DEFINE_string("output_dir", "tf_mixed_probe", "Directory for probe.json and probe.png.",
+                        flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
+    flags.DEFINE_enum("half_gradients", "auto", list(_HALF_GRADIENTS),
+                      "Output gradients at the current loss scale: measured in a half-precision "
+                      "backward pass, or predicted from float32 (auto: predicted for float16 on "
+                      "a host without a GPU, whose float16 conv filter gradient is very slow).",
+                      flag_values=fv)
+
+
+def _error(message: str) -> int:
+    return model_command.error("probe", message)
+
+
+def _check_output_dir(path: str) -> None:
+    """Raises unless ``path`` is a writable directory or can be created as one."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ValueError(f"--output_dir={path!r} is a file, not a directory. Pass a "
+                             "directory (it is created if missing).")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"--output_dir={path!r} is not writable. Pass a directory you "
+                             "can write to.")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        why = "a file" if not os.path.isdir(parent) else "not writable"
+        raise ValueError(f"--output_dir={path!r} cannot be created: {parent!r} is {why}. "
+                         "Pass a directory you can write to.")
+
+
+def _npz_arrays(arrays, key: str):
+    """``key`` (one array) or ``key0, key1, ...`` (a list) from an npz file; None if absent."""
+    if key in arrays.files:
+        return arrays[key]
+    numbered: list = []
+    while f"{key}{len(numbered)}" in arrays.files:
+        numbered.append(arrays[f"{key}{len(numbered)}"])
+    return numbered or None
+
+
+def _batches(fv, model):
+    """``(x, y)`` for `tf_mixed.probe`: arrays, or a dataset of batches."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_mixed.bench import data
+    from tf_mixed.cli import model_file
+
+    n = fv.batch_size * fv.batches
+    spec = fv.dataset.strip()
+    if spec.lower().startswith("npz:"):
+        path = spec[4:]
+        try:
+            arrays = np.load(path)
+        except Exception as error:  # missing or not an npz file
+            raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz "
+                                  f"({type(error).__name__}: {model_file.first_line(error)})",
+                                  "npz:PATH with arrays x and y") from None
+        x, y = _npz_arrays(arrays, "x"), _npz_arrays(arrays, "y")
+        missing = [k for k, v in (("x", x), ("y", y)) if v is None]
+        if missing:
+            raise data.UsageError("dataset", spec, f"the file has no {' or '.join(missing)} array "
+                                  f"(it has {', '.join(arrays.files) or 'none'})",
+                                  "npz:PATH with arrays x and y (or x0, x1, ... and y0, y1, ...)")
+        return keras_tree_slice(x, n), keras_tree_slice(y, n)
+    if len(model.inputs) != 1:
+        raise data.UsageError("dataset", spec, f"model '{model.name}' takes {len(model.inputs)} "
+                              "inputs; generated data sets have one",
+                              "npz:PATH with arrays x0, x1, ... and y")
+    shape = tuple(model.inputs[0].shape[1:])
+    side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
+    bench = data.load(spec, seed=fv.seed, image_size=side or 0, train_size=n,
+                      val_size=1, data_dir=fv.data_dir or None, download=False)
+    return bench.train.batch(fv.batch_size).map(
+        lambda x, y: (tf.cast(x, "float32"), y)), None
+
+
+def keras_tree_slice(value, n: int):
+    """The first ``n`` examples of an array or a list of arrays."""
+    return [a[:n] for a in value] if isinstance(value, list) else value[:n]
+
+
+def main(argv: list[str]) -> int:
+    """Runs ``python -m tf_mixed probe``.
+
+    Args:
+        argv: ``sys.argv``-style list: the program name, then arguments.
+
+    Returns:
+        The exit status: 0 success, 2 bad input.
+    """
+    fv = flags.FlagValues()
+    _define_flags(fv)
+    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"))
+    if isinstance(parsed, int):
+        return parsed
+    model_path = parsed
+
+    import tf_mixed
+    from tf_mixed.cli import model_file
+    from tf_mixed._internal.cli_errors import UsageError
+
+    start = time.perf_counter()
+    try:
+        _check_output_dir(fv.output_dir)  # before the work, not after it
+        model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
+        x, y = _batches(fv, model)
+    except (UsageError, ValueError, TypeError) as error:
+        return _error(model_file.first_line(error))
+    compiled = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
+    loss = (fv.loss if len(fv.loss) > 1 else fv.loss[0]) if fv.loss else compiled
+    default = loss is None
+    if default:
+        units = [t.shape[-1] for t in model.outputs]
+        if any(u is None or u < 2 for u in units):
+            return _error(f"model {model.name!r} is not compiled, so the loss must be given, and "
+                          f"its output{'s' if len(units) > 1 else ''} ({units} units) "
+                          "is not a classifier's, for which the default "
+                          "sparse_categorical_crossentropy is meant: pass --loss=NAME "
+                          "(e.g. --loss=mse).")
+        loss = "sparse_categorical_crossentropy"
+    try:
+        report = tf_mixed.probe(model, x, y, loss=loss, policy=fv.policy or None,
+                                batches=fv.batches,
+                                half_gradients=_HALF_GRADIENTS[fv.half_gradients])
+    except (UsageError, ValueError, TypeError) as error:
+        return _error(model_file.first_line(error) + (_LOSS_HINT if default else ""))
+    except Exception as error:  # TF's own report of a model/loss/data mismatch
+        return _error(f"model {model.name!r}, loss {_loss_text(loss)} and the data do not fit "
+                      f"together ({type(error).__name__}: {model_file.first_line(error)})"
+                      + (_LOSS_HINT if default else ""))
+    seconds = time.perf_counter() - start
+
+    record = {
+        "command": "python -m tf_mixed probe " + " ".join(shlex.quote(a) for a in argv[1:]),
+        "model_path": model_path,
+        "dataset": fv.dataset,
+        "batch_size": fv.batch_size,
+        "loss": _loss_text(loss),
+        "seconds": round(seconds, 2),
+        "report": report.to_dict(),
+    }
+    text = json.dumps(record, indent=2)
+    try:
+        png = report.plot()
+    except ImportError:
+        png = None
+        print("tf_mixed probe: matplotlib is not installed: probe.png not written "
+              "(pip install matplotlib)", file=sys.stderr)
+    # Everything is computed: only now touch the output directory.
+    os.makedirs(fv.output_dir, exist_ok=True)
+    model_command.write_atomically(os.path.join(fv.output_dir, "probe.json"), text.encode())
+    if png is not None:
+        model_command.write_atomically(os.path.join(fv.output_dir, "probe.png"), png)
+    print(report)
+    print(f"\nProbed in {seconds:.1f} s; wrote {fv.output_dir}/probe.json"
+          + (" and probe.png" if png is not None else ""))
+    return 0
+
+
+_LOSS_HINT = ("; the model is not compiled, so the loss was the default "
+              "sparse_categorical_crossentropy: pass --loss=NAME (e.g. --loss=mse)")
+
+
+def _loss_text(loss) -> str:
+    if isinstance(loss, str):
+        return loss
+    if isinstance(loss, (list, tuple)):
+        return ",".join(_loss_text(each) for each in loss)
+    return getattr(loss, "name", None) or type(loss).__name__

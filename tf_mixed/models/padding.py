@@ -1,0 +1,76 @@
+"""Which Dense layers `tf_mixed.convert(..., pad_to=N)` widens, and how weights follow.
+
+A Dense layer whose ``units`` is not a multiple of the hardware's tile
+(`tf_mixed._internal.facts.TILE_MULTIPLES`) leaves the last tile of every matrix
+product partly empty. Widening it to the next multiple keeps the model's
+function exactly when the extra units are read by nothing: their kernel
+columns and biases are zero and the rows the next Dense layers read them
+with are zero, so every output is unchanged (whatever the activation makes
+of the zeros, it is multiplied by zero rows).
+
+So a layer is padded only when that holds by construction: a ``Dense`` in
+the model itself (not in a nested model), that produces no model output,
+whose every consumer is a ``Dense`` layer of the same model. Others are
+left as they are; `tf_mixed.census` still reports them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.facts import model_outputs
+
+__all__ = ["copy_padded", "plan"]
+
+
+def _producer(tensor):
+    history = _internals.keras_history(tensor)
+    return history.operation if history is not None else None
+
+
+def plan(model, multiple: int) -> dict[str, int]:
+    """The Dense layers of `model` to widen, with their new ``units``.
+
+    Args:
+      model: a Sequential or functional model.
+      multiple: the tile multiple, such as 8 or 16.
+
+    Returns:
+      ``{layer name: padded units}`` for each layer that can be padded
+      without changing the model's outputs (see the module docstring).
+    """
+    consumers: dict[int, list] = {}
+    for layer in model.layers:
+        for tensor in _internals.call_inputs(layer):
+            producer = _producer(tensor)
+            if producer is not None:
+                consumers.setdefault(id(producer), []).append(layer)
+    outputs = {id(_producer(t)) for t in model_outputs(model)}
+    padded = {}
+    for layer in model.layers:
+        if type(layer).__name__ != "Dense" or id(layer) in outputs:
+            continue
+        readers = consumers.get(id(layer), [])
+        if not readers or any(type(r).__name__ != "Dense" for r in readers):
+            continue
+        units = layer.units
+        if units % multiple:
+            padded[layer.name] = -(-units // multiple) * multiple
+    return padded
+
+
+def copy_padded(source_weights: list, target_layer) -> None:
+    """Sets a (possibly widened) layer's weights from the original's, zero-padded.
+
+    Args:
+      source_weights: the original layer's ``get_weights()``.
+      target_layer: the rebuilt layer; each of its weights is at least as
+        large as the original's in every dimension.
+    """
+    values = []
+    for old, variable in zip(source_weights, target_layer.weights):
+        new = np.zeros(tuple(variable.shape), dtype=old.dtype)
+        new[tuple(slice(0, n) for n in old.shape)] = old
+        values.append(new)
+    target_layer.set_weights(values)

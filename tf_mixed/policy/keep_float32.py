@@ -1,0 +1,243 @@
+"""``keep_float32``: which layers stay in float32 in a mixed-precision model.
+
+One spec, parsed in one place and used by `tf_mixed.enable` (layers created
+afterwards) and `tf_mixed.convert` (an existing model). A spec is any of,
+or a list of:
+
+    "l2_norm"                       a layer name
+    keras.layers.UnitNormalization  a layer class (subclasses match too)
+    lambda layer: ...               a predicate, True to keep the layer float32
+
+The result is Keras's own per-layer policy: a kept layer has
+``layer.dtype_policy.name == "float32"``, which it saves and loads with.
+
+How `enable` reaches layers created later: Keras gives a layer the global
+policy in ``Layer.__init__`` when its ``dtype`` argument is None, and has no
+per-layer hook there (a global ``DTypePolicyMap`` misses layers without a
+``build`` method and never sees classes; see
+`tf_mixed._internal.shims.add_layer_init_hook`). So `activate` installs a hook at
+the end of ``Layer.__init__`` that sets the float32 policy on a matching
+layer. It acts only on layers created with ``dtype=None`` (a layer given an
+explicit dtype, or re-created from a config as in loading and cloning, keeps
+what it was given) and only while the global policy is the half-precision
+one `enable` set. A predicate therefore sees the layer as
+``Layer.__init__`` leaves it: its name, class and ``trainable`` are set, but
+attributes a subclass sets after ``super().__init__`` (``units``, ...) are
+not yet; `convert` calls predicates on complete layers.
+
+A rule that matches a model (a nested model's name, say) keeps every layer
+inside it in float32, in `enable` and in `convert`. Under `enable` those
+layers exist before the model does, so a second hook
+(`tf_mixed._internal.shims.add_container_hook`) sets them once the model is
+built (a functional model) or as they are added (a Sequential).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Callable, Iterable, Union
+
+import keras
+
+from tf_mixed.policy import state as policy_state
+from tf_mixed._internal.facts import HALF_DTYPES
+from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import walk_layers
+
+__all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
+
+Spec = Union[str, type, Callable[[keras.layers.Layer], bool], Iterable, None]
+
+_EXAMPLE = "keep_float32=['l2_norm', keras.layers.UnitNormalization, lambda layer: ...]"
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepFloat32:
+    """A parsed ``keep_float32`` spec.
+
+    Attributes:
+        names: Layer names (``layer.name``) to keep in float32.
+        classes: Layer classes; instances of them (or subclasses) match.
+        predicates: Callables ``layer -> bool``.
+    """
+
+    names: tuple[str, ...] = ()
+    classes: tuple[type, ...] = ()
+    predicates: tuple[Callable, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.classes or self.predicates)
+
+    def matches(self, layer: keras.layers.Layer) -> bool:
+        """Whether `layer` is to compute in float32."""
+        if is_input_layer(layer):
+            return False  # an input's dtype is the data's, not a compute dtype
+        return (layer.name in self.names
+                or isinstance(layer, self.classes)
+                or any(_call(p, layer) for p in self.predicates))
+
+    def unknown_names(self, model: keras.Model) -> str:
+        """A sentence on names that match no layer of `model` ("" if none)."""
+        from tf_mixed._internal.facts import walk_layers
+
+        try:
+            self.check_names((layer.name for _, layer in walk_layers(model)), model.name)
+        except ValueError as error:
+            return str(error)
+        return ""
+
+    def check_names(self, known: Iterable[str], model_name: str) -> None:
+        """Raises if a name is not among `known`, listing close matches.
+
+        Args:
+            known: The layer names of the model.
+            model_name: The model's name, for the message.
+
+        Raises:
+            ValueError: A name matches no layer.
+        """
+        known = sorted(set(known))
+        unknown = [n for n in self.names if n not in known]
+        if not unknown:
+            return
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hints.append(f"{name!r} (did you mean {', '.join(map(repr, close))}?)"
+                         if close else repr(name))
+        raise ValueError(
+            f"keep_float32 names layers that model '{model_name}' does not "
+            f"have: {'; '.join(hints)}. Its layers are: {known}. Received: "
+            f"keep_float32={list(self.names)}")
+
+
+def _call(predicate: Callable, layer: keras.layers.Layer) -> bool:
+    try:
+        return bool(predicate(layer))
+    except Exception as error:
+        raise ValueError(
+            f"A keep_float32 predicate raised {type(error).__name__}: {error}, on "
+            f"layer '{layer.name}' (class {type(layer).__name__}). Under enable() a "
+            "predicate sees the layer as Layer.__init__ leaves it: name, class and "
+            "trainable are set, attributes a subclass sets afterwards (units, "
+            "filters, ...) are not; use getattr(layer, 'units', None), match by "
+            f"class, or pass keep_float32 to tf_mixed.convert. Received: "
+            f"keep_float32 predicate {predicate!r}") from error
+
+
+def parse(spec: Spec) -> KeepFloat32:
+    """Parses a ``keep_float32`` argument.
+
+    Args:
+        spec: A layer name, a layer class, a predicate ``layer -> bool``, a
+            list (or other iterable) of these, or None / ``()`` for none.
+
+    Returns:
+        A `KeepFloat32`.
+
+    Raises:
+        TypeError: An element is none of the accepted kinds.
+        ValueError: A name is empty.
+    """
+    if spec is None:
+        return KeepFloat32()
+    single = isinstance(spec, (str, type)) or (
+        callable(spec) and not isinstance(spec, (list, tuple, set, frozenset)))
+    items = [spec] if single else _as_list(spec)
+    names, classes, predicates = [], [], []
+    for item in items:
+        if isinstance(item, str):
+            if not item.strip():
+                raise ValueError(
+                    "keep_float32 layer names must be non-empty strings, such "
+                    f"as 'l2_norm'. Received: keep_float32={spec!r}")
+            names.append(item)
+        elif isinstance(item, type):
+            if not issubclass(item, keras.layers.Layer):
+                raise TypeError(_type_message(spec, item))
+            classes.append(item)
+        elif callable(item):
+            predicates.append(item)
+        else:
+            raise TypeError(_type_message(spec, item))
+    return KeepFloat32(tuple(dict.fromkeys(names)), tuple(classes), tuple(predicates))
+
+
+def _as_list(spec) -> list:
+    try:
+        return list(spec)
+    except TypeError:
+        raise TypeError(_type_message(spec, spec)) from None
+
+
+def _type_message(spec, item) -> str:
+    return (
+        "keep_float32 must be a layer name, a keras.layers.Layer subclass, a "
+        "predicate taking a layer and returning a bool, or a list of these, "
+        f"such as {_EXAMPLE}. Received: keep_float32={spec!r} with element "
+        f"{item!r} (of type {type(item).__name__})")
+
+
+def argument(names: Iterable[str]) -> str:
+    """The ``keep_float32=[...]`` text that keeps `names` in float32."""
+    return "keep_float32=[" + ", ".join(repr(n) for n in names) + "]"
+
+
+def activate(spec: Spec | KeepFloat32) -> KeepFloat32:
+    """Keeps matching layers created from now on in float32 (for `enable`).
+
+    Call it right after `enable` set the global policy (validate `spec` with
+    `parse` before changing anything). The rules apply while this thread's
+    global policy is that very policy object and computes in half precision;
+    they stop when it changes (`disable`, a later `enable`, `policy_scope`,
+    ``keras.backend.clear_session()``, ``keras.config.set_dtype_policy``, or
+    `convert`'s temporary policy). Under a float32 policy keeping a layer
+    float32 would change nothing, so nothing is done there.
+
+    Args:
+        spec: See `parse` (a parsed `KeepFloat32` is taken as is); None or
+            ``()`` turns this thread's rules off.
+
+    Returns:
+        The parsed rules.
+
+    Raises:
+        TypeError, ValueError: As `parse`, before anything changes.
+    """
+    rules = spec if isinstance(spec, KeepFloat32) else parse(spec)
+    # Per thread (`tf_mixed.policy.state`), as Keras keeps the dtype policy
+    # per thread: an `enable` in another thread neither clears these rules
+    # nor inherits them.
+    policy_state.set_keep_rules(rules, keras.config.dtype_policy(),
+                                _on_layer_init, _on_container)
+    return rules
+
+
+def active() -> KeepFloat32:
+    """The rules that apply to a layer created now in this thread (or none)."""
+    rules, bound = policy_state.keep_rules()
+    policy = keras.config.dtype_policy()
+    if (not rules or policy is not bound
+            or policy.compute_dtype not in HALF_DTYPES):
+        return KeepFloat32()
+    return rules
+
+
+def _on_container(model) -> None:
+    """A kept nested model keeps every layer inside it (created before it)."""
+    rules = active()
+    if not rules or not rules.matches(model):
+        return
+    for _, layer in walk_layers(model):
+        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
+        if not is_input_layer(layer) and dtype in HALF_DTYPES:
+            layer.dtype_policy = "float32"
+
+
+def _on_layer_init(layer, dtype) -> None:
+    if dtype is not None:
+        return  # explicit dtype, a parent's policy, or a config being loaded
+    rules = active()
+    if rules and rules.matches(layer):
+        layer.dtype_policy = "float32"

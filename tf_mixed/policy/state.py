@@ -1,0 +1,169 @@
+"""Every piece of hidden state behind `tf_mixed.enable`, owned here, with one reset.
+
+jmp keeps no global state; tf_mixed has to, because Keras and TensorFlow do:
+Keras keeps the dtype policy per thread, and Grappler's "remapping" option
+is per process. All of it lives in this
+module, with the scope each piece really has:
+
+* **per thread** (`ThreadState`): the policy `enable` saved and set, this
+  thread's hold on remapping, its open `policy_scope` blocks, and its
+  ``keep_float32`` rules with the policy object they are bound to;
+* **per asyncio context**: which `policy_scope` the running code is inside
+  (a context variable: two tasks sharing a thread, and so a Keras policy,
+  must not interleave scopes);
+* **per process**: the count of remapping holds (the option is turned off
+  at the first hold and put back at the last release, so one thread's
+  `disable` never turns it back on under another thread's float16 training),
+  and the ``Layer.__init__`` hook that applies the keep_float32 rules
+  (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`).
+
+`reset` forgets all of it at once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import threading
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tf_mixed._internal import shims as _internals
+
+__all__ = [
+    "ThreadState", "hold_remapping", "keep_rules", "release_remapping",
+    "remapping_holders", "reset", "scope_marker", "set_keep_rules",
+    "set_remapping_hold", "thread_state",
+]
+
+
+@dataclasses.dataclass
+class ThreadState:
+    """What tf_mixed changed in this thread, to undo it.
+
+    Attributes:
+        saved_policy: Keras's policy before the first `enable` (None: no
+            `enable` in effect).
+        active: The policy name `enable` set, to notice a reset since.
+        holds_remapping: Whether this thread holds remapping off.
+        scopes: The open `policy_scope` blocks, innermost last.
+        keep: This thread's ``keep_float32`` rules (a
+            `tf_mixed.policy.keep_float32.KeepFloat32`), or None.
+        keep_bound: The Keras policy object the rules apply under.
+    """
+
+    saved_policy: Any = None
+    active: str | None = None
+    holds_remapping: bool = False
+    scopes: list = dataclasses.field(default_factory=list)
+    keep: Any = None
+    keep_bound: Any = None
+
+
+_threads = threading.local()
+
+scope_marker: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "tf_mixed_policy_scope", default=None)
+"""Which `policy_scope` the running code is inside (per asyncio context)."""
+
+_lock = threading.Lock()
+_holders = 0
+_before: bool | None = None  # the option before the first hold; None: TF's default
+
+
+def thread_state() -> ThreadState:
+    """This thread's `ThreadState` (created on first use)."""
+    state = getattr(_threads, "state", None)
+    if state is None:
+        state = _threads.state = ThreadState()
+    return state
+
+
+def set_keep_rules(rules: Any, bound: Any,
+                   hook: Callable[[Any, object], None],
+                   container_hook: Callable[[Any], None] | None = None) -> None:
+    """Stores this thread's keep_float32 rules; installs the hooks if any.
+
+    Args:
+        rules: A `tf_mixed.policy.keep_float32.KeepFloat32` (falsy: no rules).
+        bound: The Keras policy object the rules apply under.
+        hook: Called as ``hook(layer, dtype)`` at the end of every
+            ``Layer.__init__`` once installed (installed once per process).
+        container_hook: Called as ``container_hook(model)`` once a model
+            knows its layers (`tf_mixed._internal.shims.add_container_hook`).
+    """
+    state = thread_state()
+    state.keep, state.keep_bound = rules, bound
+    if rules:
+        _internals.add_layer_init_hook(hook)
+        if container_hook is not None:
+            _internals.add_container_hook(container_hook)
+
+
+def keep_rules() -> tuple[Any, Any]:
+    """``(rules, bound policy)`` of this thread, as `set_keep_rules` stored them."""
+    state = thread_state()
+    return state.keep, state.keep_bound
+
+
+def _option() -> bool | None:
+    return tf.config.optimizer.get_experimental_options().get("remapping")
+
+
+def hold_remapping() -> None:
+    """Turns remapping off (if it is not already held off) and counts the hold."""
+    global _holders, _before
+    with _lock:
+        if _holders == 0:
+            _before = _option()
+            tf.config.optimizer.set_experimental_options({"remapping": False})
+        _holders += 1
+
+
+def release_remapping() -> None:
+    """Drops one hold; the last one puts the option back as it was.
+
+    Releasing with no hold outstanding does nothing.
+    """
+    global _holders, _before
+    with _lock:
+        if _holders == 0:
+            return
+        _holders -= 1
+        if _holders == 0:
+            # An option that was unset goes back to TF's default (on).
+            remapping = True if _before is None else _before
+            tf.config.optimizer.set_experimental_options({"remapping": remapping})
+            _before = None
+
+
+def remapping_holders() -> int:
+    """How many holds are outstanding (threads or probes needing remapping off)."""
+    with _lock:
+        return _holders
+
+
+def set_remapping_hold(state: ThreadState, hold: bool) -> None:
+    """Makes ``state``'s thread hold remapping off, or not."""
+    if hold and not state.holds_remapping:
+        hold_remapping()
+    elif not hold and state.holds_remapping:
+        release_remapping()
+    state.holds_remapping = hold
+
+
+def reset() -> None:
+    """Forgets tf_mixed's policy state: this thread's and every remapping hold.
+
+    It does not touch Keras's dtype policy nor TensorFlow's remapping option:
+    set those yourself. For a process that reuses a thread for unrelated
+    work after an error left `enable` state behind, and for test fixtures
+    (tests/conftest.py) that restore Keras's policy and the option around
+    each test. Other threads' states are not reachable from here; a reset
+    thread starts as if `enable` had never run in it.
+    """
+    global _holders, _before
+    _threads.state = ThreadState()
+    with _lock:
+        _holders, _before = 0, None

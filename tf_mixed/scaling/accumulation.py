@@ -1,0 +1,177 @@
+"""Gradient accumulation with loss scaling: one semantics, on every replica.
+
+``LossScaleOptimizer(inner, gradient_accumulation_steps=N)`` (or an inner
+optimizer created with Keras's ``gradient_accumulation_steps=N``, which the
+wrapper takes over) makes one update of N micro-steps, a *window*:
+
+1. Every micro-step's gradients are unscaled (divided by the loss scale,
+   which is constant within a window) and added, in float32, to a buffer
+   per variable. Each replica adds its own shard's gradients: no
+   communication during the window.
+2. At the window's last micro-step the buffers are all-reduced, ONCE (in
+   ``communication_dtype`` if set), so every replica then holds the same
+   sum, and the verdict is taken from that sum: any NaN/inf of any
+   micro-step on any replica is in it (an inf or NaN never leaves a sum).
+3. Finite: the inner optimizer applies ``sum / N`` once (so N micro-batches
+   of B examples give the update of one batch of N*B, for losses that are
+   means over the batch). Not finite: the whole window is discarded, on
+   every replica, and the loss scale backs off once. Either way the buffers
+   are zeroed and the scale state, the skip counters, the forward-state
+   rollback and the loss tally advance once per window.
+
+So ``iterations`` of the inner optimizer, and with it every learning-rate
+schedule, advance once per applied update; ``skipped_steps`` counts skipped
+windows; a scale change never happens in the middle of a window.
+
+`Accumulator` holds the buffers and the micro-step counter (checkpointed
+with the optimizer, so a run resumed in the middle of a window continues
+it); `validate_steps` is the argument's one check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tf_mixed._internal import validate as _validate
+
+__all__ = ["Accumulator", "steps_to_take_over", "take_over", "validate_steps"]
+
+
+def validate_steps(value, inner_steps=None) -> int | None:
+    """Checks ``gradient_accumulation_steps`` against the inner optimizer's.
+
+    Args:
+        value: The wrapper's argument: None or an int >= 2 (1 means none).
+        inner_steps: The inner optimizer's ``gradient_accumulation_steps``.
+
+    Returns:
+        The number of micro-steps per update, or None for no accumulation.
+
+    Raises:
+        ValueError: for anything but None or an int >= 1 (a wrong type is
+            `tf_mixed._internal.validate.ArgumentTypeError`, also a TypeError), or
+            when both are set and differ.
+    """
+    value = _checked(value, "gradient_accumulation_steps", "LossScaleOptimizer")
+    inner_steps = _checked(inner_steps, "gradient_accumulation_steps",
+                           "The inner optimizer's")
+    if value is not None and inner_steps is not None and value != inner_steps:
+        raise ValueError(
+            "gradient_accumulation_steps is set on both the wrapper and the "
+            f"inner optimizer, differently. Received: {value} on the wrapper, "
+            f"{inner_steps} on the inner optimizer. Set it in one place.")
+    steps = value if value is not None else inner_steps
+    return None if steps is None or steps == 1 else steps
+
+
+def steps_to_take_over(inner_optimizer, value) -> int | None:
+    """The wrapper's micro-steps per update, from its argument or the inner's.
+
+    Changes nothing (the wrapper turns the inner optimizer's own
+    accumulation off once it is constructed).
+
+    Raises:
+        ValueError: as `validate_steps`, or for an inner optimizer already
+            built with Keras's accumulation (its buffers exist and it would
+            keep counting micro-steps).
+    """
+    inner_steps = inner_optimizer.gradient_accumulation_steps
+    steps = validate_steps(value, inner_steps)
+    if inner_steps and inner_optimizer.built:
+        raise ValueError(
+            "The inner optimizer was built with Keras's gradient accumulation, "
+            "which would bypass tf_mixed's window semantics. Received: a built "
+            f"{type(inner_optimizer).__name__} with gradient_accumulation_steps="
+            f"{inner_steps}. Wrap a fresh optimizer.")
+    return steps
+
+
+def take_over(inner_optimizer, steps: int | None) -> Accumulator | None:
+    """Turns the inner optimizer's Keras accumulation off; the wrapper's on.
+
+    Keras's own accumulation runs the learning-rate schedule per micro-step
+    and fails under MirroredStrategy in a custom loop (``merge_call`` inside
+    its cond).
+
+    Returns:
+        An `Accumulator` of ``steps`` micro-steps, or None for ``steps`` None.
+    """
+    inner_optimizer.gradient_accumulation_steps = None
+    return None if steps is None else Accumulator(steps)
+
+
+def _checked(steps, name, owner):
+    if steps is None:
+        return None
+    return _validate.number(steps, name, valid="None or an integer >= 1 (the "
+                            "micro-steps per update)", rule=lambda n: n >= 1,
+                            integer=True, owner=owner)
+
+
+class Accumulator:
+    """The float32 buffers and micro-step counter of one optimizer.
+
+    Args:
+        steps: Micro-steps per update (>= 2).
+    """
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.micro_step: Any = None  # an int64 optimizer variable once built
+        self.buffers: list = []
+
+    def build(self, optimizer, var_list) -> None:
+        """Creates the counter and one buffer per variable on ``optimizer``.
+
+        Under a strategy, in its scope: every replica keeps its own copy
+        (aggregation NONE) and writes it in the replica context.
+        """
+        self.micro_step = optimizer.add_variable(
+            shape=(), dtype="int64", aggregation="none",
+            name="accumulation_micro_step")
+        self.buffers = []
+        for variable in var_list:
+            path = getattr(variable, "path", variable.name).replace("/", "_")
+            self.buffers.append(optimizer.add_variable(
+                shape=variable.shape, dtype="float32", aggregation="none",
+                name=f"{path}_accumulated_gradient"))
+
+    def is_last(self) -> tf.Tensor:
+        """Whether the micro-step being run ends its window (bool tensor)."""
+        return tf.equal(self.micro_step + 1, self.steps)
+
+    def add(self, grads) -> list:
+        """Adds unscaled gradients and returns the window's sums so far.
+
+        Args:
+            grads: One unscaled gradient per variable (None, dense or
+                ``tf.IndexedSlices``, which is added row by row).
+
+        Returns:
+            The buffers' new values (float32 tensors), in order.
+        """
+        sums = []
+        for grad, buffer in zip(grads, self.buffers):
+            if grad is None:
+                pass
+            elif isinstance(grad, tf.IndexedSlices):
+                buffer.value.scatter_add(tf.IndexedSlices(
+                    tf.cast(grad.values, tf.float32), grad.indices,
+                    grad.dense_shape))
+            else:
+                buffer.assign_add(tf.cast(grad, tf.float32))
+            sums.append(tf.convert_to_tensor(buffer.value) if grad is not None
+                        else None)
+        return sums
+
+    def end_micro_step(self, is_last: tf.Tensor) -> None:
+        """Advances the counter; zeroes the buffers when a window ended."""
+        def reset():
+            for buffer in self.buffers:
+                buffer.assign(tf.zeros(buffer.shape, tf.float32))
+
+        tf.cond(is_last, reset, lambda: None)
+        self.micro_step.assign((self.micro_step + 1) % self.steps)
+

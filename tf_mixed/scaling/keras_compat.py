@@ -1,0 +1,201 @@
+"""What makes ``tf_mixed.LossScaleOptimizer`` a drop-in for Keras's and tf-keras's.
+
+* Keras 3's ``keras.optimizers.LossScaleOptimizer``: its ``.keras`` files
+  and checkpoints load (`KerasCompat.load_own_variables`), a built Keras
+  wrapper converts with its scale kept (`KerasCompat.from_keras`), and its
+  state reads as a `tf_mixed.scaling.scale_state.LossScaleState` (`read_keras_state`).
+* tf-keras (Keras 2), which the TensorFlow mixed-precision guide still
+  teaches: ``get_scaled_loss`` and ``get_unscaled_gradients``.
+
+`KerasCompat` is a mixin: ``LossScaleOptimizer`` inherits these methods, and
+they use only its public methods and its state variables.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed.scaling import allreduce
+from tf_mixed.scaling.compensated import compensation_config
+from tf_mixed.scaling.scale_state import LossScaleState
+
+__all__ = ["EXTRA_STATE", "KerasCompat", "read_keras_state"]
+
+# The state variables after Keras's own (`step_counter`, `dynamic_scale`), in
+# checkpoint order. A file written by Keras's wrapper lacks exactly these.
+EXTRA_STATE = ("overflow_streak", "skipped_steps", "last_step_skipped",
+               "min_scale_skips")
+
+
+class KerasCompat:
+    """Keras 3 and tf-keras compatibility methods of ``LossScaleOptimizer``."""
+
+    def apply_gradients(self: Any, grads_and_vars, *, unscaled: bool | None = None):
+        """Applies ``(gradient, variable)`` pairs; see ``apply``.
+
+        Returns:
+            The inner optimizer's ``iterations`` variable (tf.keras habit).
+        """
+        pairs = list(grads_and_vars)
+        self.apply([g for g, _ in pairs], [v for _, v in pairs], unscaled=unscaled)
+        return self.iterations
+
+    # tf-keras (Keras 2) names.
+    def get_scaled_loss(self: Any, loss):
+        """tf-keras's name for ``scale_loss``."""
+        return self.scale_loss(loss)
+
+    def get_unscaled_gradients(self: Any, grads):
+        """tf-keras's name for ``unscale_gradients``.
+
+        tf-keras's ``apply_gradients`` took unscaled gradients; here
+        ``apply``/``apply_gradients`` divide by the scale unless told
+        ``unscaled=True``. A warning says so once per optimizer, and the next
+        ``apply``/``apply_gradients`` without ``unscaled=`` raises.
+        """
+        if not getattr(self, "_warned_tf_keras_unscale", False):
+            self._warned_tf_keras_unscale = True
+            warnings.warn(
+                "get_unscaled_gradients() returns unscaled gradients; pass "
+                "them as `optimizer.apply_gradients(zip(grads, variables), "
+                "unscaled=True)`. Unlike tf-keras, tf_mixed's apply_gradients "
+                "divides by the loss scale unless told the gradients are "
+                "already unscaled.", UserWarning, stacklevel=2)
+        return self.unscale_gradients(grads)
+
+    def load_own_variables(self: Any, store) -> None:
+        """Loads a ``.keras`` file's optimizer state, Keras's layout included.
+
+        A file written by ``keras.optimizers.LossScaleOptimizer`` holds the
+        same variables minus the counters Keras lacks (`EXTRA_STATE`); they
+        are loaded into the same places and the extra counters start at 0.
+        """
+        ours = self.variables
+        if self.built and len(store.keys()) == len(ours) - len(EXTRA_STATE):
+            extra_start = len(self._variables) - len(EXTRA_STATE)
+            targets = ours[:extra_start] + ours[len(self._variables):]
+            for i, variable in enumerate(targets):
+                variable.assign(store[str(i)])
+            return
+        super().load_own_variables(store)  # type: ignore[misc]
+
+    @property
+    def loss_scale(self):
+        """The scale variable (``dynamic_scale``, Keras's name)."""
+        return self.dynamic_scale
+
+    @property
+    def good_steps(self):
+        """Consecutive finite steps (``step_counter``, Keras's name)."""
+        return self.step_counter
+
+
+    def check_finite(self, grads):
+        """Whether every gradient of *this replica* is finite (local check).
+
+        ``apply`` does not use this: it checks the all-reduced gradients.
+
+        Args:
+            grads: A list of gradients (None entries are ignored).
+
+        Returns:
+            A scalar bool tensor.
+        """
+        return allreduce.all_finite(grads)
+
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        """Not supported: tf_mixed targets the TensorFlow backend only.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "tf_mixed.LossScaleOptimizer supports the TensorFlow backend "
+            "only, which has no stateless_apply. Call `apply` instead."
+        )
+
+
+    def get_config(self):
+        """Returns the constructor arguments (Keras's names first)."""
+        knobs = self.config.to_dict()
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            "initial_scale": knobs.pop("initial_scale"),
+            "dynamic_growth_steps": knobs.pop("growth_interval"),
+            **knobs,
+            "communication_dtype": self.communication_dtype,
+            "gradient_accumulation_steps": (
+                None if self.accumulator is None else self.accumulator.steps),
+            "compensation": compensation_config(self.inner_optimizer),
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """Rebuilds the optimizer from ``get_config()`` output.
+
+        Also reads a ``keras.optimizers.LossScaleOptimizer`` config.
+        """
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+    @classmethod
+    def from_keras(cls, optimizer: keras.optimizers.LossScaleOptimizer,
+                   **knobs: Any) -> Any:
+        """A tf_mixed wrapper around a Keras wrapper's inner optimizer.
+
+        Keeps its initial scale and growth steps (unless ``knobs`` override
+        them) and, if it is built, its current scale and step counter, so
+        training continues from where it stands.
+
+        Args:
+            optimizer: A ``keras.optimizers.LossScaleOptimizer``.
+            **knobs: Other ``LossScaleOptimizer`` arguments.
+
+        Returns:
+            A new ``tf_mixed.LossScaleOptimizer`` (built if ``optimizer``
+            was), sharing ``optimizer.inner_optimizer``.
+        """
+        knobs.setdefault("initial_scale", float(optimizer.initial_scale))
+        if "growth_interval" not in knobs:
+            knobs.setdefault("dynamic_growth_steps",
+                             int(optimizer.dynamic_growth_steps))
+        wrapper: Any = cls(optimizer.inner_optimizer, **knobs)  # type: ignore[call-arg]
+        if optimizer.built:
+            saved = read_keras_state(optimizer)
+            wrapper.build(_internals.optimizer_trainable_variables(optimizer))
+            wrapper.dynamic_scale.assign(saved.scale)
+            wrapper.step_counter.assign(saved.good_steps)
+        return wrapper
+
+
+def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:
+    """`LossScaleState` of a ``keras.optimizers.LossScaleOptimizer``.
+
+    Keras keeps only the scale (``dynamic_scale``) and the consecutive
+    finite steps (``step_counter``); the counters it does not keep are None.
+
+    Args:
+        optimizer: A Keras loss-scale optimizer, built or not.
+
+    Returns:
+        The state, in Python numbers.
+    """
+    if optimizer.built:
+        scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+        good = int(keras.ops.convert_to_numpy(optimizer.step_counter))
+    else:
+        scale, good = float(optimizer.initial_scale), 0
+    return LossScaleState(scale=scale, good_steps=good, overflow_streak=None,
+                          skipped_steps=None, last_step_skipped=None,
+                          min_scale_skips=None)

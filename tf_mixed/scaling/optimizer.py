@@ -1,0 +1,961 @@
+"""Dynamic loss scaling that takes the same skip decision on every replica.
+
+``LossScaleOptimizer`` wraps a Keras optimizer. The loss is multiplied by a
+scale before differentiation (``scale_loss``) so small float16 gradients do not
+flush to zero; ``apply`` divides the gradients by the scale again and hands
+them to the inner optimizer, unless any gradient on any replica or worker is
+NaN or infinite, in which case the whole step is skipped everywhere and the
+scale is lowered. A skipped step changes nothing in the model: weights, slots
+and ``iterations`` are untouched, and the forward state handed over with
+``track_forward_state`` (BatchNormalization's moving statistics) is rolled
+back (`tf_mixed.scaling.rollback`).
+
+Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
+takes the finite check from the first replica's *local* gradients, so an
+overflow on any other replica is applied to the weights (they become
+``-inf``), and under ``MultiWorkerMirroredStrategy`` workers that disagree can
+hang in the all-reduce. Here the gradients are all-reduced first, once
+(optionally in float16/bfloat16: ``communication_dtype``), and the verdict is
+taken from the reduced gradients (``_reduce``, `tf_mixed.scaling.allreduce`); the
+inner optimizer then applies them without a second all-reduce. It also adds
+the knobs the Keras class lacks (growth and backoff factors, minimum and
+maximum scale, hysteresis, a fixed scale), the counters a monitor needs, and
+a pass-through mode for float32/bfloat16.
+
+It is a drop-in for Keras's class (`tf_mixed.scaling.keras_compat`): same constructor
+names (``dynamic_growth_steps``), same configs, and the same variables
+(``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
+and ``.keras`` files written with Keras's wrapper load into it. The rule the
+scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal import validate as _validate
+from tf_mixed.scaling import accumulation
+from tf_mixed.scaling import allreduce
+from tf_mixed.scaling import compensated
+from tf_mixed.scaling import scale_state
+from tf_mixed._internal import tf_keras_check
+from tf_mixed.scaling.float8_sync import Float8Sync
+from tf_mixed.scaling.keras_compat import KerasCompat, read_keras_state
+from tf_mixed.scaling.loss_tally import LossTally
+from tf_mixed.scaling.rollback import ForwardState
+from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
+
+__all__ = ["LossScaleOptimizer", "loss_scale_state", "refresh_forward_state",
+           "wrap_optimizer"]
+
+_REPLICA_CONTEXT_ERROR = (
+    "LossScaleOptimizer.apply() must be called in a replica context. You "
+    "called it in the cross-replica context of {strategy}. Call it inside "
+    "`strategy.run(step_fn, ...)`, not directly under `strategy.scope()`."
+)
+
+_JIT_UNDER_STRATEGY_ERROR = (
+    "jit_compile=True is not supported together with a tf.distribute "
+    "strategy ({strategy}, {replicas} replicas) in TensorFlow {version}: XLA "
+    "fails with a resource-device error. Received: a jit-compiled training "
+    "step. Use `model.compile(..., jit_compile=False)` (or the default "
+    "'auto', which turns XLA off under a strategy), or drop `jit_compile=True` "
+    "from the tf.function around your step."
+)
+
+
+_UNSAID_UNSCALED = (
+    "LossScaleOptimizer.apply() got gradients after unscale_gradients() was "
+    "called, and no `unscaled=` to say which ones they are. Received: unscaled=None. "
+    "Pass unscaled=True if they are what unscale_gradients() returned (clipped or "
+    "not): without it they would be divided by the loss scale again and the step "
+    "would be that many times too small (torch's unscale_()-then-step() habit). "
+    "Pass unscaled=False if you only inspected the unscaled copy and pass the "
+    "scaled gradients."
+)
+
+
+class _Scratch:
+    """What the optimizer holds outside its checkpoint (not a Trackable).
+
+    Saving the rollback backups or the loss tally would change the
+    optimizer's checkpoint layout, which must stay Keras's.
+    """
+
+    def __init__(self) -> None:
+        self.forward = ForwardState()
+        self.tally: LossTally | None = None
+        # unscale_gradients() calls since the last apply(): only to refuse an
+        # apply() that does not say what it got (it never changes arithmetic).
+        self.unscaled_since_apply = 0
+        self.float8: Float8Sync | None = None
+
+
+@keras.saving.register_keras_serializable(package="tf_mixed")
+class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
+    """An optimizer wrapper that applies dynamic loss scaling safely.
+
+    On every ``apply``:
+
+    * if all gradients on all replicas are finite, they are divided by the
+      current scale and applied by ``inner_optimizer``; after
+      ``growth_interval`` finite steps in a row the scale is multiplied by
+      ``growth_factor`` (capped at ``max_scale``);
+    * otherwise the step is skipped on every replica (weights, slots and
+      ``iterations`` are untouched; tracked forward state is rolled back),
+      ``skipped_steps`` grows by one, and after ``hysteresis`` non-finite
+      steps in a row the scale is multiplied by ``backoff_factor`` (floored
+      at ``min_scale``).
+
+    The rule is `tf_mixed.scaling.scale_state.next_state`; read the state with
+    ``loss_scale_state()``.
+
+    Example:
+
+    >>> opt = LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=8.0)
+    >>> v = keras.Variable(1.0)
+    >>> _ = opt.apply([tf.constant(8.0)], [v])   # unscaled gradient is 1.0
+    >>> float(v.numpy())
+    0.5
+
+    Args:
+        inner_optimizer: The ``keras.optimizers.Optimizer`` that applies the
+            unscaled gradients. Must not itself be a loss-scale optimizer.
+        initial_scale: First loss scale, a finite number > 0 between
+            ``min_scale`` and ``max_scale``. Powers of two keep the unscaling
+            exact.
+        dynamic_growth_steps: Consecutive finite steps before the scale grows
+            (Keras's name). Default 2000.
+        name: Optional name of the optimizer.
+        growth_interval: Same as ``dynamic_growth_steps`` (give one of them).
+        growth_factor: Multiplier applied when the scale grows, ``> 1``.
+        backoff_factor: Multiplier applied when the scale backs off, in
+            ``(0, 1)``.
+        min_scale: Lowest scale backoff can reach, positive.
+        max_scale: Highest scale growth can reach, finite.
+        hysteresis: Consecutive non-finite steps needed before the scale
+            backs off (every one of them is still skipped). ``1`` backs off
+            on every overflow, as Keras does.
+        dynamic: False keeps ``initial_scale`` fixed (tf-keras's
+            ``dynamic=False``); non-finite steps are still skipped.
+        communication_dtype: The dtype gradients travel in when they are
+            all-reduced across replicas: None (float32, as Keras),
+            ``"float16"`` or ``"bfloat16"`` (half the bytes; see
+            `tf_mixed.scaling.allreduce`). Either way the gradients are reduced in
+            ONE collective and the skip verdict is taken from the reduced
+            gradients. No effect with a single replica.
+        gradient_accumulation_steps, compensation, state_dtype: `tf_mixed.scaling.accumulation`, `tf_mixed.scaling.compensated`.
+        **kwargs: Only the defaults of the base optimizer arguments are
+            accepted (for compatibility with Keras deserialisation); clipping,
+            weight decay and the like belong on ``inner_optimizer``.
+
+    Raises:
+        TypeError: if ``inner_optimizer`` is not a Keras optimizer.
+        ValueError: if ``inner_optimizer`` is already a loss-scale optimizer,
+            or a knob is not a number or breaks its rule (the message names
+            the argument, the value and the rule).
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        initial_scale: float = 2.0**15,
+        dynamic_growth_steps: int | None = None,
+        name: str | None = None,
+        *,
+        growth_interval: int | None = None,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        hysteresis: int = 1,
+        dynamic: bool = True,
+        communication_dtype: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        compensation: Any = None,
+        state_dtype: str | None = None,
+        **kwargs: Any,
+    ):
+        tf_keras_check.check_objects("tf_mixed.LossScaleOptimizer", inner_optimizer=inner_optimizer)
+        _check_inner(inner_optimizer)
+        steps = accumulation.steps_to_take_over(inner_optimizer,
+                                                gradient_accumulation_steps)
+        update_rule = compensated.config_from_arguments(compensation, state_dtype)
+        communication_dtype = allreduce.validate_communication_dtype(
+            communication_dtype)
+        config = LossScaleConfig(
+            initial_scale=initial_scale,
+            growth_interval=_growth_steps(dynamic_growth_steps,
+                                          growth_interval),
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+            dynamic=dynamic,
+        )
+        super().__init__(
+            inner_optimizer,
+            initial_scale=config.initial_scale,
+            dynamic_growth_steps=config.growth_interval,
+            name=name,
+            **kwargs,
+        )
+        self._scratch = _Scratch()
+        self.config = config
+        self.communication_dtype = communication_dtype
+        compensated.compensate_if_asked(inner_optimizer, update_rule)
+        self.accumulator = accumulation.take_over(inner_optimizer, steps)  # None: off
+
+    # The knobs, read from the frozen config (one source of truth).
+    growth_interval = property(lambda self: self.config.growth_interval)
+    growth_factor = property(lambda self: self.config.growth_factor)
+    backoff_factor = property(lambda self: self.config.backoff_factor)
+    min_scale = property(lambda self: self.config.min_scale)
+    max_scale = property(lambda self: self.config.max_scale)
+    hysteresis = property(lambda self: self.config.hysteresis)
+    dynamic = property(lambda self: self.config.dynamic)
+
+    # ------------------------------------------------------------------ state
+
+    @_internals.no_automatic_dependency_tracking
+    def build(self, var_list):
+        """Creates the loss-scale state and builds the inner optimizer.
+
+        The first two state variables are Keras's (``step_counter`` int64,
+        ``dynamic_scale`` float32, in that order); the counters Keras lacks
+        follow (`tf_mixed.scaling.keras_compat.EXTRA_STATE`). Under a
+        ``tf.distribute`` strategy call this (or let ``model.fit`` do it)
+        inside ``strategy.scope()``, before the first ``strategy.run``.
+
+        Args:
+            var_list: The trainable variables the optimizer will update.
+        """
+        # aggregation="none": every replica computes the same new values from
+        # the same all-reduced verdict, so each replica writes its own copy
+        # in replica context without a merge_call or a second collective.
+        def state(name, dtype, value):
+            return self.add_variable(
+                shape=(), dtype=dtype,
+                initializer=keras.initializers.Constant(value),
+                aggregation="none", name=name,
+            )
+
+        self.step_counter = state("step_counter", "int64", 0)
+        self.dynamic_scale = state("dynamic_scale", "float32",
+                                   self.config.initial_scale)
+        self.overflow_streak = state("overflow_streak", "int64", 0)
+        self.skipped_steps = state("skipped_steps", "int64", 0)
+        self.last_step_skipped = state("last_step_skipped", "int64", 0)
+        self.min_scale_skips = state("min_scale_skips", "int64", 0)
+        self._scratch.float8 = _float8_sync_for(self, var_list)
+        if self.accumulator is not None:
+            self.accumulator.build(self, var_list)
+        self.inner_optimizer.build(var_list)
+        # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
+        # second pair of state variables.
+        keras.optimizers.Optimizer.build(self, var_list)
+
+    def _state_variables(self) -> LossScaleState:
+        return LossScaleState(
+            scale=self.dynamic_scale, good_steps=self.step_counter,
+            overflow_streak=self.overflow_streak,
+            skipped_steps=self.skipped_steps,
+            last_step_skipped=self.last_step_skipped,
+            min_scale_skips=self.min_scale_skips,
+        )
+
+    def loss_scale_state(self) -> LossScaleState:
+        """The current state in plain Python numbers (one host read).
+
+        Under a strategy the variables hold the same value on every replica
+        and worker (they follow the all-reduced verdict), so this is the
+        global state.
+
+        Returns:
+            A `tf_mixed.scaling.scale_state.LossScaleState`; before the optimizer is
+            built, the initial state.
+        """
+        if not self.built:
+            return scale_state.initial_state(self.config)
+        values = [keras.ops.convert_to_numpy(v)
+                  for v in self._state_variables()]
+        return LossScaleState(
+            scale=float(values[0]), good_steps=int(values[1]),
+            overflow_streak=int(values[2]), skipped_steps=int(values[3]),
+            last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
+        )
+
+    # ------------------------------------------- passengers: their own modules
+
+    @_internals.no_automatic_dependency_tracking
+    def track_forward_state(self, model_or_variables) -> int:
+        """Restores these variables after every skipped step.
+
+        `tf_mixed.scaling.rollback.ForwardState.track` says what is tracked and when
+        it raises. ``LossScaleMonitor`` calls this for ``fit``; a custom loop
+        calls it once, under the strategy's scope, before its first step.
+        Calling it again replaces the tracked set.
+
+        Returns:
+            The number of variables tracked.
+        """
+        return self._scratch.forward.track(model_or_variables)
+
+    @property
+    def tracked_forward_variables(self) -> tuple:
+        """The variables ``track_forward_state`` tracks (a tuple)."""
+        return self._scratch.forward.variables
+
+    @_internals.no_automatic_dependency_tracking
+    def attach_loss_tally(self, tally: LossTally) -> None:
+        """Shows ``tally`` every step's loss and verdict (builds it here).
+
+        ``LossScaleMonitor`` attaches one (`tf_mixed.scaling.loss_tally`). Call it
+        under the strategy's scope; a step traced before does not feed it.
+        """
+        tally.build()
+        self._scratch.tally = tally
+
+    @property
+    def loss_tally(self) -> LossTally | None:
+        """The attached `tf_mixed.scaling.loss_tally.LossTally`, or None."""
+        return self._scratch.tally
+
+    # ---------------------------------------------------------- scaling API
+
+    def scale_loss(self, loss):
+        """Multiplies ``loss`` by the current loss scale.
+
+        A float16 or bfloat16 loss is cast to float32 first, so the scaled
+        value cannot overflow half precision. An attached loss tally
+        (`attach_loss_tally`) is shown the unscaled loss.
+
+        Args:
+            loss: A scalar floating-point loss tensor.
+
+        Returns:
+            ``loss * scale`` as a float32 (or wider) tensor.
+
+        Raises:
+            ValueError: if ``loss`` is not a floating-point scalar.
+        """
+        loss = _checked_loss(loss)
+        if loss.dtype in (tf.float16, tf.bfloat16):
+            loss = tf.cast(loss, tf.float32)
+        if not self.built:
+            return loss * tf.cast(self.config.initial_scale, loss.dtype)
+        if self._scratch.tally is not None:
+            self._scratch.tally.observe(loss)
+        return loss * tf.cast(self.dynamic_scale, loss.dtype)
+
+    def unscale_gradients(self, grads):
+        """Returns the gradients divided by the current loss scale.
+
+        To clip or inspect the true gradients; then tell ``apply`` which you
+        pass (``unscaled=True``, or ``unscaled=False`` after only looking): it
+        raises rather than guess. The arithmetic never depends on this call;
+        non-finite values stay non-finite (an overflow is still skipped)::
+
+            grads = opt.unscale_gradients(tape.gradient(scaled, variables))
+            grads, _ = tf.clip_by_global_norm(grads, 1.0)
+            opt.apply(grads, variables, unscaled=True)
+
+        Args:
+            grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
+
+        Returns:
+            A new list of the same structure holding the unscaled gradients.
+        """
+        scale = self.dynamic_scale if self.built else self.config.initial_scale
+        self._scratch.unscaled_since_apply += 1
+        return [_divide(g, scale) for g in _checked_grads(grads)]
+
+    # ----------------------------------------------------------- the update
+
+    def apply(self, grads, trainable_variables=None, *,
+              unscaled: bool | None = None):
+        """Unscales and applies gradients, or skips the step everywhere.
+
+        Works eagerly, inside ``tf.function``, and in the replica context of
+        ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` (``strategy.run``
+        or ``model.fit``).
+
+        Args:
+            grads: One gradient per variable (None allowed), of the *scaled*
+                loss unless ``unscaled=True``.
+            trainable_variables: The variables to update. May be omitted once
+                the optimizer is built.
+            unscaled: True when ``grads`` were already divided by the scale;
+                None (default) is False, but a ValueError right after
+                ``unscale_gradients`` (say which).
+
+        Returns:
+            A scalar bool tensor: True when the step was applied, False when
+            it was skipped. It is the same value on every replica and worker.
+            Accumulating: False only on the last micro-step of a discarded window.
+
+        Raises:
+            ValueError: before anything is built or changed, if ``grads`` is
+                None or not one per variable, if no variables are given to an
+                unbuilt optimizer, if ``unscaled`` is not said as above, if called
+                in a cross-replica context, or under a strategy with jit.
+        """
+        grads, trainable_variables, unscaled = _checked_apply_args(
+            self, grads, trainable_variables, unscaled)
+        strategy = tf.distribute.get_strategy()
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
+        _refuse_jit_under_strategy(strategy)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+        _check_variables_in_scope(self, strategy)
+
+        with keras.name_scope(self.name, caller=self):
+            if self.accumulator is not None:
+                return _apply_window(self, grads, trainable_variables, unscaled)
+            scale = tf.identity(self.dynamic_scale.value)
+            grads, trainable_variables, finite, gathered = _reduce(
+                grads, trainable_variables, scale, unscaled,
+                self.communication_dtype, self._scratch.float8)
+            _apply_unscaled(self.inner_optimizer, finite, grads,
+                            trainable_variables)
+            self._scratch.forward.roll_back(finite)
+            self._advance_state(finite)
+            _finish_float8(self, gathered, finite, scale)
+        return finite
+
+    def _advance_state(self, finite):
+        """Writes `next_state` of the global verdict into the variables."""
+        variables = self._state_variables()
+        before = LossScaleState(
+            *(tf.convert_to_tensor(v.value) for v in variables))
+        before = before._replace(
+            last_step_skipped=tf.cast(before.last_step_skipped, tf.bool))
+        after = scale_state.next_state(self.config, before, finite)
+        after = after._replace(
+            last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
+        for variable, value in zip(variables, after):
+            variable.assign(value)
+        if self._scratch.tally is not None:
+            self._scratch.tally.settle(finite)
+
+
+def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
+    """Re-copies the forward state `optimizer` tracks, after a write between steps.
+
+    A skipped step restores the copy taken after the last applied step.
+    After anything outside a step wrote the tracked variables (a restore, a
+    resumed ``fit``, an assignment in a custom loop), call this eagerly so
+    the copy holds the state the next step starts from (`tf_mixed.scaling.rollback`).
+    ``LossScaleMonitor`` calls it before the first step of every epoch.
+
+    Args:
+        optimizer: A ``tf_mixed.LossScaleOptimizer``.
+    """
+    optimizer._scratch.forward.refresh()
+
+
+def loss_scale_state(optimizer) -> LossScaleState:
+    """The loss-scale state of any Keras optimizer, in Python numbers.
+
+    * ``tf_mixed.LossScaleOptimizer``: its ``loss_scale_state()``;
+    * ``keras.optimizers.LossScaleOptimizer``: the scale and step counter it
+      keeps, the other fields None (see `read_keras_state`);
+    * any other optimizer: it never skips; the scale is its
+      ``loss_scale_factor`` or 1.
+
+    Args:
+        optimizer: A Keras optimizer.
+
+    Returns:
+        A `tf_mixed.scaling.scale_state.LossScaleState`.
+
+    Raises:
+        TypeError: if ``optimizer`` is not a Keras optimizer.
+    """
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.loss_scale_state()
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return read_keras_state(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "loss_scale_state() needs a Keras optimizer. Received: "
+            f"optimizer={optimizer!r} (of type {type(optimizer).__name__}).")
+    factor = optimizer.loss_scale_factor
+    return LossScaleState(
+        scale=1.0 if factor is None else float(factor), good_steps=0,
+        overflow_streak=0, skipped_steps=0, last_step_skipped=False,
+        min_scale_skips=0)
+
+
+def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
+    """Wraps ``optimizer`` in a ``tf_mixed.LossScaleOptimizer`` for the policy.
+
+    * Global policy ``mixed_float16`` (or ``force=True``): dynamic loss
+      scaling with ``knobs``.
+    * Any other policy (float32, mixed_bfloat16, bfloat16): a pass-through
+      wrapper (scale 1, fixed), which skips only steps with non-finite
+      gradients, so the same loop and the same ``fit`` set-up run under
+      every policy. ``knobs`` are still validated, so a typo shows up on any
+      machine.
+    * Pure ``bfloat16`` (variables in bfloat16 too): the inner optimizer
+      also updates the weights with compensation (`tf_mixed.scaling.compensated`:
+      ``compensation="kahan"`` unless given, slots in ``state_dtype``,
+      float32 unless given), so small updates are not rounded away.
+
+    ``gradient_accumulation_steps``, ``communication_dtype``,
+    ``compensation`` and ``state_dtype`` apply under every policy.
+
+    Passing an optimizer that already is a ``tf_mixed.LossScaleOptimizer``
+    returns it unchanged (no double scaling). A
+    ``keras.optimizers.LossScaleOptimizer`` becomes a tf_mixed one around the
+    same inner optimizer, keeping its scale (`LossScaleOptimizer.from_keras`),
+    whatever the policy: loss scaling was asked for explicitly.
+
+    Args:
+        optimizer: A ``keras.optimizers.Optimizer`` or a name Keras knows,
+            such as ``"adam"``.
+        force: Scale dynamically even when the policy does not need it.
+        **knobs: ``LossScaleOptimizer`` arguments (``initial_scale``,
+            ``dynamic_growth_steps``, ...).
+
+    Returns:
+        The optimizer to pass to ``model.compile`` or to use in a loop.
+
+    Raises:
+        TypeError: if ``optimizer`` is neither an optimizer nor a name.
+        ValueError: if ``optimizer`` is an unknown name (the message lists the
+            known ones), is already a ``tf_mixed`` wrapper and ``knobs`` ask
+            for different settings, or a knob is invalid.
+    """
+    tf_keras_check.check_objects("tf_mixed.wrap_optimizer", optimizer=optimizer)
+    if isinstance(optimizer, str):
+        optimizer = _optimizer_by_name(optimizer)
+    if "communication_dtype" in knobs:  # "float32" means None, everywhere
+        knobs["communication_dtype"] = allreduce.validate_communication_dtype(
+            knobs["communication_dtype"])
+    if isinstance(optimizer, LossScaleOptimizer):
+        differing = {k: v for k, v in knobs.items()
+                     if getattr(optimizer, k, object()) != v}
+        if differing:
+            raise ValueError(
+                "wrap_optimizer() received a tf_mixed.LossScaleOptimizer "
+                f"together with different settings {differing}. Pass the "
+                "inner optimizer instead: "
+                "wrap_optimizer(opt.inner_optimizer, ...)."
+            )
+        return optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return LossScaleOptimizer.from_keras(optimizer, **knobs)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
+            f"such as 'adam'. Received: optimizer={optimizer!r} (of type "
+            f"{type(optimizer).__name__})."
+        )
+    policy = keras.config.dtype_policy().name
+    if policy == "bfloat16" and compensated.compensation_of(optimizer) is None:
+        knobs.setdefault("compensation", compensated.DEFAULT_METHOD)
+    if force or policy == "mixed_float16":
+        return LossScaleOptimizer(optimizer, **knobs)
+    wrapper_args = {k: knobs.pop(k) for k in _WRAPPER_ARGS if k in knobs}
+    _validate_knobs(knobs)
+    # No loss scaling needed; a float16 wire still needs a scale it can back
+    # off (bfloat16 has float32's range).
+    config = (LossScaleConfig.wire()
+              if wrapper_args.get("communication_dtype") == "float16"
+              else LossScaleConfig.pass_through())
+    return LossScaleOptimizer(
+        optimizer, **config.to_dict(), **wrapper_args)
+
+
+# Constructor arguments that are not loss-scale knobs (valid in every mode).
+_WRAPPER_ARGS = ("communication_dtype", "gradient_accumulation_steps",
+                 "compensation", "state_dtype")
+
+
+# --------------------------------------------------------------- helpers
+
+
+def _validate_knobs(knobs):
+    """Validates constructor knobs without building an optimizer."""
+    knobs = dict(knobs)
+    knobs["growth_interval"] = _growth_steps(
+        knobs.pop("dynamic_growth_steps", None),
+        knobs.pop("growth_interval", None))
+    unknown = sorted(set(knobs) - set(LossScaleConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(
+            f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
+            "initial_scale, dynamic_growth_steps (or growth_interval), "
+            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}, "
+            f"{', '.join(_WRAPPER_ARGS)}."
+        )
+    LossScaleConfig(**knobs)
+
+
+def _optimizer_names() -> list[str]:
+    names = []
+    for attr in dir(keras.optimizers):
+        obj = getattr(keras.optimizers, attr)
+        if (isinstance(obj, type) and issubclass(obj, keras.optimizers.Optimizer)
+                and obj not in (keras.optimizers.Optimizer,
+                                keras.optimizers.LossScaleOptimizer)):
+            names.append(attr.lower())
+    return sorted(names)
+
+
+def _optimizer_by_name(name: str):
+    names = _optimizer_names()
+    if name.lower() not in names:
+        raise ValueError(
+            "wrap_optimizer() does not know the optimizer name. Received: "
+            f"optimizer={name!r}. Valid names: {', '.join(names)}; or pass a "
+            "keras.optimizers.Optimizer instance."
+        )
+    return keras.optimizers.get(name)
+
+
+def _growth_steps(dynamic_growth_steps, growth_interval):
+    """One growth interval from Keras's name or ours (default 2000)."""
+    if dynamic_growth_steps is None:
+        return 2000 if growth_interval is None else growth_interval
+    if growth_interval is not None and growth_interval != dynamic_growth_steps:
+        raise ValueError(
+            "LossScaleOptimizer got both `dynamic_growth_steps` and "
+            "`growth_interval` (the same knob) with different values. "
+            f"Received: dynamic_growth_steps={dynamic_growth_steps!r}, "
+            f"growth_interval={growth_interval!r}. Give one of them.")
+    return dynamic_growth_steps
+
+
+def _checked_grads(grads) -> list:
+    if grads is None or tf.is_tensor(grads) or isinstance(
+            grads, (tf.IndexedSlices, str, bytes)):
+        raise ValueError(
+            "LossScaleOptimizer needs `grads` as a list with one gradient "
+            "(or None) per variable. Received: grads="
+            f"{grads!r:.80} (of type {type(grads).__name__}).")
+    try:
+        return list(grads)
+    except TypeError:
+        raise ValueError(
+            "LossScaleOptimizer needs `grads` as a list with one gradient "
+            "(or None) per variable. Received: grads="
+            f"{grads!r:.80} (of type {type(grads).__name__}).") from None
+
+
+def _said_unscaled(scratch: _Scratch, unscaled: bool | None) -> bool:
+    """``apply``'s ``unscaled``, refusing None right after ``unscale_gradients``."""
+    pending, scratch.unscaled_since_apply = scratch.unscaled_since_apply, 0
+    if unscaled is None and pending:
+        raise ValueError(_UNSAID_UNSCALED)
+    return bool(unscaled)
+
+
+def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
+    """``apply``'s arguments checked: (gradients, variables, unscaled)."""
+    grads = _checked_grads(grads)
+    if unscaled is not None:
+        _validate.boolean(unscaled, "unscaled", owner="LossScaleOptimizer.apply()")
+    if trainable_variables is None:
+        if not optimizer.built:
+            raise ValueError(
+                "LossScaleOptimizer.apply() needs `trainable_variables` "
+                "until the optimizer is built. Received: "
+                "trainable_variables=None. Pass the variables or call "
+                "`optimizer.build(variables)` first."
+            )
+        trainable_variables = _internals.optimizer_trainable_variables(
+            optimizer)
+    trainable_variables = list(trainable_variables)
+    if len(grads) != len(trainable_variables):
+        raise ValueError(
+            "LossScaleOptimizer.apply() needs one gradient per variable. "
+            f"Received: {len(grads)} gradients for "
+            f"{len(trainable_variables)} variables."
+        )
+    return grads, trainable_variables, _said_unscaled(optimizer._scratch, unscaled)
+
+
+def _checked_loss(loss):
+    try:
+        tensor = tf.convert_to_tensor(loss)
+    except (TypeError, ValueError):
+        tensor = None
+    if tensor is None or not tensor.dtype.is_floating:
+        raise ValueError(
+            "scale_loss() argument `loss` must be a floating-point scalar "
+            f"tensor. Received: loss={loss!r:.80} (dtype "
+            f"{getattr(tensor, 'dtype', type(loss).__name__)}). Cast it, "
+            "e.g. tf.cast(loss, 'float32').")
+    if tensor.shape.rank is not None and tensor.shape.num_elements() != 1:
+        raise ValueError(
+            "scale_loss() argument `loss` must be a scalar (reduce it with "
+            f"a mean first). Received: loss of shape {tensor.shape}.")
+    if tensor.shape.rank:
+        tensor = tf.reshape(tensor, ())
+    return tensor
+
+
+def _divide(grad, scale):
+    return _rescale(grad, scale, tf.math.divide)
+
+
+def _multiply(grad, scale):
+    return _rescale(grad, scale, tf.math.multiply)
+
+
+def _rescale(grad, scale, op):
+    """``op(grad, scale)`` for a dense or sparse gradient; None stays None."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            _rescale(grad.values, scale, op), grad.indices, grad.dense_shape
+        )
+    grad = tf.convert_to_tensor(grad)
+    return op(grad, tf.cast(scale, grad.dtype))
+
+
+def _refuse_jit_under_strategy(strategy):
+    """Raises a clear error instead of XLA's resource-device error.
+
+    jit_compile=True with a strategy fails in TF 2.21 (BUILD_NOTES.md,
+    "Known limits").
+    """
+    if strategy.num_replicas_in_sync <= 1 or not tf.distribute.has_strategy():
+        return
+    if tf.executing_eagerly():
+        return
+    if _internals.in_xla_context(tf.compat.v1.get_default_graph()):
+        raise ValueError(_JIT_UNDER_STRATEGY_ERROR.format(
+            strategy=type(strategy).__name__,
+            replicas=strategy.num_replicas_in_sync,
+            version=tf.__version__,
+        ))
+
+
+def _check_inner(inner_optimizer):
+    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "LossScaleOptimizer cannot wrap another loss-scale optimizer "
+            f"(received inner_optimizer={type(inner_optimizer).__name__}); "
+            "the gradients would be scaled twice. Wrap its "
+            "`inner_optimizer`, or use tf_mixed.wrap_optimizer(), which does "
+            "this for you."
+        )
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "LossScaleOptimizer needs a keras.optimizers.Optimizer instance "
+            f"as inner_optimizer. Received: inner_optimizer={inner_optimizer!r}"
+            f" (of type {type(inner_optimizer).__name__}). Pass e.g. "
+            "keras.optimizers.Adam(), or a name through "
+            "tf_mixed.wrap_optimizer('adam')."
+        )
+
+
+# ------------------------------------------------- the update, step by step
+
+
+def float8_sync_of(optimizer) -> Float8Sync | None:
+    """The `tf_mixed.scaling.float8_sync.Float8Sync` of ``optimizer``, or None.
+
+    A ``tf_mixed.LossScaleOptimizer`` creates one at ``build`` when the
+    variables hold Keras float8 scale and amax-history pairs; `apply` hands
+    their "gradients" to it instead of the inner optimizer, so every replica
+    and worker writes the same agreed values. `tf_mixed.float8.quantization.state` and
+    `tf_mixed.float8.quantization.Float8Monitor` read its counters. Any other optimizer:
+    None (it keeps Keras's per-replica float8 writes).
+    """
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer._scratch.float8
+    return None
+
+
+def _finish_float8(optimizer, gathered, finite, scale):
+    """(c) Writes the agreed float8 state after the verdict and the new scale."""
+    sync = optimizer._scratch.float8
+    if sync is not None:
+        sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
+
+
+def _float8_sync_for(optimizer, var_list) -> Float8Sync | None:
+    """The sync for ``var_list``'s float8 pairs (None without any)."""
+    sync = Float8Sync.for_variables(var_list)
+    if sync is not None and optimizer.accumulator is not None:
+        raise ValueError(
+            "LossScaleOptimizer cannot yet accumulate gradients of a model with "
+            "float8 layers: the float8 scales would not be agreed across "
+            "replicas. Received: gradient_accumulation_steps="
+            f"{optimizer.accumulator.steps} and {len(sync.slots)} float8 "
+            "tensors. Train the float8 model without accumulation.")
+    return sync
+
+
+def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
+            float8=None, when=None):
+    """(a) Sums the gradients over all replicas once, unscales them; the verdict.
+
+    Each replica's own gradients can differ (its batch shard overflowed,
+    another's did not). They are all-reduced here, once, in
+    ``communication_dtype`` (`tf_mixed.scaling.allreduce.reduce_gradients`), and
+    the verdict is taken from the *reduced* gradients, which are the same
+    bytes on every replica and worker: every replica then takes the same
+    branch, no replica applies a step another one skips, no worker waits
+    in a collective its peers never enter, and an overflow of the
+    half-precision sum itself is caught too. No separate flag collective.
+
+    In half precision the gradients travel *scaled* so that small ones
+    do not flush to zero: gradients the caller already unscaled are
+    multiplied by the scale again (exact for power-of-two scales). A
+    variable Keras overwrites with its gradient (float8 scales) is only
+    checked, not summed (Keras does not sum it either).
+
+    A ``float8`` sync (`tf_mixed.scaling.float8_sync`) first takes the float8
+    scale/history pairs out of the lists; their amaxes ride the same buffer
+    as one more float32 piece when the gradients travel in float32 (a SUM
+    of one-hot slots is an exact all-gather); in float16/bfloat16 they take
+    one small float32 collective of their own, so they are never rounded.
+
+    Returns:
+        ``(unscaled, variables, finite, gathered)``: the reduced gradients
+        divided by the loss scale and their variables (float8 pairs taken
+        out); ``gathered`` is the all-reduced float8 payload (None without
+        float8 layers).
+    """
+    float8_step = None
+    if float8 is not None:
+        grads, trainable_variables, float8_step = float8.split(
+            grads, trainable_variables, scale, divided=unscaled)
+    local = [getattr(v, "overwrite_with_gradient", False)
+             for v in trainable_variables]
+    scaled = not unscaled
+    context = tf.distribute.get_replica_context()
+    several = context is not None and context.num_replicas_in_sync > 1
+    if unscaled and several and communication_dtype is not None:
+        grads = [g if keep else _multiply(g, scale)
+                 for g, keep in zip(grads, local)]
+        scaled = True
+    gathered = None
+    if float8_step is not None and several and communication_dtype is None:
+        grads = grads + [float8.payload(float8_step, context)]
+        local = local + [False]
+    elif float8_step is not None:
+        gathered = float8.gather(float8_step, context)
+    reduced, finite = allreduce.reduce_gradients(
+        grads, communication_dtype, context, local=local, when=when)
+    if float8_step is not None and gathered is None:
+        reduced, gathered = reduced[:-1], reduced[-1]
+    if scaled:
+        reduced = [g if getattr(v, "overwrite_with_gradient", False)
+                   else _divide(g, scale)
+                   for g, v in zip(reduced, trainable_variables)]
+    return reduced, trainable_variables, finite, gathered
+
+def _apply_window(optimizer, grads, trainable_variables, unscaled):
+    """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
+
+    Adds the unscaled gradients to the float32 buffers; on the window's last
+    micro-step only, all-reduces the buffers once, applies their mean if the
+    verdict (taken from the reduced sums) is finite, and advances the scale
+    state, rollback and tally once. Returns False only on the last micro-step
+    of a discarded window.
+    """
+    accumulator = optimizer.accumulator
+    scale = tf.identity(optimizer.dynamic_scale.value)
+    if not unscaled:
+        grads = [g if getattr(v, "overwrite_with_gradient", False)
+                 else _divide(g, scale)
+                 for g, v in zip(grads, trainable_variables)]
+    sums = accumulator.add(grads)
+    is_last = accumulator.is_last()
+    # The one collective of the window, on its last micro-step only.
+    # `_reduce` returns the sums unscaled (no float8 pairs: refused at build).
+    reduced, _, finite, _ = _reduce(
+        sums, trainable_variables, scale, True, optimizer.communication_dtype,
+        when=is_last)
+    steps = float(accumulator.steps)
+    reduced = [None if g is None else g / steps for g in reduced]
+    _apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
+                    reduced, trainable_variables)
+
+    def end_window():
+        optimizer._scratch.forward.roll_back(finite)
+        optimizer._advance_state(finite)
+
+    tf.cond(is_last, end_window, lambda: None)
+    accumulator.end_micro_step(is_last)
+    return tf.logical_or(tf.logical_not(is_last), finite)
+
+
+def _apply_unscaled(inner, finite, grads, trainable_variables):
+    """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
+
+    ``finite`` is already global and the gradients already reduced, so
+    the inner optimizer applies them without its own all-reduce
+    (`tf_mixed._internal.shims.apply_reduced_gradients`).
+    """
+
+    def apply_inner():
+        _apply_inner(inner, grads, trainable_variables)
+
+    if _internals.strategy_supports_no_merge_call():
+        # No merge_call in the inner update (XLA on GPUs): the cond can
+        # stay in the replica context. All replicas take the same branch
+        # because `finite` comes from all-reduced gradients; the branch
+        # holds no collective (the gradients are already reduced).
+        tf.cond(finite, apply_inner, lambda: None)
+        return
+
+    def cross_replica(strategy, finite, grads, trainable_variables):
+        # The inner update calls merge_call, which cannot sit in a cond
+        # branch built in the replica context, so the cond is built here.
+        # `finite` was computed from all-reduced gradients before the
+        # merge_call, so every local copy holds the global verdict: taking
+        # the first is safe here (unlike keras.optimizers.LossScaleOptimizer, which takes the
+        # first replica's *local* check).
+        verdict = strategy.experimental_local_results(finite)[0]
+
+        def apply_all():
+            strategy.extended.call_for_each_replica(
+                _apply_inner, args=(inner, grads, trainable_variables),
+            )
+
+        tf.cond(verdict, apply_all, lambda: None)
+
+    tf.distribute.get_replica_context().merge_call(
+        cross_replica, args=(finite, grads, trainable_variables)
+    )
+
+def _apply_inner(inner, grads, trainable_variables):
+    """The inner update without its own (second) gradient all-reduce."""
+    _internals.apply_reduced_gradients(inner, grads, trainable_variables)
+
+
+def _check_variables_in_scope(optimizer, strategy):
+    """Refuses state created outside the strategy's scope.
+
+    An inner optimizer made before ``strategy.scope()`` holds plain
+    variables: every replica would then bump ``iterations`` (and slots)
+    once per step instead of once in total.
+    """
+    if strategy.num_replicas_in_sync <= 1:
+        return
+    for variable in optimizer.variables:
+        if not strategy.extended.variable_created_in_scope(
+                getattr(variable, "value", variable)):
+            raise ValueError(
+                f"Optimizer variable '{variable.path}' was created "
+                f"outside the scope of {type(strategy).__name__}, so "
+                "replicas would each update their own copy. Create the "
+                "inner optimizer and the LossScaleOptimizer inside "
+                "`with strategy.scope():` and build it there "
+                "(`optimizer.build(model.trainable_variables)`)."
+            )

@@ -1,0 +1,467 @@
+"""A per-layer dtype report for a Keras model, with the mixed-precision risks found.
+
+    report = tf_mixed.audit(model, batch_size=64)
+    print(report)              # aligned table + findings + memory estimate
+    report.to_dict()           # the same as plain data (for JSON)
+
+or, for a saved model, ``python -m tf_mixed audit path/to/model.keras``.
+
+What is checked (each finding has a severity, the layer, and the fix):
+
+* ``half_output_activation`` (error): a softmax/sigmoid/log_softmax computed in
+  float16/bfloat16 produces a model output. The probabilities saturate and
+  Keras loses its exact logits shortcut in the cross-entropy.
+* ``half_output`` (warning): a model output is float16/bfloat16.
+* ``norm_overflow`` (warning): a normalization layer computing in float16
+  whose arithmetic is known to overflow there. In Keras 3 BatchNormalization,
+  LayerNormalization, GroupNormalization and RMSNormalization compute their
+  statistics in float32 internally (checked: inputs of +-300 normalise
+  correctly in float16), but UnitNormalization sums squares in float16: the
+  norm becomes inf once it passes ~256 and the output silently becomes 0.
+* ``not_multiple_of_8`` (warning for layers computing in half precision, info
+  otherwise or for output layers): Dense/RNN ``units``, Conv ``filters``,
+  Embedding ``output_dim``, attention ``key_dim``/``value_dim``. Tensor Cores
+  run float16 matrix products only on dimensions that are multiples of 8.
+* ``batch_not_multiple_of_8`` (warning): the batch size, when given.
+* ``policy_mismatch`` (warning): the model's policy differs from the global
+  one (a model built before ``tf_mixed.enable()``).
+* ``explicit_float32`` (info): layers with a float32 policy in a mixed model
+  (often deliberate; listed so they are not a surprise). tf_mixed's own
+  float32 heads are not listed.
+* ``no_graph`` (info): a subclassed model has no symbolic graph, so output
+  dtypes and the memory estimate are unavailable.
+* float8 readiness (with ``float8=True``, or for a model with float8
+  layers; `tf_mixed.float8.readiness`): ``float8_flop_share`` (info),
+  ``float8_not_multiple_of_16`` and ``float8_keep_higher_precision``
+  (warnings for float8 layers, info for candidates).
+
+The activation-memory estimate adds up the bytes of every layer output for
+one batch, once as if everything were float32 and once with the dtypes the
+model really produces. It ignores gradients, optimizer slots and the
+framework's own buffers, so it is a guide to the ratio, not to peak memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import keras
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal import tf_keras_check
+from tf_mixed._internal import validate as _validate
+from tf_mixed.float8 import readiness as float8_readiness
+from tf_mixed._internal.facts import FLOAT32_HEADS
+from tf_mixed._internal.facts import HALF_DTYPES
+from tf_mixed._internal.facts import SQUASHING_ACTIVATIONS
+from tf_mixed._internal.facts import activation_name
+from tf_mixed._internal.facts import layer_outputs
+from tf_mixed._internal.facts import model_outputs
+from tf_mixed._internal.facts import check_model_kind
+from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import walk_layers
+
+__all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
+
+SEVERITIES = ("error", "warning", "info")
+DEFAULT_MEMORY_BATCH = 32
+# Attributes that become matrix dimensions: (attribute, description).
+_DIMENSIONS = (
+    ("units", "units"),
+    ("filters", "filters"),
+    ("output_dim", "embedding output_dim"),
+    ("key_dim", "attention key_dim"),
+    ("value_dim", "attention value_dim"),
+)
+# Normalization layers whose float16 arithmetic is known to overflow.
+_OVERFLOWING_NORMS = {
+    "UnitNormalization": (
+        "it sums squares in float16, so the norm overflows to inf once it "
+        "passes ~256 and the output silently becomes 0"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRow:
+    """One layer of the report.
+
+    Attributes:
+      name: layer name (``outer/inner`` inside a nested model).
+      class_name: the layer's class.
+      compute_dtype: dtype the layer computes in.
+      variable_dtype: dtype of its weights.
+      output_dtype: dtype of its (first) output, or None without a graph.
+      params: number of weights (trainable and not).
+    """
+
+    name: str
+    class_name: str
+    compute_dtype: str
+    variable_dtype: str
+    output_dtype: str | None
+    params: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A risk found in the model.
+
+    Attributes:
+      severity: "error", "warning" or "info".
+      code: a stable identifier, such as "half_output_activation".
+      layer: the layer concerned, or None for the whole model.
+      message: what is wrong.
+      fix: what to do about it.
+    """
+
+    severity: str
+    code: str
+    layer: str | None
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.layer}: " if self.layer else ""
+        return f"[{self.severity}] {where}{self.message} Fix: {self.fix}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of layer outputs for one training step.
+
+    Attributes:
+      batch_size: the batch size the estimate is for.
+      float32_bytes: if every floating output were float32.
+      policy_bytes: with the output dtypes the model really has.
+      policy: the model's dtype policy name.
+      exact: False when some output dimensions were unknown (counted as 1).
+    """
+
+    batch_size: int
+    float32_bytes: int
+    policy_bytes: int
+    policy: str
+    exact: bool = True
+
+    @property
+    def ratio(self) -> float:
+        """policy_bytes / float32_bytes (1.0 for an empty model)."""
+        return self.policy_bytes / self.float32_bytes if self.float32_bytes else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    """What `audit` found: per-layer rows, findings and a memory estimate.
+
+    ``str(report)`` prints an aligned table; ``to_dict()`` gives plain data.
+    """
+
+    model_name: str
+    policy: str
+    params: int
+    rows: tuple[LayerRow, ...]
+    findings: tuple[Finding, ...]
+    memory: MemoryEstimate | None
+
+    def by_code(self, code: str) -> list[Finding]:
+        """The findings with this code."""
+        return [f for f in self.findings if f.code == code]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready dicts and lists."""
+        memory = None
+        if self.memory is not None:
+            memory = dataclasses.asdict(self.memory)
+            memory["ratio"] = self.memory.ratio
+        return {
+            "model": self.model_name,
+            "policy": self.policy,
+            "params": self.params,
+            "layers": [dataclasses.asdict(row) for row in self.rows],
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "memory": memory,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"Model '{self.model_name}': policy {self.policy}, "
+                 f"{self.params:,} parameters"]
+        header = ("layer", "class", "compute", "variables", "output", "params")
+        table = [header] + [
+            (r.name, r.class_name, r.compute_dtype, r.variable_dtype,
+             r.output_dtype or "-", f"{r.params:,}") for r in self.rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for i, row in enumerate(table):
+            cells = [cell.ljust(w) for cell, w in zip(row[:-1], widths)]
+            cells.append(row[-1].rjust(widths[-1]))
+            lines.append("  ".join(cells).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        if self.memory is not None:
+            m = self.memory
+            approx = "" if m.exact else " (unknown dimensions counted as 1)"
+            lines.append(
+                f"Activation memory, layer outputs of one step at batch size "
+                f"{m.batch_size}{approx}: float32 {_human(m.float32_bytes)}, "
+                f"{m.policy} {_human(m.policy_bytes)} ({m.ratio:.2f}x)")
+        if self.findings:
+            lines.append(f"Findings ({len(self.findings)}):")
+            lines.extend(f"  {finding}" for finding in self.findings)
+        else:
+            lines.append("Findings: none")
+        return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # unreachable
+
+
+# ------------------------------------------------------------------ traversal
+
+
+def _leaf_layers(model) -> list:
+    """(qualified name, layer) for every layer that is not itself a model."""
+    return [(name, layer) for name, layer in walk_layers(model)
+            if not isinstance(layer, keras.Model)]
+
+
+def _producer(tensor, layers):
+    """The (name, layer) that produced a symbolic tensor."""
+    for name, layer in layers:
+        if any(out is tensor for out in layer_outputs(layer)):
+            return name, layer
+    history = _internals.keras_history(tensor)
+    if history is None:
+        return None, None
+    op = history.operation
+    if isinstance(op, keras.Model):  # a nested model: find the layer inside it
+        inner = model_outputs(op)
+        if history.tensor_index < len(inner):
+            inner_layers = [(f"{op.name}/{n}", lay) for n, lay in _leaf_layers(op)]
+            name, layer = _producer(inner[history.tensor_index], inner_layers)
+            if layer is not None:
+                return name, layer
+    return getattr(op, "name", "?"), op
+
+
+def _dtype(x) -> str:
+    return keras.backend.standardize_dtype(x)
+
+
+def _params(layer) -> int:
+    return int(sum(math.prod(w.shape) for w in layer.weights))
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+# ------------------------------------------------------------------ audit
+
+
+def audit(model, batch_size: int | None = None, *,
+          check_global_policy: bool = True,
+          float8: bool | None = None) -> AuditReport:
+    """Lists each layer's dtypes and parameters and the mixed-precision risks.
+
+    Args:
+      model: a built `keras.Model` (Sequential, functional or subclassed;
+        output dtypes and the memory estimate need a Sequential/functional
+        model).
+      batch_size: the training batch size. Checked for being a multiple of
+        8 and used for the memory estimate (default 32 for the estimate).
+      check_global_policy: report a model whose policy differs from the
+        global one (off for a model loaded from a file, as in the CLI).
+      float8: add the float8 readiness findings
+        (`tf_mixed.float8.readiness`: share of FLOPs float8 can run,
+        dimensions not a multiple of 16, layers to keep in higher
+        precision). None (default): only for a model with float8 layers.
+
+    Returns:
+      An `AuditReport`. The model is not modified.
+
+    Raises:
+      TypeError: `model` is not a Keras model, or `batch_size` not an int.
+      ValueError: `batch_size` is not positive.
+    """
+    tf_keras_check.check_objects("tf_mixed.audit", model=model)
+    check_model_kind(
+        model, "audit()", traced=False,
+        hint=(" To audit a saved model, run `python -m tf_mixed audit PATH`."
+              if isinstance(model, (str, os.PathLike)) else ""))
+    if batch_size is not None:
+        _validate.number(batch_size, "batch_size", integer=True,
+                         rule=lambda v: v >= 1, owner="audit()",
+                         valid="a positive integer or None, such as 64")
+
+    layers = _leaf_layers(model)
+    policy = _effective_policy(model, layers)
+    rows = []
+    for name, layer in layers:
+        outs = layer_outputs(layer)
+        is_input = is_input_layer(layer)
+        rows.append(LayerRow(
+            name=name,
+            class_name=type(layer).__name__,
+            # An input layer computes nothing; its policy is meaningless.
+            compute_dtype="-" if is_input else _dtype(layer.compute_dtype),
+            variable_dtype="-" if is_input else _dtype(layer.variable_dtype),
+            output_dtype=_dtype(outs[0].dtype) if outs else None,
+            params=_params(layer),
+        ))
+    mixed = policy.startswith("mixed") or any(
+        r.compute_dtype in HALF_DTYPES for r in rows)
+
+    findings: list[Finding] = []
+    outputs = model_outputs(model)
+    output_layers = set()
+    for tensor in outputs:
+        name, layer = _producer(tensor, layers)
+        output_layers.add(name)
+        findings.extend(_output_findings(tensor, name, layer))
+        if type(layer).__name__ in FLOAT32_HEADS:
+            # The layer feeding a float32 head is the real output layer.
+            for inner in _internals.call_inputs(layer):
+                output_layers.add(_producer(inner, layers)[0])
+    global_policy = keras.config.dtype_policy().name
+    model_policy = model.dtype_policy.name
+    if check_global_policy and model_policy != global_policy:
+        findings.append(Finding(
+            "warning", "policy_mismatch", None,
+            f"Model '{model.name}' has policy '{model_policy}' but the global policy "
+            f"is '{global_policy}': it was built before the policy was set, "
+            f"so it does not compute under '{global_policy}'.",
+            "call tf_mixed.enable() before building the model, or use "
+            "model = tf_mixed.convert(model)."))
+    if not outputs:
+        findings.append(Finding(
+            "info", "no_graph", None,
+            f"Model '{model.name}' ({type(model).__name__}) has no symbolic "
+            "outputs, so output dtypes and activation memory are not reported.",
+            "audit a Sequential or functional version of the model for these, "
+            "and check its outputs are float32."))
+    for name, layer in layers:
+        findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
+    if batch_size is not None and batch_size % 8:
+        findings.append(Finding(
+            "warning", "batch_not_multiple_of_8", None,
+            f"batch_size={batch_size} is not a multiple of 8, so the batch "
+            "dimension of every matrix product misses the Tensor Core tiles.",
+            f"use batch_size={_round8(batch_size)} (or another multiple of 8)."))
+
+    if float8 or (float8 is None and any(float8_readiness.is_float8(layer)
+                                         for _, layer in layers)):
+        findings.extend(Finding(*found)
+                        for found in float8_readiness.findings(model))
+
+    memory = _memory(layers, policy, batch_size or DEFAULT_MEMORY_BATCH) \
+        if outputs else None
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: order[f.severity])
+    total = sum(r.params for r in rows)
+    return AuditReport(model.name, policy, total, tuple(rows), tuple(findings),
+                       memory)
+
+
+def _effective_policy(model, layers) -> str:
+    """The policy most layers have (a loaded model's own policy can differ)."""
+    counts: dict[str, int] = {}
+    for _, layer in layers:
+        if is_input_layer(layer) or type(layer).__name__ in FLOAT32_HEADS:
+            continue
+        name = getattr(layer.dtype_policy, "name", None)
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return model.dtype_policy.name
+    return max(counts, key=lambda name: (counts[name], name == model.dtype_policy.name))
+
+
+def _output_findings(tensor, name, layer) -> list[Finding]:
+    dtype = _dtype(tensor.dtype)
+    if dtype not in HALF_DTYPES:
+        return []
+    activation = activation_name(layer) if layer is not None else None
+    if activation in SQUASHING_ACTIVATIONS:
+        return [Finding(
+            "error", "half_output_activation", name,
+            f"the model output is a {activation} computed in {dtype}: "
+            "probabilities saturate and the loss loses Keras's exact "
+            "logits shortcut (for logits [0, 30, -30] the cross-entropy is "
+            "clipped to 16.1 instead of 60).",
+            f"give '{name}' activation=None and add "
+            f"tf_mixed.layers.OutputActivation('{activation}') after it, or "
+            "run model = tf_mixed.convert(model).")]
+    return [Finding(
+        "warning", "half_output", name,
+        f"the model output is {dtype}, so the loss and metrics see "
+        "half-precision values.",
+        f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+        "dtype='float32').")]
+
+
+def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
+    found = []
+    cls = type(layer).__name__
+    compute = _dtype(layer.compute_dtype)
+    if cls in _OVERFLOWING_NORMS and compute == "float16":
+        found.append(Finding(
+            "warning", "norm_overflow", name,
+            f"{cls} computes in float16: {_OVERFLOWING_NORMS[cls]}.",
+            "create it with dtype='float32' (or 'mixed_bfloat16').",
+        ))
+    for attribute, what in _DIMENSIONS:
+        value = getattr(layer, attribute, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value % 8 == 0:
+            continue
+        severity = "warning" if compute in HALF_DTYPES and not is_output else "info"
+        note = " (an output layer: pad only if the cost matters)" if is_output else ""
+        found.append(Finding(
+            severity, "not_multiple_of_8", name,
+            f"{cls} {what}={value} is not a multiple of 8; Tensor Cores need "
+            f"multiples of 8 for float16{note}.",
+            f"use {attribute}={_round8(value)}."))
+    explicit32 = (
+        mixed and compute == "float32" and not is_input_layer(layer)
+        and cls not in FLOAT32_HEADS
+        and getattr(layer.dtype_policy, "name", None) == "float32")
+    if explicit32:
+        found.append(Finding(
+            "info", "explicit_float32", name,
+            f"{cls} has a float32 policy in a mixed-precision model.",
+            "nothing, if deliberate (outputs, numerically sensitive layers); "
+            "otherwise drop its dtype argument."))
+    return found
+
+
+def _memory(layers, policy, batch_size) -> MemoryEstimate:
+    float32_bytes = policy_bytes = 0
+    exact = True
+    for _, layer in layers:
+        if is_input_layer(layer):
+            continue  # inputs are data, not activations
+        for tensor in layer_outputs(layer):
+            dims = list(tensor.shape)[1:]
+            if any(d is None for d in dims):
+                exact = False
+            count = batch_size * math.prod(d or 1 for d in dims)
+            dtype = _dtype(tensor.dtype)
+            size = _itemsize(dtype)
+            policy_bytes += count * size
+            float32_bytes += count * (4 if "float" in dtype else size)
+    return MemoryEstimate(batch_size, float32_bytes, policy_bytes, policy, exact)
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype == "bool":
+        return 1
+    digits = "".join(ch for ch in dtype if ch.isdigit())
+    return max(1, int(digits) // 8) if digits else 4
