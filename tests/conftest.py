@@ -86,3 +86,49 @@ def mirrored():
     from tf_mixed.training import shared_mirrored_strategy
 
     return shared_mirrored_strategy(list(CPU_DEVICES))
+
+
+# ------------------------------------------------------------------ the tiers
+#
+# `python -m pytest` runs the fast tier (pyproject's addopts: -m "not slow and
+# not gpu"); `python -m pytest -m slow` the slow tier (multi-process,
+# multi-worker, subprocess CLI runs, long trainings); `-m gpu` the tests that
+# need a GPU (they skip with one line elsewhere). Every test is in one tier.
+#
+# The split is checked: with TF_MIXED_TIER_CHECK=1 (.ci/run sets it) a fast-tier
+# test that takes more than FAST_TEST_LIMIT_S of CPU time (this process and the
+# children it waited for; CPU time, not wall time, so a busy host does not move
+# it) fails the session, naming the test and saying to mark it slow.
+FAST_TEST_LIMIT_S = 5.0
+_TIER_CHECK = os.environ.get("TF_MIXED_TIER_CHECK", "").strip() == "1"
+_over_limit: list[str] = []
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = _cpu_seconds()
+    yield
+    spent = _cpu_seconds() - start
+    if item.get_closest_marker("slow") is None and item.get_closest_marker("gpu") is None:
+        if spent > FAST_TEST_LIMIT_S:
+            _over_limit.append(f"{item.nodeid}: {spent:.1f} s CPU")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _TIER_CHECK and _over_limit:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _over_limit:
+        verdict = "FAILED" if _TIER_CHECK else "note"
+        terminalreporter.write_line(
+            f"tier check {verdict}: {len(_over_limit)} fast-tier test(s) over "
+            f"{FAST_TEST_LIMIT_S:.0f} s of CPU time; mark them @pytest.mark.slow:")
+        for line in _over_limit:
+            terminalreporter.write_line(f"  {line}")
