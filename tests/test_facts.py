@@ -113,7 +113,7 @@ def test_every_table_is_written_once():
                            "TILE_MULTIPLES"}
     offenders = []
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        if path.name == "_facts.py":
+        if path.relative_to(PACKAGE_DIR).as_posix() == "_internal/facts.py":
             continue
         offenders += [f"{path.relative_to(PACKAGE_DIR)}:{f}"
                       for f in _restatements(path.read_text(), tables)]
@@ -126,10 +126,10 @@ def _library_sources():
 
 
 @pytest.mark.parametrize("fact, text, home", [
-    ("the input-layer test", "InputLayer", "_facts.py"),
-    ("the model-kind message", "needs a keras.Model", "_facts.py"),
-    ("the policy aliases", '"fp16":', "_facts.py"),
-    ("the number check's message", "must be {valid}", "_validate.py"),
+    ("the input-layer test", "InputLayer", "_internal/facts.py"),
+    ("the model-kind message", "needs a keras.Model", "_internal/facts.py"),
+    ("the policy aliases", '"fp16":', "_internal/facts.py"),
+    ("the number check's message", "must be {valid}", "_internal/validate.py"),
 ])
 def test_each_fact_is_written_in_one_module(fact, text, home):
     holders = [name for name, source in _library_sources() if text in source]
@@ -139,8 +139,8 @@ def test_each_fact_is_written_in_one_module(fact, text, home):
 def test_numbers_are_checked_by_the_one_helper():
     """``isinstance(x, bool)`` (the "a number, not a bool" test) lives in _validate."""
     allowed = {
-        "distribute.py",  # a field of the TF_CONFIG JSON, reported as TF_CONFIG
-        "auditing.py",    # reads a layer attribute (units) for advice, not an argument
+        "distribute/cluster.py",  # a field of the TF_CONFIG JSON, reported as TF_CONFIG
+        "tools/auditing.py",  # reads a layer attribute (units) for advice, not an argument
     }
     users = set()
     for name, source in _library_sources():
@@ -148,4 +148,56 @@ def test_numbers_are_checked_by_the_one_helper():
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"
                     and len(node.args) == 2 and getattr(node.args[1], "id", None) == "bool"):
                 users.add(name)
-    assert users - allowed == {"_validate.py"}, users
+    assert users - allowed == {"_internal/validate.py"}, users
+
+
+# ------------------------------------------------------------- dtype limits
+
+
+def test_dtype_limits_come_from_ml_dtypes():
+    from tf_mixed._internal.facts import EPSILON, dtype_limits
+
+    half = dtype_limits("float16")
+    assert (half.max, half.smallest_normal, half.smallest_subnormal) == (65504.0, 2.0**-14, 2.0**-24)
+    assert half.eps == 2.0**-10 and half.largest_exact_integer == 2048
+    bf16 = dtype_limits("bfloat16")
+    assert bf16.eps == 2.0**-7 and bf16.largest_exact_integer == 256
+    assert bf16.smallest_subnormal == 2.0**-133
+    assert dtype_limits("float8_e4m3fn")[:3] == (448.0, 2.0**-6, 2.0**-9)
+    assert dtype_limits("float8_e5m2").max == 57344.0
+    assert EPSILON == {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+    with pytest.raises(ValueError, match=r"dtype must name a float format.*'int8'"):
+        dtype_limits("int8")
+    with pytest.raises(ValueError, match="Received: dtype='nope'"):
+        dtype_limits("nope")
+
+
+# Values only a dtype table can explain: each float format's max and its
+# smallest normal/subnormal powers of two.
+_HAND_WRITTEN_LIMITS = {65504.0, 448.0, 57344.0, 3.3895313892515355e38, 3.4028234663852886e38}
+_LIMIT_POWERS = {-14, -24, -126, -133, -149, -9, -16}
+
+
+def _hand_written_limits(source: str) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, float) \
+                and node.value in _HAND_WRITTEN_LIMITS:
+            lines.append(node.lineno)
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
+                and isinstance(node.left, ast.Constant) and node.left.value == 2
+                and isinstance(node.right, ast.UnaryOp)
+                and isinstance(node.right.operand, ast.Constant)
+                and -node.right.operand.value in _LIMIT_POWERS):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_writes_a_dtype_limit_by_hand():
+    assert _hand_written_limits("x = 65504.0\ny = 2.0**-24\n") == [1, 2]  # the check can fail
+    offenders = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        found = _hand_written_limits(path.read_text())
+        if found:
+            offenders[str(path.relative_to(PACKAGE_DIR))] = found
+    assert not offenders, offenders

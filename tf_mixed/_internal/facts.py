@@ -12,7 +12,7 @@ can read the policy table without loading TensorFlow.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 if TYPE_CHECKING:
     import keras
@@ -213,7 +213,54 @@ def model_outputs(model) -> list:
         return []
     return list(keras.tree.flatten(outputs)) if outputs else []
 
-# Machine epsilon (the gap between 1 and the next float) of each float dtype:
-# 2**-(stored mantissa bits). `tf_mixed.export` derives its default parity
-# tolerances from these (tests/test_export.py checks them against NumPy).
-EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+class DtypeLimits(NamedTuple):
+    """A float format's limits, read from ml_dtypes' `finfo` (never written by hand).
+
+    Attributes:
+        max: the largest finite value (65504 for float16).
+        smallest_normal: the smallest positive normal value.
+        smallest_subnormal: the smallest positive value at all; below half of
+            it a value flushes to zero.
+        eps: the gap between 1 and the next value.
+        largest_exact_integer: every integer up to this is exact (2**(mantissa
+            bits + 1)): 256 for bfloat16, 2048 for float16.
+    """
+
+    max: float
+    smallest_normal: float
+    smallest_subnormal: float
+    eps: float
+    largest_exact_integer: int
+
+
+def dtype_limits(dtype: str) -> DtypeLimits:
+    """The limits of a float format by name ("float16", "bfloat16", "float8_e4m3fn", ...).
+
+    Args:
+        dtype: a float dtype name NumPy or ml_dtypes knows.
+
+    Returns:
+        Its `DtypeLimits`, from ``ml_dtypes.finfo``.
+
+    Raises:
+        ValueError: ``dtype`` names no float format.
+    """
+    import ml_dtypes  # declared in pyproject; TensorFlow and Keras depend on it too
+    import numpy as np
+
+    name = str(dtype)
+    try:
+        info = ml_dtypes.finfo(getattr(ml_dtypes, name, None) or np.dtype(name))
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"dtype must name a float format, such as 'float16' or 'bfloat16'. "
+            f"Received: dtype={dtype!r}") from error
+    return DtypeLimits(
+        max=float(info.max), smallest_normal=float(info.smallest_normal),
+        smallest_subnormal=float(info.smallest_subnormal), eps=float(info.eps),
+        largest_exact_integer=2 ** (int(info.nmant) + 1))
+
+
+# Machine epsilon (the gap between 1 and the next float) of each float dtype.
+# `tf_mixed.export` derives its default parity tolerances from these.
+EPSILON = {name: dtype_limits(name).eps for name in ("float32", "float16", "bfloat16")}

@@ -51,6 +51,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import dtype_limits
 
 __all__ = [
     "ALGORITHMS",
@@ -71,8 +72,9 @@ KINDS = _internals.FLOAT8_KINDS
 FORMATS = {"inputs": "float8_e4m3fn", "kernel": "float8_e4m3fn",
            "outputs_grad": "float8_e5m2"}
 # Largest finite value and smallest positive subnormal of each format.
-FORMAT_LIMITS = {"float8_e4m3fn": (448.0, 2.0**-9),
-                 "float8_e5m2": (57344.0, 2.0**-16)}
+FORMAT_LIMITS = {name: (limits.max, limits.smallest_subnormal)
+                 for name in ("float8_e4m3fn", "float8_e5m2")
+                 for limits in [dtype_limits(name)]}
 # How the amax that sets the scale is taken from the history.
 ALGORITHMS = ("max", "most_recent")
 

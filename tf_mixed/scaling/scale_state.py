@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import dtype_limits
 
 __all__ = [
     "LossScaleConfig",
@@ -163,7 +164,8 @@ class LossScaleConfig:
         off (down to 2**-24) until the wire holds the gradients, then grows
         back towards 1 after ``growth_interval`` clean steps.
         """
-        return cls(initial_scale=1.0, min_scale=2.0**-24, max_scale=1.0)
+        return cls(initial_scale=1.0, min_scale=dtype_limits("float16").smallest_subnormal,
+                   max_scale=1.0)
 
     def to_dict(self) -> dict[str, Any]:
         """The knobs as a dict of Python values (for ``get_config``)."""

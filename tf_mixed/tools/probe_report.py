@@ -13,13 +13,13 @@ import io
 import math
 from typing import Any
 
+from tf_mixed._internal.facts import dtype_limits
+
 __all__ = ["DTYPE_LIMITS", "LayerStats", "ProbeReport", "VariableStats"]
 
-# dtype -> (largest finite, smallest normal, smallest subnormal)
+# dtype -> (largest finite, smallest normal, smallest subnormal), from ml_dtypes.
 DTYPE_LIMITS = {
-    "float16": (65504.0, 2.0**-14, 2.0**-24),
-    "bfloat16": (3.3895313892515355e38, 2.0**-126, 2.0**-133),
-    "float32": (3.4028234663852886e38, 2.0**-126, 2.0**-149),
+    name: dtype_limits(name)[:3] for name in ("float16", "bfloat16", "float32")
 }
 
 
