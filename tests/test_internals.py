@@ -460,3 +460,26 @@ def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
     layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
     assert _internals.lambda_output_shape(layer) == (2,)
     assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None
+
+
+def test_keras_checkpoint_decides_in_get_file_path_and_should_save_model(recwarn):
+    # ModelCheckpoint._get_file_path, _should_save_model, and _save_model as
+    # the one hook every save passes through (on_epoch_end, on_train_batch_end).
+    calls = []
+
+    class Recording(keras.callbacks.ModelCheckpoint):
+        def _save_model(self, epoch, batch, logs):
+            calls.append((epoch, batch, _internals.keras_checkpoint_target(self, epoch, batch, logs)))
+
+    callback = Recording("e{epoch}.keras", save_best_only=True, save_freq="epoch")
+    callback.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+    callback.on_epoch_end(0, {"val_loss": 2.0})
+    callback.on_epoch_end(1, {"val_loss": 3.0})
+    callback.on_epoch_end(2, {})  # missing: Keras warns and saves
+    assert calls == [(0, None, "e1.keras"), (1, None, None), (2, None, "e3.keras")]
+    assert "Can save best model only with val_loss available" in str(recwarn[-1].message)
+    batches = Recording("b{batch}.keras", save_freq=1)
+    batches.set_model(callback.model)
+    batches.on_epoch_begin(0)
+    batches.on_train_batch_end(0, {})
+    assert calls[-1] == (0, 0, "b1.keras")

@@ -669,3 +669,27 @@ def route_weight_decay_through_assign(optimizer) -> None:
             distributed, optimizer._distribution_strategy, variables)
 
     optimizer._apply_weight_decay = apply_weight_decay
+
+
+# ------------------------------------------------------------ ModelCheckpoint
+
+
+def keras_checkpoint_target(callback, epoch: int, batch: int | None, logs) -> str | None:
+    """The file Keras's ModelCheckpoint would write now, or None for no save.
+
+    Reaches: ``keras.callbacks.ModelCheckpoint._get_file_path`` and
+    ``_should_save_model`` (Keras 3.15.1), the steps of its private
+    ``_save_model`` before the write, which `tf_mixed.ModelCheckpoint`
+    overrides to write a half-size file.
+
+    Why: they hold what the name ``ModelCheckpoint`` means in Keras: the
+    file name formatted from ``epoch``/``batch``/``logs``, ``mode="auto"``
+    from the metric's direction, ``min_delta``-free improvement with
+    ``initial_value_threshold``, the warning and the save when the monitored
+    value is missing, the ``verbose`` messages. There is no public hook
+    between "decide" and "write".
+    """
+    filepath = callback._get_file_path(epoch, batch, logs)
+    if callback._should_save_model(epoch, batch, logs, filepath):
+        return filepath
+    return None

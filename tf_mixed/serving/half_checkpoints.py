@@ -16,9 +16,29 @@ model loads into a float32 one and the reverse; rounding to float16 or
 bfloat16 is the only change (half an ulp of that dtype, relative).
 
 What is refused, before anything is written: a finite value that float16
-(or bfloat16) cannot hold, naming the variables. The optimizer's state is
-not part of these files: it is never downcast; save it with the model
-(``model.save``) when training is to resume.
+(or bfloat16) cannot hold, naming the variables. What is reported: nonzero
+values that become exactly 0 in `dtype` (below half its smallest subnormal:
+float16 3e-8, bfloat16 5e-41) are saved as 0, with a ``UserWarning`` naming
+each variable where they matter, how many values flush and the largest of
+them; save with dtype="float32" to keep them. They matter when the largest
+of them exceeds the error rounding may give the variable's largest value
+(max|value| * eps / 2, eps of `dtype`): a variable of values near 1e-8 is
+named, a bias of 1e-10 beside values of 0.01 is not (its loss is smaller
+than the rounding of its other values). The optimizer's state is not part of
+these files: it is never downcast; save it with the model (``model.save``)
+when training is to resume. The file gets the permissions any new file
+gets (``0o666`` less the umask), as Keras's files do.
+
+Loading matches variables by path: each variable's ``path`` with the
+model's name in front removed (``"m/dense/kernel"`` of a model "m" is
+``"dense/kernel"``; a functional model's paths have no model name), so a
+file loads into a model with the same layer names whatever the model's own
+name and the order of its variables, and a model whose layers differ is
+refused, naming the paths each side lacks. Keras numbers unnamed layers
+per process (``dense``, ``dense_1``, ...): to load into a model whose
+layers only got other numbers, name the layers, or pass ``by="order"`` to
+pair variables by position (shapes still checked). Every file of this
+format (``tf_mixed.weights/1``, the only one so far) holds the paths.
 """
 
 from __future__ import annotations
@@ -26,18 +46,21 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
+import secrets
+import warnings
 from typing import Any
 
 import keras
 import numpy as np
 
+from tf_mixed._internal.facts import EPSILON
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import check_model_kind
 
 __all__ = ["load_weights", "save_weights"]
 
 SAVE_DTYPES = ("float16", "bfloat16", "float32")
+MATCH_BY = ("path", "order")
 _FORMAT = "tf_mixed.weights/1"
 
 
@@ -71,6 +94,11 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
         `dtype` cannot hold (the message names every such variable and its
         largest magnitude). Nothing is written then.
       TypeError: `model` is not a Keras model.
+
+    Warns:
+      UserWarning: Nonzero values that become 0 in `dtype` (the file is
+        written, with those zeros), naming each variable, the count and the
+        largest such magnitude.
     """
     check_model_kind(model, "save_weights()", traced=False)
     if dtype not in SAVE_DTYPES:
@@ -86,6 +114,7 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     arrays: dict[str, Any] = {}
     records: list[dict[str, Any]] = []
     too_large: list[str] = []
+    flushed: list[str] = []
     for i, variable in enumerate(model.weights):
         value = np.asarray(keras.ops.convert_to_numpy(variable.value))
         stored_dtype = variable.dtype
@@ -97,6 +126,10 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
                 too_large.append(f"{variable.path} (max |value| {_largest(wide):.6g})")
             with np.errstate(over="ignore"):  # refused below, before writing
                 value, stored_dtype = wide.astype(target), dtype
+            zeros = (wide != 0) & (value.astype(np.float32) == 0)
+            if zeros.any() and _flush_matters(wide, zeros, dtype):
+                flushed.append(f"{variable.path} ({int(zeros.sum())} of {wide.size}, "
+                               f"largest |value| {float(np.max(np.abs(wide[zeros]))):.3g})")
         if stored_dtype == "bfloat16":
             value = value.view(np.uint16)
         arrays[f"w{i}"] = value
@@ -108,6 +141,13 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
             f"values beyond its largest finite value ({limit:g}) in "
             f"{', '.join(too_large)}. Nothing was written. Save with "
             "dtype='bfloat16' (float32's range) or dtype='float32'.")
+    if flushed:
+        warnings.warn(
+            f"save_weights(dtype={dtype!r}) of model '{model.name}' stores as 0 "
+            f"nonzero values too small for {dtype} (below "
+            f"{float(ml_dtypes.finfo(target).smallest_subnormal) / 2:.3g}): "
+            f"{', '.join(flushed)}. Save with dtype='float32' to keep them.",
+            UserWarning, stacklevel=2)
     meta = {"format": _FORMAT, "dtype": dtype, "model": model.name, "variables": records}
     arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buffer = io.BytesIO()
@@ -115,7 +155,9 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     data = buffer.getvalue()
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    handle, partial = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    partial = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}")
+    # 0o666 less the umask, as open() and Keras give (mkstemp would give 0o600).
+    handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)
@@ -127,21 +169,31 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     return len(data)
 
 
-def load_weights(model: keras.Model, path: str | os.PathLike) -> None:
+def load_weights(model: keras.Model, path: str | os.PathLike, *, by: str = "path") -> None:
     """Loads a `save_weights` file into `model`, casting to its variables' dtypes.
 
     Args:
       model: A built `keras.Model` with the architecture the file was saved
         from, under any policy.
       path: A file written by `save_weights`.
+      by: "path" (default): each variable takes the array saved under its
+        path relative to its model (the model's own name removed), in any
+        order. "order": the i-th variable takes the i-th array, for a model
+        whose layers carry other names (Keras numbers unnamed layers per
+        process); shapes are still checked.
 
     Raises:
-      ValueError: The file is not a `save_weights` file, or its variables
-        do not match the model's (count or a shape; the message names the
-        first mismatch). The model is unchanged then.
+      ValueError: An unknown `by`; the file is not a `save_weights` file; its
+        variables do not match the model's (by path: the paths the file
+        lacks and those the model lacks; by order: the count, or the first
+        shape that differs); a value the model's half-precision variables
+        cannot hold. The model is unchanged then.
       TypeError: `model` is not a Keras model.
     """
     check_model_kind(model, "load_weights()", traced=False)
+    if by not in MATCH_BY:
+        raise ValueError(f"load_weights() matches variables by one of "
+                         f"{', '.join(map(repr, MATCH_BY))}. Received: by={by!r}")
     path = os.fspath(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -154,8 +206,10 @@ def load_weights(model: keras.Model, path: str | os.PathLike) -> None:
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{path!r} has format {meta.get('format')!r}; "
                          f"tf_mixed.serving.load_weights reads {_FORMAT!r}.")
-    records, variables = meta["variables"], model.weights
-    if len(records) != len(variables):
+    records, variables = meta["variables"], list(model.weights)
+    if by == "path":
+        records, arrays = _by_path(path, meta, arrays, model)
+    elif len(records) != len(variables):
         raise ValueError(
             f"{path!r} holds {len(records)} variables (model '{meta['model']}') "
             f"but model '{model.name}' has {len(variables)}: load it into a model "
@@ -184,6 +238,60 @@ def load_weights(model: keras.Model, path: str | os.PathLike) -> None:
         if _is_float(str(array.dtype)):
             array = array.astype(np.float32)
         variable.assign(keras.ops.cast(array, variable.dtype))
+
+
+def _relative(variable_path: str, model_name: str) -> str:
+    """A variable's path without its model's name in front (if it is there)."""
+    prefix = f"{model_name}/"
+    return variable_path[len(prefix):] if variable_path.startswith(prefix) else variable_path
+
+
+def _by_path(path: str, meta: dict, arrays: list, model) -> tuple[list, list]:
+    """The file's records and arrays in the order of ``model.weights``, by path."""
+    saved = [_relative(r["path"], meta["model"]) for r in meta["variables"]]
+    wanted = [_relative(v.path, model.name) for v in model.weights]
+    for side, names in (("the file", saved), (f"model '{model.name}'", wanted)):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"{path!r}: {side} has several variables with the path "
+                f"{', '.join(repeated[:5])}, so they cannot be matched by path. "
+                "Pass by='order' to pair variables by position.")
+    index = {name: i for i, name in enumerate(saved)}
+    missing = [n for n in wanted if n not in index]
+    extra = [n for n in saved if n not in set(wanted)]
+    if missing or extra:
+        def listed(names):
+            shown = ", ".join(names[:8])
+            return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+        parts = []
+        if missing:
+            parts.append(f"model '{model.name}' has {listed(missing)}, which the file lacks")
+        if extra:
+            parts.append(f"the file (model '{meta['model']}') has {listed(extra)}, "
+                         "which the model lacks")
+        raise ValueError(
+            f"{path!r} does not match model '{model.name}' by variable path "
+            f"(paths without the model's name): {'; '.join(parts)}. The model is "
+            "unchanged. Load it into a model with the same layers and layer "
+            "names; if only Keras's automatic layer numbers differ "
+            "(dense_1 for dense), name the layers or pass by='order'.")
+    order = [index[n] for n in wanted]
+    return [meta["variables"][i] for i in order], [arrays[i] for i in order]
+
+
+def _flush_matters(wide: np.ndarray, zeros: np.ndarray, dtype: str) -> bool:
+    """Whether the values flushed to 0 exceed the variable's own rounding.
+
+    Rounding to `dtype` may move the variable's largest value by half an ulp
+    (max|value| * eps / 2); values that vanish while smaller than that are
+    lost within the error the variable already has (a bias of 1e-10 beside
+    0.01), and are not reported.
+    """
+    largest = float(np.max(np.abs(wide[np.isfinite(wide)]), initial=0.0))
+    lost = float(np.max(np.abs(wide[zeros])))
+    return lost > largest * EPSILON[dtype] / 2
 
 
 def _overflows(wide: np.ndarray, dtype: str) -> np.ndarray:
