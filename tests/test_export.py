@@ -278,6 +278,30 @@ def test_list_of_eleven_outputs_is_read_by_position(tmp_path):
     assert report.max_rel_error <= report.tolerance
 
 
+class _TwoInputs(keras.Model):
+    def __init__(self):
+        super().__init__(name="two_inputs")
+        self.dense = keras.layers.Dense(2, name="d")
+
+    def call(self, inputs):
+        return self.dense(keras.ops.concatenate([inputs[1], inputs[0] * 3.0], axis=-1))
+
+
+def test_subclassed_model_inputs_get_one_name_each(tmp_path):
+    model = _TwoInputs()
+    rng = np.random.RandomState(0)
+    x = [rng.randn(4, 3).astype("float32"), rng.randn(4, 3).astype("float32")]
+    model(x)
+    report = tf_mixed.export(model, str(tmp_path / "m.tflite"), format="litert",
+                             precision="as_trained", sample=x)
+    assert report.input_names == ("input_0", "input_1")
+    assert report.max_rel_error <= report.tolerance
+    runner = Interpreter(model_path=str(tmp_path / "m.tflite")).get_signature_runner()
+    (key,) = runner.get_output_details()
+    np.testing.assert_allclose(runner(input_0=x[0], input_1=x[1])[key], np.asarray(model(x)),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_sequential_with_nested_model(tmp_path):
     keras.config.set_dtype_policy("mixed_bfloat16")
     inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh")],
