@@ -1,7 +1,11 @@
 """Half-size weight checkpoints: size, exact rounding, both ways between policies."""
 
+import json
 import os
+import pathlib
 import stat
+import subprocess
+import sys
 import warnings
 
 import keras
@@ -109,13 +113,13 @@ def test_mismatched_architecture_is_refused_and_model_unchanged(tmp_path):
                               keras.layers.BatchNormalization(name="norm"),
                               keras.layers.Dense(11, name="out")])
     before = other.get_weights()
-    with pytest.raises(ValueError, match=r"shape \[256, 10\] but the model's variable .* \[256, 11\]"):
+    with pytest.raises(ValueError, match=(
+            r"does not match model '.*': layers/dense_1/vars/0 is \[256, 10\] in the file, "
+            r"\[256, 11\] in the model; layers/dense_1/vars/1 is \[10\] in the file, "
+            r"\[11\] in the model\. The model is unchanged")):
         tf_mixed.serving.load_weights(other, tmp_path / "w.npz")
     for a, b in zip(before, other.get_weights()):
         np.testing.assert_array_equal(a, b)
-    fewer = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
-    with pytest.raises(ValueError, match="holds 8 variables .* has 2"):
-        tf_mixed.serving.load_weights(fewer, tmp_path / "w.npz", by="order")
 
 
 def _two_dense(first: str, second: str, name: str) -> keras.Model:
@@ -124,44 +128,171 @@ def _two_dense(first: str, second: str, name: str) -> keras.Model:
                              keras.layers.Dense(4, name=second)], name=name)
 
 
-def test_load_matches_by_path_whatever_the_order(tmp_path):
+def _plain(widths, seed=0, extra=()) -> keras.Model:
+    """A Sequential model of unnamed Dense layers: Keras numbers them per process."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,))]
+                            + [keras.layers.Dense(w) for w in widths] + list(extra))
+
+
+def _nested(seed=0) -> keras.Model:
+    """A functional model around a Sequential one, all layers unnamed."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,))
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              keras.layers.BatchNormalization()])
+    outputs = keras.layers.Dense(2)(keras.layers.Dense(3)(inner(inputs)))
+    return keras.Model(inputs, outputs)
+
+
+def _assert_same_weights(have: keras.Model, want: keras.Model) -> None:
+    assert len(have.weights) == len(want.weights)
+    for h, w in zip(have.weights, want.weights):
+        np.testing.assert_array_equal(h.numpy(), w.numpy(), err_msg=h.path)
+
+
+@pytest.mark.parametrize("build", [lambda seed: _plain([8, 5], seed), _nested])
+def test_the_same_architecture_built_again_loads_by_default(tmp_path, build):
+    saved = build(1)
+    tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
+    again = build(2)  # its layers have other numbers (dense_2 for dense), another name
+    assert [v.path for v in again.weights] != [v.path for v in saved.weights]
+    tf_mixed.serving.load_weights(again, tmp_path / "w.npz")
+    _assert_same_weights(again, saved)
+
+
+def test_a_changed_architecture_is_refused_naming_keys_and_model_unchanged(tmp_path):
+    tf_mixed.serving.save_weights(_plain([8, 5]), tmp_path / "w.npz", dtype="float32")
+    cases = {
+        # A layer added: keys the file lacks.
+        "added": (_plain([8, 5, 5]), (
+            r"by each variable's key \(its place in the model, as Keras's save_weights "
+            r"names it\): model '.*' has layers/dense_2/vars/0, layers/dense_2/vars/1, "
+            r"which the file lacks\. The model is unchanged")),
+        # A layer removed: keys the model lacks.
+        "removed": (_plain([8]), (
+            r"the file \(model '.*'\) has layers/dense_1/vars/0, layers/dense_1/vars/1, "
+            r"which the model lacks")),
+        "another class": (_plain([8], extra=[keras.layers.LayerNormalization()]), (
+            r"has layers/layer_normalization/vars/0, layers/layer_normalization/vars/1, "
+            r"which the file lacks; the file \(model '.*'\) has layers/dense_1/vars/0, "
+            r"layers/dense_1/vars/1, which the model lacks")),
+        "width changed": (_plain([8, 6]), (
+            r"layers/dense_1/vars/0 is \[8, 5\] in the file, \[8, 6\] in the model; "
+            r"layers/dense_1/vars/1 is \[5\] in the file, \[6\] in the model\. The "
+            r"model is unchanged")),
+        "swapped": (_plain([5, 8]), (
+            r"layers/dense/vars/0 is \[4, 8\] in the file, \[4, 5\] in the model; "
+            r"layers/dense/vars/1 is \[8\] in the file, \[5\] in the model; "
+            r"layers/dense_1/vars/0 is \[8, 5\] in the file, \[5, 8\] in the model")),
+    }
+    for case, (model, message) in cases.items():
+        before = model.get_weights()
+        with pytest.raises(ValueError, match=message):
+            tf_mixed.serving.load_weights(model, tmp_path / "w.npz")
+        for a, b in zip(before, model.get_weights()):
+            np.testing.assert_array_equal(a, b, err_msg=case)
+
+
+def test_a_subclassed_model_matches_by_attribute(tmp_path):
+    class Two(keras.Model):
+        def __init__(self, first, second, **kwargs):
+            super().__init__(**kwargs)
+            self.encoder = keras.layers.Dense(first)
+            self.head = keras.layers.Dense(second)
+
+        def call(self, x):
+            return self.head(self.encoder(x))
+
+    def build(first, second, seed):
+        keras.utils.set_random_seed(seed)
+        model = Two(first, second)
+        model(np.zeros((1, 4), np.float32))
+        return model
+
+    saved = build(3, 2, 1)
+    tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
+    again = build(3, 2, 2)
+    tf_mixed.serving.load_weights(again, tmp_path / "w.npz")
+    _assert_same_weights(again, saved)
+    with pytest.raises(ValueError, match=r"encoder/vars/0 is \[4, 3\] in the file, \[4, 5\]"):
+        tf_mixed.serving.load_weights(build(5, 2, 3), tmp_path / "w.npz")
+
+
+def _as_version_1(path) -> None:
+    """Rewrites a file as format version 1 wrote it: process-wide paths, no keys."""
+    with np.load(path) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    meta = json.loads(bytes(arrays["__meta__"]).decode())
+    meta["format"] = "tf_mixed.weights/1"
+    meta["variables"] = [{k: r[k] for k in ("path", "shape", "dtype")} for r in meta["variables"]]
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+
+
+def test_a_version_1_file_still_loads(tmp_path):
     saved = _two_dense("a", "b", "saved")
     tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
-    # The same layers in the other order: by order they would swap silently.
+    _as_version_1(tmp_path / "w.npz")
+    # By path where the paths match (the model's name removed): a to a, b to b,
+    # though the model holds them in the other order.
     swapped = _two_dense("b", "a", "swapped")
-    tf_mixed.serving.load_weights(swapped, tmp_path / "w.npz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        tf_mixed.serving.load_weights(swapped, tmp_path / "w.npz")
     for layer in ("a", "b"):
         for want, have in zip(saved.get_layer(layer).get_weights(),
                               swapped.get_layer(layer).get_weights()):
             np.testing.assert_array_equal(have, want)
-
-
-def test_load_refuses_other_paths_naming_them_and_model_unchanged(tmp_path):
-    tf_mixed.serving.save_weights(_two_dense("a", "b", "saved"), tmp_path / "w.npz")
-    changed = _two_dense("a", "c", "changed")  # same shapes, another layer
-    before = changed.get_weights()
+    # Else by position where count, order and shapes agree, said in one line.
+    renumbered = _two_dense("c", "d", "renumbered")
+    with pytest.warns(UserWarning, match=(
+            r"^'.*w\.npz' \(tf_mixed\.weights/1: process-wide variable paths, which "
+            r"differ from model 'renumbered''s\) loaded by position: its 4 variables' "
+            r"order and shapes agree with the model's; save it again to store "
+            r"structural keys\.$")):
+        tf_mixed.serving.load_weights(renumbered, tmp_path / "w.npz")
+    _assert_same_weights(renumbered, saved)
+    # A changed architecture is refused, naming the paths each side lacks.
+    wider = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="a"),
+                              keras.layers.Dense(5, name="e")], name="wider")
+    before = wider.get_weights()
     with pytest.raises(ValueError, match=(
-            r"does not match model 'changed' by variable path .*: model 'changed' has "
-            r"c/kernel, c/bias, which the file lacks; the file \(model 'saved'\) has "
-            r"b/kernel, b/bias, which the model lacks\. The model is unchanged.*by='order'")):
-        tf_mixed.serving.load_weights(changed, tmp_path / "w.npz")
-    for a, b in zip(before, changed.get_weights()):
+            r"by each variable's path without the model's name \(tf_mixed\.weights/1 "
+            r"file; by position the count or a shape differs too\): model 'wider' has "
+            r"e/kernel, e/bias, which the file lacks; the file \(model 'saved'\) has "
+            r"b/kernel, b/bias, which the model lacks\. The model is unchanged")):
+        tf_mixed.serving.load_weights(wider, tmp_path / "w.npz")
+    for a, b in zip(before, wider.get_weights()):
         np.testing.assert_array_equal(a, b)
-    # by="order" is the explicit way to pair by position (the old behaviour).
-    tf_mixed.serving.load_weights(changed, tmp_path / "w.npz", by="order")
-    with pytest.raises(ValueError, match=r"by one of 'path', 'order'\. Received: by='name'"):
-        tf_mixed.serving.load_weights(changed, tmp_path / "w.npz", by="name")
 
 
-def test_a_functional_model_loads_a_sequential_file_by_path(tmp_path):
-    saved = _two_dense("a", "b", "saved")
-    tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
-    inputs = keras.Input((4,))
-    outputs = keras.layers.Dense(4, name="b")(keras.layers.Dense(4, name="a")(inputs))
-    functional = keras.Model(inputs, outputs, name="f")  # paths "a/kernel", no model name
-    tf_mixed.serving.load_weights(functional, tmp_path / "w.npz")
-    for want, have in zip(saved.get_weights(), functional.get_weights()):
-        np.testing.assert_array_equal(have, want)
+_SAVE_IN_A_FRESH_PROCESS = """
+import sys
+import keras
+import numpy as np
+import tf_mixed
+keras.utils.set_random_seed(7)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(5)])
+tf_mixed.serving.save_weights(model, sys.argv[1], dtype="float32")
+np.savez(sys.argv[2], *[v.numpy() for v in model.weights])
+"""
+
+
+@pytest.mark.slow
+def test_a_file_saved_in_another_process_loads_after_other_models(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", _SAVE_IN_A_FRESH_PROCESS, str(tmp_path / "w.npz"),
+                    str(tmp_path / "want.npz")], check=True, env=env, timeout=300)
+    _plain([3]), _nested()  # this process numbered other layers first
+    model = _plain([8, 5], seed=9)
+    assert model.layers[0].name != "dense"
+    tf_mixed.serving.load_weights(model, tmp_path / "w.npz")
+    with np.load(tmp_path / "want.npz") as want:
+        assert len(want.files) == len(model.weights) == 4
+        for i, variable in enumerate(model.weights):
+            np.testing.assert_array_equal(variable.numpy(), want[f"arr_{i}"])
 
 
 def test_tiny_values_that_flush_to_zero_are_reported(tmp_path):
@@ -311,3 +442,21 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def test_variables_keras_does_not_store_as_themselves_keep_their_path(tmp_path):
+    # A LoRA-enabled Dense hands Keras's saving its merged kernel, not a variable.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")], name="lora")
+    model.layers[0].enable_lora(2)
+    tf_mixed.serving.save_weights(model, tmp_path / "w.npz", dtype="float32")
+    with np.load(tmp_path / "w.npz") as archive:
+        meta = json.loads(bytes(archive["__meta__"]).decode())
+    assert sorted(r["key"] for r in meta["variables"]) == [
+        "d/kernel", "d/lora_kernel_a", "d/lora_kernel_b", "layers/dense/vars/1"]
+    want = [v.numpy() for v in model.weights]
+    for variable in model.weights:
+        variable.assign(keras.ops.zeros_like(variable))
+    tf_mixed.serving.load_weights(model, tmp_path / "w.npz")
+    for variable, value in zip(model.weights, want):
+        np.testing.assert_array_equal(variable.numpy(), value)

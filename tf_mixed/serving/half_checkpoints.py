@@ -8,7 +8,7 @@ policy, so a checkpoint is full size (keras-team/keras#17381, #18979).
 
 The file is a NumPy ``.npz`` archive: one array per variable of
 ``model.weights``, in that order, plus ``__meta__`` (format version, saved
-dtype, variable paths, shapes and dtypes). Float variables are stored in
+dtype, and per variable its key, path, shape and dtype). Float variables are stored in
 `dtype` (bfloat16 as its raw 16 bits, NumPy having no bfloat16); other
 variables (integer counters, ...) as they are. Loading casts each array to
 the variable's own dtype, so a checkpoint written from a ``mixed_float16``
@@ -29,16 +29,23 @@ these files: it is never downcast; save it with the model (``model.save``)
 when training is to resume. The file gets the permissions any new file
 gets (``0o666`` less the umask), as Keras's files do.
 
-Loading matches variables by path: each variable's ``path`` with the
-model's name in front removed (``"m/dense/kernel"`` of a model "m" is
-``"dense/kernel"``; a functional model's paths have no model name), so a
-file loads into a model with the same layer names whatever the model's own
-name and the order of its variables, and a model whose layers differ is
-refused, naming the paths each side lacks. Keras numbers unnamed layers
-per process (``dense``, ``dense_1``, ...): to load into a model whose
-layers only got other numbers, name the layers, or pass ``by="order"`` to
-pair variables by position (shapes still checked). Every file of this
-format (``tf_mixed.weights/1``, the only one so far) holds the paths.
+Loading matches variables as Keras's own ``model.save_weights`` /
+``load_weights`` does: by each variable's key, its place in the model's
+structure (``"layers/dense_1/vars/0"``: layers named by class, made unique
+within their container, as Keras's saving walks the model; a subclassed
+model's attributes by name), the very names Keras writes in a
+``.weights.h5`` file. So a file loads into the same architecture built again
+in any process, whatever numbers Keras gave its layers (``dense_7`` for
+``dense``) and whatever the model's name, and a changed architecture (a layer
+added or removed, a width changed, layers swapped) is refused before
+anything changes, naming the keys each side lacks or the shapes that differ.
+A variable Keras's saving does not store as itself (a LoRA-enabled layer's:
+it stores the merged kernel) keeps its variable path without the model's
+name. Files of format version 1 (``tf_mixed.weights/1``, which held only the
+process-wide variable paths) still load: by those paths where they match the
+model's, else by position where the count, order and shapes of the
+variables agree (a ``UserWarning`` says so in one line); otherwise they are
+refused, naming the paths each side lacks.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import EPSILON
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import check_model_kind
@@ -60,8 +68,8 @@ from tf_mixed._internal.facts import check_model_kind
 __all__ = ["load_weights", "save_weights"]
 
 SAVE_DTYPES = ("float16", "bfloat16", "float32")
-MATCH_BY = ("path", "order")
-_FORMAT = "tf_mixed.weights/1"
+_FORMAT = "tf_mixed.weights/2"  # records: key, path, shape, dtype
+_FORMAT_1 = "tf_mixed.weights/1"  # records: path, shape, dtype
 
 
 def _numpy_dtype(name: str):
@@ -115,7 +123,7 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     records: list[dict[str, Any]] = []
     too_large: list[str] = []
     flushed: list[str] = []
-    for i, variable in enumerate(model.weights):
+    for i, (variable, key) in enumerate(zip(model.weights, _keys(model))):
         value = np.asarray(keras.ops.convert_to_numpy(variable.value))
         stored_dtype = variable.dtype
         if _is_float(variable.dtype):
@@ -133,7 +141,7 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
         if stored_dtype == "bfloat16":
             value = value.view(np.uint16)
         arrays[f"w{i}"] = value
-        records.append({"path": variable.path, "shape": list(variable.shape),
+        records.append({"key": key, "path": variable.path, "shape": list(variable.shape),
                         "dtype": stored_dtype})
     if too_large:
         raise ValueError(
@@ -169,31 +177,31 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     return len(data)
 
 
-def load_weights(model: keras.Model, path: str | os.PathLike, *, by: str = "path") -> None:
+def load_weights(model: keras.Model, path: str | os.PathLike) -> None:
     """Loads a `save_weights` file into `model`, casting to its variables' dtypes.
+
+    Each variable takes the array saved under its key, its place in the
+    model's structure as Keras's own ``save_weights`` names it
+    (``"layers/dense_1/vars/0"``), in any order; see the module docstring
+    for files of format version 1.
 
     Args:
       model: A built `keras.Model` with the architecture the file was saved
-        from, under any policy.
+        from (built in any process, under any policy, under any name).
       path: A file written by `save_weights`.
-      by: "path" (default): each variable takes the array saved under its
-        path relative to its model (the model's own name removed), in any
-        order. "order": the i-th variable takes the i-th array, for a model
-        whose layers carry other names (Keras numbers unnamed layers per
-        process); shapes are still checked.
 
     Raises:
-      ValueError: An unknown `by`; the file is not a `save_weights` file; its
-        variables do not match the model's (by path: the paths the file
-        lacks and those the model lacks; by order: the count, or the first
-        shape that differs); a value the model's half-precision variables
-        cannot hold. The model is unchanged then.
+      ValueError: The file is not a `save_weights` file; its variables do
+        not match the model's (the keys each side lacks, or each variable
+        whose shape differs, named); a value the model's half-precision
+        variables cannot hold. The model is unchanged then.
       TypeError: `model` is not a Keras model.
+
+    Warns:
+      UserWarning: A version 1 file whose variable paths differ from the
+        model's was loaded by position (count, order and shapes agreeing).
     """
     check_model_kind(model, "load_weights()", traced=False)
-    if by not in MATCH_BY:
-        raise ValueError(f"load_weights() matches variables by one of "
-                         f"{', '.join(map(repr, MATCH_BY))}. Received: by={by!r}")
     path = os.fspath(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -203,24 +211,28 @@ def load_weights(model: keras.Model, path: str | os.PathLike, *, by: str = "path
         raise ValueError(
             f"{path!r} is not a weights file written by tf_mixed.serving.save_weights "
             f"({type(error).__name__}: {error}).") from None
-    if meta.get("format") != _FORMAT:
+    if meta.get("format") not in (_FORMAT, _FORMAT_1):
         raise ValueError(f"{path!r} has format {meta.get('format')!r}; "
-                         f"tf_mixed.serving.load_weights reads {_FORMAT!r}.")
-    records, variables = meta["variables"], list(model.weights)
-    if by == "path":
-        records, arrays = _by_path(path, meta, arrays, model)
-    elif len(records) != len(variables):
+                         f"tf_mixed.serving.load_weights reads {_FORMAT!r} and {_FORMAT_1!r}.")
+    variables = list(model.weights)
+    if meta["format"] == _FORMAT:
+        order = _match(path, meta, [r["key"] for r in meta["variables"]], _keys(model),
+                       model, "key (its place in the model, as Keras's save_weights names it)")
+    else:
+        order = _match_version_1(path, meta, model)
+    records = [meta["variables"][i] for i in order]
+    arrays = [arrays[i] for i in order]
+    differ = [f"{record.get('key', record['path'])} is {record['shape']} in the file, "
+              f"{list(variable.shape)} in the model"
+              for record, variable in zip(records, variables)
+              if list(variable.shape) != record["shape"]]
+    if differ:
         raise ValueError(
-            f"{path!r} holds {len(records)} variables (model '{meta['model']}') "
-            f"but model '{model.name}' has {len(variables)}: load it into a model "
-            "of the same architecture.")
+            f"{path!r} does not match model '{model.name}': {_listed(differ, '; ')}. "
+            "The model is unchanged. Load it into a model of the architecture it "
+            "was saved from.")
     values = []
-    for record, array, variable in zip(records, arrays, variables):
-        if list(variable.shape) != record["shape"]:
-            raise ValueError(
-                f"{path!r}: variable {record['path']} has shape {record['shape']} "
-                f"but the model's variable {variable.path} has shape "
-                f"{list(variable.shape)}. Load it into a model of the same architecture.")
+    for record, array in zip(records, arrays):
         if record["dtype"] == "bfloat16":
             array = array.view(_numpy_dtype("bfloat16"))
         values.append(array)
@@ -246,39 +258,70 @@ def _relative(variable_path: str, model_name: str) -> str:
     return variable_path[len(prefix):] if variable_path.startswith(prefix) else variable_path
 
 
-def _by_path(path: str, meta: dict, arrays: list, model) -> tuple[list, list]:
-    """The file's records and arrays in the order of ``model.weights``, by path."""
-    saved = [_relative(r["path"], meta["model"]) for r in meta["variables"]]
-    wanted = [_relative(v.path, model.name) for v in model.weights]
-    for side, names in (("the file", saved), (f"model '{model.name}'", wanted)):
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(
-                f"{path!r}: {side} has several variables with the path "
-                f"{', '.join(repeated[:5])}, so they cannot be matched by path. "
-                "Pass by='order' to pair variables by position.")
+def _keys(model) -> list[str]:
+    """The key of each of ``model.weights``: where Keras's save_weights puts it.
+
+    A variable Keras's walk does not store as itself keeps its path without
+    the model's name.
+    """
+    placed = _internals.keras_weight_keys(model)
+    keys = [placed.get(id(v), _relative(v.path, model.name)) for v in model.weights]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:  # only unplaced variables can share a key
+        raise ValueError(
+            f"Model '{model.name}' has several variables under the key "
+            f"{_listed(repeated)}, so a weights file cannot tell them apart. "
+            "Give the layers that own them distinct names.")
+    return keys
+
+
+def _listed(names: list[str], separator: str = ", ") -> str:
+    shown = separator.join(names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+def _match(path: str, meta: dict, saved: list[str], wanted: list[str], model,
+           what: str) -> list[int]:
+    """For each of the model's variables, the index of the file's record of the same name.
+
+    Raises:
+      ValueError: The names differ, naming those each side lacks.
+    """
     index = {name: i for i, name in enumerate(saved)}
     missing = [n for n in wanted if n not in index]
     extra = [n for n in saved if n not in set(wanted)]
-    if missing or extra:
-        def listed(names):
-            shown = ", ".join(names[:8])
-            return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-
+    if missing or extra or len(saved) != len(wanted):
         parts = []
         if missing:
-            parts.append(f"model '{model.name}' has {listed(missing)}, which the file lacks")
+            parts.append(f"model '{model.name}' has {_listed(missing)}, which the file lacks")
         if extra:
-            parts.append(f"the file (model '{meta['model']}') has {listed(extra)}, "
+            parts.append(f"the file (model '{meta['model']}') has {_listed(extra)}, "
                          "which the model lacks")
         raise ValueError(
-            f"{path!r} does not match model '{model.name}' by variable path "
-            f"(paths without the model's name): {'; '.join(parts)}. The model is "
-            "unchanged. Load it into a model with the same layers and layer "
-            "names; if only Keras's automatic layer numbers differ "
-            "(dense_1 for dense), name the layers or pass by='order'.")
-    order = [index[n] for n in wanted]
-    return [meta["variables"][i] for i in order], [arrays[i] for i in order]
+            f"{path!r} does not match model '{model.name}' by each variable's "
+            f"{what}: {'; '.join(parts) or 'a name repeats'}. The model is unchanged. "
+            "Load it into a model of the architecture it was saved from.")
+    return [index[n] for n in wanted]
+
+
+def _match_version_1(path: str, meta: dict, model) -> list[int]:
+    """`_match` for a version 1 file: by path, else by position where shapes agree."""
+    records, variables = meta["variables"], list(model.weights)
+    saved = [_relative(r["path"], meta["model"]) for r in records]
+    wanted = [_relative(v.path, model.name) for v in variables]
+    if sorted(saved) == sorted(wanted) and len(set(saved)) == len(saved):
+        return _match(path, meta, saved, wanted, model, "path")
+    if len(records) == len(variables) and all(
+            r["shape"] == list(v.shape) for r, v in zip(records, variables)):
+        warnings.warn(
+            f"{path!r} ({_FORMAT_1}: process-wide variable paths, which differ from "
+            f"model '{model.name}''s) loaded by position: its {len(records)} variables' "
+            "order and shapes agree with the model's; save it again to store "
+            "structural keys.", UserWarning, stacklevel=3)
+        return list(range(len(records)))
+    return _match(path, meta, saved, wanted, model,
+                  f"path without the model's name ({_FORMAT_1} file; by position "
+                  f"the count or a shape differs too)")
 
 
 def _flush_matters(wide: np.ndarray, zeros: np.ndarray, dtype: str) -> bool:
