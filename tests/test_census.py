@@ -283,16 +283,26 @@ def test_hlo_parser_refuses_text_without_instructions():
 
 def test_mirrored_step_is_counted_per_replica(mirrored):
     keras.config.set_dtype_policy("mixed_bfloat16")
-    single = tf_mixed.census(_mlp(middle_dtype="float32"), *_batch(), loss="mse",
-                             batch_size=16)
+    # fit splits a global batch of 16 over the two replicas: 8 rows each.
+    single = tf_mixed.census(_mlp(middle_dtype="float32"), *_batch(n=8), loss="mse",
+                             batch_size=8)
     with mirrored.scope():
         model = _mlp(middle_dtype="float32")
     # Compiled (with Adam, whose slots fit builds before tracing) by census,
     # in the model's strategy scope as fit would.
     report = tf_mixed.census(model, *_batch(), loss="mse", batch_size=16)
+    half = 2 * (2 * 8 * 16 * 32) + 3 * (2 * 8 * 32 * 3)
+    assert report.flops == single.flops == {"bfloat16": half, "float32": 3 * (2 * 8 * 32 * 32)}
     assert report.op_counts["MatMul"] == single.op_counts["MatMul"]
     assert report.casts == single.casts
     assert [i.layer for i in report.islands] == ["d2"]
+    assert (report.batch_size, report.replicas, report.global_batch_size) == (8, 2, 16)
+    assert "batch 8 per replica, 2 replicas, global batch 16)" in str(report)
+    assert report.to_dict()["replicas"] == 2
+    # An odd global batch: the first replica takes the larger share, as TF rebatches.
+    odd = tf_mixed.census(model, *_batch(n=15), batch_size=15)
+    assert (odd.batch_size, odd.global_batch_size) == (8, 15)
+    assert single.replicas == 1 and single.global_batch_size == 8
 
 
 # ------------------------------------------------------------------ errors

@@ -117,7 +117,39 @@ def test_dataset_shape_mismatch(tmp_path, capsys):
     npz = tmp_path / "narrow.npz"
     np.savez(npz, x=np.ones((32, 7), "float32"), y=np.zeros(32, "int32"))
     line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
-    assert "32" in line and "7" in line
+    assert line.endswith(
+        f"--dataset='npz:{npz}': model 'planted' input 'input_layer' takes examples of "
+        "shape (32,); the data has (7,) (width 32 expected, got 7). Accepted: data whose "
+        "x matches the model's inputs.")
+    # Images where the model takes vectors: the rank.
+    line = _bad(tmp_path, capsys, path, "--dataset=shapes", "--batch_size=16")
+    assert "takes examples of shape (32,); the data has (32, 32, 3) (rank 2 expected, got 4)" in line
+
+
+def test_targets_that_do_not_fit_name_both_shapes(tmp_path, capsys):
+    path, _ = _planted(tmp_path)
+    npz = tmp_path / "wide_y.npz"
+    np.savez(npz, x=np.ones((32, 32), "float32"), y=np.zeros((32, 3), "int32"))
+    line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
+    assert ("the data does not fit model 'planted' (x examples (32,), y examples (3,); "
+            "the model gives outputs (4,) per example): ") in line
+    assert "target.shape=(16, 3), output.shape=(16, 4). Accepted:" in line
+
+
+@pytest.mark.parametrize("kind", ["file", "under_a_file"])
+def test_output_dir_is_checked_before_the_work(tmp_path, capsys, monkeypatch, kind):
+    path, npz = _planted(tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" if kind == "file" else tmp_path / "afile" / "out"
+    traced = []
+    monkeypatch.setattr(tf_mixed, "census", lambda *a, **k: traced.append(1))
+    code = main(["tf_mixed", "doctor", path, f"--dataset=npz:{npz}", f"--output_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"tf_mixed doctor: error: --output_dir='{out}': ")
+    assert ("exists and is not a directory" if kind == "file" else "cannot be written") in err[0]
+    assert traced == []  # refused before the census
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_unknown_policy(tmp_path, capsys):

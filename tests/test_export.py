@@ -241,6 +241,67 @@ def test_dict_outputs_are_named_in_flattened_order(tmp_path):
         assert report.max_rel_error <= report.tolerance
 
 
+def test_parity_check_feeds_and_reads_litert_by_name(tmp_path):
+    # Inputs not in alphabetical order, dict keys that sort as strings
+    # (score_10 before score_2): LiteRT's keys sort otherwise than the model.
+    zeta = keras.Input((3,), name="zeta")
+    alpha = keras.Input((5,), name="alpha")
+    joined = keras.layers.Concatenate()([zeta, alpha])
+    model = keras.Model([zeta, alpha], {
+        "score_10": keras.layers.Dense(2, name="ten")(joined),
+        "score_2": keras.layers.Dense(7, name="two")(joined),
+        "b": keras.layers.Dense(1, name="bee")(joined)})
+    rng = np.random.RandomState(0)
+    x = [rng.randn(4, 3).astype("float32"), rng.randn(4, 5).astype("float32")]
+    for fmt, name in (("litert", "m.tflite"), ("saved_model", "m")):
+        report = tf_mixed.export(model, str(tmp_path / name), format=fmt, sample=x)
+        assert report.input_names == ("zeta", "alpha")
+        assert report.output_names == ("bee", "ten", "two")  # flattened: b, score_10, score_2
+        assert report.output_shapes == ((None, 1), (None, 2), (None, 7))
+        assert report.max_rel_error <= report.tolerance
+    # The file itself answers by name, independently of export's own check.
+    runner = Interpreter(model_path=str(tmp_path / "m.tflite")).get_signature_runner()
+    got = runner(zeta=x[0], alpha=x[1])
+    want = model(x)
+    for key in ("b", "score_10", "score_2"):
+        assert _rel_error(np.asarray(want[key]), got[key]) < 1e-5
+
+
+def test_list_of_eleven_outputs_is_read_by_position(tmp_path):
+    # output_10 sorts before output_2 as a string; the check reads by key.
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, [keras.layers.Dense(i + 1, name=f"d{i}")(inputs)
+                                 for i in range(11)])
+    report = tf_mixed.export(model, str(tmp_path / "m.tflite"), format="litert",
+                             sample=np.ones((2, 4), "float32"))
+    assert report.output_shapes == tuple((None, i + 1) for i in range(11))
+    assert report.max_rel_error <= report.tolerance
+
+
+class _TwoInputs(keras.Model):
+    def __init__(self):
+        super().__init__(name="two_inputs")
+        self.dense = keras.layers.Dense(2, name="d")
+
+    def call(self, inputs):
+        return self.dense(keras.ops.concatenate([inputs[1], inputs[0] * 3.0], axis=-1))
+
+
+def test_subclassed_model_inputs_get_one_name_each(tmp_path):
+    model = _TwoInputs()
+    rng = np.random.RandomState(0)
+    x = [rng.randn(4, 3).astype("float32"), rng.randn(4, 3).astype("float32")]
+    model(x)
+    report = tf_mixed.export(model, str(tmp_path / "m.tflite"), format="litert",
+                             precision="as_trained", sample=x)
+    assert report.input_names == ("input_0", "input_1")
+    assert report.max_rel_error <= report.tolerance
+    runner = Interpreter(model_path=str(tmp_path / "m.tflite")).get_signature_runner()
+    (key,) = runner.get_output_details()
+    np.testing.assert_allclose(runner(input_0=x[0], input_1=x[1])[key], np.asarray(model(x)),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_sequential_with_nested_model(tmp_path):
     keras.config.set_dtype_policy("mixed_bfloat16")
     inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh")],
@@ -326,11 +387,47 @@ def test_error_above_tolerance_names_the_worst_output_and_writes_nothing(trained
 
 def test_existing_artifact_is_replaced_whole(trained, tmp_path):
     path = tmp_path / "m"
-    path.mkdir()
-    (path / "stale.txt").write_text("old")
     tf_mixed.export(trained["float32"], str(path))
-    assert not (path / "stale.txt").exists() and (path / "saved_model.pb").exists()
+    (path / "variables" / "stale.txt").write_text("old")  # inside a SavedModel
+    tf_mixed.export(trained["float32"], str(path))
+    assert not (path / "variables" / "stale.txt").exists() and (path / "saved_model.pb").exists()
     assert os.listdir(tmp_path) == ["m"]
+
+
+def test_an_existing_file_or_empty_directory_is_replaced(trained, tmp_path):
+    (tmp_path / "m.tflite").write_bytes(b"old file")
+    tf_mixed.export(trained["float32"], str(tmp_path / "m.tflite"), format="litert")
+    assert (tmp_path / "m.tflite").read_bytes()[4:8] == b"TFL3"
+    (tmp_path / "empty").mkdir()
+    tf_mixed.export(trained["float32"], str(tmp_path / "empty"))
+    assert (tmp_path / "empty" / "saved_model.pb").exists()
+    assert sorted(os.listdir(tmp_path)) == ["empty", "m.tflite"]
+
+
+@pytest.mark.parametrize("fmt,target,match", [
+    ("saved_model", "dir", r"replaces a directory only when it holds a SavedModel "
+                           r"\(saved_model.pb\) or nothing; '.*user' holds notes.txt, "
+                           r"photos and is left as it is"),
+    ("litert", "dir", r"format='litert'\) writes a file, and '.*user' is a directory; "
+                      r"it is left as it is. Pass a file path such as '.*user/model.tflite'"),
+    ("saved_model", "file", r"writes a directory, and '.*user' is a file"),
+    ("saved_model", "link", r"does not write through the symbolic link"),
+])
+def test_what_export_did_not_write_is_never_replaced(trained, tmp_path, fmt, target, match):
+    path = tmp_path / "user"
+    if target == "dir":
+        path.mkdir()
+        (path / "notes.txt").write_text("mine")
+        (path / "photos").mkdir()
+    elif target == "file":
+        path.write_text("mine")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        path.symlink_to(tmp_path / "elsewhere")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match=match):
+        tf_mixed.export(trained["float32"], str(path), format=fmt)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
 @pytest.mark.parametrize("kwargs,match", [

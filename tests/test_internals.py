@@ -5,6 +5,7 @@ Keras or TensorFlow upgrade, the shim of that name in tf_mixed/_internal/shims.p
 needs a new way (and pyproject.toml's Keras range a new bound).
 """
 
+import functools
 import inspect
 import pathlib
 import re
@@ -460,3 +461,78 @@ def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
     layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
     assert _internals.lambda_output_shape(layer) == (2,)
     assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None
+
+
+def test_keras_checkpoint_decides_in_get_file_path_and_should_save_model(recwarn):
+    # ModelCheckpoint._get_file_path, _should_save_model, and _save_model as
+    # the one hook every save passes through (on_epoch_end, on_train_batch_end).
+    calls = []
+
+    class Recording(keras.callbacks.ModelCheckpoint):
+        def _save_model(self, epoch, batch, logs):
+            calls.append((epoch, batch, _internals.keras_checkpoint_target(self, epoch, batch, logs)))
+
+    callback = Recording("e{epoch}.keras", save_best_only=True, save_freq="epoch")
+    callback.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+    callback.on_epoch_end(0, {"val_loss": 2.0})
+    callback.on_epoch_end(1, {"val_loss": 3.0})
+    callback.on_epoch_end(2, {})  # missing: Keras warns and saves
+    assert calls == [(0, None, "e1.keras"), (1, None, None), (2, None, "e3.keras")]
+    assert "Can save best model only with val_loss available" in str(recwarn[-1].message)
+    batches = Recording("b{batch}.keras", save_freq=1)
+    batches.set_model(callback.model)
+    batches.on_epoch_begin(0)
+    batches.on_train_batch_end(0, {})
+    assert calls[-1] == (0, 0, "b1.keras")
+
+
+def _datasets(h5py, names: list, name: str, obj) -> None:
+    if isinstance(obj, h5py.Dataset):
+        names.append(name)
+
+
+def test_keras_weight_keys_are_the_keys_of_keras_weights_files(tmp_path):
+    """Guards keras.src.saving.saving_lib._save_state and NpzIOStore (keras_weight_keys)."""
+    h5py = pytest.importorskip("h5py")
+
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.encoder = keras.Sequential([keras.layers.Dense(3), keras.layers.BatchNormalization()])
+            self.blocks = [keras.layers.Dense(3), keras.layers.Dense(3)]
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.encoder(x))
+
+    inputs = keras.Input((4,))
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(4)])
+    x = keras.layers.LayerNormalization()(keras.layers.Dense(5)(inner(inputs)))
+    functional = keras.Model(inputs, x)
+    functional.compile(optimizer="adam", loss="mse")
+    functional.optimizer.build(functional.trainable_variables)  # its state is no model variable
+    sequential = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(3)])
+    subclassed = Sub()
+    subclassed(np.zeros((1, 4), np.float32))
+    for model in (sequential, functional, subclassed):
+        keys = _internals.keras_weight_keys(model)
+        ours = [keys[id(v)] for v in model.weights]  # every variable placed
+        model.save_weights(str(tmp_path / "k.weights.h5"))
+        theirs: list = []
+        with h5py.File(tmp_path / "k.weights.h5", "r") as f:
+            f.visititems(functools.partial(_datasets, h5py, theirs))
+        assert sorted(ours) == sorted(k for k in theirs if not k.startswith("optimizer/"))
+        assert len(set(ours)) == len(ours)
+    assert sorted(keys[id(v)] for v in subclassed.weights) == [
+        "blocks/dense/vars/0", "blocks/dense/vars/1", "blocks/dense_1/vars/0",
+        "blocks/dense_1/vars/1", "encoder/layers/batch_normalization/vars/0",
+        "encoder/layers/batch_normalization/vars/1", "encoder/layers/batch_normalization/vars/2",
+        "encoder/layers/batch_normalization/vars/3", "encoder/layers/dense/vars/0",
+        "encoder/layers/dense/vars/1", "head/vars/0", "head/vars/1"]
+    assert [_internals.keras_weight_keys(functional)[id(v)] for v in functional.weights] == [
+        "layers/sequential/layers/dense/vars/0", "layers/sequential/layers/dense/vars/1",
+        "layers/sequential/layers/dense_1/vars/0", "layers/sequential/layers/dense_1/vars/1",
+        "layers/dense/vars/0", "layers/dense/vars/1",
+        "layers/layer_normalization/vars/0", "layers/layer_normalization/vars/1"]

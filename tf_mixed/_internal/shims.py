@@ -669,3 +669,78 @@ def route_weight_decay_through_assign(optimizer) -> None:
             distributed, optimizer._distribution_strategy, variables)
 
     optimizer._apply_weight_decay = apply_weight_decay
+
+
+# ------------------------------------------------------------ ModelCheckpoint
+
+
+def keras_checkpoint_target(callback, epoch: int, batch: int | None, logs) -> str | None:
+    """The file Keras's ModelCheckpoint would write now, or None for no save.
+
+    Reaches: ``keras.callbacks.ModelCheckpoint._get_file_path`` and
+    ``_should_save_model`` (Keras 3.15.1), the steps of its private
+    ``_save_model`` before the write, which `tf_mixed.ModelCheckpoint`
+    overrides to write a half-size file.
+
+    Why: they hold what the name ``ModelCheckpoint`` means in Keras: the
+    file name formatted from ``epoch``/``batch``/``logs``, ``mode="auto"``
+    from the metric's direction, ``min_delta``-free improvement with
+    ``initial_value_threshold``, the warning and the save when the monitored
+    value is missing, the ``verbose`` messages. There is no public hook
+    between "decide" and "write".
+    """
+    filepath = callback._get_file_path(epoch, batch, logs)
+    if callback._should_save_model(epoch, batch, logs, filepath):
+        return filepath
+    return None
+
+
+# ------------------------------------------------------------ weights files
+
+
+def keras_weight_keys(model) -> dict[int, str]:
+    """Where Keras's own ``save_weights`` puts each variable, by ``id``.
+
+    Reaches: ``keras.src.saving.saving_lib._save_state`` and ``NpzIOStore``
+    (Keras 3.15.1), the walk behind ``model.save_weights("x.weights.h5")``.
+    It names each layer by its place in the model (class-name based names
+    made unique within their container, attribute names of a subclassed
+    model), never by the process-wide layer name, and each layer stores its
+    variables as ``"0"``, ``"1"``, ...; the key returned is the HDF5 dataset
+    name Keras writes, e.g. ``"layers/dense_1/vars/0"``.
+
+    Why: no public function gives these names, and a copy of the walk would
+    drift from Keras's. The walk runs with a store that records what each
+    layer hands it (a dict per path, nothing written) and skips the
+    optimizer (its state is not a model variable; Keras skips objects the
+    same way with ``objects_to_skip``).
+
+    Args:
+      model: A built Keras model.
+
+    Returns:
+      ``{id(variable): key}`` for every variable a layer stores as itself.
+      A layer that stores a computed value instead (a LoRA-enabled layer's
+      merged kernel) leaves its variables out.
+    """
+    import keras
+    from keras.src.saving import saving_lib
+
+    class _Recorder(saving_lib.NpzIOStore):  # the type _save_state accepts
+        def __init__(self):  # no file: one dict per path, kept here
+            self.contents: dict[str, dict] = {}
+
+        def make(self, path, metadata=None):
+            self.contents[path] = {}
+            return self.contents[path]
+
+    recorder = _Recorder()
+    skip = {id(model.optimizer)} if getattr(model, "optimizer", None) is not None else set()
+    saving_lib._save_state(model, weights_store=recorder, assets_store=None,
+                           inner_path="", visited_saveables=skip)
+    keys: dict[int, str] = {}
+    for path, store in recorder.contents.items():
+        for name, value in store.items():
+            if isinstance(value, keras.Variable):
+                keys.setdefault(id(value), "/".join(p for p in (path, "vars", name) if p))
+    return keys

@@ -14,8 +14,12 @@ own (`tf_mixed.bench.overhead.StepTimer` around ``fit`` steps), both models
 alternating for ``--rounds`` rounds so machine load hits both; the figures
 are the ratio of the median step times and the median of the rounds' ratios. The saved file is never modified.
 
-Every file is written only after everything succeeded; bad input prints one
-line naming the value and exits with status 2, with nothing written.
+``--output_dir`` is checked (created if missing, and written to once) before
+any work. The data's example shapes are checked against the model's inputs
+before the census; an error names the input, the shape expected and the one
+got. ``doctor.json`` is written only after everything succeeded; bad input
+prints one line naming the value and exits with status 2, leaving nothing
+behind (an ``--output_dir`` it created is removed).
 """
 
 from __future__ import annotations
@@ -95,6 +99,83 @@ def _prepare(fv, path: str):
     return model, x, y, loss
 
 
+def _example_shapes(x) -> list[tuple]:
+    """The shape of one example of each input (the batch dimension dropped)."""
+    import keras
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        spec = x.element_spec
+        spec = spec[0] if isinstance(spec, tuple) else spec
+        return [tuple(s.shape[1:]) for s in keras.tree.flatten(spec)]
+    return [tuple(getattr(a, "shape", ())[1:]) for a in keras.tree.flatten(x)]
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+def check_data(model, x, dataset: str) -> None:
+    """Refuses inputs whose examples do not have the model's input shapes.
+
+    Args:
+        model: The loaded model.
+        x: Its inputs, as `_prepare` gives them (arrays, a list of arrays, or
+            a dataset of ``(x, y)`` batches).
+        dataset: The ``--dataset`` flag's value, for the message.
+
+    Raises:
+        UsageError: A count of inputs or an example shape (rank, or a
+            dimension the model fixes) that differs, naming the input, the
+            shape expected and the shape got: "input 'x' takes examples of
+            shape (32,); the data has (7,) (width 32 expected, got 7)".
+    """
+    from tf_mixed._internal.cli_errors import UsageError
+
+    expected = [(t.name, tuple(t.shape[1:])) for t in model.inputs]
+    got = _example_shapes(x)
+    accepted = "data whose x matches the model's inputs"
+    if len(got) != len(expected):
+        raise UsageError("dataset", dataset,
+                         f"model '{model.name}' takes {len(expected)} input(s); the data "
+                         f"has {len(got)} x array(s)", accepted)
+    for (name, want), have in zip(expected, got):
+        fits = len(want) == len(have) and all(
+            w is None or h is None or w == h for w, h in zip(want, have))
+        if fits:
+            continue
+        detail = (f"rank {len(want) + 1} expected, got {len(have) + 1}" if len(want) != len(have)
+                  else "; ".join(f"{'width' if i == len(want) - 1 else f'dimension {i + 1}'} "
+                                 f"{w} expected, got {h}"
+                                 for i, (w, h) in enumerate(zip(want, have))
+                                 if w is not None and h is not None and w != h))
+        raise UsageError("dataset", dataset,
+                         f"model '{model.name}' input '{name}' takes examples of shape "
+                         f"{_shape_text(want)}; the data has {_shape_text(have)} ({detail})",
+                         accepted)
+
+
+def _data_error(dataset: str, model, x, y, error: BaseException):
+    """A UsageError for data the step cannot take, with both sides' shapes."""
+    from tf_mixed._internal.cli_errors import UsageError
+
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # Keras's first line is often "Exception encountered when calling ...":
+    # the reason is a later line.
+    useful = [line for line in lines if not line.startswith("Exception encountered")]
+    reason = (useful or lines or [type(error).__name__])[0][:300].rstrip(".")
+    outputs = [_shape_text(tuple(t.shape[1:])) for t in getattr(model, "outputs", [])]
+    ys = [] if y is None else _example_shapes(y)
+    return UsageError(
+        "dataset", dataset,
+        f"the data does not fit model '{model.name}' (x examples "
+        f"{', '.join(map(_shape_text, _example_shapes(x)))}"
+        + (f", y examples {', '.join(map(_shape_text, ys))}" if ys else "")
+        + f"; the model gives outputs {', '.join(outputs) or '?'} per example): {reason}",
+        "data matching the model's inputs, and targets its loss takes")
+
+
 def _quietly(function, *args, **kwargs):
     """Calls `function` with `tf_mixed.models.ConversionNote` warnings kept quiet."""
     import warnings
@@ -128,15 +209,26 @@ def main(argv: list[str]) -> int:
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
 
+    from tf_mixed.bench import report as report_module
+
     start = time.perf_counter()
+    created = False
     try:
         if fv.policy:
             _policy(fv.policy)  # before loading anything
+        # Before the work: a --output_dir that cannot be written fails now.
+        created = report_module.check_output_dir(fv.output_dir)
         model, x, y, loss = _prepare(fv, model_path)
-        report = tf_mixed.census(model, x, y, loss=loss, jit_compile=_JIT[fv.jit_compile],
-                                 batch_size=fv.batch_size)
+        check_data(model, x, fv.dataset)
+        try:
+            report = tf_mixed.census(model, x, y, loss=loss,
+                                     jit_compile=_JIT[fv.jit_compile],
+                                     batch_size=fv.batch_size)
+        except ValueError as error:
+            raise _data_error(fv.dataset, model, x, y, error) from None
         measured = _measure(fv, model, report, x, y) if fv.measure else None
     except (UsageError, ValueError, TypeError) as error:
+        report_module.remove_if_created(fv.output_dir, created)
         return _error(model_command.first_line(error))
     seconds = time.perf_counter() - start
 
@@ -150,10 +242,15 @@ def main(argv: list[str]) -> int:
         "measured": measured,
     }
     text = json.dumps(record, indent=2)
-    # Everything is computed: only now touch the output directory.
-    os.makedirs(fv.output_dir, exist_ok=True)
-    model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
-                                   (text + "\n").encode())
+    # Everything is computed: only now write the file (the directory was
+    # checked, and created if missing, before the work).
+    try:
+        model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
+                                       (text + "\n").encode())
+    except OSError as error:
+        report_module.remove_if_created(fv.output_dir, created)
+        return _error(f"--output_dir={fv.output_dir!r}: cannot write doctor.json "
+                      f"({error.strerror or error})")
     print(report)
     if measured is not None:
         print()

@@ -17,10 +17,15 @@ float16. `export`:
    builtin ops (float16 weights for ``"float16_weights"``), refusing a file
    that needs TensorFlow's Select ops unless ``allow_select_ops=True``;
 3. loads the artifact back and runs it in its own runtime
-   (``tf.saved_model.load``; the ``ai_edge_litert`` interpreter, which has
-   no Flex delegate) on `sample` (or on a batch of zeros, to prove it runs)
-   and compares it with the model in memory;
-4. only then renames it to `path`: a failed export leaves nothing there.
+   (``tf.saved_model.load``, fed the inputs' structure; the
+   ``ai_edge_litert`` interpreter, which has no Flex delegate, fed each
+   input by its name and read each output by its signature key) on `sample`
+   (or on a batch of zeros, to prove it runs) and compares it with the model
+   in memory;
+4. only then renames it to `path`, replacing only what an export writes
+   there (a file for LiteRT, a SavedModel or an empty directory): a
+   directory of other files is refused before any work, and a failed
+   export leaves `path` as it was.
 
 Precisions (`PRECISIONS`) and the default tolerance of each: the error of
 an artifact against the model comes from rounding to the coarser of the two
@@ -115,8 +120,11 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
         computes in float32, or as a SavedModel). Not modified; its
         optimizer is not exported.
       path: Where to write: a directory for "saved_model", a file (say
-        ``model.tflite``) for "litert". Replaced if it exists; its parent
-        directory is created if needed.
+        ``model.tflite``) for "litert"; its parent directory is created if
+        needed. What export writes is replaced (a file for "litert"; a
+        directory holding a SavedModel, or an empty one, for
+        "saved_model"); anything else there (a directory of other files, a
+        directory where a file goes, a symbolic link) is refused.
       format: "saved_model" or "litert".
       precision: "float32" (float32 compute and I/O whatever the training
         policy), "float16_weights" (LiteRT: weights stored in float16,
@@ -142,9 +150,10 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
         cannot be rebuilt from (the message names the kind).
       ValueError: An unknown format or precision, a precision the format
         cannot write, a bad tolerance, a sample that does not fit the
-        model, a LiteRT file needing Select ops (naming them), or an
+        model, a `path` export may not replace (see `path`; checked before
+        any work), a LiteRT file needing Select ops (naming them), or an
         artifact whose error exceeds `tolerance` (naming the worst output).
-        Nothing is left at `path` in every case.
+        What was at `path` is left as it was in every case.
     """
     check_model_kind(model, "export()", traced=False)
     if format not in FORMATS:
@@ -166,6 +175,7 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
                   "for the default")
     _validate.boolean(allow_select_ops, "allow_select_ops", owner="export()")
     path = os.fspath(path)
+    _check_destination(path, format)
 
     trained = rebuild_module.compute_dtype(model)
     resolved = as_trained(format, trained) if precision == "as_trained" else precision
@@ -237,10 +247,13 @@ def _input_specs(model, serving, sample):
         raise ValueError(
             f"export() of the subclassed model '{model.name}' needs sample=...: "
             "it has no declared inputs to take the input signature from.")
+    # Each input needs its own name: it is its key in the signature.
+    count = len(keras.tree.flatten(sample))
+    names = iter(["input"] if count == 1 else [f"input_{i}" for i in range(count)])
     return keras.tree.map_structure(
         lambda x: tf.TensorSpec((None,) + tuple(np.shape(x)[1:]),
                                 tf.as_dtype(getattr(x, "dtype", "float32")),
-                                name="input"), sample)
+                                name=next(names)), sample)
 
 
 def _as_inputs(sample, specs):
@@ -309,7 +322,7 @@ def _write_and_run(serving, specs, staging: str, format: str, precision: str, na
       here can run).
     """
     saved_model = os.path.join(staging, "saved_model")
-    _write_saved_model(serving, specs, saved_model)
+    structure = _write_saved_model(serving, specs, saved_model)
     if format == "saved_model":
         run, runtime = _saved_model_runner(saved_model)
         return saved_model, (), runtime, run(sample if sample is not None else _zeros(specs))
@@ -324,7 +337,9 @@ def _write_and_run(serving, specs, staging: str, format: str, precision: str, na
             "delegate), or replace the layers that produce these ops.")
     with open(artifact, "wb") as f:
         f.write(content)
-    litert_run, runtime = _litert_runner(artifact, bool(select_ops))
+    litert_run, runtime = _litert_runner(
+        artifact, bool(select_ops), [spec.name for spec in keras.tree.flatten(specs)],
+        _signature_output_keys(structure))
     if litert_run is None:
         if sample is not None:
             raise ValueError(
@@ -337,16 +352,45 @@ def _write_and_run(serving, specs, staging: str, format: str, precision: str, na
         sample if sample is not None else _zeros(specs))
 
 
-def _write_saved_model(serving, specs, directory: str) -> None:
+def _write_saved_model(serving, specs, directory: str) -> Any:
+    """Writes the SavedModel; returns the ``serve`` endpoint's output structure."""
+    traced: list = []
+
     def serve(inputs):
         outputs = serving(inputs, training=False)
-        return keras.tree.map_structure(
+        outputs = keras.tree.map_structure(
             lambda o: tf.cast(o, tf.float32) if o.dtype.is_floating else o, outputs)
+        traced[:] = [outputs]
+        return outputs
 
     archive = keras.export.ExportArchive()
     archive.track(serving)
     archive.add_endpoint("serve", serve, input_signature=[specs])
     archive.write_out(directory, verbose=False)
+    return traced[0]
+
+
+def _signature_output_keys(structure) -> list[str]:
+    """The signature key of each output, in ``keras.tree.flatten`` order.
+
+    TensorFlow names a signature's outputs as ``_normalize_outputs``
+    (tensorflow/python/saved_model/signature_serialization.py) does: a dict
+    keeps its keys, a namedtuple its field names, a list or tuple gets
+    ``output_0, output_1, ...`` by position, one tensor ``output_0``; LiteRT
+    keeps those keys. Flattening the structure with each output replaced by
+    its key gives the keys in the order the model's outputs are compared in
+    (``keras.tree.flatten`` orders a dict by key, so ``score_10`` comes
+    before ``score_2``).
+    """
+    if isinstance(structure, dict):
+        named = {key: key for key in structure}
+    elif hasattr(structure, "_asdict"):
+        named = {key: key for key in structure._asdict()}
+    elif isinstance(structure, (list, tuple)):
+        named = [f"output_{i}" for i in range(len(structure))]  # type: ignore[assignment]
+    else:
+        return ["output_0"]
+    return [str(key) for key in keras.tree.flatten(named)]
 
 
 def _convert(saved_model: str, float16_weights: bool, name: str) -> bytes:
@@ -385,13 +429,18 @@ def _select_ops(content: bytes) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _litert_runner(path: str, flex: bool):
+def _litert_runner(path: str, flex: bool, input_keys: list[str], output_keys: list[str]):
     """A function running the file in LiteRT, and the runtime's name.
 
     ai_edge_litert's interpreter (the builtin ops, no Flex delegate) runs a
     file without Select ops. For one with them there is no runner (None):
     neither it nor TensorFlow 2.21's deprecated ``tf.lite.Interpreter``
     links the Flex delegate (measured: both refuse a FlexCumprod file).
+
+    The runner feeds each input by its signature key (the input's name,
+    `input_keys` in ``keras.tree.flatten`` order) and reads each output by
+    its key (`output_keys`, same order), so no structure depends on how
+    keys sort.
     """
     if flex:
         return None, "not run (needs the Flex delegate)"
@@ -400,15 +449,17 @@ def _litert_runner(path: str, flex: bool):
     interpreter = Interpreter(model_path=path)
     runtime = "ai_edge_litert"
     runner = interpreter.get_signature_runner()  # the only one: serving_default
+    takes = sorted(runner.get_input_details())
+    gives = sorted(runner.get_output_details())
+    if takes != sorted(input_keys) or gives != sorted(output_keys):
+        raise RuntimeError(
+            f"the LiteRT file's signature takes {takes} and gives {gives}; the model's "
+            f"inputs are {sorted(input_keys)} and its outputs {sorted(output_keys)}")
 
     def run(inputs):
         flat = keras.tree.flatten(inputs)
-        keys = list(runner.get_input_details())
-        if len(keys) != len(flat):
-            raise RuntimeError(f"the LiteRT file takes {keys}, the model {len(flat)} inputs")
-        by_key = dict(zip(_signature_order(keys), flat))
-        outputs = runner(**{k: np.asarray(v) for k, v in by_key.items()})
-        return [np.asarray(outputs[k]) for k in _signature_order(list(outputs))]
+        outputs = runner(**{key: np.asarray(value) for key, value in zip(input_keys, flat)})
+        return [np.asarray(outputs[key]) for key in output_keys]
 
     return run, runtime
 
@@ -420,19 +471,6 @@ def _saved_model_runner(path: str):
         return [np.asarray(o) for o in keras.tree.flatten(loaded.serve(inputs))]
 
     return run, "tf.saved_model"
-
-
-def _signature_order(keys: list[str]) -> list[str]:
-    """Signature keys in the order of the flattened structure.
-
-    TensorFlow names a list's elements ``output_0, output_1, ...`` and keeps
-    a dict's keys; ``keras.tree.flatten`` orders a dict by key.
-    """
-    def key(name):
-        stem, _, index = name.rpartition("_")
-        return (stem, int(index)) if index.isdigit() else (name, -1)
-
-    return sorted(keys, key=key)
 
 
 def _compare(reference, got, names, tolerance, format, precision):
@@ -498,16 +536,47 @@ def _size(path: str) -> int:
                for root, _, files in os.walk(path) for f in files)
 
 
+def _check_destination(path: str, format: str) -> None:
+    """Refuses a `path` export would have to delete something else to take.
+
+    What `export` replaces is only what it writes: a LiteRT file (any file
+    at `path`), or a SavedModel directory (one holding ``saved_model.pb``)
+    or an empty directory. Anything else, a directory of other files above
+    all, is refused before any work.
+    """
+    if os.path.islink(path):
+        raise ValueError(
+            f"export() does not write through the symbolic link {path!r}. Pass the "
+            "path it points to, or another path.")
+    if format == "litert" and os.path.isdir(path):
+        raise ValueError(
+            f"export(format='litert') writes a file, and {path!r} is a directory; it "
+            "is left as it is. Pass a file path such as "
+            f"{os.path.join(path, 'model.tflite')!r}.")
+    if format == "saved_model" and os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ValueError(
+                f"export(format='saved_model') writes a directory, and {path!r} is a "
+                "file; it is left as it is. Pass another path, or remove the file.")
+        entries = os.listdir(path)
+        if entries and "saved_model.pb" not in entries:
+            shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+            raise ValueError(
+                f"export() replaces a directory only when it holds a SavedModel "
+                f"(saved_model.pb) or nothing; {path!r} holds {shown} and is left as "
+                "it is. Pass a new or empty directory, or remove this one first.")
+
+
 def _move(artifact: str, path: str) -> None:
-    """Renames the checked artifact to `path`, replacing what was there."""
-    if os.path.isdir(path) and not os.path.islink(path):
+    """Renames the checked artifact to `path`, replacing a SavedModel or file there.
+
+    `_check_destination` has refused every other kind of `path` before.
+    """
+    if os.path.isdir(path):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-",
                                dir=os.path.dirname(os.path.abspath(path)))
         os.rename(path, os.path.join(old, "x"))
         os.rename(artifact, path)
         shutil.rmtree(old, ignore_errors=True)
-    elif os.path.isdir(artifact) and os.path.exists(path):
-        os.remove(path)
-        os.rename(artifact, path)
     else:
         os.replace(artifact, path)

@@ -168,7 +168,8 @@ class CensusReport:
         common policy when none computes in half precision).
       source: "graph" (the traced TF graph) or "optimized_hlo" (XLA's).
       jit_compile: whether the step is compiled with XLA.
-      batch_size: the batch the step was traced on.
+      batch_size: the batch one replica runs, the step was traced on (the
+        global batch split over `replicas`, rounded up).
       op_counts: op type -> {dtype: ops per step}.
       flops: dtype -> matmul/conv FLOPs per step.
       unknown_flops: matmul/conv ops whose FLOPs are unknown.
@@ -177,6 +178,10 @@ class CensusReport:
       misfits: `Misfit`s.
       findings: `tf_mixed.tools.census.findings.Finding`s.
       note: how the step was read (and why not the HLO, when asked).
+      replicas: the replicas in sync under the model's strategy (1 without
+        one); every count is one replica's.
+      global_batch_size: the batch `fit` would take from the data, all
+        replicas together.
     """
 
     model_name: str
@@ -192,6 +197,8 @@ class CensusReport:
     misfits: tuple[Misfit, ...]
     findings: tuple = ()
     note: str = ""
+    replicas: int = 1
+    global_batch_size: int | None = None
 
     @property
     def half_flop_share(self) -> float | None:
@@ -224,6 +231,8 @@ class CensusReport:
             "source": self.source,
             "jit_compile": self.jit_compile,
             "batch_size": self.batch_size,
+            "replicas": self.replicas,
+            "global_batch_size": self.global_batch_size,
             "half_flop_share": self.half_flop_share,
             "casts_per_step": self.casts_per_step,
             "cast_bytes_per_step": self.cast_bytes_per_step,
@@ -242,7 +251,9 @@ class CensusReport:
         lines = [
             f"Census of model '{self.model_name}' ({self.policy}, "
             f"{'XLA: optimized HLO' if self.source == 'optimized_hlo' else 'traced graph'}"
-            f", batch {self.batch_size}): "
+            f", batch {self.batch_size}"
+            + (f" per replica, {self.replicas} replicas, global batch {self.global_batch_size}"
+               if self.replicas > 1 else "") + "): "
             f"{'-' if share is None else f'{100 * share:.1f}%'} of matmul/conv FLOPs in half "
             f"precision, {self.casts_per_step} casts per step"
             + (f" ({_human(self.cast_bytes_per_step)})" if self.cast_bytes_per_step else "")]
@@ -356,6 +367,8 @@ def _census(model, x, y, loss, jit_compile, batch_size) -> CensusReport:
             f"census() cannot take the data as fit would: {_first_line(error)}. "
             "Pass what model.fit accepts: arrays x (and y), or a tf.data.Dataset "
             f"of (x, y) batches. Received: x of type {type(x).__name__}") from None
+    replicas = int(model.distribute_strategy.num_replicas_in_sync)
+    batch, global_batch = _replica_share(batch, replicas)
     jit = bool(model.jit_compile) if jit_compile is None else jit_compile
     leaves = [(n, layer) for n, layer in walk_layers(model) if not isinstance(layer, keras.Model)]
     graph, scopes, hlo, note = _trace(model, batch, jit)
@@ -380,10 +393,29 @@ def _census(model, x, y, loss, jit_compile, batch_size) -> CensusReport:
         islands=_islands(records, labels, layers, policy, source, outputs),
         misfits=_misfits(records, labels, layers, outputs),
         note=note,
+        replicas=replicas,
+        global_batch_size=global_batch,
     )
     from tf_mixed.tools.census import findings as census_findings
 
     return dataclasses.replace(report, findings=census_findings.find(report, model))
+
+
+def _replica_share(batch, replicas: int):
+    """The first replica's share of a global batch, and the global batch size.
+
+    Keras's ``one_step_on_data`` hands the batch it gets to
+    ``strategy.run`` whole, but ``fit`` feeds it a distributed dataset: each
+    of N replicas gets ``ceil(batch / N)`` rows (the first ones; TF's
+    rebatching gives the first replicas the larger shares). Traced on the
+    whole batch every replica would count N times its own work, so the
+    census traces the first replica's share.
+    """
+    size = _batch_size(batch)
+    if replicas <= 1 or size is None:
+        return batch, size
+    share = -(-size // replicas)
+    return keras.tree.map_structure(lambda t: t[:share], batch), size
 
 
 def _first_line(error: BaseException) -> str:
