@@ -29,6 +29,7 @@ import time
 from absl import flags
 
 from tf_mixed.cli import model_command
+from tf_mixed._internal import progress
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
        [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
@@ -132,9 +133,12 @@ def main(argv: list[str]) -> int:
     try:
         if fv.policy:
             _policy(fv.policy)  # before loading anything
+        progress.update(f"step 1/3: loading {model_path} and its data")
         model, x, y, loss = _prepare(fv, model_path)
+        progress.update(f"step 2/3: the census of {model.name}'s training step")
         report = tf_mixed.census(model, x, y, loss=loss, jit_compile=_JIT[fv.jit_compile],
                                  batch_size=fv.batch_size)
+        progress.update("step 3/3: timing the step (--measure)" if fv.measure else "step 3/3: report")
         measured = _measure(fv, model, report, x, y) if fv.measure else None
     except (UsageError, ValueError, TypeError) as error:
         return _error(model_command.first_line(error))
