@@ -644,10 +644,11 @@ def test_subprocess_policies_alternate_rounds(tmp_path):
 
     out = tmp_path / "out"
     flags = [f for f in TINY if f != "--isolation=inprocess"]
+    env = dict(os.environ, TF_MIXED_PROGRESS="1")
     run_ = subprocess.run(
         [sys.executable, "-m", "tf_mixed", "bench", *flags, "--model=mlp",
          "--policies=fp32,bf16", "--steps=6", f"--output_dir={out}"],
-        capture_output=True, text=True, timeout=900)
+        capture_output=True, text=True, timeout=900, env=env)
     assert run_.returncode == 0, run_.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     # 12 steps: warm-up 1, then rounds of 3, 3, 3, 2, the policies alternating.

@@ -4,20 +4,23 @@
 line at least every `INTERVAL_S` seconds while the work runs: the label, what
 the work last said it was doing (`update`) and the seconds so far. A command
 sets its stage with `update("round 3/25: float32 ...")`; ``--quiet`` turns the
-lines off (`set_enabled(False)`). Only the standard library and absl.
+lines off (`set_enabled(False)`), and so does ``TF_MIXED_PROGRESS=0`` in the
+environment (the test suite sets it, so no test sees a line it did not ask
+for). Only the standard library and absl.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
 from typing import Callable, Iterator
 
 INTERVAL_S = 5.0
-_enabled = True
+_enabled = os.environ.get("TF_MIXED_PROGRESS", "1").strip() != "0"
 _current: "Heartbeat | None" = None
 
 
@@ -35,6 +38,18 @@ def enabled() -> bool:
 _logger: logging.Logger | None = None
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each line."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _absl_info(line: str) -> None:
     """Logs ``line`` at INFO in absl's format, to stderr, on a logger of its own.
 
@@ -45,7 +60,7 @@ def _absl_info(line: str) -> None:
     if _logger is None:
         from absl import logging as absl_logging
 
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(absl_logging.PythonFormatter())
         _logger = logging.getLogger("tf_mixed.progress")
         _logger.addHandler(handler)
