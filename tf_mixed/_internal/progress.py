@@ -41,7 +41,7 @@ _logger: logging.Logger | None = None
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time of each line."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):
         return sys.stderr
 
