@@ -541,9 +541,18 @@ def test_a_timed_only_policy_shows_no_accuracy_and_says_why():
 
 
 @pytest.mark.slow
-def test_time_budget_cuts_the_slower_policy_to_timed_rounds(tmp_path, capsys):
-    # A budget below the reserve for what follows training leaves nothing: whatever
-    # this host's speed, float32 runs in full and the other policy is only timed.
+def test_time_budget_cuts_the_slower_policy_to_timed_rounds(tmp_path, capsys, monkeypatch):
+    # A budget below the reserve for what follows training leaves nothing, and the
+    # plan sees bfloat16 1000x slower than measured (a pure function: its timings
+    # injected), so whatever this host's speed, float32 runs in full and
+    # bfloat16 is only timed.
+    real = schedule.plan_run
+
+    def slow_bf16(step_s, *args, **kwargs):
+        return real({p: t * (1000 if p != "float32" else 1) for p, t in step_s.items()},
+                    *args, **kwargs)
+
+    monkeypatch.setattr(schedule, "plan_run", slow_bf16)
     report, out_text, _ = _run(tmp_path, capsys, "--model=mlp", "--policies=fp32,bf16",
                                "--time_budget=1", "--epochs=3", "--steps=6", "--round_steps=2")
     base, bf16 = report["results"]

@@ -45,12 +45,23 @@ def test_rounds_shrink_to_what_the_budget_leaves_but_not_below_the_minimum():
                      total_steps=160, round_steps=20, budget_s=130.0, elapsed_s=10.0)
     assert plans["mixed_float16"].round_steps == 10
     # Nothing left at all: still the minimum, 5 steps (or the round size if smaller).
-    plans = plan_run({"float32": 1.0, "mixed_float16": 1.0}, {}, total_steps=500,
+    plans = plan_run({"float32": 1.0, "mixed_float16": 2.0}, {}, total_steps=500,
                      round_steps=20, budget_s=10.0, elapsed_s=10.0)
     assert plans["mixed_float16"].round_steps == 5 and plans["float32"].full
-    plans = plan_run({"float32": 1.0, "mixed_float16": 1.0}, {}, total_steps=500,
+    plans = plan_run({"float32": 1.0, "mixed_float16": 2.0}, {}, total_steps=500,
                      round_steps=3, budget_s=10.0, elapsed_s=10.0)
     assert plans["mixed_float16"].round_steps == 3
+
+
+def test_where_float32_alone_overruns_a_policy_no_slower_still_runs_in_full():
+    # float32's 400 steps left take 400 * 0.5 * 1.2 = 240 s: past 105 s whatever follows.
+    step_s = {"float32": 0.5, "mixed_bfloat16": 0.2, "mixed_float16": 0.6}
+    plans = plan_run(step_s, {p: 100 for p in step_s}, total_steps=500, round_steps=20,
+                     budget_s=105.0, elapsed_s=60.0)
+    assert plans["mixed_bfloat16"].full and not plans["mixed_float16"].full
+    assert plans["mixed_bfloat16"].reason == (
+        "float32 alone overruns the 105 s budget on this host (its run ends in about 300 s); "
+        "mixed_bfloat16 is no slower, so it runs in full too")
 
 
 def test_spread_pairs_and_trust():
@@ -89,14 +100,17 @@ def _drive(scheduler, step_s, finish_at):
 
 
 def test_scheduler_interleaves_rounds_and_stops_a_policy_that_does_not_fit():
-    clock = iter([30.0]).__next__  # read once, when the plan is made
+    # Read twice: at the first command (the policies took 10 s to start, so 10 s are
+    # kept for after training) and when the plan is made, at 30 s.
+    clock = iter([10.0, 30.0]).__next__
     scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=100, round_steps=20,
-                          warmup_steps=5, budget_s=60.0, clock=clock)
+                          warmup_steps=5, budget_s=70.0, clock=clock, reserve_s=5.0)
     commands = _drive(scheduler, {"float32": 0.1, "mixed_bfloat16": 1.0}, finish_at=100)
     assert commands[:4] == [("float32", 5), ("mixed_bfloat16", 5),
                             ("float32", 20), ("mixed_bfloat16", 20)]
-    # The plan at 30 s: float32 has 75 steps left, 9 s, done by 39 s; bf16 needs 90 s
-    # more: timed on 3 rounds, the 2 left of int(21 / 2.4) = 8 steps each.
+    # The plan at 30 s, 70 - 10 = 60 s to train in: float32 has 75 steps left, 9 s,
+    # done by 39 s; bf16 needs 90 s more: timed on 3 rounds, the 2 left of
+    # int(21 / 2.4) = 8 steps each.
     plan = scheduler.plan("mixed_bfloat16")
     assert not plan.full and plan.rounds == 3 and plan.round_steps == 8
     assert [c for c in commands if c[0] == "mixed_bfloat16"] == [

@@ -74,9 +74,11 @@ def plan_run(
     float32 (the baseline) always trains in full. Every other policy, in the
     order given, trains in full when the job's estimated end (``elapsed_s``
     plus the remaining steps of every full policy, times `OVERHEAD_FACTOR`)
-    stays within ``budget_s``; otherwise it is timed on `TIMING_ROUNDS`
-    rounds in all (its measured round included), with rounds shortened (to
-    no fewer than `MIN_ROUND_STEPS` steps) to fit what the budget leaves.
+    stays within ``budget_s``, or when float32 alone already overruns the
+    budget (a slow or busy host: no budget can be kept) and the policy is no
+    slower than float32. Otherwise it is timed on `TIMING_ROUNDS` rounds in
+    all (its measured round included), with rounds shortened (to no fewer
+    than `MIN_ROUND_STEPS` steps) to fit what the budget leaves.
 
     Args:
         step_s: Median step seconds per policy, from its measured round.
@@ -99,6 +101,7 @@ def plan_run(
     if BASE in step_s:
         committed += remaining(BASE)
         plans[BASE] = Plan(BASE, True, 0, round_steps, remaining(BASE), "the baseline: always run in full")
+    base_over = BASE in step_s and committed > budget_s
     for policy in step_s:
         if policy == BASE:
             continue
@@ -106,6 +109,14 @@ def plan_run(
         if committed + need <= budget_s:
             committed += need
             plans[policy] = Plan(policy, True, 0, round_steps, need, "fits the time budget: run in full")
+            continue
+        if base_over and step_s[policy] <= step_s[BASE]:
+            committed += need
+            plans[policy] = Plan(
+                policy, True, 0, round_steps, need,
+                f"float32 alone overruns the {budget_s:.0f} s budget on this host (its run ends "
+                f"in about {elapsed_s + remaining(BASE):.0f} s); {policy} is no slower, so it "
+                "runs in full too")
             continue
         left = max(0.0, budget_s - committed)
         extra_rounds = TIMING_ROUNDS - 1  # the measured round is the first
@@ -195,14 +206,17 @@ class Scheduler:
         total_steps: Steps of a full run.
         round_steps: Steps per round.
         warmup_steps: Untimed steps before the first round.
-        budget_s: The time budget; 0 or less for none (every policy in full).
+        budget_s: The job's time budget; 0 or less for none (every policy in full).
         clock: Seconds since the job began.
+        reserve_s: Seconds of the budget kept for the work after training (the
+            census, result files); at least the time the policies took to start
+            (a busy host is as slow after training as before it).
         emulated: Policies whose half type the host emulates.
     """
 
     def __init__(self, policies: Sequence[str], *, total_steps: int, round_steps: int,
                  warmup_steps: int, budget_s: float, clock: Callable[[], float],
-                 emulated: Sequence[str] = ()):
+                 emulated: Sequence[str] = (), reserve_s: float = 0.0):
         self.lanes = {p: Lane(p) for p in policies}
         self.total_steps = total_steps
         self.round_steps = max(1, round_steps)
@@ -210,6 +224,8 @@ class Scheduler:
         self.budget_s = budget_s
         self.clock = clock
         self.emulated = tuple(emulated)
+        self.reserve_s = reserve_s
+        self.started_s: float | None = None  # the clock at the first command
         self.plans: dict[str, Plan] | None = None
         self.order: list[str] = []  # the policy of each timed round, in the order run
 
@@ -217,6 +233,8 @@ class Scheduler:
         """Steps ``policy`` runs next; 0: stop training (its plan is met)."""
         lane = self.lanes[policy]
         left = self.total_steps - lane.steps_done
+        if self.started_s is None:
+            self.started_s = self.clock()
         if not lane.warmed_up:
             return max(1, min(self.warmup_steps, left)) if self.warmup_steps else self._round(lane, left)
         if not lane.rounds:
@@ -254,11 +272,12 @@ class Scheduler:
                 known = {p: lane for p, lane in self.lanes.items() if lane.rounds}
             else:
                 known = self.lanes
+            reserve = max(self.reserve_s, self.started_s or 0.0)
             new = plan_run(
                 {p: statistics.median(lane.rounds[0]) for p, lane in known.items()},
                 {p: lane.steps_done for p, lane in known.items()},
                 total_steps=self.total_steps, round_steps=self.round_steps,
-                budget_s=self.budget_s, elapsed_s=self.clock(), emulated=self.emulated,
+                budget_s=self.budget_s - reserve, elapsed_s=self.clock(), emulated=self.emulated,
             )
             self.plans = {**new, **(self.plans or {})}  # a plan once made stands
         return self.plans.get(policy)
