@@ -157,7 +157,7 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
                 model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                               jit_compile=variant.jit_compile)
                 timer = StepTimer()
-                model.fit(data, epochs=1, steps_per_epoch=sizes.warmup_steps, verbose=0,
+                model.fit(data, epochs=1, steps_per_epoch=sizes.warmup_steps, verbose=0, shuffle=False,
                           callbacks=[timer])
             runs.append({"name": variant.name, "model": model, "timer": timer,
                          "policy": variant.policy, "jit_compile": variant.jit_compile,
@@ -172,7 +172,7 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
         progress.update(f"round {index + 1}/{sizes.rounds} of {len(live)} variants")
         for run in live:
             run["timer"].times.clear()
-            run["model"].fit(data, epochs=1, steps_per_epoch=sizes.round_steps, verbose=0,
+            run["model"].fit(data, epochs=1, steps_per_epoch=sizes.round_steps, verbose=0, shuffle=False,
                              callbacks=[run["timer"]])
             run.setdefault("rounds", []).append(
                 sizes.batch_size / statistics.median(run["timer"].times))
