@@ -111,11 +111,12 @@ def plot(report: dict[str, Any], path: str) -> bool:
             ax.annotate(f"{value:,.1f}", (bar.get_x() + bar.get_width() / 2, value),
                         ha="center", va="bottom", fontsize=8)
     ax.set_yscale("log")
+    tallest = max([_memory_mb(r, k) for r in results for k, _ in kinds] + [1.0])
+    ax.set_ylim(top=tallest * 30)  # room for the legend above the bars
     ax.set_xticks(list(x), names, fontsize=9)
     ax.set_ylabel("MB (log scale)")
     ax.set_title("Memory")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.margins(y=0.25)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
 
     if scaled:
         ax = axes[4]
