@@ -668,3 +668,23 @@ def test_subprocess_policies_alternate_rounds(tmp_path):
         [m["samples_per_sec"] / f["samples_per_sec"]
          for m, f in zip(report["results"][1]["rounds"], report["results"][0]["rounds"])])
     assert "tf_mixed bench: " in run_.stderr  # the progress lines (absl logging)
+
+
+@pytest.mark.gpu
+def test_gpu_suite_on_a_real_gpu(tmp_path):
+    """The whole GPU suite, as a user runs it (`pytest -m gpu` on a GPU host)."""
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("needs a GPU: TensorFlow sees none on this host")
+    from tf_mixed.bench import gpu_suite
+
+    out = tmp_path / "gpu"
+    cfg = config.BenchConfig(suite="gpu", output_dir=str(out)).validate()
+    assert gpu_suite.run_gpu(cfg, "python -m tf_mixed bench --suite=gpu") == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["wall_time_s"] < 8 * 60
+    for r in report["results"]:
+        assert _positive_finite(r.get("samples_per_sec")), r
+    assert report["loss_scale_overhead"]["ratio"] > 0
+    assert (out / "bench.png").exists()
