@@ -17,6 +17,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # injected timer) and the cache lives in a per-session directory. Set in the
 # environment, so test subprocesses inherit both.
 os.environ["TF_MIXED_AUTO_MEASURE"] = "0"
+# No progress lines (tf_mixed._internal.progress) unless a test turns them on: a
+# slow step on a busy host must not add a line to output a test reads.
+os.environ["TF_MIXED_PROGRESS"] = "0"
 _CACHE_DIR = tempfile.mkdtemp(prefix="tf_mixed_test_cache_")
 os.environ["TF_MIXED_CACHE_DIR"] = _CACHE_DIR
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)

@@ -15,7 +15,7 @@ import pytest
 
 from tf_mixed.policy import hardware
 from tf_mixed.policy import global_policy as policy_module
-from tf_mixed.bench import compare, config, models, plot, run
+from tf_mixed.bench import compare, config, models, plot, run, schedule
 from tf_mixed.bench import report as bench_report
 from tf_mixed.cli.main import main
 from tf_mixed._internal.cli_errors import UsageError
@@ -29,6 +29,9 @@ TINY = [
     "--epochs=2",
     "--steps=3",
     "--warmup_steps=1",
+    "--round_steps=3",
+    "--time_budget=0",  # no plan: these runs must not depend on this host's speed
+    "--matmul_size=128",
 ]
 
 
@@ -52,9 +55,10 @@ def _positive_finite(value):
 @pytest.mark.parametrize("name", models.MODEL_NAMES)
 def test_models_compute_in_policy_and_return_float32(name):
     size = 32  # ResNet-50's minimum
+    shape = (size,) if name in models.SEQUENCE_MODELS else (size, size, 3)
     with policy_module.policy_scope("mixed_bfloat16"):
-        model = models.build(name, (size, size, 3), 5)
-    out = model(np.zeros((2, size, size, 3), np.float32))
+        model = models.build(name, shape, 5)
+    out = model(np.zeros((2, *shape), np.float32))
     assert out.shape == (2, 5)
     assert out.dtype == "float32"
     np.testing.assert_allclose(np.sum(np.asarray(out), -1), 1.0, rtol=1e-5)
@@ -86,7 +90,8 @@ def test_resnet18_has_eighteen_weight_layers():
 def test_unknown_model_and_too_small_images():
     with pytest.raises(UsageError) as info:
         models.build("vgg", (32, 32, 3), 10)
-    assert str(info.value) == "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50."
+    assert str(info.value) == (
+        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, transformer.")
     with pytest.raises(UsageError, match="too small for --model=resnet50"):
         models.build("resnet50", (16, 16, 3), 10)
 
@@ -138,8 +143,18 @@ def _check_figures(report, out_text):
         for key in ("final_train_accuracy", "final_val_accuracy"):
             assert 0.0 <= r[key] <= 1.0
         assert r["timed_steps"] == r["total_steps"] - r["warmup_steps"] > 0
-        assert r["total_steps"] == r["epochs"] * r["steps_per_epoch"]
+        assert r["total_steps"] == r["epochs"] * r["steps_per_epoch"] == r["steps_run"]
         assert r["samples_per_sec"] == pytest.approx(1000 * r["global_batch_size"] / r["step_time_ms"])
+        # Every round's figure is kept; the run's figure is their median.
+        rounds = [x["samples_per_sec"] for x in r["rounds"]]
+        assert sum(x["steps"] for x in r["rounds"]) == r["timed_steps"]
+        assert r["samples_per_sec"] == pytest.approx(float(np.median(rounds)))
+        spread = r["samples_per_sec_spread"]
+        assert (spread["min"], spread["max"], spread["n"]) == (min(rounds), max(rounds), len(rounds))
+        assert r["accuracy_compared"] and r["plan"]["full"]
+        memory = r["activation_bytes"]
+        assert memory["weights"] == 4 * r["model_params"]  # float32 variables
+        assert memory["activations"] > 0 and memory["process_peak_bytes"] > 0
         assert r["step_time_ms"] <= r["step_time_ms_p90"] + 1e-9
         # Training took at least the timed steps.
         assert r["train_time_s"] * 1000 >= r["timed_steps"] * r["step_time_ms"] * 0.5
@@ -147,22 +162,28 @@ def _check_figures(report, out_text):
         assert r["final_val_loss"] == r["history"]["val_loss"][-1]
         assert isinstance(r["skipped_steps"], int) and r["skipped_steps"] >= 0
         ratio = r["ratio_to_float32"]
-        assert ratio["samples_per_sec"] == pytest.approx(r["samples_per_sec"] / base["samples_per_sec"])
+        pairs = [x["samples_per_sec"] / b["samples_per_sec"] for x, b in zip(r["rounds"], base["rounds"])]
+        assert ratio["round_pairs"] == pytest.approx(pairs)
+        assert ratio["samples_per_sec"] == pytest.approx(float(np.median(pairs)))
         assert ratio["peak_memory"] == pytest.approx(r["peak_memory_mb"] / base["peak_memory_mb"])
+        assert ratio["activations"] == pytest.approx(
+            memory["activations"] / base["activation_bytes"]["activations"])
         # The stdout table shows the same figures.
         row = next(line for line in out_text.splitlines() if line.startswith(f"| {r['policy']} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{r['samples_per_sec']:,.1f}"
-        assert cells[2] == f"{ratio['samples_per_sec']:.2f}x"
+        assert cells[2] == f"{spread['min']:,.0f}-{spread['max']:,.0f}"
+        assert cells[3] == f"{ratio['samples_per_sec']:.2f}x"
         census = r["census"]
-        assert cells[3] == f"{100 * census['half_flop_share']:.0f}%"
-        assert cells[4] == str(census["casts_per_step"])
+        assert cells[5] == f"{100 * census['half_flop_share']:.0f}%"
+        assert cells[6] == str(census["casts_per_step"])
         if r["policy"] == "float32":
             assert census["half_flop_share"] == 0.0 and census["casts_per_step"] == 0
         else:
             assert census["half_flop_share"] > 0.5 and census["casts_per_step"] > 0
-        assert cells[5] == f"{r['step_time_ms']:.1f}"
-        assert cells[10] == f"{100 * r['final_val_accuracy']:.2f}"
+        assert cells[7] == f"{r['step_time_ms']:.1f}"
+        assert cells[8] == f"{memory['activations'] / 2**20:,.1f}"
+        assert cells[14] == f"{100 * r['final_val_accuracy']:.2f}"
 
 
 def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
@@ -184,6 +205,16 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     _check_figures(report, out_text)
     mixed = report["results"][1]
     assert mixed["compute_dtype"] == "bfloat16" and report["results"][0]["compute_dtype"] == "float32"
+    # In one process the policies run one after the other (subprocesses alternate).
+    assert report["round_order"] == ["float32"] * 2 + ["mixed_bfloat16"] * 2
+    # Half the activation bytes in bfloat16 (the float32 softmax head aside).
+    assert 0.45 < mixed["ratio_to_float32"]["activations"] < 0.6
+    assert 0 < report["matmul_ratio"] == report["matmul"]["ratio"]
+    assert report["matmul"]["dtype"] == "bfloat16"
+    assert f"host matmul 128^3 bfloat16/float32 {report['matmul_ratio']:.2f}x" in out_text
+    assert all(line in out_text for line in report["notes"])
+    assert any(line.startswith("Memory: activations MB is tf_mixed.audit's estimate")
+               for line in report["notes"])
     assert mixed["loss_scale"] is None  # bfloat16 needs no loss scaling
     md = (out / "results.md").read_text()
     assert "| float32 |" in md and report["policy_note"] in md and report["command"] in md
@@ -297,9 +328,10 @@ def test_ratios_and_table_without_float32():
     assert results[1]["ratio_to_float32"]["step_time"] == pytest.approx(0.4)
     assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] == pytest.approx(-0.5)
     table = bench_report.markdown_table(results)
-    assert "| mixed_bfloat16 | 250.0 | 2.50x | n/a | n/a | 128.0 | 100 | 1.00x |" in table
+    assert ("| mixed_bfloat16 | 250.0 | n/a | 2.50x | 2.50x-2.50x | n/a | n/a | 128.0 "
+            "| n/a | n/a | n/a | 100 |") in table
     results[1]["census"] = {"half_flop_share": 0.923, "casts_per_step": 14}
-    assert "| 2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
+    assert "| 2.50x-2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
     # The base is the float32 row wherever it stands, not the first row.
     later = [_fake_result("mixed_bfloat16", 250.0, 0.895), _fake_result("float32", 125.0, 0.90)]
     bench_report.add_ratios(later)
@@ -372,12 +404,20 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     def result(policy, losses, scale):
         return {
             "policy": policy, "samples_per_sec": 100.0, "total_steps": 10,
-            "ratio_to_float32": {"samples_per_sec": 1.0},
-            "history": {"train_loss": losses, "val_loss": losses}, "loss_scale": scale,
+            "rounds": [{"steps": 5, "samples_per_sec": 90.0}, {"steps": 5, "samples_per_sec": 110.0}],
+            "samples_per_sec_spread": {"min": 90.0, "max": 110.0},
+            "ratio_to_float32": {"samples_per_sec": 1.0, "round_pairs": [0.9, 1.1]},
+            "peak_memory_mb": 800.0, "accuracy_compared": scale is None,
+            "activation_bytes": {"activations": 2**20, "weights": 2**22, "gradients": 2**22,
+                                 "optimizer_state": 2**23, "gpu_peak_bytes": None},
+            "history": {"train_loss": losses, "val_loss": losses,
+                        "val_accuracy": [0.5, None if None in losses else 0.7]},
+            "loss_scale": scale,
         }
 
     report = {
         "suite": "compare", "model": {"name": "mlp"}, "dataset": {"name": "shapes"},
+        "matmul": {"ratio": 1.9, "size": 1024, "dtype": "float16"},
         "results": [
             result("float32", [1.0, 0.5], None),
             result("mixed_float16", [1.0, None],
@@ -387,6 +427,9 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     path = tmp_path / "bench.png"
     assert plot.plot(report, str(path)) is True
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Written at 100 dpi, 15 x 8.5 inches with the loss-scale panel: 1500 x 850 pixels.
+    assert int.from_bytes(path.read_bytes()[16:20], "big") == 1500
+    assert int.from_bytes(path.read_bytes()[20:24], "big") == 850
 
 
 # --- float8 -------------------------------------------------------------------
@@ -413,8 +456,8 @@ def test_float8_policy_mirrored_reports_parity_and_no_speed(tmp_path, capsys, mo
     assert math.isfinite(float8["final_val_loss"])
     md = (out / "results.md").read_text()
     # samples/s, its ratio and step ms say "emulated"; the census cells stay.
-    assert re.search(r"^\| float8 \| emulated \| emulated \| [^|]+ \| [^|]+ \| emulated \|",
-                     md, re.M)
+    assert re.search(r"^\| float8 \| emulated \| emulated \| emulated \| emulated \| [^|]+ "
+                     r"\| [^|]+ \| emulated \|", md, re.M)
     assert "2 of 4 Dense layers in float8 (dense_1, dense_2)" in md
     assert "Its speed is not reported" in md
     assert report["results"][1]["float8"] is None
@@ -439,3 +482,209 @@ def test_float8_flags_are_checked(tmp_path, capsys):
         assert code == 2, flags
         assert name in capsys.readouterr().err
     assert config.resolve_policies(("float8", "fp32", "FLOAT8"))[0] == ("float32", "float8")
+
+
+# --- rounds, the plan, memory, the matmul reference (issue 30) ----------------------
+
+
+def _with_rounds(policy, rates, accuracy=0.9):
+    result = _fake_result(policy, float(np.median(rates)), accuracy)
+    result["rounds"] = [{"steps": 20, "samples_per_sec": r} for r in rates]
+    result["samples_per_sec_spread"] = schedule.spread(rates)
+    result["activation_bytes"] = {"activations": 1000 if policy == "float32" else 500,
+                                  "weights": 400, "gradients": 400, "optimizer_state": 800,
+                                  "gpu_peak_bytes": None}
+    return result
+
+
+def test_ratio_is_the_median_of_round_pairs_and_notes_say_when_to_distrust_it():
+    # float32 slows in rounds 2-3 (a neighbour's load): the pairs still agree.
+    results = [_with_rounds("float32", [100.0, 50.0, 50.0, 100.0, 100.0]),
+               _with_rounds("mixed_bfloat16", [200.0, 100.0, 100.0, 210.0, 190.0])]
+    bench_report.add_ratios(results)
+    ratio = results[1]["ratio_to_float32"]
+    assert ratio["round_pairs"] == [2.0, 2.0, 2.0, 2.1, 1.9]
+    assert ratio["samples_per_sec"] == 2.0  # the ratio of the medians would say 1.9x
+    assert ratio["activations"] == 0.5
+    report = {"results": results, "load_average": [3.0], "host": {"cpu_count": 2},
+              "matmul": {"ratio": 4.0, "size": 1024, "dtype": "bfloat16"}}
+    notes = bench_report.notes(report)
+    assert notes[0] == ("mixed_bfloat16 / float32 = 2.00x, the median of 5 round pairs "
+                        "(min-max 1.90x-2.10x, spread 0% of the median): steady enough to trust.")
+    assert notes[1] == ("Reference: a 1024x1024 matmul runs 4.00x faster in bfloat16 than in "
+                        "float32 on this host; mixed_bfloat16 gets 2.00x on this model (50% of it).")
+    # Pairs that disagree: flagged, with how to rerun.
+    results[1] = _with_rounds("mixed_bfloat16", [100.0, 150.0, 100.0, 300.0, 200.0])
+    bench_report.add_ratios(results)
+    # Pairs 1, 3, 2, 3, 2: quartiles 2 and 3, the IQR half the median.
+    spread = results[1]["ratio_to_float32"]["samples_per_sec_spread"]
+    assert (spread["q1"], spread["median"], spread["q3"]) == (2.0, 2.0, 3.0)
+    first = bench_report.notes(report)[0]
+    assert "(min-max 1.00x-3.00x, spread 50% of the median): TOO WIDE TO TRUST" in first
+    assert "load average was 3.0 on 2 cores" in first and "--round_steps=10" in first
+    row = next(line for line in bench_report.markdown_table(results).splitlines()
+               if line.startswith("| mixed_bfloat16"))
+    assert "| 150.0 | 100-300 | 2.00x | 1.00x-3.00x |" in row
+    assert "| 0.0 | 0.50x | 0.0 | 100 |" in row  # activations, vs float32, state, peak
+
+
+def test_a_timed_only_policy_shows_no_accuracy_and_says_why():
+    results = [_with_rounds("float32", [100.0, 100.0, 100.0]),
+               _with_rounds("mixed_bfloat16", [20.0, 20.0, 20.0], accuracy=None)]
+    results[1]["plan"] = {"full": False, "reason": "bfloat16 is emulated on this CPU: ..."}
+    bench_report.add_ratios(results)
+    assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] is None
+    row = bench_report.markdown_table(results).splitlines()[-1]
+    assert "| not compared | n/a |" in row
+    notes = bench_report.notes({"results": results, "host": {}})
+    assert "Cut to keep the time budget: bfloat16 is emulated on this CPU: ...." in notes
+
+
+@pytest.mark.slow
+def test_time_budget_cuts_the_slower_policy_to_timed_rounds(tmp_path, capsys, monkeypatch):
+    # A budget below the reserve for what follows training leaves nothing, and the
+    # plan sees bfloat16 1000x slower than measured (a pure function: its timings
+    # injected), so whatever this host's speed, float32 runs in full and
+    # bfloat16 is only timed.
+    real = schedule.plan_run
+
+    def slow_bf16(step_s, *args, **kwargs):
+        return real({p: t * (1000 if p != "float32" else 1) for p, t in step_s.items()},
+                    *args, **kwargs)
+
+    monkeypatch.setattr(schedule, "plan_run", slow_bf16)
+    report, out_text, _ = _run(tmp_path, capsys, "--model=mlp", "--policies=fp32,bf16",
+                               "--time_budget=1", "--epochs=3", "--steps=6", "--round_steps=2")
+    base, bf16 = report["results"]
+    assert base["plan"]["full"] and base["accuracy_compared"] and base["steps_run"] == 18
+    assert not bf16["plan"]["full"] and not bf16["accuracy_compared"]
+    assert bf16["final_val_accuracy"] is None
+    # Warm-up 1, the measured round of 2, two more rounds (the minimum size, 2 here).
+    assert [r["steps"] for r in bf16["rounds"]] == [2, 2, 2] and bf16["steps_run"] == 7
+    assert bf16["plan"]["reason"] in out_text and "timed on 3 rounds" in bf16["plan"]["reason"]
+    assert "| not compared | n/a |" in out_text
+
+
+@pytest.mark.slow
+def test_transformer_learns_generated_tokens(tmp_path, capsys):
+    report, out_text, out = _run(tmp_path, capsys, "--model=transformer", "--policies=fp32,bf16",
+                                 "--train_size=256", "--batch_size=32", "--steps=8",
+                                 "--epochs=2", "--image_size=0")
+    assert report["model"]["name"] == "transformer" and report["dataset"]["name"] == "tokens"
+    assert report["dataset"]["image_shape"] == [64]  # the sequence length
+    assert report["flags"]["dataset"] == "tokens"  # the default data set, made for this model
+    assert out_text.count("Model transformer (") == 1
+    md = (out / "results.md").read_text()
+    assert "Model transformer (" in md and report["matmul"]["dtype"] in md
+    for r in report["results"]:
+        assert r["final_val_accuracy"] > 0.2  # 10 classes: learning, not chance
+    assert report["results"][1]["compute_dtype"] == "bfloat16"
+
+
+def test_tokens_task_is_deterministic_and_marks_its_class():
+    from tf_mixed.bench import data
+
+    tokens, labels = data.make_tokens(50, seed=3, length=16)
+    again, _ = data.make_tokens(50, seed=3, length=16)
+    assert tokens.shape == (50, 16) and np.array_equal(tokens, again)
+    assert sorted(np.bincount(labels)) == [5] * 10
+    for row, label in zip(tokens, labels):
+        counts = np.bincount(row, minlength=11)[1:11]
+        assert counts[label] == 4 and counts.sum() == 5
+
+
+def test_models_and_data_sets_must_match():
+    with pytest.raises(UsageError, match="--model=transformer needs token sequences"):
+        config.BenchConfig(model="transformer", dataset="tfds:mnist").validate()
+    with pytest.raises(UsageError, match="--model=cnn needs images"):
+        config.BenchConfig(model="cnn", dataset="tokens").validate()
+    assert config.BenchConfig(model="transformer").validate().dataset == "tokens"
+
+
+def test_gpu_suite_on_a_host_without_gpu_says_so_and_exits_0(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo())
+    out = tmp_path / "gpu"
+    assert main(["tf_mixed", "bench", "--suite=gpu", f"--output_dir={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() == (
+        "tf_mixed bench --suite=gpu: no GPU on this host (TensorFlow sees none), so there is "
+        "nothing to measure; run it on a host with an NVIDIA GPU. The other suites run on a "
+        "CPU (python -m tf_mixed bench --help).")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_gpu_suite_path_with_the_gpu_faked(tmp_path, capsys, monkeypatch):
+    """The GPU path end to end, hardware.detect faked (an H100), work run on this CPU.
+
+    Honest where it fakes: the suite reads the GPU list (all-reduce skipped on one
+    GPU, float8 checked at compute capability 9.0) from hardware.detect; the
+    models and lowering_report run on the devices TensorFlow really has, and
+    lowering_report says "no GPU" for them.
+    """
+    from tf_mixed.bench import gpu_suite
+
+    h100 = hardware.HardwareInfo(gpus=(hardware.GpuInfo("NVIDIA H100 (faked)", (9, 0)),))
+    monkeypatch.setattr(hardware, "detect", lambda: h100)
+    out = tmp_path / "gpu"
+    cfg = config.BenchConfig(suite="gpu", model="mlp", output_dir=str(out)).validate()
+    sizes = gpu_suite.Sizes(image_size=16, batch_size=8, warmup_steps=1, rounds=2,
+                            round_steps=2, float8_width=32)
+    assert gpu_suite.run_gpu(cfg, "python -m tf_mixed bench --suite=gpu", sizes=sizes) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
+    assert [r["name"] for r in report["results"]] == [v.name for v in gpu_suite.VARIANTS]
+    timed = [r for r in report["results"] if "samples_per_sec" in r]
+    assert timed and timed[0]["name"] == "float32" and timed[0]["ratio"] == 1.0
+    for r in report["results"]:
+        assert "samples_per_sec" in r or r["error"]
+    assert report["allreduce"] == {"skipped": "one GPU: no all-reduce to measure"}
+    assert report["float8_lowering"]["device"] == "no GPU"
+    assert set(report["float8_lowering"]["verdicts"].values()) == {"emulated (no GPU)"}
+    assert report["device"] == "NVIDIA H100 (faked) (cc 9.0)"
+    assert "Loss-scale overhead" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_subprocess_policies_alternate_rounds(tmp_path):
+    """The default isolation: each policy in its own process, rounds A B A B."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    flags = [f for f in TINY if f != "--isolation=inprocess"]
+    env = dict(os.environ, TF_MIXED_PROGRESS="1")
+    run_ = subprocess.run(
+        [sys.executable, "-m", "tf_mixed", "bench", *flags, "--model=mlp",
+         "--policies=fp32,bf16", "--steps=6", f"--output_dir={out}"],
+        capture_output=True, text=True, timeout=900, env=env)
+    assert run_.returncode == 0, run_.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    # 12 steps: warm-up 1, then rounds of 3, 3, 3, 2, the policies alternating.
+    assert report["round_order"] == ["float32", "mixed_bfloat16"] * 4
+    for r in report["results"]:
+        assert [x["steps"] for x in r["rounds"]] == [3, 3, 3, 2] and r["accuracy_compared"]
+    assert report["results"][1]["ratio_to_float32"]["round_pairs"] == pytest.approx(
+        [m["samples_per_sec"] / f["samples_per_sec"]
+         for m, f in zip(report["results"][1]["rounds"], report["results"][0]["rounds"])])
+    assert "tf_mixed bench: " in run_.stderr  # the progress lines (absl logging)
+
+
+@pytest.mark.gpu
+def test_gpu_suite_on_a_real_gpu(tmp_path):
+    """The whole GPU suite, as a user runs it (`pytest -m gpu` on a GPU host)."""
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("needs a GPU: TensorFlow sees none on this host")
+    from tf_mixed.bench import gpu_suite
+
+    out = tmp_path / "gpu"
+    cfg = config.BenchConfig(suite="gpu", output_dir=str(out)).validate()
+    assert gpu_suite.run_gpu(cfg, "python -m tf_mixed bench --suite=gpu") == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["wall_time_s"] < 8 * 60
+    for r in report["results"]:
+        assert _positive_finite(r.get("samples_per_sec")), r
+    assert report["loss_scale_overhead"]["ratio"] > 0
+    assert (out / "bench.png").exists()

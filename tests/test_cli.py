@@ -20,7 +20,8 @@ from tf_mixed.cli.main import main
 # The CLI's own default log level is what is under test: none set here.
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
 TINY = ["--image_size=16", "--train_size=64", "--val_size=32", "--batch_size=16",
-        "--epochs=1", "--steps=3", "--warmup_steps=1", "--model=mlp"]
+        "--epochs=1", "--steps=3", "--warmup_steps=1", "--model=mlp",
+        "--time_budget=0"]  # every policy in full, whatever this host's speed
 
 
 def _bad(tmp_path, capsys, *flags):
@@ -39,13 +40,13 @@ def _bad(tmp_path, capsys, *flags):
 @pytest.mark.parametrize(
     "flag, expected",
     [
-        ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50."),
+        ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50, transformer."),
         ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32, float8."),
         ("--dataset=imagenet", "--dataset='imagenet': unknown data set. Accepted: shapes, tfds:NAME[:SPLIT]"),
         ("--batch_size=0", "--batch_size=0: must be >= 1. Accepted: an integer >= 1."),
         ("--strategy=tpu", "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
         ("--loop=keras", "--loop='keras': unknown loop. Accepted: fit, custom."),
-        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm, memory, bf16."),
+        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm, memory, bf16, gpu."),
         ("--epochs=0", "--epochs=0: must be >= 1."),
         ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples of shapes. Accepted: 1 to 8000."),
         ("--image_size=8", "--image_size=8: too small for the shapes data set. Accepted: 16 or more (0 picks 32)."),

@@ -63,7 +63,8 @@ def _py_files(directory):
 
 LAYOUT = ROOT / "docs" / "layout.md"
 CLIENTS = ("tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
-CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors"}
+CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors",
+                  "tf_mixed._internal.progress"}
 
 
 def _documented_units() -> list[tuple[str, list[str]]]:

@@ -8,6 +8,12 @@
 written as one line to ``--error_file`` for the parent to print, with exit
 status 2; any other failure prints its traceback and exits 1.
 
+With ``--control_fd`` the parent paces the training (`PipeGate`): the child
+writes one JSON line per segment to that file descriptor (``{"ready": true}``
+once built, then ``{"times": [...], "finished": bool}``) and reads from stdin
+the number of steps to run next (0: stop now); after its last segment it
+waits for one more line before the census, the serving figures and the file.
+
 It sets up TensorFlow itself, before anything else touches its runtime, so
 the CPU can still be split into logical devices for ``--strategy=mirrored``.
 """
@@ -30,7 +36,38 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--part", default="", help="where to write the result JSON")
     parser.add_argument("--error_file", default="", help="where to write a bad-input error")
     parser.add_argument("--verbose", action="store_true", help="TensorFlow's C++ log too")
+    parser.add_argument("--control_fd", type=int, default=-1,
+                        help="file descriptor for segment reports; steps are read from stdin")
     return parser.parse_args(argv)
+
+
+class PipeGate:
+    """A `tf_mixed.bench.train.Gate` paced by the parent through a pipe and stdin."""
+
+    def __init__(self, control_fd: int):
+        self.out = os.fdopen(control_fd, "w")
+
+    def _send(self, message: dict) -> None:
+        self.out.write(json.dumps(message) + "\n")
+        self.out.flush()
+
+    def _read(self) -> int:
+        line = sys.stdin.readline()
+        if not line:
+            raise SystemExit("tf_mixed bench: the parent process went away")
+        return int(line)
+
+    def begin(self) -> int:
+        self._send({"ready": True})
+        return self._read()
+
+    def report(self, times, finished: bool) -> None:
+        self._send({"times": list(times), "finished": finished})
+        if finished:
+            self._read()  # wait until every policy has finished training
+
+    def next(self) -> int:
+        return self._read()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         with quiet.summarised_tf_warnings(args.verbose, "bench"):
             if config.strategy == "mirrored":
                 run.split_cpu_for_replicas(config.replicas)
-            result = run.run_policy(config, args.policy, verbose=bool(args.part))
+            gate = PipeGate(args.control_fd) if args.control_fd >= 0 else None
+            result = run.run_policy(config, args.policy, verbose=bool(args.part) and not config.quiet,
+                                    gate=gate)
     except UsageError as error:
         if args.error_file:
             with open(args.error_file, "w") as f:

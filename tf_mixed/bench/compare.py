@@ -3,8 +3,15 @@
 By default every policy trains in a fresh ``python -m tf_mixed.bench.child``
 process (see `tf_mixed.bench.child`): each run starts from the same clean
 TensorFlow state (graph options, Keras globals, allocator) and its peak RSS
-is its own. ``--isolation=inprocess``
-runs them one after another in this process (what the tests use).
+is its own. The processes run at the same time but take turns: this process
+hands each one its warm-up, then one round of ``--round_steps`` steps at a
+time, policies alternating, through a pipe (one JSON line per segment back,
+one number of steps, or 0 for "stop", forth), so only one trains at any
+moment and a change in load hits every policy. After every policy's first
+round, `tf_mixed.bench.schedule.plan_run` decides which train in full and
+which are only timed, to keep to ``--time_budget``. ``--isolation=inprocess``
+runs them one after another in this process (what the tests use), the same
+scheduler deciding when each stops.
 ``--strategy=multiworker`` always uses subprocesses: ``--workers`` local
 processes per policy, joined by a ``TF_CONFIG`` cluster on 127.0.0.1.
 """
@@ -23,8 +30,8 @@ import time
 from typing import Any
 
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import report as report_module, run, serving
-from tf_mixed._internal import quiet
+from tf_mixed.bench import report as report_module, run, schedule, serving
+from tf_mixed._internal import progress, quiet
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import ChildFailed
 
@@ -61,18 +68,30 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         f"policies {', '.join(policies)} (loop={config.loop}, strategy={config.strategy}).",
         flush=True,
     )
+    started = time.monotonic()
     try:
-        subprocesses = config.isolation == "subprocess" or config.strategy == "multiworker"
-        if subprocesses:
+        round_order: list[str] = []
+        if config.strategy == "multiworker":
             results = _run_children(config, policies, verbose)
         else:
-            bench_data = bench_data or config_module.load_data(config)
-            strategy = run.make_strategy(config)
-            results = [
-                run.run_policy(config, p, bench_data=bench_data, strategy=strategy)
-                for p in policies
-            ]
+            bench_data = bench_data if bench_data is not None or config.isolation == "subprocess" \
+                else config_module.load_data(config)
+            scheduler = make_scheduler(config, policies, bench_data, lambda: time.monotonic() - started)
+            if config.isolation == "subprocess":
+                results = _run_interleaved(config, policies, verbose, scheduler)
+            else:
+                strategy = run.make_strategy(config)
+                results = [
+                    run.run_policy(config, p, bench_data=bench_data, strategy=strategy,
+                                   verbose=not config.quiet, gate=LocalGate(scheduler, p, config))
+                    for p in policies
+                ]
+            for result in results:
+                result["plan"] = scheduler.plan(result["policy"]).to_dict()
+            round_order = scheduler.order
         report_module.add_ratios(results)
+        progress.update("measuring the host's large matmul, float32 against half precision")
+        matmul = _matmul_reference(policies, config.matmul_size)
         report = {
             "suite": "compare",
             "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -83,14 +102,23 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
             "policy_note": note,
             "model": {"name": config.model_name, "params": results[0]["model_params"]},
             "dataset": results[0]["dataset"],
+            "round_order": round_order,
+            "matmul_ratio": None if matmul is None else matmul["ratio"],
+            "matmul": matmul,
+            "load_average": list(os.getloadavg()),
+            "wall_time_s": time.monotonic() - started,
             "results": results,
         }
+        report["notes"] = report_module.notes(report)
         paths = report_module.write_outputs(report, config.output_dir)
     except BaseException:
         report_module.remove_if_created(config.output_dir, created)
         raise
     print()
+    print(report_module.caption(report))
     print(report_module.markdown_table(results))
+    for line in report["notes"]:
+        print(line)
     serving_table = serving.markdown_table(results)
     if serving_table:
         print()
@@ -99,6 +127,97 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     print(note)
     print("Wrote " + ", ".join(paths))
     return report
+
+
+def make_scheduler(config: BenchConfig, policies: tuple[str, ...], bench_data,
+                   clock) -> schedule.Scheduler:
+    """The scheduler of a run: its steps, rounds, warm-up and budget."""
+    from tf_mixed.bench import data
+
+    if bench_data is not None:
+        train_size = bench_data.train_size
+    else:  # the generated sets: their size is known without generating them
+        train_size = config.train_size or data.DEFAULT_SHAPES_TRAIN
+    steps = config.steps or train_size // config.batch_size
+    total = steps * config.epochs
+    return schedule.Scheduler(
+        policies, total_steps=total, round_steps=config.round_steps,
+        warmup_steps=min(config.warmup_steps, total - 1),
+        budget_s=config.time_budget, reserve_s=RESERVE_S,
+        clock=clock, emulated=emulated_policies(policies),
+    )
+
+
+# Seconds of the budget kept, at least, for what follows the training: the
+# census, the LiteRT files, the matmul reference and the result files (the
+# scheduler keeps more on a host where the policies were slow to start).
+RESERVE_S = 15.0
+
+
+def emulated_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """The policies whose half type this host has no instructions for (CPU only)."""
+    from tf_mixed.policy import hardware
+
+    info = hardware.detect()
+    if info.has_gpu:
+        return ()
+    flags = info.cpu_flags
+    bf16 = info.amx_bf16_usable or "avx512_bf16" in flags
+    fp16 = "avx512_fp16" in flags or "amx_fp16" in flags
+    return tuple(
+        p for p in policies
+        if (p in ("mixed_bfloat16", "bfloat16", "float8") and not bf16)
+        or (p in ("mixed_float16", "float16") and not fp16)
+    )
+
+
+def _matmul_reference(policies: tuple[str, ...], size: int) -> dict[str, Any] | None:
+    """The host's large-matmul half/float32 ratio for the first mixed policy's dtype."""
+    from tf_mixed.bench import matmul
+
+    for name in policies:
+        compute = config_module.BENCH_POLICIES.get(name, name)
+        if compute in ("mixed_bfloat16", "bfloat16"):
+            return matmul.measure_ratio("bfloat16", size=size, rounds=5)
+        if compute in ("mixed_float16", "float16"):
+            return matmul.measure_ratio("float16", size=size, rounds=5)
+    return None
+
+
+class LocalGate:
+    """A gate (`tf_mixed.bench.train.Gate`) that asks the scheduler in this process."""
+
+    def __init__(self, scheduler: schedule.Scheduler, policy: str, config: BenchConfig):
+        self.scheduler = scheduler
+        self.policy = policy
+        self.config = config
+
+    def begin(self) -> int:
+        return self.scheduler.command(self.policy)
+
+    def report(self, times, finished: bool) -> None:
+        self.scheduler.record(self.policy, times, finished=finished)
+        _progress(self.scheduler, self.policy, self.config.batch_size)
+
+    def next(self) -> int:
+        return self.scheduler.command(self.policy)
+
+
+def _progress(scheduler: schedule.Scheduler, policy: str, batch_size: int) -> None:
+    lane = scheduler.lanes[policy]
+    if not lane.rounds:
+        progress.update(f"{policy}: warm-up done ({lane.steps_done} steps)")
+        return
+    plan = scheduler.plans.get(policy) if scheduler.plans else None
+    if plan is not None and not plan.full:
+        expected = f"{plan.rounds}"
+    else:
+        left = max(0, scheduler.total_steps - lane.steps_done)
+        expected = f"~{len(lane.rounds) + -(-left // scheduler.round_steps)}"
+    rate = scheduler.round_rates(policy, batch_size)[-1]
+    progress.update(
+        f"{policy}: round {len(lane.rounds)}/{expected} done, {rate:,.0f} samples/s, "
+        f"step {lane.steps_done}/{scheduler.total_steps}")
 
 
 def _slow_float16_convs(config: BenchConfig, policies: tuple[str, ...]) -> bool:
@@ -141,6 +260,90 @@ def _run_children(config: BenchConfig, policies: tuple[str, ...], verbose: bool)
                 results.append(json.load(f))
         return results
     finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class _ChildLane:
+    """One policy's process and its control pipe (see the module docstring)."""
+
+    def __init__(self, config: BenchConfig, config_path: str, policy: str, part: str, verbose: bool):
+        self.policy, self.part = policy, part
+        self.error_file = part + ".error"
+        read_fd, write_fd = os.pipe()
+        command = _child_command(config_path, policy, part, self.error_file, verbose)
+        command.append(f"--control_fd={write_fd}")
+        self.process = subprocess.Popen(
+            command, env=_child_env(verbose), stdin=subprocess.PIPE, pass_fds=(write_fd,), text=True)
+        os.close(write_fd)
+        self.messages = os.fdopen(read_fd)
+
+    def send(self, steps: int) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(f"{steps}\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            self.fail()
+
+    def receive(self) -> dict[str, Any]:
+        line = self.messages.readline()
+        if not line:
+            self.fail()
+        return json.loads(line)
+
+    def fail(self) -> None:
+        """The process ended early: raise its error."""
+        code = self.process.wait()
+        _check(self.policy, code or 1, [self.error_file])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.messages.close()
+
+
+def _run_interleaved(config: BenchConfig, policies: tuple[str, ...], verbose: bool,
+                     scheduler: schedule.Scheduler) -> list[dict]:
+    """Every policy in its own process, their rounds alternating (module docstring)."""
+    staging = tempfile.mkdtemp(prefix=".tf_mixed_parts.", dir=config.output_dir)
+    lanes: list[_ChildLane] = []
+    try:
+        config_path = os.path.join(staging, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(config.to_json(), f)
+        progress.update(f"starting {len(policies)} training processes (TensorFlow, data, "
+                        f"{config.model_name})")
+        lanes = [_ChildLane(config, config_path, p, os.path.join(staging, f"{p}.json"), verbose)
+                 for p in policies]
+        for lane in lanes:
+            lane.receive()  # "ready": built, waiting for its first steps
+        active = list(lanes)
+        while active:
+            for lane in list(active):
+                steps = scheduler.command(lane.policy)
+                progress.update(f"{lane.policy}: running {steps or 'no more'} steps "
+                                f"(step {scheduler.lanes[lane.policy].steps_done}/{scheduler.total_steps})")
+                lane.send(steps)
+                message = lane.receive()
+                scheduler.record(lane.policy, message["times"], finished=message["finished"])
+                if message["finished"]:
+                    active.remove(lane)
+                else:
+                    _progress(scheduler, lane.policy, config.batch_size)
+        progress.update("training done: census of each policy's step, LiteRT files")
+        for lane in lanes:
+            lane.send(0)  # go on: census, serving figures, result file
+        results = []
+        for lane in lanes:
+            code = lane.process.wait()
+            _check(lane.policy, code, [lane.error_file])
+            with open(lane.part) as f:
+                results.append(json.load(f))
+        return results
+    finally:
+        for lane in lanes:
+            lane.close()
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -17,10 +17,10 @@ from tf_mixed._internal.cli_errors import UsageError
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
-SUITES = ("compare", "overhead", "comm", "memory", "bf16")
+SUITES = ("compare", "overhead", "comm", "memory", "bf16", "gpu")
 ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
-                 "bf16": "mlp"}
+                 "bf16": "mlp", "gpu": "resnet50"}
 # Bench-only policy names: what the run computes in, and what it adds.
 # "float8": Keras float8 (tf_mixed.float8.quantization.quantize) on bfloat16 compute.
 BENCH_POLICIES = {"float8": "mixed_bfloat16"}
@@ -56,6 +56,13 @@ class BenchConfig:
         output_dir: Where results.json, results.md and bench.png go.
         seed: Seed for data, initial weights and data order.
         rounds: Overhead suite: alternating timing rounds per path.
+        round_steps: Compare suite: steps per timing round (the policies' rounds alternate).
+        round_seconds: Compare suite: a round also ends after this many seconds.
+        time_budget: Compare suite: seconds the job plans to keep to (0: no budget,
+            every policy in full); see `tf_mixed.bench.schedule`.
+        quiet: No progress lines.
+        matmul_size: Compare suite: the side of the reference matmul (0: 1024 on a CPU,
+            4096 on a GPU).
         float8_layers: The float8 policy's layers: "auto" (tf_mixed.float8.quantization.quantize's
             default: first, last and unaligned Dense layers kept out) or "all".
     """
@@ -83,6 +90,11 @@ class BenchConfig:
     seed: int = 0
     rounds: int = 3
     float8_layers: str = "auto"
+    round_steps: int = 20
+    round_seconds: float = 4.0
+    time_budget: float = 120.0
+    quiet: bool = False
+    matmul_size: int = 0
 
     @property
     def model_name(self) -> str:
@@ -119,6 +131,9 @@ class BenchConfig:
             ("val_size", self.val_size, 0),
             ("image_size", self.image_size, 0),
             ("rounds", self.rounds, 1),
+            ("round_steps", self.round_steps, 1),
+            ("time_budget", self.time_budget, 0),
+            ("matmul_size", self.matmul_size, 0),
         ):
             if number < minimum:
                 raise UsageError(flag, number, f"must be >= {minimum}", f"an integer >= {minimum}")
@@ -127,7 +142,19 @@ class BenchConfig:
         if not self.output_dir:
             raise UsageError("output_dir", self.output_dir, "empty path", "a writable directory")
         model = models.check_name(self.model_name)
-        return dataclasses.replace(self, model=model)
+        dataset = self.dataset
+        sequence_model = model in models.SEQUENCE_MODELS
+        if sequence_model and dataset == "shapes":
+            dataset = "tokens"  # the default data set, made for this model
+        from tf_mixed.bench import data
+
+        if sequence_model != (dataset == data.TOKENS):
+            raise UsageError(
+                "dataset", self.dataset,
+                f"--model={model} needs " + ("token sequences" if sequence_model else "images"),
+                "tokens (generated in process) for --model=transformer; shapes, tfds:NAME or "
+                "folder:PATH for the image models")
+        return dataclasses.replace(self, model=model, dataset=dataset)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

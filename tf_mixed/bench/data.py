@@ -9,6 +9,8 @@
                          tensorflow-datasets (``--data_dir`` is passed on).
     folder:PATH          a class-per-subfolder image tree, as
                          ``keras.utils.image_dataset_from_directory`` reads it.
+    tokens               10-class token sequences generated in process, for
+                         ``--model=transformer`` (see `make_tokens`).
 
 Every loader returns a `BenchData` whose datasets yield unbatched
 ``(image, label)`` pairs with pixel values in [0, 255] (uint8 or float32); the
@@ -28,6 +30,10 @@ import tensorflow as tf
 from tf_mixed._internal.cli_errors import UsageError
 
 SHAPES = "shapes"
+TOKENS = "tokens"
+TOKEN_VOCABULARY = 256
+TOKEN_CLASSES = 10
+DEFAULT_TOKENS_LENGTH = 64
 SHAPE_CLASSES = (
     "disc",
     "square",
@@ -56,7 +62,8 @@ _IMAGE_SIGNATURES = {
     b"GIF89a": "GIF",
     b"BM": "BMP",
 }
-ACCEPTED = "shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH"
+ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
+            "tokens (for --model=transformer)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +75,8 @@ class BenchData:
         train: Unbatched ``(image, label)`` pairs, pixels in [0, 255].
         val: The same for validation.
         num_classes: Number of classes; labels are ints in [0, num_classes).
-        image_shape: ``(height, width, channels)`` of every image.
+        image_shape: ``(height, width, channels)`` of every image; ``(length,)``
+            for token sequences.
         train_size: Number of training examples.
         val_size: Number of validation examples.
         class_names: One name per class.
@@ -78,7 +86,7 @@ class BenchData:
     train: tf.data.Dataset
     val: tf.data.Dataset
     num_classes: int
-    image_shape: tuple[int, int, int]
+    image_shape: tuple[int, ...]
     train_size: int
     val_size: int
     class_names: tuple[str, ...]
@@ -113,6 +121,8 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
     spec = spec.strip()
     if spec.lower() in (SHAPES, "synthetic"):
         return SHAPES, "", ""
+    if spec.lower() == TOKENS:
+        return TOKENS, "", ""
     kind, sep, rest = spec.partition(":")
     kind = kind.lower()
     if sep and kind == "tfds":
@@ -163,6 +173,12 @@ def load(
         return load_shapes(
             seed=seed,
             image_size=image_size or DEFAULT_SHAPES_SIZE,
+            train_size=train_size or DEFAULT_SHAPES_TRAIN,
+            val_size=val_size or DEFAULT_SHAPES_VAL,
+        )
+    if kind == TOKENS:
+        return load_tokens(
+            seed=seed, length=image_size or DEFAULT_TOKENS_LENGTH,
             train_size=train_size or DEFAULT_SHAPES_TRAIN,
             val_size=val_size or DEFAULT_SHAPES_VAL,
         )
@@ -275,6 +291,65 @@ def load_shapes(
         train_size=train_size,
         val_size=val_size,
         class_names=SHAPE_CLASSES,
+    )
+
+
+# --- tokens: sequences for the transformer ----------------------------------
+
+
+def make_tokens(num_examples: int, *, seed: int, length: int = DEFAULT_TOKENS_LENGTH
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Generates the tokens task: which class token a sequence repeats.
+
+    Token ids 1-10 are the classes' tokens, 11-255 noise. A sequence of class
+    c holds token c + 1 at 4 random places, one other class token once, and
+    noise elsewhere, so a model must count tokens across the sequence. The
+    output depends only on the arguments.
+
+    Args:
+        num_examples: Number of sequences.
+        seed: Random seed.
+        length: Tokens per sequence (>= 8).
+
+    Returns:
+        ``(tokens, labels)``: int32 ``[N, length]`` and int32 ``[N]``, labels
+        balanced and in shuffled order.
+    """
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(num_examples) % TOKEN_CLASSES).astype(np.int32)
+    tokens = rng.integers(TOKEN_CLASSES + 1, TOKEN_VOCABULARY, (num_examples, length)).astype(np.int32)
+    places = np.argsort(rng.random((num_examples, length)), axis=1)[:, :5]
+    rows = np.arange(num_examples)[:, None]
+    tokens[rows, places[:, :4]] = labels[:, None] + 1
+    other = (labels + rng.integers(1, TOKEN_CLASSES, num_examples)) % TOKEN_CLASSES
+    tokens[np.arange(num_examples), places[:, 4]] = other + 1
+    return tokens, labels
+
+
+def load_tokens(*, seed: int, length: int = DEFAULT_TOKENS_LENGTH,
+                train_size: int = DEFAULT_SHAPES_TRAIN, val_size: int = DEFAULT_SHAPES_VAL) -> BenchData:
+    """The tokens task (see `make_tokens`) as a `BenchData` (``image_shape`` is ``(length,)``).
+
+    Raises:
+        UsageError: If ``length`` < 8 or a size < 1.
+    """
+    if length < 8:
+        raise UsageError("image_size", length, "too short for the tokens data set (the sequence length)",
+                         f"8 or more (0 picks {DEFAULT_TOKENS_LENGTH})")
+    for flag, value in (("train_size", train_size), ("val_size", val_size)):
+        if value < 1:
+            raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
+    x_train, y_train = make_tokens(train_size, seed=seed * 2 + 1, length=length)
+    x_val, y_val = make_tokens(val_size, seed=seed * 2 + 2, length=length)
+    return BenchData(
+        name=TOKENS,
+        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        val=tf.data.Dataset.from_tensor_slices((x_val, y_val)),
+        num_classes=TOKEN_CLASSES,
+        image_shape=(length,),
+        train_size=train_size,
+        val_size=val_size,
+        class_names=tuple(f"token_{i + 1}" for i in range(TOKEN_CLASSES)),
     )
 
 

@@ -11,6 +11,9 @@ computed in float32 from the logits.
     resnet18  ResNet-18 (basic blocks 2-2-2-2, BN momentum 0.9) built here; a 3x3 stride-1 stem
               for images under 96 px (CIFAR style), the 7x7/2 + max-pool stem above
     resnet50  keras.applications.ResNet50(weights=None), no download
+    transformer  a small encoder on token sequences: token + position embedding
+              (width 64), 2 x [MultiHeadAttention (4 heads), LayerNorm, Dense 128-64,
+              LayerNorm], mean over the sequence (no Rescaling: its input is token ids)
 """
 
 from __future__ import annotations
@@ -96,12 +99,45 @@ def build_resnet50(inputs, num_classes: int):
     return _head(backbone(inputs), num_classes)
 
 
+class PositionEmbedding(layers.Layer):
+    """Adds a learned vector per sequence position (Keras has no such core layer)."""
+
+    def build(self, input_shape):
+        self.positions = self.add_weight(
+            shape=(input_shape[-2], input_shape[-1]), initializer="random_normal", name="positions")
+
+    def call(self, x):
+        return x + keras.ops.cast(self.positions, x.dtype)
+
+
+def _encoder_block(x, width: int, heads: int, name: str):
+    attended = layers.MultiHeadAttention(heads, width // heads, name=f"{name}_attention")(x, x)
+    x = layers.LayerNormalization(name=f"{name}_norm1")(layers.Add()([x, attended]))
+    y = layers.Dense(2 * width, activation="relu", name=f"{name}_ffn1")(x)
+    y = layers.Dense(width, name=f"{name}_ffn2")(y)
+    return layers.LayerNormalization(name=f"{name}_norm2")(layers.Add()([x, y]))
+
+
+def build_transformer(inputs, num_classes: int, *, width: int = 64, blocks: int = 2):
+    """Token + position embedding, ``blocks`` encoder blocks, mean pooling."""
+    from tf_mixed.bench.data import TOKEN_VOCABULARY
+
+    x = layers.Embedding(TOKEN_VOCABULARY, width, name="tokens")(inputs)
+    x = PositionEmbedding(name="positions")(x)
+    for index in range(blocks):
+        x = _encoder_block(x, width, 4, name=f"block{index + 1}")
+    x = layers.GlobalAveragePooling1D()(x)
+    return _head(x, num_classes)
+
+
 _BUILDERS: dict[str, Callable] = {
     "mlp": build_mlp,
     "cnn": build_cnn,
     "resnet18": build_resnet18,
     "resnet50": build_resnet50,
+    "transformer": build_transformer,
 }
+SEQUENCE_MODELS = ("transformer",)  # take token sequences, not images
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 _MIN_SIDE = {"resnet50": 32}
 
@@ -118,12 +154,12 @@ def check_name(name: str) -> str:
     return key
 
 
-def build(name: str, input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
+def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Builds a model under the current global dtype policy.
 
     Args:
         name: One of `MODEL_NAMES`.
-        input_shape: ``(height, width, channels)``.
+        input_shape: ``(height, width, channels)``; ``(length,)`` for a sequence model.
         num_classes: Number of output classes.
 
     Returns:
@@ -133,6 +169,9 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int) -> ker
         UsageError: For an unknown name or images too small for the model.
     """
     name = check_name(name)
+    if name in SEQUENCE_MODELS:
+        inputs = keras.Input(shape=tuple(input_shape), name="tokens_in")
+        return keras.Model(inputs, _BUILDERS[name](inputs, num_classes), name=name)
     side = min(input_shape[:2])
     if side < _MIN_SIDE.get(name, 8):
         raise UsageError(

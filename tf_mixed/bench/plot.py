@@ -1,4 +1,5 @@
-"""bench.png: throughput bars, loss curves and loss scale per policy.
+"""bench.png: throughput with its rounds, speed-up against the host's matmul, accuracy,
+memory and loss scale per policy (the compare suite); the overhead and GPU suites' bars.
 
 matplotlib is optional (the ``plot`` extra): without it `plot` prints one
 line saying so and returns False.
@@ -33,40 +34,92 @@ def plot(report: dict[str, Any], path: str) -> bool:
     results = report["results"]
     if report["suite"] == "overhead":
         return _plot_overhead(plt, report, path)
+    if report["suite"] == "gpu":
+        return _plot_gpu(plt, report, path)
     scaled = [r for r in results if r.get("loss_scale")]
-    columns = 3 if scaled else 2
-    fig, axes = plt.subplots(1, columns, figsize=(5 * columns, 4))
+    fig, axes = plt.subplots(2, 3 if scaled else 2, figsize=(15 if scaled else 11, 8.5))
+    axes = axes.ravel()
     colors = {r["policy"]: f"C{i}" for i, r in enumerate(results)}
-
-    ax = axes[0]
     names = [r["policy"] for r in results]
-    bars = ax.bar(names, [r["samples_per_sec"] for r in results], color=[colors[n] for n in names])
-    for bar, r in zip(bars, results):
-        ratio = r.get("ratio_to_float32")
-        label = f"{r['samples_per_sec']:,.0f}" + (f"\n{ratio['samples_per_sec']:.2f}x" if ratio else "")
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("samples/s (median step)")
-    ax.set_title("Throughput")
-    ax.margins(y=0.2)
+    x = range(len(results))
 
+    # 1. Throughput: the median of the rounds, every round as a dot, min-max as a bar.
+    ax = axes[0]
+    medians = [r["samples_per_sec"] for r in results]
+    ax.bar(x, medians, color=[colors[n] for n in names], alpha=0.6)
+    for i, r in enumerate(results):
+        rounds = [p["samples_per_sec"] for p in r.get("rounds") or []]
+        ax.plot([i] * len(rounds), rounds, "k.", markersize=4, alpha=0.6)
+        spread = r.get("samples_per_sec_spread")
+        if spread:
+            ax.errorbar(i, r["samples_per_sec"], yerr=[[r["samples_per_sec"] - spread["min"]],
+                                                       [spread["max"] - r["samples_per_sec"]]],
+                        color="k", capsize=6)
+        ax.annotate(f"{r['samples_per_sec']:,.0f}", (i, r["samples_per_sec"]), xytext=(8, 0),
+                    textcoords="offset points", fontsize=9, va="center")
+    ax.set_xticks(list(x), names, fontsize=9)
+    ax.set_ylabel("samples/s (median of rounds; dots: rounds)")
+    ax.set_title("Throughput, every round")
+
+    # 2. Ratio to float32 per round pair, with the host's matmul ratio as the reference.
     ax = axes[1]
+    others = [r for r in results if r.get("ratio_to_float32") and r["policy"] != "float32"]
+    for i, r in enumerate(others):
+        pairs = r["ratio_to_float32"]["round_pairs"]
+        ax.plot([i] * len(pairs), pairs, ".", color=colors[r["policy"]], alpha=0.6)
+        ax.plot([i - 0.25, i + 0.25], [r["ratio_to_float32"]["samples_per_sec"]] * 2, "-",
+                color=colors[r["policy"]], linewidth=3)
+        ax.annotate(f"{r['ratio_to_float32']['samples_per_sec']:.2f}x",
+                    (i + 0.27, r["ratio_to_float32"]["samples_per_sec"]), fontsize=9, va="center")
+    ax.axhline(1.0, color="gray", linewidth=1)
+    matmul = report.get("matmul")
+    if matmul:
+        ax.axhline(matmul["ratio"], color="k", linestyle="--", linewidth=1.2,
+                   label=f"host matmul {matmul['size']}^3 {matmul['dtype']}: {matmul['ratio']:.2f}x")
+        ax.legend(fontsize=9, loc="lower right")
+    ax.set_xticks(range(len(others)), [r["policy"] for r in others], fontsize=9)
+    ax.set_xlim(-0.6, max(len(others), 1) - 0.4)
+    ax.set_ylabel("speed / float32 (per round pair)")
+    ax.set_title("Speed-up, round pairs and the host's reference")
+
+    # 3. Validation accuracy per epoch.
+    ax = axes[2]
     for r in results:
-        epochs = range(1, len(r["history"]["train_loss"]) + 1)
-        for key, style, what in (("train_loss", "-o", "train"), ("val_loss", "--s", "val")):
-            values = [math.nan if v is None else v for v in r["history"][key]]  # None: diverged
-            ax.plot(epochs, values, style, color=colors[r["policy"]], label=f"{r['policy']} {what}")
+        values = [math.nan if v is None else 100 * v for v in r["history"]["val_accuracy"]]
+        compared = r.get("accuracy_compared", True)
+        label = r["policy"] + ("" if compared else " (timed only: not compared)")
+        ax.plot(range(1, len(values) + 1), values, "-o" if compared else ":x",
+                color=colors[r["policy"]], label=label)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("validation accuracy %")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    losses = [v for r in results for k in ("train_loss", "val_loss") for v in r["history"][k] if v]
-    if losses and min(losses) > 0 and max(losses) / min(losses) > 20:
-        ax.set_yscale("log")
-    ax.set_title("Loss")
-    ax.legend(fontsize=7)
+    ax.set_title("Accuracy per epoch")
+    ax.legend(fontsize=9)
+
+    # 4. Memory: activations (estimate), weights + state (exact), process peak.
+    ax = axes[3]
+    kinds = (("activations", "activations (audit estimate)"),
+             ("state", "weights+grads+optimizer (exact)"),
+             ("peak", "gpu peak (measured)" if (results[0].get("activation_bytes") or {}).get(
+                 "gpu_peak_bytes") is not None else "process peak RSS"))
+    width = 0.8 / len(kinds)
+    for k, (kind, label) in enumerate(kinds):
+        values = [_memory_mb(r, kind) for r in results]
+        bars = ax.bar([i + (k - 1) * width for i in x], values, width, label=label,
+                      color=f"C{k + 3}")
+        for bar, value in zip(bars, values):
+            ax.annotate(f"{value:,.1f}", (bar.get_x() + bar.get_width() / 2, value),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_yscale("log")
+    tallest = max([_memory_mb(r, k) for r in results for k, _ in kinds] + [1.0])
+    ax.set_ylim(top=tallest * 30)  # room for the legend above the bars
+    ax.set_xticks(list(x), names, fontsize=9)
+    ax.set_ylabel("MB (log scale)")
+    ax.set_title("Memory")
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
 
     if scaled:
-        ax = axes[2]
+        ax = axes[4]
         for r in scaled:
             trajectory = r["loss_scale"]["trajectory"] + [[r["total_steps"], r["loss_scale"]["final"]]]
             steps, scales = zip(*trajectory)
@@ -74,9 +127,41 @@ def plot(report: dict[str, Any], path: str) -> bool:
         ax.set_yscale("log", base=2)
         ax.set_xlabel("step")
         ax.set_title("Loss scale")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
+        axes[5].axis("off")
 
-    fig.suptitle(f"{report['model']['name']} on {report['dataset']['name']}", fontsize=10)
+    host = report.get("host") or {}
+    device = ", ".join(g["name"] for g in host.get("gpus") or []) or host.get("cpu_model", "")
+    fig.suptitle(f"tf_mixed bench: {report['model']['name']} on {report['dataset']['name']}"
+                 + (f" ({device})" if device else ""), fontsize=12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _memory_mb(result: dict[str, Any], kind: str) -> float:
+    memory = result.get("activation_bytes") or {}
+    if kind == "activations":
+        return (memory.get("activations") or 0) / 2**20
+    if kind == "state":
+        return sum(memory.get(k) or 0 for k in ("weights", "gradients", "optimizer_state")) / 2**20
+    return float(result.get("peak_memory_mb") or 0.0)
+
+
+def _plot_gpu(plt, report: dict[str, Any], path: str) -> bool:
+    rows = [r for r in report["results"] if r.get("samples_per_sec")]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    names = [r["name"] for r in rows]
+    bars = ax.bar(names, [r["samples_per_sec"] for r in rows], color=[f"C{i}" for i in range(len(rows))])
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"{r['samples_per_sec']:,.0f}\n{r.get('ratio', 1.0):.2f}x",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("samples/s (median step)")
+    ax.set_title(f"{report['model']['name']} on {report.get('device', 'GPU')}")
+    ax.margins(y=0.2)
+    plt.setp(ax.get_xticklabels(), rotation=15, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -4,9 +4,17 @@ results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
 ``flags`` (the `BenchConfig`), ``host`` (hostname, CPU, GPUs, TF/Keras/NumPy
 versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
 ``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it
-(its ``census``: ``half_flop_share``, ``casts_per_step``, ...), plus
-``ratio_to_float32`` (throughput, step time and peak-memory ratios, accuracy
-difference in points; absent when float32 was not run). A mixed run's
+(its ``census``: ``half_flop_share``, ``casts_per_step``, ...; ``rounds``: every
+timing round's samples/s, ``samples_per_sec`` their median and
+``samples_per_sec_spread`` their quartiles; ``activation_bytes``: weights,
+state and activations apart from the process peak; ``plan``: full or timed
+only, and why), plus ``ratio_to_float32`` (the throughput ratio as the median
+of the per-round-pair ratios with its spread, step time, activation and
+peak-memory ratios, accuracy difference in points, None when the accuracy was
+not compared; absent when float32 was not run). The compare suite also has
+``matmul_ratio`` (the host's large-matmul half/float32 speed ratio, measured
+in the same run; details under ``matmul``), ``load_average``,
+``wall_time_s`` and ``notes`` (the sentences printed under the table). A mixed run's
 ``serving`` holds the sizes and parity of its trained model's LiteRT files
 (`tf_mixed.bench.serving`; None for float32 runs and multi-worker runs).
 
@@ -26,25 +34,41 @@ import shutil
 import tempfile
 from typing import Any
 
-from tf_mixed.bench import serving
+from tf_mixed.bench import schedule, serving
 from tf_mixed._internal.cli_errors import UsageError
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """Adds ``ratio_to_float32`` to each result, in place, when float32 ran."""
+    """Adds ``ratio_to_float32`` to each result, in place, when float32 ran.
+
+    The throughput ratio is the median of the per-round-pair ratios (round i
+    over float32's round i) where both have rounds, else the ratio of the
+    medians; ``samples_per_sec_spread`` is the pairs' spread.
+    """
     base = next((r for r in results if r["policy"] == "float32"), None)
     for result in results:
         if base is None:
             result["ratio_to_float32"] = None
             continue
+        pairs = schedule.pair_ratios(
+            [r["samples_per_sec"] for r in base.get("rounds") or []],
+            [r["samples_per_sec"] for r in result.get("rounds") or []])
+        pairs = pairs or [result["samples_per_sec"] / base["samples_per_sec"]]
+        pair_spread = schedule.spread(pairs)
+        accuracies = (result["final_val_accuracy"], base["final_val_accuracy"])
+        ours, theirs = ((result.get("activation_bytes") or {}).get("activations"),
+                        (base.get("activation_bytes") or {}).get("activations"))
         result["ratio_to_float32"] = {
-            "samples_per_sec": result["samples_per_sec"] / base["samples_per_sec"],
-            "step_time": result["step_time_ms"] / base["step_time_ms"],
+            "samples_per_sec": pair_spread["median"],
+            "samples_per_sec_spread": pair_spread,
+            "round_pairs": pairs,
+            "step_time": 1.0 / pair_spread["median"],
             "peak_memory": result["peak_memory_mb"] / base["peak_memory_mb"],
-            "val_accuracy_diff_points": 100.0
-            * (result["final_val_accuracy"] - base["final_val_accuracy"]),
+            "activations": ours / theirs if ours and theirs else None,
+            "val_accuracy_diff_points": None if None in accuracies
+            else 100.0 * (accuracies[0] - accuracies[1]),
         }
 
 
@@ -57,6 +81,24 @@ def _num(value: float | None, spec: str) -> str:
     return "nan" if value is None else format(value, spec)
 
 
+def _range(summary: dict | None, spec: str, suffix: str = "") -> str:
+    if not summary:
+        return "n/a"
+    return f"{summary['min']:{spec}}{suffix}-{summary['max']:{spec}}{suffix}"
+
+
+def _mb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.1f}"
+
+
+def _memory_cells(result: dict[str, Any]) -> str:
+    """Activations (estimate), its ratio, weights + gradients + optimizer state (exact)."""
+    memory = result.get("activation_bytes") or {}
+    ratio = (result.get("ratio_to_float32") or {}).get("activations")
+    state = sum(memory.get(k) or 0 for k in ("weights", "gradients", "optimizer_state"))
+    return (f"{_mb(memory.get('activations'))} | {'n/a' if ratio is None else f'{ratio:.2f}x'} "
+            f"| {_mb(state) if memory else 'n/a'}")
+
 def _census_cells(result: dict[str, Any]) -> str:
     """The half-FLOP share and casts per step (`tf_mixed.census`), or n/a."""
     census = result.get("census") or {}
@@ -67,28 +109,107 @@ def _census_cells(result: dict[str, Any]) -> str:
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    """One row per policy: figures and their ratio to float32."""
+    """One row per policy: median figures with their spread, memory, accuracy.
+
+    samples/s is the median over the policy's rounds, with the rounds'
+    min-max; "vs float32" the median of the per-round-pair ratios, with the
+    pairs' min-max. Activations MB is `tf_mixed.audit`'s estimate, state MB
+    the exact weights + gradients + optimizer state, peak MB the process's.
+    """
     header = (
-        "| policy | samples/s | vs float32 | half FLOPs | casts/step | step ms | peak MB | vs float32 "
+        "| policy | samples/s | rounds min-max | vs float32 | pairs min-max | half FLOPs "
+        "| casts/step | step ms | activations MB | vs float32 | state MB | peak MB "
         "| train loss | val loss | val acc % | acc diff (pts) | skipped | final loss scale |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in results:
         ratios = r.get("ratio_to_float32")
-        diff = "n/a" if not ratios else f"{ratios['val_accuracy_diff_points']:+.2f}"
+        diff = ratios.get("val_accuracy_diff_points") if ratios else None
+        diff_cell = "n/a" if diff is None else f"{diff:+.2f}"
+        accuracy = ("not compared" if r["final_val_accuracy"] is None
+                    else f"{100 * r['final_val_accuracy']:.2f}")
         scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
         emulated = (r.get("float8") or {}).get("speed") == "emulated"
-        speed = (f"emulated | emulated | {_census_cells(r)} | emulated" if emulated else
-                 f"{r['samples_per_sec']:,.1f} | {_ratio(r, 'samples_per_sec')} "
+        pairs = (ratios or {}).get("samples_per_sec_spread")
+        speed = (f"emulated | emulated | emulated | emulated | {_census_cells(r)} | emulated"
+                 if emulated else
+                 f"{r['samples_per_sec']:,.1f} | {_range(r.get('samples_per_sec_spread'), ',.0f')} "
+                 f"| {_ratio(r, 'samples_per_sec')} | {_range(pairs, '.2f', 'x')} "
                  f"| {_census_cells(r)} | {r['step_time_ms']:.1f}")
         lines.append(
-            f"| {r['policy']} | {speed} "
-            f"| {r['peak_memory_mb']:,.0f} | {_ratio(r, 'peak_memory')} "
+            f"| {r['policy']} | {speed} | {_memory_cells(r)} "
+            f"| {r['peak_memory_mb']:,.0f} "
             f"| {_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')} "
-            f"| {100 * r['final_val_accuracy']:.2f} | {diff} | {r['skipped_steps']} "
+            f"| {accuracy} | {diff_cell} | {r['skipped_steps']} "
             f"| {'-' if scale is None else f'{scale:g}'} |"
         )
     return "\n".join(lines)
+
+
+def caption(report: dict[str, Any]) -> str:
+    """The line above the table: the model, its data and the host's matmul reference."""
+    model = report["model"]
+    matmul = report.get("matmul")
+    reference = ("" if not matmul else
+                 f"; host matmul {matmul['size']}^3 {matmul['dtype']}/float32 "
+                 f"{matmul['ratio']:.2f}x (measured in this run)")
+    return (f"Model {model['name']} ({model['params'] / 1e6:.2f} M parameters) on "
+            f"{report['dataset']['name']}{reference}.")
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """The sentences under the table: trust in each ratio, what the plan cut, memory, matmul.
+
+    Args:
+        report: The compare report (``results`` with ratios, ``matmul``,
+            ``load_average``, ``host``).
+
+    Returns:
+        One sentence per line.
+    """
+    lines = []
+    load = report.get("load_average") or [0.0]
+    cores = (report.get("host") or {}).get("cpu_count") or 1
+    for r in report["results"]:
+        ratios = r.get("ratio_to_float32")
+        if r["policy"] == "float32" or not ratios:
+            continue
+        pairs = ratios["samples_per_sec_spread"]
+        width = schedule.relative_spread(pairs)
+        described = (f"{r['policy']} / float32 = {pairs['median']:.2f}x, the median of "
+                     f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x, "
+                     f"spread {100 * width:.0f}% of the median)")
+        if schedule.trusted(pairs):
+            lines.append(f"{described}: steady enough to trust.")
+        else:
+            lines.append(
+                f"{described}: TOO WIDE TO TRUST (over {100 * schedule.TRUST_SPREAD:.0f}%); the "
+                f"load average was {load[0]:.1f} on {cores} cores. Rerun on a quieter host, or "
+                "with more and shorter rounds (e.g. --round_steps=10 --epochs=8 --time_budget=0).")
+        plan = r.get("plan") or {}
+        if plan and not plan.get("full", True):
+            lines.append(f"Cut to keep the time budget: {plan['reason']}.")
+    matmul = report.get("matmul")
+    if matmul:
+        for r in report["results"]:
+            ratio = (r.get("ratio_to_float32") or {}).get("samples_per_sec")
+            if r["policy"] != "float32" and ratio and matmul["ratio"] > 0:
+                lines.append(
+                    f"Reference: a {matmul['size']}x{matmul['size']} matmul runs "
+                    f"{matmul['ratio']:.2f}x faster in {matmul['dtype']} than in float32 on this "
+                    f"host; {r['policy']} gets {ratio:.2f}x on this model "
+                    f"({100 * ratio / matmul['ratio']:.0f}% of it).")
+    first = report["results"][0].get("activation_bytes") or {}
+    if first:
+        gpu = first.get("gpu_peak_bytes") is not None
+        lines.append(
+            "Memory: activations MB is tf_mixed.audit's estimate of one batch's layer outputs "
+            "(what mixed precision halves); state MB is exact (weights, gradients and optimizer "
+            "state, tf_mixed.memory_report); peak MB is "
+            + ("the GPU allocator's measured peak." if gpu else
+               "the whole process's peak resident memory, mostly TensorFlow's runtime, so it "
+               "hardly moves with the policy."))
+    return lines
 
 
 def results_markdown(report: dict[str, Any]) -> str:
@@ -119,11 +240,15 @@ def results_markdown(report: dict[str, Any]) -> str:
         "",
         report["policy_note"],
         "",
+        caption(report),
+        "",
         markdown_table(report["results"]),
         "",
         serving.markdown_table(report["results"]),
         "",
         *_float8_notes(report["results"]),
+        *report.get("notes", []),
+        "",
     ])
 
 

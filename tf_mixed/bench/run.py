@@ -31,7 +31,7 @@ import tf_mixed
 from tf_mixed import training
 from tf_mixed.policy import global_policy as policy
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, serving, train
+from tf_mixed.bench import models, schedule, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import UsageError
 
@@ -124,6 +124,7 @@ def run_policy(
     bench_data=None,
     strategy: tf.distribute.Strategy | None = None,
     verbose: bool = True,
+    gate: train.Gate | None = None,
 ) -> dict[str, Any]:
     """Trains ``config.model`` under one policy in this process and measures it.
 
@@ -134,6 +135,8 @@ def run_policy(
             loaded from ``config`` when None.
         strategy: The strategy to use; `make_strategy(config)` when None.
         verbose: Print one line per epoch.
+        gate: Hands out the warm-up and each round (`tf_mixed.bench.train`);
+            None: rounds of ``config.round_steps`` without waiting.
 
     Returns:
         The run's figures as a JSON-ready dict (see the module docstring of
@@ -150,6 +153,8 @@ def run_policy(
     steps = config.steps or bench_data.train_size // config.batch_size
     total_steps = steps * config.epochs
     warmup = min(config.warmup_steps, total_steps - 1)
+    gate = gate or train.FreeGate(warmup, config.round_steps)
+    segments = train.Segments(gate, config.round_seconds, has_warmup=warmup > 0)
     train_set = train.batched(
         bench_data.train, config.batch_size, train=True, seed=config.seed, size=bench_data.train_size
     )
@@ -171,7 +176,8 @@ def run_policy(
                 float8_plan = tf_mixed.float8.quantization.quantize(
                     model, keep_float32="auto" if config.float8_layers == "auto" else [])
             optimizer = tf_mixed.wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
-        recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose)
+        recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose,
+                                  segments)
         start = time.perf_counter()
         try:
             if config.loop == "fit":
@@ -189,16 +195,22 @@ def run_policy(
         compute_dtype = model.dtype_policy.compute_dtype
         jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
         census = _census(config, model, train_set)
+        memory = _memory(model, optimizer, config.batch_size, peak_gpu, peak_rss)
     # What the mixed run leaves to serve (tf_mixed.bench.serving); measured
     # after the timings, so it costs none of them.
     servable = compute_dtype != "float32" and config.strategy != "multiworker"
     serving_figures = (serving.measure(model, next(iter(val_set))[0]) if servable else None)
 
-    timed = recorder.step_times[warmup:]
+    timed = [t for r in segments.rounds for t in r]
     # A diverged run is a result too: non-finite losses are stored as None
     # (JSON null) rather than refused.
     history = {k: [_finite_or_none(v) for v in values] for k, values in recorder.history.items()}
-    median_step = statistics.median(timed)
+    # Each round's figure is the batch over its median step; the run's is the
+    # median of its rounds (tf_mixed.bench.schedule).
+    rates = [config.batch_size / statistics.median(r) for r in segments.rounds]
+    rate_spread = schedule.spread(rates)
+    median_step = config.batch_size / rate_spread["median"]
+    compared = not segments.stopped
     scale_changes = recorder.scale_changes
     result = {
         "policy": policy_name,
@@ -222,9 +234,13 @@ def run_policy(
         "epochs": config.epochs,
         "steps_per_epoch": steps,
         "total_steps": total_steps,
-        "warmup_steps": warmup,
+        "steps_run": len(recorder.step_times),
+        "warmup_steps": len(segments.warmup),
         "timed_steps": len(timed),
-        "samples_per_sec": config.batch_size / median_step,
+        "rounds": [{"steps": len(r), "samples_per_sec": rate} for r, rate in zip(segments.rounds, rates)],
+        "samples_per_sec_spread": rate_spread,
+        "accuracy_compared": compared,
+        "samples_per_sec": rate_spread["median"],
         "samples_per_sec_mean": config.batch_size * len(timed) / sum(timed),
         "step_time_ms": 1000.0 * median_step,
         "step_time_ms_p90": 1000.0 * _percentile(timed, 0.9),
@@ -233,10 +249,13 @@ def run_policy(
         "memory_kind": "gpu_peak_allocated" if peak_gpu is not None else "process_peak_rss",
         "peak_rss_mb": peak_rss,
         "memory_counter_reset": memory_reset,
+        "activation_bytes": memory,
+        # A run the time budget stopped early trained part of an epoch: its
+        # losses are shown, its accuracy is not compared.
         "final_train_loss": history["train_loss"][-1],
-        "final_train_accuracy": history["train_accuracy"][-1],
+        "final_train_accuracy": history["train_accuracy"][-1] if compared else None,
         "final_val_loss": history["val_loss"][-1],
-        "final_val_accuracy": history["val_accuracy"][-1],
+        "final_val_accuracy": history["val_accuracy"][-1] if compared else None,
         "history": history,
         "skipped_steps": train.skipped_steps(optimizer),
         "loss_scale": None
@@ -255,6 +274,34 @@ def run_policy(
     }
     keras.backend.clear_session()
     return result
+
+
+def _memory(model, optimizer, batch_size: int, peak_gpu_mb: float | None,
+            peak_rss_mb: float) -> dict[str, Any]:
+    """The bytes the run needs, apart from the runtime's own: weights, state, activations.
+
+    Weights, gradients and optimizer state come from `tf_mixed.memory_report`
+    (exact: the variables' own sizes); activations from `tf_mixed.audit`'s
+    estimate (every layer output of one batch, in the dtypes the model
+    produces: an estimate, since the runtime frees and fuses buffers). On a
+    GPU the allocator's peak is measured too (``gpu_peak_bytes``).
+    """
+    state = tf_mixed.memory_report(model, optimizer)
+    try:
+        estimate = tf_mixed.audit(model, batch_size=batch_size, check_global_policy=False).memory
+    except Exception:  # noqa: BLE001 - the other figures stand without it
+        estimate = None
+    return {
+        "weights": state.weights,
+        "gradients": state.gradients,
+        "optimizer_state": state.optimizer_state,
+        "activations": None if estimate is None else estimate.policy_bytes,
+        "activations_if_float32": None if estimate is None else estimate.float32_bytes,
+        "activations_source": "estimate: tf_mixed.audit, layer outputs of one batch",
+        "weights_source": "exact: tf_mixed.memory_report, the variables' sizes",
+        "gpu_peak_bytes": None if peak_gpu_mb is None else int(peak_gpu_mb * 2**20),
+        "process_peak_bytes": int(peak_rss_mb * 2**20),
+    }
 
 
 def _census(config: BenchConfig, model, train_set) -> dict[str, Any]:

@@ -6,22 +6,109 @@
 ``tf_mixed.training.apply_scaled_gradients``. Both report every step's wall
 time (the step is waited for, so the time is the step's own) and the loss
 scale after it to a `Recorder`, and every epoch's metrics.
+
+The steps run in segments (a warm-up, then rounds) that a gate hands out:
+`tf_mixed.bench.compare` interleaves the policies' rounds through it and may
+stop a policy early (its time budget, `tf_mixed.bench.schedule`). A gate has
+``begin() -> steps``, ``report(times, finished)`` and ``next() -> steps`` (0:
+stop training now); `FreeGate` hands out rounds without waiting.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from typing import Protocol, Sequence
 
 import keras
 import tensorflow as tf
 
 
+class Gate(Protocol):
+    """Hands out the steps of each segment; see the module docstring."""
+
+    def begin(self) -> int: ...
+
+    def report(self, times: Sequence[float], finished: bool) -> None: ...
+
+    def next(self) -> int: ...
+
+
+class FreeGate:
+    """A warm-up of ``warmup`` steps, then rounds of ``round_steps``, never waiting."""
+
+    def __init__(self, warmup: int, round_steps: int):
+        self.warmup, self.round_steps = warmup, round_steps
+
+    def begin(self) -> int:
+        return self.warmup or self.round_steps
+
+    def report(self, times: Sequence[float], finished: bool) -> None:
+        pass
+
+    def next(self) -> int:
+        return self.round_steps
+
+
+class Segments:
+    """Cuts the steps into the gate's segments and keeps each one's step times.
+
+    A round also ends after ``round_seconds`` (at least one step), so a slow
+    policy cannot hold the others for long.
+
+    Attributes:
+        warmup: Step seconds of the untimed warm-up segment.
+        rounds: Step seconds of each timed round, in order.
+        stopped: Whether the gate stopped training before its end.
+    """
+
+    def __init__(self, gate: Gate, round_seconds: float, *, has_warmup: bool = True):
+        self.gate = gate
+        self.round_seconds = round_seconds
+        self.warmup: list[float] = []
+        self.rounds: list[list[float]] = []
+        self.stopped = False
+        self._in_warmup = has_warmup
+        self._times: list[float] = []
+        self._target = 0
+        self._start = 0.0
+
+    def begin(self) -> None:
+        self._target = self.gate.begin()
+        self._start = time.perf_counter()
+
+    def step(self, seconds: float) -> bool:
+        """Records one step; returns True when training must stop now."""
+        self._times.append(seconds)
+        if len(self._times) < self._target and time.perf_counter() - self._start < self.round_seconds:
+            return False
+        self._close(finished=False)
+        self._target = self.gate.next()
+        self._start = time.perf_counter()
+        self.stopped = self._target == 0
+        return self.stopped
+
+    def finish(self) -> None:
+        """Reports the last (possibly short) segment as the end of training."""
+        self._close(finished=True)
+
+    def _close(self, finished: bool) -> None:
+        times, self._times = self._times, []
+        if self._in_warmup:
+            self.warmup = times
+            self._in_warmup = False
+        elif times:
+            self.rounds.append(times)
+        self.gate.report(times, finished)
+
+
 class Recorder:
     """Per-step wall time and loss scale; per-epoch metrics; progress lines."""
 
-    def __init__(self, policy: str, epochs: int, global_batch: int, optimizer, verbose: bool):
+    def __init__(self, policy: str, epochs: int, global_batch: int, optimizer, verbose: bool,
+                 segments: Segments | None = None):
         self.policy = policy
+        self.segments = segments
         self.epochs = epochs
         self.global_batch = global_batch
         self.optimizer = optimizer
@@ -36,11 +123,21 @@ class Recorder:
             "train_loss": [], "train_accuracy": [], "val_loss": [], "val_accuracy": []
         }
 
-    def step_done(self, seconds: float) -> None:
+    def begin(self) -> None:
+        if self.segments is not None:
+            self.segments.begin()
+
+    def step_done(self, seconds: float) -> bool:
+        """Records a step; returns True when the gate stops training."""
         self.step_times.append(seconds)
         scale = loss_scale(self.optimizer)
         if scale is not None and (not self.scale_changes or self.scale_changes[-1][1] != scale):
             self.scale_changes.append([len(self.step_times), scale])
+        return self.segments is not None and self.segments.step(seconds)
+
+    def finish(self) -> None:
+        if self.segments is not None:
+            self.segments.finish()
 
     def epoch_done(self, epoch: int, train_loss, train_acc, val_loss, val_acc) -> None:
         for key, value in zip(self.history, (train_loss, train_acc, val_loss, val_acc)):
@@ -70,13 +167,20 @@ class _FitRecorder(keras.callbacks.Callback):
         self.recorder = recorder
         self._start = 0.0
 
+    def on_train_begin(self, logs=None):
+        self.recorder.begin()
+
+    def on_train_end(self, logs=None):
+        self.recorder.finish()
+
     def on_train_batch_begin(self, batch, logs=None):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         logs = logs or {}
         float(logs.get("loss", 0.0))  # synchronise
-        self.recorder.step_done(time.perf_counter() - self._start)
+        if self.recorder.step_done(time.perf_counter() - self._start):
+            self.model.stop_training = True  # Keras 3 ends the epoch after this batch
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -179,19 +283,26 @@ def train_custom(
         optimizer.build(model.trainable_variables)
     iterator = iter(strategy.experimental_distribute_dataset(train))
     val_dist = strategy.experimental_distribute_dataset(val)
+    recorder.begin()
+    stop = False
     for epoch in range(epochs):
         loss_sum = correct_sum = 0.0
-        for _ in range(steps):
+        done = 0
+        while done < steps and not stop:
             start = time.perf_counter()
             loss, correct = train_step(iterator)
             loss, correct = float(loss), float(correct)  # synchronise
-            recorder.step_done(time.perf_counter() - start)
+            stop = recorder.step_done(time.perf_counter() - start)
             loss_sum += loss
             correct_sum += correct
+            done += 1
         totals = [0.0, 0.0, 0.0]
         for batch in val_dist:
             totals = [t + float(v) for t, v in zip(totals, eval_step(batch))]
         recorder.epoch_done(
-            epoch, loss_sum / steps, correct_sum / (steps * global_batch),
+            epoch, loss_sum / done, correct_sum / (done * global_batch),
             totals[0] / max(totals[2], 1.0), totals[1] / max(totals[2], 1.0),
         )
+        if stop:
+            break
+    recorder.finish()

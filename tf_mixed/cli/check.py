@@ -18,6 +18,7 @@ import platform
 import sys
 import tempfile
 import time
+from tf_mixed._internal import progress
 
 PARTS = ("tf_mixed", "keras", "throughput", "defects")
 _OK, _FAIL = "ok", "FAIL"
@@ -180,6 +181,11 @@ def _error(message: str) -> int:
     return 2
 
 
+def _progress_line(line: str) -> None:
+    print(f"[check] {line}", file=sys.stderr, flush=True)
+    progress.update(line)  # the heartbeat repeats it while the part runs
+
+
 def main(argv: list[str]) -> int:
     """Runs the check.
 
@@ -211,7 +217,7 @@ def main(argv: list[str]) -> int:
     try:
         result = selfcheck.run_check(
             parts=args.parts, budget_s=args.budget,
-            progress=lambda line: print(f"[check] {line}", file=sys.stderr, flush=True),
+            progress=_progress_line,
         )
     except selfcheck.StrategyUnavailable as error:
         return _error(str(error))

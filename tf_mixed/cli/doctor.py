@@ -33,6 +33,7 @@ import time
 from absl import flags
 
 from tf_mixed.cli import model_command
+from tf_mixed._internal import progress
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
        [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
@@ -218,14 +219,17 @@ def main(argv: list[str]) -> int:
             _policy(fv.policy)  # before loading anything
         # Before the work: a --output_dir that cannot be written fails now.
         created = report_module.check_output_dir(fv.output_dir)
+        progress.update(f"step 1/3: loading {model_path} and its data")
         model, x, y, loss = _prepare(fv, model_path)
         check_data(model, x, fv.dataset)
+        progress.update(f"step 2/3: the census of {model.name}'s training step")
         try:
             report = tf_mixed.census(model, x, y, loss=loss,
                                      jit_compile=_JIT[fv.jit_compile],
                                      batch_size=fv.batch_size)
         except ValueError as error:
             raise _data_error(fv.dataset, model, x, y, error) from None
+        progress.update("step 3/3: timing the step (--measure)" if fv.measure else "step 3/3: report")
         measured = _measure(fv, model, report, x, y) if fv.measure else None
     except (UsageError, ValueError, TypeError) as error:
         report_module.remove_if_created(fv.output_dir, created)

@@ -22,6 +22,7 @@ from absl import flags
 
 from tf_mixed.cli import model_command
 from tf_mixed.cli import model_file
+from tf_mixed._internal import progress
 
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
@@ -119,10 +120,12 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
+        progress.update(f"step 1/2: loading {model_path} and its sample")
         model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         sample = _sample(fv, model)
         created = report_module.check_output_dir(fv.output_dir)
         artifact = os.path.join(fv.output_dir, ARTIFACT_NAMES[fmt])
+        progress.update(f"step 2/2: exporting {fmt} ({precision}) and checking it on the sample")
         report = tf_mixed.export(model, artifact, format=fmt, precision=precision,
                                  sample=sample, tolerance=fv.tolerance or None,
                                  allow_select_ops=fv.allow_select_ops)

@@ -28,7 +28,7 @@ from typing import Callable
 
 from absl import flags
 
-from tf_mixed._internal import quiet
+from tf_mixed._internal import progress, quiet
 
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed info [--verbose]
@@ -52,6 +52,7 @@ gradient accumulation included); --suite=bf16 what bfloat16 weights learn.
 warnings through.
 """
 _VERBOSE = ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True")
+_QUIET = ("--quiet", "--quiet=true", "--quiet=1", "--quiet=True")
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
@@ -104,6 +105,18 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("output_dir", "tf_mixed_bench", "Directory for results.json, results.md, bench.png.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed for data, initial weights and data order.", flag_values=fv)
     flags.DEFINE_integer("rounds", 3, "Overhead suite: alternating timing rounds per path.", flag_values=fv)
+    flags.DEFINE_integer(
+        "round_steps", 20,
+        "Steps per timing round; the policies' rounds alternate (A B A B ...).", flag_values=fv)
+    flags.DEFINE_float(
+        "time_budget", 120.0,
+        "Seconds the main job plans to keep to: a policy whose full run does not fit is timed "
+        "on a few rounds, its accuracy not compared. 0: every policy in full.", flag_values=fv)
+    flags.DEFINE_boolean("quiet", False, "No progress lines.", flag_values=fv)
+    flags.DEFINE_integer(
+        "matmul_size", 0,
+        "Side of the host's reference matmul (half vs float32); 0: 1024 on a CPU, 4096 on a GPU.",
+        flag_values=fv)
     flags.DEFINE_boolean("verbose", False, "Let TensorFlow's C++ log and its warnings through.", flag_values=fv)
 
 
@@ -150,6 +163,10 @@ def _config_from(fv: flags.FlagValues):
         output_dir=fv.output_dir,
         seed=fv.seed,
         rounds=fv.rounds,
+        round_steps=fv.round_steps,
+        time_budget=fv.time_budget,
+        quiet=fv.quiet,
+        matmul_size=fv.matmul_size,
     ).validate()
 
 
@@ -178,7 +195,13 @@ def _bench(argv: list[str]) -> int:
     try:
         config = _config_from(fv)
         command = "python -m tf_mixed bench " + " ".join(shlex.quote(a) for a in argv[1:])
+        if config.quiet:
+            progress.set_enabled(False)
         with quiet.summarised_tf_warnings(fv.verbose, "bench"):
+            if config.suite == "gpu":
+                from tf_mixed.bench.gpu_suite import run_gpu
+
+                return run_gpu(config, command.strip())
             if config.suite == "overhead":
                 overhead.run_overhead(config, command.strip())
             elif config.suite == "comm":
@@ -297,10 +320,17 @@ def main(argv: list[str] | None = None) -> int:
             "(no command runs bench)",
         )
     verbose = any(a in _VERBOSE for a in rest)
-    if command != "bench":  # bench parses --verbose as one of its flags
-        rest = [a for a in rest if a not in _VERBOSE]
-    quiet.import_tensorflow(verbose)
-    return COMMANDS[command]([f"{program} {command}"] + rest)
+    if any(a in _QUIET for a in rest):
+        progress.set_enabled(False)
+    if command != "bench":  # bench parses --verbose and --quiet as its flags
+        rest = [a for a in rest if a not in _VERBOSE + _QUIET]
+    # A progress line at least every few seconds while a command works
+    # (tf_mixed._internal.progress); --quiet turns them off.
+    with progress.heartbeat(f"tf_mixed {command}"):
+        progress.update("importing TensorFlow")
+        quiet.import_tensorflow(verbose)
+        progress.update("working")
+        return COMMANDS[command]([f"{program} {command}"] + rest)
 
 
 def run() -> None:

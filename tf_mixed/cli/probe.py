@@ -18,6 +18,7 @@ import time
 from absl import flags
 
 from tf_mixed.cli import model_command
+from tf_mixed._internal import progress
 
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
@@ -158,6 +159,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     try:
         _check_output_dir(fv.output_dir)  # before the work, not after it
+        progress.update(f"step 1/3: loading {model_path} and its data")
         model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         x, y = _batches(fv, model)
     except (UsageError, ValueError, TypeError) as error:
@@ -174,6 +176,7 @@ def main(argv: list[str]) -> int:
                           "sparse_categorical_crossentropy is meant: pass --loss=NAME "
                           "(e.g. --loss=mse).")
         loss = "sparse_categorical_crossentropy"
+    progress.update(f"step 2/3: running {model.name}'s layers in float32 and in half precision")
     try:
         report = tf_mixed.probe(model, x, y, loss=loss, policy=fv.policy or None,
                                 batches=fv.batches,
@@ -185,6 +188,7 @@ def main(argv: list[str]) -> int:
                       f"together ({type(error).__name__}: {model_file.first_line(error)})"
                       + (_LOSS_HINT if default else ""))
     seconds = time.perf_counter() - start
+    progress.update("step 3/3: writing probe.json and probe.png")
 
     record = {
         "command": "python -m tf_mixed probe " + " ".join(shlex.quote(a) for a in argv[1:]),

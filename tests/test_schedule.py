@@ -1,0 +1,147 @@
+"""The main job's plan and round statistics, as pure functions of injected timings.
+
+No test here times this host: every step time and clock reading is given.
+"""
+
+import pytest
+
+from tf_mixed.bench import schedule
+from tf_mixed.bench.schedule import Scheduler, plan_run
+
+
+def test_a_policy_that_fits_runs_in_full():
+    # 400 steps left each: float32 400 * 0.1 * 1.2 = 48 s, bf16 400 * 0.05 * 1.2 = 24 s.
+    plans = plan_run({"float32": 0.1, "mixed_bfloat16": 0.05},
+                     {"float32": 100, "mixed_bfloat16": 100},
+                     total_steps=500, round_steps=20, budget_s=105.0, elapsed_s=20.0)
+    assert plans["float32"].full and plans["mixed_bfloat16"].full
+    assert plans["float32"].estimate_s == pytest.approx(48.0)
+    assert plans["mixed_bfloat16"].estimate_s == pytest.approx(24.0)
+
+
+def test_an_emulated_policy_is_timed_on_three_rounds_and_says_why():
+    # bf16 at 0.16x: 0.3125 s a step; its 480 steps left need 480 * 0.3125 * 1.2 = 180 s.
+    plans = plan_run({"float32": 0.05, "mixed_bfloat16": 0.3125},
+                     {"float32": 20, "mixed_bfloat16": 20},
+                     total_steps=500, round_steps=20, budget_s=105.0, elapsed_s=20.0,
+                     emulated=("mixed_bfloat16",))
+    bf16 = plans["mixed_bfloat16"]
+    assert plans["float32"].full and not bf16.full
+    assert bf16.rounds == 3
+    # Left after float32: 105 - 20 - 480 * 0.05 * 1.2 = 56.2 s; two more rounds of
+    # n steps cost 2 * n * 0.3125 * 1.2 = 0.75 n s: n = 74, capped at round_steps.
+    assert bf16.round_steps == 20
+    assert bf16.estimate_s == pytest.approx(15.0)
+    assert bf16.reason == (
+        "bfloat16 is emulated on this CPU: mixed_bfloat16: it runs at 0.16x float32's speed "
+        "here, so its remaining 480 steps would take about 180 s, past the 105 s budget; timed on 3 "
+        "rounds of up to 20 steps, accuracy not compared (--time_budget=0 runs it in full)")
+
+
+def test_rounds_shrink_to_what_the_budget_leaves_but_not_below_the_minimum():
+    # Left after float32: 130 - 10 - 0.5 * 160 * 1.2 = 24 s; 2 rounds of n steps at
+    # 1 s * 1.2: n = int(24 / 2.4) = 10.
+    plans = plan_run({"float32": 0.5, "mixed_float16": 1.0}, {"float32": 0, "mixed_float16": 0},
+                     total_steps=160, round_steps=20, budget_s=130.0, elapsed_s=10.0)
+    assert plans["mixed_float16"].round_steps == 10
+    # Nothing left at all: still the minimum, 5 steps (or the round size if smaller).
+    plans = plan_run({"float32": 1.0, "mixed_float16": 2.0}, {}, total_steps=500,
+                     round_steps=20, budget_s=10.0, elapsed_s=10.0)
+    assert plans["mixed_float16"].round_steps == 5 and plans["float32"].full
+    plans = plan_run({"float32": 1.0, "mixed_float16": 2.0}, {}, total_steps=500,
+                     round_steps=3, budget_s=10.0, elapsed_s=10.0)
+    assert plans["mixed_float16"].round_steps == 3
+
+
+def test_where_float32_alone_overruns_a_policy_no_slower_still_runs_in_full():
+    # float32's 400 steps left take 400 * 0.5 * 1.2 = 240 s: past 105 s whatever follows.
+    step_s = {"float32": 0.5, "mixed_bfloat16": 0.2, "mixed_float16": 0.6}
+    plans = plan_run(step_s, {p: 100 for p in step_s}, total_steps=500, round_steps=20,
+                     budget_s=105.0, elapsed_s=60.0)
+    assert plans["mixed_bfloat16"].full and not plans["mixed_float16"].full
+    assert plans["mixed_bfloat16"].reason == (
+        "float32 alone overruns the 105 s budget on this host (its run ends in about 300 s); "
+        "mixed_bfloat16 is no slower, so it runs in full too")
+
+
+def test_spread_pairs_and_trust():
+    summary = schedule.spread([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert summary == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0, "n": 5}
+    assert schedule.relative_spread(summary) == pytest.approx(2.0 / 3.0)
+    assert schedule.pair_ratios([100.0, 200.0, 50.0], [250.0, 400.0]) == [2.5, 2.0]
+    steady = schedule.spread([2.0, 2.1, 1.9, 2.0])
+    assert schedule.trusted(steady)
+    # Under 4 values the spread is max - min: 1.8 to 2.4 around 2.0 is 30%.
+    assert not schedule.trusted(schedule.spread([1.8, 2.0, 2.4]))
+    assert schedule.spread([3.0])["q1"] == 3.0
+    with pytest.raises(ValueError, match="at least one round"):
+        schedule.spread([])
+
+
+def _drive(scheduler, step_s, finish_at):
+    """Runs the lanes in turn as compare does, each step taking ``step_s[policy]``."""
+    commands = []
+    active = list(scheduler.lanes)
+    while active:
+        for policy in list(active):
+            steps = scheduler.command(policy)
+            commands.append((policy, steps))
+            done = scheduler.lanes[policy].steps_done
+            if steps == 0:
+                scheduler.record(policy, [], finished=True)
+                active.remove(policy)
+                continue
+            steps = min(steps, finish_at - done)
+            finished = done + steps >= finish_at
+            scheduler.record(policy, [step_s[policy]] * steps, finished=finished)
+            if finished:
+                active.remove(policy)
+    return commands
+
+
+def test_scheduler_interleaves_rounds_and_stops_a_policy_that_does_not_fit():
+    # Read twice: at the first command (the policies took 10 s to start, so 10 s are
+    # kept for after training) and when the plan is made, at 30 s.
+    clock = iter([10.0, 30.0]).__next__
+    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=100, round_steps=20,
+                          warmup_steps=5, budget_s=70.0, clock=clock, reserve_s=5.0)
+    commands = _drive(scheduler, {"float32": 0.1, "mixed_bfloat16": 1.0}, finish_at=100)
+    assert commands[:4] == [("float32", 5), ("mixed_bfloat16", 5),
+                            ("float32", 20), ("mixed_bfloat16", 20)]
+    # The plan at 30 s, 70 - 10 = 60 s to train in: float32 has 75 steps left, 9 s,
+    # done by 39 s; bf16 needs 90 s more: timed on 3 rounds, the 2 left of
+    # int(21 / 2.4) = 8 steps each.
+    plan = scheduler.plan("mixed_bfloat16")
+    assert not plan.full and plan.rounds == 3 and plan.round_steps == 8
+    assert [c for c in commands if c[0] == "mixed_bfloat16"] == [
+        ("mixed_bfloat16", 5), ("mixed_bfloat16", 20), ("mixed_bfloat16", 8),
+        ("mixed_bfloat16", 8), ("mixed_bfloat16", 0)]
+    assert scheduler.order[:6] == ["float32", "mixed_bfloat16"] * 3
+    assert len(scheduler.lanes["float32"].rounds) == 5  # 95 steps after warm-up, rounds of 20
+    assert scheduler.lanes["float32"].steps_done == 100
+    assert scheduler.round_rates("mixed_bfloat16", 64) == [64.0, 64.0, 64.0]
+    assert scheduler.plan("float32").full
+
+
+def test_scheduler_without_budget_runs_every_policy_in_full():
+    scheduler = Scheduler(("float32", "mixed_float16"), total_steps=30, round_steps=10,
+                          warmup_steps=0, budget_s=0.0, clock=lambda: 1e9)
+    commands = _drive(scheduler, {"float32": 0.1, "mixed_float16": 100.0}, finish_at=30)
+    assert commands == [("float32", 10), ("mixed_float16", 10)] * 3
+    assert scheduler.plan("mixed_float16").reason == "no time budget (--time_budget=0)"
+
+
+def test_sequential_lanes_plan_when_the_later_policy_is_measured():
+    # --isolation=inprocess: float32 runs whole first, then the other policy.
+    scheduler = Scheduler(("float32", "mixed_float16"), total_steps=50, round_steps=10,
+                          warmup_steps=2, budget_s=20.0, clock=lambda: 19.0)
+    for steps in (2, 10, 10, 10, 10, 8):
+        assert scheduler.command("float32") == steps
+        scheduler.record("float32", [0.1] * steps, finished=steps == 8)
+    assert scheduler.command("mixed_float16") == 2
+    scheduler.record("mixed_float16", [1.0, 1.0], finished=False)
+    assert scheduler.command("mixed_float16") == 10
+    scheduler.record("mixed_float16", [1.0] * 10, finished=False)
+    # 19 s gone, 1 s left: two more rounds of the minimum 5 steps.
+    assert scheduler.command("mixed_float16") == 5
+    assert not scheduler.plan("mixed_float16").full

@@ -1,0 +1,139 @@
+"""Progress lines for command-line work that takes more than a few seconds.
+
+`heartbeat(label)` starts a daemon thread that logs, through absl logging, a
+line at least every `INTERVAL_S` seconds while the work runs: the label, what
+the work last said it was doing (`update`) and the seconds so far. A command
+sets its stage with `update("round 3/25: float32 ...")`; ``--quiet`` turns the
+lines off (`set_enabled(False)`), and so does ``TF_MIXED_PROGRESS=0`` in the
+environment (the test suite sets it, so no test sees a line it did not ask
+for). Only the standard library and absl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Callable, Iterator
+
+INTERVAL_S = 5.0
+_enabled = os.environ.get("TF_MIXED_PROGRESS", "1").strip() != "0"
+_current: "Heartbeat | None" = None
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turns progress lines on or off for this process (``--quiet``: off)."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def enabled() -> bool:
+    """Whether progress lines are on."""
+    return _enabled
+
+
+_logger: logging.Logger | None = None
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each line."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _absl_info(line: str) -> None:
+    """Logs ``line`` at INFO in absl's format, to stderr, on a logger of its own.
+
+    Its own logger, not the root one: switching absl's root handler to INFO
+    would let every library's INFO records through too.
+    """
+    global _logger
+    if _logger is None:
+        from absl import logging as absl_logging
+
+        handler = _StderrHandler()
+        handler.setFormatter(absl_logging.PythonFormatter())
+        _logger = logging.getLogger("tf_mixed.progress")
+        _logger.addHandler(handler)
+        _logger.setLevel(logging.INFO)
+        _logger.propagate = False
+    _logger.info("%s", line)
+
+
+class Heartbeat:
+    """The stage of one piece of work, logged every ``interval`` seconds.
+
+    Args:
+        label: What runs, e.g. "tf_mixed bench".
+        interval: Seconds between lines.
+        emit: Where a line goes (absl logging's INFO by default).
+        clock: Seconds, for the elapsed time shown.
+    """
+
+    def __init__(self, label: str, interval: float = INTERVAL_S,
+                 emit: Callable[[str], None] = _absl_info,
+                 clock: Callable[[], float] = time.monotonic):
+        self.label = label
+        self.interval = interval
+        self.emit = emit
+        self.clock = clock
+        self.stage = "starting"
+        self._start = clock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tf_mixed-progress", daemon=True)
+
+    def line(self) -> str:
+        """The line logged now."""
+        return f"{self.label}: {self.stage} ({self.clock() - self._start:.0f} s)"
+
+    def update(self, stage: str) -> None:
+        self.stage = stage
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.emit(self.line())
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@contextlib.contextmanager
+def heartbeat(label: str, *, interval: float = INTERVAL_S,
+              emit: Callable[[str], None] = _absl_info) -> Iterator[Heartbeat | None]:
+    """Logs ``label`` and the current stage every ``interval`` s while the block runs.
+
+    Yields:
+        The `Heartbeat`, or None when progress lines are off (or one already runs:
+        the outer one keeps going and `update` reaches it).
+    """
+    global _current
+    if not _enabled or _current is not None:
+        yield None
+        return
+    beat = Heartbeat(label, interval, emit).start()
+    _current = beat
+    try:
+        yield beat
+    finally:
+        _current = None
+        beat.stop()
+
+
+def update(stage: str) -> None:
+    """Sets what the running heartbeat says the work is doing (no-op without one)."""
+    if _current is not None:
+        _current.update(stage)
