@@ -132,6 +132,7 @@ def main(argv: list[str]) -> int:
     try:
         if fv.policy:
             _policy(fv.policy)  # before loading anything
+        model_command.check_output_dir(fv.output_dir)  # before the work, not after it
         model, x, y, loss = _prepare(fv, model_path)
         report = tf_mixed.census(model, x, y, loss=loss, jit_compile=_JIT[fv.jit_compile],
                                  batch_size=fv.batch_size)
@@ -151,9 +152,12 @@ def main(argv: list[str]) -> int:
     }
     text = json.dumps(record, indent=2)
     # Everything is computed: only now touch the output directory.
-    os.makedirs(fv.output_dir, exist_ok=True)
-    model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
-                                   (text + "\n").encode())
+    try:
+        os.makedirs(fv.output_dir, exist_ok=True)
+        model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
+                                       (text + "\n").encode())
+    except OSError as error:  # it was writable before the work
+        return _error(f"--output_dir={fv.output_dir!r}: cannot write ({error.strerror or error})")
     print(report)
     if measured is not None:
         print()
