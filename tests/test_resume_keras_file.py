@@ -79,3 +79,23 @@ def test_mixed_bfloat16_layers_take_no_hold(monkeypatch):
     monkeypatch.setattr(half_kernels, "_has_gpu", lambda: False)
     keras.layers.Dense(2, dtype="mixed_bfloat16")
     assert not policy_state.half_layers_hold()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["import tf_mixed, keras", "import keras, tf_mixed"])
+def test_import_tf_mixed_is_enough_to_arm_the_hook(order):
+    code = (f"{order}\n"
+            "from tf_mixed._internal import shims\n"
+            "from tf_mixed.policy import half_kernels\n"
+            "from tf_mixed.distribute import keras_fix_20585\n"
+            "print(half_kernels.on_layer_init in shims._layer_init_hooks,"
+            " keras_fix_20585.is_watching())\n")
+    # The check imports the modules itself, so first look at what `import` did.
+    probe = (f"{order}\nimport sys\n"
+             "print('tf_mixed.policy.half_kernels' in sys.modules,"
+             " 'tf_mixed.distribute.keras_fix_20585' in sys.modules)\n")
+    for source in (probe, code):
+        done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["True", "True"], done.stdout
