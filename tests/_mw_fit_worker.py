@@ -12,7 +12,9 @@ with ``"mode": "reference"`` as one plain process. The config (JSON) holds:
 - ``policies``, ``epochs``, ``bad_step`` (per policy: the 1-based step whose
   batch on worker 1 holds a value that overflows float16; absent or 0: none), ``out`` (result JSON path;
   worker i writes ``out`` with ``{i}`` replaced), ``backup_dir``,
-  ``growth_interval``, ``collective_timeout`` (seconds).
+  ``growth_interval``, ``collective_timeout`` (seconds), ``hand_built`` (true:
+  the workers build ``tf.distribute.MultiWorkerMirroredStrategy()`` themselves
+  instead of calling ``tf_mixed.distribute.multi_worker_strategy()``).
 
 Data: worker i's shard is a fixed function of i (no shuffling), 4 samples per
 step and worker, 8 per global step; the reference trains on the two shards
@@ -97,6 +99,11 @@ def main(config):
     results = {"worker": index}
     if mode == "reference":
         strategy = None
+    elif config.get("hand_built"):
+        # As most multi-worker scripts do: no tf_mixed.distribute call at all.
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        results["replicas"] = int(strategy.num_replicas_in_sync)
+        results["fix_installed_before_fit"] = _fix_installed()
     else:
         strategy = distribute.multi_worker_strategy(
             timeout_seconds=config.get("collective_timeout", 60))
@@ -138,6 +145,8 @@ def main(config):
             history = model.fit(dataset(config["bad_step"].get(policy, 0)), epochs=config["epochs"],
                                 verbose=0, shuffle=False, callbacks=callbacks)
             result = state(model, optimizer, history.history)
+            if config.get("hand_built"):
+                result["fix_installed_after_fit"] = _fix_installed()
             if mode == "fit":
                 # Every worker saves; the chief's file is the one to keep.
                 name = "model" if task.is_chief else f"scratch-{index}"
@@ -157,6 +166,12 @@ def main(config):
     with open(out + ".tmp", "w") as f:
         json.dump(results, f)
     os.replace(out + ".tmp", out)
+
+
+def _fix_installed():
+    from tf_mixed.distribute import keras_fix_20585
+
+    return keras_fix_20585.is_applied()
 
 
 class _DieAt:

@@ -82,6 +82,44 @@ def test_output_activation_rejects_bad_types_and_dtypes():
     assert tf_mixed.OutputActivation("softmax", dtype="float32").dtype == "float32"
 
 
+FLOAT32_SPELLINGS = {
+    "str": "float32", "numpy": np.float32, "numpy dtype": np.dtype("float32"),
+    "tf": tf.float32, "policy": keras.DTypePolicy("float32"),
+    "serialised policy": {"module": "keras", "class_name": "DTypePolicy",
+                          "config": {"name": "float32"}},
+}
+
+
+@pytest.mark.parametrize("layer", ["OutputActivation", "Float32Output"])
+@pytest.mark.parametrize("spelling", list(FLOAT32_SPELLINGS))
+def test_float32_heads_take_float32_in_every_keras_spelling(layer, spelling):
+    # Issue 27: dtype=np.float32 was refused as if it were another dtype.
+    tf_mixed.enable("mixed_float16")
+    head = getattr(tf_mixed, layer)(dtype=FLOAT32_SPELLINGS[spelling])
+    assert head.dtype_policy.name == "float32"
+    assert head(tf.constant(LOGITS, tf.float16)).dtype == tf.float32
+
+
+@pytest.mark.parametrize("dtype, reads_as", [
+    (np.float16, "'float16'"), (tf.bfloat16, "'bfloat16'"), ("float64", "'float64'"),
+    ("mixed_float16", "'mixed_float16' (compute float16, variables float32)"),
+    (keras.DTypePolicy("mixed_bfloat16"), "'mixed_bfloat16'"),
+    ("float8_from_float32", "quantized float8"),
+])
+def test_float32_heads_refuse_other_dtypes_with_the_reason(dtype, reads_as):
+    with pytest.raises(ValueError, match="always computes in float32") as info:
+        tf_mixed.OutputActivation("softmax", dtype=dtype)
+    assert f"dtype={dtype!r}" in str(info.value)
+    assert reads_as in str(info.value)
+    assert "Remove the dtype argument" in str(info.value)
+
+
+def test_float32_heads_refuse_what_keras_cannot_read_as_a_dtype():
+    with pytest.raises(ValueError, match=r"Received: dtype='no_such_dtype', which Keras "
+                                         "does not read as a dtype"):
+        tf_mixed.Float32Output(dtype="no_such_dtype")
+
+
 def test_float32_output_casts_nested_floats_and_keeps_ints():
     tf_mixed.enable("mixed_float16")
     layer = tf_mixed.Float32Output()

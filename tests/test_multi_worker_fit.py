@@ -198,6 +198,73 @@ def test_the_chief_saves_a_model_that_loads_with_the_trained_weights(fit_runs):
 # ------------------------------------------------------------ a worker dies
 
 
+@pytest.mark.slow
+def test_a_hand_built_strategy_fits_like_one_process(tmp_path):
+    # Issue 27: `tf.distribute.MultiWorkerMirroredStrategy()` built by hand failed
+    # in Keras's fit with "unsupported type PerReplica"; `import tf_mixed` now
+    # arms the keras-team/keras#20585 fix for the first fit across workers.
+    config = dict(mode="fit", policies=["mixed_float16"], epochs=2, hand_built=True,
+                  bad_step={"mixed_float16": BAD_STEP})
+    w0, w1 = _outputs(*_launch(tmp_path, "hand", **config))
+    out = tmp_path / "hand_reference{i}.json"
+    _worker_module().main(dict(config, mode="reference", hand_built=False, out=str(out)))
+    reference = json.loads(pathlib.Path(str(out).replace("{i}", "0")).read_text())
+    ref = reference["mixed_float16"]
+    for worker in (w0, w1):
+        assert worker["replicas"] == 2 and worker["fix_installed_before_fit"] is False
+        assert worker["mixed_float16"]["fix_installed_after_fit"] is True
+    a, b = w0["mixed_float16"], w1["mixed_float16"]
+    assert a == b  # every weight bit, the scale, the counters, the logs
+    # As with multi_worker_strategy(): 2 skipped, 6 applied, the scale halved twice.
+    assert (a["skipped_steps"], a["iterations"], a["loss_scale"]) == (2, 6, 256.0)
+    assert (ref["skipped_steps"], ref["iterations"], ref["loss_scale"]) == (2, 6, 256.0)
+    for got, want in zip(a["weights"], ref["weights"]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)  # float16 rounding
+
+
+def test_importing_tf_mixed_arms_the_watch_and_it_passes_single_worker_through(mirrored):
+    import keras
+
+    import tf_mixed  # noqa: F401
+
+    assert fix.is_watching() and not fix.is_applied()
+    with mirrored.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), batch_size=2, verbose=0)
+    assert fix.is_watching() and not fix.is_applied()  # MirroredStrategy: Keras's own
+
+
+def test_the_watch_installs_the_fix_at_the_first_multi_worker_build():
+    trainer = fix._trainer_module()
+    assert fix.is_watching()
+    built = []
+    strategy = fix._fake_multi_worker_strategy()
+    model = types.SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
+                                  _symbolic_build=lambda data_batch=None: built.append(data_batch))
+    batch = fix._FakePerReplica((tf.zeros((2, 1)), tf.ones((2, 1))))
+    try:
+        trainer.TensorFlowTrainer._maybe_symbolic_build(model, iterator=[(0, 0, iter([batch]))])
+        assert fix.is_applied() and fix.is_watching()
+        np.testing.assert_array_equal(built[0], np.zeros((2, 1)))  # the first local batch
+        assert not strategy.reduces  # no cross-worker reduce of a data batch
+    finally:
+        distribute.remove_fit_support()
+    assert fix.is_watching() and not fix.is_applied()  # the watch is back
+
+
+def test_unwatch_and_watch_round_trip():
+    trainer = fix._trainer_module()
+    armed = trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+    try:
+        fix.unwatch()
+        assert not fix.is_watching()
+        assert trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"] is armed.__wrapped__
+    finally:
+        assert fix.watch()
+    assert fix.is_watching()
+
+
 def test_killed_worker_resumes_from_backup_like_an_uninterrupted_run(tmp_path):
     """SIGKILL worker 1 mid-epoch, restart both: same weights and scale as no kill.
 

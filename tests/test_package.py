@@ -221,10 +221,18 @@ def _is_type_checking(node: ast.AST) -> bool:
         or getattr(test, "attr", None) == "TYPE_CHECKING")
 
 
+def _is_main_block(node: ast.AST) -> bool:
+    """``if __name__ == "__main__":``: runs only when the module is the program
+    (``python -m tf_mixed.distribute.launch`` hands over to the command line
+    there), never when it is imported, so its imports are no edge."""
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+
+
 def _imports(tree: ast.AST):
-    """Every import statement, at any depth, except `if TYPE_CHECKING:` ones."""
+    """Every import statement, at any depth, except `if TYPE_CHECKING:` and
+    `if __name__ == "__main__":` ones."""
     for node in ast.iter_child_nodes(tree):
-        if _is_type_checking(node):
+        if _is_type_checking(node) or _is_main_block(node):
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node

@@ -60,7 +60,7 @@ def test_clip_norm_keeps_overflow_detectable():
     np.testing.assert_array_equal(model.get_weights()[0].ravel(), [1.0, 1.0])
 
 
-@pytest.mark.parametrize("clip_norm", [0, -1.0, INF, "1"])
+@pytest.mark.parametrize("clip_norm", [0, -1.0, INF, "1", True, np.bool_(True)])
 def test_bad_clip_norm_is_refused(clip_norm):
     model = _linear()
     with tf.GradientTape() as tape:
@@ -69,6 +69,20 @@ def test_bad_clip_norm_is_refused(clip_norm):
         training.apply_scaled_gradients(
             tape, loss, model.trainable_variables,
             LossScaleOptimizer(keras.optimizers.SGD()), clip_norm=clip_norm)
+
+
+@pytest.mark.parametrize("clip_norm", [True, False, np.bool_(True)])
+def test_clip_norm_refuses_a_bool_as_a_type_error(clip_norm):
+    # Issue 27: clip_norm=True was taken as 1.0.
+    with pytest.raises(TypeError, match=r"apply_scaled_gradients\(\) argument `clip_norm` "
+                                        r"must be a positive finite number or None\. "
+                                        r"Received: clip_norm=(np\.)?(True|False)_? \(of type"):
+        training.apply_scaled_gradients(
+            tf.GradientTape(), tf.constant(1.0), [], keras.optimizers.SGD(),
+            clip_norm=clip_norm)
+    with pytest.raises(TypeError, match=r"make_train_step\(\) argument `clip_norm`"):
+        training.make_train_step(_linear(), keras.losses.MeanSquaredError(),
+                                 keras.optimizers.SGD(), clip_norm=clip_norm)
 
 
 def test_plain_optimizer_always_applies():

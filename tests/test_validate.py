@@ -55,3 +55,40 @@ def test_flags():
     assert str(info.value) == (
         "apply() argument `unscaled` must be True or False. Received: "
         "unscaled=1 (of type int). Pass True.")
+
+
+def _bool_callers():
+    """Every public numeric argument, each called with True (issue 27)."""
+    import keras
+    import tensorflow as tf
+
+    import tf_mixed
+    from tf_mixed import training
+    from tf_mixed.distribute import launch
+    from tf_mixed.scaling import scale_state
+
+    def model():
+        return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+
+    calls = {f"LossScaleConfig({name}=True)": (lambda n=name: scale_state.LossScaleConfig(**{n: True}))
+             for name, *_ in scale_state.KNOBS}
+    calls.update({
+        "apply_scaled_gradients(clip_norm=True)": lambda: training.apply_scaled_gradients(
+            tf.GradientTape(), tf.constant(1.0), [], keras.optimizers.SGD(), clip_norm=True),
+        "make_train_step(clip_norm=True)": lambda: training.make_train_step(
+            model(), keras.losses.MeanSquaredError(), keras.optimizers.SGD(), clip_norm=True),
+        "LossScaleMonitor(patience=True)": lambda: tf_mixed.LossScaleMonitor(patience=True),
+        "LossScaleMonitor(max_skip_fraction=True)":
+            lambda: tf_mixed.LossScaleMonitor(max_skip_fraction=True),
+        "LossScaleMonitor(min_scale=True)": lambda: tf_mixed.LossScaleMonitor(min_scale=True),
+        "audit(batch_size=True)": lambda: tf_mixed.audit(model(), batch_size=True),
+        "run_local_workers(num_workers=True)": lambda: launch.run_local_workers(True, ["x"]),
+        "run_local_workers(timeout=True)": lambda: launch.run_local_workers(1, ["x"], timeout=True),
+    })
+    return calls
+
+
+@pytest.mark.parametrize("call", list(_bool_callers()))
+def test_every_numeric_argument_refuses_a_bool(call):
+    with pytest.raises(TypeError, match=r"=True \(of type bool\)"):
+        _bool_callers()[call]()

@@ -118,7 +118,12 @@ _MOVED = {
 }
 
 # Modules whose import registers Keras-serialisable classes (see docstring).
-_REGISTERING = ("layers", "scaling.optimizer")
+# Imported right after Keras loads: the first two register tf_mixed's Keras
+# objects for loading; the third arms the keras-team/keras#20585 fix for a
+# MultiWorkerMirroredStrategy built by hand (`keras_fix_20585.watch`); the
+# fourth pins float16 layers' CPU kernels however they were made (issue 27).
+_REGISTERING = ("layers", "scaling.optimizer", "distribute.keras_fix_20585",
+                "policy.half_kernels")
 _on_keras_import.register_when_keras_loads([f"tf_mixed.{name}" for name in _REGISTERING])
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -55,13 +55,32 @@ def _get_activation(activation: str | Callable | None) -> Callable:
 
 
 def _check_float32(dtype: Any, layer: str) -> None:
+    """Accepts float32 in every spelling a Keras layer's ``dtype`` takes.
+
+    The value is read as Keras reads a layer's ``dtype`` (its
+    ``keras.dtype_policies.get``): "float32", ``np.float32``, ``tf.float32``,
+    ``keras.DTypePolicy("float32")`` and its serialised dict are the same
+    float32 policy, and a no-op here. Anything else (another dtype, a mixed
+    or quantized policy) is refused with the policy Keras would make of it.
+    """
     if dtype is None:
         return
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", dtype)
-    if name != "float32":
+    try:
+        policy = keras.dtype_policies.get(dtype)
+    except (TypeError, ValueError) as error:
         raise ValueError(
             f"{layer} always computes in float32; it does not take a dtype. "
-            f"Received: dtype={dtype!r}. Remove the dtype argument."
+            f"Received: dtype={dtype!r}, which Keras does not read as a dtype "
+            f"({error}). Remove the dtype argument."
+        ) from None
+    mode = getattr(policy, "quantization_mode", None)
+    if policy.compute_dtype != "float32" or policy.variable_dtype != "float32" or mode:
+        raise ValueError(
+            f"{layer} always computes in float32; it does not take another "
+            f"dtype. Received: dtype={dtype!r}, which Keras reads as the policy "
+            f"{policy.name!r} (compute {policy.compute_dtype}, variables "
+            f"{policy.variable_dtype}{', quantized ' + str(mode) if mode else ''}). "
+            "Remove the dtype argument (float32 is the only one it accepts)."
         )
 
 
@@ -96,7 +115,8 @@ class OutputActivation(_Keras3Inputs):
         activation: A Keras activation name ("softmax", "sigmoid", ...) or a
             callable. Defaults to "softmax".
         **kwargs: Standard layer arguments (``name``, ...). ``dtype`` may only
-            be float32.
+            be float32, in any spelling Keras takes ("float32", ``np.float32``,
+            ``tf.float32``, ``keras.DTypePolicy("float32")``): a no-op.
 
     Raises:
         ValueError: If the activation name is unknown (the message lists the
@@ -139,7 +159,7 @@ class Float32Output(_Keras3Inputs):
 
     Args:
         **kwargs: Standard layer arguments (``name``, ...). ``dtype`` may only
-            be float32.
+            be float32, in any spelling Keras takes (a no-op).
 
     Raises:
         ValueError: If a dtype other than float32 is given.

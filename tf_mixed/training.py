@@ -16,6 +16,7 @@ Example (single device)::
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import keras
@@ -23,6 +24,7 @@ import tensorflow as tf
 
 from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
+from tf_mixed._internal import validate as _validate
 
 __all__ = [
     "apply_scaled_gradients",
@@ -57,6 +59,15 @@ def current_scale(optimizer) -> tf.Tensor:
         return tf.constant(optimizer.initial_scale, tf.float32)
     factor = optimizer.loss_scale_factor
     return tf.constant(1.0 if factor is None else factor, tf.float32)
+
+
+def _check_clip_norm(clip_norm, owner: str) -> float | None:
+    """``clip_norm`` as a float, or None; a bool is refused, not read as 1.0."""
+    if clip_norm is None:
+        return None
+    return _validate.number(clip_norm, "clip_norm", owner=owner,
+                            valid="a positive finite number or None",
+                            rule=lambda v: 0 < v < math.inf)
 
 
 def apply_scaled_gradients(
@@ -96,15 +107,12 @@ def apply_scaled_gradients(
         signal).
 
     Raises:
-        ValueError: if ``clip_norm`` is not a positive finite number.
+        ValueError: if ``clip_norm`` is not a positive finite number; a bool
+            or another non-number raises
+            `tf_mixed._internal.validate.ArgumentTypeError` (both a
+            TypeError and a ValueError).
     """
-    if clip_norm is not None and not (
-        isinstance(clip_norm, (int, float)) and 0 < clip_norm < float("inf")
-    ):
-        raise ValueError(
-            "apply_scaled_gradients() argument `clip_norm` must be a positive "
-            f"finite number or None. Received: clip_norm={clip_norm!r}."
-        )
+    clip_norm = _check_clip_norm(clip_norm, "apply_scaled_gradients()")
     variables = list(variables)
     with tape:
         scaled_loss = optimizer.scale_loss(loss)
@@ -166,10 +174,13 @@ def make_train_step(
         batch.
 
     Raises:
-        ValueError: if ``jit_compile`` is True under a multi-replica strategy.
+        ValueError: if ``jit_compile`` is True under a multi-replica strategy,
+            or ``clip_norm`` is not a positive finite number (a bool is
+            refused, see ``apply_scaled_gradients``).
     """
     tf_keras_check.check_objects(
         "tf_mixed.training.make_train_step", model=model, optimizer=optimizer)
+    clip_norm = _check_clip_norm(clip_norm, "make_train_step()")
     if isinstance(loss_fn, (str, list, tuple, dict)):
         from tf_mixed._internal import losses as _losses
 

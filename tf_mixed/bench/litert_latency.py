@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -86,6 +87,15 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         The exit status (argparse exits with 2 on bad flags).
     """
     args = _parse(argv)
+    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import report as report_module
+
+    try:  # before the work, not after it
+        report_module.remove_if_created(
+            args.output_dir, report_module.check_output_dir(args.output_dir))
+    except UsageError as error:
+        print(f"tf_mixed litert-latency: error: {error}", file=sys.stderr)
+        return 2
     import keras
     import numpy as np
     from ai_edge_litert.interpreter import Interpreter

@@ -72,9 +72,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if os.path.isdir(args.output):
             raise _UsageError(f"--output={args.output!r} is a directory; pass a file path "
                               "such as check.json")
-        if not os.access(directory, os.W_OK | os.X_OK):
+        try:  # a real write: os.access answers yes to root even where it cannot write
+            fd, trial = tempfile.mkstemp(dir=directory, prefix=".check-", suffix=".tmp")
+            os.close(fd)
+            os.unlink(trial)
+        except OSError as error:
             raise _UsageError(f"--output={args.output!r}: directory {directory!r} is not "
-                              "writable")
+                              f"writable ({error.strerror or error})") from None
     return args
 
 

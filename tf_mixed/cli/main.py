@@ -10,6 +10,7 @@
     python -m tf_mixed export MODEL    a checked SavedModel or LiteRT file of a saved model
     python -m tf_mixed litert-latency  float32 vs float16-weight LiteRT: size, parity, latency
     python -m tf_mixed doctor MODEL    why isn't it faster: census of the train step, fixes
+    python -m tf_mixed launch N SCRIPT N local workers of SCRIPT as one TF cluster
 
 Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 `main` can be called more than once in a process (the tests do). Bad input
@@ -40,6 +41,9 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
                                  [--dataset=SPEC]   (serve what you trained)
        python -m tf_mixed litert-latency [--model=cnn]   (float32 vs float16-weight LiteRT)
        python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--measure]   (why isn't it faster)
+       python -m tf_mixed launch N SCRIPT.py [ARGS ...]   (N local workers, one TF cluster)
+
+Every command takes --help.
 
 bench (the default) trains the same model on the same data under float32 and
 mixed precision, and reports throughput, memory, loss and accuracy per policy:
@@ -228,7 +232,23 @@ def _bench(argv: list[str]) -> int:
     return 0
 
 
+_HELP = ("-h", "--help", "-help", "--helpfull")
+
+INFO_USAGE = """usage: python -m tf_mixed info [--verbose]
+
+Prints this host's CPU (its half-precision flags, AMX), GPUs and TPU, and the
+policy tf_mixed.enable("auto") picks here, with the reason."""
+
+AUDIT_USAGE = """usage: python -m tf_mixed audit PATH [--custom_modules=M,...] [--safe_mode=false] [--verbose]
+
+Loads the model saved at PATH (.keras) and prints tf_mixed.audit's report:
+per layer, its compute and variable dtypes and what to change."""
+
+
 def _info(argv: list[str]) -> int:
+    if any(a in _HELP for a in argv[1:]):
+        print(INFO_USAGE)
+        return 0
     if len(argv) > 1:
         return _error("info", f"unexpected argument {argv[1]!r}; 'info' takes only --verbose")
     from tf_mixed.cli import info
@@ -243,6 +263,10 @@ def _audit(argv: list[str]) -> int:
 
     fv = flags.FlagValues()
     model_file.define_flags(fv)
+    if any(a in _HELP for a in argv[1:]):
+        print(AUDIT_USAGE)
+        print(fv.get_help())
+        return 0
     try:
         positionals = fv(argv)[1:]
     except flags.Error as error:
@@ -283,6 +307,12 @@ def _export(argv: list[str]) -> int:
     return export_command.main(argv)
 
 
+def _launch(argv: list[str]) -> int:
+    from tf_mixed.cli import launch
+
+    return launch.main(argv)
+
+
 def _litert_latency(argv: list[str]) -> int:
     from tf_mixed.bench import litert_latency
 
@@ -292,7 +322,7 @@ def _litert_latency(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
     "rollback-cost": _rollback_cost, "export": _export,
-    "litert-latency": _litert_latency, "doctor": _doctor,
+    "litert-latency": _litert_latency, "doctor": _doctor, "launch": _launch,
 }
 
 
@@ -320,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
             "(no command runs bench)",
         )
     verbose = any(a in _VERBOSE for a in rest)
-    if any(a in _QUIET for a in rest):
+    if any(a in _QUIET for a in rest) and command != "launch":
         progress.set_enabled(False)
-    if command != "bench":  # bench parses --verbose and --quiet as its flags
+    if command == "launch":  # every argument after SCRIPT is the script's own
+        verbose = False
+    elif command != "bench":  # bench parses --verbose and --quiet as its flags
         rest = [a for a in rest if a not in _VERBOSE + _QUIET]
     # A progress line at least every few seconds while a command works
     # (tf_mixed._internal.progress); --quiet turns them off.
@@ -330,7 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         progress.update("importing TensorFlow")
         quiet.import_tensorflow(verbose)
         progress.update("working")
-        return COMMANDS[command]([f"{program} {command}"] + rest)
+        try:
+            return COMMANDS[command]([f"{program} {command}"] + rest)
+        except SystemExit as exit_:  # argparse's --help (0) and its bad flags (2)
+            return exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
 
 
 def run() -> None:

@@ -73,6 +73,26 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
     return positionals[0]
 
 
+def check_output_dir(path: str) -> None:
+    """Checks, before the long work, that result files can be written in `path`.
+
+    Creates `path` if missing and writes a probe entry in it (a real write,
+    which also holds for root, whom ``os.access`` always answers yes), then
+    removes what it created: a command that fails later leaves nothing.
+
+    Args:
+        path: The ``--output_dir`` of the command.
+
+    Raises:
+        tf_mixed._internal.cli_errors.UsageError: one line naming the flag,
+            the path and why it cannot be written.
+    """
+    from tf_mixed.bench import report
+
+    created = report.check_output_dir(path)
+    report.remove_if_created(path, created)
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """Writes `data` to `path` through a temporary file and a rename."""
     partial = path + ".partial"

@@ -65,25 +65,6 @@ def _error(message: str) -> int:
     return model_command.error("probe", message)
 
 
-def _check_output_dir(path: str) -> None:
-    """Raises unless ``path`` is a writable directory or can be created as one."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise ValueError(f"--output_dir={path!r} is a file, not a directory. Pass a "
-                             "directory (it is created if missing).")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ValueError(f"--output_dir={path!r} is not writable. Pass a directory you "
-                             "can write to.")
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        why = "a file" if not os.path.isdir(parent) else "not writable"
-        raise ValueError(f"--output_dir={path!r} cannot be created: {parent!r} is {why}. "
-                         "Pass a directory you can write to.")
-
-
 def _npz_arrays(arrays, key: str):
     """``key`` (one array) or ``key0, key1, ...`` (a list) from an npz file; None if absent."""
     if key in arrays.files:
@@ -158,7 +139,7 @@ def main(argv: list[str]) -> int:
 
     start = time.perf_counter()
     try:
-        _check_output_dir(fv.output_dir)  # before the work, not after it
+        model_command.check_output_dir(fv.output_dir)  # before the work, not after it
         progress.update(f"step 1/3: loading {model_path} and its data")
         model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         x, y = _batches(fv, model)
@@ -207,10 +188,13 @@ def main(argv: list[str]) -> int:
         print("tf_mixed probe: matplotlib is not installed: probe.png not written "
               "(pip install matplotlib)", file=sys.stderr)
     # Everything is computed: only now touch the output directory.
-    os.makedirs(fv.output_dir, exist_ok=True)
-    model_command.write_atomically(os.path.join(fv.output_dir, "probe.json"), text.encode())
-    if png is not None:
-        model_command.write_atomically(os.path.join(fv.output_dir, "probe.png"), png)
+    try:
+        os.makedirs(fv.output_dir, exist_ok=True)
+        model_command.write_atomically(os.path.join(fv.output_dir, "probe.json"), text.encode())
+        if png is not None:
+            model_command.write_atomically(os.path.join(fv.output_dir, "probe.png"), png)
+    except OSError as error:  # it was writable before the work
+        return _error(f"--output_dir={fv.output_dir!r}: cannot write ({error.strerror or error})")
     print(report)
     print(f"\nProbed in {seconds:.1f} s; wrote {fv.output_dir}/probe.json"
           + (" and probe.png" if png is not None else ""))

@@ -29,12 +29,23 @@ other than "several workers", so single-process runs and MirroredStrategy
 never see a difference. `apply` installs them only when (a) Keras is 3.x and
 (b) a probe, run on fakes in this process, shows that the installed Keras
 still has the defect; `restore` puts the original functions back.
+
+A strategy built by hand (``tf.distribute.MultiWorkerMirroredStrategy()``,
+as most multi-worker scripts do) never passes through
+`tf_mixed.distribute.multi_worker_strategy`. For it, importing this module
+arms `watch`: ``_maybe_symbolic_build`` (the first thing Keras's ``fit``,
+``evaluate``, ``train_on_batch`` and ``test_on_batch`` run under a strategy)
+becomes a pass-through that calls `apply` the first time it runs across
+several workers. ``tf_mixed/__init__.py`` imports this module right after
+Keras loads, so ``import tf_mixed`` is enough. The watch needs no TensorFlow
+runtime (the probe runs at that first multi-worker call, not at import).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import types
 from typing import Any
@@ -47,7 +58,8 @@ KERAS_ISSUE = "https://github.com/keras-team/keras/issues/20585"
 MEASURED_ON_KERAS = ("3.15.1",)
 
 _lock = threading.Lock()
-_originals: dict[str, object] = {}
+_originals: dict[str, object] = {}  # Keras's own functions while the fix is installed
+_displaced: dict[str, object] = {}  # what `apply` replaced, put back by `restore`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +151,8 @@ def probe(trainer=None) -> Defects:
         A `Defects` value.
     """
     trainer = trainer or _trainer_module()
-    build: Any = _originals.get("_maybe_symbolic_build",
-                                trainer.TensorFlowTrainer._maybe_symbolic_build)
+    build: Any = _originals.get("_maybe_symbolic_build", _keras_own(
+        trainer.TensorFlowTrainer._maybe_symbolic_build))
     reduce_fn: Any = _originals.get("reduce_per_replica", trainer.reduce_per_replica)
 
     strategy = _fake_multi_worker_strategy()
@@ -236,8 +248,9 @@ def apply() -> bool:
         if not defects.any:
             return False
         trainer = _trainer_module()
-        _originals["_maybe_symbolic_build"] = (
-            trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"])
+        current = trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+        _displaced["_maybe_symbolic_build"] = current  # Keras's own, or the watch
+        _originals["_maybe_symbolic_build"] = _keras_own(current)
         _originals["reduce_per_replica"] = trainer.reduce_per_replica
         trainer.TensorFlowTrainer._maybe_symbolic_build = _fixed_maybe_symbolic_build
         trainer.reduce_per_replica = _fixed_reduce_per_replica
@@ -250,6 +263,78 @@ def restore() -> None:
         if not _originals:
             return
         trainer = _trainer_module()
+        _originals.pop("_maybe_symbolic_build")
         trainer.TensorFlowTrainer._maybe_symbolic_build = (
-            _originals.pop("_maybe_symbolic_build"))
+            _displaced.pop("_maybe_symbolic_build"))
         trainer.reduce_per_replica = _originals.pop("reduce_per_replica")
+
+
+# ------------------------------------------------------------------- watch
+
+
+def _keras_own(function):
+    """Keras's own function behind the watch (itself when not watched)."""
+    return getattr(function, "__wrapped__", function)
+
+
+def is_watching() -> bool:
+    """Whether `watch` is armed on Keras's trainer (under the fix, if installed)."""
+    try:
+        current = _trainer_module().TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+    except (ImportError, AttributeError, KeyError):
+        return False
+    current = _displaced.get("_maybe_symbolic_build", current)
+    return _keras_own(current) is not current
+
+
+def watch() -> bool:
+    """Arms `apply` for the first ``fit``/``evaluate`` across several workers.
+
+    Replaces Keras's ``_maybe_symbolic_build`` by a pass-through that, when
+    the model's strategy spans several workers (``_in_multi_worker_mode``),
+    calls `apply` and then the fixed function; in every other case it calls
+    Keras's own function unchanged. Idempotent; a no-op on a Keras other than
+    3.x or one without the function.
+
+    Returns:
+        True if the watch is armed (or the fix installed) after the call.
+    """
+    with _lock:
+        if _originals:
+            return True
+        try:
+            if keras_major() != 3:
+                return False
+            trainer = _trainer_module()
+            keras_own = trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+        except (ImportError, AttributeError, KeyError):
+            return False
+        if _keras_own(keras_own) is not keras_own:
+            return True
+
+        @functools.wraps(keras_own)
+        def watching(self, iterator=None, data_batch=None):
+            strategy = self._distribute_strategy
+            if strategy is not None and _in_multi_worker_mode(strategy) and apply():
+                return _fixed_maybe_symbolic_build(self, iterator=iterator,
+                                                   data_batch=data_batch)
+            return keras_own(self, iterator=iterator, data_batch=data_batch)
+
+        trainer.TensorFlowTrainer._maybe_symbolic_build = watching
+        return True
+
+
+def unwatch() -> None:
+    """Disarms `watch` (and removes the fix if the watch installed it)."""
+    restore()
+    with _lock:
+        try:
+            trainer = _trainer_module()
+            current = trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+        except (ImportError, AttributeError, KeyError):
+            return
+        trainer.TensorFlowTrainer._maybe_symbolic_build = _keras_own(current)
+
+
+# Importing this module arms the watch: a hand-built strategy's `fit` works.
+watch()

@@ -13,6 +13,10 @@ the launching process.
 
 For several machines there is nothing to launch: set ``TF_CONFIG`` on each
 and run the same script everywhere (README, "Several machines").
+
+From a shell: ``python -m tf_mixed launch N train.py [ARGS ...]``
+(`tf_mixed.cli.launch`); ``python -m tf_mixed.distribute.launch N train.py``
+is the same command (the hand-over at the end of this file).
 """
 
 from __future__ import annotations
@@ -399,3 +403,12 @@ class _Run:
             hint = (f" (its port {LOOPBACK}:{self.ports[index]} was taken by another "
                     "process: run again, or pass free `ports`)")
         return f"worker {index} {how}{hint}; the other workers were stopped"
+
+
+# `python -m tf_mixed.distribute.launch N SCRIPT`: the command line lives in
+# tf_mixed/cli/launch.py; this module only hands over to it (the one command-line
+# hand-over tests/test_layout.py allows in the library).
+if __name__ == "__main__":
+    from tf_mixed.cli import launch as _launch_command
+
+    raise SystemExit(_launch_command.module_entry())

@@ -14,6 +14,8 @@ module, with the scope each piece really has:
 * **per process**: the count of remapping holds (the option is turned off
   at the first hold and put back at the last release, so one thread's
   `disable` never turns it back on under another thread's float16 training),
+  the hold taken for float16 layers made without `enable`
+  (`hold_remapping_for_half_layers`, see `tf_mixed.policy.half_kernels`),
   and the ``Layer.__init__`` hook that applies the keep_float32 rules
   (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`).
 
@@ -32,7 +34,8 @@ import tensorflow as tf
 from tf_mixed._internal import shims as _internals
 
 __all__ = [
-    "ThreadState", "hold_remapping", "keep_rules", "release_remapping",
+    "ThreadState", "half_layers_hold", "hold_remapping", "hold_remapping_for_half_layers",
+    "keep_rules", "release_remapping",
     "remapping_holders", "reset", "scope_marker", "set_keep_rules",
     "set_remapping_hold", "thread_state",
 ]
@@ -70,6 +73,7 @@ scope_marker: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 _lock = threading.Lock()
 _holders = 0
 _before: bool | None = None  # the option before the first hold; None: TF's default
+_half_layers_hold = False  # hold_remapping_for_half_layers took its one hold
 
 
 def thread_state() -> ThreadState:
@@ -138,6 +142,30 @@ def release_remapping() -> None:
             _before = None
 
 
+def hold_remapping_for_half_layers() -> bool:
+    """Holds remapping off for the process, once, for float16 layers made without `enable`.
+
+    Takes no hold while another is outstanding (an `enable` already holds
+    it off) or after this one was taken; never released but by `reset`.
+
+    Returns:
+        Whether this call took the hold.
+    """
+    global _half_layers_hold
+    with _lock:
+        if _half_layers_hold or _holders:
+            return False
+        _half_layers_hold = True
+    hold_remapping()
+    return True
+
+
+def half_layers_hold() -> bool:
+    """Whether `hold_remapping_for_half_layers` holds remapping off now."""
+    with _lock:
+        return _half_layers_hold
+
+
 def remapping_holders() -> int:
     """How many holds are outstanding (threads or probes needing remapping off)."""
     with _lock:
@@ -163,7 +191,7 @@ def reset() -> None:
     each test. Other threads' states are not reachable from here; a reset
     thread starts as if `enable` had never run in it.
     """
-    global _holders, _before
+    global _holders, _before, _half_layers_hold
     _threads.state = ThreadState()
     with _lock:
-        _holders, _before = 0, None
+        _holders, _before, _half_layers_hold = 0, None, False
