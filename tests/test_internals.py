@@ -460,3 +460,14 @@ def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
     layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
     assert _internals.lambda_output_shape(layer) == (2,)
     assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None
+
+
+def test_sublayers_lists_a_layers_inner_layers():  # Layer._flatten_layers
+    mha = keras.layers.MultiHeadAttention(2, 4, dropout=0.5, name="mha")
+    q = np.ones((1, 3, 4), "float32")
+    mha(q, q)
+    found = _internals.sublayers(mha)
+    assert found[0] is mha
+    assert [type(layer).__name__ for layer in found].count("Dropout") == 1
+    dense = keras.layers.Dense(2)
+    assert _internals.sublayers(dense) == [dense]

@@ -111,6 +111,20 @@ def run_through_graph(model, inputs, call_fn):
     return model._run_through_graph(inputs, operation_fn=lambda op: op, call_fn=call_fn)
 
 
+def sublayers(layer) -> list:
+    """`layer` and every layer inside it, at any depth (``_flatten_layers``).
+
+    A layer that builds sub-layers (``MultiHeadAttention`` its ``Dropout``, a
+    keras-io ``TransformerBlock`` its ``Dropout`` and ``LayerNormalization``)
+    lists them only privately; ``keras.Model.layers`` covers models, not
+    layers. The probe needs the random ones among them. Keras 3.15.1.
+
+    Returns:
+        A list, `layer` first, each layer once.
+    """
+    return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
 def disable_input_casting(layer) -> None:
     """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
 
