@@ -471,3 +471,28 @@ def test_sublayers_lists_a_layers_inner_layers():  # Layer._flatten_layers
     assert [type(layer).__name__ for layer in found].count("Dropout") == 1
     dense = keras.layers.Dense(2)
     assert _internals.sublayers(dense) == [dense]
+
+
+def test_layer_call_hook_runs_first_and_build_for_call_builds_as_keras_does():
+    # Layer.__call__; CallSpec, _call_signature, _call_context_args,
+    # _assert_input_compatibility, _open_name_scope, _maybe_build (Keras 3.15.1).
+    seen = []
+
+    def hook(layer, args, kwargs):
+        seen.append((layer.name, layer.built, args[0].dtype))
+        _internals.build_for_call(layer, args, kwargs)
+
+    _internals.add_layer_call_hook(hook)
+    try:
+        inputs = keras.Input((3,), dtype="float64", name="call_in")
+        dense = keras.layers.Dense(2, name="call_d")
+        dense(inputs)
+    finally:
+        _internals._layer_call_hooks.remove(hook)
+    # The hook ran before Keras cast the float64 input, on the unbuilt layer,
+    # and built it with the paths a normal first call gives.
+    assert seen == [("call_d", False, "float64")]
+    assert [w.path for w in dense.weights] == ["call_d/kernel", "call_d/bias"]
+    built_by_keras = keras.layers.Dense(2, name="plain_d")
+    built_by_keras(keras.Input((3,)))
+    assert [w.path for w in built_by_keras.weights] == ["plain_d/kernel", "plain_d/bias"]

@@ -285,6 +285,86 @@ def add_layer_init_hook(hook: Callable[[Any, object], None]) -> None:
     layer_class.__init__ = __init__
 
 
+# Hooks called at the start of every `keras.layers.Layer.__call__`.
+_layer_call_hooks: list[Callable] = []
+
+
+def add_layer_call_hook(hook: Callable[[Any, tuple, dict], None]) -> None:
+    """Calls ``hook(layer, args, kwargs)`` at the start of every ``Layer.__call__``.
+
+    What it reaches: it replaces ``keras.layers.Layer.__call__`` (Keras
+    3.15.1) with a wrapper that runs each hook, then the original. A hook
+    runs before Keras casts the arguments to the layer's compute dtype
+    (step 1 of ``Layer.__call__``), so a policy it sets applies to this
+    very call, the first symbolic call of a functional model included.
+
+    Why: a ``keep_float32`` predicate must see the complete layer (the
+    attributes a subclass sets after ``super().__init__``, its weights), and
+    the last moment its policy can still change everything the layer
+    computes is the start of its first call. Keras has no hook there.
+    Installing twice adds the hook once.
+
+    Args:
+        hook: Called as ``hook(layer, args, kwargs)`` with the call's own
+            arguments (not yet converted); it must be cheap for layers it
+            has nothing to do with.
+    """
+    import keras
+
+    if hook in _layer_call_hooks:
+        return
+    _layer_call_hooks.append(hook)
+    layer_class = keras.layers.Layer
+    if getattr(layer_class.__call__, "_tf_mixed_hooked", False):
+        return
+    original = layer_class.__call__
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        for each in tuple(_layer_call_hooks):
+            each(self, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    __call__._tf_mixed_hooked = True  # type: ignore[attr-defined]
+    layer_class.__call__ = __call__
+
+
+def build_for_call(layer, args: tuple, kwargs: dict) -> None:
+    """Builds an unbuilt `layer` for a call with these arguments, as ``__call__`` would.
+
+    What it reaches: the steps of ``Layer.__call__`` up to the build (Keras
+    3.15.1, ``keras/src/layers/layer.py``): the arguments converted as
+    ``__call__`` converts them (``_convert_input_args``), a ``CallSpec``
+    from ``_call_signature`` and ``_call_context_args``,
+    ``_assert_input_compatibility``, then ``_maybe_build`` inside
+    ``_open_name_scope`` (so the weights get the paths a normal first call
+    gives them). ``__call__`` then finds the layer built and goes on.
+
+    Why: the public ``layer.build(input_shape)`` needs the shapes in the
+    form each layer's ``build`` takes (one shape, several, or keyword
+    shapes); Keras derives them from the call, and so does this.
+
+    Args:
+        layer: A `keras.layers.Layer` about to be called.
+        args, kwargs: The call's arguments.
+    """
+    if layer.built:
+        return
+    import keras
+    from keras.src.layers.layer import CallSpec
+
+    if layer._convert_input_args:
+        def convert(x):
+            return layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)
+
+        args = keras.tree.map_structure(convert, args)
+        kwargs = keras.tree.map_structure(convert, kwargs)
+    call_spec = CallSpec(layer._call_signature, layer._call_context_args, args, kwargs)
+    layer._assert_input_compatibility(call_spec.first_arg)
+    with layer._open_name_scope():
+        layer._maybe_build(call_spec)
+
+
 # Hooks called when a model's layers are known (see add_container_hook).
 _container_hooks: list[Callable] = []
 

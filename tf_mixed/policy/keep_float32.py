@@ -20,13 +20,21 @@ the end of ``Layer.__init__`` that sets the float32 policy on a matching
 layer. It acts only on layers created with ``dtype=None`` (a layer given an
 explicit dtype, or re-created from a config as in loading and cloning, keeps
 what it was given) and only while the global policy is the half-precision
-one `enable` set. A predicate therefore sees the layer as
-``Layer.__init__`` leaves it: its name, class and ``trainable`` are set, but
-attributes a subclass sets after ``super().__init__`` (``units``, ...) are
-not yet; `convert` calls predicates on complete layers.
+one `enable` set. Names and classes are matched there. A predicate would see
+the layer half-constructed there (attributes a subclass sets after
+``super().__init__``, such as ``units``, do not exist yet), so predicates
+wait for the layer's first call (`tf_mixed._internal.shims.add_layer_call_hook`):
+the layer is built then, as Keras would build it for that call
+(`tf_mixed._internal.shims.build_for_call`), the predicate sees it complete
+and built (``lambda layer: layer.units > 512``, ``layer.count_params()``
+work), and a matching layer, with every layer inside it, computes in
+float32 from that first call on (its weights are float32 under a mixed
+policy either way). `convert` calls predicates on the model's built layers.
+A predicate that raises is reported with the layer's name and class.
 
-A rule that matches a model (a nested model's name, say) keeps every layer
-inside it in float32, in `enable` and in `convert`. Under `enable` those
+A name or class that matches a model (a nested model's name, say) keeps
+every layer inside it in float32, in `enable` and in `convert`; predicates
+are called on layers only, never on a model. Under `enable` those
 layers exist before the model does, so a second hook
 (`tf_mixed._internal.shims.add_container_hook`) sets them once the model is
 built (a functional model) or as they are added (a Sequential).
@@ -40,6 +48,7 @@ from typing import Callable, Iterable, Union
 
 import keras
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed.policy import state as policy_state
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import is_input_layer
@@ -70,12 +79,23 @@ class KeepFloat32:
         return bool(self.names or self.classes or self.predicates)
 
     def matches(self, layer: keras.layers.Layer) -> bool:
-        """Whether `layer` is to compute in float32."""
+        """Whether `layer` is to compute in float32.
+
+        Predicates are called on layers, not on models (a model is matched
+        by its name or class), so ``lambda layer: layer.units > 512`` need
+        not guard against the model itself.
+        """
+        if self.matches_by_name_or_class(layer):
+            return True
+        if is_input_layer(layer) or isinstance(layer, keras.Model):
+            return False
+        return any(_call(p, layer) for p in self.predicates)
+
+    def matches_by_name_or_class(self, layer: keras.layers.Layer) -> bool:
+        """Whether a name or class of the rules matches `layer` (predicates aside)."""
         if is_input_layer(layer):
             return False  # an input's dtype is the data's, not a compute dtype
-        return (layer.name in self.names
-                or isinstance(layer, self.classes)
-                or any(_call(p, layer) for p in self.predicates))
+        return layer.name in self.names or isinstance(layer, self.classes)
 
     def unknown_names(self, model: keras.Model) -> str:
         """A sentence on names that match no layer of `model` ("" if none)."""
@@ -118,12 +138,11 @@ def _call(predicate: Callable, layer: keras.layers.Layer) -> bool:
     except Exception as error:
         raise ValueError(
             f"A keep_float32 predicate raised {type(error).__name__}: {error}, on "
-            f"layer '{layer.name}' (class {type(layer).__name__}). Under enable() a "
-            "predicate sees the layer as Layer.__init__ leaves it: name, class and "
-            "trainable are set, attributes a subclass sets afterwards (units, "
-            "filters, ...) are not; use getattr(layer, 'units', None), match by "
-            f"class, or pass keep_float32 to tf_mixed.convert. Received: "
-            f"keep_float32 predicate {predicate!r}") from error
+            f"layer '{layer.name}' (class {type(layer).__name__}). It is called on "
+            "every layer of the model, complete and built: guard attributes only "
+            "some layers have, e.g. lambda layer: isinstance(layer, "
+            "keras.layers.Dense) and layer.units > 512, or match by name or class. "
+            f"Received: keep_float32 predicate {predicate!r}") from error
 
 
 def parse(spec: Spec) -> KeepFloat32:
@@ -239,5 +258,25 @@ def _on_layer_init(layer, dtype) -> None:
     if dtype is not None:
         return  # explicit dtype, a parent's policy, or a config being loaded
     rules = active()
-    if rules and rules.matches(layer):
+    if not rules or is_input_layer(layer):
+        return
+    if rules.matches_by_name_or_class(layer):
         layer.dtype_policy = "float32"
+    elif rules.predicates and not isinstance(layer, keras.Model):
+        # A model's predicates run once it knows its layers (_on_container).
+        policy_state.defer_predicates(layer, rules, _on_first_call)
+
+
+def _on_first_call(layer, args, kwargs) -> None:
+    """Runs the deferred predicates on `layer`, built, before its first call casts."""
+    rules = policy_state.take_deferred(layer)
+    if rules is None:
+        return
+    if keras.backend.standardize_dtype(layer.compute_dtype) not in HALF_DTYPES:
+        return  # its policy was changed since: nothing to keep
+    _internals.build_for_call(layer, args, kwargs)
+    if any(_call(p, layer) for p in rules.predicates):
+        for inner in _internals.sublayers(layer):
+            dtype = keras.backend.standardize_dtype(inner.compute_dtype)
+            if not is_input_layer(inner) and dtype in HALF_DTYPES:
+                inner.dtype_policy = "float32"

@@ -14,8 +14,10 @@ module, with the scope each piece really has:
 * **per process**: the count of remapping holds (the option is turned off
   at the first hold and put back at the last release, so one thread's
   `disable` never turns it back on under another thread's float16 training),
-  and the ``Layer.__init__`` hook that applies the keep_float32 rules
-  (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`).
+  the ``Layer.__init__`` hook that applies the keep_float32 rules
+  (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`),
+  and the layers whose keep_float32 predicates wait for the layer's first
+  call, with the rules they were created under (`defer_predicates`).
 
 `reset` forgets all of it at once.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
+import weakref
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -32,9 +35,9 @@ import tensorflow as tf
 from tf_mixed._internal import shims as _internals
 
 __all__ = [
-    "ThreadState", "hold_remapping", "keep_rules", "release_remapping",
-    "remapping_holders", "reset", "scope_marker", "set_keep_rules",
-    "set_remapping_hold", "thread_state",
+    "ThreadState", "defer_predicates", "hold_remapping", "keep_rules",
+    "release_remapping", "remapping_holders", "reset", "scope_marker",
+    "set_keep_rules", "set_remapping_hold", "take_deferred", "thread_state",
 ]
 
 
@@ -107,6 +110,35 @@ def keep_rules() -> tuple[Any, Any]:
     return state.keep, state.keep_bound
 
 
+# Layer -> the keep_float32 rules whose predicates it waits for (per
+# process: a layer created in one thread may first be called in another).
+_deferred: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def defer_predicates(layer: Any, rules: Any,
+                     call_hook: Callable[[Any, tuple, dict], None]) -> None:
+    """Keeps ``rules`` for ``layer`` until its first call; installs ``call_hook``.
+
+    Args:
+        layer: A layer just created under ``rules``.
+        rules: Its `tf_mixed.policy.keep_float32.KeepFloat32`.
+        call_hook: Called as ``call_hook(layer, args, kwargs)`` at the start
+            of every ``Layer.__call__`` once installed
+            (`tf_mixed._internal.shims.add_layer_call_hook`, once per process).
+    """
+    _internals.add_layer_call_hook(call_hook)
+    with _lock:
+        _deferred[layer] = rules
+
+
+def take_deferred(layer: Any) -> Any:
+    """The rules `defer_predicates` kept for ``layer``, forgotten; None if none."""
+    if not _deferred:  # every call of every layer comes here: no lock when empty
+        return None
+    with _lock:
+        return _deferred.pop(layer, None)
+
+
 def _option() -> bool | None:
     return tf.config.optimizer.get_experimental_options().get("remapping")
 
@@ -161,9 +193,12 @@ def reset() -> None:
     work after an error left `enable` state behind, and for test fixtures
     (tests/conftest.py) that restore Keras's policy and the option around
     each test. Other threads' states are not reachable from here; a reset
-    thread starts as if `enable` had never run in it.
+    thread starts as if `enable` had never run in it. Layers still waiting for
+    their first call to run keep_float32 predicates (`defer_predicates`)
+    are forgotten too: they keep the policy they have.
     """
     global _holders, _before
     _threads.state = ThreadState()
     with _lock:
         _holders, _before = 0, None
+        _deferred.clear()
