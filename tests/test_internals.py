@@ -496,3 +496,13 @@ def test_layer_call_hook_runs_first_and_build_for_call_builds_as_keras_does():
     built_by_keras = keras.layers.Dense(2, name="plain_d")
     built_by_keras(keras.Input((3,)))
     assert [w.path for w in built_by_keras.weights] == ["plain_d/kernel", "plain_d/bias"]
+
+
+def test_recording_layer_outputs_names_the_producer_and_unwraps():
+    # Layer.__call__ looks self.call up on every call (Keras 3.15.1).
+    dense = keras.layers.Dense(2, name="rec_d")
+    dense(np.zeros((1, 3), "float32"))
+    with _internals.recording_layer_outputs([("rec_d", dense)]) as produced:
+        out = dense(np.zeros((1, 3), "float32"))
+        assert produced[id(out)] == ("rec_d", dense)
+    assert "call" not in vars(dense)

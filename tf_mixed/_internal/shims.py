@@ -628,6 +628,52 @@ class recording_layer_scopes:
         self._wrapped = []
 
 
+class recording_layer_outputs:
+    """Records which layer's ``call`` returned each tensor, during a trace.
+
+    Sets an instance attribute ``call`` on each layer, as
+    `recording_layer_scopes` does (``Layer.__call__`` looks ``self.call`` up
+    on every call, Keras 3.15.1), that records the tensors the class's
+    ``call`` returns; removed on exit. A subclassed model has no graph that
+    says which layer produced its output; a traced call does.
+
+    Usage: ``with recording_layer_outputs(pairs) as produced: trace()``;
+    ``produced`` maps ``id(tensor)`` to the ``(name, layer)`` pair (the
+    tensors are kept alive until exit, so the ids stay theirs).
+    """
+
+    def __init__(self, named_layers):
+        self._named_layers = list(named_layers)
+        self._wrapped: list = []
+        self._alive: list = []
+        self.produced: dict[int, tuple] = {}
+
+    def __enter__(self) -> dict[int, tuple]:
+        import keras
+
+        for name, layer in self._named_layers:
+            if "call" in vars(layer):  # wrapped already, or set by its owner
+                continue
+            original = type(layer).call.__get__(layer)
+
+            def call(*args, _original=original, _pair=(name, layer), **kwargs):
+                outputs = _original(*args, **kwargs)
+                for tensor in keras.tree.flatten(outputs):
+                    self._alive.append(tensor)
+                    self.produced[id(tensor)] = _pair
+                return outputs
+
+            object.__setattr__(layer, "call", call)
+            self._wrapped.append(layer)
+        return self.produced
+
+    def __exit__(self, *exc) -> None:
+        for layer in self._wrapped:
+            object.__delattr__(layer, "call")
+        self._wrapped = []
+        self._alive = []
+
+
 def function_graphs(op) -> list:
     """The graphs of the functions a control-flow or call op runs.
 
