@@ -52,6 +52,7 @@ from tf_mixed._internal import shims as _internals
 from tf_mixed.policy import state as policy_state
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
@@ -228,8 +229,9 @@ def activate(spec: Spec | KeepFloat32) -> KeepFloat32:
     # Per thread (`tf_mixed.policy.state`), as Keras keeps the dtype policy
     # per thread: an `enable` in another thread neither clears these rules
     # nor inherits them.
-    policy_state.set_keep_rules(rules, keras.config.dtype_policy(),
-                                _on_layer_init, _on_container)
+    policy = keras.config.dtype_policy()
+    policy_state.set_keep_rules(rules, policy, _on_layer_init, _on_container,
+                                install=policy.compute_dtype in HALF_DTYPES)
     return rules
 
 
@@ -254,28 +256,50 @@ def _on_container(model) -> None:
             layer.dtype_policy = "float32"
 
 
+def _enabled_rules() -> KeepFloat32 | None:
+    """This thread's rules (possibly none) while the half policy `enable` set
+    is in effect; None otherwise."""
+    rules, bound = policy_state.keep_rules()
+    policy = keras.config.dtype_policy()
+    if bound is None or policy is not bound or policy.compute_dtype not in HALF_DTYPES:
+        return None
+    return rules or KeepFloat32()
+
+
 def _on_layer_init(layer, dtype) -> None:
     if dtype is not None:
         return  # explicit dtype, a parent's policy, or a config being loaded
-    rules = active()
-    if not rules or is_input_layer(layer):
+    rules = _enabled_rules()
+    if rules is None or is_input_layer(layer):
         return
     if rules.matches_by_name_or_class(layer):
         layer.dtype_policy = "float32"
-    elif rules.predicates and not isinstance(layer, keras.Model):
-        # A model's predicates run once it knows its layers (_on_container).
+    if not isinstance(layer, keras.Model):
+        # The rest waits for the first call (a model's predicates run once
+        # it knows its layers: _on_container).
         policy_state.defer_predicates(layer, rules, _on_first_call)
 
 
 def _on_first_call(layer, args, kwargs) -> None:
-    """Runs the deferred predicates on `layer`, built, before its first call casts."""
+    """At `layer`'s first call, before Keras casts its inputs: what keeps it float32.
+
+    A layer kept by name or class, a layer a predicate matches (seen
+    complete and built), and a layer that would round token ids on their
+    way in (`tf_mixed._internal.facts.rounded_ids`: float ids from a model
+    input into a layer that is or holds an Embedding) compute in float32,
+    with every layer inside them.
+    """
     rules = policy_state.take_deferred(layer)
     if rules is None:
         return
-    if keras.backend.standardize_dtype(layer.compute_dtype) not in HALF_DTYPES:
-        return  # its policy was changed since: nothing to keep
-    _internals.build_for_call(layer, args, kwargs)
-    if any(_call(p, layer) for p in rules.predicates):
+    keep = rules.matches_by_name_or_class(layer)
+    if not keep and keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES:
+        if rules.predicates:
+            _internals.build_for_call(layer, args, kwargs)
+            keep = any(_call(p, layer) for p in rules.predicates)
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        keep = keep or any(rounded_ids(layer, t) for t in keras.tree.flatten(first))
+    if keep:
         for inner in _internals.sublayers(layer):
             dtype = keras.backend.standardize_dtype(inner.compute_dtype)
             if not is_input_layer(inner) and dtype in HALF_DTYPES:

@@ -85,7 +85,8 @@ def thread_state() -> ThreadState:
 
 def set_keep_rules(rules: Any, bound: Any,
                    hook: Callable[[Any, object], None],
-                   container_hook: Callable[[Any], None] | None = None) -> None:
+                   container_hook: Callable[[Any], None] | None = None,
+                   install: bool = False) -> None:
     """Stores this thread's keep_float32 rules; installs the hooks if any.
 
     Args:
@@ -95,10 +96,12 @@ def set_keep_rules(rules: Any, bound: Any,
             ``Layer.__init__`` once installed (installed once per process).
         container_hook: Called as ``container_hook(model)`` once a model
             knows its layers (`tf_mixed._internal.shims.add_container_hook`).
+        install: Install the hooks even without rules (`enable` with a half
+            policy: a layer taking token ids as floats is kept in float32).
     """
     state = thread_state()
     state.keep, state.keep_bound = rules, bound
-    if rules:
+    if rules or install:
         _internals.add_layer_init_hook(hook)
         if container_hook is not None:
             _internals.add_container_hook(container_hook)

@@ -14,6 +14,11 @@ What is checked (each finding has a severity, the layer, and the fix):
 * ``half_output`` (warning): a model output is float16/bfloat16; an error
   when the model is compiled with a top-k metric, which fails on it (Keras
   computes top-k with TensorFlow's InTopKV2, float32 only).
+* ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
+  holds an ``Embedding`` takes its ids as floats straight from a model input:
+  Keras casts them to the half dtype first, which represents integers exactly
+  only up to 2048 (float16) / 256 (bfloat16) (`largest_exact_integer`), so
+  larger ids become other ids (bfloat16: 499 -> 500).
 * ``norm_overflow`` (warning): a normalization layer computing in float16
   whose arithmetic is known to overflow there. In Keras 3 BatchNormalization,
   LayerNormalization, GroupNormalization and RMSNormalization compute their
@@ -66,6 +71,7 @@ from tf_mixed._internal.facts import layer_outputs
 from tf_mixed._internal.facts import model_outputs
 from tf_mixed._internal.facts import check_model_kind
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
@@ -378,6 +384,7 @@ def audit(model, batch_size: int | None = None, *,
             "Sequential or functional version of the model."))
     for name, layer in layers:
         findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
+        findings.extend(_ids_findings(name, layer))
     if batch_size is not None and batch_size % 8:
         findings.append(Finding(
             "warning", "batch_not_multiple_of_8", None,
@@ -547,6 +554,29 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             "nothing, if deliberate (outputs, numerically sensitive layers); "
             "otherwise drop its dtype argument."))
     return found
+
+
+def _ids_findings(name, layer) -> list[Finding]:
+    """Token ids a half-precision layer rounds on their way in (`rounded_ids`)."""
+    for tensor in _internals.call_inputs(layer):
+        found = rounded_ids(layer, tensor)
+        if found is None:
+            continue
+        input_dim, limit = found
+        dtype = _dtype(layer.compute_dtype)
+        source = _internals.keras_history(tensor).operation.name  # type: ignore[union-attr]
+        rounded = int(float(keras.ops.cast(float(limit + 1), dtype)))
+        return [Finding(
+            "error", "rounded_ids", name,
+            f"{type(layer).__name__} reads its input as indices (an Embedding of "
+            f"input_dim={input_dim}) but takes them as floats from input "
+            f"'{source}' and computes in {dtype}, so Keras casts the ids to {dtype} "
+            f"on the way in: ids above {limit} are rounded ({limit + 1} becomes "
+            f"{rounded}), and become other tokens or fall out of range.",
+            f"keep '{name}' in float32 (tf_mixed.convert(model) does; or "
+            f"tf_mixed.enable(..., keep_float32=['{name.rsplit('/', 1)[-1]}'])), or "
+            "feed the ids as integers: keras.Input(..., dtype='int32').")]
+    return []
 
 
 def _memory(layers, policy, batch_size) -> MemoryEstimate:
