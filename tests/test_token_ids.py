@@ -129,3 +129,14 @@ def test_convert_keeps_the_receiving_layer_and_its_embeddings_float32():
     with_head = keras.Model(model.input, head)
     assert tf_mixed.convert(with_head, "mixed_float16").get_layer("tpe").compute_dtype == "float16"
     assert tf_mixed.convert(with_head, "mixed_bfloat16").get_layer("tpe").compute_dtype == "float32"
+
+
+def test_probe_keeps_the_receiving_layer_float32_as_convert_does():
+    model = _model()  # float32-built
+    head = keras.layers.Dense(1, name="head")(keras.layers.GlobalAveragePooling1D()(model.output))
+    with_head = keras.Model(model.input, head)
+    report = tf_mixed.probe(with_head, IDS, np.zeros((1, 1), "float32"), loss="mse",
+                            policy="mixed_bfloat16")
+    rows = {r.name: r for r in report.layers}
+    assert (rows["tpe"].compute_dtype, rows["tpe"].rel_error) == ("float32", 0.0)
+    assert "'tpe'" not in report.advice

@@ -35,9 +35,11 @@ Every other layer runs as in training.
 Which layers compute in float32 in the half copy: every layer the model
 itself keeps in float32 (in a mixed model: layers converted with
 ``keep_float32``, given ``dtype="float32"``, or kept by an `enable` rule);
-in a float32-built model, tf_mixed's float32 heads and the layers the
-``keep_float32`` rules of the active `tf_mixed.enable` match. So a model
-`tf_mixed.convert` fixed probes as it trains.
+in a float32-built model, tf_mixed's float32 heads, the layers the
+``keep_float32`` rules of the active `tf_mixed.enable` match, and layers
+that would round float token ids on their way into an Embedding (as
+`tf_mixed.convert` keeps them). So a model `tf_mixed.convert` fixed probes
+as it trains.
 
 Layer names are those of `tf_mixed.audit`: a layer inside a nested model is
 its own row, named ``outer/inner`` (the clones inline nested models, so the
@@ -70,6 +72,7 @@ from tf_mixed._internal.facts import FLOAT_POLICIES
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
 from tf_mixed._internal.facts import check_model_kind, half_policy, is_input_layer
 from tf_mixed._internal.facts import layer_outputs
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed.tools.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
@@ -138,7 +141,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     batches_list = _batches(model, x, y, batches)
     target = _resolve_policy(model, policy)
     half_dtype = keras.DTypePolicy(target).compute_dtype
-    kept = _kept_by_rules(model)
+    kept = _kept_float32(model, half_dtype)
     half = _Tap(_without_random_draws(
         _clone(model, lambda layer: _half_dtype(model, layer, target, kept))))
     ref = _Tap(_without_random_draws(_clone(model, _float32_dtype)))
@@ -312,18 +315,23 @@ def _half_dtype(model, layer, target, kept: frozenset = frozenset()) -> str | No
     return target
 
 
-def _kept_by_rules(model) -> frozenset:
-    """Ids of the layers the active ``keep_float32`` rules of `enable` match
-    (a matching nested model keeps every layer inside it, as in `convert`)."""
+def _kept_float32(model, half_dtype: str) -> frozenset:
+    """Ids of the layers of a float32-built model that stay float32 when it is
+    made mixed: those the active ``keep_float32`` rules of `enable` match (a
+    matching nested model keeps every layer inside it, as in `convert`), and
+    those that would round float token ids on their way in (as `convert`
+    keeps them: `tf_mixed._internal.facts.rounded_ids`)."""
     rules = keep_float32_rules.active()
-    if not rules:
-        return frozenset()
     kept = set()
     for _, layer in walk_layers(model):
-        if rules.matches(layer):
+        if rules and rules.matches(layer):
             kept.add(id(layer))
             if isinstance(layer, keras.Model):
                 kept.update(id(inner) for _, inner in walk_layers(layer))
+        elif not isinstance(layer, keras.Model) and any(
+                rounded_ids(layer, tensor, half_dtype)
+                for tensor in _internals.call_inputs(layer)):
+            kept.add(id(layer))
     return frozenset(kept)
 
 
