@@ -286,3 +286,50 @@ def test_audit_leaves_model_unchanged(fp16):
     assert model.dtype_policy.name == "mixed_float16"
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- subclassed outputs
+
+
+class _Classifier(keras.Model):
+    """A subclassed classifier: its outputs exist only in its call."""
+
+    def __init__(self, activation="softmax", **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(16, activation="relu", name="hidden")
+        self.out = keras.layers.Dense(8, activation=activation, name="probs")
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def test_subclassed_softmax_output_is_read_from_a_traced_call(fp16):
+    net = _Classifier(name="net")
+    net(np.zeros((2, 4), "float32"))
+    report = tf_mixed.audit(net)
+    [finding] = report.by_code("half_output_activation")
+    assert finding.severity == "error" and finding.layer == "probs"
+    assert "softmax computed in float16" in finding.message
+    assert "read from a traced call" in report.by_code("no_graph")[0].message
+    # Tracing ran nothing: no weight changed and nothing new was created.
+    assert len(net.weights) == 4
+
+
+def test_subclassed_float16_logits_with_a_top_k_metric_are_an_error(fp16):
+    net = _Classifier(activation=None, name="topk_net")
+    net(np.zeros((2, 4), "float32"))
+    net.compile(optimizer="sgd", loss="sparse_categorical_crossentropy",
+                metrics=[keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    [finding] = tf_mixed.audit(net).by_code("half_output")
+    assert finding.severity == "error" and finding.layer == "probs"
+    assert "SparseTopKCategoricalAccuracy" in finding.message
+    assert "InTopKV2" in finding.message
+    # And it is true: Keras's fit fails on it.
+    with pytest.raises(TypeError, match="InTopKV2"):
+        net.fit(np.zeros((4, 4)), np.zeros(4), verbose=0)
+
+
+def test_an_unbuilt_subclassed_model_says_to_build_it(fp16):
+    report = tf_mixed.audit(_Classifier(name="unbuilt"))
+    assert not report.by_code("half_output_activation")
+    assert "not built" in report.by_code("no_graph")[0].message

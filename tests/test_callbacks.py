@@ -367,6 +367,30 @@ def test_warns_model_built_before_enable():
     assert "tf_mixed.enable() before building" in messages[0]
 
 
+class _SubclassedSoftmax(keras.Model):
+    """Its float16 softmax output exists only in its call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, name="hidden")
+        self.probs = keras.layers.Dense(4, activation="softmax", name="probs")
+
+    def call(self, x):
+        return self.probs(self.hidden(x))
+
+
+@pytest.mark.parametrize("built_before_fit", [True, False])
+def test_warns_a_subclassed_models_float16_softmax(fp16, built_before_fit):
+    model = _SubclassedSoftmax(name="sub")
+    if built_before_fit:
+        model(np.zeros((2, 4), "float32"))
+    # Built by fit: checked once the first step has built it.
+    messages = _fit_warnings(model, _keras_lso())
+    assert len(messages) == 1, messages
+    assert "Model 'sub': [error] probs: the model output is a softmax computed in float16" \
+        in messages[0]
+
+
 def test_check_setup_false_silences(fp16):
     assert _fit_warnings(_model(out_dtype=None), _keras_lso(),
                          check_setup=False) == []

@@ -166,3 +166,28 @@ def test_unknown_policy(tmp_path, capsys):
 ])
 def test_bad_flags(tmp_path, capsys, args, expected):
     assert expected in _bad(tmp_path, capsys, *args)
+
+
+def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="hidden"),
+                              keras.layers.Dense(4, name="head")], name="plain")
+    path = tmp_path / "plain.keras"
+    model.save(path)
+    npz = tmp_path / "d.npz"
+    np.savez(npz, x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
+                 f"--output_dir={out}"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    first = printed.split("\n\n")[0]
+    assert first.startswith("Start here: model 'plain' computes in float32")
+    assert "tf_mixed.enable()" in first
+    assert "tf_mixed.convert(model, 'mixed_float16')" in first
+    assert f"python -m tf_mixed doctor {path} --policy=mixed_float16" in first
+    assert json.loads((out / "doctor.json").read_text())["first_change"] == first
+    # Run as it says: converted, the model starts with its census instead.
+    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
+                 "--policy=mixed_float16", f"--output_dir={out}"])
+    assert code == 0 and capsys.readouterr().out.startswith("Census of model 'plain'")
+    assert json.loads((out / "doctor.json").read_text())["first_change"] is None

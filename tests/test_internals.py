@@ -536,3 +536,49 @@ def test_keras_weight_keys_are_the_keys_of_keras_weights_files(tmp_path):
         "layers/sequential/layers/dense_1/vars/0", "layers/sequential/layers/dense_1/vars/1",
         "layers/dense/vars/0", "layers/dense/vars/1",
         "layers/layer_normalization/vars/0", "layers/layer_normalization/vars/1"]
+
+
+def test_sublayers_lists_a_layers_inner_layers():  # Layer._flatten_layers
+    mha = keras.layers.MultiHeadAttention(2, 4, dropout=0.5, name="mha")
+    q = np.ones((1, 3, 4), "float32")
+    mha(q, q)
+    found = _internals.sublayers(mha)
+    assert found[0] is mha
+    assert [type(layer).__name__ for layer in found].count("Dropout") == 1
+    dense = keras.layers.Dense(2)
+    assert _internals.sublayers(dense) == [dense]
+
+
+def test_layer_call_hook_runs_first_and_build_for_call_builds_as_keras_does():
+    # Layer.__call__; CallSpec, _call_signature, _call_context_args,
+    # _assert_input_compatibility, _open_name_scope, _maybe_build (Keras 3.15.1).
+    seen = []
+
+    def hook(layer, args, kwargs):
+        seen.append((layer.name, layer.built, args[0].dtype))
+        _internals.build_for_call(layer, args, kwargs)
+
+    _internals.add_layer_call_hook(hook)
+    try:
+        inputs = keras.Input((3,), dtype="float64", name="call_in")
+        dense = keras.layers.Dense(2, name="call_d")
+        dense(inputs)
+    finally:
+        _internals._layer_call_hooks.remove(hook)
+    # The hook ran before Keras cast the float64 input, on the unbuilt layer,
+    # and built it with the paths a normal first call gives.
+    assert seen == [("call_d", False, "float64")]
+    assert [w.path for w in dense.weights] == ["call_d/kernel", "call_d/bias"]
+    built_by_keras = keras.layers.Dense(2, name="plain_d")
+    built_by_keras(keras.Input((3,)))
+    assert [w.path for w in built_by_keras.weights] == ["plain_d/kernel", "plain_d/bias"]
+
+
+def test_recording_layer_outputs_names_the_producer_and_unwraps():
+    # Layer.__call__ looks self.call up on every call (Keras 3.15.1).
+    dense = keras.layers.Dense(2, name="rec_d")
+    dense(np.zeros((1, 3), "float32"))
+    with _internals.recording_layer_outputs([("rec_d", dense)]) as produced:
+        out = dense(np.zeros((1, 3), "float32"))
+        assert produced[id(out)] == ("rec_d", dense)
+    assert "call" not in vars(dense)

@@ -179,15 +179,66 @@ def test_rules_survive_any_nesting_of_policy_scope(nesting):
     assert keras.layers.Dense(2, name="keepme").dtype_policy.name == "mixed_float16"
 
 
-def test_a_predicate_that_raises_names_keep_float32():
-    def by_units(layer):
-        return layer.units > 100  # not set yet when Layer.__init__ ends
+class _Block(keras.layers.Layer):
+    """A keras-io style block: its sub-layers are created in __init__, after super()."""
 
-    tf_mixed.enable("mixed_float16", keep_float32=[by_units], quiet=True)
+    def __init__(self, width):
+        super().__init__()
+        self.width = width
+        self.inner = keras.layers.Dense(width, name="block_inner")
+
+    def call(self, x):
+        return self.inner(x)
+
+
+def test_predicates_see_complete_built_layers():
+    tf_mixed.enable("mixed_float16", quiet=True, keep_float32=[
+        lambda layer: isinstance(layer, keras.layers.Dense) and layer.units > 512,
+        lambda layer: isinstance(layer, _Block) and layer.width == 8,
+        lambda layer: isinstance(layer, keras.layers.MultiHeadAttention)
+        and layer.count_params() > 100,  # weights exist: the layer is built
+    ])
+    inputs = keras.Input((3, 8))
+    h = keras.layers.Dense(1024, name="wide")(inputs)
+    h = keras.layers.Dense(8, name="narrow")(h)
+    h = _Block(8)(h)
+    h = keras.layers.MultiHeadAttention(2, 4, name="mha")(h, h)
+    model = keras.Model(inputs, h)
+    dtypes = {layer.name: layer.compute_dtype for layer in model.layers}
+    assert dtypes["wide"] == "float32" and dtypes["narrow"] == "float16"
+    block = model.layers[3]
+    assert (block.compute_dtype, block.inner.compute_dtype) == ("float32", "float32")
+    mha = model.get_layer("mha")
+    assert mha.compute_dtype == "float32"
+    assert {type(inner).__name__: inner.compute_dtype
+            for inner in mha._flatten_layers(include_self=False)} == {
+        "EinsumDense": "float32", "Softmax": "float32", "Dropout": "float32"}
+    # From the first (symbolic) call on: the graph and an eager call agree.
+    assert model.get_layer("wide").output.dtype == "float32"
+    assert model.get_layer("narrow").output.dtype == "float16"
+    assert keras.Model(inputs, model.get_layer("wide").output)(
+        np.ones((1, 3, 8), "float32")).dtype == "float32"
+
+
+def test_a_predicate_runs_at_an_eager_first_call_before_its_inputs_are_cast():
+    tf_mixed.enable("mixed_bfloat16", quiet=True,
+                    keep_float32=lambda layer: getattr(layer, "units", 0) > 512)
+    wide = keras.layers.Dense(1024, name="wide", kernel_initializer="ones")
+    x = np.full((1, 1), 257.0, "float32")  # bfloat16 would round 257 to 256
+    y = wide(x)
+    assert wide.compute_dtype == "float32" and wide.built
+    assert y.dtype == "float32" and float(y[0, 0]) == 257.0
+
+
+def test_a_predicate_that_raises_is_reported_with_the_layer_name():
+    tf_mixed.enable("mixed_float16", keep_float32=lambda layer: layer.units > 512, quiet=True)
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(1024, name="wide")(inputs)
     with pytest.raises(ValueError, match=r"A keep_float32 predicate raised AttributeError: .*"
-                       r"on layer 'wide' \(class Dense\).*getattr\(layer, 'units', None\)"
+                       r"on layer 'drop' \(class Dropout\).*complete and built.*"
+                       r"isinstance\(layer, keras.layers.Dense\) and layer.units > 512"
                        r".*Received: keep_float32 predicate <function"):
-        keras.layers.Dense(2, name="wide")
+        keras.layers.Dropout(0.5, name="drop")(h)
 
 
 def test_an_unknown_name_is_reported_by_the_monitor_set_up_check():
@@ -203,3 +254,14 @@ def test_an_unknown_name_is_reported_by_the_monitor_set_up_check():
     with pytest.warns(tf_mixed.callbacks.MixedPrecisionWarning, match="'keep_me'"):
         model.fit(np.ones((2, 3)), np.ones((2, 2)), verbose=0,
                   callbacks=[tf_mixed.LossScaleMonitor()])
+
+
+def test_the_issue_predicate_reads_units_and_never_sees_the_model():
+    tf_mixed.enable("mixed_float16", quiet=True, keep_float32=lambda layer: layer.units > 512)
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(1024, name="wide")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(16, name="narrow")(h))
+    assert _compute(model) == {"wide": "float32", "narrow": "float16"}
+    converted = tf_mixed.convert(keras.Model(inputs, h), "mixed_bfloat16",
+                                 keep_float32=lambda layer: layer.units > 512)
+    assert converted.get_layer("wide").compute_dtype == "float32"

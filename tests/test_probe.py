@@ -320,3 +320,67 @@ def test_the_users_model_is_never_written_to(build, monkeypatch):
     assert writes == []
     assert model.compiled and model.dtype_policy.name == "float32"
     assert [r.name for r in report.layers] == ["d1", "d2"] + (["out"] if build == "functional" else [])
+
+
+# ------------------------------------------------- what the model keeps in float32
+
+
+def test_a_model_convert_fixed_probes_clean_under_mixed_float16():
+    x, y = _planted_batch()
+    fixed = tf_mixed.convert(_planted(), "mixed_float16", keep_float32=["l2norm"])
+    report = tf_mixed.probe(fixed, x, y, loss="mse", policy="mixed_float16")
+    rows = {r.name: r for r in report.layers}
+    assert report.first_nonfinite is None
+    assert rows["proj"].compute_dtype == "float16"
+    assert rows["l2norm"].compute_dtype == "float32"
+
+
+def test_a_float32_built_model_is_probed_with_the_active_keep_float32_rules():
+    # Built in float32, then enable(keep_float32=...): the rules say what a
+    # model built now (or converted) keeps, so the probe keeps it too.
+    x, y = _planted_batch()
+    model = _planted()
+    tf_mixed.enable("mixed_float16", quiet=True, keep_float32=["l2norm"])
+    report = tf_mixed.probe(model, x, y, loss="mse")
+    rows = {r.name: r for r in report.layers}
+    assert report.first_nonfinite is None, report.advice
+    assert (rows["proj"].compute_dtype, rows["l2norm"].compute_dtype) == ("float16", "float32")
+    tf_mixed.disable()  # without the rules, l2norm is probed in float16 again
+    assert tf_mixed.probe(model, x, y, loss="mse").first_nonfinite == "l2norm"
+
+
+def _random_model():
+    """Every kind of random layer, one inside a MultiHeadAttention."""
+    init = keras.initializers.GlorotUniform
+    inputs = keras.Input((4, 8))
+    h = keras.layers.Dense(8, kernel_initializer=init(seed=4), name="d1")(inputs)
+    h = keras.layers.Dropout(0.5, name="drop")(h)
+    h = keras.layers.GaussianNoise(1.0, name="noise")(h)
+    h = keras.layers.SpatialDropout1D(0.5, name="spatial")(h)
+    h = keras.layers.MultiHeadAttention(2, 4, dropout=0.5, name="mha",
+                                        kernel_initializer=init(seed=5))(h, h)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    h = keras.layers.Dense(3, kernel_initializer=init(seed=6), name="head")(h)
+    return keras.Model(inputs, tf_mixed.Float32Output(name="out")(h), name="random")
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_random_layers_draw_nothing_so_they_are_never_blamed(policy):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(32, 4, 8)).astype("float32")
+    y = rng.integers(0, 3, 32)
+    model = _random_model()
+    report = tf_mixed.probe(model, x, y, loss="sparse_categorical_crossentropy", policy=policy)
+    rows = {r.name: r for r in report.layers}
+    # A layer's relative error is its half-precision rounding: a few units
+    # of the dtype's roundoff, never the ~100% of two different masks.
+    bound = 8 * (2.0**-8 if policy == "mixed_bfloat16" else U16)
+    for name in ("drop", "noise", "spatial", "mha"):
+        assert rows[name].rel_error < bound, (name, rows[name].rel_error)
+    # Each random layer passed its input through: its output is d1's.
+    assert rows["drop"].rel_error == rows["d1"].rel_error
+    assert rows["noise"].rel_error == rows["d1"].rel_error
+    assert "differs from float32" not in report.advice
+    # The user's model is untouched: its Dropout still drops in training.
+    dropped = model.get_layer("drop")(np.ones((4, 64), "float32"), training=True)
+    assert np.count_nonzero(keras.ops.convert_to_numpy(dropped) == 0) > 0

@@ -264,3 +264,58 @@ def dtype_limits(dtype: str) -> DtypeLimits:
 # Machine epsilon (the gap between 1 and the next float) of each float dtype.
 # `tf_mixed.export` derives its default parity tolerances from these.
 EPSILON = {name: dtype_limits(name).eps for name in ("float32", "float16", "bfloat16")}
+
+
+def largest_exact_integer(dtype: str) -> int:
+    """The largest N such that every integer from 0 to N is exact in ``dtype``.
+
+    ``2 ** (stored mantissa bits + 1)``, read from ``ml_dtypes.finfo``:
+    bfloat16 256, float16 2048, float32 16,777,216. Token ids above it, fed
+    as floats, are rounded when a layer casts them to ``dtype``.
+    """
+    return dtype_limits(dtype).largest_exact_integer
+
+
+def index_layers(layer) -> list:
+    """The ``Embedding`` layers `layer` is or holds: layers that read their input as indices."""
+    import keras
+
+    from tf_mixed._internal import shims as _internals
+
+    return [inner for inner in _internals.sublayers(layer)
+            if isinstance(inner, keras.layers.Embedding)]
+
+
+def rounded_ids(layer, tensor, compute_dtype: str | None = None) -> tuple[int, int] | None:
+    """Whether `layer` rounds the token ids `tensor` carries on their way in.
+
+    True when `tensor` is float data straight from a model input (a
+    ``keras.Input``), `layer` computes in half precision (so Keras casts the
+    tensor to that dtype before its ``call``), and `layer` is or holds an
+    ``Embedding`` whose largest id (``input_dim - 1``) that dtype cannot
+    represent exactly (`largest_exact_integer`).
+
+    Args:
+      layer: a layer called on `tensor`.
+      tensor: a symbolic tensor (a KerasTensor of a functional graph).
+      compute_dtype: the dtype `layer` would compute in (None: its own).
+
+    Returns:
+      ``(input_dim, largest exact integer)`` when the ids are rounded, else None.
+    """
+    import keras
+
+    from tf_mixed._internal import shims as _internals
+
+    compute = keras.backend.standardize_dtype(compute_dtype or layer.compute_dtype)
+    if compute not in HALF_DTYPES or "float" not in keras.backend.standardize_dtype(
+            getattr(tensor, "dtype", "int32")):
+        return None
+    history = _internals.keras_history(tensor)
+    if history is None or not is_input_layer(history.operation):
+        return None
+    dims = [inner.input_dim for inner in index_layers(layer)]
+    limit = largest_exact_integer(compute)
+    if not dims or max(dims) - 1 <= limit:
+        return None
+    return max(dims), limit

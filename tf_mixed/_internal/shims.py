@@ -111,6 +111,20 @@ def run_through_graph(model, inputs, call_fn):
     return model._run_through_graph(inputs, operation_fn=lambda op: op, call_fn=call_fn)
 
 
+def sublayers(layer) -> list:
+    """`layer` and every layer inside it, at any depth (``_flatten_layers``).
+
+    A layer that builds sub-layers (``MultiHeadAttention`` its ``Dropout``, a
+    keras-io ``TransformerBlock`` its ``Dropout`` and ``LayerNormalization``)
+    lists them only privately; ``keras.Model.layers`` covers models, not
+    layers. The probe needs the random ones among them. Keras 3.15.1.
+
+    Returns:
+        A list, `layer` first, each layer once.
+    """
+    return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
 def disable_input_casting(layer) -> None:
     """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
 
@@ -269,6 +283,86 @@ def add_layer_init_hook(hook: Callable[[Any, object], None]) -> None:
 
     __init__._tf_mixed_hooked = True  # type: ignore[attr-defined]
     layer_class.__init__ = __init__
+
+
+# Hooks called at the start of every `keras.layers.Layer.__call__`.
+_layer_call_hooks: list[Callable] = []
+
+
+def add_layer_call_hook(hook: Callable[[Any, tuple, dict], None]) -> None:
+    """Calls ``hook(layer, args, kwargs)`` at the start of every ``Layer.__call__``.
+
+    What it reaches: it replaces ``keras.layers.Layer.__call__`` (Keras
+    3.15.1) with a wrapper that runs each hook, then the original. A hook
+    runs before Keras casts the arguments to the layer's compute dtype
+    (step 1 of ``Layer.__call__``), so a policy it sets applies to this
+    very call, the first symbolic call of a functional model included.
+
+    Why: a ``keep_float32`` predicate must see the complete layer (the
+    attributes a subclass sets after ``super().__init__``, its weights), and
+    the last moment its policy can still change everything the layer
+    computes is the start of its first call. Keras has no hook there.
+    Installing twice adds the hook once.
+
+    Args:
+        hook: Called as ``hook(layer, args, kwargs)`` with the call's own
+            arguments (not yet converted); it must be cheap for layers it
+            has nothing to do with.
+    """
+    import keras
+
+    if hook in _layer_call_hooks:
+        return
+    _layer_call_hooks.append(hook)
+    layer_class = keras.layers.Layer
+    if getattr(layer_class.__call__, "_tf_mixed_hooked", False):
+        return
+    original = layer_class.__call__
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        for each in tuple(_layer_call_hooks):
+            each(self, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    __call__._tf_mixed_hooked = True  # type: ignore[attr-defined]
+    layer_class.__call__ = __call__
+
+
+def build_for_call(layer, args: tuple, kwargs: dict) -> None:
+    """Builds an unbuilt `layer` for a call with these arguments, as ``__call__`` would.
+
+    What it reaches: the steps of ``Layer.__call__`` up to the build (Keras
+    3.15.1, ``keras/src/layers/layer.py``): the arguments converted as
+    ``__call__`` converts them (``_convert_input_args``), a ``CallSpec``
+    from ``_call_signature`` and ``_call_context_args``,
+    ``_assert_input_compatibility``, then ``_maybe_build`` inside
+    ``_open_name_scope`` (so the weights get the paths a normal first call
+    gives them). ``__call__`` then finds the layer built and goes on.
+
+    Why: the public ``layer.build(input_shape)`` needs the shapes in the
+    form each layer's ``build`` takes (one shape, several, or keyword
+    shapes); Keras derives them from the call, and so does this.
+
+    Args:
+        layer: A `keras.layers.Layer` about to be called.
+        args, kwargs: The call's arguments.
+    """
+    if layer.built:
+        return
+    import keras
+    from keras.src.layers.layer import CallSpec
+
+    if layer._convert_input_args:
+        def convert(x):
+            return layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)
+
+        args = keras.tree.map_structure(convert, args)
+        kwargs = keras.tree.map_structure(convert, kwargs)
+    call_spec = CallSpec(layer._call_signature, layer._call_context_args, args, kwargs)
+    layer._assert_input_compatibility(call_spec.first_arg)
+    with layer._open_name_scope():
+        layer._maybe_build(call_spec)
 
 
 # Hooks called when a model's layers are known (see add_container_hook).
@@ -532,6 +626,52 @@ class recording_layer_scopes:
         for layer in self._wrapped:
             object.__delattr__(layer, "call")
         self._wrapped = []
+
+
+class recording_layer_outputs:
+    """Records which layer's ``call`` returned each tensor, during a trace.
+
+    Sets an instance attribute ``call`` on each layer, as
+    `recording_layer_scopes` does (``Layer.__call__`` looks ``self.call`` up
+    on every call, Keras 3.15.1), that records the tensors the class's
+    ``call`` returns; removed on exit. A subclassed model has no graph that
+    says which layer produced its output; a traced call does.
+
+    Usage: ``with recording_layer_outputs(pairs) as produced: trace()``;
+    ``produced`` maps ``id(tensor)`` to the ``(name, layer)`` pair (the
+    tensors are kept alive until exit, so the ids stay theirs).
+    """
+
+    def __init__(self, named_layers):
+        self._named_layers = list(named_layers)
+        self._wrapped: list = []
+        self._alive: list = []
+        self.produced: dict[int, tuple] = {}
+
+    def __enter__(self) -> dict[int, tuple]:
+        import keras
+
+        for name, layer in self._named_layers:
+            if "call" in vars(layer):  # wrapped already, or set by its owner
+                continue
+            original = type(layer).call.__get__(layer)
+
+            def call(*args, _original=original, _pair=(name, layer), **kwargs):
+                outputs = _original(*args, **kwargs)
+                for tensor in keras.tree.flatten(outputs):
+                    self._alive.append(tensor)
+                    self.produced[id(tensor)] = _pair
+                return outputs
+
+            object.__setattr__(layer, "call", call)
+            self._wrapped.append(layer)
+        return self.produced
+
+    def __exit__(self, *exc) -> None:
+        for layer in self._wrapped:
+            object.__delattr__(layer, "call")
+        self._wrapped = []
+        self._alive = []
 
 
 def function_graphs(op) -> list:

@@ -27,7 +27,9 @@ a read every N batches is as exact as a read every step, whatever
    ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
    step also rolls back BatchNormalization's moving statistics
    (`tf_mixed.scaling.rollback`).
-4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`) and
+4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`; a
+   subclassed model that ``fit`` builds itself, after its first step, when
+   its outputs can be traced) and
    **stops a run that cannot recover**, by the rules of
    `tf_mixed.callbacks.stop_rules` (pure functions of a typed reading). Every stop
    decision is taken from values that are the same on every replica and
@@ -102,7 +104,7 @@ def is_loss_scaling(optimizer) -> bool:
 
 
 # Audit findings that make a fit train badly; the monitor warns with them.
-SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch")
+SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids")
 
 
 def model_setup_problems(model) -> list[str]:
@@ -158,6 +160,45 @@ def model_setup_problems(model) -> list[str]:
             f"tf_mixed.enable(): {unknown} Those names keep nothing in float32; "
             "fix them (or pass keep_float32 to tf_mixed.convert, which checks).")
     return problems
+
+
+def _built_by_first_step(model) -> bool:
+    """Whether `model` is a subclassed model whose weights fit has yet to create."""
+    from tf_mixed._internal.facts import model_inputs_and_outputs, walk_layers
+
+    if model_inputs_and_outputs(model):
+        return False
+    return not (model.built and all(layer.built for _, layer in walk_layers(model)))
+
+
+class _SetupCheck:
+    """When the monitor warns with `model_setup_problems`.
+
+    At ``on_train_begin``; for a subclassed model that ``fit`` builds
+    itself (no outputs to trace yet), after its first step instead.
+    """
+
+    def __init__(self):
+        self.pending = False
+
+    def begin(self, monitor) -> None:
+        """At ``on_train_begin``: warn now, or arrange to after the first step."""
+        self.pending = monitor.check_setup and _built_by_first_step(monitor.model)
+        if self.pending:
+            monitor.on_train_batch_end = monitor._on_train_batch_end
+        elif monitor.check_setup:
+            _warn_setup(monitor.model)
+
+    def after_step(self, model) -> None:
+        """At a batch end: the pending check, once."""
+        if self.pending:
+            self.pending = False
+            _warn_setup(model)
+
+
+def _warn_setup(model) -> None:
+    for problem in model_setup_problems(model):
+        warnings.warn(problem, MixedPrecisionWarning, stacklevel=4)
 
 
 def _updates(optimizer, kind, batches):
@@ -369,6 +410,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.stop_reason: str | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
+        self._setup = _SetupCheck()
         if self.log_every_n_batches or self._check_n:
             self.on_train_batch_end = self._on_train_batch_end
 
@@ -405,9 +447,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         first = _snapshot(self._optimizer, self._kind)
         self._progress = Progress(first, first)
         self._batches = self._logged_at = self._checked_at = 0
-        if self.check_setup:
-            for problem in model_setup_problems(self.model):
-                warnings.warn(problem, MixedPrecisionWarning, stacklevel=2)
+        self._setup.begin(self)
 
     def on_epoch_begin(self, epoch, logs=None):
         _refresh(self._optimizer, self._kind, self.rollback_forward_state)
@@ -415,6 +455,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._batches = self._logged_at = self._checked_at = 0
 
     def _on_train_batch_end(self, batch, logs=None):
+        self._setup.after_step(self.model)
         logs = logs if logs is not None else {}
         self._batches = steps = batch + 1
         log_n, check_n = self.log_every_n_batches, self._check_n

@@ -3,7 +3,9 @@
 Loads a saved model, takes the first batch of the data (the bench's data
 sets, or ``npz:PATH`` with ``x`` and ``y`` arrays), runs `tf_mixed.census`
 on the step ``fit`` would run, prints the census and its findings and writes
-``doctor.json`` to ``--output_dir``.
+``doctor.json`` to ``--output_dir``. For a model that computes in float32 it
+first says the change that helps most: turn mixed precision on, with the
+calls to make (`first_change`; ``first_change`` in ``doctor.json``).
 
 With ``--measure`` it also times training steps of the model before and
 after the fixes the doctor can apply itself (the findings marked
@@ -236,12 +238,14 @@ def main(argv: list[str]) -> int:
         return _error(model_command.first_line(error))
     seconds = time.perf_counter() - start
 
+    start_here = first_change(report, model_path)
     record = {
         "command": "python -m tf_mixed doctor " + " ".join(shlex.quote(a) for a in argv[1:]),
         "model_path": model_path,
         "dataset": fv.dataset,
         "batch_size": fv.batch_size,
         "seconds": round(seconds, 2),
+        "first_change": start_here,
         "census": report.to_dict(),
         "measured": measured,
     }
@@ -255,12 +259,44 @@ def main(argv: list[str]) -> int:
         report_module.remove_if_created(fv.output_dir, created)
         return _error(f"--output_dir={fv.output_dir!r}: cannot write doctor.json "
                       f"({error.strerror or error})")
+    if start_here:
+        print(start_here + "\n")
     print(report)
     if measured is not None:
         print()
         print(measured_text(measured))
     print(f"\nExamined in {seconds:.1f} s; wrote {fv.output_dir}/doctor.json")
     return 0
+
+
+def first_change(report, model_path: str) -> str | None:
+    """The one change that helps most, when it is not among the findings.
+
+    A model that computes in float32 gains nothing from any finding (every
+    island, cast or tile is about half precision): the change that helps
+    most is turning mixed precision on.
+
+    Args:
+        report: The model's `tf_mixed.tools.census.CensusReport`.
+        model_path: The MODEL argument, for the commands in the text.
+
+    Returns:
+        A paragraph starting "Start here:" with the calls to make, or None
+        when the model already computes in half precision.
+    """
+    import keras
+
+    if keras.DTypePolicy(report.policy).compute_dtype != "float32":
+        return None
+    path = shlex.quote(model_path)
+    return (
+        f"Start here: model '{report.model_name}' computes in float32, so none of its "
+        "matrix products runs in half precision; turning mixed precision on is the "
+        "change that helps most. Call tf_mixed.enable() before building the model (it "
+        "picks mixed_float16 on a GPU, mixed_bfloat16 on a TPU or a CPU measured faster "
+        "in bfloat16), or convert the trained model: model = tf_mixed.convert(model, "
+        "'mixed_float16') for a GPU ('mixed_bfloat16' for a TPU or such a CPU). Then see "
+        f"what is left: python -m tf_mixed doctor {path} --policy=mixed_float16.")
 
 
 # ------------------------------------------------------------------ --measure

@@ -33,7 +33,12 @@ What it does:
 Which layers stay float32: a model built under float32 has no record of which
 layers were made float32 on purpose (every layer says "float32"), so all are
 converted except input layers, layers whose policy is not a float policy,
-tf_mixed's float32 heads, and the layers named in ``keep_float32``.
+tf_mixed's float32 heads, the layers named in ``keep_float32``, and layers
+that would round token ids on their way in: a layer that is or holds an
+``Embedding`` and takes its ids as floats straight from a model input stays
+float32 when the target dtype cannot represent its largest id exactly
+(bfloat16: above 256; float16: above 2048), so the ids stay exact. A layer
+kept in float32 keeps the layers its constructor creates in float32 too.
 
 Sequential and functional models only: a subclassed model's layers are
 created in Python code convert cannot re-run, so it raises a TypeError that
@@ -55,6 +60,7 @@ from tf_mixed._internal.facts import SQUASHING_ACTIVATIONS
 from tf_mixed._internal.facts import activation_name
 from tf_mixed._internal.facts import check_model_kind
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed._internal import tf_keras_check
@@ -203,11 +209,17 @@ def convert(model: keras.Model, policy: str | None = None, *,
                    if isinstance(outer, keras.Model) and keep.matches(outer)
                    for _, inner in walk_layers(outer)}
 
+    # Layers that would round token ids fed as floats stay float32 (with the
+    # Embeddings inside them): see tf_mixed._internal.facts.rounded_ids.
+    ids_receivers = {id(layer) for _, layer in walk_layers(model)
+                     if half and _receives_ids(layer, target)}
+
     def clone_layer(layer):
         cls = type(layer).__name__
         policy_name = getattr(layer.dtype_policy, "name", None)
         to_float32 = policy_name in FLOAT_POLICIES and (
-            keep.matches(layer) or id(layer) in kept_inside or layer.name in keep_outputs)
+            keep.matches(layer) or id(layer) in kept_inside or layer.name in keep_outputs
+            or id(layer) in ids_receivers)
         stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
                  or policy_name not in FLOAT_POLICIES or to_float32)
         dtype = "float32" if to_float32 else (None if stays else target)
@@ -221,7 +233,12 @@ def convert(model: keras.Model, policy: str | None = None, *,
                 config["dtype"] = dtype
             return layer.__class__.from_config(config)
         # Lambda layers are re-created from their in-memory function.
-        return _cloning.recreate(layer, dtype)
+        new = _cloning.recreate(layer, dtype)
+        if to_float32:  # and the layers it creates in its constructor
+            for inner in _internals.sublayers(new)[1:]:
+                if keras.backend.standardize_dtype(inner.compute_dtype) in HALF_DTYPES:
+                    inner.dtype_policy = "float32"
+        return new
 
     def call_layer(layer, *args, **kwargs):
         outputs = layer(*args, **kwargs)
@@ -281,6 +298,15 @@ def convert(model: keras.Model, policy: str | None = None, *,
     for note in notes:
         warnings.warn(note, ConversionNote, stacklevel=2)
     return new
+
+
+def _receives_ids(layer, target) -> bool:
+    """Whether `layer`, computing in `target`, would round the float token ids
+    a model input feeds it (`tf_mixed._internal.facts.rounded_ids`)."""
+    if isinstance(layer, keras.Model) or is_input_layer(layer):
+        return False
+    compute = keras.DTypePolicy(target).compute_dtype
+    return any(rounded_ids(layer, tensor, compute) for tensor in _internals.call_inputs(layer))
 
 
 def _copy_weights(model, new, rename):

@@ -20,13 +20,21 @@ the end of ``Layer.__init__`` that sets the float32 policy on a matching
 layer. It acts only on layers created with ``dtype=None`` (a layer given an
 explicit dtype, or re-created from a config as in loading and cloning, keeps
 what it was given) and only while the global policy is the half-precision
-one `enable` set. A predicate therefore sees the layer as
-``Layer.__init__`` leaves it: its name, class and ``trainable`` are set, but
-attributes a subclass sets after ``super().__init__`` (``units``, ...) are
-not yet; `convert` calls predicates on complete layers.
+one `enable` set. Names and classes are matched there. A predicate would see
+the layer half-constructed there (attributes a subclass sets after
+``super().__init__``, such as ``units``, do not exist yet), so predicates
+wait for the layer's first call (`tf_mixed._internal.shims.add_layer_call_hook`):
+the layer is built then, as Keras would build it for that call
+(`tf_mixed._internal.shims.build_for_call`), the predicate sees it complete
+and built (``lambda layer: layer.units > 512``, ``layer.count_params()``
+work), and a matching layer, with every layer inside it, computes in
+float32 from that first call on (its weights are float32 under a mixed
+policy either way). `convert` calls predicates on the model's built layers.
+A predicate that raises is reported with the layer's name and class.
 
-A rule that matches a model (a nested model's name, say) keeps every layer
-inside it in float32, in `enable` and in `convert`. Under `enable` those
+A name or class that matches a model (a nested model's name, say) keeps
+every layer inside it in float32, in `enable` and in `convert`; predicates
+are called on layers only, never on a model. Under `enable` those
 layers exist before the model does, so a second hook
 (`tf_mixed._internal.shims.add_container_hook`) sets them once the model is
 built (a functional model) or as they are added (a Sequential).
@@ -40,9 +48,11 @@ from typing import Callable, Iterable, Union
 
 import keras
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed.policy import state as policy_state
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
@@ -70,12 +80,23 @@ class KeepFloat32:
         return bool(self.names or self.classes or self.predicates)
 
     def matches(self, layer: keras.layers.Layer) -> bool:
-        """Whether `layer` is to compute in float32."""
+        """Whether `layer` is to compute in float32.
+
+        Predicates are called on layers, not on models (a model is matched
+        by its name or class), so ``lambda layer: layer.units > 512`` need
+        not guard against the model itself.
+        """
+        if self.matches_by_name_or_class(layer):
+            return True
+        if is_input_layer(layer) or isinstance(layer, keras.Model):
+            return False
+        return any(_call(p, layer) for p in self.predicates)
+
+    def matches_by_name_or_class(self, layer: keras.layers.Layer) -> bool:
+        """Whether a name or class of the rules matches `layer` (predicates aside)."""
         if is_input_layer(layer):
             return False  # an input's dtype is the data's, not a compute dtype
-        return (layer.name in self.names
-                or isinstance(layer, self.classes)
-                or any(_call(p, layer) for p in self.predicates))
+        return layer.name in self.names or isinstance(layer, self.classes)
 
     def unknown_names(self, model: keras.Model) -> str:
         """A sentence on names that match no layer of `model` ("" if none)."""
@@ -118,12 +139,11 @@ def _call(predicate: Callable, layer: keras.layers.Layer) -> bool:
     except Exception as error:
         raise ValueError(
             f"A keep_float32 predicate raised {type(error).__name__}: {error}, on "
-            f"layer '{layer.name}' (class {type(layer).__name__}). Under enable() a "
-            "predicate sees the layer as Layer.__init__ leaves it: name, class and "
-            "trainable are set, attributes a subclass sets afterwards (units, "
-            "filters, ...) are not; use getattr(layer, 'units', None), match by "
-            f"class, or pass keep_float32 to tf_mixed.convert. Received: "
-            f"keep_float32 predicate {predicate!r}") from error
+            f"layer '{layer.name}' (class {type(layer).__name__}). It is called on "
+            "every layer of the model, complete and built: guard attributes only "
+            "some layers have, e.g. lambda layer: isinstance(layer, "
+            "keras.layers.Dense) and layer.units > 512, or match by name or class. "
+            f"Received: keep_float32 predicate {predicate!r}") from error
 
 
 def parse(spec: Spec) -> KeepFloat32:
@@ -209,8 +229,9 @@ def activate(spec: Spec | KeepFloat32) -> KeepFloat32:
     # Per thread (`tf_mixed.policy.state`), as Keras keeps the dtype policy
     # per thread: an `enable` in another thread neither clears these rules
     # nor inherits them.
-    policy_state.set_keep_rules(rules, keras.config.dtype_policy(),
-                                _on_layer_init, _on_container)
+    policy = keras.config.dtype_policy()
+    policy_state.set_keep_rules(rules, policy, _on_layer_init, _on_container,
+                                install=policy.compute_dtype in HALF_DTYPES)
     return rules
 
 
@@ -235,9 +256,51 @@ def _on_container(model) -> None:
             layer.dtype_policy = "float32"
 
 
+def _enabled_rules() -> KeepFloat32 | None:
+    """This thread's rules (possibly none) while the half policy `enable` set
+    is in effect; None otherwise."""
+    rules, bound = policy_state.keep_rules()
+    policy = keras.config.dtype_policy()
+    if bound is None or policy is not bound or policy.compute_dtype not in HALF_DTYPES:
+        return None
+    return rules or KeepFloat32()
+
+
 def _on_layer_init(layer, dtype) -> None:
     if dtype is not None:
         return  # explicit dtype, a parent's policy, or a config being loaded
-    rules = active()
-    if rules and rules.matches(layer):
+    rules = _enabled_rules()
+    if rules is None or is_input_layer(layer):
+        return
+    if rules.matches_by_name_or_class(layer):
         layer.dtype_policy = "float32"
+    if not isinstance(layer, keras.Model):
+        # The rest waits for the first call (a model's predicates run once
+        # it knows its layers: _on_container).
+        policy_state.defer_predicates(layer, rules, _on_first_call)
+
+
+def _on_first_call(layer, args, kwargs) -> None:
+    """At `layer`'s first call, before Keras casts its inputs: what keeps it float32.
+
+    A layer kept by name or class, a layer a predicate matches (seen
+    complete and built), and a layer that would round token ids on their
+    way in (`tf_mixed._internal.facts.rounded_ids`: float ids from a model
+    input into a layer that is or holds an Embedding) compute in float32,
+    with every layer inside them.
+    """
+    rules = policy_state.take_deferred(layer)
+    if rules is None:
+        return
+    keep = rules.matches_by_name_or_class(layer)
+    if not keep and keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES:
+        if rules.predicates:
+            _internals.build_for_call(layer, args, kwargs)
+            keep = any(_call(p, layer) for p in rules.predicates)
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        keep = keep or any(rounded_ids(layer, t) for t in keras.tree.flatten(first))
+    if keep:
+        for inner in _internals.sublayers(layer):
+            dtype = keras.backend.standardize_dtype(inner.compute_dtype)
+            if not is_input_layer(inner) and dtype in HALF_DTYPES:
+                inner.dtype_policy = "float32"

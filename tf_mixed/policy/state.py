@@ -16,8 +16,10 @@ module, with the scope each piece really has:
   `disable` never turns it back on under another thread's float16 training),
   the hold taken for float16 layers made without `enable`
   (`hold_remapping_for_half_layers`, see `tf_mixed.policy.half_kernels`),
-  and the ``Layer.__init__`` hook that applies the keep_float32 rules
-  (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`).
+  the ``Layer.__init__`` hook that applies the keep_float32 rules
+  (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`),
+  and the layers whose keep_float32 predicates wait for the layer's first
+  call, with the rules they were created under (`defer_predicates`).
 
 `reset` forgets all of it at once.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
+import weakref
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -34,10 +37,10 @@ import tensorflow as tf
 from tf_mixed._internal import shims as _internals
 
 __all__ = [
-    "ThreadState", "half_layers_hold", "hold_remapping", "hold_remapping_for_half_layers",
-    "keep_rules", "release_remapping",
+    "ThreadState", "defer_predicates", "half_layers_hold", "hold_remapping",
+    "hold_remapping_for_half_layers", "keep_rules", "release_remapping",
     "remapping_holders", "reset", "scope_marker", "set_keep_rules",
-    "set_remapping_hold", "thread_state",
+    "set_remapping_hold", "take_deferred", "thread_state",
 ]
 
 
@@ -86,7 +89,8 @@ def thread_state() -> ThreadState:
 
 def set_keep_rules(rules: Any, bound: Any,
                    hook: Callable[[Any, object], None],
-                   container_hook: Callable[[Any], None] | None = None) -> None:
+                   container_hook: Callable[[Any], None] | None = None,
+                   install: bool = False) -> None:
     """Stores this thread's keep_float32 rules; installs the hooks if any.
 
     Args:
@@ -96,10 +100,12 @@ def set_keep_rules(rules: Any, bound: Any,
             ``Layer.__init__`` once installed (installed once per process).
         container_hook: Called as ``container_hook(model)`` once a model
             knows its layers (`tf_mixed._internal.shims.add_container_hook`).
+        install: Install the hooks even without rules (`enable` with a half
+            policy: a layer taking token ids as floats is kept in float32).
     """
     state = thread_state()
     state.keep, state.keep_bound = rules, bound
-    if rules:
+    if rules or install:
         _internals.add_layer_init_hook(hook)
         if container_hook is not None:
             _internals.add_container_hook(container_hook)
@@ -109,6 +115,35 @@ def keep_rules() -> tuple[Any, Any]:
     """``(rules, bound policy)`` of this thread, as `set_keep_rules` stored them."""
     state = thread_state()
     return state.keep, state.keep_bound
+
+
+# Layer -> the keep_float32 rules whose predicates it waits for (per
+# process: a layer created in one thread may first be called in another).
+_deferred: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def defer_predicates(layer: Any, rules: Any,
+                     call_hook: Callable[[Any, tuple, dict], None]) -> None:
+    """Keeps ``rules`` for ``layer`` until its first call; installs ``call_hook``.
+
+    Args:
+        layer: A layer just created under ``rules``.
+        rules: Its `tf_mixed.policy.keep_float32.KeepFloat32`.
+        call_hook: Called as ``call_hook(layer, args, kwargs)`` at the start
+            of every ``Layer.__call__`` once installed
+            (`tf_mixed._internal.shims.add_layer_call_hook`, once per process).
+    """
+    _internals.add_layer_call_hook(call_hook)
+    with _lock:
+        _deferred[layer] = rules
+
+
+def take_deferred(layer: Any) -> Any:
+    """The rules `defer_predicates` kept for ``layer``, forgotten; None if none."""
+    if not _deferred:  # every call of every layer comes here: no lock when empty
+        return None
+    with _lock:
+        return _deferred.pop(layer, None)
 
 
 def _option() -> bool | None:
@@ -189,9 +224,12 @@ def reset() -> None:
     work after an error left `enable` state behind, and for test fixtures
     (tests/conftest.py) that restore Keras's policy and the option around
     each test. Other threads' states are not reachable from here; a reset
-    thread starts as if `enable` had never run in it.
+    thread starts as if `enable` had never run in it. Layers still waiting for
+    their first call to run keep_float32 predicates (`defer_predicates`)
+    are forgotten too: they keep the policy they have.
     """
     global _holders, _before, _half_layers_hold
     _threads.state = ThreadState()
     with _lock:
         _holders, _before, _half_layers_hold = 0, None, False
+        _deferred.clear()

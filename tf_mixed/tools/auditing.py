@@ -11,7 +11,14 @@ What is checked (each finding has a severity, the layer, and the fix):
 * ``half_output_activation`` (error): a softmax/sigmoid/log_softmax computed in
   float16/bfloat16 produces a model output. The probabilities saturate and
   Keras loses its exact logits shortcut in the cross-entropy.
-* ``half_output`` (warning): a model output is float16/bfloat16.
+* ``half_output`` (warning): a model output is float16/bfloat16; an error
+  when the model is compiled with a top-k metric, which fails on it (Keras
+  computes top-k with TensorFlow's InTopKV2, float32 only).
+* ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
+  holds an ``Embedding`` takes its ids as floats straight from a model input:
+  Keras casts them to the half dtype first, which represents integers exactly
+  only up to 2048 (float16) / 256 (bfloat16) (`largest_exact_integer`), so
+  larger ids become other ids (bfloat16: 499 -> 500).
 * ``norm_overflow`` (warning): a normalization layer computing in float16
   whose arithmetic is known to overflow there. In Keras 3 BatchNormalization,
   LayerNormalization, GroupNormalization and RMSNormalization compute their
@@ -28,8 +35,10 @@ What is checked (each finding has a severity, the layer, and the fix):
 * ``explicit_float32`` (info): layers with a float32 policy in a mixed model
   (often deliberate; listed so they are not a surprise). tf_mixed's own
   float32 heads are not listed.
-* ``no_graph`` (info): a subclassed model has no symbolic graph, so output
-  dtypes and the memory estimate are unavailable.
+* ``no_graph`` (info): a subclassed model has no symbolic graph, so
+  per-layer output dtypes and the memory estimate are unavailable. Its
+  outputs are read from a traced call of the built model (float32 inputs
+  shaped as it was built), so the output findings above still apply.
 * float8 readiness (with ``float8=True``, or for a model with float8
   layers; `tf_mixed.float8.readiness`): ``float8_flop_share`` (info),
   ``float8_not_multiple_of_16`` and ``float8_keep_higher_precision``
@@ -62,6 +71,7 @@ from tf_mixed._internal.facts import layer_outputs
 from tf_mixed._internal.facts import model_outputs
 from tf_mixed._internal.facts import check_model_kind
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
@@ -323,14 +333,22 @@ def audit(model, batch_size: int | None = None, *,
     findings: list[Finding] = []
     outputs = model_outputs(model)
     output_layers = set()
+    top_k = _top_k_metrics(model)
     for tensor in outputs:
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
-        findings.extend(_output_findings(tensor, name, layer))
+        findings.extend(_output_findings(tensor, name, layer, top_k))
         if type(layer).__name__ in FLOAT32_HEADS:
             # The layer feeding a float32 head is the real output layer.
             for inner in _internals.call_inputs(layer):
                 output_layers.add(_producer(inner, layers)[0])
+    read = [] if outputs else _traced_outputs(model, layers)
+    trace_error = read if isinstance(read, str) else None
+    traced = [] if isinstance(read, str) else read
+    for dtype, name, layer in traced:
+        output_layers.add(name)
+        findings.extend(_output_findings(
+            dtype, name or f"{model.name} (its call)", layer, top_k))
     global_policy = keras.config.dtype_policy().name
     model_policy = model.dtype_policy.name
     if check_global_policy and model_policy != global_policy:
@@ -341,15 +359,32 @@ def audit(model, batch_size: int | None = None, *,
             f"so it does not compute under '{global_policy}'.",
             "call tf_mixed.enable() before building the model, or use "
             "model = tf_mixed.convert(model)."))
-    if not outputs:
+    if not outputs and traced:
         findings.append(Finding(
             "info", "no_graph", None,
             f"Model '{model.name}' ({type(model).__name__}) has no symbolic "
-            "outputs, so output dtypes and activation memory are not reported.",
-            "audit a Sequential or functional version of the model for these, "
-            "and check its outputs are float32."))
+            "graph: its outputs were read from a traced call, but per-layer "
+            "output dtypes and activation memory are not reported.",
+            "audit a Sequential or functional version of the model for these."))
+    elif not outputs and trace_error:
+        findings.append(Finding(
+            "info", "no_graph", None,
+            f"Model '{model.name}' ({type(model).__name__}) has no symbolic "
+            f"graph, and a traced call to read its outputs failed ({trace_error}), "
+            "so output dtypes and activation memory are not reported.",
+            "check its outputs are float32, or audit a Sequential or "
+            "functional version of the model."))
+    elif not outputs:
+        findings.append(Finding(
+            "info", "no_graph", None,
+            f"Model '{model.name}' ({type(model).__name__}) has no symbolic "
+            "outputs and is not built, so output dtypes and activation memory "
+            "are not reported.",
+            "build it (call it on a batch) and audit again, or audit a "
+            "Sequential or functional version of the model."))
     for name, layer in layers:
         findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
+        findings.extend(_ids_findings(name, layer))
     if batch_size is not None and batch_size % 8:
         findings.append(Finding(
             "warning", "batch_not_multiple_of_8", None,
@@ -385,8 +420,79 @@ def _effective_policy(model, layers) -> str:
     return max(counts, key=lambda name: (counts[name], name == model.dtype_policy.name))
 
 
-def _output_findings(tensor, name, layer) -> list[Finding]:
-    dtype = _dtype(tensor.dtype)
+def _traced_outputs(model, layers) -> list[tuple[str, str | None, Any]] | str:
+    """``(dtype, producer name, producer layer)`` per output of a subclassed model.
+
+    The model is called once in a ``tf.function`` trace (no step is run, no
+    weight is touched) on float32 inputs shaped as it was built
+    (``model.get_build_config()``); the layer whose ``call`` returned each
+    output is found by recording every layer's outputs. An output no layer
+    returned as is (an op in the model's own ``call``) has no producer.
+
+    Returns:
+      One entry per output; [] for a model (or a layer of it) that is not
+      built, or whose build shapes do not say how to call it (several
+      ``build`` arguments); the error in one line when the traced call
+      raised.
+    """
+    import tensorflow as tf
+
+    if not (model.built and all(layer.built for _, layer in layers)):
+        return []  # a trace would create the missing weights inside a graph
+    shapes = (model.get_build_config() or {}).get("input_shape")
+    if shapes is None:
+        return []
+    specs = keras.tree.map_shape_structure(
+        lambda shape: tf.TensorSpec(shape, "float32"), shapes)
+    found: list[tuple[str, str | None, Any]] = []
+
+    def trace(inputs):
+        found.clear()  # only the last trace counts
+        outputs = model(inputs, training=False)
+        for tensor in keras.tree.flatten(outputs):
+            name, layer = produced.get(id(tensor), (None, None))
+            found.append((_dtype(tensor.dtype), name, layer))
+
+    with _internals.recording_layer_outputs(layers) as produced:
+        try:
+            tf.function(trace, autograph=False).get_concrete_function(specs)
+        except Exception as error:  # the model's own call: report, not crash
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            return f"{type(error).__name__}: {first}"
+    return found
+
+
+def _top_k_metrics(model) -> list[str]:
+    """The top-k metrics the model is compiled with, by name."""
+    if not getattr(model, "compiled", False):
+        return []
+    found: list[str] = []
+
+    def visit(value):
+        if isinstance(value, dict):
+            name = value.get("class_name")
+            if isinstance(name, str) and "topk" in name.lower():
+                found.append(name)
+                return
+            for inner in value.values():
+                visit(inner)
+        elif isinstance(value, (list, tuple)):
+            for inner in value:
+                visit(inner)
+        elif isinstance(value, str) and "top_k" in value.lower():
+            found.append(value)
+
+    try:
+        config = model.get_compile_config() or {}
+    except Exception:  # a compile argument Keras cannot serialise
+        return []
+    visit(config.get("metrics"))
+    visit(config.get("weighted_metrics"))
+    return found
+
+
+def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
+    dtype = tensor if isinstance(tensor, str) else _dtype(tensor.dtype)
     if dtype not in HALF_DTYPES:
         return []
     activation = activation_name(layer) if layer is not None else None
@@ -400,6 +506,14 @@ def _output_findings(tensor, name, layer) -> list[Finding]:
             f"give '{name}' activation=None and add "
             f"tf_mixed.layers.OutputActivation('{activation}') after it, or "
             "run model = tf_mixed.convert(model).")]
+    if top_k:
+        return [Finding(
+            "error", "half_output", name,
+            f"the model output is {dtype} and the model is compiled with the "
+            f"top-k metric {top_k[0]}: Keras computes it with TensorFlow's "
+            "InTopKV2, which takes float32 only, so fit fails at its first step.",
+            f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+            "dtype='float32').")]
     return [Finding(
         "warning", "half_output", name,
         f"the model output is {dtype}, so the loss and metrics see "
@@ -440,6 +554,29 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             "nothing, if deliberate (outputs, numerically sensitive layers); "
             "otherwise drop its dtype argument."))
     return found
+
+
+def _ids_findings(name, layer) -> list[Finding]:
+    """Token ids a half-precision layer rounds on their way in (`rounded_ids`)."""
+    for tensor in _internals.call_inputs(layer):
+        found = rounded_ids(layer, tensor)
+        if found is None:
+            continue
+        input_dim, limit = found
+        dtype = _dtype(layer.compute_dtype)
+        source = _internals.keras_history(tensor).operation.name  # type: ignore[union-attr]
+        rounded = int(float(keras.ops.cast(float(limit + 1), dtype)))
+        return [Finding(
+            "error", "rounded_ids", name,
+            f"{type(layer).__name__} reads its input as indices (an Embedding of "
+            f"input_dim={input_dim}) but takes them as floats from input "
+            f"'{source}' and computes in {dtype}, so Keras casts the ids to {dtype} "
+            f"on the way in: ids above {limit} are rounded ({limit + 1} becomes "
+            f"{rounded}), and become other tokens or fall out of range.",
+            f"keep '{name}' in float32 (tf_mixed.convert(model) does; or "
+            f"tf_mixed.enable(..., keep_float32=['{name.rsplit('/', 1)[-1]}'])), or "
+            "feed the ids as integers: keras.Input(..., dtype='int32').")]
+    return []
 
 
 def _memory(layers, policy, batch_size) -> MemoryEstimate:

@@ -7,8 +7,9 @@
 How: the model is cloned twice with the same weights, once computing in
 the half-precision policy and once in float32. Each clone is wrapped in a
 multi-output model over every top-level layer's output, and both run the
-same batch with ``training=True`` (the clones, not the model, so BatchNorm
-statistics and other state of the model stay as they were):
+same batch with ``training=True`` (random layers aside, see below; the
+clones, not the model, so BatchNorm statistics and other state of the model
+stay as they were):
 
 * forward: each layer's half-precision output against the float32 one;
 * backward, half run: the gradient of the loss times the current loss
@@ -22,8 +23,23 @@ statistics and other state of the model stay as they were):
   recommended scale is the largest power of two at which none of those
   gradients of half-precision layers overflows.
 
-Layers with randomness (Dropout, noise) draw different masks in the two
-runs, so their relative error measures the masks, not the precision.
+Random layers (every layer, or layer inside a layer, holding a
+`keras.random.SeedGenerator`: Dropout, GaussianNoise, SpatialDropout, the
+dropout inside MultiHeadAttention, ...) run as in inference in both copies:
+Dropout passes its input through and noise layers add nothing, so the two
+runs cannot draw different values (a float16 and a float32 draw from the
+same seed give different masks: measured, about half the elements of a
+rate-0.5 mask differ) and a random layer is never blamed for its own draw.
+Every other layer runs as in training.
+
+Which layers compute in float32 in the half copy: every layer the model
+itself keeps in float32 (in a mixed model: layers converted with
+``keep_float32``, given ``dtype="float32"``, or kept by an `enable` rule);
+in a float32-built model, tf_mixed's float32 heads, the layers the
+``keep_float32`` rules of the active `tf_mixed.enable` match, and layers
+that would round float token ids on their way into an Embedding (as
+`tf_mixed.convert` keeps them). So a model `tf_mixed.convert` fixed probes
+as it trains.
 
 Layer names are those of `tf_mixed.audit`: a layer inside a nested model is
 its own row, named ``outer/inner`` (the clones inline nested models, so the
@@ -34,6 +50,8 @@ in-memory function (`tf_mixed.models.cloning`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Any
 
@@ -42,6 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed.models import cloning as _cloning
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import validate as _validate
 from tf_mixed.float8 import reading as float8_reading
@@ -53,6 +72,7 @@ from tf_mixed._internal.facts import FLOAT_POLICIES
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
 from tf_mixed._internal.facts import check_model_kind, half_policy, is_input_layer
 from tf_mixed._internal.facts import layer_outputs
+from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed.tools.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
@@ -121,8 +141,10 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     batches_list = _batches(model, x, y, batches)
     target = _resolve_policy(model, policy)
     half_dtype = keras.DTypePolicy(target).compute_dtype
-    half = _Tap(_clone(model, lambda layer: _half_dtype(model, layer, target)))
-    ref = _Tap(_clone(model, _float32_dtype))
+    kept = _kept_float32(model, half_dtype)
+    half = _Tap(_without_random_draws(
+        _clone(model, lambda layer: _half_dtype(model, layer, target, kept))))
+    ref = _Tap(_without_random_draws(_clone(model, _float32_dtype)))
     current = _current_scale(model, half_dtype)
 
     if half_gradients is None:
@@ -277,16 +299,70 @@ def _check_fits(model, x) -> None:
 # ------------------------------------------------------------------ clones
 
 
-def _half_dtype(model, layer, target) -> str | None:
-    """The policy `layer` gets in the half clone (None: keep its own)."""
+def _half_dtype(model, layer, target, kept: frozenset = frozenset()) -> str | None:
+    """The policy `layer` gets in the half clone (None: keep its own).
+
+    ``kept``: ids of the layers the active `enable` rules keep in float32.
+    """
     name = _policy_name(layer)
     if name not in FLOAT_POLICIES or is_input_layer(layer):
         return None
     if keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES:
         return target
-    if type(layer).__name__ in FLOAT32_HEADS or _has_half_layers(model):
+    if (type(layer).__name__ in FLOAT32_HEADS or id(layer) in kept
+            or _has_half_layers(model)):
         return None  # float32 on purpose
     return target
+
+
+def _kept_float32(model, half_dtype: str) -> frozenset:
+    """Ids of the layers of a float32-built model that stay float32 when it is
+    made mixed: those the active ``keep_float32`` rules of `enable` match (a
+    matching nested model keeps every layer inside it, as in `convert`), and
+    those that would round float token ids on their way in (as `convert`
+    keeps them: `tf_mixed._internal.facts.rounded_ids`)."""
+    rules = keep_float32_rules.active()
+    kept = set()
+    for _, layer in walk_layers(model):
+        if rules and rules.matches(layer):
+            kept.add(id(layer))
+            if isinstance(layer, keras.Model):
+                kept.update(id(inner) for _, inner in walk_layers(layer))
+        elif not isinstance(layer, keras.Model) and any(
+                rounded_ids(layer, tensor, half_dtype)
+                for tensor in _internals.call_inputs(layer)):
+            kept.add(id(layer))
+    return frozenset(kept)
+
+
+def _without_random_draws(flat: _cloning.FlatClone) -> _cloning.FlatClone:
+    """Makes every random layer of a clone run as in inference.
+
+    A random layer is one holding a `keras.random.SeedGenerator` (Dropout,
+    noise, random augmentation), also inside another layer (the dropout of
+    MultiHeadAttention). Its ``call`` gets ``training=False`` whatever the
+    caller passes, so the half and float32 runs cannot draw different values.
+    Only the probe's own clones are changed.
+    """
+    for _, _, clone in flat.layers:
+        for layer in _internals.sublayers(clone):
+            if _is_random(layer):
+                layer.call = _inference_call(layer.call)
+    return flat
+
+
+def _is_random(layer) -> bool:
+    takes_training = "training" in inspect.signature(layer.call).parameters
+    return takes_training and any(isinstance(value, keras.random.SeedGenerator)
+                                  for value in vars(layer).values())
+
+
+def _inference_call(call):
+    @functools.wraps(call)
+    def inference_call(*args, **kwargs):
+        kwargs["training"] = False
+        return call(*args, **kwargs)
+    return inference_call
 
 
 def _float32_dtype(layer) -> str | None:
