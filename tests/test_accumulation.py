@@ -447,3 +447,13 @@ def test_the_end_of_fit_drops_an_unfinished_window_with_a_warning():
         w = w - 2.0**-4 * 2 * x[rows].T @ residual / (STEPS * MICRO)
     np.testing.assert_allclose(model.get_weights()[0][:, 0], w, rtol=1e-6)
     assert int(opt.iterations.numpy()) == 4
+
+
+@pytest.mark.slow  # two processes
+def test_two_workers_resume_from_the_chiefs_file_inside_a_window(tmp_path):
+    """Each worker saves after micro-step 1 of window 1; both restore the
+    chief's file (every replica's buffer, gathered) and end as one device."""
+    results = run_two_workers(WORKER, tmp_path, "none", "1,1")
+    for result in results:
+        np.testing.assert_array_equal(np.array(result["weights"], np.float32), reference())
+        assert result["iterations"] == WINDOWS
