@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import validate as _validate
 
-__all__ = ["Accumulator", "load_variables", "save_variables", "steps_to_take_over",
+__all__ = ["AccumulationHooks", "Accumulator", "load_variables", "save_variables", "steps_to_take_over",
            "take_over", "validate_steps"]
 
 
@@ -118,6 +118,31 @@ def take_over(inner_optimizer, steps: int | None) -> Accumulator | None:
     """
     inner_optimizer.gradient_accumulation_steps = None
     return None if steps is None else Accumulator(steps)
+
+
+class AccumulationHooks:
+    """The optimizer methods accumulation overrides (a mixin of the wrapper).
+
+    Saving and loading keep each replica's buffers (`save_variables`,
+    `load_variables`); Keras's end of ``fit`` drops an unfinished window
+    (`Accumulator.end_of_fit`). Without accumulation they are Keras's own.
+    """
+
+    accumulator: Accumulator | None
+
+    def save_own_variables(self, store) -> None:
+        """Keras's layout; accumulation buffers per replica."""
+        save_variables(self, store)
+
+    def load_own_variables(self, store) -> None:
+        """Keras's (or Keras's wrapper's) layout; each replica's own buffers."""
+        load_variables(self, store, super().load_own_variables)  # type: ignore[misc]
+
+    def finalize_variable_values(self, var_list) -> None:
+        """At the end of ``fit``: drops an unfinished window (a warning)."""
+        if self.accumulator is not None:
+            self.accumulator.end_of_fit()
+        super().finalize_variable_values(var_list)  # type: ignore[misc]
 
 
 def _checked(steps, name, owner):

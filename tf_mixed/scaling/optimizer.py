@@ -96,7 +96,8 @@ class _Scratch:
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
-class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
+                         keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that applies dynamic loss scaling safely.
 
     On every ``apply``:
@@ -259,20 +260,6 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
         keras.optimizers.Optimizer.build(self, var_list)
-
-    def save_own_variables(self, store):
-        """Keras's layout; accumulation buffers per replica (`tf_mixed.scaling.accumulation`)."""
-        accumulation.save_variables(self, store)
-
-    def load_own_variables(self, store):
-        """Keras's (or Keras's wrapper's) layout; each replica's own accumulation buffers."""
-        accumulation.load_variables(self, store, super().load_own_variables)
-
-    def finalize_variable_values(self, var_list):
-        """At the end of ``fit``: drops an unfinished accumulation window (a warning)."""
-        if self.accumulator is not None:
-            self.accumulator.end_of_fit()
-        super().finalize_variable_values(var_list)
 
     def _state_variables(self) -> LossScaleState:
         return LossScaleState(
