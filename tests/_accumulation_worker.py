@@ -6,15 +6,19 @@ worker computes its half of every micro-batch (test_accumulation's data and
 loss) and applies it through ``LossScaleOptimizer(...,
 gradient_accumulation_steps=STEPS)`` under MultiWorkerMirroredStrategy; with
 SKIP a window number, worker 1 alone gets NaN gradients at micro-step 2 of
-that window. Writes its weights and counters to ``OUT.json``.
+that window. With RESUME ``window,micro`` (a fifth argument), every worker
+saves the optimizer after that micro-step, and every worker restores the
+chief's saved state into a fresh optimizer and goes on. Writes its weights
+and counters to ``OUT.json``.
 """
 
 import json
 import os
 import sys
+import time
 
 
-def main(index, ports, out_path, skip):
+def main(index, ports, out_path, skip, resume_at=None):
     os.environ["TF_CONFIG"] = json.dumps({
         "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
         "task": {"type": "worker", "index": index},
@@ -36,16 +40,20 @@ def main(index, ports, out_path, skip):
             gradient_accumulation_steps=t.STEPS)
         opt.build([w])
 
-    @tf.function
-    def step(xs, ys, start, poison):
-        def replica_fn():
-            residual = tf.linalg.matvec(xs, start) - ys
-            grad = (tf.linalg.matvec(xs, residual, transpose_a=True) / t.MICRO
-                    * opt.loss_scale.value)
-            grad = tf.where(poison, grad * np.nan, grad)
-            return opt.apply([grad], [w])
+    def make_step(opt):
+        @tf.function
+        def step(xs, ys, start, poison):
+            def replica_fn():
+                residual = tf.linalg.matvec(xs, start) - ys
+                grad = (tf.linalg.matvec(xs, residual, transpose_a=True) / t.MICRO
+                        * opt.loss_scale.value)
+                grad = tf.where(poison, grad * np.nan, grad)
+                return opt.apply([grad], [w])
 
-        return strategy.run(replica_fn)
+            return strategy.run(replica_fn)
+        return step
+
+    step = make_step(opt)
 
     x, y = t.data()
     half = t.MICRO // 2
@@ -56,6 +64,26 @@ def main(index, ports, out_path, skip):
             poison = index == 1 and window == skip and micro == 2
             step(tf.constant(x[first:first + half]), tf.constant(y[first:first + half]),
                  start, tf.constant(poison))
+            if resume_at == (window, micro):
+                # Every worker saves (a collective gathers all replicas); every
+                # worker then restores the CHIEF's file into a fresh optimizer.
+                store = {}
+                opt.save_own_variables(store)
+                chief = os.path.join(os.path.dirname(out_path), "chief_optimizer.npz")
+                if index == 0:
+                    np.savez(chief + ".tmp.npz", **store)
+                    os.replace(chief + ".tmp.npz", chief)
+                while not os.path.exists(chief):
+                    time.sleep(0.05)  # waits for a file, not for timing luck
+                with np.load(chief) as saved:
+                    loaded = {key: saved[key] for key in saved.files}
+                with strategy.scope():
+                    resumed = tf_mixed.LossScaleOptimizer(
+                        keras.optimizers.SGD(t.schedule()), initial_scale=16.0,
+                        gradient_accumulation_steps=t.STEPS)
+                    resumed.build([w])
+                resumed.load_own_variables(loaded)
+                opt, step = resumed, make_step(resumed)
     with open(out_path, "w") as f:
         json.dump({
             "weights": w.numpy().tolist(),
@@ -66,4 +94,6 @@ def main(index, ports, out_path, skip):
 
 if __name__ == "__main__":
     skip = None if sys.argv[4] == "none" else int(sys.argv[4])
-    main(int(sys.argv[1]), [int(p) for p in sys.argv[2].split(",")], sys.argv[3], skip)
+    resume_at = tuple(map(int, sys.argv[5].split(","))) if len(sys.argv) > 5 else None
+    main(int(sys.argv[1]), [int(p) for p in sys.argv[2].split(",")], sys.argv[3], skip,
+         resume_at)

@@ -339,3 +339,121 @@ def test_fit_under_mirrored_equals_one_device(mirrored):
         assert int(opt.iterations.numpy()) == WINDOWS
         results.append(model.get_weights()[0])
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
+# ------------------------------------------------ issue 28: per replica, end of fit
+
+
+def _replica_grads():
+    """Per micro-step, a different gradient on each replica (not sums of
+    powers of two: a resumed window must round as the uninterrupted one)."""
+    rng = np.random.default_rng(1)
+    return rng.normal(size=(2 * STEPS, 2, FEATURES)).astype(np.float32)
+
+
+def _mirrored_micro_steps(mirrored, w, opt, grads):
+    @tf.function
+    def step(both):
+        def replica_fn():
+            i = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return opt.apply([tf.gather(both, i)], [w])
+
+        mirrored.run(replica_fn)
+
+    for both in grads:
+        step(tf.constant(both))
+
+
+def _fresh_mirrored(mirrored):
+    with mirrored.scope():
+        w = keras.Variable(np.zeros(FEATURES, np.float32))
+        opt = tf_mixed.LossScaleOptimizer(keras.optimizers.Adam(2.0**-4), initial_scale=1.0,
+                                          dynamic=False, gradient_accumulation_steps=STEPS)
+        opt.build([w])
+    return w, opt
+
+
+def test_mirrored_resume_inside_a_window_equals_the_uninterrupted_run(mirrored):
+    grads = _replica_grads()  # two windows of STEPS micro-steps
+    w, opt = _fresh_mirrored(mirrored)
+    _mirrored_micro_steps(mirrored, w, opt, grads)
+    uninterrupted = [c.numpy() for c in w.value.values]
+
+    w1, first = _fresh_mirrored(mirrored)
+    _mirrored_micro_steps(mirrored, w1, first, grads[:STEPS + 2])  # inside window 2
+    store = {}
+    first.save_own_variables(store)
+    w2, resumed = _fresh_mirrored(mirrored)
+    w2.assign(w1.numpy())
+    resumed.load_own_variables(store)
+    _mirrored_micro_steps(mirrored, w2, resumed, grads[STEPS + 2:])
+    for copy, expected in zip(w2.value.values, uninterrupted):
+        np.testing.assert_array_equal(copy.numpy(), expected)  # exactly
+    buffer_key = str([id(v) for v in first.variables].index(id(first.accumulator.buffers[0])))
+    assert store[buffer_key].shape == (2, FEATURES)  # one row per replica
+
+
+def test_a_window_saved_on_two_replicas_resumes_on_one_with_its_sum(mirrored):
+    w1, first = _fresh_mirrored(mirrored)
+    _mirrored_micro_steps(mirrored, w1, first, np.ones((2, 2, FEATURES), np.float32))
+    store = {}
+    first.save_own_variables(store)
+    w = keras.Variable(np.zeros(FEATURES, np.float32))
+    one = tf_mixed.LossScaleOptimizer(keras.optimizers.Adam(2.0**-4), initial_scale=1.0,
+                                      dynamic=False, gradient_accumulation_steps=STEPS)
+    one.build([w])
+    with pytest.warns(RuntimeWarning, match="saved on 2 replicas and are restored onto 1"):
+        one.load_own_variables(store)
+    # Two micro-steps of ones on two replicas: the window's sum is 4.
+    np.testing.assert_array_equal(one.accumulator.buffers[0].numpy(), [4.0] * FEATURES)
+    assert int(one.accumulator.micro_step.numpy()) == 2
+
+
+def test_one_device_files_keep_the_plain_layout():
+    w = keras.Variable(np.zeros(2, np.float32))
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(1.0), gradient_accumulation_steps=2)
+    opt.build([w])
+    opt.apply([tf.constant([1.0, 2.0])], [w])
+    store = {}
+    opt.save_own_variables(store)
+    assert [np.shape(store[k]) for k in sorted(store, key=int)] == [
+        np.shape(v.numpy()) for v in opt.variables]
+
+
+def test_the_end_of_fit_drops_an_unfinished_window_with_a_warning():
+    """10 batches, windows of 4: 2 windows applied, the last 2 batches dropped."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(-2, 3, size=(10 * MICRO, FEATURES)).astype(np.float32)
+    y = rng.integers(-2, 3, size=(10 * MICRO,)).astype(np.float32)
+    model = keras.Sequential([keras.Input((FEATURES,)),
+                              keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(2.0**-4),
+                                  gradient_accumulation_steps=STEPS)
+    model.compile(optimizer=opt, loss="mse")
+    with pytest.warns(RuntimeWarning, match="fit ended 2 micro-step.*window of 4: they are dropped"):
+        model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    assert int(opt.iterations.numpy()) == 2
+    assert int(opt.accumulator.micro_step.numpy()) == 0
+    assert all(np.all(b.numpy() == 0) for b in opt.accumulator.buffers)
+    after_first = model.get_weights()[0].copy()
+    # The next fit starts a fresh window: its first 4 batches make one update
+    # from exactly these batches (no carried micro-steps).
+    with pytest.warns(RuntimeWarning, match="fit ended 2 micro-step"):
+        model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    w = after_first[:, 0].astype(np.float64)
+    for k in range(2):
+        rows = slice(k * STEPS * MICRO, (k + 1) * STEPS * MICRO)
+        residual = x[rows] @ w - y[rows]
+        w = w - 2.0**-4 * 2 * x[rows].T @ residual / (STEPS * MICRO)
+    np.testing.assert_allclose(model.get_weights()[0][:, 0], w, rtol=1e-6)
+    assert int(opt.iterations.numpy()) == 4
+
+
+@pytest.mark.slow  # two processes
+def test_two_workers_resume_from_the_chiefs_file_inside_a_window(tmp_path):
+    """Each worker saves after micro-step 1 of window 1; both restore the
+    chief's file (every replica's buffer, gathered) and end as one device."""
+    results = run_two_workers(WORKER, tmp_path, "none", "1,1")
+    for result in results:
+        np.testing.assert_array_equal(np.array(result["weights"], np.float32), reference())
+        assert result["iterations"] == WINDOWS

@@ -5,6 +5,7 @@ two-worker run in test_float8_multi_worker.py).
 """
 
 import pathlib
+import warnings
 
 import keras
 import numpy as np
@@ -197,7 +198,12 @@ def test_fractions_by_hand():
     # scale 2: 500/2 fits, 1000/2 does not; 0.001/2 now rounds to 0 too.
     assert fractions(x, 2.0, "float8_e4m3fn") == (1 / 6, 2 / 6)
     # e5m2: max 57344, smallest subnormal 2**-16.
-    assert fractions([1e-6, 1e-5, 60000.0, -1e5], 1.0, "float8_e5m2") == (2 / 4, 1 / 4)
+    assert fractions([1e-6, 1e-5, 62000.0, -1e5], 1.0, "float8_e5m2") == (2 / 4, 1 / 4)
+    # Saturated means clipped: beyond the largest value plus half the spacing
+    # below it (464 = 448 + 16, 61440 = 57344 + 4096), which the cast's
+    # rounding would bring back to the largest value anyway.
+    assert fractions([450.0, 464.0, 465.0, -470.0], 1.0, "float8_e4m3fn") == (2 / 4, 0.0)
+    assert fractions([60000.0, 61440.0, 61441.0], 1.0, "float8_e5m2") == (1 / 3, 0.0)
     assert fractions([], 1.0, "float8_e5m2") == (0.0, 0.0)
 
 
@@ -494,3 +500,147 @@ def test_gradient_accumulation_with_float8_is_refused():
                                         gradient_accumulation_steps=2)
     with pytest.raises(ValueError, match="cannot yet accumulate gradients of a model with float8"):
         optimizer.build(model.trainable_variables)
+
+
+# ------------------------------------- issue 28: knobs on a trained model, saturation
+
+
+def _trained_on_ones(steps=2):
+    model = _model()
+    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    _fit_ones(model, steps)
+    return model
+
+
+def _fit_ones(model, steps):
+    # Layer a's inputs have amax 1.0 at every step; SGD(0) keeps the weights.
+    x, y = np.ones((4 * steps, 16), np.float32), np.zeros((4 * steps, 16), np.float32)
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+
+
+def _scale_with_margin(margin):
+    # keras.quantizers.compute_float8_scale for amax 1.0, in float32.
+    return np.float32(1.0) / (np.float32(448.0) / np.float32(2.0**margin))
+
+
+@pytest.mark.slow  # several fits (> 3 s of CPU)
+def test_margin_set_on_a_trained_model_takes_effect_at_the_next_step():
+    model = _trained_on_ones()
+    layer = model.get_layer("a")
+    assert layer.inputs_scale.numpy() == _scale_with_margin(0)
+    tf_mixed.float8.quantize(model, margin=2, keep_float32=[])
+    _fit_ones(model, 1)
+    assert layer.inputs_scale.numpy() == _scale_with_margin(2)
+    tf_mixed.float8.quantize(model, keep_float32=[])  # back to margin 0
+    _fit_ones(model, 1)
+    assert layer.inputs_scale.numpy() == _scale_with_margin(0)
+
+
+@pytest.mark.slow  # several fits (> 3 s of CPU)
+def test_margin_takes_effect_in_a_step_already_traced():
+    model = _model()
+    tf_mixed.float8.quantize(model, keep_float32=[])
+    optimizer = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0))
+    step = tf_mixed.training.make_train_step(
+        model, lambda y, p: tf.reduce_mean(tf.cast(p, tf.float32)), optimizer)
+    x, y = tf.ones((4, 16)), tf.zeros((4, 16))
+    step(x, y)
+    step(x, y)
+    tf_mixed.float8.quantize(model, margin=3, keep_float32=[], optimizer=optimizer)
+    step(x, y)
+    assert model.get_layer("a").inputs_scale.numpy() == _scale_with_margin(3)
+
+
+def test_margin_set_again_after_loading_takes_effect(tmp_path):
+    model = _trained_on_ones()
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert loaded.optimizer.built  # its float8 scaling read at load
+    tf_mixed.float8.quantize(loaded, margin=2, keep_float32=[])
+    _fit_ones(loaded, 1)
+    assert loaded.get_layer("a").inputs_scale.numpy() == _scale_with_margin(2)
+
+
+def test_an_unchanged_kernel_never_saturates():
+    """Scales rounded by one ulp and a kernel a little larger are not clipping."""
+    model = _trained_on_ones(steps=6)
+    sync = loss_scale.float8_sync_of(model.optimizer)
+    reading = float8_monitor.read(sync)
+    assert reading.saturated_steps == 0 and reading.longest_streak == 0
+    assert reading.saturating_tensors == 0 and reading.max_overflow > 1.0  # rounding
+    kernel = model.get_layer("d").kernel  # the last layer: no input grows with it
+    kernel.assign(kernel * 1.02)  # grew by less than e4m3's rounding at the top
+    _fit_ones(model, 3)
+    assert float8_monitor.read(sync).saturated_steps == 0
+    kernel.assign(kernel * 1.05)  # beyond it: values are clipped
+    _fit_ones(model, 1)
+    assert tf_mixed.float8.state(model).get("d", "kernel").saturated_steps == 1
+    assert float8_sync.clipping_overflow("kernel") == 464.0 / 448.0
+    assert float8_sync.clipping_overflow("outputs_grad") == 61440.0 / 57344.0
+
+
+def _grow(start, steps, factor=1.5):
+    """Batches of 4 whose inputs grow by ``factor`` per step, from factor**start."""
+    x = np.concatenate([np.full((4, 16), factor**(start + i), np.float32)
+                        for i in range(steps)])
+    return x, np.zeros((4 * steps, 16), np.float32)
+
+
+def test_a_new_fit_with_a_new_monitor_starts_fresh():
+    with pytest.warns(RuntimeWarning, match="saturated for 3 consecutive"):
+        model, first, _ = _growing_fit(patience=3, check_every_n_batches=1)
+    assert first.stop_reason is not None
+    second = tf_mixed.float8.Float8Monitor(patience=3)
+    x, y = np.full((16, 16), 0.5, np.float32), np.zeros((16, 16), np.float32)
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[second])
+    assert second.stop_reason is None and not model.stop_training
+
+
+def _fit_growing(model, start, steps):
+    monitor = tf_mixed.float8.Float8Monitor(patience=5, check_every_n_batches=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(*_grow(start, steps), batch_size=4, shuffle=False, verbose=0,
+                  callbacks=[monitor])
+    advice = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    return monitor, advice
+
+
+@pytest.mark.parametrize("margin", [None, 3], ids=["advice-ignored", "advice-applied"])
+def test_the_monitors_advice_applied_changes_the_run(margin):
+    """Inputs grow 1.5x per step; the delayed scale is 2.25x too small."""
+    model = _model()
+    tf_mixed.float8.quantize(model, keep_float32=[])
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    first, advice = _fit_growing(model, 0, 10)
+    assert first.stop_reason is not None
+    assert "tf_mixed.float8.quantize(model, margin=1)" in advice[0]
+    assert "each unit of margin doubles it" in advice[0]
+    if margin is not None:  # 2.25x needs 2**2 of headroom; 2**3 settles faster
+        tf_mixed.float8.quantize(model, margin=margin, keep_float32=[])
+    done = int(model.optimizer.iterations.numpy())
+    second, _ = _fit_growing(model, done, 12)  # the growth goes on
+    if margin is None:
+        assert second.stop_reason is not None  # a new run of 5, not the old one
+        assert int(model.optimizer.iterations.numpy()) == done + 5
+    else:
+        assert second.stop_reason is None
+        assert int(model.optimizer.iterations.numpy()) == done + 12
+        assert float8_monitor.read(loss_scale.float8_sync_of(model.optimizer)).streak == 0
+
+
+@pytest.mark.slow  # several fits (> 3 s of CPU)
+def test_a_healthy_run_with_every_dense_in_float8_is_never_stopped():
+    """500 steps of Adam on a regression, patience 3, checked after every step."""
+    rng = np.random.default_rng(0)
+    model = _model()
+    tf_mixed.float8.quantize(model, keep_float32=[])
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.Adam(1e-3)), loss="mse")
+    x = rng.normal(size=(4000, 16)).astype(np.float32)
+    y = np.tanh(x @ rng.normal(size=(16, 16)).astype(np.float32))
+    monitor = tf_mixed.float8.Float8Monitor(patience=3, check_every_n_batches=1)
+    history = model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[monitor])
+    assert monitor.stop_reason is None and not model.stop_training
+    assert int(model.optimizer.iterations.numpy()) == 500
+    assert history.history["loss"][0] < float(np.mean(y**2))

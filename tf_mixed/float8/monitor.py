@@ -2,10 +2,15 @@
 
 The tf_mixed optimizer keeps, for the float8 layers it agrees scales for,
 counters that are identical on every replica and worker
-(`tf_mixed.scaling.float8_sync`): per tensor, how many steps saturated (the global
-amax went beyond what the scale in use represents) and how many amaxes
-were non-finite; and the current and longest run of consecutive steps in
-which some tensor saturated. The monitor reads them once per epoch (or
+(`tf_mixed.scaling.float8_sync`): per tensor, how many steps saturated (the
+cast clipped values: the global amax over the scale in use went beyond the
+format's largest value by more than rounding,
+`tf_mixed.scaling.float8_sync.clipping_overflow`; a kernel that grew a little
+or the one-ulp rounding of an unchanged kernel's scale does not count) and
+how many amaxes were non-finite; and the current and longest run of
+consecutive steps in which some tensor saturated. Each ``fit`` with a
+monitor starts the runs afresh (`Float8Sync.reset_streaks` at
+``on_train_begin``): a run of an earlier ``fit`` never stops a later one. The monitor reads them once per epoch (or
 every ``check_every_n_batches`` batches), writes floats into ``logs`` so
 `History`, TensorBoard and the progress bar show them, and judges them with
 a pure rule (`saturation_verdict`): ``patience`` consecutive saturating
@@ -29,7 +34,7 @@ from tf_mixed.float8 import readiness
 from tf_mixed._internal import validate as _validate
 from tf_mixed.float8 import reading as float8_reading
 from tf_mixed._internal.facts import walk_layers
-from tf_mixed.scaling.float8_sync import Float8Sync
+from tf_mixed.scaling.float8_sync import Float8Sync, clipping_overflow
 from tf_mixed.scaling.optimizer import LossScaleOptimizer, float8_sync_of
 
 __all__ = ["Float8Monitor", "Float8Saturation", "read", "saturation_verdict"]
@@ -39,15 +44,17 @@ class Float8Saturation(NamedTuple):
     """One reading of the optimizer's float8 counters (plain Python values).
 
     Attributes:
-        saturating_tensors: Tensors whose global amax in the last step went
-            beyond what their scale represented.
+        saturating_tensors: Tensors whose values the last step's cast
+            clipped (`tf_mixed.scaling.float8_sync.clipping_overflow`).
         max_overflow: The largest ``amax / (scale * format max)`` of the last
-            step (above 1.0 means values were clipped).
+            step (beyond `tf_mixed.scaling.float8_sync.clipping_overflow`,
+            1.036 for e4m3fn, values were clipped).
         saturated_steps: Sum over tensors of saturating steps so far.
         nonfinite_amax: Sum over tensors of non-finite amaxes kept out of
             the histories so far.
         streak: Consecutive steps, up to now, in which some tensor saturated.
-        longest_streak: The longest such run since the optimizer was built.
+        longest_streak: The longest such run since this ``fit`` began (with
+            a monitor; else since the optimizer was built).
     """
 
     saturating_tensors: int
@@ -66,8 +73,10 @@ def read(sync) -> Float8Saturation:
         return np.asarray(keras.ops.convert_to_numpy(value))
 
     overflow = first(sync.last_overflow)
+    clipping = np.array([clipping_overflow(slot.kind) for slot in sync.slots],
+                        np.float32)
     return Float8Saturation(
-        saturating_tensors=int(np.count_nonzero(overflow > 1.0)),
+        saturating_tensors=int(np.count_nonzero(overflow > clipping)),
         max_overflow=float(overflow.max(initial=0.0)),
         saturated_steps=int(first(sync.saturated_steps).sum()),
         nonfinite_amax=int(first(sync.nonfinite_amax).sum()),
@@ -89,11 +98,13 @@ def saturation_verdict(reading: Float8Saturation, patience: int) -> str | None:
         return None
     return (f"float8 saturated for {reading.longest_streak} consecutive steps "
             f"(patience {patience}): the delayed scales do not keep up with "
-            "the values, which are being clipped. Give the scales headroom "
-            "(tf_mixed.float8.quantization.quantize(model, margin=1)), follow the amax "
-            "faster (amax_compute_algo='most_recent' or a shorter "
-            "amax_history_length), or keep the saturating layers out of "
-            "float8 (see tf_mixed.float8.quantization.state(model)).")
+            "the values, which are being clipped (largest overflow "
+            f"{reading.max_overflow:.3g}x). Give the scales headroom: call "
+            "tf_mixed.float8.quantize(model, margin=1) (each unit of margin "
+            "doubles it; it takes effect on the trained model and its "
+            "optimizer) and fit again, or follow the amax faster with "
+            "amax_compute_algo='most_recent'; tf_mixed.float8.state(model) "
+            "says which tensors saturate.")
 
 
 class Float8Monitor(keras.callbacks.Callback):
@@ -178,8 +189,12 @@ class Float8Monitor(keras.callbacks.Callback):
                 f"{type(optimizer).__name__}. Compile with "
                 "optimizer=tf_mixed.wrap_optimizer(your_optimizer).")
         # The optimizer is built by fit's first step, in the strategy's
-        # scope; its float8 sync is read from the first check on.
+        # scope; its float8 sync is read from the first check on. A sync
+        # built before (an earlier fit) starts its streaks afresh.
         self._sync = None
+        earlier = float8_sync_of(optimizer) if optimizer.built else None
+        if earlier is not None:
+            earlier.reset_streaks()
 
     def _judge(self, logs) -> None:
         if self._sync is None:

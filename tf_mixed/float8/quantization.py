@@ -44,6 +44,7 @@ from tf_mixed.float8.lowering import LoweringReport, lowering_report
 from tf_mixed.float8.monitor import Float8Monitor, Float8Saturation
 from tf_mixed.float8.reading import Float8State, TensorState, state
 from tf_mixed.scaling.float8_sync import ALGORITHMS, Float8Scaling, set_scaling
+from tf_mixed.scaling.optimizer import float8_sync_of
 
 __all__ = [
     "ALGORITHMS",
@@ -131,15 +132,18 @@ class Float8Plan:
 def quantize(model: keras.Model, *, margin: int = 0,
              amax_history_length: int = DEFAULT_AMAX_HISTORY_LENGTH,
              amax_compute_algo: str = "max",
-             keep_float32: Any = "auto") -> Float8Plan:
+             keep_float32: Any = "auto", optimizer: Any = None) -> Float8Plan:
     """Puts a model's Dense/EinsumDense layers in float8, safely chosen.
 
     Rides on Keras's float8 quantization (each chosen layer gets Keras's
     ``QuantizedFloat8DTypePolicy``, as ``model.quantize("float8")`` gives
     it, with ``amax_history_length``). Layers already in float8 (a model
     quantized before, or loaded from a file) keep their variables and take
-    this call's ``margin`` and ``amax_compute_algo``; these two are not
-    saved in ``.keras`` files, so call `quantize` again after loading.
+    this call's ``margin`` and ``amax_compute_algo`` from the next step on,
+    also when an optimizer already trains the model (``model.optimizer``, or
+    ``optimizer`` in a custom loop): the tf_mixed optimizer reads them from
+    variables when the step runs. These two are not saved in ``.keras``
+    files, so call `quantize` again after loading.
 
     Call it on a built model, before ``compile`` (or compile again after),
     and train with ``tf_mixed.wrap_optimizer(...)`` so every replica and
@@ -160,6 +164,8 @@ def quantize(model: keras.Model, *, margin: int = 0,
             as for `tf_mixed.enable` (names, classes, predicates, or ``[]``
             for none), which replaces the automatic rule. Kept layers keep
             the model's own policy (e.g. bfloat16), not necessarily float32.
+        optimizer: The optimizer that trains the model when it is not
+            ``model.optimizer`` (a custom loop); None for ``model.optimizer``.
 
     Returns:
         A `Float8Plan` saying, per layer, float8 or kept, and why.
@@ -208,6 +214,11 @@ def quantize(model: keras.Model, *, margin: int = 0,
                 "float8", source_name=layer.dtype_policy.name,
                 amax_history_length=amax_history_length)
         set_scaling(layer, scaling)
+    for trainer in {id(o): o for o in (optimizer, getattr(model, "optimizer", None))
+                    if o is not None}.values():
+        sync = float8_sync_of(trainer)
+        if sync is not None:  # a built tf_mixed optimizer: the knobs it reads
+            sync.refresh_scaling()
     if chosen and getattr(model, "compiled", False):
         # As model.quantize does: the compiled step functions are stale.
         model.train_function = model.test_function = None

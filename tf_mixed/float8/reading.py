@@ -5,7 +5,8 @@ tensors (inputs, kernel, output gradient), the scale in use, the amax
 history, and the counters the tf_mixed optimizer keeps. With a batch
 (``state(model, x, y)``) it also measures, on that batch and with the
 current scales, the fraction of values that saturate (``|x| / scale`` beyond
-the format's largest finite value, so clipped) and that flush to zero (non-
+the format's largest finite value by more than the cast's rounding, so
+clipped) and that flush to zero (non-
 zero values that quantize to 0). The kernel's fractions need no batch.
 
 Keras's scale is a *dequantization* factor: a value ``x`` is stored as
@@ -44,15 +45,17 @@ class TensorState:
         scale: The scale in use, in unscaled units (loss scale removed).
         amax: The newest amax of the history (unscaled units).
         history_max: The largest amax in the history.
-        saturated: Fraction of the measured values with ``|x| / scale``
-            beyond the format's largest finite value; None if not measured
+        saturated: Fraction of the measured values the clip changed by
+            more than rounding (``|x| / scale`` beyond
+            `tf_mixed.scaling.float8_sync.SATURATION_LIMITS`); None if not measured
             (inputs and output gradient need a batch).
         flushed: Fraction of the measured values that are non-zero but
             quantize to 0; None if not measured. An output gradient is not
             measured when the loss reads past the layer's output (Keras's
             cross-entropy takes a softmax layer's logits directly).
-        saturated_steps: Steps whose global amax went beyond what the
-            scale in use represents (tf_mixed optimizer only, else None).
+        saturated_steps: Steps whose global amax, over the scale in use,
+            was clipped (beyond `SATURATION_LIMITS`; tf_mixed optimizer
+            only, else None).
         nonfinite_amax: Steps whose global amax was inf/NaN and was kept
             out of the history (tf_mixed optimizer only, else None).
         replicas_agree: Whether every local replica holds the same scale
@@ -154,8 +157,11 @@ def fractions(values, scale: float, fmt: str) -> tuple[float, float]:
     """Saturated and flushed fractions of ``values`` quantized with ``scale``.
 
     Exactly Keras's quantization (``x / scale``, clipped to the format's
-    range, cast): saturated counts ``|x| / scale`` beyond the largest finite
-    value (those are clipped); flushed counts non-zero values that become 0.
+    range, cast): saturated counts values the clip changed by more than the
+    cast's rounding would, ``|x| / scale`` beyond the largest finite value
+    plus half the spacing below it
+    (`tf_mixed.scaling.float8_sync.SATURATION_LIMITS`: 464 for e4m3fn);
+    flushed counts non-zero values that become 0.
 
     Args:
         values: An array of any shape.
@@ -171,7 +177,8 @@ def fractions(values, scale: float, fmt: str) -> tuple[float, float]:
         return 0.0, 0.0
     top = float(ml_dtypes.finfo(fmt).max)
     scaled = x / np.float32(scale)
-    saturated = np.count_nonzero(np.abs(scaled) > top)
+    saturated = np.count_nonzero(
+        np.abs(scaled) > float8_sync.SATURATION_LIMITS[fmt])
     quantized = np.clip(scaled, -top, top).astype(getattr(ml_dtypes, fmt))
     flushed = np.count_nonzero((x != 0) & (quantized.astype(np.float32) == 0))
     return saturated / x.size, flushed / x.size

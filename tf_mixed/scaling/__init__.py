@@ -26,6 +26,7 @@ from tf_mixed.scaling.compensated import (  # noqa: F401
     compensation_of,
     config_from_arguments,
     kahan_add,
+    kahan_sum,
     stochastic_round,
 )
 from tf_mixed.scaling.float8_sync import (  # noqa: F401
@@ -102,6 +103,7 @@ __all__ = [
     "forward_variables",
     "initial_state",
     "kahan_add",
+    "kahan_sum",
     "local_copies",
     "loss_scale_state",
     "next_scale",

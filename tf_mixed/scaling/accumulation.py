@@ -23,20 +23,38 @@ So ``iterations`` of the inner optimizer, and with it every learning-rate
 schedule, advance once per applied update; ``skipped_steps`` counts skipped
 windows; a scale change never happens in the middle of a window.
 
-`Accumulator` holds the buffers and the micro-step counter (checkpointed
-with the optimizer, so a run resumed in the middle of a window continues
-it); `validate_steps` is the argument's one check.
+`Accumulator` holds the buffers and the micro-step counter. Both are
+checkpointed with the optimizer, the buffers **per replica**
+(`save_variables`, `load_variables`): each replica's buffer holds its own
+shard's sum, so a file holds every replica's (all workers' too, gathered at
+save time: under MultiWorkerMirroredStrategy every worker saves, as the docs
+of multi-worker training say) and a restore gives each replica its own
+again; a run resumed in the middle of a window then makes the update the
+uninterrupted run makes, bit for bit. Restored onto another number of
+replicas, the window's sum is kept (on the first replica, zeros on the
+others) and a warning says the rounding may differ.
+
+**The end of fit.** Keras calls ``finalize_variable_values`` when ``fit``
+ends; a window left unfinished there (10 batches with 4 steps leave 2) is
+**dropped** with a warning (`Accumulator.end_of_fit`): its gradients are
+never applied and the next ``fit`` starts a fresh window. A custom loop
+that wants the same calls ``optimizer.finalize_variable_values(variables)``.
+
+`validate_steps` is the argument's one check.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import validate as _validate
 
-__all__ = ["Accumulator", "steps_to_take_over", "take_over", "validate_steps"]
+__all__ = ["AccumulationHooks", "Accumulator", "load_variables", "save_variables", "steps_to_take_over",
+           "take_over", "validate_steps"]
 
 
 def validate_steps(value, inner_steps=None) -> int | None:
@@ -100,6 +118,31 @@ def take_over(inner_optimizer, steps: int | None) -> Accumulator | None:
     """
     inner_optimizer.gradient_accumulation_steps = None
     return None if steps is None else Accumulator(steps)
+
+
+class AccumulationHooks:
+    """The optimizer methods accumulation overrides (a mixin of the wrapper).
+
+    Saving and loading keep each replica's buffers (`save_variables`,
+    `load_variables`); Keras's end of ``fit`` drops an unfinished window
+    (`Accumulator.end_of_fit`). Without accumulation they are Keras's own.
+    """
+
+    accumulator: Accumulator | None
+
+    def save_own_variables(self, store) -> None:
+        """Keras's layout; accumulation buffers per replica."""
+        save_variables(self, store)
+
+    def load_own_variables(self, store) -> None:
+        """Keras's (or Keras's wrapper's) layout; each replica's own buffers."""
+        load_variables(self, store, super().load_own_variables)  # type: ignore[misc]
+
+    def finalize_variable_values(self, var_list) -> None:
+        """At the end of ``fit``: drops an unfinished window (a warning)."""
+        if self.accumulator is not None:
+            self.accumulator.end_of_fit()
+        super().finalize_variable_values(var_list)  # type: ignore[misc]
 
 
 def _checked(steps, name, owner):
@@ -175,3 +218,134 @@ class Accumulator:
         tf.cond(is_last, reset, lambda: None)
         self.micro_step.assign((self.micro_step + 1) % self.steps)
 
+
+    def end_of_fit(self) -> int:
+        """Drops a window left unfinished when ``fit`` ends, with a warning.
+
+        Call it eagerly (``LossScaleOptimizer.finalize_variable_values``
+        does). Every replica's buffers and the counter go back to zero.
+
+        Returns:
+            The number of micro-steps dropped (0: the window was complete).
+        """
+        if self.micro_step is None:
+            return 0
+        dropped = int(_local_copies(self.micro_step)[0].numpy())
+        if dropped:
+            warnings.warn(
+                f"fit ended {dropped} micro-step(s) into a gradient accumulation "
+                f"window of {self.steps}: they are dropped (never applied), and "
+                "the next fit starts a fresh window. Give fit a number of "
+                f"batches per run that is a multiple of {self.steps} "
+                "(steps_per_epoch, or the data's length) to use every batch.",
+                RuntimeWarning, stacklevel=3)
+            for variable in [self.micro_step, *self.buffers]:
+                for copy in _local_copies(variable):
+                    copy.assign(tf.zeros(copy.shape, copy.dtype))
+        return dropped
+
+
+def _local_copies(variable) -> list:
+    """This process's copies of a (Keras) variable: one per local replica."""
+    value = getattr(variable, "value", variable)
+    if isinstance(value, tf.distribute.DistributedValues):
+        return list(value.values)
+    return [value]
+
+
+def _replicas_of(variable):
+    """``(strategy, global ids of the local copies, replicas in sync)``."""
+    value = getattr(variable, "value", variable)
+    if not isinstance(value, tf.distribute.DistributedValues):
+        return None, [0], 1
+    strategy = value.distribute_strategy
+    with strategy.scope():
+        ids = strategy.run(
+            lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
+        ids = [int(i) for i in strategy.experimental_local_results(ids)]
+    return strategy, ids, strategy.num_replicas_in_sync
+
+
+def _every_replica(buffers) -> list[np.ndarray]:
+    """Every replica's copy of each buffer, stacked ``[replicas, ...]``.
+
+    Across workers this is a collective (every worker must save).
+    """
+    strategy, _, replicas = _replicas_of(buffers[0])
+    if replicas == 1:
+        return [np.stack([c.numpy() for c in _local_copies(b)]) for b in buffers]
+    gathered = []
+    with strategy.scope():
+        for buffer in buffers:
+            # Read in replica context: each replica's own copy. (One buffer
+            # per run: a list returned by `run` gathers one replica only.)
+            local = strategy.run(
+                lambda b=buffer: tf.expand_dims(tf.convert_to_tensor(b.value), 0))
+            gathered.append(np.asarray(strategy.gather(local, axis=0)))
+    return gathered
+
+
+def save_variables(optimizer, store) -> None:
+    """Keras's ``save_own_variables``, with the buffers of every replica.
+
+    The layout is Keras's (``store[str(i)]`` for the i-th optimizer
+    variable); an accumulation buffer's entry holds ``[replicas, *shape]``
+    when the optimizer runs on several replicas, its own shape otherwise.
+    """
+    accumulator = optimizer.accumulator
+    stacked = {}
+    if accumulator is not None and accumulator.buffers:
+        _, _, replicas = _replicas_of(accumulator.buffers[0])
+        if replicas > 1:
+            stacked = {id(b): value for b, value in zip(
+                accumulator.buffers, _every_replica(accumulator.buffers))}
+    for i, variable in enumerate(optimizer.variables):
+        if id(variable) in stacked:
+            store[str(i)] = stacked[id(variable)]
+        else:
+            store[str(i)] = variable.numpy()
+
+
+def load_variables(optimizer, store, load) -> None:
+    """``load`` (Keras's ``load_own_variables``), then each replica's buffer.
+
+    Args:
+        optimizer: A built ``LossScaleOptimizer``.
+        store: What ``save_variables`` wrote (or an older file).
+        load: The loader of the plain layout, called with a store whose
+            buffer entries have the buffer's own shape.
+    """
+    accumulator = optimizer.accumulator
+    variables = optimizer.variables
+    if (accumulator is None or not accumulator.buffers or not optimizer.built
+            or len(store.keys()) != len(variables)):
+        load(store)
+        return
+    index = {id(v): str(i) for i, v in enumerate(variables)}
+    plain = {key: store[key] for key in store.keys()}
+    saved = {}
+    for buffer in accumulator.buffers:
+        value = np.asarray(plain[index[id(buffer)]], np.float32)
+        saved[id(buffer)] = (value if value.shape != tuple(buffer.shape)
+                             else value[None])
+        plain[index[id(buffer)]] = np.zeros(buffer.shape, np.float32)
+    load(plain)
+    _, ids, replicas = _replicas_of(accumulator.buffers[0])
+    folded = False
+    for buffer in accumulator.buffers:
+        rows = saved[id(buffer)]
+        if len(rows) != replicas:
+            # Another replica count: keep the window's sum, on replica 0.
+            folded = folded or len(rows) > 1
+            total = rows.sum(axis=0, dtype=np.float32)
+            rows = np.stack([total if i == 0 else np.zeros_like(total)
+                             for i in range(replicas)])
+        for copy, replica in zip(_local_copies(buffer), ids):
+            copy.assign(rows[replica])
+    if folded:
+        warnings.warn(
+            "The optimizer's accumulation buffers were saved on "
+            f"{len(saved[id(accumulator.buffers[0])])} replicas and are "
+            f"restored onto {replicas}: the window's sum is kept (on the first "
+            "replica), but its rounding may differ from the uninterrupted run.",
+            RuntimeWarning, stacklevel=3)

@@ -35,14 +35,18 @@ what Keras's layer divides the *loss-scaled* gradient by, so it holds the
 unscaled scale times the loss scale of the next step.
 
 Per tensor the optimizer also keeps counters (not saved in checkpoints):
-steps whose global amax went beyond what the scale in use could represent
-(those steps saturated values), non-finite amaxes, and the last agreed
-amax; `tf_mixed.float8.quantization.state` reads them.
+steps whose global amax, over the scale in use, went beyond what the cast
+rounds to its largest value (`clipping_overflow`: values were clipped, not
+just rounded), non-finite amaxes, and the last agreed amax;
+`tf_mixed.float8.quantization.state` reads them. The margin and amax
+algorithm live in variables the step reads (`Float8Sync.refresh_scaling`),
+so changing them on a trained model takes effect at the next step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -57,9 +61,11 @@ __all__ = [
     "ALGORITHMS",
     "FORMATS",
     "KINDS",
+    "SATURATION_LIMITS",
     "Float8Scaling",
     "Float8Sync",
     "Slot",
+    "clipping_overflow",
     "find_slots",
     "next_scale",
     "scaling_of",
@@ -75,6 +81,14 @@ FORMATS = {"inputs": "float8_e4m3fn", "kernel": "float8_e4m3fn",
 FORMAT_LIMITS = {name: (limits.max, limits.smallest_subnormal)
                  for name in ("float8_e4m3fn", "float8_e5m2")
                  for limits in [dtype_limits(name)]}
+# Where the clip to the largest finite value starts to change a value by more
+# than the cast's own rounding would: the largest finite value plus half the
+# spacing below it (448 + 32/2 = 464; 57344 + 8192/2 = 61440). A scaled value
+# below this would round to the largest finite value anyway; beyond it, it is
+# clipped.
+SATURATION_LIMITS = {name: limits.max + 2.0 ** math.floor(math.log2(limits.max)) * limits.eps / 2
+                     for name in ("float8_e4m3fn", "float8_e5m2")
+                     for limits in [dtype_limits(name)]}
 # How the amax that sets the scale is taken from the history.
 ALGORITHMS = ("max", "most_recent")
 
@@ -174,6 +188,14 @@ def find_slots(variables: Sequence) -> list[Slot]:
     return slots
 
 
+def _scale_from(history, scale, kind: str, margin, most_recent):
+    """`next_scale` with the knobs as tensors (read when the step runs)."""
+    amax = tf.where(most_recent, history[0], tf.reduce_max(history, axis=0))
+    top = tf.constant(FORMAT_LIMITS[FORMATS[kind]][0], tf.float32)
+    return keras.quantizers.compute_float8_scale(amax, scale, top,
+                                                 margin=margin)
+
+
 def next_scale(history, scale, kind: str, scaling: Float8Scaling):
     """Keras's new scale from a history, with margin and algorithm.
 
@@ -191,13 +213,23 @@ def next_scale(history, scale, kind: str, scaling: Float8Scaling):
     Returns:
         The new scale, a float32 scalar tensor.
     """
-    if scaling.amax_compute_algo == "max":
-        amax = tf.reduce_max(history, axis=0)
-    else:
-        amax = history[0]
-    top = tf.constant(FORMAT_LIMITS[FORMATS[kind]][0], tf.float32)
-    return keras.quantizers.compute_float8_scale(amax, scale, top,
-                                                 margin=scaling.margin)
+    return _scale_from(history, scale, kind,
+                       tf.constant(float(scaling.margin), tf.float32),
+                       tf.constant(scaling.amax_compute_algo == "most_recent"))
+
+
+def clipping_overflow(kind: str) -> float:
+    """The ``amax / (scale * largest value)`` beyond which a cast clips values.
+
+    A step *saturates* a tensor when its amax, divided by the scale in use,
+    lies beyond `SATURATION_LIMITS` of its format: some value then lost
+    more to the clip than the cast's rounding would take (1.0357 for
+    e4m3fn, 1.0714 for e5m2). An amax just above the largest value (a
+    kernel that grew by less than that, or the one-ulp rounding of an
+    unchanged kernel's scale) rounds to the largest value anyway.
+    """
+    fmt = FORMATS[kind]
+    return SATURATION_LIMITS[fmt] / FORMAT_LIMITS[fmt][0]
 
 
 def _roll_in(history, amax):
@@ -223,6 +255,9 @@ class Float8Sync:
         self.slots = tuple(slots)
         self._variables = {id(v) for s in self.slots for v in (s.scale, s.history)}
         k = len(self.slots)
+        # The overflow (amax over scale times the format's largest value)
+        # beyond which values were clipped, not just rounded, per slot.
+        self._clipping_overflow = [clipping_overflow(s.kind) for s in self.slots]
 
         def counter(dtype, value=0):
             return tf.Variable(tf.fill([k], tf.constant(value, dtype)),
@@ -234,13 +269,50 @@ class Float8Sync:
         self.nonfinite_amax = counter(tf.int64)
         self.last_amax = counter(tf.float32, -1.0)
         self.last_overflow = counter(tf.float32, 0.0)
+        # The knobs of every slot, as variables: a step reads them when it
+        # runs, so `refresh_scaling` takes effect without a retrace.
+        # (Initial values, not an assign: built inside a traced step, an
+        # assign would run again at every step.)
+        def knob(values, dtype):
+            return tf.Variable(tf.constant(values, dtype, shape=[k]),
+                               trainable=False,
+                               aggregation=tf.VariableAggregation.NONE)
+
+        self.margin = knob([float(s.scaling.margin) for s in self.slots],
+                           tf.float32)
+        self.most_recent = knob(
+            [s.scaling.amax_compute_algo == "most_recent" for s in self.slots],
+            tf.bool)
         # Consecutive applied steps in which some tensor saturated, and the
-        # longest such run since the optimizer was built.
+        # longest such run since `reset_streaks` (the optimizer's build, or
+        # the start of a fit under `Float8Monitor`).
         self.streak = tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                   aggregation=tf.VariableAggregation.NONE)
         self.longest_streak = tf.Variable(
             tf.constant(0, tf.int64), trainable=False,
             aggregation=tf.VariableAggregation.NONE)
+
+    def refresh_scaling(self) -> None:
+        """Reads every slot's `Float8Scaling` again (after `set_scaling`).
+
+        `tf_mixed.float8.quantize` calls it on a trained model's optimizer,
+        so a new margin or amax algorithm takes effect from the next step,
+        in a step already traced too. Call it eagerly.
+        """
+        self.slots = tuple(slot._replace(scaling=scaling_of(slot.history))
+                           for slot in self.slots)
+        self.margin.assign([float(s.scaling.margin) for s in self.slots])
+        self.most_recent.assign(
+            [s.scaling.amax_compute_algo == "most_recent" for s in self.slots])
+
+    def reset_streaks(self) -> None:
+        """Starts the saturation streaks afresh (the other counters keep counting).
+
+        ``Float8Monitor`` calls it at the start of every ``fit``, so a streak
+        of an earlier run never stops a later one. Call it eagerly.
+        """
+        self.streak.assign(tf.zeros_like(self.streak))
+        self.longest_streak.assign(tf.zeros_like(self.longest_streak))
 
     @classmethod
     def for_variables(cls, variables) -> Float8Sync | None:
@@ -337,8 +409,9 @@ class Float8Sync:
                 in_use = in_use / before
             top = FORMAT_LIMITS[FORMATS[slot.kind]][0]
             overflow.append(tf.where(bad[i], 0.0, amax[i] / (in_use * top)))
-            new_scale = tf.where(applied, next_scale(history, in_use, slot.kind,
-                                                     slot.scaling), in_use)
+            new_scale = tf.where(applied, _scale_from(
+                history, in_use, slot.kind, self.margin[i],
+                self.most_recent[i]), in_use)
             new_history = tf.where(advance[i], _roll_in(history, amax[i]),
                                    history)
             if slot.kind == "outputs_grad":
@@ -346,7 +419,8 @@ class Float8Sync:
             slot.history.assign(new_history)
             slot.scale.assign(new_scale)
         overflow = tf.stack(overflow)
-        saturated = tf.logical_and(applied, overflow > 1.0)
+        saturated = tf.logical_and(
+            applied, overflow > tf.constant(self._clipping_overflow, tf.float32))
         self.saturated_steps.assign_add(tf.cast(saturated, tf.int64))
         streak = tf.where(
             applied,

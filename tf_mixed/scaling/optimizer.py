@@ -96,7 +96,8 @@ class _Scratch:
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
-class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
+                         keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that applies dynamic loss scaling safely.
 
     On every ``apply``:
