@@ -460,3 +460,18 @@ def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
     layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
     assert _internals.lambda_output_shape(layer) == (2,)
     assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None
+
+
+def test_constructor_arguments_are_those_keras_recorded():  # Operation._auto_config
+    class NoKwargs(keras.layers.Layer):
+        def __init__(self, width, label="x"):
+            super().__init__()
+            self.width = width
+
+    assert _internals.constructor_arguments(NoKwargs(3)) == {"width": 3, "label": "x"}
+
+    class Unrecordable(keras.layers.Layer):
+        def __init__(self, table):
+            super().__init__()
+
+    assert _internals.constructor_arguments(Unrecordable([object()])) == {}
