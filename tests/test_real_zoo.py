@@ -24,8 +24,9 @@ from tf_mixed.cli.main import main as cli_main
 GRAPH = [name for name, spec in REAL.items() if spec.kind != "subclassed_model"]
 
 
-def _params(names):
-    return [pytest.param(n, marks=pytest.mark.slow) if REAL[n].heavy else n for n in names]
+def _params(names, also_slow=()):
+    return [pytest.param(n, marks=pytest.mark.slow) if REAL[n].heavy or n in also_slow else n
+            for n in names]
 
 
 EVERY_MODEL = pytest.mark.parametrize("name", _params(REAL))
@@ -191,10 +192,14 @@ def test_float8_quantize_real_model(name):
 # ---------------------------------------------------------------- training
 
 
-@EVERY_MODEL
+@pytest.mark.parametrize("name", _params(REAL, also_slow=["transformer"]))  # 6.5 s CPU
 def test_make_train_step_real_model(name):
     spec = REAL[name]
-    tf_mixed.enable("mixed_float16", quiet=True)
+    # float16 at a random init overflows on the raw 0-255 images of ResNet50
+    # and EfficientNetB0 (measured: the first step is skipped, as it should
+    # be); the step function is what is tested here, so those run bfloat16.
+    tf_mixed.enable("mixed_bfloat16" if spec.kind == "application" else "mixed_float16",
+                    quiet=True)
     model = spec.ready()
     optimizer = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**8)
     step = training.make_train_step(model, spec.loss, optimizer)
