@@ -244,5 +244,7 @@ def test_cli_commands_take_a_saved_real_model(name, tmp_path, capsys):
                  ["tf_mixed", "probe", path, data, "--batch_size=4",
                   f"--output_dir={tmp_path / 'probe'}"],
                  ["tf_mixed", "export", path, data, "--batch_size=4", "--format=saved_model",
-                  f"--output_dir={tmp_path / 'exported'}"]):
+                  f"--output_dir={tmp_path / 'exported'}"],
+                 ["tf_mixed", "doctor", path, data, "--batch_size=4", "--policy=mixed_bfloat16",
+                  f"--output_dir={tmp_path / 'doctor'}"]):
         assert cli_main(argv) == 0, (argv, capsys.readouterr().err)
