@@ -23,7 +23,7 @@ from zoo import (
 import tf_mixed
 from tf_mixed._internal import facts as _facts
 from tf_mixed.serving import exporting
-from tf_mixed.models import rebuilding as rebuild
+from tf_mixed.models import conversion as rebuild
 
 # Mixed policies, and the pure half ones (variables in half precision too).
 TRAINING_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")

@@ -582,3 +582,17 @@ def test_recording_layer_outputs_names_the_producer_and_unwraps():
         out = dense(np.zeros((1, 3), "float32"))
         assert produced[id(out)] == ("rec_d", dense)
     assert "call" not in vars(dense)
+
+def test_constructor_arguments_are_those_keras_recorded():  # Operation._auto_config
+    class NoKwargs(keras.layers.Layer):
+        def __init__(self, width, label="x"):
+            super().__init__()
+            self.width = width
+
+    assert _internals.constructor_arguments(NoKwargs(3)) == {"width": 3, "label": "x"}
+
+    class Unrecordable(keras.layers.Layer):
+        def __init__(self, table):
+            super().__init__()
+
+    assert _internals.constructor_arguments(Unrecordable([object()])) == {}

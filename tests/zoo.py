@@ -304,6 +304,235 @@ REFUSED: dict[str, ZooSpec] = {
 }
 
 
+# ---------------------------------------------------------------- real models
+#
+# `REAL` holds models nobody here wrote, as users bring them: keras.applications
+# (weights=None, the smallest input each accepts, 3 classes), the keras-io
+# transformer text classifier and ViT (custom layers whose constructor has no
+# **kwargs, as keras-io writes them; token ids through a float Input; patching
+# with keras.ops), a functional model with Keras ops on tensors, and a
+# subclassed model. ``heavy`` members (tens of MB of weights, seconds per
+# step on a CPU) run in the slow tier. ``loadable``: keras.saving can load the
+# saved file (a custom layer without **kwargs cannot be deserialised by Keras).
+
+REAL_KINDS = ("application", "transformer", "vit", "keras_ops", "subclassed_model")
+IMAGE = (32, 32, 3)  # the smallest input every application here accepts
+CLASSES = 3
+
+
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """keras-io's text-classification embedding, as written there (no **kwargs)."""
+
+    def __init__(self, maxlen, vocab_size, embed_dim):
+        super().__init__()
+        self.token_emb = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim,
+                                                embeddings_initializer=_uniform(11))
+        self.pos_emb = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim,
+                                              embeddings_initializer=_uniform(12))
+
+    def call(self, x):
+        maxlen = keras.ops.shape(x)[-1]
+        positions = keras.ops.arange(start=0, stop=maxlen, step=1)
+        return self.token_emb(x) + self.pos_emb(positions)
+
+
+class TransformerBlock(keras.layers.Layer):
+    """keras-io's transformer block, as written there (no **kwargs)."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+        super().__init__()
+        self.att = keras.layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim,
+                                                   kernel_initializer=_init(13))
+        self.ffn = keras.Sequential([
+            keras.layers.Dense(ff_dim, activation="relu", kernel_initializer=_init(14)),
+            keras.layers.Dense(embed_dim, kernel_initializer=_init(15))])
+        self.layernorm1 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = keras.layers.Dropout(rate, seed=1)
+        self.dropout2 = keras.layers.Dropout(rate, seed=2)
+
+    def call(self, inputs, training=None):
+        attn_output = self.dropout1(self.att(inputs, inputs), training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.dropout2(self.ffn(out1), training=training)
+        return self.layernorm2(out1 + ffn_output)
+
+
+class Patches(keras.layers.Layer):
+    """keras-io's ViT patching with keras.ops, as written there (no **kwargs)."""
+
+    def __init__(self, patch_size):
+        super().__init__()
+        self.patch_size = patch_size
+
+    def call(self, images):
+        patches = keras.ops.image.extract_patches(images, size=self.patch_size)
+        shape = keras.ops.shape(patches)
+        return keras.ops.reshape(patches, (shape[0], shape[1] * shape[2], shape[3]))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"patch_size": self.patch_size})
+        return config
+
+
+class PatchEncoder(keras.layers.Layer):
+    """keras-io's ViT patch encoder, as written there (no **kwargs)."""
+
+    def __init__(self, num_patches, projection_dim):
+        super().__init__()
+        self.num_patches = num_patches
+        self.projection = keras.layers.Dense(units=projection_dim, kernel_initializer=_init(16))
+        self.position_embedding = keras.layers.Embedding(
+            input_dim=num_patches, output_dim=projection_dim,
+            embeddings_initializer=_uniform(17))
+
+    def call(self, patch):
+        positions = keras.ops.expand_dims(
+            keras.ops.arange(start=0, stop=self.num_patches, step=1), axis=0)
+        return self.projection(patch) + self.position_embedding(positions)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_patches": self.num_patches})
+        return config
+
+
+def _uniform(seed):
+    return keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
+
+
+def _seeded(build):
+    """keras.applications take no initializer seeds: seed Keras's generator."""
+    @functools.wraps(build)
+    def seeded():
+        keras.utils.set_random_seed(7)
+        return build()
+    return seeded
+
+
+@_seeded
+def _resnet50():
+    return keras.applications.ResNet50(weights=None, input_shape=IMAGE, classes=CLASSES)
+
+
+@_seeded
+def _mobilenet_v3_small():
+    return keras.applications.MobileNetV3Small(
+        weights=None, input_shape=IMAGE, classes=CLASSES, include_preprocessing=True)
+
+
+@_seeded
+def _efficientnet_b0():
+    return keras.applications.EfficientNetB0(weights=None, input_shape=IMAGE, classes=CLASSES)
+
+
+@_seeded
+def _convnext_tiny():
+    return keras.applications.ConvNeXtTiny(weights=None, input_shape=IMAGE, classes=CLASSES)
+
+
+MAXLEN, VOCAB = 8, 64
+
+
+def _transformer():
+    inputs = keras.Input(shape=(MAXLEN,), name="tokens")  # float, as keras-io's
+    x = TokenAndPositionEmbedding(MAXLEN, VOCAB, 16)(inputs)
+    x = TransformerBlock(16, 2, 16)(x)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    x = keras.layers.Dropout(0.1, seed=3, name="drop")(x)
+    outputs = keras.layers.Dense(2, activation="softmax", kernel_initializer=_init(18),
+                                 name="head")(x)
+    return keras.Model(inputs, outputs, name="transformer")
+
+
+def _vit():
+    inputs = keras.Input(shape=(16, 16, 3), name="image")
+    patches = Patches(4)(inputs)
+    encoded = PatchEncoder(16, 16)(patches)
+    x1 = keras.layers.LayerNormalization(epsilon=1e-6, name="ln1")(encoded)
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8, kernel_initializer=_init(19),
+                                                name="mha")(x1, x1)
+    x2 = attention + encoded  # a Keras op on tensors, not a layer
+    x3 = keras.layers.LayerNormalization(epsilon=1e-6, name="ln2")(x2)
+    x3 = keras.layers.Dense(16, activation="gelu", kernel_initializer=_init(20), name="mlp")(x3)
+    encoded = x3 + x2
+    x = keras.layers.Flatten(name="flat")(keras.layers.LayerNormalization(name="ln3")(encoded))
+    outputs = keras.layers.Dense(CLASSES, kernel_initializer=_init(21), name="logits")(x)
+    return keras.Model(inputs, outputs, name="vit")
+
+
+def _keras_ops():
+    inputs = keras.Input((FEATURES,), name="x")
+    reversed_ = inputs[:, ::-1]  # GetItem
+    h = keras.layers.Dense(8, activation="relu", kernel_initializer=_init(1), name="d1")(inputs)
+    mixed = h * 2.0 + reversed_ - 1.0  # Multiply, Add, Subtract
+    joined = keras.ops.concatenate([mixed, inputs[:, :4]], axis=-1)
+    shared = keras.layers.Dense(4, kernel_initializer=_init(2), name="shared")
+    both = shared(joined[:, :6]) + shared(joined[:, 6:])  # a layer called twice
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(3), name="head")(both)
+    return keras.Model(inputs, outputs, name="keras_ops")
+
+
+class RealSubclassed(keras.Model):
+    """A subclassed image classifier, as the Keras guides write one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = keras.layers.Conv2D(8, 3, activation="relu", kernel_initializer=_init(22))
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.head = keras.layers.Dense(CLASSES, kernel_initializer=_init(23))
+
+    def call(self, x):
+        return self.head(self.pool(self.conv(x / 255.0)))
+
+
+def _real_subclassed():
+    model = RealSubclassed(name="real_subclassed")
+    model(np.zeros((1, 16, 16, 3), "float32"))
+    return model
+
+
+def _images(shape):
+    def data(n, seed=0):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(0, 255, size=(n, *shape)).astype("float32")
+        return x, (np.arange(n) % CLASSES).astype("int32")
+    return data
+
+
+def _token_data(n, seed=0):
+    ids = np.random.default_rng(seed).integers(0, VOCAB, size=(n, MAXLEN)).astype("float32")
+    return ids, (ids[:, 0] % 2).astype("int32")
+
+
+@dataclasses.dataclass(frozen=True)
+class RealSpec(ZooSpec):
+    """A `ZooSpec` of the real-model zoo, with ``heavy`` and ``loadable``."""
+
+    heavy: bool = False
+    loadable: bool = True
+
+
+_SCC = "sparse_categorical_crossentropy"
+_REAL_SPECS = (
+    RealSpec("resnet50", "application", _resnet50, _images(IMAGE), _SCC, heavy=True),
+    RealSpec("mobilenet_v3_small", "application", _mobilenet_v3_small, _images(IMAGE), _SCC,
+             heavy=True),
+    RealSpec("efficientnet_b0", "application", _efficientnet_b0, _images(IMAGE), _SCC,
+             heavy=True),
+    RealSpec("convnext_tiny", "application", _convnext_tiny, _images(IMAGE), _SCC, heavy=True),
+    RealSpec("transformer", "transformer", _transformer, _token_data, _SCC, loadable=False),
+    RealSpec("vit", "vit", _vit, _images((16, 16, 3)), _SCC, loadable=False),
+    RealSpec("keras_ops", "keras_ops", _keras_ops, _regression, "mse"),
+    RealSpec("real_subclassed", "subclassed_model", _real_subclassed, _images((16, 16, 3)), _SCC,
+             loadable=False),
+)
+
+REAL: dict[str, RealSpec] = {spec.name: spec for spec in _REAL_SPECS}
+assert all(spec.kind in REAL_KINDS for spec in _REAL_SPECS)
+
+
 def load(path: str, name: str) -> keras.Model:
     """Loads a saved zoo model ``name`` from ``path`` in this process.
 

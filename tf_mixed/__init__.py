@@ -104,7 +104,7 @@ _MOVED = {
     "policy_state": ("policy.state", None),
     "probe_report": ("tools.probe_report", None),
     "probing": ("tools.probing", None),
-    "rebuild": ("models.rebuilding", None),
+    "rebuild": ("models.conversion", None),
     "replicas": ("scaling.replicas", None),
     "rollback": ("scaling.rollback", None),
     "save_weights": ("serving", "save_weights"),

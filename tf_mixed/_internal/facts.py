@@ -114,9 +114,10 @@ def check_model_kind(model: Any, caller: str, *, traced: bool = True,
             f"Sequential model '{model.name}' is not built, so {caller} has "
             "no inputs to work from. Build it first (add a keras.Input or "
             "call model.build(input_shape)).")
+    # One sentence: what is wrong, why, and the change to make.
     raise TypeError(
         f"{caller} cannot use the subclassed model '{model.name}' (class "
-        f"{type(model).__name__}): {why_traced}. {fix}")
+        f"{type(model).__name__}) because {why_traced}: {fix[:1].lower()}{fix[1:]}")
 
 
 def model_inputs_and_outputs(model: Any) -> bool:

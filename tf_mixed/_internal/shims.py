@@ -94,6 +94,20 @@ def lambda_output_shape(layer):
     return layer._output_shape
 
 
+def constructor_arguments(layer) -> dict:
+    """The arguments ``layer``'s constructor was called with, as Keras kept them.
+
+    ``Operation.__new__`` records them in ``_auto_config`` (for its default
+    ``get_config``) when every value is a str, number, bool or None; else
+    ``{}``. `tf_mixed.models.cloning.recreate` re-creates a custom layer whose
+    constructor takes no ``**kwargs`` from them, where the layer's own
+    ``get_config`` leaves an argument out (keras-io's ``PatchEncoder``).
+    Keras 3.15.1 (``keras/src/ops/operation.py``).
+    """
+    auto_config = getattr(layer, "_auto_config", None)
+    return dict(auto_config.config) if auto_config is not None else {}
+
+
 def run_through_graph(model, inputs, call_fn):
     """Calls a functional model's graph on ``inputs``, each node through ``call_fn``.
 
@@ -102,7 +116,7 @@ def run_through_graph(model, inputs, call_fn):
     **kwargs)`` returns each node's outputs. No public API walks a functional
     graph node by node with symbolic inputs that are not ``keras.Input``s
     (``clone_model(input_tensors=...)`` then wraps the result in a model);
-    `tf_mixed.models.cloning.flat_clone` needs it to inline nested models.
+    `tf_mixed.models.cloning.clone` needs it to inline nested models.
     Keras 3.15.1.
 
     Returns:

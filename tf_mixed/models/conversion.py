@@ -40,6 +40,14 @@ float32 when the target dtype cannot represent its largest id exactly
 (bfloat16: above 256; float16: above 2048), so the ids stay exact. A layer
 kept in float32 keeps the layers its constructor creates in float32 too.
 
+`rebuild` is the same copy for serving (`tf_mixed.export`): a trained
+model in the precision asked for, its float32-on-purpose layers kept, no
+compiled state.
+
+Both re-create the model with `tf_mixed.models.cloning.clone` (Keras's own
+graph cloning: Keras ops on tensors, nested models, shared layers, Lambda
+layers and custom layers included) and copy every weight by variable path.
+
 Sequential and functional models only: a subclassed model's layers are
 created in Python code convert cannot re-run, so it raises a TypeError that
 says to call ``tf_mixed.enable()`` before building the model.
@@ -59,6 +67,7 @@ from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import SQUASHING_ACTIVATIONS
 from tf_mixed._internal.facts import activation_name
 from tf_mixed._internal.facts import check_model_kind
+from tf_mixed._internal.facts import model_inputs_and_outputs
 from tf_mixed._internal.facts import is_input_layer
 from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
@@ -67,7 +76,7 @@ from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed.models import padding
 
-__all__ = ["ConversionNote", "convert"]
+__all__ = ["ConversionNote", "compute_dtype", "convert", "is_graph_model", "rebuild"]
 
 
 
@@ -105,6 +114,15 @@ def _resolve_policy(policy) -> str:
 def _producer(tensor):
     history = _internals.keras_history(tensor)
     return history.operation if history is not None else None
+
+
+def _operations(model):
+    """Every operation of ``model`` and of the models nested in it."""
+    # A Sequential model lists its layers only.
+    for op in model.layers if isinstance(model, keras.Sequential) else model.operations:
+        yield op
+        if isinstance(op, keras.Model):
+            yield from _operations(op)
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -169,20 +187,20 @@ def convert(model: keras.Model, policy: str | None = None, *,
     target = _resolve_policy(policy)
     keep = keep_float32_rules.parse(keep_float32)
     widths = padding.plan(model, pad_to) if pad_to else {}
-    names = {layer.name for layer in model.layers}
     keep.check_names({layer.name for _, layer in walk_layers(model)}, model.name)
 
     half = keras.DTypePolicy(target).compute_dtype in HALF_DTYPES
-    # Output layers whose squashing activation moves into a float32 head.
-    split: dict[str, tuple[str, str]] = {}  # clone name -> (head name, activation)
-    rename: dict[str, str] = {}  # original name -> clone name
-    keep_outputs: set[str] = set()  # output Activation/Softmax layers
-    taken = set(names)
+    # Output layers whose squashing activation moves into a float32 head, and
+    # Keras ops producing an output, followed by a float32 cast under their
+    # name: id(original) -> (clone name, head name, activation or None).
+    heads: dict[int, tuple[str, str, str | None]] = {}
+    keep_outputs: set[int] = set()  # output Activation/Softmax/Dense layers
+    taken = {op.name for op in _operations(model)}
     notes = []
     if half:
         for tensor in keras.tree.flatten(model.outputs):
             layer = _producer(tensor)
-            if layer is None or is_input_layer(layer):
+            if layer is None or is_input_layer(layer) or id(layer) in heads:
                 continue
             if isinstance(layer, keras.Model):
                 notes.append(
@@ -193,16 +211,17 @@ def convert(model: keras.Model, policy: str | None = None, *,
                     "if it is half precision.")
                 continue
             activation = activation_name(layer)
-            if (activation in SQUASHING_ACTIVATIONS
+            if not isinstance(layer, keras.layers.Layer):
+                # A Keras op (x + y, concatenate) computes in its inputs' dtype.
+                heads[id(layer)] = (_unique(f"{layer.name}_half", taken), layer.name, None)
+            elif (activation in SQUASHING_ACTIVATIONS
                     and type(layer).__name__ not in ("Activation", "Softmax")):
-                if layer.name not in rename:
-                    new_name = _unique(f"{layer.name}_logits", taken)
-                    rename[layer.name] = new_name
-                    split[new_name] = (layer.name, activation)
+                heads[id(layer)] = (_unique(f"{layer.name}_logits", taken), layer.name,
+                                    activation)
             else:
                 # A small output layer (regression head, output Activation):
                 # keep it float32 so the output is float32 under its name.
-                keep_outputs.add(layer.name)
+                keep_outputs.add(id(layer))
 
     # keep_float32 naming a nested model keeps every layer inside it.
     kept_inside = {id(inner) for _, outer in walk_layers(model)
@@ -210,85 +229,61 @@ def convert(model: keras.Model, policy: str | None = None, *,
                    for _, inner in walk_layers(outer)}
 
     # Layers that would round token ids fed as floats stay float32 (with the
-    # Embeddings inside them): see tf_mixed._internal.facts.rounded_ids.
+    # Embeddings inside them, which they create under that policy): see
+    # tf_mixed._internal.facts.rounded_ids.
     ids_receivers = {id(layer) for _, layer in walk_layers(model)
                      if half and _receives_ids(layer, target)}
 
-    def clone_layer(layer):
+    def policy_for(layer):
         cls = type(layer).__name__
         policy_name = getattr(layer.dtype_policy, "name", None)
         to_float32 = policy_name in FLOAT_POLICIES and (
-            keep.matches(layer) or id(layer) in kept_inside or layer.name in keep_outputs
+            keep.matches(layer) or id(layer) in kept_inside or id(layer) in keep_outputs
             or id(layer) in ids_receivers)
+        if to_float32:
+            return "float32"
         stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
-                 or policy_name not in FLOAT_POLICIES or to_float32)
-        dtype = "float32" if to_float32 else (None if stays else target)
-        if layer.name in rename or layer.name in widths:
-            config = layer.get_config()
-            if layer.name in rename:
-                config.update(name=rename[layer.name], activation="linear")
-            if layer.name in widths:
-                config["units"] = widths[layer.name]
-            if dtype is not None and "dtype" in config:
-                config["dtype"] = dtype
-            return layer.__class__.from_config(config)
-        # Lambda layers are re-created from their in-memory function.
-        new = _cloning.recreate(layer, dtype)
-        if to_float32:  # and the layers it creates in its constructor
-            for inner in _internals.sublayers(new)[1:]:
-                if keras.backend.standardize_dtype(inner.compute_dtype) in HALF_DTYPES:
-                    inner.dtype_policy = "float32"
-        return new
+                 or policy_name not in FLOAT_POLICIES)
+        return None if stays else target
 
-    def call_layer(layer, *args, **kwargs):
-        outputs = layer(*args, **kwargs)
-        if layer.name in split:
-            head_name, activation = split[layer.name]
-            from tf_mixed.layers import OutputActivation
+    def changes(layer):
+        config: dict = {}
+        if id(layer) in heads:
+            config["name"] = heads[id(layer)][0]
+            if heads[id(layer)][2] is not None:
+                config["activation"] = "linear"
+        if layer.name in widths:
+            config["units"] = widths[layer.name]
+        return config
 
-            outputs = OutputActivation(activation, name=head_name)(outputs)
-        return outputs
+    from tf_mixed.layers import Float32Output, OutputActivation
 
-    # New inputs named like the original input layers (clone_model would
-    # name them after the symbolic tensors), so inputs fed as a dict keyed
-    # by input name still work.
-    def new_input(t):
-        return keras.Input(batch_shape=t.shape, dtype=t.dtype,
-                           sparse=getattr(t, "sparse", False),
-                           name=getattr(_producer(t), "name", None))
+    def head(layer):
+        _, head_name, activation = heads[id(layer)]
+        if activation is None:
+            return Float32Output(name=head_name)
+        return OutputActivation(activation, name=head_name)
+
+    def after_call(layer, outputs):
+        return head(layer)(outputs) if id(layer) in heads else outputs
+
+    def copy(layer, twin):
+        shapes = [tuple(w.shape) for w in layer.weights]
+        if widths and shapes != [tuple(w.shape) for w in twin.weights]:
+            padding.copy_padded(layer.get_weights(), twin)  # widened, or reads a widened one
+        else:
+            _cloning.copy_weights(layer, twin)
 
     saved = keras.config.dtype_policy()
     keras.config.set_dtype_policy(target)  # the clone's own policy
     try:
-        if isinstance(model, keras.Sequential):
-            # Cloned layer by layer rather than with clone_model, which
-            # compiles the clone when the original is compiled (and raises
-            # for objects that do not deserialise); _recompile compiles once.
-            layers = [keras.models.clone_model(layer, clone_function=clone_layer,
-                                               recursive=True)
-                      if isinstance(layer, keras.Model) else clone_layer(layer)
-                      for layer in model.layers]
-            if split:
-                from tf_mixed.layers import OutputActivation
-
-                (head_name, activation), = split.values()
-                layers.append(OutputActivation(activation, name=head_name))
-            new = keras.Sequential([new_input(model.inputs[0])] + layers,
-                                   name=model.name, trainable=model.trainable)
-        else:
-            # clone_model compiles the clone when the model it is given is
-            # compiled, so it is given an uncompiled functional view of the
-            # same graph (same layers, no new calls): the user's model is
-            # not touched. A subclass of Functional comes back as Functional.
-            view = keras.Model(model.input, model.output, name=model.name)
-            new = keras.models.clone_model(
-                view, input_tensors=keras.tree.map_structure(new_input, model.input),
-                clone_function=clone_layer, call_function=call_layer,
-                recursive=True)
+        new = _cloning.clone(model, policy_for, changes=changes, after_call=after_call,
+                             copy=copy).model
+        if heads and isinstance(model, keras.Sequential):
+            new.add(head(model.layers[-1]))
     finally:
         keras.config.set_dtype_policy(saved)
 
-    _copy_weights(model, new, rename)
     notes += _recompile(model, new, target)
     if widths:
         notes.append("convert() padded " + ", ".join(
@@ -307,19 +302,6 @@ def _receives_ids(layer, target) -> bool:
         return False
     compute = keras.DTypePolicy(target).compute_dtype
     return any(rounded_ids(layer, tensor, compute) for tensor in _internals.call_inputs(layer))
-
-
-def _copy_weights(model, new, rename):
-    clones = dict(walk_layers(new))
-    for name, layer in walk_layers(model):
-        if isinstance(layer, keras.Model) or not layer.weights:
-            continue
-        clone = clones.get(rename.get(name, name))  # only top-level renames
-        if clone is None:
-            raise RuntimeError(
-                f"convert(): no layer '{name}' in the converted model to copy "
-                "weights into; please report this with the model summary.")
-        padding.copy_padded(layer.get_weights(), clone)
 
 
 def _recompile(model, new, target) -> list[str]:
@@ -349,3 +331,66 @@ def _recompile(model, new, target) -> list[str]:
             "moments) is not carried over, so training restarts the "
             "optimizer (and any learning-rate schedule) from step 0.")
     return notes
+
+
+# ------------------------------------------------------------------ rebuild
+
+
+def is_graph_model(model) -> bool:
+    """Whether `model` is a built Sequential or functional model."""
+    return model_inputs_and_outputs(model)
+
+
+def compute_dtype(model) -> str:
+    """The half dtype any layer of `model` computes in, else "float32"."""
+    dtypes = {getattr(layer.dtype_policy, "compute_dtype", None)
+              for _, layer in walk_layers(model)}
+    dtypes.add(getattr(model.dtype_policy, "compute_dtype", None))
+    for half in HALF_DTYPES:
+        if half in dtypes:
+            return half
+    return "float32"
+
+
+def rebuild(model: keras.Model, target: str | None) -> keras.Model:
+    """Returns an inference copy of `model` computing in `target`, for serving.
+
+    Every layer computes in `target` except those that must stay float32: in
+    a model trained in half precision, a layer whose policy is float32 was
+    made so on purpose (``keep_float32``, an explicit ``dtype="float32"``);
+    tf_mixed's float32 heads (``tf_mixed._internal.facts.FLOAT32_HEADS``)
+    always; layers whose policy is not a float policy keep theirs. A half
+    `target` gives the pure policy named like the dtype (half-size
+    variables); weights are cast to it.
+
+    Args:
+      model: a built Sequential or functional `keras.Model`; not modified.
+      target: "float32", "float16" or "bfloat16"; None keeps every layer's
+        own policy (a copy as trained, without the compiled state).
+
+    Returns:
+      A new, uncompiled model with the same structure, names and weights.
+
+    Raises:
+      TypeError: `model` is subclassed (the message names the class and
+        what to do), or holds a custom layer that cannot be re-created.
+      ValueError: `model` is an unbuilt Sequential model.
+    """
+    check_model_kind(
+        model, "export()",
+        why_traced="its layers are created by Python code that tf_mixed cannot "
+                   "re-run in another precision",
+        fix="Use a Sequential or functional model, or export with "
+            "precision='as_trained' to serve the model as it computes.")
+    trained_half = compute_dtype(model) in HALF_DTYPES
+
+    def policy_for(layer):
+        name = getattr(layer.dtype_policy, "name", None)
+        if (target is None or is_input_layer(layer) or type(layer).__name__ in FLOAT32_HEADS
+                or name not in FLOAT_POLICIES):
+            return None  # an integer or quantized policy: not a compute choice
+        if target != "float32" and name == "float32" and trained_half:
+            return None  # float32 on purpose in a half-precision model
+        return target
+
+    return _cloning.clone(model, policy_for).model

@@ -10,7 +10,7 @@ delegate runs, and a SavedModel of a model without a float32 head returns
 float16. `export`:
 
 1. rebuilds the model in the precision asked for, with the trained weights
-   (`tf_mixed.models.rebuilding`: float32 layers of a mixed model, and tf_mixed's
+   (`tf_mixed.models.conversion.rebuild`: float32 layers of a mixed model, and tf_mixed's
    float32 heads, stay float32), without the optimizer;
 2. writes a SavedModel whose ``serve`` endpoint takes the model's input
    dtypes and returns float32, and for LiteRT converts it with LiteRT's
@@ -49,7 +49,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
-from tf_mixed.models import rebuilding as rebuild_module
+from tf_mixed.models import conversion as rebuild_module
 from tf_mixed._internal.facts import EPSILON
 from tf_mixed._internal.facts import check_model_kind
 from tf_mixed.serving.export_report import ExportReport

@@ -335,7 +335,7 @@ def _kept_float32(model, half_dtype: str) -> frozenset:
     return frozenset(kept)
 
 
-def _without_random_draws(flat: _cloning.FlatClone) -> _cloning.FlatClone:
+def _without_random_draws(flat: _cloning.Clone) -> _cloning.Clone:
     """Makes every random layer of a clone run as in inference.
 
     A random layer is one holding a `keras.random.SeedGenerator` (Dropout,
@@ -388,15 +388,15 @@ def _policy_name(layer) -> str | None:
     return getattr(layer.dtype_policy, "name", None)
 
 
-def _clone(model, policy_for) -> _cloning.FlatClone:
+def _clone(model, policy_for) -> _cloning.Clone:
     """A copy computing under ``policy_for(layer)``, nested models inlined."""
-    return _cloning.flat_clone(model, policy_for)
+    return _cloning.clone(model, policy_for, inline_nested=True)
 
 
 class _Tap:
     """A flat clone and a model returning every leaf layer's outputs, then its own."""
 
-    def __init__(self, flat: _cloning.FlatClone):
+    def __init__(self, flat: _cloning.Clone):
         model = flat.model
         self.model = model
         self.layers = []  # (qualified name, layer, number of float outputs)
