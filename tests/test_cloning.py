@@ -119,3 +119,18 @@ def test_a_layer_that_cannot_be_rebuilt_is_refused_in_one_sentence():
     message = str(caught.value)
     assert "class Unrebuildable" in message and "**kwargs" in message
     assert message.endswith(".") and ". " not in message, message
+
+
+def test_a_clone_can_be_cloned_again():
+    """A re-created custom layer keeps Keras's auto-config (convert, then probe)."""
+
+    class Plain(keras.layers.Layer):  # no __init__: Keras records its config itself
+        def call(self, x):
+            return x * 2.0
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Plain(name="plain")(keras.layers.Dense(4, name="d")(inputs)))
+    first = cloning.recreate(model.get_layer("plain"), "float32")
+    assert first.get_config()["name"] == "plain"
+    second = cloning.recreate(first, "mixed_float16")
+    assert (second.dtype_policy.name, second.get_config()["name"]) == ("mixed_float16", "plain")

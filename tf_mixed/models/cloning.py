@@ -142,7 +142,10 @@ def recreate(layer: keras.layers.Layer, dtype: Any = None,
         config.update(changes)
         if _takes_keras_arguments(type(layer)):
             if dtype is not None and "dtype" in config:
-                config["dtype"] = policy
+                # Serialised, as get_config gives it: a policy object would make
+                # Keras drop the new layer's auto-config (get_config would then
+                # raise, and the layer could not be cloned again).
+                config["dtype"] = keras.dtype_policies.serialize(policy)
             return type(layer).from_config(config)
         # A constructor without **kwargs (name, dtype, trainable): called
         # with the arguments the layer in memory was constructed with (as
