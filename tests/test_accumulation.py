@@ -214,6 +214,7 @@ def test_one_collective_per_window(mirrored, monkeypatch):
     np.testing.assert_array_equal(a.numpy(), [-4.0, -4.0, -4.0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", [None, SKIPPED_WINDOW], ids=["clean", "skipped"])
 def test_two_workers_agree_with_one_device(tmp_path, skip):
     results = run_two_workers(WORKER, tmp_path, "none" if skip is None else str(skip))
@@ -308,6 +309,7 @@ def test_a_run_resumed_inside_a_window_continues_it():
     np.testing.assert_array_equal(w2.numpy(), [-4.0, -5.0])  # mean of the four
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_fit_with_accumulation_over_the_zoo(name):
     """Embedding's sparse gradients, BatchNorm, several outputs: one update per window."""

@@ -186,6 +186,7 @@ def _check_figures(report, out_text):
         assert cells[14] == f"{100 * r['final_val_accuracy']:.2f}"
 
 
+@pytest.mark.slow
 def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     # The default pair follows the hardware: fake an AMX CPU (auto: bfloat16).
     monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo(amx_bf16_usable=True))
@@ -228,6 +229,7 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     assert row in out_text and row in md
 
 
+@pytest.mark.slow
 def test_float16_custom_loop_mirrored_records_loss_scale(tmp_path, capsys):
     report, out_text, _ = _run(
         tmp_path, capsys, "--model=mlp", "--policies=fp32,fp16", "--loop=custom",
@@ -249,6 +251,7 @@ def test_float16_custom_loop_mirrored_records_loss_scale(tmp_path, capsys):
     assert "loss scale" in out_text.split("Benchmarking")[1]
 
 
+@pytest.mark.slow
 def test_float16_fit_loop_uses_tf_mixed_optimizer(tmp_path, capsys):
     report, out_text, _ = _run(tmp_path, capsys, "--model=mlp", "--policies=mixed_float16,float32")
     assert [r["policy"] for r in report["results"]] == ["float32", "mixed_float16"]
@@ -257,6 +260,7 @@ def test_float16_fit_loop_uses_tf_mixed_optimizer(tmp_path, capsys):
     _check_figures(report, out_text)
 
 
+@pytest.mark.slow
 def test_folder_dataset_end_to_end(tmp_path, capsys):
     from PIL import Image
 
@@ -275,6 +279,7 @@ def test_folder_dataset_end_to_end(tmp_path, capsys):
     _check_figures(report, out_text)
 
 
+@pytest.mark.slow
 def test_tfds_dataset_end_to_end(tmp_path, capsys):
     import tensorflow_datasets as tfds
 
@@ -354,6 +359,7 @@ def test_write_outputs_refuses_non_finite_figures_and_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_no_result_files(tmp_path, capsys, monkeypatch):
     out = tmp_path / "existing"
     os.makedirs(out)
@@ -442,6 +448,7 @@ def _no_gpu(monkeypatch):
                         lambda kind=None: [] if kind == "GPU" else real(kind))
 
 
+@pytest.mark.slow
 def test_float8_policy_mirrored_reports_parity_and_no_speed(tmp_path, capsys, monkeypatch):
     _no_gpu(monkeypatch)
     report, out_text, out = _run(tmp_path, capsys, "--model=mlp", "--policy=float8",
@@ -463,6 +470,7 @@ def test_float8_policy_mirrored_reports_parity_and_no_speed(tmp_path, capsys, mo
     assert report["results"][1]["float8"] is None
 
 
+@pytest.mark.slow
 def test_float8_layers_all_quantizes_every_dense(tmp_path, capsys, monkeypatch):
     _no_gpu(monkeypatch)
     report, _, _ = _run(tmp_path, capsys, "--model=cnn", "--policies=float8")

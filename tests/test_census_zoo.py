@@ -8,6 +8,7 @@ import tf_mixed
 from tf_mixed._internal.facts import walk_layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_census_over_the_zoo(name):
     keras.config.set_dtype_policy("mixed_bfloat16")
@@ -27,6 +28,7 @@ def test_census_over_the_zoo(name):
     report.to_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_census_of_the_reloaded_zoo(name):
     model = reloaded_model(name)  # float32, compiled with its loss

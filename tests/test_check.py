@@ -31,6 +31,7 @@ def two_logical_cpus(monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_check_runs_every_part_and_writes_json(tmp_path, capsys):
     out = tmp_path / "check.json"
     assert bench_check.main([f"--output={out}", "--budget=0.05"]) == 0
@@ -92,6 +93,7 @@ def test_no_mirrored_strategy_is_one_line_and_exit_2(tmp_path, capsys, monkeypat
     assert not out.exists() and captured.out == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -128,6 +130,7 @@ def test_throughput_auto_decision_from_injected_timings():
     assert part.auto_policy == "mixed_float16" and "GPU rule" in part.auto_reason
 
 
+@pytest.mark.slow
 def test_fresh_process_splits_the_cpu_itself(tmp_path):
     """The real command: TF not yet initialised, so check makes 2 logical CPUs."""
     out = tmp_path / "check.json"

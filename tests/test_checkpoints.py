@@ -42,6 +42,7 @@ def test_half_checkpoint_is_about_half_the_bytes(tmp_path):
         assert 0.48 < half / full < 0.53, (dtype, half, full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("source,target", [("mixed_float16", "float32"),
                                            ("float32", "mixed_float16"),

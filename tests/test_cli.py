@@ -37,6 +37,7 @@ def _bad(tmp_path, capsys, *flags):
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag, expected",
     [
@@ -77,6 +78,7 @@ def test_folder_of_text_files_named_jpg(tmp_path, capsys, isolation):
     assert f"--dataset='folder:{root}': {root / 'cats' / '0.jpg'} is not a JPEG, PNG, GIF or BMP image" in line
 
 
+@pytest.mark.slow
 def test_image_that_does_not_decode_in_training(tmp_path, capsys):
     """A file with a JPEG header and a broken body gets past the pre-check; training names the set."""
     from PIL import Image
@@ -236,6 +238,7 @@ def test_audit_unloadable_file(tmp_path, capsys):
 # --- real processes -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_subprocess_info_prints_nothing_on_stderr():
     proc = subprocess.run(
         [sys.executable, "-m", "tf_mixed", "info"], capture_output=True, text=True, env=ENV, timeout=180,
@@ -245,6 +248,7 @@ def test_subprocess_info_prints_nothing_on_stderr():
     assert 'tf_mixed.enable("auto") picks: ' in proc.stdout
 
 
+@pytest.mark.slow
 def test_subprocess_bad_input_one_line_exit_2(tmp_path):
     """Bad input found in the parent (--model) and in the data (a child would have read it)."""
     out = tmp_path / "out"
@@ -265,6 +269,7 @@ def test_subprocess_bad_input_one_line_exit_2(tmp_path):
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_subprocess_isolation_run_writes_results(tmp_path):
     """The default isolation: each policy in its own ``python -m tf_mixed`` child."""
     out = tmp_path / "out"
@@ -286,6 +291,7 @@ def test_subprocess_isolation_run_writes_results(tmp_path):
         assert r["samples_per_sec"] > 0 and r["timed_steps"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["custom", "fit"])
 def test_multiworker(tmp_path, loop):
     out = tmp_path / "out"
@@ -304,6 +310,7 @@ def test_multiworker(tmp_path, loop):
 # --- quiet --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line, is_log", [
     ("I0000 00:00:1795330598.903093    8612 port.cc:153] oneDNN custom operations are on.", True),
     ("E0000 00:00:1795330602.934204    8612 cuda_platform.cc:52] failed call to cuInit: INTERNAL", True),

@@ -13,6 +13,7 @@ from tf_mixed.__main__ import main
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,expected", [
     ("--workers=1", "--workers=1: the comm suite needs at least 2 workers"),
     ("--batch_size=7", "--batch_size=7: must split evenly over --workers=2"),

@@ -21,11 +21,13 @@ def results(tmp_path_factory):
     return run_two_workers(WORKER, tmp_path_factory.mktemp("comm"), timeout=TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_workers_agree_on_everything(results):
     assert results[0]["replicas"] == 2
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 def test_float16_update_matches_float32_within_rounding(results):
     f16, f32 = results[0]["finite_float16"], results[0]["finite_None"]
     assert f16["applied"] == f32["applied"] == [True]
@@ -49,6 +51,7 @@ def test_inf_on_worker_1_only_is_skipped_by_both(results):
     assert bad["iterations"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario,wire", [("finite_float16", "float16"),
                                            ("finite_None", "float32")])
 def test_one_gradient_collective_and_no_flag(results, scenario, wire):

@@ -24,6 +24,7 @@ def _run(opt, variable, grad, steps, graph):
         fn()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_plain_keras_sgd_loses_every_small_step(graph):
     """The stall: 64 steps of 2**-10 leave a bfloat16 weight at exactly 1.0."""
@@ -38,6 +39,7 @@ def _kahan_total(opt, variable):
         np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_kahan_keeps_every_small_step_exactly(graph):
     v = keras.Variable(1.0, dtype="bfloat16")
@@ -166,6 +168,7 @@ def test_stochastic_updates_are_right_on_average():
     assert len(opt.variables) == 2  # no buffer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("method", ["kahan", "stochastic"])
 def test_state_dtype_sets_the_slots_of_bfloat16_weights_only(method, state_dtype):
@@ -195,6 +198,7 @@ def test_float32_variables_are_updated_as_keras_does():
     np.testing.assert_array_equal(plain.numpy(), hooked.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["kahan", "stochastic"])
 def test_decoupled_weight_decay_is_compensated_too(method):
     v = keras.Variable(tf.ones([1 << 12]), dtype="bfloat16")

@@ -35,6 +35,7 @@ def _policies(model):
     return {layer.name: layer.dtype_policy.name for layer in model.layers}
 
 
+@pytest.mark.slow
 def test_functional_cnn_converts_agrees_and_trains():
     model = _cnn()
     model.compile(optimizer=keras.optimizers.SGD(0.1),
@@ -94,6 +95,7 @@ def test_sequential_sigmoid_to_bfloat16():
                                model.predict(x, verbose=0), atol=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", ["softmax", "sigmoid", "log_softmax"])
 def test_audits_squashing_output_is_what_convert_splits(activation):
     # audit reports a half-precision squashing output and advises convert;
@@ -123,6 +125,7 @@ def test_audits_squashing_output_is_what_convert_splits(activation):
     np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", ["functional", "sequential"])
 def test_the_users_model_is_never_written_to(build, monkeypatch):
     model = _cnn() if build == "functional" else keras.Sequential(
@@ -237,6 +240,7 @@ def test_subclassed_model_raises_with_the_fix():
         tf_mixed.convert(net, "mixed_float16")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("thing", [None, "model.keras", keras.layers.Dense(2)])
 def test_not_a_model(thing):
     with pytest.raises(TypeError, match="Received: model="):

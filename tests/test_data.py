@@ -16,6 +16,7 @@ from tf_mixed._internal.cli_errors import UsageError
 # --- parse_spec ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec, expected",
     [
@@ -33,6 +34,7 @@ def test_parse_spec(spec, expected):
     assert data.parse_spec(spec) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["imagenet", "tfds:", "folder:", "", "hf:mnist"])
 def test_parse_spec_rejects_with_flag_value_and_choices(spec):
     with pytest.raises(UsageError) as info:
@@ -86,6 +88,7 @@ def test_load_shapes_sizes_and_independent_splits():
     assert d.describe()["class_names"][0] == "disc"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs, flag", [({"image_size": 8}, "image_size"), ({"train_size": -1}, "train_size"), ({"image_size": -2}, "image_size")])
 def test_load_shapes_rejects_bad_sizes(kwargs, flag):
     with pytest.raises(UsageError) as info:
@@ -149,6 +152,7 @@ def test_folder_errors_name_the_problem(tmp_path, monkeypatch):
     assert info.value.flag == "dataset" and "subfolder per class" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, problem", [
     (b"hello, I am text\n", "is not a JPEG, PNG, GIF or BMP image (starts with b'hello, I')"),
     (b"", "is empty"),

@@ -46,6 +46,7 @@ def _grad_step(strategy, opt, var, bad_replica, use_function, bad_value=INF):
     return tf.function(step) if use_function else step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 @pytest.mark.parametrize("bad_value", [INF, NAN], ids=["inf", "nan"])
 @pytest.mark.parametrize("bad_replica", [None, 0, 1, 2],
@@ -136,6 +137,7 @@ def _fit_model(strategy, jit_compile=False):
     return model, opt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [1.0, 2.0], ids=["inf", "nan"])
 @pytest.mark.parametrize("bad_samples", [(), (0,), (3,), (0, 3)],
                          ids=["none", "replica0", "replica1", "both"])

@@ -115,6 +115,7 @@ def test_the_check_refuses_deprecated_aliases_and_retired_module_names():
                               "_internals.apply_reduced_gradients"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_documents_quote_only_names_and_paths_that_exist(document):
     assert _missing(document.read_text()) == []

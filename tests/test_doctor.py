@@ -64,6 +64,7 @@ def test_fixed_model_applies_only_the_automatic_fixes(tmp_path):
     assert model.get_layer("wide").units == 1001  # the original is untouched
 
 
+@pytest.mark.slow
 def test_measure_times_both_models(tmp_path, capsys):
     path, npz = _planted(tmp_path)
     out = tmp_path / "out"
@@ -159,6 +160,7 @@ def test_unknown_policy(tmp_path, capsys):
     assert "mixed_bfloat16" in line  # the accepted names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     ((), "expected exactly one MODEL"),
     (("a.keras", "--steps=0"), "--steps=0"),

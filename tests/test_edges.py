@@ -61,6 +61,7 @@ def test_nested_overflow_is_reported_and_fixed_at_the_innermost_layer():
     assert {layer.compute_dtype for layer in whole.get_layer("encoder").layers[1:]} == {"float32"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [["sqsum"], ["encoder"]])
 def test_enable_keep_float32_names_an_inner_layer_or_the_nested_model(keep):
     x, _ = _overflow_batch()
@@ -84,6 +85,7 @@ def test_enable_keep_float32_nested_sequential_added_later():
     assert model(np.ones((2, 3), "float32")).dtype == "bfloat16"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, batch, example, column", [("x", 1, 2, 5), ("y", 0, 3, 0)])
 def test_non_finite_data_is_a_data_problem_with_batch_and_column(where, batch, example, column):
     x, y = _overflow_batch(8)
@@ -129,6 +131,7 @@ def test_multi_output_loss_list_dict_and_compiled_sum_exactly():
     assert report.recommended_scale == 2.0**12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss, match", [
     (["mse"], r"1 losses for the 2 output\(s\) of model"),
     ({"c": "mse"}, r"names outputs model .* does not have: \['c'\]"),

@@ -102,6 +102,7 @@ def test_default_tolerance_is_ulps_of_the_coarser_dtype():
 # ------------------------------------------------- every policy x precision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", TRAINING_POLICIES)
 @pytest.mark.parametrize("fmt,precision", COMBINATIONS)
 def test_artifact_runs_in_its_own_runtime_and_matches(trained, tmp_path, policy, fmt, precision):
@@ -184,6 +185,7 @@ def test_saved_model_does_not_carry_the_optimizer(trained, tmp_path):
     assert len(loaded.variables) == len(model.weights)
 
 
+@pytest.mark.slow
 def test_float16_weights_file_is_smaller_and_runs_without_flex(tmp_path):
     keras.config.set_dtype_policy("mixed_float16")
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
@@ -212,6 +214,7 @@ def test_keras_own_litert_export_of_a_mixed_model_needs_flex(tmp_path):
 # ----------------------------------------------------- structures and kinds
 
 
+@pytest.mark.slow
 def test_multi_input_multi_output_order_is_kept(tmp_path):
     a = keras.Input((3,), name="a")
     b = keras.Input((5,), name="b")
@@ -230,6 +233,7 @@ def test_multi_input_multi_output_order_is_kept(tmp_path):
         assert set(report.input_names) == {"a", "b"}
 
 
+@pytest.mark.slow
 def test_dict_outputs_are_named_in_flattened_order(tmp_path):
     inputs = keras.Input((6,), name="x")
     model = keras.Model(inputs, {"z_out": keras.layers.Dense(3, name="zeta")(inputs),
@@ -357,6 +361,7 @@ def test_select_ops_are_refused_by_name_and_nothing_written(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_select_ops_allowed_are_written_and_named(tmp_path):
     path = tmp_path / "m.tflite"
     report = tf_mixed.export(_flex_model(), str(path), format="litert", allow_select_ops=True)
@@ -369,6 +374,7 @@ def test_select_ops_allowed_are_written_and_named(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m.tflite"]
 
 
+@pytest.mark.slow
 def test_ops_litert_cannot_convert_are_named(tmp_path):
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Lambda(tf.math.erfinv)(inputs))
@@ -430,6 +436,7 @@ def test_what_export_did_not_write_is_never_replaced(trained, tmp_path, fmt, tar
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs,match", [
     ({"format": "onnx"}, r"Unknown export format 'onnx'.*saved_model, litert"),
     ({"format": "litert", "precision": "float16"},
@@ -452,6 +459,7 @@ def test_not_a_model():
         tf_mixed.export("model.keras", "out")
 
 
+@pytest.mark.slow
 def test_report_prints_and_serialises(trained, tmp_path):
     report = tf_mixed.export(trained["mixed_float16"], str(tmp_path / "m.tflite"),
                              format="litert", precision="float16_weights", sample=SAMPLE)
@@ -467,6 +475,7 @@ def test_report_prints_and_serialises(trained, tmp_path):
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,precision", [("litert", "float16_weights"),
                                            ("saved_model", "as_trained")])
 @pytest.mark.parametrize("name", ZOO)
@@ -485,6 +494,7 @@ def test_zoo_mixed_model_exports_and_matches(tmp_path, name, fmt, precision):
     assert len(report.output_names) == len(keras.tree.flatten(spec.loss))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_reloaded_model_exports_to_litert(tmp_path, zoo_reloaded, name):  # noqa: F811
     from zoo import load

@@ -43,6 +43,7 @@ def _ok(capsys, *args):
     return captured.out
 
 
+@pytest.mark.slow
 def test_litert_with_dataset_writes_artifact_and_report(saved, tmp_path, capsys):
     out = tmp_path / "out"
     text = _ok(capsys, str(saved / "m.keras"), "--format=litert", "--precision=float16_weights",
@@ -67,6 +68,7 @@ def test_saved_model_from_npz(saved, tmp_path, capsys):
     assert report["precision"] == "bfloat16" and report["max_rel_error"] <= report["tolerance"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,match", [
     (["{root}/missing.keras"], r"MODEL='.*missing.keras': no such file"),
     (["{root}/broken.keras"], r"cannot be loaded as a Keras model"),
@@ -124,6 +126,7 @@ def test_existing_output_dir_is_kept_on_bad_input(saved, tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_subprocess_exit_status_and_no_traceback(saved, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tf_mixed", "export", str(saved / "missing.keras"),
@@ -160,6 +163,7 @@ def test_latency_median_of_interleaved_rounds_with_a_fake_clock():
     assert calls == (["a"] * 5 + ["b"] * 5) * 3
 
 
+@pytest.mark.slow
 def test_latency_command_writes_sizes_parity_and_load(tmp_path, capsys):
     code = main(["tf_mixed", "litert-latency", "--model=mlp", "--image_size=16",
                  "--rounds=1", "--iterations=2", f"--output_dir={tmp_path}"])
@@ -172,6 +176,7 @@ def test_latency_command_writes_sizes_parity_and_load(tmp_path, capsys):
     assert len(record["load_average"]["before"]) == 3
 
 
+@pytest.mark.slow
 def test_artifact_failing_its_check_exits_1_and_leaves_nothing(saved, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["tf_mixed", "export", str(saved / "m.keras"), "--format=saved_model",

@@ -40,6 +40,7 @@ def test_walk_layers_yields_a_shared_layer_at_each_place():
     assert [name for name, _ in walked] == ["shared", "a/shared"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer, expected", [
     (keras.layers.Softmax(), "softmax"),
     (keras.layers.Dense(2, activation="log_softmax"), "log_softmax"),
@@ -125,6 +126,7 @@ def _library_sources():
         yield path.relative_to(PACKAGE_DIR).as_posix(), path.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fact, text, home", [
     ("the input-layer test", "InputLayer", "_internal/facts.py"),
     ("the model-kind message", "needs a keras.Model", "_internal/facts.py"),

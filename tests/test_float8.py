@@ -77,6 +77,7 @@ def test_history_length_margin_and_algorithm_are_set():
     assert scaling == tf_mixed.float8.quantization.Float8Scaling(2, "most_recent")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs, match", [
     ({"margin": -1}, "margin"),
     ({"margin": 1.5}, "margin"),
@@ -123,6 +124,7 @@ def _run_steps(model, xs, **wrap):
     return optimizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("margin, algo, expected_amax", [
     (0, "max", 4.0), (1, "max", 4.0), (0, "most_recent", 1.0)])
 def test_scale_follows_margin_and_algorithm_exactly(margin, algo, expected_amax):
@@ -140,6 +142,7 @@ def test_scale_follows_margin_and_algorithm_exactly(margin, algo, expected_amax)
     assert scale == pytest.approx(expected_amax * 2.0**margin / 448.0, rel=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_quantize_state_and_audit_over_the_zoo(name):
     spec = ZOO[name]
@@ -166,6 +169,7 @@ def test_quantize_state_and_audit_over_the_zoo(name):
     assert all(t.amax > 0 for t in after.tensors if t.tensor != "outputs_grad")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["functional", "nested", "sequential_input"])
 def test_quantize_after_reload(name):
     model = reloaded_model(name)
@@ -174,6 +178,7 @@ def test_quantize_after_reload(name):
     assert tf_mixed.float8.quantization.state(model).tensors
 
 
+@pytest.mark.slow
 def test_float8_model_saves_and_loads(tmp_path):
     model = _model()
     tf_mixed.float8.quantization.quantize(model, keep_float32=[], amax_history_length=8)
@@ -282,6 +287,7 @@ def _growing_fit(patience, epochs=1, **monitor_args):
     return model, monitor, history
 
 
+@pytest.mark.slow
 def test_monitor_stops_on_sustained_saturation():
     with pytest.warns(RuntimeWarning, match="saturated for 3 consecutive"):
         model, monitor, history = _growing_fit(patience=3, epochs=3,
@@ -292,6 +298,7 @@ def test_monitor_stops_on_sustained_saturation():
     assert reading.longest_streak >= 3 and reading.max_overflow == pytest.approx(4.0)
 
 
+@pytest.mark.slow
 def test_monitor_logs_floats_and_tolerates_short_saturation():
     model, monitor, history = _growing_fit(patience=100)
     assert monitor.stop_reason is None
@@ -304,6 +311,7 @@ def test_monitor_logs_floats_and_tolerates_short_saturation():
     assert state.saturated_steps == 6
 
 
+@pytest.mark.slow
 def test_monitor_measures_fractions_with_data():
     x = np.full((4, 16), 1000.0, np.float32)
     _, _, history = _growing_fit(patience=100, data=(x, np.zeros((4, 16), np.float32)))
@@ -433,6 +441,7 @@ def _ones_model():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unscale_first", [False, True])
 def test_unscaled_apply_records_the_same_amaxes(unscale_first):
     keras.config.set_dtype_policy("mixed_float16")
@@ -476,6 +485,7 @@ def test_gradient_clipping_leaves_float8_state_alone():
     assert clipped[1] == pytest.approx(3.0 / 448.0, rel=1e-7)  # from step 1's
 
 
+@pytest.mark.slow
 def test_monitor_under_mirrored_strategy_reads_agreed_counters(mirrored):
     with mirrored.scope():
         model = _model()

@@ -64,6 +64,7 @@ def _assert_equal_to(values, reference, exact_names=(), rtol=1e-5):
             np.testing.assert_allclose(copies[0], expected, rtol=rtol, err_msg=name)
 
 
+@pytest.mark.slow
 def test_one_device_writes_exactly_what_keras_writes():
     ours, _ = one_device_run(STEPS, lambda: tf_mixed.wrap_optimizer(_sgd()))
     keras_model, _ = one_device_run(STEPS, _sgd)
@@ -72,6 +73,7 @@ def test_one_device_writes_exactly_what_keras_writes():
         np.testing.assert_array_equal(mine[name][0], theirs[name][0], err_msg=name)
 
 
+@pytest.mark.slow
 def test_replicas_agree_and_equal_one_device(mirrored):
     reference = float8_values(one_device_run(
         STEPS, lambda: tf_mixed.wrap_optimizer(_sgd()))[0])
@@ -90,6 +92,7 @@ def test_replicas_agree_and_equal_one_device(mirrored):
     assert all(t.replicas_agree for t in state.tensors)
 
 
+@pytest.mark.slow
 def test_half_precision_communication_agrees_too(mirrored):
     """float16 gradients: the amaxes take their own float32 collective."""
     model, _ = _mirrored_run(
@@ -103,6 +106,7 @@ def test_half_precision_communication_agrees_too(mirrored):
                                   reference["a/inputs_amax_history"][0])
 
 
+@pytest.mark.slow
 def test_keras_alone_disagrees(mirrored):
     """Keras alone: each replica keeps its own scales, so the tests above can fail."""
     model, _ = _mirrored_run(mirrored, STEPS, _sgd)
@@ -111,6 +115,7 @@ def test_keras_alone_disagrees(mirrored):
     assert not all(t.replicas_agree for t in tf_mixed.float8.quantization.state(model).tensors)
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_agreed_state_and_resumes_bit_exact(mirrored, tmp_path):
     make = lambda: tf_mixed.wrap_optimizer(_sgd())
     x, y = batches(2 * STEPS)
@@ -172,6 +177,7 @@ def test_inf_in_one_replica_freezes_no_scale(mirrored):
     assert np.isinf(copies[1]).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_tf_mixed", [True, False])
 def test_loss_scale_changes_keep_output_gradient_history_unscaled(use_tf_mixed):
     keras.config.set_dtype_policy("mixed_float16")

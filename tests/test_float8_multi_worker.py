@@ -6,6 +6,7 @@ histories, equal to one device fed the global batch; with plain Keras they
 differ (the defect, so the test can fail).
 """
 
+import pytest
 import pathlib
 
 import keras
@@ -18,6 +19,7 @@ import tf_mixed
 WORKER = pathlib.Path(__file__).with_name("_float8_worker.py")
 
 
+@pytest.mark.slow
 def test_workers_agree_and_equal_one_device(tmp_path):
     first, second = run_two_workers(WORKER, tmp_path, "tf_mixed", timeout=300)
     assert first["replicas"] == 2
@@ -32,6 +34,7 @@ def test_workers_agree_and_equal_one_device(tmp_path):
                                        err_msg=name)
 
 
+@pytest.mark.slow
 def test_plain_keras_workers_disagree(tmp_path):
     first, second = run_two_workers(WORKER, tmp_path, "keras", timeout=300)
     assert first["values"]["a/inputs_scale"] != second["values"]["a/inputs_scale"]

@@ -33,6 +33,7 @@ def test_parse_cpuinfo_empty():
     assert hardware.parse_cpuinfo("") == ("", frozenset())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "info, expected, reason_part",
     [
@@ -61,6 +62,7 @@ def test_choose_auto_on_faked_hardware(info, expected, reason_part):
     assert reason_part in reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "info",
     [HardwareInfo(), HardwareInfo(gpus=(GpuInfo("P100", (6, 1)),))],

@@ -230,6 +230,7 @@ def test_keras_sums_gradients_in_all_reduce_sum_gradients(mirrored):
     assert copies == [-2.0, -2.0]  # 1 - (1 + 2)
 
 
+@pytest.mark.slow
 def test_apply_reduced_gradients_skips_the_inner_all_reduce(mirrored):
     # Each replica applies its own (deliberately different) gradient: proof
     # that no all-reduce ran. If Keras moves its all-reduce out of
@@ -255,6 +256,7 @@ def test_apply_reduced_gradients_resets_its_depth_on_error():
 # ---------------------------------------------------------- reduces_with_nccl
 
 
+@pytest.mark.slow
 def test_cpu_mirrored_strategy_does_not_use_nccl(mirrored):
     from tensorflow.python.distribute import cross_device_ops as cdo
 

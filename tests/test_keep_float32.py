@@ -31,6 +31,7 @@ def _compute(model):
             if type(layer).__name__ != "InputLayer"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [
     ["sqsum", "unit"],
     [SquareSum, keras.layers.UnitNormalization],
@@ -71,6 +72,7 @@ def test_explicit_dtype_is_not_overridden():
     assert explicit.compute_dtype == "float16"
 
 
+@pytest.mark.slow
 def test_rules_end_with_disable_a_new_enable_or_clear_session():
     tf_mixed.enable("mixed_bfloat16", quiet=True, keep_float32=["x"])
     assert keras.layers.Dense(1, name="x").compute_dtype == "float32"
@@ -86,6 +88,7 @@ def test_rules_end_with_disable_a_new_enable_or_clear_session():
     assert keras.config.dtype_policy().name == "float32"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, error", [
     ([3], TypeError), (["ok", object], TypeError), ([""], ValueError), (3.5, TypeError),
 ])
@@ -96,6 +99,7 @@ def test_bad_spec_raises_before_anything_changes(bad, error):
     assert keras.config.dtype_policy() is before
 
 
+@pytest.mark.slow
 def test_convert_accepts_the_same_spec():
     model = _functional()  # float32
     with warnings.catch_warnings():
@@ -111,6 +115,7 @@ def test_convert_accepts_the_same_spec():
     assert _compute(by_predicate)["unit"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_unknown_name_lists_close_matches():
     with pytest.raises(ValueError, match=r"'sqsun' \(did you mean 'sqsum'\?\)"):
         tf_mixed.convert(_functional(), "mixed_bfloat16", keep_float32=["sqsun"])
@@ -124,6 +129,7 @@ def test_argument_text_is_what_enable_accepts():
     assert keep_float32.parse(eval(text.split("=", 1)[1])).names == ("l2_norm", "b")
 
 
+@pytest.mark.slow
 def test_rules_are_per_thread_and_survive_another_threads_enable():
     import threading
 
@@ -153,6 +159,7 @@ def test_a_failed_enable_leaves_the_rules_as_they_were():
 # --- issue 16, case 4 -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "nesting",
     [("float32",), ("mixed_bfloat16",), ("float32", "mixed_bfloat16"),
@@ -241,6 +248,7 @@ def test_a_predicate_that_raises_is_reported_with_the_layer_name():
         keras.layers.Dropout(0.5, name="drop")(h)
 
 
+@pytest.mark.slow
 def test_an_unknown_name_is_reported_by_the_monitor_set_up_check():
     tf_mixed.enable("mixed_float16", keep_float32=["keep_me"], quiet=True)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="keepme"),

@@ -47,6 +47,7 @@ def _wait_dead(pid, within_s=10.0):
     return False
 
 
+@pytest.mark.slow
 def test_each_worker_gets_its_tf_config_and_a_prefixed_output():
     out = io.StringIO()
     results = run_local_workers(3, _python("""
@@ -66,6 +67,7 @@ def test_each_worker_gets_its_tf_config_and_a_prefixed_output():
         assert f"[worker {index}] done" in lines
 
 
+@pytest.mark.slow
 def test_argv_may_depend_on_the_worker_index():
     results = run_local_workers(
         2, lambda i: _python(f"print('I am', {i})"), timeout=60, start_timeout=None,
@@ -73,6 +75,7 @@ def test_argv_may_depend_on_the_worker_index():
     assert [r.output for r in results] == ["I am 0", "I am 1"]
 
 
+@pytest.mark.slow
 def test_one_failing_worker_stops_the_others_and_their_children(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     argv = lambda i: _python(f"""
@@ -98,6 +101,7 @@ def test_one_failing_worker_stops_the_others_and_their_children(tmp_path):
     assert _wait_dead(int(pid_file.read_text()))
 
 
+@pytest.mark.slow
 def test_timeout_stops_every_worker():
     with pytest.raises(WorkersFailed, match="did not finish within timeout=1") as info:
         run_local_workers(2, _python("import time; time.sleep(600)"), timeout=1,
@@ -105,12 +109,14 @@ def test_timeout_stops_every_worker():
     assert all(r.stopped and r.returncode == -signal.SIGKILL for r in info.value.results)
 
 
+@pytest.mark.slow
 def test_a_worker_that_never_starts_its_server_is_reported():
     with pytest.raises(WorkersFailed, match=r"worker\(s\) \[0, 1\] did not start"):
         run_local_workers(2, _python("import time; time.sleep(600)"), timeout=120,
                           start_timeout=1, output=io.StringIO())
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_be_executed_is_reported_and_the_others_stopped():
     argv = lambda i: _python("import time; time.sleep(600)") if i == 0 else ["/nonexistent/python"]
     with pytest.raises(WorkersFailed, match="worker 1 could not be started") as info:
@@ -119,6 +125,7 @@ def test_a_worker_that_cannot_be_executed_is_reported_and_the_others_stopped():
     assert started.stopped and started.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_a_worker_reporting_its_port_taken_gets_a_hint():
     with pytest.raises(WorkersFailed, match="was taken by another process"):
         run_local_workers(
@@ -126,6 +133,7 @@ def test_a_worker_reporting_its_port_taken_gets_a_hint():
             timeout=60, start_timeout=None, output=io.StringIO())
 
 
+@pytest.mark.slow
 def test_grace_lets_the_others_end_on_their_own(tmp_path):
     # Worker 0 writes its pid and fails; worker 1 ends on its own only once
     # worker 0 is gone (reaped by the launcher): an order, not a delay.
@@ -160,6 +168,7 @@ def test_grace_lets_the_others_end_on_their_own(tmp_path):
     assert results[0].seconds <= results[1].seconds
 
 
+@pytest.mark.slow
 def test_workers_die_with_the_launching_process(tmp_path):
     pid_file = tmp_path / "worker.pid"
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
@@ -184,12 +193,14 @@ def test_workers_die_with_the_launching_process(tmp_path):
             launcher.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_num_workers_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match=f"num_workers={bad!r}"):
         run_local_workers(bad, ["true"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, value", [("timeout", 0), ("start_timeout", -1),
                                          ("timeout", "5")])
 def test_timeouts_must_be_positive(name, value):
@@ -197,6 +208,7 @@ def test_timeouts_must_be_positive(name, value):
         run_local_workers(1, ["true"], **{name: value})
 
 
+@pytest.mark.slow
 def test_ports_in_use_are_refused_before_anything_starts():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -219,6 +231,7 @@ def test_tf_config_round_trips_through_the_parser():
     assert task.num_workers == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, message", [
     ("{cluster: }", "is not valid JSON"),
     ("[1, 2]", "must be a JSON object"),
@@ -262,6 +275,7 @@ def _cluster(chief, workers, task_type, index):
     return {"cluster": cluster, "task": {"type": task_type, "index": index}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chief, workers, task_type, index", [
     (None, 3, "worker", 0), (None, 3, "worker", 2), (1, 2, "chief", 0),
     (1, 2, "worker", 0), (1, 2, "worker", 1), (1, 0, "chief", 0),
@@ -289,6 +303,7 @@ def test_every_task_of_a_cluster_with_a_chief_gets_its_own_index():
     assert len(set(paths)) == len(set(backups)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config, message", [
     (_cluster(None, 2, "chief", 0), "no 'chief' job"),
     (_cluster(2, 2, "worker", 0), "at most one"),
@@ -310,6 +325,7 @@ def test_tf_config_refuses_what_tensorflow_refuses(config, message):
             tf_rules.id_in_cluster(config["cluster"], task["type"], task["index"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     ("python w.py", r"one string, 'python w.py'.*shlex.split"),
     ([], "an empty list: there is no program to run"),
@@ -322,6 +338,7 @@ def test_launcher_refuses_bad_argv_before_starting_anything(argv, message):
         run_local_workers(2, argv, start_timeout=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ports, message", [
     ([5000, 5000], r"lists \[5000\] more than once"),
     ([0, 70000], r"`ports\[0\]` must be an integer from 1 to 65535. Received: ports\[0\]=0"),

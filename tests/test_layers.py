@@ -32,6 +32,7 @@ def test_output_activation_keeps_the_exact_cross_entropy():
     assert float(loss(tf.constant(LABEL), half_probs)) == pytest.approx(16.118, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_output_activation_in_a_compiled_model_gives_60():
     tf_mixed.enable("mixed_float16")
     x, y = np.array(LOGITS, "float32"), np.array(LABEL)
@@ -45,6 +46,7 @@ def test_output_activation_in_a_compiled_model_gives_60():
     assert plain.evaluate(x, y, verbose=0) == pytest.approx(16.118, abs=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "activation, expected",
     [
@@ -177,6 +179,7 @@ def test_float32_loss_bad_input():
         tf_mixed.float32_loss(5)
 
 
+@pytest.mark.slow
 def test_keras_round_trip_of_every_helper(tmp_path):
     tf_mixed.enable("mixed_float16")
     inputs = keras.Input((6,))

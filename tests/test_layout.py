@@ -320,6 +320,7 @@ def test_the_stop_rules_import_neither_keras_nor_tensorflow():
     assert not {"keras", "tensorflow", "tf_mixed"} & imported, imported
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path, name, limit", [
     ("tf_mixed/scaling/optimizer.py", "LossScaleOptimizer", 350),
     ("tf_mixed/callbacks/monitor.py", "LossScaleMonitor", 200),

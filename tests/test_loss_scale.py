@@ -35,6 +35,7 @@ def _stepper(opt, var, use_function):
     return tf.function(step) if use_function else step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 def test_sgd_step_values_are_exact(use_function):
     var = keras.Variable(1.0)
@@ -57,6 +58,7 @@ def test_sgd_step_values_are_exact(use_function):
     assert int(opt.last_step_skipped.numpy()) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knobs", [
     dict(growth_interval=3, hysteresis=1),
     dict(growth_interval=2, hysteresis=3, growth_factor=4.0,
@@ -175,6 +177,7 @@ _BAD_KNOBS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,value,error", _BAD_KNOBS)
 def test_bad_knobs_are_refused_with_the_argument_named(name, value, error):
     with pytest.raises(error, match=name):
@@ -281,6 +284,7 @@ def _assert_same_state(a, b):
         np.testing.assert_array_equal(x, y)  # bit-exact, NaN-free
 
 
+@pytest.mark.slow
 def test_tf_checkpoint_restores_state_and_continues_identically(tmp_path):
     opt, var = _fresh()
     uninterrupted = _train(opt, var, _PATTERN)
@@ -316,6 +320,7 @@ def _model_and_data():
     return model, x, y
 
 
+@pytest.mark.slow
 def test_keras_file_restores_optimizer_state_exactly(tmp_path):
     model, x, y = _model_and_data()
     model.fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False)
@@ -355,6 +360,7 @@ def test_cross_replica_apply_is_refused(mirrored):
 # ---------------------------------------------------- unscale_gradients
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 def test_unscaled_flag_says_whether_apply_divides(use_function):
     var = keras.Variable(1.0)
@@ -372,6 +378,7 @@ def test_unscaled_flag_says_whether_apply_divides(use_function):
     assert float(var.numpy()) == -3.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 def test_unscale_to_log_then_apply_original_is_the_true_step(use_function):
     # Issue 9, point 2: unscaling only to look leaves no mark on the
@@ -390,6 +397,7 @@ def test_unscale_to_log_then_apply_original_is_the_true_step(use_function):
     assert float(var.numpy()) == -1.0  # not -1024
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 @pytest.mark.parametrize("which", ["unscaled", "scaled"])
 def test_apply_after_unscale_without_saying_raises(use_function, which):
@@ -425,6 +433,7 @@ def test_apply_gradients_after_tf_keras_unscale_without_saying_raises():
         opt.apply_gradients(zip(grads, [var]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 def test_clipping_after_unscale_equals_clipping_float32_gradients(use_function):
     x = tf.constant([[3.0, 4.0, 12.0]])  # gradient norm 13
@@ -522,6 +531,7 @@ def _keras_trained(policy_model):
     return model, x, y
 
 
+@pytest.mark.slow
 def test_keras_wrapper_checkpoint_restores_into_tf_mixed(tmp_path):
     keras.config.set_dtype_policy("mixed_float16")
     model, x, y = _keras_trained(None)
@@ -552,6 +562,7 @@ def test_keras_wrapper_checkpoint_restores_into_tf_mixed(tmp_path):
     assert opt.loss_scale_state().scale == saved_scale
 
 
+@pytest.mark.slow
 def test_keras_wrapper_keras_file_loads_into_tf_mixed(tmp_path):
     keras.config.set_dtype_policy("mixed_float16")
     model, x, y = _keras_trained(None)
@@ -623,6 +634,7 @@ def test_pass_through_under_bfloat16_runs_the_same_loop():
 # ------------------------------------------------------------ bad input
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
 def test_wrap_optimizer_validates_knobs_under_every_policy(policy):
     keras.config.set_dtype_policy(policy)
@@ -640,6 +652,7 @@ def test_wrap_optimizer_unknown_name_lists_the_valid_ones():
     assert "adam" in message and "sgd" in message and "rmsprop" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss,text", [
     (tf.constant(3), "floating-point"), (tf.constant([1.0, 2.0]), "scalar"),
     ("big", "floating-point")])
@@ -650,6 +663,7 @@ def test_scale_loss_refuses_non_float_or_non_scalar(loss, text):
     assert "`loss`" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grads,variables,text", [
     (None, 1, "grads=None"), ([tf.constant(1.0)] * 2, 1, "2 gradients for 1"),
     (tf.constant([1.0]), 1, "list")])

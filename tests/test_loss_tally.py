@@ -17,6 +17,7 @@ def _epoch_mean(tally, step, steps):
     return (after.loss_sum - before.loss_sum) / (after.applied_steps - before.applied_steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("total", [1e6, 2.0**24], ids=["1e6", "2^24"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 def test_epoch_mean_is_exact_after_a_long_run(total, graph):

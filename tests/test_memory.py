@@ -16,6 +16,7 @@ def _dense_model():
     return keras.Sequential([keras.Input((7,)), keras.layers.Dense(5)])  # 40 params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "policy, method, state_dtype, expected",
     [
@@ -71,6 +72,7 @@ def test_accumulation_buffers_are_float32_and_counted_apart():
     assert report.optimizer_state == 2 * ADAM_SCALARS + 5 * 8 + 4 + 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_every_zoo_model_in_pure_bfloat16(name):
     spec = ZOO[name]
@@ -87,6 +89,7 @@ def test_every_zoo_model_in_pure_bfloat16(name):
     assert report.compensation == 2 * params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_every_zoo_model_reloaded(name):
     model = reloaded_model(name)

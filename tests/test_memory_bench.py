@@ -14,6 +14,7 @@ from tf_mixed.bench import bf16_quality, memory_suite
 from tf_mixed.bench.config import BenchConfig
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,expected", [
     (["--batch_size=6"], "--batch_size=6: must split into 4 micro-batches"),
     (["--policies=mixed_float16"], "no path of the memory suite uses it"),
@@ -31,6 +32,7 @@ def test_every_memory_path_is_available_with_accumulation():
     assert memory_suite.available_paths() == list(memory_suite.PATHS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["bfloat16 stochastic, bfloat16 state, accum4", "float32"])
 def test_memory_child_reports_bytes_and_peaks(tmp_path, path, monkeypatch):
     monkeypatch.setattr(memory_suite, "WIDTH", 64)
@@ -58,6 +60,7 @@ def test_drawn_digits_are_deterministic_and_balanced():
     assert "digits" in source
 
 
+@pytest.mark.slow
 def test_quality_suite_writes_its_table(tmp_path, monkeypatch, capsys):
     paths = ("mixed_bfloat16 (reference)", "bfloat16, Keras Adam",
              "bfloat16 kahan, float32 state")

@@ -20,6 +20,7 @@ def _run_workers(tmp_path, bad_worker, bad_step, *extra):
                            timeout=TIMEOUT_S)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad_worker", [0, 1])
 def test_overflow_on_one_worker_is_skipped_by_both(tmp_path, bad_worker):
     results = _run_workers(tmp_path, bad_worker=bad_worker, bad_step=2)
@@ -34,6 +35,7 @@ def test_overflow_on_one_worker_is_skipped_by_both(tmp_path, bad_worker):
     assert result["skipped_steps"] == 1
 
 
+@pytest.mark.slow
 def test_batchnorm_poisoned_on_one_worker_is_rolled_back_on_both(tmp_path):
     results = _run_workers(tmp_path, 1, 2, "bn")
     assert results[0] == results[1]

@@ -155,6 +155,7 @@ def fit_runs(tmp_path_factory):
     return workers, reference
 
 
+@pytest.mark.slow
 def test_overflow_on_worker_1_is_skipped_on_both_like_one_process(fit_runs):
     (w0, w1), reference = fit_runs
     a, b, ref = w0["mixed_float16"], w1["mixed_float16"], reference["mixed_float16"]
@@ -170,6 +171,7 @@ def test_overflow_on_worker_1_is_skipped_on_both_like_one_process(fit_runs):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)  # float16 rounding
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 def test_fit_evaluate_predict_agree_across_workers_and_with_one_process(fit_runs, policy):
     (w0, w1), reference = fit_runs
@@ -265,6 +267,7 @@ def test_unwatch_and_watch_round_trip():
     assert fix.is_watching()
 
 
+@pytest.mark.slow
 def test_killed_worker_resumes_from_backup_like_an_uninterrupted_run(tmp_path):
     """SIGKILL worker 1 mid-epoch, restart both: same weights and scale as no kill.
 

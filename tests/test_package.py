@@ -56,6 +56,7 @@ def test_the_public_face_is_short():
     assert len(functions_and_classes) <= 20, functions_and_classes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(tf_mixed._MOVED))
 def test_a_moved_name_still_imports_with_a_deprecation_warning(name):
     where, attribute = tf_mixed._MOVED[name]
@@ -112,6 +113,7 @@ def _run_fresh(code, *args, cwd=SOURCE_ROOT) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_import_does_not_load_tensorflow():
     code = textwrap.dedent("""
         import sys
@@ -150,6 +152,7 @@ print("loaded")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "imports",
     ["import tf_mixed\nimport keras", "import keras\nimport tf_mixed"],
@@ -179,6 +182,7 @@ def test_import_tf_mixed_is_enough_to_load_a_saved_model(tmp_path, imports):
     assert out.splitlines()[-1] == "loaded"
 
 
+@pytest.mark.slow
 def test_registration_waits_for_keras_and_leaves_the_import_system():
     code = textwrap.dedent("""
         import sys
@@ -198,6 +202,7 @@ def test_registration_waits_for_keras_and_leaves_the_import_system():
     assert _run_fresh(code) == "ok"
 
 
+@pytest.mark.slow
 def test_a_failing_registration_warns_and_keeps_keras_importable():
     from tf_mixed._internal import on_keras_import as _on_keras_import
 

@@ -52,6 +52,7 @@ def test_census_finds_no_misfit_after_padding():
     assert [f.layer for f in after.by_code("tile_misfit")] == ["mid", "side"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [0, -8, 2.5, True, "16"])
 def test_pad_to_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match=rf"`pad_to` must be.*Received: pad_to={bad!r}"):

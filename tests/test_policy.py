@@ -38,6 +38,7 @@ def gpu_host(monkeypatch):
     return GPU_HOST
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, expected",
     [
@@ -81,6 +82,7 @@ def test_policy_names_table_is_what_enable_accepts():
         tf_mixed.enable(name, quiet=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "host, expected, reason_part",
     [
@@ -102,6 +104,7 @@ def test_auto_without_measuring_follows_the_hardware_rule(
     assert ("no GPU" in enabled.reason) == (not host.gpus)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["float16", "mixed_fp16", "", "bfloat"])
 def test_unknown_name_raises_and_keeps_policy(bad):
     tf_mixed.enable("bf16")
@@ -114,6 +117,7 @@ def test_unknown_name_raises_and_keeps_policy(bad):
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [16, None, keras.DTypePolicy("mixed_float16")])
 def test_non_string_raises_type_error(bad):
     before = keras.config.dtype_policy().name

@@ -209,6 +209,7 @@ def test_report_value_object_and_model_untouched(tmp_path):
     assert png[:4] == b"\x89PNG" and os.path.getsize(tmp_path / "p.png") == len(png)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call, error, match", [
     (lambda m, x, y: tf_mixed.probe("model.keras", x, y, loss="mse"), TypeError, "keras.Model"),
     (lambda m, x, y: tf_mixed.probe(keras.Sequential([keras.layers.Dense(1)]), x, y, loss="mse"),
@@ -265,6 +266,7 @@ def test_cli_runs_on_bench_data(tmp_path, capsys):
     assert "dense_0" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, match", [
     (["{missing}"], "no such file"),
     (["{not_model}"], "cannot be loaded as a Keras model"),
@@ -300,6 +302,7 @@ def test_main_dispatches_probe(capsys):
     assert "python -m tf_mixed probe MODEL.keras" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", ["functional", "sequential"])
 def test_the_users_model_is_never_written_to(build, monkeypatch):
     model = _healthy() if build == "functional" else keras.Sequential(

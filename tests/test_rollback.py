@@ -99,6 +99,7 @@ def _fit(model, x, y, batch, strategy=None):
               callbacks=[LossScaleMonitor()])
 
 
+@pytest.mark.slow
 def test_fit_bad_batch_leaves_batchnorm_bit_identical(fp16):
     x, y = _data(2, bad_batch=1)
     model = _model()
@@ -169,6 +170,7 @@ def test_bad_argument_to_track_forward_state():
         _optimizer().track_forward_state("model")
 
 
+@pytest.mark.slow
 def test_mirrored_fit_every_replica_copy_is_rolled_back(fp16, mirrored):
     # Global batch 4 = 2 per replica; in batch 2 only row 3 (replica 1) is
     # bad, so only replica 1's copy of the statistics would be poisoned.
@@ -186,6 +188,7 @@ def test_mirrored_fit_every_replica_copy_is_rolled_back(fp16, mirrored):
     _assert_identical(snapshots[0], snapshots[1])
 
 
+@pytest.mark.slow
 def test_mirrored_without_rollback_only_replica_1_is_poisoned(fp16, mirrored):
     """The bug the test above guards against (issue 9, point 1)."""
     x, y = _data(4, bad_batch=1, bad_rows=[3])
@@ -304,6 +307,7 @@ def _run(tmp_path, order, bad, resume):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [0, 1], ids=["first-step-skipped", "second-step-skipped"])
 @pytest.mark.parametrize("order", ["monitor-first", "backup-first"])
 @pytest.mark.parametrize("resume", ["in-process", "restarted"])

@@ -73,6 +73,7 @@ def _run_python(config, pattern):
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KNOB_SETS))
 def test_100_steps_equal_the_hand_computed_sequence(name):
     knobs = KNOB_SETS[name]
@@ -127,6 +128,7 @@ def test_next_state_depends_on_its_arguments_only():
     assert next_state(config, first, False).scale == 8.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KNOB_SETS))
 def test_tensor_transition_equals_python_transition(name):
     config = LossScaleConfig(**KNOB_SETS[name])
@@ -144,6 +146,7 @@ def test_tensor_transition_equals_python_transition(name):
         assert got == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KNOB_SETS))
 def test_optimizer_follows_the_pure_transition(name):
     """Finite and non-finite steps through the optimizer's TF update."""
@@ -169,6 +172,7 @@ def test_numpy_scalars_are_accepted():
     assert config.hysteresis == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,value", [
     ("initial_scale", True), ("initial_scale", "1024"), ("initial_scale", NAN),
     ("initial_scale", INF), ("initial_scale", None), ("growth_interval", True),
@@ -184,6 +188,7 @@ def test_bad_knobs_name_argument_value_and_rule(name, value):
     assert "must be" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [row[0] for row in KNOBS] + ["dynamic"])
 def test_config_is_frozen_and_a_replaced_knob_is_validated(name):
     config = LossScaleConfig()

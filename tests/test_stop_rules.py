@@ -22,6 +22,7 @@ def _start(snapshot=Snapshot(scale=8.0, applied=0)):
     return Progress(epoch_start=snapshot, last=snapshot)
 
 
+@pytest.mark.slow
 def test_the_rules_load_without_keras_or_tensorflow():
     code = ("import sys, tf_mixed.callbacks.stop_rules; "
             "print(sorted(m for m in ('keras', 'tensorflow') if m in sys.modules))")

@@ -39,6 +39,7 @@ CHOICES = ("unset TF_USE_LEGACY_KERAS", "tf.keras.mixed_precision.set_global_pol
            "tf.keras.mixed_precision.LossScaleOptimizer")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "value, installed, expected",
     [("1", True, "TF_USE_LEGACY_KERAS=1 with tf-keras 2.21.0 installed"),
@@ -100,6 +101,7 @@ def _tiny_model():
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "entry, call",
     [("tf_mixed.wrap_optimizer", lambda obj: tf_mixed.wrap_optimizer(obj)),

@@ -60,6 +60,7 @@ def test_clip_norm_keeps_overflow_detectable():
     np.testing.assert_array_equal(model.get_weights()[0].ravel(), [1.0, 1.0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_norm", [0, -1.0, INF, "1", True, np.bool_(True)])
 def test_bad_clip_norm_is_refused(clip_norm):
     model = _linear()
@@ -205,6 +206,7 @@ def _train_final_loss(policy, loop):
     return initial_like, final
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_mixed_float16_reaches_the_float32_loss(loop):
     chance, loss32 = _train_final_loss("float32", loop)
@@ -216,6 +218,7 @@ def test_mixed_float16_reaches_the_float32_loss(loop):
 # ------------------------------------- shared_mirrored_strategy input
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", ["CPU:0", ["/cpu:0"], ("CPU:0",)])
 def test_shared_mirrored_strategy_takes_one_device_string(devices, monkeypatch):
     # A fake strategy class: a real second MirroredStrategy in this process

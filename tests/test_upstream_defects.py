@@ -29,6 +29,7 @@ def test_canary_scale_collapse():
     assert ours.startswith("scale 1, weights ")  # the floor held, the clean step applied
 
 
+@pytest.mark.slow
 def test_canary_first_replica_verdict(mirrored):
     defect = _canary("first_replica_verdict", mirrored)
     assert defect.detail == ("inf on replica 1 only: Keras changed the weights, "
@@ -53,6 +54,7 @@ def test_defects_that_need_a_strategy_say_so_without_one():
         upstream_defects.check("nope")
 
 
+@pytest.mark.slow
 def test_check_reports_the_defects_in_its_table_and_json(tmp_path, capsys):
     out = tmp_path / "check.json"
     assert bench_check.main([f"--output={out}", "--parts=defects"]) == 0

@@ -13,6 +13,7 @@ def test_a_wrong_type_is_both_a_type_error_and_a_value_error():
     assert issubclass(ArgumentTypeError, ValueError)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [True, np.bool_(False), "2", None, [1]])
 def test_non_numbers_are_refused_with_name_value_and_type(value):
     with pytest.raises(ArgumentTypeError) as info:

@@ -49,6 +49,7 @@ def test_zoo_covers_every_kind():
     assert {spec.kind for spec in ZOO.values()} == set(KINDS)
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_zoo_model_is_deterministic_and_fits_its_data(name):
     spec = ZOO[name]
@@ -63,6 +64,7 @@ def test_zoo_model_is_deterministic_and_fits_its_data(name):
     # Training is run by the make_train_step and monitor tests below.
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_zoo_model_reloaded_in_a_fresh_process_predicts_the_same(name):
     spec = ZOO[name]
@@ -76,6 +78,7 @@ def test_zoo_model_reloaded_in_a_fresh_process_predicts_the_same(name):
 # ---------------------------------------------------------------- probe
 
 
+@pytest.mark.slow
 @BUILT_AND_RELOADED
 @EVERY_MODEL
 def test_probe_runs_on_every_zoo_model(name, reloaded):
@@ -95,6 +98,7 @@ def test_probe_runs_on_every_zoo_model(name, reloaded):
 # ---------------------------------------------------------------- convert
 
 
+@pytest.mark.slow
 @BUILT_AND_RELOADED
 @EVERY_MODEL
 def test_convert_runs_on_every_zoo_model(name, reloaded):
@@ -119,6 +123,7 @@ def test_convert_runs_on_every_zoo_model(name, reloaded):
 # ---------------------------------------------------------------- audit
 
 
+@pytest.mark.slow
 @BUILT_AND_RELOADED
 @EVERY_MODEL
 def test_audit_runs_on_every_zoo_model(name, reloaded):
@@ -140,6 +145,7 @@ def _kept_name(spec, model):
     return next(n for n, layer in _leaves(model).items() if layer.weights)
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_keep_float32_in_enable_on_every_zoo_model(name):
     spec = ZOO[name]
@@ -155,6 +161,7 @@ def test_keep_float32_in_enable_on_every_zoo_model(name):
     assert np.all(np.isfinite(model.train_on_batch(x, y)))
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_keep_float32_in_convert_on_every_zoo_model(name):
     spec = ZOO[name]
@@ -171,6 +178,7 @@ def test_keep_float32_in_convert_on_every_zoo_model(name):
 # ---------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_make_train_step_on_every_zoo_model(name):
     spec = ZOO[name]
@@ -186,6 +194,7 @@ def test_make_train_step_on_every_zoo_model(name):
     assert any(changed)
 
 
+@pytest.mark.slow
 @BUILT_AND_RELOADED
 @EVERY_MODEL
 def test_monitor_fits_every_zoo_model(name, reloaded):
@@ -221,6 +230,7 @@ def _zoo_npz(tmp_path, name, n=16):
     return str(path)
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_cli_probe_and_audit_on_every_reloaded_zoo_model(name, tmp_path, capsys):
     path = reloaded_path(name)
