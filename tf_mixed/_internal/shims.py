@@ -669,3 +669,22 @@ def route_weight_decay_through_assign(optimizer) -> None:
             distributed, optimizer._distribution_strategy, variables)
 
     optimizer._apply_weight_decay = apply_weight_decay
+
+
+def variables_read_so_far():
+    """The variables the ``tf.function`` being traced has read so far, or None.
+
+    ``FuncGraph.variables`` is filled only once tracing ends; while a step is
+    traced, TensorFlow keeps the variables read so far in
+    ``FuncGraph._watched_variables`` (every read, trainable or not; checked on
+    TensorFlow 2.21.0). Used to find forward state (BatchNormalization
+    statistics) a step wrote and no rollback protects. None when executing
+    eagerly (no graph is traced).
+    """
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    watched = getattr(graph, "_watched_variables", None)
+    if tf.executing_eagerly() or watched is None:
+        return None
+    return list(watched)

@@ -57,6 +57,7 @@ from tf_mixed.policy import keep_float32
 from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
 from tf_mixed.callbacks import stop_rules
+from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.replicas import all_copies_finite
 from tf_mixed.scaling.rollback import forward_variables
@@ -75,8 +76,6 @@ DEFAULT_CHECK_EVERY_N_BATCHES = 50
 """How often the default `LossScaleMonitor` reads the optimizer and checks."""
 
 
-class MixedPrecisionWarning(UserWarning):
-    """A mixed-precision set-up that will train badly or not at all."""
 
 
 class LossScaleFailure(RuntimeError):

@@ -1,0 +1,219 @@
+"""Custom-loop mistakes, each said once, at the step where it happens.
+
+``tf_mixed.LossScaleOptimizer`` calls these checks; they never change the
+arithmetic of a step. What is said, and how (`MixedPrecisionWarning`, or an
+error where the step cannot run or training would be silently wrong):
+
+* an ``apply`` of gradients whose loss never went through ``scale_loss``
+  while the optimizer divides by a scale other than 1: a warning (tf-keras
+  warned too; a hand-made gradient is legitimate in tests);
+* a second wrapper around an inner optimizer that a live, built wrapper
+  already drives (one made every batch: its scale never adapts): a warning
+  at its first step;
+* float16 variables updated by a wrapper that does not scale the loss (the
+  pass-through ``wrap_optimizer`` returns under a float32 global policy): a
+  warning;
+* a first step inside a ``tf.function`` under several replicas by an
+  optimizer not built yet: a ``ValueError`` naming ``build`` (TensorFlow's
+  own error is "You must feed a value for placeholder");
+* a skipped step whose forward pass wrote floating-point state that no
+  rollback protects (BatchNormalization statistics without
+  ``track_forward_state``): an error at the first such skip, naming
+  ``opt.track_forward_state(model)`` (`forward_state_guard`).
+
+The checks run when a step is traced (once per ``tf.function`` trace) or, in
+eager mode, at every step; each warning is given once per optimizer.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.warning import MixedPrecisionWarning
+
+__all__ = ["check_step", "forward_state_guard", "note_scaled", "scales"]
+
+# inner optimizer -> the live tf_mixed wrappers around it.
+_WRAPPERS: "weakref.WeakKeyDictionary[Any, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+
+_ASSIGNS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+FORWARD_STATE_ERROR = (
+    "A step was skipped (non-finite gradients) after its forward pass wrote "
+    "{names}, which the optimizer does not roll back: they now hold the "
+    "skipped batch's values (inf/NaN after an overflow) and the next "
+    "evaluation would read them. Received: no forward state handed to the "
+    "optimizer. Call `opt.track_forward_state(model)` once before the first "
+    "step (under `strategy.scope()` under a strategy); "
+    "tf_mixed.training.make_train_step and tf_mixed.LossScaleMonitor do it "
+    "for you."
+)
+
+
+def scales(optimizer) -> bool:
+    """Whether ``optimizer`` multiplies the loss by something other than 1."""
+    return bool(optimizer.config.dynamic or optimizer.config.initial_scale != 1.0)
+
+
+def _warn_once(optimizer, key: str, message: str) -> None:
+    said = optimizer._scratch.said
+    if key not in said:
+        said.add(key)
+        warnings.warn(message, MixedPrecisionWarning, stacklevel=4)
+
+
+def note_wrapper(wrapper) -> None:
+    """Records ``wrapper`` as one of its inner optimizer's wrappers."""
+    _WRAPPERS.setdefault(wrapper.inner_optimizer, weakref.WeakSet()).add(wrapper)
+
+
+def note_scaled(optimizer, loss) -> None:
+    """Notes a ``scale_loss`` call (and where the traced graph stood)."""
+    scratch = optimizer._scratch
+    scratch.scaled_since_apply += 1
+    if not tf.executing_eagerly():
+        scratch.forward_ops_end = len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
+    """The checks of one ``apply``, before anything is built or changed.
+
+    Raises:
+        ValueError: for an unbuilt optimizer whose first step is traced in a
+            ``tf.function`` under several replicas.
+    """
+    strategy = tf.distribute.get_strategy()
+    if (not optimizer.built and strategy.num_replicas_in_sync > 1
+            and not tf.executing_eagerly()):
+        raise ValueError(
+            f"{type(optimizer).__name__} '{optimizer.name}' must be built before "
+            "its first step runs inside a tf.function under "
+            f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} "
+            "replicas): its state variables cannot be created there. Received: "
+            "an unbuilt optimizer. Call `optimizer.build(model.trainable_variables)` "
+            "under `strategy.scope()` before the first step (model.fit does).")
+    scratch = optimizer._scratch
+    scaled = scratch.scaled_since_apply
+    scratch.scaled_since_apply = 0
+    if not unscaled and not scaled and scales(optimizer):
+        _warn_once(optimizer, "unscaled_loss", (
+            f"{type(optimizer).__name__}.apply() got gradients of a loss that "
+            "never went through scale_loss() (or get_scaled_loss()), yet it divides "
+            f"them by the loss scale (now {optimizer.config.initial_scale:g} at "
+            "the start): the steps are that many times too small and the run "
+            "learns nothing. Scale the loss on the tape: "
+            "`scaled = opt.scale_loss(loss)` and differentiate `scaled`, or use "
+            "tf_mixed.training.apply_scaled_gradients(tape, loss, variables, opt)."))
+    others = [w for w in _WRAPPERS.get(optimizer.inner_optimizer, ())
+              if w is not optimizer and w.built]
+    if others:
+        _warn_once(optimizer, "second_wrapper", (
+            f"{type(optimizer).__name__} '{optimizer.name}' wraps inner optimizer "
+            f"'{optimizer.inner_optimizer.name}', which the built wrapper "
+            f"'{others[0].name}' already drives: each new wrapper starts its "
+            "loss scale again, so the scale never adapts (a wrapper made every "
+            "batch?). Create the wrapper once, before the loop, and reuse it."))
+    if not scales(optimizer) and any(
+            keras.backend.standardize_dtype(v.dtype) == "float16"
+            for v in trainable_variables):
+        _warn_once(optimizer, "float16_unscaled", (
+            f"{type(optimizer).__name__} '{optimizer.name}' does not scale the "
+            "loss (a fixed scale of 1: the pass-through wrap_optimizer() returns "
+            f"under the global policy '{keras.config.dtype_policy().name}'), but "
+            "it updates float16 variables, whose small gradients flush to zero. "
+            "Use tf_mixed.wrap_optimizer(optimizer, force=True), or "
+            "tf_mixed.LossScaleOptimizer(optimizer)."))
+
+
+# ------------------------------------------------------------ forward state
+
+
+def _handle_in(graph, variable):
+    """``variable``'s handle as the traced ``graph`` sees it (its capture), or None."""
+    outer = getattr(graph, "outer_graph", None)
+    if outer is not None and hasattr(outer, "captures"):
+        external = _handle_in(outer, variable)
+    else:
+        external = variable.handle
+    if external is None:
+        return None
+    for captured, internal in graph.captures:
+        if captured is external:
+            return internal
+    return None
+
+
+def _plain(variables) -> list:
+    """The tf.Variables under Keras variables and distributed ones, every copy."""
+    strategy = tf.distribute.get_strategy()
+    plain = []
+    for variable in variables:
+        inner = variable.value if isinstance(variable, keras.Variable) else variable
+        plain.extend(strategy.experimental_local_results(inner))
+    return plain
+
+
+def _untracked_writes(optimizer) -> list:
+    """Floating variables the traced forward pass wrote and no rollback holds."""
+    read = _internals.variables_read_so_far()
+    if read is None:
+        return []
+    graph = tf.compat.v1.get_default_graph()
+    end = optimizer._scratch.forward_ops_end
+    ops = graph.get_operations()[:end]
+    written = {id(op.inputs[0]) for op in ops if op.type in _ASSIGNS}
+    if not written:
+        return []
+    tally = optimizer._scratch.tally
+    known = _plain(list(optimizer.variables)
+                   + list(optimizer._scratch.forward.variables)
+                   + list(optimizer._scratch.forward.backups)
+                   + ([v for v in vars(tally).values() if isinstance(v, tf.Variable)]
+                      if tally is not None else []))
+    known_ids = {id(v) for v in known} | {id(getattr(v, "handle", None)) for v in known}
+    found = []
+    for variable in read:
+        if (variable.trainable or not variable.dtype.is_floating
+                or id(variable) in known_ids or id(variable.handle) in known_ids):
+            continue
+        handle = _handle_in(graph, variable)
+        if handle is not None and id(handle) in written:
+            found.append(variable)
+    return found
+
+
+def forward_state_guard(optimizer, finite) -> None:
+    """Refuses the first skipped step that leaves forward state unprotected.
+
+    Traced in a ``tf.function``: when the forward pass of this step wrote
+    floating-point variables (BatchNormalization's moving statistics) that
+    ``track_forward_state`` did not hand over, the step fails at run time
+    the first time its verdict is "skip", with `FORWARD_STATE_ERROR`.
+    Eagerly TensorFlow keeps no record of what the forward pass wrote: the
+    first skipped step without tracked forward state gives a
+    `MixedPrecisionWarning` saying so.
+    """
+    if tf.executing_eagerly():
+        if not optimizer._scratch.forward.variables and not bool(finite):
+            _warn_once(optimizer, "eager_forward_state", (
+                "A step was skipped (non-finite gradients) and no forward state "
+                "is handed to the optimizer: if the model has BatchNormalization "
+                "(or any layer whose forward pass writes non-trainable state), "
+                "that state now holds the skipped batch's values. Eagerly, "
+                "tf_mixed cannot see what the forward pass wrote (inside a "
+                "tf.function it refuses the step). Call "
+                "`opt.track_forward_state(model)` once before the first step."))
+        return
+    untracked = _untracked_writes(optimizer)
+    if not untracked:
+        return
+    names = ", ".join(f"'{v.name}'" for v in untracked[:3])
+    if len(untracked) > 3:
+        names += f" and {len(untracked) - 3} more"
+    tf.debugging.Assert(finite, [tf.constant(FORWARD_STATE_ERROR.format(names=names))])
