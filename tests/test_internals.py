@@ -460,3 +460,17 @@ def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
     layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
     assert _internals.lambda_output_shape(layer) == (2,)
     assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None
+
+
+def test_variables_read_so_far():  # FuncGraph._watched_variables
+    v = tf.Variable(1.0, trainable=False)
+    seen = []
+
+    @tf.function
+    def f():
+        v.assign(v + 1.0)
+        seen.append(_internals.variables_read_so_far())
+
+    f()
+    assert any(w is v for w in seen[0])
+    assert _internals.variables_read_so_far() is None  # eagerly
