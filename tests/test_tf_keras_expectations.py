@@ -144,6 +144,70 @@ def test_checkpoint_moves_between_plain_and_wrapper(tmp_path, save_with_ls, rest
     assert var2.numpy().tolist() == [-1.0] and int(opt2.iterations) == 2
 
 
+OLDER_WRAPPER_CHECKPOINT = os.path.join(
+    os.path.dirname(__file__), "data", "older_wrapper_checkpoint", "ckpt")
+"""Written by tf_mixed before issue 27 (the layout of main before this branch): the wrapper's
+own unused ``iterations`` (0) and ``learning_rate`` (0.0) at the top level, the
+real ones under ``inner_optimizer/``. Made with::
+
+    var = keras.Variable([2.0])
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                                      initial_scale=4.0, dynamic_growth_steps=1)
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_sum(var) * 2.0)
+        opt.apply(tape.gradient(scaled, [var]), [var])
+    tf.train.Checkpoint(optimizer=opt, var=var.value).write(path)
+"""
+
+
+def _two_steps_of(opt, var):
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_sum(var) * 2.0)
+        opt.apply(tape.gradient(scaled, [var]), [var])
+
+
+@pytest.mark.parametrize("built_first", [False, True])
+@pytest.mark.parametrize("writer", ["keras_wrapper", "older_tf_mixed"])
+def test_a_checkpoint_in_the_older_wrapper_layout_restores_the_real_values(
+        tmp_path, writer, built_first):
+    """Keras's wrapper (and tf_mixed's before) keep unused counters at the top level."""
+    if writer == "keras_wrapper":
+        var = keras.Variable([2.0])
+        old = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.5, momentum=0.5), initial_scale=4.0,
+            dynamic_growth_steps=1)
+        _two_steps_of(old, var)
+        path = tf.train.Checkpoint(optimizer=old, var=var.value).write(
+            str(tmp_path / "ckpt"))
+        names = dict(tf.train.list_variables(path))
+        assert "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE" in names
+    else:
+        path = OLDER_WRAPPER_CHECKPOINT
+    # The unused top-level copies really are 0 in both files.
+    assert int(tf.train.load_variable(path, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == 0
+    assert float(tf.train.load_variable(path, "optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE")) == 0.0
+    var2 = keras.Variable([0.0])
+    opt = _lso(keras.optimizers.SGD(0.125, momentum=0.5), initial_scale=4.0,
+               dynamic_growth_steps=1)
+    if built_first:
+        opt.build([var2])
+    tf.train.Checkpoint(optimizer=opt, var=var2.value).restore(path)
+    if not built_first:
+        opt.build([var2])  # the deferred slots and scale state restore here
+    assert var2.numpy().tolist() == [-0.5]
+    assert int(opt.iterations) == 2
+    assert float(opt.learning_rate) == 0.5
+    assert opt.inner_optimizer.variables[-1].numpy().tolist() == [-1.5]  # momentum
+    assert float(opt.loss_scale) == 16.0
+    # The next step continues: momentum 0.5 * -1.5 - 0.5 * 2 = -1.75, var -2.25.
+    with tf.GradientTape() as tape:
+        scaled = opt.scale_loss(tf.reduce_sum(var2) * 2.0)
+    opt.apply(tape.gradient(scaled, [var2]), [var2])
+    assert var2.numpy().tolist() == [-2.25] and int(opt.iterations) == 3
+
+
 def test_an_unbuilt_optimizer_under_a_strategy_in_a_function_says_build(mirrored):
     """testDynamicLossScale under MirroredStrategy with use_tf_function=True."""
     with mirrored.scope():

@@ -24,7 +24,7 @@ from tf_mixed.scaling import allreduce
 from tf_mixed.scaling.compensated import compensation_config
 from tf_mixed.scaling.scale_state import LossScaleState
 
-__all__ = ["EXTRA_STATE", "KerasCompat", "read_keras_state"]
+__all__ = ["EXTRA_STATE", "KerasCompat", "checkpoint_children", "read_keras_state"]
 
 # The state variables after Keras's own (`step_counter`, `dynamic_scale`), in
 # checkpoint order. A file written by Keras's wrapper lacks exactly these.
@@ -121,23 +121,6 @@ class KerasCompat:
                 variable.assign(store[str(i)])
             return
         super().load_own_variables(store)  # type: ignore[misc]
-
-    def _trackable_children(self: Any, save_type="checkpoint", **kwargs):
-        """The checkpoint layout: the inner optimizer's, plus the scale state.
-
-        A ``tf.train.Checkpoint`` of the plain inner optimizer restores into
-        the wrapper and back (tf-keras's promise): the inner optimizer's
-        children (iterations, learning rate, slots) sit where a plain
-        optimizer keeps them; the wrapper adds its state variables by name
-        and ``inner_optimizer`` (checkpoints written before this layout).
-        """
-        children = dict(self.inner_optimizer._trackable_children(save_type, **kwargs))
-        own = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
-        children["inner_optimizer"] = self.inner_optimizer
-        for name in ("step_counter", "dynamic_scale") + EXTRA_STATE:
-            if name in own:
-                children[name] = own[name]
-        return children
 
     @property
     def loss_scale(self: Any):
@@ -238,6 +221,51 @@ class KerasCompat:
             wrapper.dynamic_scale.assign(saved.scale)
             wrapper.step_counter.assign(saved.good_steps)
         return wrapper
+
+
+# The inner optimizer's children that Keras's wrapper (and tf_mixed's before
+# issue 27) also kept at its top level, as its own unused copies (0 and 0.0).
+_SHADOWED = ("_iterations", "_learning_rate")
+
+
+def checkpoint_children(wrapper, default: dict) -> dict:
+    """The checkpoint layout: the inner optimizer's, plus the scale state.
+
+    A ``tf.train.Checkpoint`` of the plain inner optimizer restores into the
+    wrapper and back (tf-keras's promise): the inner optimizer's children
+    (iterations, learning rate, slots) sit where a plain optimizer keeps
+    them; the wrapper adds its state variables by name and
+    ``inner_optimizer``. A checkpoint in the older layout (Keras's wrapper,
+    tf_mixed's before) holds unused top-level ``iterations`` (0) and
+    ``learning_rate`` (0.0) beside the real ones under ``inner_optimizer/``:
+    the top-level iterations and learning rate are aliases that yield to the
+    ``inner_optimizer/`` values when the checkpoint holds them
+    (`tf_mixed._internal.shims.checkpoint_alias`), so the real values win.
+
+    Args:
+        wrapper: A ``tf_mixed.LossScaleOptimizer``.
+        default: Keras's children of the wrapper.
+
+    Returns:
+        The children, name to trackable.
+    """
+    inner = wrapper.inner_optimizer
+    children = _internals.trackable_children(inner)
+    aliases = wrapper._scratch.checkpoint_aliases
+    for name in _SHADOWED:
+        target = children.get(name)
+        if not isinstance(target, (keras.Variable, tf.Variable)):
+            continue
+        # One alias object per variable: a save lists the children more
+        # than once and needs the same object each time.
+        if name not in aliases or aliases[name][0] is not target:
+            aliases[name] = (target, _internals.checkpoint_alias(target))
+        children[name] = aliases[name][1]
+    children["inner_optimizer"] = inner
+    for name in ("step_counter", "dynamic_scale") + EXTRA_STATE:
+        if name in default:
+            children[name] = default[name]
+    return children
 
 
 def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:

@@ -45,7 +45,8 @@ from tf_mixed.scaling import misuse
 from tf_mixed.scaling import scale_state
 from tf_mixed._internal import tf_keras_check
 from tf_mixed.scaling.float8_sync import Float8Sync
-from tf_mixed.scaling.keras_compat import KerasCompat, read_keras_state
+from tf_mixed.scaling.keras_compat import (KerasCompat, checkpoint_children,
+                                           read_keras_state)
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
@@ -101,6 +102,10 @@ class _Scratch:
         self.forward_ops_end: int | None = None
         self.said: set[str] = set()
         self.tf_keras_unscaled = False
+        # Checkpoint aliases of the inner optimizer's iterations and learning
+        # rate, one object each for the optimizer's life
+        # (`tf_mixed.scaling.keras_compat.checkpoint_children`).
+        self.checkpoint_aliases: dict = {}
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -469,6 +474,11 @@ def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
         optimizer: A ``tf_mixed.LossScaleOptimizer``.
     """
     optimizer._scratch.forward.refresh()
+
+
+# A tf.train.Checkpoint of the wrapper has the inner optimizer's layout plus
+# the scale state (`tf_mixed.scaling.keras_compat.checkpoint_children`).
+_internals.set_checkpoint_children(LossScaleOptimizer, checkpoint_children)
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
