@@ -254,6 +254,12 @@ def _prepare(model, optimizer, rollback: bool) -> None:
         if rollback and wanted != tracked:
             optimizer.track_forward_state(model)
             changed = True
+        declined = tuple(id(v) for v in optimizer.declined_forward_variables)
+        if not rollback and wanted != declined:
+            # Said on purpose: the optimizer neither rolls the state back
+            # nor refuses the skipped step that leaves it written.
+            optimizer.track_forward_state(model, roll_back=False)
+            changed = True
         if optimizer.loss_tally is None:
             optimizer.attach_loss_tally(LossTally())
             changed = True
@@ -322,7 +328,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
       check_setup: run the set-up checks at ``on_train_begin``.
       rollback_forward_state: hand the model to a
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
-        non-trainable state (BatchNormalization statistics).
+        non-trainable state (BatchNormalization statistics). False leaves
+        that state as a skipped batch wrote it, on purpose
+        (``track_forward_state(model, roll_back=False)``): without the
+        monitor, the first such skip raises.
 
     Attributes:
       stop_reason: why training was stopped, or None.

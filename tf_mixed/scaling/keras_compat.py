@@ -91,27 +91,40 @@ class KerasCompat:
 
         The inner optimizer's variables are saved once, by the inner
         optimizer itself (Keras walks it as a child); Keras's own wrapper
-        stores them a second time here.
+        stores them a second time here. Entry ``"0"`` holds every scalar
+        state variable as one float64 vector (exact for counters below
+        2**53; one HDF5 dataset instead of eight keeps the file within a few
+        hundred bytes of the plain optimizer's); each other variable (the
+        gradient-accumulation buffers) follows as its own entry, in order.
         """
-        # One float64 vector (exact for counters below 2**53): one HDF5
-        # dataset instead of eight keeps the file within a few hundred bytes
-        # of the plain optimizer's.
-        store["0"] = np.array([np.float64(v.numpy()) for v in self._variables])
+        own = list(self._variables)
+        store["0"] = np.array([np.float64(v.numpy()) for v in own if not v.shape],
+                              dtype=np.float64)
+        for i, variable in enumerate([v for v in own if v.shape], start=1):
+            store[str(i)] = variable.numpy()
 
     def load_own_variables(self: Any, store) -> None:
         """Loads a ``.keras`` file's optimizer state, older layouts included.
 
         Three layouts load: this one (the wrapper's own variables only,
-        one vector, `save_own_variables`); tf_mixed's before this layout and Keras's wrapper (own
-        variables followed by the inner optimizer's, which the inner
-        optimizer loads again from its own entry); Keras's wrapper lacks the
-        counters of `EXTRA_STATE`, which then start at 0.
+        `save_own_variables`; its entry ``"0"`` is a vector); tf_mixed's
+        before it and Keras's wrapper (own variables followed by the inner
+        optimizer's, which the inner optimizer loads again from its own
+        entry; entry ``"0"`` is the wrapper's unused scalar iterations);
+        Keras's wrapper lacks the counters of `EXTRA_STATE`, which then
+        start at 0.
         """
         own = list(self._variables)
         keys = list(store.keys())
-        if self.built and len(keys) == 1 and store["0"].shape == (len(own),):
-            for value, variable in zip(store["0"][...], own):
+        scalars = [v for v in own if not v.shape]
+        arrays = [v for v in own if v.shape]
+        if (self.built and "0" in keys and len(store["0"].shape) == 1
+                and store["0"].shape[0] == len(scalars)
+                and len(keys) == 1 + len(arrays)):
+            for value, variable in zip(store["0"][...], scalars):
                 variable.assign(np.asarray(value).astype(variable.dtype))
+            for i, variable in enumerate(arrays, start=1):
+                variable.assign(store[str(i)])
             return
         ours = self.variables
         if self.built and len(keys) == len(ours) - len(EXTRA_STATE):

@@ -19,7 +19,9 @@ error where the step cannot run or training would be silently wrong):
 * a skipped step whose forward pass wrote floating-point state that no
   rollback protects (BatchNormalization statistics without
   ``track_forward_state``): an error at the first such skip, naming
-  ``opt.track_forward_state(model)`` (`forward_state_guard`).
+  ``opt.track_forward_state(model)`` and, for ``fit``,
+  ``tf_mixed.LossScaleMonitor`` (`forward_state_guard`); state declared with
+  ``track_forward_state(model, roll_back=False)`` is left alone.
 
 The checks run when a step is traced (once per ``tf.function`` trace) or, in
 eager mode, at every step; each warning is given once per optimizer.
@@ -49,10 +51,12 @@ FORWARD_STATE_ERROR = (
     "{names}, which the optimizer does not roll back: they now hold the "
     "skipped batch's values (inf/NaN after an overflow) and the next "
     "evaluation would read them. Received: no forward state handed to the "
-    "optimizer. Call `opt.track_forward_state(model)` once before the first "
-    "step (under `strategy.scope()` under a strategy); "
-    "tf_mixed.training.make_train_step and tf_mixed.LossScaleMonitor do it "
-    "for you."
+    "optimizer. With model.fit: pass "
+    "`callbacks=[tf_mixed.LossScaleMonitor()]` (it hands the model's forward "
+    "state over), or call `model.optimizer.track_forward_state(model)` before "
+    "fit. In a custom loop: call `opt.track_forward_state(model)` once before "
+    "the first step (under `strategy.scope()` under a strategy); "
+    "tf_mixed.training.make_train_step does it for you."
 )
 
 
@@ -135,16 +139,23 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
 
 
 def _handle_in(graph, variable):
-    """``variable``'s handle as the traced ``graph`` sees it (its capture), or None."""
-    outer = getattr(graph, "outer_graph", None)
-    if outer is not None and hasattr(outer, "captures"):
-        external = _handle_in(outer, variable)
-    else:
-        external = variable.handle
-    if external is None:
-        return None
+    """``variable``'s handle as the traced ``graph`` sees it (its capture), or None.
+
+    A nested ``tf.function`` (``fit``'s step inside its loop) captures the
+    eager handle directly or the enclosing graph's capture of it: both count.
+    """
+    chain = []
+    current = graph
+    while current is not None and hasattr(current, "captures"):
+        chain.append(current)
+        current = getattr(current, "outer_graph", None)
+    handles = {id(variable.handle)}
+    for enclosing in reversed(chain):  # outermost first
+        for captured, internal in enclosing.captures:
+            if id(captured) in handles:
+                handles.add(id(internal))
     for captured, internal in graph.captures:
-        if captured is external:
+        if id(captured) in handles:
             return internal
     return None
 
@@ -157,6 +168,15 @@ def _plain(variables) -> list:
         inner = variable.value if isinstance(variable, keras.Variable) else variable
         plain.extend(strategy.experimental_local_results(inner))
     return plain
+
+
+def _reduced_on_read(variable) -> bool:
+    """Whether ``variable`` is ``ON_READ`` (every replica's copy is): Keras
+    metrics' accumulators (``loss/total``), which ``fit`` updates between the
+    forward pass and ``scale_loss``; metrics are not forward state
+    (`tf_mixed.scaling.rollback.forward_variables`)."""
+    return (getattr(variable, "synchronization", None)
+            == tf.VariableSynchronization.ON_READ)
 
 
 def _untracked_writes(optimizer) -> list:
@@ -173,6 +193,7 @@ def _untracked_writes(optimizer) -> list:
     tally = optimizer._scratch.tally
     known = _plain(list(optimizer.variables)
                    + list(optimizer._scratch.forward.variables)
+                   + list(optimizer._scratch.forward_declined)
                    + list(optimizer._scratch.forward.backups)
                    + ([v for v in vars(tally).values() if isinstance(v, tf.Variable)]
                       if tally is not None else []))
@@ -180,7 +201,8 @@ def _untracked_writes(optimizer) -> list:
     found = []
     for variable in read:
         if (variable.trainable or not variable.dtype.is_floating
-                or id(variable) in known_ids or id(variable.handle) in known_ids):
+                or id(variable) in known_ids or id(variable.handle) in known_ids
+                or _reduced_on_read(variable)):
             continue
         handle = _handle_in(graph, variable)
         if handle is not None and id(handle) in written:
@@ -200,7 +222,9 @@ def forward_state_guard(optimizer, finite) -> None:
     `MixedPrecisionWarning` saying so.
     """
     if tf.executing_eagerly():
-        if not optimizer._scratch.forward.variables and not bool(finite):
+        scratch = optimizer._scratch
+        if (not scratch.forward.variables and not scratch.forward_declined
+                and not bool(finite)):
             _warn_once(optimizer, "eager_forward_state", (
                 "A step was skipped (non-finite gradients) and no forward state "
                 "is handed to the optimizer: if the model has BatchNormalization "
