@@ -438,3 +438,63 @@ def test_older_optimizer_layouts_still_load(writer):
     for a, b in zip(old.inner_optimizer.variables, new.inner_optimizer.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert int(new.step_counter.numpy()) == 1 and float(new.dynamic_scale.numpy()) == 8.0
+
+
+# ------------------------------------- wrap_optimizer forgotten (item 4)
+
+
+def _fp16_model():
+    keras.utils.set_random_seed(4)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                             keras.layers.Dense(1), tf_mixed.Float32Output()])
+
+
+def test_a_forgotten_wrap_optimizer_is_said_by_audit_and_the_monitor():
+    """compile adds Keras's own wrapper under mixed_float16; no public compile hook."""
+    tf_mixed.enable("mixed_float16", quiet=True)
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
+    model = _fp16_model()
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer
+    codes = [f.code for f in tf_mixed.audit(model).findings]
+    assert codes.count("keras_loss_scale_optimizer") == 1
+    monitor = tf_mixed.LossScaleMonitor()
+    assert monitor.loss_scaling is None
+    with pytest.warns(MixedPrecisionWarning, match=r"Keras's own.*wrap_optimizer\(optimizer\)") as record:
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[monitor])
+    assert sum("Keras's own" in str(w.message) for w in record) == 1  # said once
+    assert monitor.loss_scaling == "keras"
+
+    wrapped = _fp16_model()
+    wrapped.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)), "mse")
+    assert "keras_loss_scale_optimizer" not in [f.code for f in tf_mixed.audit(wrapped).findings]
+    monitor = tf_mixed.LossScaleMonitor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MixedPrecisionWarning)
+        wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])
+    assert monitor.loss_scaling == "tf_mixed"
+
+
+def test_the_monitor_reports_no_wrapper():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    monitor = tf_mixed.LossScaleMonitor()
+    model.fit(np.ones((4, 4)), np.ones((4, 1)), verbose=0, callbacks=[monitor])
+    assert monitor.loss_scaling == "none"
+
+
+def test_a_model_built_before_enable_is_said_once_at_its_first_step():
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                              keras.layers.Dense(1)])  # float32: before enable
+    tf_mixed.enable("mixed_float16", quiet=True)
+    model.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)), "mse")
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
+    with pytest.warns(MixedPrecisionWarning, match=r"built before tf_mixed\.enable\(\)") as record:
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert sum("built before" in str(w.message) for w in record) == 1
+    after = _fp16_model()  # built after enable: nothing said
+    after.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)), "mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MixedPrecisionWarning)
+        after.fit(x, y, batch_size=4, epochs=1, verbose=0)

@@ -101,7 +101,8 @@ def is_loss_scaling(optimizer) -> bool:
 
 
 # Audit findings that make a fit train badly; the monitor warns with them.
-SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch")
+SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch",
+                  "keras_loss_scale_optimizer")
 
 
 def model_setup_problems(model) -> list[str]:
@@ -214,6 +215,17 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
 
 # What the monitor knows before its first read.
 _NO_READ = Snapshot(scale=1.0, applied=0)
+
+
+# What ``on_train_begin`` logs, per `_kind`.
+_WRAPPER_SEEN = {
+    "tf_mixed": "the optimizer is tf_mixed.LossScaleOptimizer; every rule applies.",
+    "keras": ("the optimizer is Keras's own keras.optimizers.LossScaleOptimizer "
+              "(tf_mixed.wrap_optimizer was not used); skips are derived from "
+              "iterations and the epoch loss is not corrected."),
+    "none": "the optimizer ({name}) does not scale the loss; only the NaN and "
+            "set-up checks apply.",
+}
 
 
 def _kind(optimizer) -> stop_rules.Kind:
@@ -394,6 +406,18 @@ class LossScaleMonitor(keras.callbacks.Callback):
         }
 
     @property
+    def loss_scaling(self) -> stop_rules.Kind | None:
+        """Which wrapper the monitor sees since ``on_train_begin``.
+
+        "tf_mixed" (``tf_mixed.LossScaleOptimizer``), "keras" (Keras's own
+        ``keras.optimizers.LossScaleOptimizer``, which ``compile`` adds under
+        mixed_float16 when ``wrap_optimizer`` was forgotten), "none" (no loss
+        scaling), or None before ``fit`` starts. ``on_train_begin`` also logs
+        it (absl, INFO).
+        """
+        return getattr(self, "_kind", None)
+
+    @property
     def total_skipped_steps(self) -> int:
         """Skipped steps seen since ``on_train_begin``."""
         return self._progress.total_skipped
@@ -405,6 +429,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.stop_reason = None
         self._optimizer = getattr(self.model, "optimizer", None)
         self._kind = _kind(self._optimizer)
+        logging.info("tf_mixed.LossScaleMonitor: %s", _WRAPPER_SEEN[self._kind].format(
+            name=type(self._optimizer).__name__))
         if self._kind == "tf_mixed":
             _prepare(self.model, self._optimizer, self.rollback_forward_state)
             self._threshold = self._optimizer.min_scale

@@ -13,6 +13,8 @@ error where the step cannot run or training would be silently wrong):
 * float16 variables updated by a wrapper that does not scale the loss (the
   pass-through ``wrap_optimizer`` returns under a float32 global policy): a
   warning;
+* a model built before ``tf_mixed.enable()`` used under a half global policy
+  (a traced step whose matrix products all compute in float32): a warning;
 * a first step inside a ``tf.function`` under several replicas by an
   optimizer not built yet: a ``ValueError`` naming ``build`` (TensorFlow's
   own error is "You must feed a value for placeholder");
@@ -123,6 +125,7 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             f"'{others[0].name}' already drives: each new wrapper starts its "
             "loss scale again, so the scale never adapts (a wrapper made every "
             "batch?). Create the wrapper once, before the loop, and reuse it."))
+    _check_built_before_enable(optimizer)
     if not scales(optimizer) and any(
             keras.backend.standardize_dtype(v.dtype) == "float16"
             for v in trainable_variables):
@@ -133,6 +136,37 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "it updates float16 variables, whose small gradients flush to zero. "
             "Use tf_mixed.wrap_optimizer(optimizer, force=True), or "
             "tf_mixed.LossScaleOptimizer(optimizer)."))
+
+
+_PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
+             "DepthwiseConv2dNative", "Einsum")
+
+
+def _check_built_before_enable(optimizer) -> None:
+    """Warns once when a half global policy meets a step computed in float32.
+
+    A layer takes the global policy when it is created: a model built before
+    ``tf_mixed.enable()`` keeps computing in float32 under it. Seen in the
+    traced forward pass (the ops before ``scale_loss``): matrix products, and
+    none of them in a half dtype. Eagerly no graph is kept: not checked.
+    """
+    end = optimizer._scratch.forward_ops_end
+    half = keras.config.dtype_policy().compute_dtype
+    if tf.executing_eagerly() or end is None or half not in ("float16", "bfloat16"):
+        return
+    products = [op for op in tf.compat.v1.get_default_graph().get_operations()[:end]
+                if op.type in _PRODUCTS and op.outputs]
+    if not products or any(op.outputs[0].dtype in (tf.float16, tf.bfloat16)
+                           for op in products):
+        return
+    _warn_once(optimizer, "built_before_enable", (
+        f"The global dtype policy is '{keras.config.dtype_policy().name}', but "
+        f"this step's forward pass computed all {len(products)} of its matrix "
+        "products in float32 (e.g. "
+        f"'{products[0].name}'): the model was built before tf_mixed.enable() "
+        "(a layer takes the policy when it is created), so it gets none of the "
+        "half-precision speed. Call tf_mixed.enable() before building the model, "
+        "or convert it: model = tf_mixed.convert(model)."))
 
 
 # ------------------------------------------------------------ forward state
