@@ -217,6 +217,11 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
 _NO_READ = Snapshot(scale=1.0, applied=0)
 
 
+# LossScaleMonitor's constructor arguments, in order (its get_config).
+_CONFIG = ("patience", "max_skip_fraction", "min_scale", "log_every_n_batches",
+           "raise_on_failure", "check_setup", "check_every_n_batches",
+           "rollback_forward_state")
+
 # What ``on_train_begin`` logs, per `_kind`.
 _WRAPPER_SEEN = {
     "tf_mixed": "the optimizer is tf_mixed.LossScaleOptimizer; every rule applies.",
@@ -235,6 +240,14 @@ def _kind(optimizer) -> stop_rules.Kind:
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return "keras"
     return "none"
+
+
+def _kind_said(optimizer) -> stop_rules.Kind:
+    """`_kind`, logged (absl, INFO) as which wrapper the monitor sees."""
+    kind = _kind(optimizer)
+    logging.info("tf_mixed.LossScaleMonitor: %s",
+                 _WRAPPER_SEEN[kind].format(name=type(optimizer).__name__))
+    return kind
 
 
 def _snapshot(optimizer, kind: stop_rules.Kind) -> Snapshot:
@@ -263,14 +276,10 @@ def _prepare(model, optimizer, rollback: bool) -> None:
     with model.distribute_strategy.scope():
         wanted = tuple(id(v) for v in forward_variables(model))
         tracked = tuple(id(v) for v in optimizer.tracked_forward_variables)
-        if rollback and wanted != tracked:
-            optimizer.track_forward_state(model)
-            changed = True
-        declined = tuple(id(v) for v in optimizer.declined_forward_variables)
-        if not rollback and wanted != declined:
-            # Said on purpose: the optimizer neither rolls the state back
-            # nor refuses the skipped step that leaves it written.
-            optimizer.track_forward_state(model, roll_back=False)
+        if wanted != tracked:
+            # roll_back=False: said on purpose, so the optimizer neither
+            # rolls the state back nor refuses the step that leaves it.
+            optimizer.track_forward_state(model, roll_back=rollback)
             changed = True
         if optimizer.loss_tally is None:
             optimizer.attach_loss_tally(LossTally())
@@ -340,14 +349,13 @@ class LossScaleMonitor(keras.callbacks.Callback):
       check_setup: run the set-up checks at ``on_train_begin``.
       rollback_forward_state: hand the model to a
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
-        non-trainable state (BatchNormalization statistics). False leaves
-        that state as a skipped batch wrote it, on purpose
-        (``track_forward_state(model, roll_back=False)``): without the
-        monitor, the first such skip raises.
+        non-trainable state (BatchNormalization statistics); False leaves
+        it as a skipped batch wrote it, on purpose (not refused).
 
     Attributes:
       stop_reason: why training was stopped, or None.
       total_skipped_steps: skipped steps seen since ``on_train_begin``.
+      loss_scaling: the wrapper seen: "tf_mixed", "keras", "none" (None before fit).
 
     Raises:
       TypeError, ValueError: an argument out of range; the message names it.
@@ -387,6 +395,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
+        self.loss_scaling: stop_rules.Kind | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
         if self.log_every_n_batches or self._check_n:
@@ -394,28 +403,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments."""
-        return {
-            "patience": self.patience,
-            "max_skip_fraction": self.max_skip_fraction,
-            "min_scale": self.min_scale,
-            "log_every_n_batches": self.log_every_n_batches,
-            "raise_on_failure": self.raise_on_failure,
-            "check_setup": self.check_setup,
-            "check_every_n_batches": self.check_every_n_batches,
-            "rollback_forward_state": self.rollback_forward_state,
-        }
-
-    @property
-    def loss_scaling(self) -> stop_rules.Kind | None:
-        """Which wrapper the monitor sees since ``on_train_begin``.
-
-        "tf_mixed" (``tf_mixed.LossScaleOptimizer``), "keras" (Keras's own
-        ``keras.optimizers.LossScaleOptimizer``, which ``compile`` adds under
-        mixed_float16 when ``wrap_optimizer`` was forgotten), "none" (no loss
-        scaling), or None before ``fit`` starts. ``on_train_begin`` also logs
-        it (absl, INFO).
-        """
-        return getattr(self, "_kind", None)
+        return {name: getattr(self, name) for name in _CONFIG}
 
     @property
     def total_skipped_steps(self) -> int:
@@ -428,9 +416,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
         self._optimizer = getattr(self.model, "optimizer", None)
-        self._kind = _kind(self._optimizer)
-        logging.info("tf_mixed.LossScaleMonitor: %s", _WRAPPER_SEEN[self._kind].format(
-            name=type(self._optimizer).__name__))
+        self._kind = self.loss_scaling = _kind_said(self._optimizer)
         if self._kind == "tf_mixed":
             _prepare(self.model, self._optimizer, self.rollback_forward_state)
             self._threshold = self._optimizer.min_scale

@@ -227,7 +227,7 @@ def _untracked_writes(optimizer) -> list:
     tally = optimizer._scratch.tally
     known = _plain(list(optimizer.variables)
                    + list(optimizer._scratch.forward.variables)
-                   + list(optimizer._scratch.forward_declined)
+                   + list(optimizer._scratch.forward.declined)
                    + list(optimizer._scratch.forward.backups)
                    + ([v for v in vars(tally).values() if isinstance(v, tf.Variable)]
                       if tally is not None else []))
@@ -257,7 +257,7 @@ def forward_state_guard(optimizer, finite) -> None:
     """
     if tf.executing_eagerly():
         scratch = optimizer._scratch
-        if (not scratch.forward.variables and not scratch.forward_declined
+        if (not scratch.forward.variables and not scratch.forward.declined
                 and not bool(finite)):
             _warn_once(optimizer, "eager_forward_state", (
                 "A step was skipped (non-finite gradients) and no forward state "

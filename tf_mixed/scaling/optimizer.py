@@ -48,7 +48,7 @@ from tf_mixed.scaling.float8_sync import Float8Sync
 from tf_mixed.scaling.keras_compat import (KerasCompat, checkpoint_children,
                                            read_keras_state)
 from tf_mixed.scaling.loss_tally import LossTally
-from tf_mixed.scaling.rollback import ForwardState, forward_variables
+from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
 
 __all__ = ["LossScaleOptimizer", "loss_scale_state", "refresh_forward_state",
@@ -106,9 +106,6 @@ class _Scratch:
         # rate, one object each for the optimizer's life
         # (`tf_mixed.scaling.keras_compat.checkpoint_children`).
         self.checkpoint_aliases: dict = {}
-        # Forward state declared written and not rolled back
-        # (track_forward_state(..., roll_back=False)).
-        self.forward_declined: tuple = ()
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -310,48 +307,23 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     # ------------------------------------------- passengers: their own modules
 
     @_internals.no_automatic_dependency_tracking
-    def track_forward_state(self, model_or_variables, *,
-                            roll_back: bool = True) -> int:
+    def track_forward_state(self, model_or_variables, *, roll_back: bool = True) -> int:
         """Restores these variables after every skipped step.
 
-        `tf_mixed.scaling.rollback.ForwardState.track` says what is tracked and when
-        it raises. ``LossScaleMonitor`` calls this for ``fit``; a custom loop
-        calls it once, under the strategy's scope, before its first step.
-        Calling it again replaces the tracked set.
-
-        A skipped step whose forward pass wrote state that was never handed
-        over here raises (`tf_mixed.scaling.misuse.forward_state_guard`);
-        ``roll_back=False`` says the state is left as the skipped batch wrote
-        it on purpose: nothing is rolled back and nothing is refused.
-
-        Args:
-            model_or_variables: A Keras layer or model, or a list of variables.
-            roll_back: False to declare the variables written and not rolled
-                back (``LossScaleMonitor(rollback_forward_state=False)``).
+        `tf_mixed.scaling.rollback.ForwardState.track` says what is tracked, what
+        ``roll_back=False`` declares and when it raises. ``LossScaleMonitor`` calls
+        this for ``fit``; a custom loop calls it once, under the strategy's scope,
+        before its first step. Calling it again replaces the tracked set.
 
         Returns:
-            The number of variables tracked (or declared, with
-            ``roll_back=False``).
+            The number of variables tracked (or declared).
         """
-        _validate.boolean(roll_back, "roll_back",
-                          owner="LossScaleOptimizer.track_forward_state()")
-        if roll_back:
-            self._scratch.forward_declined = ()
-            return self._scratch.forward.track(model_or_variables)
-        declined = tuple(forward_variables(model_or_variables))
-        self._scratch.forward.track([])
-        self._scratch.forward_declined = declined
-        return len(declined)
+        return self._scratch.forward.track(model_or_variables, roll_back=roll_back)
 
     @property
     def tracked_forward_variables(self) -> tuple:
-        """The variables ``track_forward_state`` tracks (a tuple)."""
-        return self._scratch.forward.variables
-
-    @property
-    def declined_forward_variables(self) -> tuple:
-        """The variables ``track_forward_state(..., roll_back=False)`` declared."""
-        return self._scratch.forward_declined
+        """The variables ``track_forward_state`` tracks or declared (a tuple)."""
+        return self._scratch.forward.variables or self._scratch.forward.declined
 
     @_internals.no_automatic_dependency_tracking
     def attach_loss_tally(self, tally: LossTally) -> None:
