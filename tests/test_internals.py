@@ -547,3 +547,11 @@ def test_checkpoint_alias_saves_as_a_variable_and_yields_to_a_deeper_node(tmp_pa
     plain.x = tf.Variable(0.0)
     tf.train.Checkpoint(root=plain).restore(path)
     assert float(plain.x.numpy()) == 7.0
+    # Asynchronous checkpoints copy it to the CPU (_copy_trackable_to_cpu).
+    target.assign(9.0)
+    checkpoint = tf.train.Checkpoint(root=again)
+    path = checkpoint.write(str(tmp_path / "async"), options=tf.train.CheckpointOptions(
+        experimental_enable_async_checkpoint=True))
+    checkpoint.sync()
+    tf.train.Checkpoint(root=plain).restore(path)
+    assert float(plain.x.numpy()) == 9.0

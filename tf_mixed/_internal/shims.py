@@ -743,7 +743,8 @@ def checkpoint_alias(variable):
     so a plain optimizer restores it), and on restore writes ``variable``
     only if no other node of the same restore wrote it. It implements the
     private ``Trackable._serialize_to_tensors`` / ``_restore_from_tensors``
-    (TensorFlow's documented way to checkpoint a custom object) and reads
+    (TensorFlow's documented way to checkpoint a custom object) and
+    ``_copy_trackable_to_cpu`` (asynchronous checkpoints), and reads
     the private ``_update_uid``; checked on TensorFlow 2.21.0.
 
     Args:
@@ -768,5 +769,15 @@ def checkpoint_alias(variable):
             if getattr(self._target, "_update_uid", None) == self._update_uid:
                 return tf.no_op()
             return self._target._restore_from_tensors(restored_tensors)
+
+        def _copy_trackable_to_cpu(self, object_map):
+            # Async checkpoints save a CPU copy: the alias of the copy.
+            if self in object_map:
+                return
+            inner = (self._target if isinstance(self._target, tf.Variable)
+                     else self._target.value)
+            if inner not in object_map:
+                inner._copy_trackable_to_cpu(object_map)
+            object_map[self] = CheckpointAlias(object_map[inner])
 
     return CheckpointAlias(variable)
