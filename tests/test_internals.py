@@ -598,3 +598,97 @@ def test_constructor_arguments_are_those_keras_recorded():  # Operation._auto_co
             super().__init__()
 
     assert _internals.constructor_arguments(Unrecordable([object()])) == {}
+
+def test_variables_read_so_far():  # FuncGraph._watched_variables
+    v = tf.Variable(1.0, trainable=False)
+    seen = []
+
+    @tf.function
+    def f():
+        v.assign(v + 1.0)
+        seen.append(_internals.variables_read_so_far())
+
+    f()
+    assert any(w is v for w in seen[0])
+    assert _internals.variables_read_so_far() is None  # eagerly
+
+
+# ------------------------------------------------------------- checkpoints
+
+
+class _Holder(tf.Module):
+    pass
+
+
+def test_checkpoint_children_are_listed_and_a_restore_writes_shallowest_first(tmp_path):
+    # Trackable._trackable_children lists what a checkpoint saves and
+    # restores; a variable reached by two nodes is written from the shallower
+    # one only (CheckpointPosition._single_restore and _update_uid): the
+    # reason set_checkpoint_children's users need checkpoint_alias.
+    class Listed(tf.Module):
+        pass
+
+    _internals.set_checkpoint_children(
+        Listed, lambda obj, default: {**default, "renamed": obj.hidden[0]})
+    obj = Listed()
+    obj.hidden = [tf.Variable(3.0)]
+    assert set(_internals.trackable_children(obj)) >= {"renamed", "hidden"}
+    shallow, deep = tf.Variable(1.0), tf.Variable(2.0)
+    root = _Holder()
+    root.x, root.inner = shallow, _Holder()
+    root.inner.x = deep
+    path = tf.train.Checkpoint(root=root).write(str(tmp_path / "two"))
+    names = [n for n, _ in tf.train.list_variables(path)]
+    assert "x/.ATTRIBUTES/VARIABLE_VALUE" in names  # root= is the root
+    one = tf.Variable(0.0)
+    again = _Holder()
+    again.x, again.inner = one, _Holder()
+    again.inner.x = one  # one variable under both names
+    tf.train.Checkpoint(root=again).restore(path)
+    assert float(one.numpy()) == 1.0  # the shallower node won
+    path = tf.train.Checkpoint(root=obj).write(str(tmp_path / "listed"))
+    assert "renamed/.ATTRIBUTES/VARIABLE_VALUE" in [
+        n for n, _ in tf.train.list_variables(path)]
+
+
+def test_checkpoint_alias_saves_as_a_variable_and_yields_to_a_deeper_node(tmp_path):
+    # The alias implements Trackable._serialize_to_tensors /
+    # _restore_from_tensors and reads _update_uid.
+    shallow, deep = tf.Variable(1.0), tf.Variable(2.0)
+    root = _Holder()
+    root.x, root.inner = shallow, _Holder()
+    root.inner.x = deep
+    both = tf.train.Checkpoint(root=root).write(str(tmp_path / "two"))
+    alone = _Holder()
+    alone.x = tf.Variable(5.0)
+    alone_path = tf.train.Checkpoint(root=alone).write(str(tmp_path / "one"))
+
+    class Aliased(tf.Module):
+        pass
+
+    target = tf.Variable(0.0)
+    _internals.set_checkpoint_children(
+        Aliased, lambda obj, default: {"x": obj.alias, "inner": obj.inner})
+    again = Aliased()
+    again.alias = _internals.checkpoint_alias(target)
+    again.inner = _Holder()
+    again.inner.x = target
+    tf.train.Checkpoint(root=again).restore(both)
+    assert float(target.numpy()) == 2.0  # the deeper node won
+    tf.train.Checkpoint(root=again).restore(alone_path)
+    assert float(target.numpy()) == 5.0  # only the alias's node: it writes
+    # Saved as a variable: a plain variable restores from the alias's node.
+    target.assign(7.0)
+    path = tf.train.Checkpoint(root=again).write(str(tmp_path / "aliased"))
+    plain = _Holder()
+    plain.x = tf.Variable(0.0)
+    tf.train.Checkpoint(root=plain).restore(path)
+    assert float(plain.x.numpy()) == 7.0
+    # Asynchronous checkpoints copy it to the CPU (_copy_trackable_to_cpu).
+    target.assign(9.0)
+    checkpoint = tf.train.Checkpoint(root=again)
+    path = checkpoint.write(str(tmp_path / "async"), options=tf.train.CheckpointOptions(
+        experimental_enable_async_checkpoint=True))
+    checkpoint.sync()
+    tf.train.Checkpoint(root=plain).restore(path)
+    assert float(plain.x.numpy()) == 9.0

@@ -424,11 +424,18 @@ def test_apply_after_unscale_without_saying_raises(use_function, which):
     assert float(var.numpy()) == -1.0
 
 
-def test_apply_gradients_after_tf_keras_unscale_without_saying_raises():
+def test_apply_gradients_after_tf_keras_unscale_takes_them_as_unscaled():
+    # Issue 27: tf-keras's apply_gradients took unscaled gradients, and the
+    # TF guide's loop (get_unscaled_gradients, then apply_gradients) runs
+    # unchanged. After Keras 3's unscale_gradients, apply() still asks.
     var = keras.Variable(0.0)
     opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8.0)
-    with pytest.warns(UserWarning, match="unscaled=True"):
-        grads = opt.get_unscaled_gradients([tf.constant(16.0)])
+    opt.get_scaled_loss(tf.constant(1.0))
+    grads = opt.get_unscaled_gradients([tf.constant(16.0)])
+    opt.apply_gradients(zip(grads, [var]))
+    assert float(var.numpy()) == -2.0
+    opt.get_scaled_loss(tf.constant(1.0))
+    grads = opt.unscale_gradients([tf.constant(16.0)])
     with pytest.raises(ValueError, match="unscaled=True"):
         opt.apply_gradients(zip(grads, [var]))
 
@@ -600,8 +607,7 @@ def test_tf_keras_names_and_fixed_scale():
     opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8.0,
                              dynamic=False)
     assert float(opt.get_scaled_loss(tf.constant(2.0))) == 16.0
-    with pytest.warns(UserWarning, match="unscaled=True"):
-        grads = opt.get_unscaled_gradients([tf.constant(16.0)])
+    grads = opt.get_unscaled_gradients([tf.constant(16.0)])  # silent now (issue 27)
     assert float(grads[0]) == 2.0
     opt.apply_gradients(zip(grads, [var]), unscaled=True)
     assert float(var.numpy()) == -2.0

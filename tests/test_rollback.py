@@ -125,6 +125,33 @@ def test_without_tracking_batchnorm_is_poisoned(fp16):
     assert not np.isfinite(stats).all()
 
 
+def test_fit_without_the_monitor_refuses_the_first_skip_naming_the_fit_fix(fp16):
+    """Issue 27 item 1, for fit: never silent, and the fix for fit is named."""
+    x, y = _data(2, bad_batch=1)
+    model = _model()
+    model.compile(optimizer=_optimizer(), loss="mse")
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    message = str(caught.value)
+    assert "moving_mean" in message
+    assert "callbacks=[tf_mixed.LossScaleMonitor()]" in message
+    assert "model.optimizer.track_forward_state(model)" in message
+    assert int(model.optimizer.iterations.numpy()) == 1  # the first batch ran
+
+
+def test_declining_the_rollback_is_not_refused(fp16):
+    x, y = _data(2, bad_batch=1)
+    model = _model()
+    model.compile(optimizer=_optimizer(), loss="mse")
+    assert model.optimizer.track_forward_state(model, roll_back=False) == 2
+    assert len(model.optimizer.tracked_forward_variables) == 2  # declared
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    assert model.optimizer.loss_scale_state().skipped_steps == 1
+    assert not np.isfinite(model.layers[1].moving_variance.numpy()).all()
+    with pytest.raises(TypeError, match=r"roll_back=0"):
+        model.optimizer.track_forward_state(model, roll_back=0)
+
+
 def test_custom_loop_hands_over_the_model_once(fp16):
     x, y = _data(2, bad_batch=2)
     results = []

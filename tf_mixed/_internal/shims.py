@@ -898,3 +898,115 @@ def keras_weight_keys(model) -> dict[int, str]:
             if isinstance(value, keras.Variable):
                 keys.setdefault(id(value), "/".join(p for p in (path, "vars", name) if p))
     return keys
+
+
+def variables_read_so_far():
+    """The variables the ``tf.function`` being traced has read so far, or None.
+
+    ``FuncGraph.variables`` is filled only once tracing ends; while a step is
+    traced, TensorFlow keeps the variables read so far in
+    ``FuncGraph._watched_variables`` (every read, trainable or not; checked on
+    TensorFlow 2.21.0). Used to find forward state (BatchNormalization
+    statistics) a step wrote and no rollback protects. None when executing
+    eagerly (no graph is traced).
+    """
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    watched = getattr(graph, "_watched_variables", None)
+    if tf.executing_eagerly() or watched is None:
+        return None
+    return list(watched)
+
+
+# ------------------------------------------------------------- checkpoints
+
+
+def set_checkpoint_children(cls, children: Callable[[Any, dict], dict]) -> None:
+    """Makes ``children(obj, default)`` list the checkpoint children of ``cls``.
+
+    TensorFlow's ``tf.train.Checkpoint`` asks an object for its children with
+    the private ``Trackable._trackable_children(save_type, **kwargs)``, when it
+    saves and again when it restores (checked on TensorFlow 2.21.0; Keras's
+    ``TFOptimizer`` is an ``AutoTrackable`` that lists its attributes). No
+    public hook names an object's checkpoint children; ``setattr`` tracking
+    cannot give a wrapper its inner optimizer's children under the same names.
+    Only ``save_type="checkpoint"`` changes; a SavedModel sees ``default``.
+
+    Args:
+        cls: A Keras optimizer class (a ``Trackable``).
+        children: ``(obj, default) -> dict`` of name to trackable, where
+            ``default`` is what ``cls``'s base class lists.
+    """
+    base = cls._trackable_children
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        default = base(self, save_type, **kwargs)
+        if save_type != "checkpoint":
+            return default
+        return children(self, dict(default))
+
+    _trackable_children.__doc__ = children.__doc__
+    cls._trackable_children = _trackable_children
+
+
+def trackable_children(obj) -> dict:
+    """``obj``'s checkpoint children (``Trackable._trackable_children``).
+
+    What ``tf.train.Checkpoint`` would save under ``obj`` (see
+    `set_checkpoint_children`); checked on TensorFlow 2.21.0.
+    """
+    return dict(obj._trackable_children("checkpoint"))
+
+
+def checkpoint_alias(variable):
+    """A checkpoint child that saves ``variable`` again and restores into it.
+
+    A checkpoint holds one node per Python object, and a restore writes each
+    object from the first node that reaches it, shallowest first
+    (``CheckpointPosition._single_restore`` marks the object with the
+    restore's ``_update_uid`` and skips it after). So when ``variable`` is a
+    child under two names and an older checkpoint holds two *different*
+    values there, the shallower one wins. The alias is a second object: it
+    saves ``variable``'s value under its own node (written as a variable's,
+    so a plain optimizer restores it), and on restore writes ``variable``
+    only if no other node of the same restore wrote it. It implements the
+    private ``Trackable._serialize_to_tensors`` / ``_restore_from_tensors``
+    (TensorFlow's documented way to checkpoint a custom object) and
+    ``_copy_trackable_to_cpu`` (asynchronous checkpoints), and reads
+    the private ``_update_uid``; checked on TensorFlow 2.21.0.
+
+    Args:
+        variable: A Keras or TF variable.
+
+    Returns:
+        A ``Trackable`` to list as a checkpoint child.
+    """
+    import tensorflow as tf
+
+    class CheckpointAlias(tf.__internal__.tracking.Trackable):
+        def __init__(self, target):
+            self._target = target
+
+        def _serialize_to_tensors(self):
+            return self._target._serialize_to_tensors()
+
+        def _restore_from_tensors(self, restored_tensors):
+            # Both uids are set when the restore gathers its objects, before
+            # any value is written: equal means a deeper node of this same
+            # restore holds the variable's own value, which wins.
+            if getattr(self._target, "_update_uid", None) == self._update_uid:
+                return tf.no_op()
+            return self._target._restore_from_tensors(restored_tensors)
+
+        def _copy_trackable_to_cpu(self, object_map):
+            # Async checkpoints save a CPU copy: the alias of the copy.
+            if self in object_map:
+                return
+            inner = (self._target if isinstance(self._target, tf.Variable)
+                     else self._target.value)
+            if inner not in object_map:
+                inner._copy_trackable_to_cpu(object_map)
+            object_map[self] = CheckpointAlias(object_map[inner])
+
+    return CheckpointAlias(variable)

@@ -59,6 +59,7 @@ from tf_mixed.policy import keep_float32
 from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
 from tf_mixed.callbacks import stop_rules
+from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.replicas import all_copies_finite
 from tf_mixed.scaling.rollback import forward_variables
@@ -77,8 +78,6 @@ DEFAULT_CHECK_EVERY_N_BATCHES = 50
 """How often the default `LossScaleMonitor` reads the optimizer and checks."""
 
 
-class MixedPrecisionWarning(UserWarning):
-    """A mixed-precision set-up that will train badly or not at all."""
 
 
 class LossScaleFailure(RuntimeError):
@@ -104,7 +103,8 @@ def is_loss_scaling(optimizer) -> bool:
 
 
 # Audit findings that make a fit train badly; the monitor warns with them.
-SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids")
+SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids",
+                  "keras_loss_scale_optimizer")
 
 
 def model_setup_problems(model) -> list[str]:
@@ -258,6 +258,22 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
 _NO_READ = Snapshot(scale=1.0, applied=0)
 
 
+# LossScaleMonitor's constructor arguments, in order (its get_config).
+_CONFIG = ("patience", "max_skip_fraction", "min_scale", "log_every_n_batches",
+           "raise_on_failure", "check_setup", "check_every_n_batches",
+           "rollback_forward_state")
+
+# What ``on_train_begin`` logs, per `_kind`.
+_WRAPPER_SEEN = {
+    "tf_mixed": "the optimizer is tf_mixed.LossScaleOptimizer; every rule applies.",
+    "keras": ("the optimizer is Keras's own keras.optimizers.LossScaleOptimizer "
+              "(tf_mixed.wrap_optimizer was not used); skips are derived from "
+              "iterations and the epoch loss is not corrected."),
+    "none": "the optimizer ({name}) does not scale the loss; only the NaN and "
+            "set-up checks apply.",
+}
+
+
 def _kind(optimizer) -> stop_rules.Kind:
     """Which of the three kinds of optimizer the monitor reads."""
     if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
@@ -265,6 +281,14 @@ def _kind(optimizer) -> stop_rules.Kind:
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return "keras"
     return "none"
+
+
+def _kind_said(optimizer) -> stop_rules.Kind:
+    """`_kind`, logged (absl, INFO) as which wrapper the monitor sees."""
+    kind = _kind(optimizer)
+    logging.info("tf_mixed.LossScaleMonitor: %s",
+                 _WRAPPER_SEEN[kind].format(name=type(optimizer).__name__))
+    return kind
 
 
 def _snapshot(optimizer, kind: stop_rules.Kind) -> Snapshot:
@@ -293,8 +317,10 @@ def _prepare(model, optimizer, rollback: bool) -> None:
     with model.distribute_strategy.scope():
         wanted = tuple(id(v) for v in forward_variables(model))
         tracked = tuple(id(v) for v in optimizer.tracked_forward_variables)
-        if rollback and wanted != tracked:
-            optimizer.track_forward_state(model)
+        if wanted != tracked:
+            # roll_back=False: said on purpose, so the optimizer neither
+            # rolls the state back nor refuses the step that leaves it.
+            optimizer.track_forward_state(model, roll_back=rollback)
             changed = True
         if optimizer.loss_tally is None:
             optimizer.attach_loss_tally(LossTally())
@@ -364,11 +390,13 @@ class LossScaleMonitor(keras.callbacks.Callback):
       check_setup: run the set-up checks at ``on_train_begin``.
       rollback_forward_state: hand the model to a
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
-        non-trainable state (BatchNormalization statistics).
+        non-trainable state (BatchNormalization statistics); False leaves
+        it as a skipped batch wrote it, on purpose (not refused).
 
     Attributes:
       stop_reason: why training was stopped, or None.
       total_skipped_steps: skipped steps seen since ``on_train_begin``.
+      loss_scaling: the wrapper seen: "tf_mixed", "keras", "none" (None before fit).
 
     Raises:
       TypeError, ValueError: an argument out of range; the message names it.
@@ -408,6 +436,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
         self.stop_reason: str | None = None
+        self.loss_scaling: stop_rules.Kind | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
         self._setup = _SetupCheck()
@@ -416,16 +445,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments."""
-        return {
-            "patience": self.patience,
-            "max_skip_fraction": self.max_skip_fraction,
-            "min_scale": self.min_scale,
-            "log_every_n_batches": self.log_every_n_batches,
-            "raise_on_failure": self.raise_on_failure,
-            "check_setup": self.check_setup,
-            "check_every_n_batches": self.check_every_n_batches,
-            "rollback_forward_state": self.rollback_forward_state,
-        }
+        return {name: getattr(self, name) for name in _CONFIG}
 
     @property
     def total_skipped_steps(self) -> int:
@@ -438,7 +458,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
         self._optimizer = getattr(self.model, "optimizer", None)
-        self._kind = _kind(self._optimizer)
+        self._kind = self.loss_scaling = _kind_said(self._optimizer)
         if self._kind == "tf_mixed":
             _prepare(self.model, self._optimizer, self.rollback_forward_state)
             self._threshold = self._optimizer.min_scale

@@ -41,10 +41,12 @@ from tf_mixed._internal import validate as _validate
 from tf_mixed.scaling import accumulation
 from tf_mixed.scaling import allreduce
 from tf_mixed.scaling import compensated
+from tf_mixed.scaling import misuse
 from tf_mixed.scaling import scale_state
 from tf_mixed._internal import tf_keras_check
 from tf_mixed.scaling.float8_sync import Float8Sync
-from tf_mixed.scaling.keras_compat import KerasCompat, read_keras_state
+from tf_mixed.scaling.keras_compat import (KerasCompat, checkpoint_children,
+                                           read_keras_state)
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
@@ -93,6 +95,17 @@ class _Scratch:
         # apply() that does not say what it got (it never changes arithmetic).
         self.unscaled_since_apply = 0
         self.float8: Float8Sync | None = None
+        # `tf_mixed.scaling.misuse`: scale_loss() calls since the last apply(),
+        # where the traced forward pass ended, what was said; tf-keras's
+        # get_unscaled_gradients() since the last apply() (`keras_compat`).
+        self.scaled_since_apply = 0
+        self.forward_ops_end: int | None = None
+        self.said: set[str] = set()
+        self.tf_keras_unscaled = False
+        # Checkpoint aliases of the inner optimizer's iterations and learning
+        # rate, one object each for the optimizer's life
+        # (`tf_mixed.scaling.keras_compat.checkpoint_children`).
+        self.checkpoint_aliases: dict = {}
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -211,6 +224,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         self.communication_dtype = communication_dtype
         compensated.compensate_if_asked(inner_optimizer, update_rule)
         self.accumulator = accumulation.take_over(inner_optimizer, steps)  # None: off
+        misuse.note_wrapper(self)
 
     # The knobs, read from the frozen config (one source of truth).
     growth_interval = property(lambda self: self.config.growth_interval)
@@ -294,23 +308,23 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
     # ------------------------------------------- passengers: their own modules
 
     @_internals.no_automatic_dependency_tracking
-    def track_forward_state(self, model_or_variables) -> int:
+    def track_forward_state(self, model_or_variables, *, roll_back: bool = True) -> int:
         """Restores these variables after every skipped step.
 
-        `tf_mixed.scaling.rollback.ForwardState.track` says what is tracked and when
-        it raises. ``LossScaleMonitor`` calls this for ``fit``; a custom loop
-        calls it once, under the strategy's scope, before its first step.
-        Calling it again replaces the tracked set.
+        `tf_mixed.scaling.rollback.ForwardState.track` says what is tracked, what
+        ``roll_back=False`` declares and when it raises. ``LossScaleMonitor`` calls
+        this for ``fit``; a custom loop calls it once, under the strategy's scope,
+        before its first step. Calling it again replaces the tracked set.
 
         Returns:
-            The number of variables tracked.
+            The number of variables tracked (or declared).
         """
-        return self._scratch.forward.track(model_or_variables)
+        return self._scratch.forward.track(model_or_variables, roll_back=roll_back)
 
     @property
     def tracked_forward_variables(self) -> tuple:
-        """The variables ``track_forward_state`` tracks (a tuple)."""
-        return self._scratch.forward.variables
+        """The variables ``track_forward_state`` tracks or declared (a tuple)."""
+        return self._scratch.forward.variables or self._scratch.forward.declined
 
     @_internals.no_automatic_dependency_tracking
     def attach_loss_tally(self, tally: LossTally) -> None:
@@ -348,6 +362,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         loss = _checked_loss(loss)
         if loss.dtype in (tf.float16, tf.bfloat16):
             loss = tf.cast(loss, tf.float32)
+        misuse.note_scaled(self, loss)
         if not self.built:
             return loss * tf.cast(self.config.initial_scale, loss.dtype)
         if self._scratch.tally is not None:
@@ -426,7 +441,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
                 self.communication_dtype, self._scratch.float8)
             _apply_unscaled(self.inner_optimizer, finite, grads,
                             trainable_variables)
-            self._scratch.forward.roll_back(finite)
+            _roll_back(self, finite)
             self._advance_state(finite)
             _finish_float8(self, gathered, finite, scale)
         return finite
@@ -460,6 +475,11 @@ def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
         optimizer: A ``tf_mixed.LossScaleOptimizer``.
     """
     optimizer._scratch.forward.refresh()
+
+
+# A tf.train.Checkpoint of the wrapper has the inner optimizer's layout plus
+# the scale state (`tf_mixed.scaling.keras_compat.checkpoint_children`).
+_internals.set_checkpoint_children(LossScaleOptimizer, checkpoint_children)
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -655,6 +675,7 @@ def _checked_grads(grads) -> list:
 def _said_unscaled(scratch: _Scratch, unscaled: bool | None) -> bool:
     """``apply``'s ``unscaled``, refusing None right after ``unscale_gradients``."""
     pending, scratch.unscaled_since_apply = scratch.unscaled_since_apply, 0
+    scratch.tf_keras_unscaled = False
     if unscaled is None and pending:
         raise ValueError(_UNSAID_UNSCALED)
     return bool(unscaled)
@@ -682,7 +703,9 @@ def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
             f"Received: {len(grads)} gradients for "
             f"{len(trainable_variables)} variables."
         )
-    return grads, trainable_variables, _said_unscaled(optimizer._scratch, unscaled)
+    unscaled = _said_unscaled(optimizer._scratch, unscaled)
+    misuse.check_step(optimizer, trainable_variables, unscaled)
+    return grads, trainable_variables, unscaled
 
 
 def _checked_loss(loss):
@@ -888,7 +911,7 @@ def _apply_window(optimizer, grads, trainable_variables, unscaled):
                     reduced, trainable_variables)
 
     def end_window():
-        optimizer._scratch.forward.roll_back(finite)
+        _roll_back(optimizer, finite)
         optimizer._advance_state(finite)
 
     tf.cond(is_last, end_window, lambda: None)
@@ -934,6 +957,12 @@ def _apply_unscaled(inner, finite, grads, trainable_variables):
     tf.distribute.get_replica_context().merge_call(
         cross_replica, args=(finite, grads, trainable_variables)
     )
+
+def _roll_back(optimizer, finite):
+    """Rolls tracked forward state back on a skip; refuses untracked state."""
+    misuse.forward_state_guard(optimizer, finite)
+    optimizer._scratch.forward.roll_back(finite)
+
 
 def _apply_inner(inner, grads, trainable_variables):
     """The inner update without its own (second) gradient all-reduce."""

@@ -28,6 +28,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal import validate as _validate
+
 __all__ = ["ForwardState", "forward_variables"]
 
 
@@ -43,9 +45,18 @@ class ForwardState:
         self.variables: tuple = ()
         self.backups: tuple = ()
         self.source: Any = None  # the layer tracked, to see it grow
+        # Written by the forward pass and not rolled back, on purpose
+        # (track(..., roll_back=False)): `tf_mixed.scaling.misuse` accepts them.
+        self.declined: tuple = ()
 
-    def track(self, model_or_variables: Any) -> int:
+    def track(self, model_or_variables: Any, *, roll_back: bool = True) -> int:
         """Tracks these variables, replacing any tracked before.
+
+        A skipped step whose forward pass wrote state that was never handed
+        over here raises (`tf_mixed.scaling.misuse.forward_state_guard`);
+        ``roll_back=False`` declares the variables written and left as the
+        skipped batch wrote them, on purpose: nothing is rolled back, and
+        nothing refused.
 
         Call it under the strategy's scope (the backups are created with the
         variables' own synchronisation and aggregation).
@@ -64,7 +75,12 @@ class ForwardState:
                 aggregation is not NONE (it could not be written inside the
                 skip decision).
         """
+        _validate.boolean(roll_back, "roll_back",
+                          owner="LossScaleOptimizer.track_forward_state()")
         variables = forward_variables(model_or_variables)
+        self.declined = () if roll_back else tuple(variables)
+        if not roll_back:
+            variables = []
         strategy = tf.distribute.get_strategy()
         backups = []
         for variable in variables:
@@ -78,10 +94,10 @@ class ForwardState:
             ))
         self.variables = tuple(variables)
         self.backups = tuple(backups)
-        self.source = (model_or_variables
-                       if isinstance(model_or_variables, keras.layers.Layer) else None)
+        self.source = (model_or_variables if roll_back and isinstance(
+            model_or_variables, keras.layers.Layer) else None)
         self.refresh()
-        return len(variables)
+        return len(variables or self.declined)
 
     def refresh(self) -> None:
         """Copies the tracked variables into the backups now, on every replica.

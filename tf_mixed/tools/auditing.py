@@ -359,6 +359,7 @@ def audit(model, batch_size: int | None = None, *,
             f"so it does not compute under '{global_policy}'.",
             "call tf_mixed.enable() before building the model, or use "
             "model = tf_mixed.convert(model)."))
+    findings.extend(_optimizer_findings(model, rows))
     if not outputs and traced:
         findings.append(Finding(
             "info", "no_graph", None,
@@ -404,6 +405,36 @@ def audit(model, batch_size: int | None = None, *,
     total = sum(r.params for r in rows)
     return AuditReport(model.name, policy, total, tuple(rows), tuple(findings),
                        memory)
+
+
+def _optimizer_findings(model, rows) -> list[Finding]:
+    """Keras's own loss-scale wrapper on a float16 model: ``wrap_optimizer`` forgotten.
+
+    Under ``mixed_float16``, ``model.compile`` wraps an unwrapped optimizer in
+    ``keras.optimizers.LossScaleOptimizer`` without a word; tf_mixed cannot
+    see ``compile`` (Keras has no public hook there), so this finding, and
+    ``LossScaleMonitor`` which reports it, are where it is said.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return []
+    from tf_mixed.scaling.optimizer import LossScaleOptimizer
+
+    if isinstance(optimizer, LossScaleOptimizer):
+        return []
+    if not any(r.compute_dtype == "float16" for r in rows):
+        return []
+    inner = type(optimizer.inner_optimizer).__name__
+    return [Finding(
+        "warning", "keras_loss_scale_optimizer", None,
+        f"Model '{model.name}' computes in float16 and is compiled with Keras's "
+        f"own keras.optimizers.LossScaleOptimizer around {inner} (model.compile "
+        "adds it under mixed_float16 when the optimizer is not wrapped): under "
+        "MirroredStrategy it writes -inf into the weights when only a later "
+        "replica overflows, and its scale has no floor (python -m tf_mixed "
+        "check lists these defects).",
+        "compile with optimizer=tf_mixed.wrap_optimizer(optimizer), or "
+        "tf_mixed.wrap_optimizer(model.optimizer) to keep its scale.")]
 
 
 def _effective_policy(model, layers) -> str:

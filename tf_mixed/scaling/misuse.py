@@ -1,0 +1,277 @@
+"""Custom-loop mistakes, each said once, at the step where it happens.
+
+``tf_mixed.LossScaleOptimizer`` calls these checks; they never change the
+arithmetic of a step. What is said, and how (`MixedPrecisionWarning`, or an
+error where the step cannot run or training would be silently wrong):
+
+* an ``apply`` of gradients whose loss never went through ``scale_loss``
+  while the optimizer divides by a scale other than 1: a warning (tf-keras
+  warned too; a hand-made gradient is legitimate in tests);
+* a second wrapper around an inner optimizer that a live, built wrapper
+  already drives (one made every batch: its scale never adapts): a warning
+  at its first step;
+* float16 variables updated by a wrapper that does not scale the loss (the
+  pass-through ``wrap_optimizer`` returns under a float32 global policy): a
+  warning;
+* a model built before ``tf_mixed.enable()`` used under a half global policy
+  (a traced step whose matrix products all compute in float32): a warning;
+* a first step inside a ``tf.function`` under several replicas by an
+  optimizer not built yet: a ``ValueError`` naming ``build`` (TensorFlow's
+  own error is "You must feed a value for placeholder");
+* a skipped step whose forward pass wrote floating-point state that no
+  rollback protects (BatchNormalization statistics without
+  ``track_forward_state``): an error at the first such skip, naming
+  ``opt.track_forward_state(model)`` and, for ``fit``,
+  ``tf_mixed.LossScaleMonitor`` (`forward_state_guard`); state declared with
+  ``track_forward_state(model, roll_back=False)`` is left alone.
+
+The checks run when a step is traced (once per ``tf.function`` trace) or, in
+eager mode, at every step; each warning is given once per optimizer.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.warning import MixedPrecisionWarning
+
+__all__ = ["check_step", "forward_state_guard", "note_scaled", "scales"]
+
+# inner optimizer -> the live tf_mixed wrappers around it.
+_WRAPPERS: "weakref.WeakKeyDictionary[Any, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+
+_ASSIGNS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+FORWARD_STATE_ERROR = (
+    "A step was skipped (non-finite gradients) after its forward pass wrote "
+    "{names}, which the optimizer does not roll back: they now hold the "
+    "skipped batch's values (inf/NaN after an overflow) and the next "
+    "evaluation would read them. Received: no forward state handed to the "
+    "optimizer. With model.fit: pass "
+    "`callbacks=[tf_mixed.LossScaleMonitor()]` (it hands the model's forward "
+    "state over), or call `model.optimizer.track_forward_state(model)` before "
+    "fit. In a custom loop: call `opt.track_forward_state(model)` once before "
+    "the first step (under `strategy.scope()` under a strategy); "
+    "tf_mixed.training.make_train_step does it for you."
+)
+
+
+def scales(optimizer) -> bool:
+    """Whether ``optimizer`` multiplies the loss by something other than 1."""
+    return bool(optimizer.config.dynamic or optimizer.config.initial_scale != 1.0)
+
+
+def _warn_once(optimizer, key: str, message: str) -> None:
+    said = optimizer._scratch.said
+    if key not in said:
+        said.add(key)
+        warnings.warn(message, MixedPrecisionWarning, stacklevel=4)
+
+
+def note_wrapper(wrapper) -> None:
+    """Records ``wrapper`` as one of its inner optimizer's wrappers."""
+    _WRAPPERS.setdefault(wrapper.inner_optimizer, weakref.WeakSet()).add(wrapper)
+
+
+def note_scaled(optimizer, loss) -> None:
+    """Notes a ``scale_loss`` call (and where the traced graph stood)."""
+    scratch = optimizer._scratch
+    scratch.scaled_since_apply += 1
+    if not tf.executing_eagerly():
+        scratch.forward_ops_end = len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
+    """The checks of one ``apply``, before anything is built or changed.
+
+    Raises:
+        ValueError: for an unbuilt optimizer whose first step is traced in a
+            ``tf.function`` under several replicas.
+    """
+    strategy = tf.distribute.get_strategy()
+    if (not optimizer.built and strategy.num_replicas_in_sync > 1
+            and not tf.executing_eagerly()):
+        raise ValueError(
+            f"{type(optimizer).__name__} '{optimizer.name}' must be built before "
+            "its first step runs inside a tf.function under "
+            f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} "
+            "replicas): its state variables cannot be created there. Received: "
+            "an unbuilt optimizer. Call `optimizer.build(model.trainable_variables)` "
+            "under `strategy.scope()` before the first step (model.fit does).")
+    scratch = optimizer._scratch
+    scaled = scratch.scaled_since_apply
+    scratch.scaled_since_apply = 0
+    if not unscaled and not scaled and scales(optimizer):
+        _warn_once(optimizer, "unscaled_loss", (
+            f"{type(optimizer).__name__}.apply() got gradients of a loss that "
+            "never went through scale_loss() (or get_scaled_loss()), yet it divides "
+            f"them by the loss scale (now {optimizer.config.initial_scale:g} at "
+            "the start): the steps are that many times too small and the run "
+            "learns nothing. Scale the loss on the tape: "
+            "`scaled = opt.scale_loss(loss)` and differentiate `scaled`, or use "
+            "tf_mixed.training.apply_scaled_gradients(tape, loss, variables, opt)."))
+    others = [w for w in _WRAPPERS.get(optimizer.inner_optimizer, ())
+              if w is not optimizer and w.built]
+    if others:
+        _warn_once(optimizer, "second_wrapper", (
+            f"{type(optimizer).__name__} '{optimizer.name}' wraps inner optimizer "
+            f"'{optimizer.inner_optimizer.name}', which the built wrapper "
+            f"'{others[0].name}' already drives: each new wrapper starts its "
+            "loss scale again, so the scale never adapts (a wrapper made every "
+            "batch?). Create the wrapper once, before the loop, and reuse it."))
+    _check_built_before_enable(optimizer)
+    if not scales(optimizer) and any(
+            keras.backend.standardize_dtype(v.dtype) == "float16"
+            for v in trainable_variables):
+        _warn_once(optimizer, "float16_unscaled", (
+            f"{type(optimizer).__name__} '{optimizer.name}' does not scale the "
+            "loss (a fixed scale of 1: the pass-through wrap_optimizer() returns "
+            f"under the global policy '{keras.config.dtype_policy().name}'), but "
+            "it updates float16 variables, whose small gradients flush to zero. "
+            "Use tf_mixed.wrap_optimizer(optimizer, force=True), or "
+            "tf_mixed.LossScaleOptimizer(optimizer)."))
+
+
+_PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
+             "DepthwiseConv2dNative", "Einsum")
+
+
+def _check_built_before_enable(optimizer) -> None:
+    """Warns once when a half global policy meets a step computed in float32.
+
+    A layer takes the global policy when it is created: a model built before
+    ``tf_mixed.enable()`` keeps computing in float32 under it. Seen in the
+    traced forward pass (the ops before ``scale_loss``): matrix products, and
+    none of them in a half dtype. Eagerly no graph is kept: not checked.
+    """
+    end = optimizer._scratch.forward_ops_end
+    half = keras.config.dtype_policy().compute_dtype
+    if tf.executing_eagerly() or end is None or half not in ("float16", "bfloat16"):
+        return
+    products = [op for op in tf.compat.v1.get_default_graph().get_operations()[:end]
+                if op.type in _PRODUCTS and op.outputs]
+    if not products or any(op.outputs[0].dtype in (tf.float16, tf.bfloat16)
+                           for op in products):
+        return
+    _warn_once(optimizer, "built_before_enable", (
+        f"The global dtype policy is '{keras.config.dtype_policy().name}', but "
+        f"this step's forward pass computed all {len(products)} of its matrix "
+        "products in float32 (e.g. "
+        f"'{products[0].name}'): the model was built before tf_mixed.enable() "
+        "(a layer takes the policy when it is created), so it gets none of the "
+        "half-precision speed. Call tf_mixed.enable() before building the model, "
+        "or convert it: model = tf_mixed.convert(model)."))
+
+
+# ------------------------------------------------------------ forward state
+
+
+def _handle_in(graph, variable):
+    """``variable``'s handle as the traced ``graph`` sees it (its capture), or None.
+
+    A nested ``tf.function`` (``fit``'s step inside its loop) captures the
+    eager handle directly or the enclosing graph's capture of it: both count.
+    """
+    chain = []
+    current = graph
+    while current is not None and hasattr(current, "captures"):
+        chain.append(current)
+        current = getattr(current, "outer_graph", None)
+    handles = {id(variable.handle)}
+    for enclosing in reversed(chain):  # outermost first
+        for captured, internal in enclosing.captures:
+            if id(captured) in handles:
+                handles.add(id(internal))
+    for captured, internal in graph.captures:
+        if id(captured) in handles:
+            return internal
+    return None
+
+
+def _plain(variables) -> list:
+    """The tf.Variables under Keras variables and distributed ones, every copy."""
+    strategy = tf.distribute.get_strategy()
+    plain = []
+    for variable in variables:
+        inner = variable.value if isinstance(variable, keras.Variable) else variable
+        plain.extend(strategy.experimental_local_results(inner))
+    return plain
+
+
+def _reduced_on_read(variable) -> bool:
+    """Whether ``variable`` is ``ON_READ`` (every replica's copy is): Keras
+    metrics' accumulators (``loss/total``), which ``fit`` updates between the
+    forward pass and ``scale_loss``; metrics are not forward state
+    (`tf_mixed.scaling.rollback.forward_variables`)."""
+    return (getattr(variable, "synchronization", None)
+            == tf.VariableSynchronization.ON_READ)
+
+
+def _untracked_writes(optimizer) -> list:
+    """Floating variables the traced forward pass wrote and no rollback holds."""
+    read = _internals.variables_read_so_far()
+    if read is None:
+        return []
+    graph = tf.compat.v1.get_default_graph()
+    end = optimizer._scratch.forward_ops_end
+    ops = graph.get_operations()[:end]
+    written = {id(op.inputs[0]) for op in ops if op.type in _ASSIGNS}
+    if not written:
+        return []
+    tally = optimizer._scratch.tally
+    known = _plain(list(optimizer.variables)
+                   + list(optimizer._scratch.forward.variables)
+                   + list(optimizer._scratch.forward.declined)
+                   + list(optimizer._scratch.forward.backups)
+                   + ([v for v in vars(tally).values() if isinstance(v, tf.Variable)]
+                      if tally is not None else []))
+    known_ids = {id(v) for v in known} | {id(getattr(v, "handle", None)) for v in known}
+    found = []
+    for variable in read:
+        if (variable.trainable or not variable.dtype.is_floating
+                or id(variable) in known_ids or id(variable.handle) in known_ids
+                or _reduced_on_read(variable)):
+            continue
+        handle = _handle_in(graph, variable)
+        if handle is not None and id(handle) in written:
+            found.append(variable)
+    return found
+
+
+def forward_state_guard(optimizer, finite) -> None:
+    """Refuses the first skipped step that leaves forward state unprotected.
+
+    Traced in a ``tf.function``: when the forward pass of this step wrote
+    floating-point variables (BatchNormalization's moving statistics) that
+    ``track_forward_state`` did not hand over, the step fails at run time
+    the first time its verdict is "skip", with `FORWARD_STATE_ERROR`.
+    Eagerly TensorFlow keeps no record of what the forward pass wrote: the
+    first skipped step without tracked forward state gives a
+    `MixedPrecisionWarning` saying so.
+    """
+    if tf.executing_eagerly():
+        scratch = optimizer._scratch
+        if (not scratch.forward.variables and not scratch.forward.declined
+                and not bool(finite)):
+            _warn_once(optimizer, "eager_forward_state", (
+                "A step was skipped (non-finite gradients) and no forward state "
+                "is handed to the optimizer: if the model has BatchNormalization "
+                "(or any layer whose forward pass writes non-trainable state), "
+                "that state now holds the skipped batch's values. Eagerly, "
+                "tf_mixed cannot see what the forward pass wrote (inside a "
+                "tf.function it refuses the step). Call "
+                "`opt.track_forward_state(model)` once before the first step."))
+        return
+    untracked = _untracked_writes(optimizer)
+    if not untracked:
+        return
+    names = ", ".join(f"'{v.name}'" for v in untracked[:3])
+    if len(untracked) > 3:
+        names += f" and {len(untracked) - 3} more"
+    tf.debugging.Assert(finite, [tf.constant(FORWARD_STATE_ERROR.format(names=names))])
