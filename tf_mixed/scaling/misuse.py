@@ -38,6 +38,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.warning import MixedPrecisionWarning
 
@@ -152,7 +153,7 @@ def _check_built_before_enable(optimizer) -> None:
     """
     end = optimizer._scratch.forward_ops_end
     half = keras.config.dtype_policy().compute_dtype
-    if tf.executing_eagerly() or end is None or half not in ("float16", "bfloat16"):
+    if tf.executing_eagerly() or end is None or half not in HALF_DTYPES:
         return
     products = [op for op in tf.compat.v1.get_default_graph().get_operations()[:end]
                 if op.type in _PRODUCTS and op.outputs]

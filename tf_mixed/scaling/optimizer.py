@@ -42,6 +42,7 @@ from tf_mixed.scaling import accumulation
 from tf_mixed.scaling import allreduce
 from tf_mixed.scaling import compensated
 from tf_mixed.scaling import misuse
+from tf_mixed.scaling import pipeline
 from tf_mixed.scaling import scale_state
 from tf_mixed._internal import tf_keras_check
 from tf_mixed.scaling.float8_sync import Float8Sync
@@ -389,7 +390,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         """
         scale = self.dynamic_scale if self.built else self.config.initial_scale
         self._scratch.unscaled_since_apply += 1
-        return [_divide(g, scale) for g in _checked_grads(grads)]
+        return [pipeline.divide(g, scale) for g in _checked_grads(grads)]
 
     # ----------------------------------------------------------- the update
 
@@ -433,33 +434,8 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         _check_variables_in_scope(self, strategy)
 
         with keras.name_scope(self.name, caller=self):
-            if self.accumulator is not None:
-                return _apply_window(self, grads, trainable_variables, unscaled)
-            scale = tf.identity(self.dynamic_scale.value)
-            grads, trainable_variables, finite, gathered = _reduce(
-                grads, trainable_variables, scale, unscaled,
-                self.communication_dtype, self._scratch.float8)
-            _apply_unscaled(self.inner_optimizer, finite, grads,
-                            trainable_variables)
-            _roll_back(self, finite)
-            self._advance_state(finite)
-            _finish_float8(self, gathered, finite, scale)
-        return finite
+            return pipeline.step(self, grads, trainable_variables, unscaled)
 
-    def _advance_state(self, finite):
-        """Writes `next_state` of the global verdict into the variables."""
-        variables = self._state_variables()
-        before = LossScaleState(
-            *(tf.convert_to_tensor(v.value) for v in variables))
-        before = before._replace(
-            last_step_skipped=tf.cast(before.last_step_skipped, tf.bool))
-        after = scale_state.next_state(self.config, before, finite)
-        after = after._replace(
-            last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
-        for variable, value in zip(variables, after):
-            variable.assign(value)
-        if self._scratch.tally is not None:
-            self._scratch.tally.settle(finite)
 
 
 def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
@@ -728,26 +704,6 @@ def _checked_loss(loss):
     return tensor
 
 
-def _divide(grad, scale):
-    return _rescale(grad, scale, tf.math.divide)
-
-
-def _multiply(grad, scale):
-    return _rescale(grad, scale, tf.math.multiply)
-
-
-def _rescale(grad, scale, op):
-    """``op(grad, scale)`` for a dense or sparse gradient; None stays None."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            _rescale(grad.values, scale, op), grad.indices, grad.dense_shape
-        )
-    grad = tf.convert_to_tensor(grad)
-    return op(grad, tf.cast(scale, grad.dtype))
-
-
 def _refuse_jit_under_strategy(strategy):
     """Raises a clear error instead of XLA's resource-device error.
 
@@ -803,13 +759,6 @@ def float8_sync_of(optimizer) -> Float8Sync | None:
     return None
 
 
-def _finish_float8(optimizer, gathered, finite, scale):
-    """(c) Writes the agreed float8 state after the verdict and the new scale."""
-    sync = optimizer._scratch.float8
-    if sync is not None:
-        sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
-
-
 def _float8_sync_for(optimizer, var_list) -> Float8Sync | None:
     """The sync for ``var_list``'s float8 pairs (None without any)."""
     sync = Float8Sync.for_variables(var_list)
@@ -821,152 +770,6 @@ def _float8_sync_for(optimizer, var_list) -> Float8Sync | None:
             f"{optimizer.accumulator.steps} and {len(sync.slots)} float8 "
             "tensors. Train the float8 model without accumulation.")
     return sync
-
-
-def _reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
-            float8=None, when=None):
-    """(a) Sums the gradients over all replicas once, unscales them; the verdict.
-
-    Each replica's own gradients can differ (its batch shard overflowed,
-    another's did not). They are all-reduced here, once, in
-    ``communication_dtype`` (`tf_mixed.scaling.allreduce.reduce_gradients`), and
-    the verdict is taken from the *reduced* gradients, which are the same
-    bytes on every replica and worker: every replica then takes the same
-    branch, no replica applies a step another one skips, no worker waits
-    in a collective its peers never enter, and an overflow of the
-    half-precision sum itself is caught too. No separate flag collective.
-
-    In half precision the gradients travel *scaled* so that small ones
-    do not flush to zero: gradients the caller already unscaled are
-    multiplied by the scale again (exact for power-of-two scales). A
-    variable Keras overwrites with its gradient (float8 scales) is only
-    checked, not summed (Keras does not sum it either).
-
-    A ``float8`` sync (`tf_mixed.scaling.float8_sync`) first takes the float8
-    scale/history pairs out of the lists; their amaxes ride the same buffer
-    as one more float32 piece when the gradients travel in float32 (a SUM
-    of one-hot slots is an exact all-gather); in float16/bfloat16 they take
-    one small float32 collective of their own, so they are never rounded.
-
-    Returns:
-        ``(unscaled, variables, finite, gathered)``: the reduced gradients
-        divided by the loss scale and their variables (float8 pairs taken
-        out); ``gathered`` is the all-reduced float8 payload (None without
-        float8 layers).
-    """
-    float8_step = None
-    if float8 is not None:
-        grads, trainable_variables, float8_step = float8.split(
-            grads, trainable_variables, scale, divided=unscaled)
-    local = [getattr(v, "overwrite_with_gradient", False)
-             for v in trainable_variables]
-    scaled = not unscaled
-    context = tf.distribute.get_replica_context()
-    several = context is not None and context.num_replicas_in_sync > 1
-    if unscaled and several and communication_dtype is not None:
-        grads = [g if keep else _multiply(g, scale)
-                 for g, keep in zip(grads, local)]
-        scaled = True
-    gathered = None
-    if float8_step is not None and several and communication_dtype is None:
-        grads = grads + [float8.payload(float8_step, context)]
-        local = local + [False]
-    elif float8_step is not None:
-        gathered = float8.gather(float8_step, context)
-    reduced, finite = allreduce.reduce_gradients(
-        grads, communication_dtype, context, local=local, when=when)
-    if float8_step is not None and gathered is None:
-        reduced, gathered = reduced[:-1], reduced[-1]
-    if scaled:
-        reduced = [g if getattr(v, "overwrite_with_gradient", False)
-                   else _divide(g, scale)
-                   for g, v in zip(reduced, trainable_variables)]
-    return reduced, trainable_variables, finite, gathered
-
-def _apply_window(optimizer, grads, trainable_variables, unscaled):
-    """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
-
-    Adds the unscaled gradients to the float32 buffers; on the window's last
-    micro-step only, all-reduces the buffers once, applies their mean if the
-    verdict (taken from the reduced sums) is finite, and advances the scale
-    state, rollback and tally once. Returns False only on the last micro-step
-    of a discarded window.
-    """
-    accumulator = optimizer.accumulator
-    scale = tf.identity(optimizer.dynamic_scale.value)
-    if not unscaled:
-        grads = [g if getattr(v, "overwrite_with_gradient", False)
-                 else _divide(g, scale)
-                 for g, v in zip(grads, trainable_variables)]
-    sums = accumulator.add(grads)
-    is_last = accumulator.is_last()
-    # The one collective of the window, on its last micro-step only.
-    # `_reduce` returns the sums unscaled (no float8 pairs: refused at build).
-    reduced, _, finite, _ = _reduce(
-        sums, trainable_variables, scale, True, optimizer.communication_dtype,
-        when=is_last)
-    steps = float(accumulator.steps)
-    reduced = [None if g is None else g / steps for g in reduced]
-    _apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
-                    reduced, trainable_variables)
-
-    def end_window():
-        _roll_back(optimizer, finite)
-        optimizer._advance_state(finite)
-
-    tf.cond(is_last, end_window, lambda: None)
-    accumulator.end_micro_step(is_last)
-    return tf.logical_or(tf.logical_not(is_last), finite)
-
-
-def _apply_unscaled(inner, finite, grads, trainable_variables):
-    """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
-
-    ``finite`` is already global and the gradients already reduced, so
-    the inner optimizer applies them without its own all-reduce
-    (`tf_mixed._internal.shims.apply_reduced_gradients`).
-    """
-
-    def apply_inner():
-        _apply_inner(inner, grads, trainable_variables)
-
-    if _internals.strategy_supports_no_merge_call():
-        # No merge_call in the inner update (XLA on GPUs): the cond can
-        # stay in the replica context. All replicas take the same branch
-        # because `finite` comes from all-reduced gradients; the branch
-        # holds no collective (the gradients are already reduced).
-        tf.cond(finite, apply_inner, lambda: None)
-        return
-
-    def cross_replica(strategy, finite, grads, trainable_variables):
-        # The inner update calls merge_call, which cannot sit in a cond
-        # branch built in the replica context, so the cond is built here.
-        # `finite` was computed from all-reduced gradients before the
-        # merge_call, so every local copy holds the global verdict: taking
-        # the first is safe here (unlike keras.optimizers.LossScaleOptimizer, which takes the
-        # first replica's *local* check).
-        verdict = strategy.experimental_local_results(finite)[0]
-
-        def apply_all():
-            strategy.extended.call_for_each_replica(
-                _apply_inner, args=(inner, grads, trainable_variables),
-            )
-
-        tf.cond(verdict, apply_all, lambda: None)
-
-    tf.distribute.get_replica_context().merge_call(
-        cross_replica, args=(finite, grads, trainable_variables)
-    )
-
-def _roll_back(optimizer, finite):
-    """Rolls tracked forward state back on a skip; refuses untracked state."""
-    misuse.forward_state_guard(optimizer, finite)
-    optimizer._scratch.forward.roll_back(finite)
-
-
-def _apply_inner(inner, grads, trainable_variables):
-    """The inner update without its own (second) gradient all-reduce."""
-    _internals.apply_reduced_gradients(inner, grads, trainable_variables)
 
 
 def _check_variables_in_scope(optimizer, strategy):

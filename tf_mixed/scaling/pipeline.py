@@ -1,0 +1,236 @@
+"""One optimizer step as an ordered pipeline, each stage a function with one job.
+
+`tf_mixed.scaling.optimizer.LossScaleOptimizer.apply` checks its arguments,
+builds what must be built, then hands the step here (`step`):
+
+1. **scale**: the gradients arrive scaled by the loss scale (or already
+   unscaled, ``unscaled=True``); the scale of this step is read once;
+2. **accumulate** (`window_step`, with ``gradient_accumulation_steps``): the
+   unscaled gradients join the window's buffers; the stages below run on the
+   window's last micro-step only;
+3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
+   communication dtype, float8 amaxes riding along;
+4. **verdict**: all reduced gradients finite, the same bytes everywhere, so
+   the same decision everywhere (design fact 2);
+5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
+   optimizer applies the unscaled gradients, or the step is skipped and the
+   tracked forward state restored; then the scale state advances
+   (`advance_state`, `tf_mixed.scaling.scale_state.next_state`) and the
+   agreed float8 scales are written (`finish_float8`).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed.scaling import allreduce
+from tf_mixed.scaling import misuse
+from tf_mixed.scaling import scale_state
+from tf_mixed.scaling.scale_state import LossScaleState
+
+__all__ = ["advance_state", "apply_unscaled", "divide", "multiply", "reduce", "roll_back",
+           "step", "window_step"]
+
+
+def step(optimizer, grads, trainable_variables, unscaled):
+    """Runs the stages on one built optimizer; returns the global verdict.
+
+    Returns:
+        A scalar bool tensor, the same on every replica and worker: True when
+        the step was applied (accumulating: unless the window was discarded).
+    """
+    if optimizer.accumulator is not None:
+        return window_step(optimizer, grads, trainable_variables, unscaled)
+    scale = tf.identity(optimizer.dynamic_scale.value)
+    grads, trainable_variables, finite, gathered = reduce(
+        grads, trainable_variables, scale, unscaled,
+        optimizer.communication_dtype, optimizer._scratch.float8)
+    apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables)
+    roll_back(optimizer, finite)
+    advance_state(optimizer, finite)
+    finish_float8(optimizer, gathered, finite, scale)
+    return finite
+
+
+def advance_state(optimizer, finite):
+    """Writes `next_state` of the global verdict into the variables."""
+    variables = optimizer._state_variables()
+    before = LossScaleState(
+        *(tf.convert_to_tensor(v.value) for v in variables))
+    before = before._replace(
+        last_step_skipped=tf.cast(before.last_step_skipped, tf.bool))
+    after = scale_state.next_state(optimizer.config, before, finite)
+    after = after._replace(
+        last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
+    for variable, value in zip(variables, after):
+        variable.assign(value)
+    if optimizer._scratch.tally is not None:
+        optimizer._scratch.tally.settle(finite)
+
+
+def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
+            float8=None, when=None):
+    """(a) Sums the gradients over all replicas once, unscales them; the verdict.
+
+    Each replica's own gradients can differ (its batch shard overflowed,
+    another's did not). They are all-reduced here, once, in
+    ``communication_dtype`` (`tf_mixed.scaling.allreduce.reduce_gradients`), and
+    the verdict is taken from the *reduced* gradients, which are the same
+    bytes on every replica and worker: every replica then takes the same
+    branch, no replica applies a step another one skips, no worker waits
+    in a collective its peers never enter, and an overflow of the
+    half-precision sum itself is caught too. No separate flag collective.
+
+    In half precision the gradients travel *scaled* so that small ones
+    do not flush to zero: gradients the caller already unscaled are
+    multiplied by the scale again (exact for power-of-two scales). A
+    variable Keras overwrites with its gradient (float8 scales) is only
+    checked, not summed (Keras does not sum it either).
+
+    A ``float8`` sync (`tf_mixed.scaling.float8_sync`) first takes the float8
+    scale/history pairs out of the lists; their amaxes ride the same buffer
+    as one more float32 piece when the gradients travel in float32 (a SUM
+    of one-hot slots is an exact all-gather); in float16/bfloat16 they take
+    one small float32 collective of their own, so they are never rounded.
+
+    Returns:
+        ``(unscaled, variables, finite, gathered)``: the reduced gradients
+        divided by the loss scale and their variables (float8 pairs taken
+        out); ``gathered`` is the all-reduced float8 payload (None without
+        float8 layers).
+    """
+    float8_step = None
+    if float8 is not None:
+        grads, trainable_variables, float8_step = float8.split(
+            grads, trainable_variables, scale, divided=unscaled)
+    local = [getattr(v, "overwrite_with_gradient", False)
+             for v in trainable_variables]
+    scaled = not unscaled
+    context = tf.distribute.get_replica_context()
+    several = context is not None and context.num_replicas_in_sync > 1
+    if unscaled and several and communication_dtype is not None:
+        grads = [g if keep else multiply(g, scale)
+                 for g, keep in zip(grads, local)]
+        scaled = True
+    gathered = None
+    if float8_step is not None and several and communication_dtype is None:
+        grads = grads + [float8.payload(float8_step, context)]
+        local = local + [False]
+    elif float8_step is not None:
+        gathered = float8.gather(float8_step, context)
+    reduced, finite = allreduce.reduce_gradients(
+        grads, communication_dtype, context, local=local, when=when)
+    if float8_step is not None and gathered is None:
+        reduced, gathered = reduced[:-1], reduced[-1]
+    if scaled:
+        reduced = [g if getattr(v, "overwrite_with_gradient", False)
+                   else divide(g, scale)
+                   for g, v in zip(reduced, trainable_variables)]
+    return reduced, trainable_variables, finite, gathered
+
+def window_step(optimizer, grads, trainable_variables, unscaled):
+    """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
+
+    Adds the unscaled gradients to the float32 buffers; on the window's last
+    micro-step only, all-reduces the buffers once, applies their mean if the
+    verdict (taken from the reduced sums) is finite, and advances the scale
+    state, rollback and tally once. Returns False only on the last micro-step
+    of a discarded window.
+    """
+    accumulator = optimizer.accumulator
+    scale = tf.identity(optimizer.dynamic_scale.value)
+    if not unscaled:
+        grads = [g if getattr(v, "overwrite_with_gradient", False)
+                 else divide(g, scale)
+                 for g, v in zip(grads, trainable_variables)]
+    sums = accumulator.add(grads)
+    is_last = accumulator.is_last()
+    # The one collective of the window, on its last micro-step only.
+    # `reduce` returns the sums unscaled (no float8 pairs: refused at build).
+    reduced, _, finite, _ = reduce(
+        sums, trainable_variables, scale, True, optimizer.communication_dtype,
+        when=is_last)
+    steps = float(accumulator.steps)
+    reduced = [None if g is None else g / steps for g in reduced]
+    apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
+                    reduced, trainable_variables)
+
+    def end_window():
+        roll_back(optimizer, finite)
+        advance_state(optimizer, finite)
+
+    tf.cond(is_last, end_window, lambda: None)
+    accumulator.end_micro_step(is_last)
+    return tf.logical_or(tf.logical_not(is_last), finite)
+
+def apply_unscaled(inner, finite, grads, trainable_variables):
+    """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
+
+    ``finite`` is already global and the gradients already reduced, so
+    the inner optimizer applies them without its own all-reduce
+    (`tf_mixed._internal.shims.apply_reduced_gradients`).
+    """
+
+    def apply_inner():
+        apply_inner(inner, grads, trainable_variables)
+
+    if _internals.strategy_supports_no_merge_call():
+        # No merge_call in the inner update (XLA on GPUs): the cond can
+        # stay in the replica context. All replicas take the same branch
+        # because `finite` comes from all-reduced gradients; the branch
+        # holds no collective (the gradients are already reduced).
+        tf.cond(finite, apply_inner, lambda: None)
+        return
+
+    def cross_replica(strategy, finite, grads, trainable_variables):
+        # The inner update calls merge_call, which cannot sit in a cond
+        # branch built in the replica context, so the cond is built here.
+        # `finite` was computed from all-reduced gradients before the
+        # merge_call, so every local copy holds the global verdict: taking
+        # the first is safe here (unlike keras.optimizers.LossScaleOptimizer, which takes the
+        # first replica's *local* check).
+        verdict = strategy.experimental_local_results(finite)[0]
+
+        def apply_all():
+            strategy.extended.call_for_each_replica(
+                apply_inner, args=(inner, grads, trainable_variables),
+            )
+
+        tf.cond(verdict, apply_all, lambda: None)
+
+    tf.distribute.get_replica_context().merge_call(
+        cross_replica, args=(finite, grads, trainable_variables)
+    )
+
+def apply_inner(inner, grads, trainable_variables):
+    """The inner update without its own (second) gradient all-reduce."""
+    _internals.apply_reduced_gradients(inner, grads, trainable_variables)
+
+def roll_back(optimizer, finite):
+    """Rolls tracked forward state back on a skip; refuses untracked state."""
+    misuse.forward_state_guard(optimizer, finite)
+    optimizer._scratch.forward.roll_back(finite)
+
+def finish_float8(optimizer, gathered, finite, scale):
+    """(c) Writes the agreed float8 state after the verdict and the new scale."""
+    sync = optimizer._scratch.float8
+    if sync is not None:
+        sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
+
+def divide(grad, scale):
+    return rescale(grad, scale, tf.math.divide)
+
+def multiply(grad, scale):
+    return rescale(grad, scale, tf.math.multiply)
+
+def rescale(grad, scale, op):
+    """``op(grad, scale)`` for a dense or sparse gradient; None stays None."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            rescale(grad.values, scale, op), grad.indices, grad.dense_shape
+        )
+    grad = tf.convert_to_tensor(grad)
+    return op(grad, tf.cast(scale, grad.dtype))
