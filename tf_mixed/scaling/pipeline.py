@@ -173,7 +173,7 @@ def apply_unscaled(inner, finite, grads, trainable_variables):
     """
 
     def apply_inner():
-        apply_inner(inner, grads, trainable_variables)
+        _apply_inner(inner, grads, trainable_variables)
 
     if _internals.strategy_supports_no_merge_call():
         # No merge_call in the inner update (XLA on GPUs): the cond can
@@ -194,7 +194,7 @@ def apply_unscaled(inner, finite, grads, trainable_variables):
 
         def apply_all():
             strategy.extended.call_for_each_replica(
-                apply_inner, args=(inner, grads, trainable_variables),
+                _apply_inner, args=(inner, grads, trainable_variables),
             )
 
         tf.cond(verdict, apply_all, lambda: None)
@@ -203,7 +203,7 @@ def apply_unscaled(inner, finite, grads, trainable_variables):
         cross_replica, args=(finite, grads, trainable_variables)
     )
 
-def apply_inner(inner, grads, trainable_variables):
+def _apply_inner(inner, grads, trainable_variables):
     """The inner update without its own (second) gradient all-reduce."""
     _internals.apply_reduced_gradients(inner, grads, trainable_variables)
 
