@@ -102,7 +102,7 @@ def mirrored():
 # test that takes more than FAST_TEST_LIMIT_S of CPU time (this process and the
 # children it waited for; CPU time, not wall time, so a busy host does not move
 # it) fails the session, naming the test and saying to mark it slow.
-FAST_TEST_LIMIT_S = 5.0
+FAST_TEST_LIMIT_S = float(os.environ.get("TF_MIXED_FAST_TEST_LIMIT_S", "5.0"))
 _TIER_CHECK = os.environ.get("TF_MIXED_TIER_CHECK", "").strip() == "1"
 _over_limit: list[str] = []
 
@@ -114,9 +114,17 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start = _cpu_seconds()
+    item._tier_cpu_start = _cpu_seconds()
     yield
-    spent = _cpu_seconds() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when != "teardown":
+        return
+    spent = _cpu_seconds() - item._tier_cpu_start
+    outcome.get_result().user_properties.append(("cpu_seconds", round(spent, 3)))  # --junitxml
     if item.get_closest_marker("slow") is None and item.get_closest_marker("gpu") is None:
         if spent > FAST_TEST_LIMIT_S:
             _over_limit.append(f"{item.nodeid}: {spent:.1f} s CPU")
@@ -132,6 +140,6 @@ def pytest_terminal_summary(terminalreporter):
         verdict = "FAILED" if _TIER_CHECK else "note"
         terminalreporter.write_line(
             f"tier check {verdict}: {len(_over_limit)} fast-tier test(s) over "
-            f"{FAST_TEST_LIMIT_S:.0f} s of CPU time; mark them @pytest.mark.slow:")
+            f"{FAST_TEST_LIMIT_S:g} s of CPU time; mark them @pytest.mark.slow:")
         for line in _over_limit:
             terminalreporter.write_line(f"  {line}")
