@@ -67,13 +67,14 @@ def _restore_global_state():
     from tf_mixed.policy import state as policy_state
 
     saved_policy = keras.config.dtype_policy()
-    saved_remapping = tf.config.optimizer.get_experimental_options().get("remapping")
     yield
     policy_state.reset()
     keras.config.set_dtype_policy(saved_policy)
-    # Unset before the test means TF's default, which is on.
-    remapping = True if saved_remapping is None else saved_remapping
-    tf.config.optimizer.set_experimental_options({"remapping": remapping})
+    # TF's default (on) after every test, whatever a test or a module fixture
+    # set before this fixture ran: a float16 layer made without `enable` holds
+    # the option off for the process (tf_mixed.policy.half_kernels) until the
+    # reset above, so a value saved at the test's start could be a leak.
+    tf.config.optimizer.set_experimental_options({"remapping": True})
     keras.backend.clear_session()
 
 

@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 from _workers import run_two_workers
 
+# Every test here starts worker processes (module fixtures included).
+pytestmark = pytest.mark.slow
+
 WORKER = pathlib.Path(__file__).with_name("_comm_worker.py")
 TIMEOUT_S = 240
 VALUES = np.array([0.3, -1.7, 12.345, 1e-3], np.float32)

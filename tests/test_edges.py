@@ -170,7 +170,7 @@ def test_cli_bad_output_dir_fails_first_one_line(tmp_path, capsys, kind, monkeyp
                              f"--output_dir={out}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert ("is a file, not a directory" if kind == "file" else "cannot be created") in err
+    assert ("exists and is not a directory" if kind == "file" else "cannot be written") in err
     assert loaded == []  # refused before loading the model, let alone probing
     assert blocker.read_text() == "a file"
 

@@ -24,6 +24,9 @@ from tf_mixed.distribute import keras_fix_20585 as fix
 from tf_mixed.distribute import cluster as distribute
 from tf_mixed.distribute.launch import run_local_workers
 
+# Every test here starts worker processes (module fixtures included).
+pytestmark = pytest.mark.slow
+
 WORKER = pathlib.Path(__file__).with_name("_mw_fit_worker.py")
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32")
 BAD_STEP = 2  # worker 1's second batch overflows float16

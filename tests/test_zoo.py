@@ -244,6 +244,7 @@ def test_cli_probe_and_audit_on_every_reloaded_zoo_model(name, tmp_path, capsys)
     assert cli_main(["tf_mixed", "audit", path, *loading]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, flag, match", [
     ("lambda_lambda", "--custom_modules=zoo", "pass --safe_mode=false if you trust the file"),
     ("lambda_def", "--safe_mode=false", "pass --custom_modules=MODULE"),
