@@ -67,8 +67,12 @@ def main(index, ports, out_path, skip, resume_at=None):
             if resume_at == (window, micro):
                 # Every worker saves (a collective gathers all replicas); every
                 # worker then restores the CHIEF's file into a fresh optimizer.
-                store = {}
-                opt.save_own_variables(store)
+                # As a .keras file does: the wrapper's own entry and the inner's.
+                own, inner = {}, {}
+                opt.save_own_variables(own)
+                opt.inner_optimizer.save_own_variables(inner)
+                store = {**{f"own_{k}": v for k, v in own.items()},
+                         **{f"inner_{k}": v for k, v in inner.items()}}
                 chief = os.path.join(os.path.dirname(out_path), "chief_optimizer.npz")
                 if index == 0:
                     np.savez(chief + ".tmp.npz", **store)
@@ -82,7 +86,10 @@ def main(index, ports, out_path, skip, resume_at=None):
                         keras.optimizers.SGD(t.schedule()), initial_scale=16.0,
                         gradient_accumulation_steps=t.STEPS)
                     resumed.build([w])
-                resumed.load_own_variables(loaded)
+                resumed.load_own_variables(
+                    {k[4:]: v for k, v in loaded.items() if k.startswith("own_")})
+                resumed.inner_optimizer.load_own_variables(
+                    {k[6:]: v for k, v in loaded.items() if k.startswith("inner_")})
                 opt, step = resumed, make_step(resumed)
     with open(out_path, "w") as f:
         json.dump({

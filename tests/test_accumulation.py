@@ -18,6 +18,7 @@ from _workers import run_two_workers
 from zoo import ZOO
 
 import tf_mixed
+from tf_mixed.scaling import accumulation
 
 WINDOWS = 3
 STEPS = 4  # micro-steps per window
@@ -383,15 +384,18 @@ def test_mirrored_resume_inside_a_window_equals_the_uninterrupted_run(mirrored):
 
     w1, first = _fresh_mirrored(mirrored)
     _mirrored_micro_steps(mirrored, w1, first, grads[:STEPS + 2])  # inside window 2
-    store = {}
+    # As a .keras file does: the wrapper's own entry and the inner optimizer's.
+    store, inner_store = {}, {}
     first.save_own_variables(store)
+    first.inner_optimizer.save_own_variables(inner_store)
     w2, resumed = _fresh_mirrored(mirrored)
     w2.assign(w1.numpy())
     resumed.load_own_variables(store)
+    resumed.inner_optimizer.load_own_variables(inner_store)
     _mirrored_micro_steps(mirrored, w2, resumed, grads[STEPS + 2:])
     for copy, expected in zip(w2.value.values, uninterrupted):
         np.testing.assert_array_equal(copy.numpy(), expected)  # exactly
-    buffer_key = str([id(v) for v in first.variables].index(id(first.accumulator.buffers[0])))
+    buffer_key = accumulation._entries(first)[id(first.accumulator.buffers[0])]
     assert store[buffer_key].shape == (2, FEATURES)  # one row per replica
 
 
@@ -418,8 +422,12 @@ def test_one_device_files_keep_the_plain_layout():
     opt.apply([tf.constant([1.0, 2.0])], [w])
     store = {}
     opt.save_own_variables(store)
-    assert [np.shape(store[k]) for k in sorted(store, key=int)] == [
-        np.shape(v.numpy()) for v in opt.variables]
+    # The wrapper's own layout: the scalar state as one vector, then each
+    # buffer in its own shape (no replica axis on one device).
+    keys = accumulation._entries(opt)
+    assert np.shape(store["0"]) == (sum(1 for v in opt._variables if not v.shape),)
+    assert [np.shape(store[keys[id(b)]]) for b in opt.accumulator.buffers] == [
+        tuple(b.shape) for b in opt.accumulator.buffers]
 
 
 def test_the_end_of_fit_drops_an_unfinished_window_with_a_warning():

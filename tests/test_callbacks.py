@@ -396,7 +396,7 @@ def test_warns_a_subclassed_models_float16_softmax(fp16, built_before_fit):
     if built_before_fit:
         model(np.zeros((2, 4), "float32"))
     # Built by fit: checked once the first step has built it.
-    messages = _fit_warnings(model, _keras_lso())
+    messages = _fit_warnings(model, _tf_mixed_lso())
     assert len(messages) == 1, messages
     assert "Model 'sub': [error] probs: the model output is a softmax computed in float16" \
         in messages[0]

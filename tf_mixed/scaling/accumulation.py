@@ -131,8 +131,8 @@ class AccumulationHooks:
     accumulator: Accumulator | None
 
     def save_own_variables(self, store) -> None:
-        """Keras's layout; accumulation buffers per replica."""
-        save_variables(self, store)
+        """The wrapper's layout; accumulation buffers per replica."""
+        save_variables(self, store, super().save_own_variables)  # type: ignore[misc]
 
     def load_own_variables(self, store) -> None:
         """Keras's (or Keras's wrapper's) layout; each replica's own buffers."""
@@ -285,50 +285,60 @@ def _every_replica(buffers) -> list[np.ndarray]:
     return gathered
 
 
-def save_variables(optimizer, store) -> None:
-    """Keras's ``save_own_variables``, with the buffers of every replica.
+def _entries(optimizer) -> dict[int, str]:
+    """The store key of each array variable of the wrapper's own layout.
 
-    The layout is Keras's (``store[str(i)]`` for the i-th optimizer
-    variable); an accumulation buffer's entry holds ``[replicas, *shape]``
-    when the optimizer runs on several replicas, its own shape otherwise.
+    `tf_mixed.scaling.keras_compat.KerasCompat.save_own_variables` writes the
+    scalar state as entry "0" and each array variable (the accumulation
+    buffers) as "1", "2", ... in order.
     """
+    arrays = [v for v in optimizer._variables if v.shape]
+    return {id(v): str(i) for i, v in enumerate(arrays, start=1)}
+
+
+def save_variables(optimizer, store, save) -> None:
+    """``save`` (the wrapper's ``save_own_variables``), with every replica's buffer.
+
+    On several replicas an accumulation buffer's entry holds
+    ``[replicas, *shape]``; on one, its own shape (the plain layout).
+    """
+    save(store)
     accumulator = optimizer.accumulator
-    stacked = {}
-    if accumulator is not None and accumulator.buffers:
-        _, _, replicas = _replicas_of(accumulator.buffers[0])
-        if replicas > 1:
-            stacked = {id(b): value for b, value in zip(
-                accumulator.buffers, _every_replica(accumulator.buffers))}
-    for i, variable in enumerate(optimizer.variables):
-        if id(variable) in stacked:
-            store[str(i)] = stacked[id(variable)]
-        else:
-            store[str(i)] = variable.numpy()
+    if accumulator is None or not accumulator.buffers:
+        return
+    _, _, replicas = _replicas_of(accumulator.buffers[0])
+    if replicas <= 1:
+        return
+    keys = _entries(optimizer)
+    for buffer, value in zip(accumulator.buffers, _every_replica(accumulator.buffers)):
+        store[keys[id(buffer)]] = value
 
 
 def load_variables(optimizer, store, load) -> None:
-    """``load`` (Keras's ``load_own_variables``), then each replica's buffer.
+    """``load`` (the wrapper's ``load_own_variables``), then each replica's buffer.
 
     Args:
         optimizer: A built ``LossScaleOptimizer``.
-        store: What ``save_variables`` wrote (or an older file).
+        store: What ``save_variables`` wrote (or an older file: then ``load``
+            alone reads it).
         load: The loader of the plain layout, called with a store whose
             buffer entries have the buffer's own shape.
     """
     accumulator = optimizer.accumulator
-    variables = optimizer.variables
+    keys = _entries(optimizer) if optimizer.built else {}
+    stored = list(store.keys())
     if (accumulator is None or not accumulator.buffers or not optimizer.built
-            or len(store.keys()) != len(variables)):
+            or len(stored) != 1 + len(keys)
+            or any(keys[id(b)] not in stored for b in accumulator.buffers)):
         load(store)
         return
-    index = {id(v): str(i) for i, v in enumerate(variables)}
-    plain = {key: store[key] for key in store.keys()}
+    plain = {key: store[key] for key in stored}
     saved = {}
     for buffer in accumulator.buffers:
-        value = np.asarray(plain[index[id(buffer)]], np.float32)
+        value = np.asarray(plain[keys[id(buffer)]], np.float32)
         saved[id(buffer)] = (value if value.shape != tuple(buffer.shape)
                              else value[None])
-        plain[index[id(buffer)]] = np.zeros(buffer.shape, np.float32)
+        plain[keys[id(buffer)]] = np.zeros(buffer.shape, np.float32)
     load(plain)
     _, ids, replicas = _replicas_of(accumulator.buffers[0])
     folded = False

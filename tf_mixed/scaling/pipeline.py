@@ -11,7 +11,7 @@ builds what must be built, then hands the step here (`step`):
 3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
    communication dtype, float8 amaxes riding along;
 4. **verdict**: all reduced gradients finite, the same bytes everywhere, so
-   the same decision everywhere (design fact 2);
+   the same decision everywhere (BUILD_NOTES.md, "Loss scaling");
 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
    optimizer applies the unscaled gradients, or the step is skipped and the
    tracked forward state restored; then the scale state advances
