@@ -277,20 +277,32 @@ def load_shapes(
             "image_size", image_size, "too small for the shapes data set",
             f"{MIN_SHAPES_SIZE} or more (0 picks {DEFAULT_SHAPES_SIZE})",
         )
+    return _generated(SHAPES, lambda n, s: make_shapes(n, seed=s, image_size=image_size),
+                      seed=seed, train_size=train_size, val_size=val_size,
+                      image_shape=(image_size, image_size, 3), class_names=SHAPE_CLASSES)
+
+
+def _generated(name: str, make, *, seed: int, train_size: int, val_size: int,
+               image_shape: tuple, class_names: tuple) -> BenchData:
+    """A data set generated in process: ``make(num_examples, seed)`` per split.
+
+    Raises:
+        UsageError: If a size < 1.
+    """
     for flag, value in (("train_size", train_size), ("val_size", val_size)):
         if value < 1:
             raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
-    x_train, y_train = make_shapes(train_size, seed=seed * 2 + 1, image_size=image_size)
-    x_val, y_val = make_shapes(val_size, seed=seed * 2 + 2, image_size=image_size)
+    x_train, y_train = make(train_size, seed * 2 + 1)
+    x_val, y_val = make(val_size, seed * 2 + 2)
     return BenchData(
-        name=SHAPES,
+        name=name,
         train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
         val=tf.data.Dataset.from_tensor_slices((x_val, y_val)),
-        num_classes=len(SHAPE_CLASSES),
-        image_shape=(image_size, image_size, 3),
+        num_classes=len(class_names),
+        image_shape=image_shape,
         train_size=train_size,
         val_size=val_size,
-        class_names=SHAPE_CLASSES,
+        class_names=class_names,
     )
 
 
@@ -336,21 +348,10 @@ def load_tokens(*, seed: int, length: int = DEFAULT_TOKENS_LENGTH,
     if length < 8:
         raise UsageError("image_size", length, "too short for the tokens data set (the sequence length)",
                          f"8 or more (0 picks {DEFAULT_TOKENS_LENGTH})")
-    for flag, value in (("train_size", train_size), ("val_size", val_size)):
-        if value < 1:
-            raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
-    x_train, y_train = make_tokens(train_size, seed=seed * 2 + 1, length=length)
-    x_val, y_val = make_tokens(val_size, seed=seed * 2 + 2, length=length)
-    return BenchData(
-        name=TOKENS,
-        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
-        val=tf.data.Dataset.from_tensor_slices((x_val, y_val)),
-        num_classes=TOKEN_CLASSES,
-        image_shape=(length,),
-        train_size=train_size,
-        val_size=val_size,
-        class_names=tuple(f"token_{i + 1}" for i in range(TOKEN_CLASSES)),
-    )
+    return _generated(TOKENS, lambda n, s: make_tokens(n, seed=s, length=length),
+                      seed=seed, train_size=train_size, val_size=val_size,
+                      image_shape=(length,),
+                      class_names=tuple(f"token_{i + 1}" for i in range(TOKEN_CLASSES)))
 
 
 # --- tfds:NAME[:SPLIT] -------------------------------------------------------

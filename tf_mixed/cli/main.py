@@ -23,6 +23,7 @@ A new subcommand is a function ``(argv) -> int`` in `COMMANDS`.
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import sys
 from typing import Callable
@@ -277,46 +278,28 @@ def _audit(argv: list[str]) -> int:
                              custom_modules=fv.custom_modules)
 
 
-def _check(argv: list[str]) -> int:
-    from tf_mixed.cli import check
+def _command(module: str, *, with_program: bool = True) -> Callable[[list[str]], int]:
+    """A command that imports ``module`` only when it runs, then calls its ``main``.
 
-    return check.main(argv[1:])
+    Args:
+        module: The module holding ``main(argv) -> int``.
+        with_program: Whether that ``main`` takes the program name first
+            (absl style) or only the arguments (argparse style).
+    """
+    def run(argv: list[str]) -> int:
+        main = importlib.import_module(module).main
+        return main(argv if with_program else argv[1:])
 
-
-def _probe(argv: list[str]) -> int:
-    from tf_mixed.cli import probe
-
-    return probe.main(argv)
-
-
-def _doctor(argv: list[str]) -> int:
-    from tf_mixed.cli import doctor
-
-    return doctor.main(argv)
+    return run
 
 
-def _rollback_cost(argv: list[str]) -> int:
-    from tf_mixed.bench import rollback_cost
-
-    return rollback_cost.main(argv[1:])
-
-
-def _export(argv: list[str]) -> int:
-    from tf_mixed.cli import export as export_command
-
-    return export_command.main(argv)
-
-
-def _launch(argv: list[str]) -> int:
-    from tf_mixed.cli import launch
-
-    return launch.main(argv)
-
-
-def _litert_latency(argv: list[str]) -> int:
-    from tf_mixed.bench import litert_latency
-
-    return litert_latency.main(argv[1:])
+_check = _command("tf_mixed.cli.check", with_program=False)
+_probe = _command("tf_mixed.cli.probe")
+_doctor = _command("tf_mixed.cli.doctor")
+_rollback_cost = _command("tf_mixed.bench.rollback_cost", with_program=False)
+_export = _command("tf_mixed.cli.export")
+_launch = _command("tf_mixed.cli.launch")
+_litert_latency = _command("tf_mixed.bench.litert_latency", with_program=False)
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
