@@ -193,7 +193,7 @@ def test_info_reports_faked_hardware(monkeypatch, capsys):
 
 def test_audit_needs_one_path(tmp_path, capsys):
     assert main(["tf_mixed", "audit"]) == 2
-    assert "expected exactly one argument" in capsys.readouterr().err
+    assert "expected exactly one MODEL argument" in capsys.readouterr().err
     assert main(["tf_mixed", "audit", str(tmp_path / "missing.keras")]) == 2
     err = capsys.readouterr().err
     assert err == f"tf_mixed audit: error: no such file: {tmp_path / 'missing.keras'}\n"

@@ -31,6 +31,7 @@ from typing import Callable
 from absl import flags
 
 from tf_mixed._internal import progress, quiet
+from tf_mixed.cli.model_command import HELP_FLAGS as _HELP
 
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed info [--verbose]
@@ -183,7 +184,7 @@ def _error(command: str, message: str) -> int:
 def _bench(argv: list[str]) -> int:
     fv = flags.FlagValues()
     _define_flags(fv)
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
+    if any(a in _HELP for a in argv[1:]):
         print(USAGE)
         print(_help(fv))
         return 0
@@ -233,7 +234,6 @@ def _bench(argv: list[str]) -> int:
     return 0
 
 
-_HELP = ("-h", "--help", "-help", "--helpfull")
 
 INFO_USAGE = """usage: python -m tf_mixed info [--verbose]
 
@@ -260,21 +260,14 @@ def _info(argv: list[str]) -> int:
 
 def _audit(argv: list[str]) -> int:
     from tf_mixed.cli import audit as audit_command
-    from tf_mixed.cli import model_file
+    from tf_mixed.cli import model_command, model_file
 
     fv = flags.FlagValues()
     model_file.define_flags(fv)
-    if any(a in _HELP for a in argv[1:]):
-        print(AUDIT_USAGE)
-        print(fv.get_help())
-        return 0
-    try:
-        positionals = fv(argv)[1:]
-    except flags.Error as error:
-        return _error("audit", str(error))
-    if len(positionals) != 1:
-        return _error("audit", "expected exactly one argument: the path of a saved .keras model")
-    return audit_command.run(positionals[0], safe_mode=fv.safe_mode,
+    parsed = model_command.parse("audit", argv, fv, AUDIT_USAGE, ())
+    if isinstance(parsed, int):
+        return parsed
+    return audit_command.run(parsed, safe_mode=fv.safe_mode,
                              custom_modules=fv.custom_modules)
 
 

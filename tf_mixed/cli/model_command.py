@@ -12,6 +12,9 @@ import sys
 
 from absl import flags
 
+# What asks a command for its help (absl's spellings and argparse's -h).
+HELP_FLAGS = ("-h", "--help", "-help", "--helpfull")
+
 
 def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> None:
     """The flags naming the data, the batches and the loss (what `batches` of
@@ -56,7 +59,7 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
         The MODEL path, or the exit status to return at once (0 after
         ``--help``, 2 after printing the one line of bad input).
     """
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
+    if any(a in HELP_FLAGS for a in argv[1:]):
         print(usage)
         print(fv.get_help())
         return 0
