@@ -41,14 +41,16 @@ from tf_mixed.scaling.float8_sync import (  # noqa: F401
     scaling_of,
     set_scaling,
 )
-from tf_mixed.scaling.keras_compat import (  # noqa: F401
+from tf_mixed.scaling.formats import (  # noqa: F401
     EXTRA_STATE,
+)
+from tf_mixed.scaling.keras_compat import (  # noqa: F401
     KerasCompat,
-    read_keras_state,
 )
 from tf_mixed.scaling.optimizer import (  # noqa: F401
     LossScaleOptimizer,
     loss_scale_state,
+    read_keras_state,
     refresh_forward_state,
     wrap_optimizer,
 )
