@@ -22,11 +22,14 @@ the knobs the Keras class lacks (growth and backoff factors, minimum and
 maximum scale, hysteresis, a fixed scale), the counters a monitor needs, and
 a pass-through mode for float32/bfloat16.
 
-It is a drop-in for Keras's class (`tf_mixed.scaling.keras_compat`): same constructor
-names (``dynamic_growth_steps``), same configs, and the same variables
-(``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
-and ``.keras`` files written with Keras's wrapper load into it. The rule the
-scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure function.
+It is a drop-in for Keras's class (its method names: `tf_mixed.scaling.keras_compat`):
+same constructor names (``dynamic_growth_steps``), same configs, and the same
+variables (``step_counter``, ``dynamic_scale``, same dtypes, same order) so
+checkpoints and ``.keras`` files written with Keras's wrapper load into it
+(the layouts: `tf_mixed.scaling.formats`). The constructor checks each concern
+once, before anything changes; `wrap_optimizer` only chooses a config. The
+rule the scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure
+function.
 """
 
 from __future__ import annotations
