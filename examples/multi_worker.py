@@ -75,8 +75,7 @@ def run_worker(out_path):
 
 def launch():
     """Starts two workers, waits, and compares what they decided."""
-    from tf_mixed.distribute.launch import WorkersFailed
-    from tf_mixed.distribute.launch import run_local_workers
+    from tf_mixed.distribute import WorkersFailed, run_local_workers
 
     out = os.path.join(tempfile.mkdtemp(prefix="tf_mixed_mw_"), "worker{i}.json")
     outs = [out.replace("{i}", str(i)) for i in range(2)]

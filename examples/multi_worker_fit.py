@@ -116,8 +116,7 @@ def run_worker():
 
 
 def launch():
-    from tf_mixed.distribute.launch import WorkersFailed
-    from tf_mixed.distribute.launch import run_local_workers
+    from tf_mixed.distribute import WorkersFailed, run_local_workers
 
     out = os.path.join(tempfile.mkdtemp(prefix="tf_mixed_mw_fit_"), "worker{i}.json")
     argv = [sys.executable, os.path.abspath(__file__), "--worker", f"--out={out}",

@@ -126,7 +126,7 @@ class OutputActivation(_Keras3Inputs):
     Example:
 
         >>> tf_mixed.enable("mixed_float16")
-        >>> head = tf_mixed.layers.OutputActivation("softmax")
+        >>> head = tf_mixed.OutputActivation("softmax")
         >>> head(tf.constant([[0.0, 30.0, -30.0]], "float16")).dtype
         tf.float32
     """

@@ -14,7 +14,7 @@ part that would start after the budget is skipped and says so):
    there are several (`tf.distribute.MirroredStrategy`); skipped on one.
 3. On a GPU of compute capability 8.9 or more, whether a float8 model's
    matrix products were lowered to float8 GEMMs
-   (`tf_mixed.float8.lowering.lowering_report`).
+   (`tf_mixed.float8.lowering_report`).
 
 It writes results.json, results.md and bench.png to ``--output_dir``.
 """
@@ -246,10 +246,10 @@ def _float8_lowering(sizes: Sizes) -> dict[str, Any]:
             h = keras.layers.Dense(width, name="dense_a")(inputs)
             h = keras.layers.Dense(width, name="dense_b")(h)
             model = keras.Model(inputs, keras.layers.Dense(16, name="out")(h))
-            tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+            tf_mixed.float8.quantize(model, keep_float32=[])
         x = tf.random.stateless_normal((64, width), (5, 6))
         y = tf.random.stateless_normal((64, 16), (7, 8))
-        report = tf_mixed.float8.lowering.lowering_report(model, x, y, loss="mse")
+        report = tf_mixed.float8.lowering_report(model, x, y, loss="mse")
         return {"device": report.device, "verdicts": report.verdicts(), "text": str(report)}
     except Exception as error:  # noqa: BLE001 - recorded, the other figures stand
         return {"error": f"{type(error).__name__}: {str(error)[:300]}"}

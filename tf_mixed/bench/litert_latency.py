@@ -109,7 +109,7 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         model = models.build(args.model, shape, 10)
     sample = np.random.default_rng(0).uniform(0, 255, (args.batch_size,) + shape).astype("float32")
     directory = tempfile.mkdtemp(prefix="tf_mixed_latency_")
-    reports: dict[str, tf_mixed.serving.ExportReport] = {}
+    reports: dict[str, tf_mixed.serving.export_report.ExportReport] = {}
     runners: dict[str, Callable[[], object]] = {}
     for precision in ("float32", "float16_weights"):
         path = os.path.join(directory, f"{precision}.tflite")

@@ -3,7 +3,7 @@
 Every model is built under Keras's *global* dtype policy (so build it inside
 `tf_mixed.policy_scope` or after `tf_mixed.enable`), takes images with pixel
 values in [0, 255] (a ``Rescaling`` layer comes first) and returns float32
-class probabilities from `tf_mixed.layers.OutputActivation`, so the loss is
+class probabilities from `tf_mixed.OutputActivation`, so the loss is
 computed in float32 from the logits.
 
     mlp       Flatten, 3 x Dense(1024, relu)

@@ -7,7 +7,7 @@ under the same mixed policy in one process:
   ``keras.optimizers.LossScaleOptimizer`` when the policy is mixed_float16
   (custom loop: ``scale_loss`` and ``apply`` on that optimizer by hand);
 * ``tf_mixed``: ``tf_mixed.wrap_optimizer(Adam)`` plus
-  ``tf_mixed.callbacks.monitor.LossScaleMonitor`` (custom loop:
+  ``tf_mixed.LossScaleMonitor`` (custom loop:
   ``tf_mixed.training.apply_scaled_gradients``).
 
 The paths alternate for ``--rounds`` rounds of ``--steps`` steps (after

@@ -205,7 +205,7 @@ def notes(report: dict[str, Any]) -> list[str]:
         lines.append(
             "Memory: activations MB is tf_mixed.audit's estimate of one batch's layer outputs "
             "(what mixed precision halves); state MB is exact (weights, gradients and optimizer "
-            "state, tf_mixed.memory_report); peak MB is "
+            "state, tf_mixed.tools.memory_report); peak MB is "
             + ("the GPU allocator's measured peak." if gpu else
                "the whole process's peak resident memory, mostly TensorFlow's runtime, so it "
                "hardly moves with the policy."))

@@ -1,7 +1,7 @@
 """The bench's two training paths and the per-step recorder they share.
 
 `train_fit` is ``model.compile`` + ``model.fit`` with
-``tf_mixed.callbacks.monitor.LossScaleMonitor``; `train_custom` is a
+``tf_mixed.LossScaleMonitor``; `train_custom` is a
 ``tf.GradientTape`` step under ``strategy.run`` whose gradients go through
 ``tf_mixed.training.apply_scaled_gradients``. Both report every step's wall
 time (the step is waited for, so the time is the step's own) and the loss

@@ -20,7 +20,7 @@ a read every N batches is as exact as a read every step, whatever
 2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
    ``logs["loss"]`` averages in their NaN/inf loss. With
    ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
-   `tf_mixed.scaling.loss_tally.LossTally` and replaces ``logs["loss"]`` by the mean
+   `tf_mixed.scaling.LossTally` and replaces ``logs["loss"]`` by the mean
    loss of the applied steps. Epochs without a skipped step keep Keras's
    value.
 3. **Protects the model**: it hands the model to a

@@ -1,6 +1,6 @@
 """The loss-scale monitor's rules as pure functions of typed values.
 
-`tf_mixed.callbacks.monitor.LossScaleMonitor` reads the optimizer into a `Snapshot`,
+`tf_mixed.LossScaleMonitor` reads the optimizer into a `Snapshot`,
 folds it into its `Progress` with `advance` (what happened since the last
 read, per epoch), and asks `decide` whether to stop. Nothing here imports
 Keras or TensorFlow: the rules are tested with plain numbers.

@@ -183,10 +183,10 @@ def _quietly(function, *args, **kwargs):
     """Calls `function` with `tf_mixed.models.ConversionNote` warnings kept quiet."""
     import warnings
 
-    import tf_mixed
+    from tf_mixed.models.conversion import ConversionNote
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
+        warnings.simplefilter("ignore", ConversionNote)
         return function(*args, **kwargs)
 
 
@@ -277,7 +277,7 @@ def first_change(report, model_path: str) -> str | None:
     most is turning mixed precision on.
 
     Args:
-        report: The model's `tf_mixed.tools.census.CensusReport`.
+        report: The model's `tf_mixed.tools.census.step_census.CensusReport`.
         model_path: The MODEL argument, for the commands in the text.
 
     Returns:
@@ -307,7 +307,7 @@ def fixed_model(model, report):
 
     Args:
         model: The model the census was taken of.
-        report: Its `tf_mixed.tools.census.CensusReport`.
+        report: Its `tf_mixed.tools.census.step_census.CensusReport`.
 
     Returns:
         ``(model, applied)``: a converted copy (or `model` itself when no

@@ -74,12 +74,12 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "policy", "",
         "One policy to compare against float32 and mixed_bfloat16 (e.g. float8: Keras float8 "
-        "via tf_mixed.float8.quantization.quantize on bfloat16 compute). Use --policies for a full list.",
+        "via tf_mixed.float8.quantize on bfloat16 compute). Use --policies for a full list.",
         flag_values=fv,
     )
     flags.DEFINE_string(
         "float8_layers", "auto",
-        "float8 policy: 'auto' (tf_mixed.float8.quantization.quantize's default: first, last and "
+        "float8 policy: 'auto' (tf_mixed.float8.quantize's default: first, last and "
         "unaligned Dense layers stay out) or 'all' (every Dense layer).",
         flag_values=fv,
     )

@@ -3,11 +3,11 @@
 On each machine (or local process, see `tf_mixed.distribute.launch`) the same script runs
 with its own ``TF_CONFIG``; the first lines are::
 
-    strategy = tf_mixed.distribute.cluster.multi_worker_strategy(timeout_seconds=60)
+    strategy = tf_mixed.distribute.multi_worker_strategy(timeout_seconds=60)
     with strategy.scope():
         model = build_model()
         model.compile(optimizer=tf_mixed.wrap_optimizer(...), loss=...)
-    model.fit(dataset, callbacks=[tf_mixed.callbacks.monitor.LossScaleMonitor()])
+    model.fit(dataset, callbacks=[tf_mixed.LossScaleMonitor()])
 
 Keras 3's own ``fit``/``evaluate`` fail under MultiWorkerMirroredStrategy
 (keras-team/keras#20585). `fit_support` installs tf_mixed's narrow workaround
@@ -191,8 +191,8 @@ def multi_worker_strategy(
         raise ValueError(
             "multi_worker_strategy() needs the TF_CONFIG environment variable, "
             f"e.g. TF_CONFIG='{_TF_CONFIG_EXAMPLE}' on worker 0. Received: "
-            "TF_CONFIG unset. Start local workers with tf_mixed.distribute.launch."
-            "run_local_workers(), or set it on each machine."
+            "TF_CONFIG unset. Start local workers with "
+            "tf_mixed.distribute.run_local_workers(), or set it on each machine."
         )
     options = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=timeout_seconds)

@@ -203,7 +203,7 @@ def lowering_report(model: keras.Model, x=None, y=None, *, loss=None,
     if not names:
         raise ValueError(
             f"Model '{model.name}' has no float8 layer. Quantize it first: "
-            "tf_mixed.float8.quantization.quantize(model).")
+            "tf_mixed.float8.quantize(model).")
     if hlo_text is not None:
         return LoweringReport(model.name, "HLO text",
                               _verdicts(names, parse_gemms(hlo_text)))

@@ -18,7 +18,7 @@ steps stop training. Every worker reads the same counters, so every worker
 takes the same decision.
 
 With ``data=(x, y)`` it also measures, at each epoch end, the saturated and
-flushed fractions of every tensor on that batch (`tf_mixed.float8.quantization.state`).
+flushed fractions of every tensor on that batch (`tf_mixed.float8.state`).
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class Float8Monitor(keras.callbacks.Callback):
         if not any(readiness.is_float8(layer) for layer in _leaves(model)):
             raise ValueError(
                 f"Float8Monitor: model '{model.name}' has no float8 layer. "
-                "Quantize it first: tf_mixed.float8.quantization.quantize(model).")
+                "Quantize it first: tf_mixed.float8.quantize(model).")
         optimizer = model.optimizer
         if not isinstance(optimizer, LossScaleOptimizer):
             raise ValueError(

@@ -1,10 +1,10 @@
 """Float8 training that every replica agrees on, saturation-safe and visible.
 
-    plan = tf_mixed.float8.quantization.quantize(model)      # rides model.quantize("float8")
+    plan = tf_mixed.float8.quantize(model)      # rides model.quantize("float8")
     print(plan)                                  # which layers, and why
     model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
-    model.fit(ds, callbacks=[tf_mixed.float8.quantization.Float8Monitor()])
-    tf_mixed.float8.quantization.state(model)                 # scales, amaxes, saturation
+    model.fit(ds, callbacks=[tf_mixed.float8.Float8Monitor()])
+    tf_mixed.float8.state(model)                 # scales, amaxes, saturation
 
 Keras 3 trains Dense and EinsumDense in float8 after
 ``model.quantize("float8")``: inputs and kernel are quantized-dequantized to
@@ -177,10 +177,10 @@ def quantize(model: keras.Model, *, margin: int = 0,
             is out of range, ``keep_float32`` names an unknown layer, or a
             layer already in float8 has a different history length.
     """
-    check_model_kind(model, "tf_mixed.float8.quantization.quantize()", traced=False)
+    check_model_kind(model, "tf_mixed.float8.quantize()", traced=False)
     amax_history_length = _validate.number(
         amax_history_length, "amax_history_length", integer=True,
-        rule=lambda n: n >= 1, owner="tf_mixed.float8.quantization.quantize()",
+        rule=lambda n: n >= 1, owner="tf_mixed.float8.quantize()",
         valid="an integer >= 1, such as 1024 or 16")
     scaling = Float8Scaling(margin=margin, amax_compute_algo=amax_compute_algo)
     automatic = isinstance(keep_float32, str) and keep_float32 == "auto"

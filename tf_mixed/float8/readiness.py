@@ -1,7 +1,7 @@
 """How ready a model is for float8: which layers can use it and which should not.
 
 One table of rules, read by `tf_mixed.audit` (its float8 findings) and by
-`tf_mixed.float8.quantization.quantize` (which layers it keeps out by default), so the
+`tf_mixed.float8.quantize` (which layers it keeps out by default), so the
 advice the audit gives is what quantize does.
 
 Float8 here is Keras's (``model.quantize("float8")``): only ``Dense`` and
@@ -196,7 +196,7 @@ def findings(model) -> list[tuple[str, str, str | None, str, str]]:
                          "GEMM cannot run it, so float8 would be emulated "
                          "there."),
                 fix=(f"use dimensions {rounded}, or keep it out of float8 "
-                     "(tf_mixed.float8.quantization.quantize does by default).")))
+                     "(tf_mixed.float8.quantize does by default).")))
         for code in ("first", "last"):
             if code in check.keep:
                 out.append(_finding(
@@ -204,6 +204,6 @@ def findings(model) -> list[tuple[str, str, str | None, str, str]]:
                     message=(f"{REASONS[code]}; it should stay in higher "
                              "precision" + (" but is float8." if severity == "warning"
                                             else ".")),
-                    fix=("leave it out of float8 (tf_mixed.float8.quantization.quantize "
+                    fix=("leave it out of float8 (tf_mixed.float8.quantize "
                          "does by default).")))
     return out

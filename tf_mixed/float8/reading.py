@@ -205,7 +205,7 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
     """Reads every float8 layer's scales and amaxes; measures a batch if given.
 
     Args:
-        model: A Keras model with float8 layers (`tf_mixed.float8.quantization.quantize`
+        model: A Keras model with float8 layers (`tf_mixed.float8.quantize`
             or ``model.quantize("float8")``).
         x: Optional batch of inputs to measure the saturated/flushed
             fractions of the inputs and output gradients on. Use a batch of
@@ -224,12 +224,12 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
         ValueError: the model has no float8 layer; ``x`` without ``y``; no
             loss given and the model is not compiled with one.
     """
-    check_model_kind(model, "tf_mixed.float8.quantization.state()", traced=False)
+    check_model_kind(model, "tf_mixed.float8.state()", traced=False)
     layers = _float8_layers(model)
     if not layers:
         raise ValueError(
             f"Model '{model.name}' has no float8 layer. Quantize it first: "
-            "tf_mixed.float8.quantization.quantize(model).")
+            "tf_mixed.float8.quantize(model).")
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
     sync = float8_sync_of(optimizer)

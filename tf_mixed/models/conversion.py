@@ -19,7 +19,7 @@ What it does:
   sigmoid, log_softmax: ``tf_mixed._internal.facts.SQUASHING_ACTIVATIONS``, the same
   table `tf_mixed.audit` reports from) gets a float32 head: that layer
   becomes linear (renamed ``<name>_logits``) and a
-  ``tf_mixed.layers.OutputActivation`` named like the original layer is
+  ``tf_mixed.OutputActivation`` named like the original layer is
   appended, so output names, and losses keyed by them, still match; an
   output ``Activation``/``Softmax`` layer, and any other layer producing a
   model output (a regression head, say), is kept in float32 instead, so
@@ -207,7 +207,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
                     f"Output '{getattr(tensor, 'name', '?')}' comes from the "
                     f"nested model '{layer.name}', which convert() converts "
                     "as a whole: check its output dtype with "
-                    "tf_mixed.audit() and add tf_mixed.layers.Float32Output() "
+                    "tf_mixed.audit() and add tf_mixed.Float32Output() "
                     "if it is half precision.")
                 continue
             activation = activation_name(layer)

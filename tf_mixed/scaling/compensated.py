@@ -69,7 +69,7 @@ METHODS = {
     "stochastic": "stochastic rounding, no extra memory, unbiased (right on average)",
     "none": "plain rounding: Keras's own update (small steps are lost)",
 }
-# Measured on the digits benchmark (BUILD_NOTES.md, issue 21).
+# Measured on the digits benchmark (BUILD_NOTES.md, "Accumulation and pure bfloat16").
 DEFAULT_METHOD = "kahan"
 
 STATE_DTYPES = ("float32", "bfloat16")
@@ -216,7 +216,7 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
 
     Example:
 
-    >>> opt = tf_mixed.scaling.compensated.compensate(keras.optimizers.Adam(1e-4))
+    >>> opt = tf_mixed.scaling.compensate(keras.optimizers.Adam(1e-4))
     >>> v = keras.Variable(1.0, dtype="bfloat16")
     >>> opt.apply([tf.constant(1.0, "bfloat16")], [v])
 

@@ -38,7 +38,7 @@ Per tensor the optimizer also keeps counters (not saved in checkpoints):
 steps whose global amax, over the scale in use, went beyond what the cast
 rounds to its largest value (`clipping_overflow`: values were clipped, not
 just rounded), non-finite amaxes, and the last agreed amax;
-`tf_mixed.float8.quantization.state` reads them. The margin and amax
+`tf_mixed.float8.state` reads them. The margin and amax
 algorithm live in variables the step reads (`Float8Sync.refresh_scaling`),
 so changing them on a trained model takes effect at the next step.
 """
@@ -144,7 +144,7 @@ def set_scaling(layer, scaling: Float8Scaling) -> None:
 
     Kept on the layer's history variables (a tf_mixed attribute), not in the
     ``.keras`` file: after loading a model, call
-    `tf_mixed.float8.quantization.quantize` on it again to set a non-default scaling.
+    `tf_mixed.float8.quantize` on it again to set a non-default scaling.
     """
     for kind in KINDS:
         _, history = _internals.float8_variables(layer, kind)

@@ -3,7 +3,7 @@
 When a step is skipped its loss is NaN/inf, and Keras's running mean in
 ``logs["loss"]`` then shows ``nan`` for a healthy epoch. A `LossTally`
 attached to a ``tf_mixed.LossScaleOptimizer`` (``attach_loss_tally``) sums
-the losses of the steps that were applied; `tf_mixed.callbacks.monitor.LossScaleMonitor`
+the losses of the steps that were applied; `tf_mixed.LossScaleMonitor`
 attaches one and reads it once per epoch as a `LossTotals` value.
 
 In ``fit`` the loss reaches tf_mixed only through ``scale_loss`` and the

@@ -339,7 +339,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
 
     @property
     def loss_tally(self) -> LossTally | None:
-        """The attached `tf_mixed.scaling.loss_tally.LossTally`, or None."""
+        """The attached `tf_mixed.scaling.LossTally`, or None."""
         return self._scratch.tally
 
     # ---------------------------------------------------------- scaling API
@@ -750,8 +750,8 @@ def float8_sync_of(optimizer) -> Float8Sync | None:
     A ``tf_mixed.LossScaleOptimizer`` creates one at ``build`` when the
     variables hold Keras float8 scale and amax-history pairs; `apply` hands
     their "gradients" to it instead of the inner optimizer, so every replica
-    and worker writes the same agreed values. `tf_mixed.float8.quantization.state` and
-    `tf_mixed.float8.quantization.Float8Monitor` read its counters. Any other optimizer:
+    and worker writes the same agreed values. `tf_mixed.float8.state` and
+    `tf_mixed.float8.Float8Monitor` read its counters. Any other optimizer:
     None (it keeps Keras's per-replica float8 writes).
     """
     if isinstance(optimizer, LossScaleOptimizer):

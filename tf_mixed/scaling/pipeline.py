@@ -1,6 +1,6 @@
 """One optimizer step as an ordered pipeline, each stage a function with one job.
 
-`tf_mixed.scaling.optimizer.LossScaleOptimizer.apply` checks its arguments,
+`tf_mixed.LossScaleOptimizer.apply` checks its arguments,
 builds what must be built, then hands the step here (`step`):
 
 1. **scale**: the gradients arrive scaled by the loss scale (or already

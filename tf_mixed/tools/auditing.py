@@ -535,7 +535,7 @@ def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
             "logits shortcut (for logits [0, 30, -30] the cross-entropy is "
             "clipped to 16.1 instead of 60).",
             f"give '{name}' activation=None and add "
-            f"tf_mixed.layers.OutputActivation('{activation}') after it, or "
+            f"tf_mixed.OutputActivation('{activation}') after it, or "
             "run model = tf_mixed.convert(model).")]
     if top_k:
         return [Finding(
@@ -543,13 +543,13 @@ def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
             f"the model output is {dtype} and the model is compiled with the "
             f"top-k metric {top_k[0]}: Keras computes it with TensorFlow's "
             "InTopKV2, which takes float32 only, so fit fails at its first step.",
-            f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+            f"add tf_mixed.Float32Output() after '{name}' (or give it "
             "dtype='float32').")]
     return [Finding(
         "warning", "half_output", name,
         f"the model output is {dtype}, so the loss and metrics see "
         "half-precision values.",
-        f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+        f"add tf_mixed.Float32Output() after '{name}' (or give it "
         "dtype='float32').")]
 
 

@@ -94,7 +94,7 @@ DEFECTS: tuple[DefectSpec, ...] = (
         "multi_worker_fit_20585",
         "Keras's fit fails under MultiWorkerMirroredStrategy",
         "keras-team/keras#20585",
-        "tf_mixed.distribute.cluster.multi_worker_strategy() / fit_support() install "
+        "tf_mixed.distribute.multi_worker_strategy() / fit_support() install "
         "tf_mixed/distribute/keras_fix_20585.py (a real 2-worker fit is tested; not re-run here)"),
     DefectSpec(
         "jit_under_strategy",
