@@ -3,7 +3,7 @@
     python examples/multi_worker.py [--steps=20] [--overflow_at=5]
         [--timeout=240]
 
-With no ``--worker`` this script is the launcher: `tf_mixed.distribute.launch.
+With no ``--worker`` this script is the launcher: `tf_mixed.distribute.
 run_local_workers` starts it twice as workers 0 and 1, each with its
 ``TF_CONFIG`` on free 127.0.0.1 ports, prints their output prefixed
 ``[worker i]``, stops both if one fails or ``--timeout`` seconds pass, and

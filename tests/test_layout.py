@@ -18,32 +18,32 @@ PACKAGE = ROOT / "tf_mixed"
 BENCH = PACKAGE / "bench"
 CLI = PACKAGE / "cli"
 ENTRY_POINT = PACKAGE / "__main__.py"
-# Library modules that look like a command (``python -m tf_mixed.distribute.launch``)
-# and may end with one ``if __name__ == "__main__":`` block that only hands over
-# to the command line module named here (issue 27).
-HAND_OVERS = {PACKAGE / "distribute" / "launch.py": "tf_mixed.cli.launch"}
 
 
-def _hand_over(tree: ast.Module, command: str) -> ast.If | None:
-    """The final ``__main__`` block of ``tree`` if it only imports ``command`` and exits."""
-    last = tree.body[-1] if tree.body else None
-    if not (isinstance(last, ast.If) and ast.unparse(last.test) == "__name__ == '__main__'"):
-        return None
-    module, _, name = command.rpartition(".")
-    body = [ast.unparse(node) for node in last.body]
-    if (len(body) == 2 and body[0] == f"from {module} import {name} as _launch_command"
-            and body[1] == "raise SystemExit(_launch_command.module_entry())"):
-        return last
-    return None
+def _is_pointer(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` that only prints where a command went and exits 2.
+
+    The one shape of command-line code the library may hold: a module that
+    used to be a command (``python -m tf_mixed.distribute.launch``) says, for
+    one release, which command replaced it; it imports nothing and reads no
+    argument.
+    """
+    if not (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"):
+        return False
+    body = [ast.unparse(n) for n in node.body]
+    return (len(body) == 2 and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Call)
+            and ast.unparse(node.body[0].value.func) == "print"
+            and all(isinstance(a, ast.Constant) for a in node.body[0].value.args)
+            and [ast.unparse(k) for k in node.body[0].value.keywords] == ["file=sys.stderr"]
+            and body[1] == "raise SystemExit(2)")
 
 
-def _without_hand_over(path: pathlib.Path) -> ast.Module:
-    """``path``'s syntax tree, less an allowed hand-over block (`HAND_OVERS`)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    command = HAND_OVERS.get(path)
-    block = _hand_over(tree, command) if command else None
-    if block is not None:
-        tree.body.remove(block)
+def _without_pointer(path: pathlib.Path | str) -> ast.Module:
+    """The syntax tree of ``path`` (or of source text), less a final `_is_pointer` block."""
+    tree = ast.parse(path.read_text() if isinstance(path, pathlib.Path) else path)
+    if tree.body and _is_pointer(tree.body[-1]):
+        tree.body.pop()
     return tree
 
 
@@ -61,7 +61,7 @@ def _package_of(path: pathlib.Path) -> str:
 
 def _imports(path: pathlib.Path, package: str | None = None) -> list[tuple[str, list[str], int]]:
     """``(module, names, line)`` for every import in ``path``, relative ones resolved."""
-    tree = _without_hand_over(path)
+    tree = _without_pointer(path)
     package = package if package is not None else _package_of(path)
     found = []
     for node in ast.walk(tree):
@@ -246,21 +246,32 @@ def test_the_library_holds_no_command_line_code():
     for path in _py_files(PACKAGE):
         if BENCH in path.parents or CLI in path.parents or path == ENTRY_POINT:
             continue
-        found = _command_line_code(_without_hand_over(path))
+        found = _command_line_code(_without_pointer(path))
         if found:
             offenders[str(path.relative_to(ROOT))] = found
     assert not offenders, offenders
 
 
-def test_a_hand_over_is_allowed_only_as_written_and_only_where_listed():
-    allowed = ("if __name__ == '__main__':\n    from tf_mixed.cli import launch as _launch_command\n\n"
-               "    raise SystemExit(_launch_command.module_entry())\n")
-    for path, command in HAND_OVERS.items():
-        assert _hand_over(ast.parse(path.read_text()), command) is not None, path
-    assert _hand_over(ast.parse(allowed), "tf_mixed.cli.launch") is not None
-    more = allowed + "    import sys\n    print(sys.argv)\n"
-    assert _hand_over(ast.parse(more), "tf_mixed.cli.launch") is None
-    assert _command_line_code(more)
+def test_only_a_pointer_to_a_command_is_allowed():
+    pointer = ('if __name__ == "__main__":\n    print("python -m x moved: run python -m tf_mixed x",'
+               ' file=sys.stderr)\n    raise SystemExit(2)\n')
+    assert _is_pointer(ast.parse(pointer).body[0])
+    assert not _command_line_code(_without_pointer(pointer))
+    for more in (pointer + "    import sys\n",
+                 pointer.replace('"python -m x moved: run python -m tf_mixed x"', "sys.argv"),
+                 pointer.replace("raise SystemExit(2)", "from tf_mixed.cli import launch")):
+        assert not _is_pointer(ast.parse(more).body[0]), more
+        assert _command_line_code(more)
+
+
+def test_the_library_does_not_import_the_command_line():
+    """The circle cli/launch.py <-> distribute/launch.py went with the old spelling (issue 33)."""
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+                 for path in _py_files(PACKAGE)
+                 if BENCH not in path.parents and CLI not in path.parents and path != ENTRY_POINT
+                 for module, line in _imported_modules_of(ast.parse(path.read_text()))
+                 if module.startswith(("tf_mixed.cli", "tf_mixed.bench"))]
+    assert not offenders, offenders
 
 
 def test_setuptools_ships_every_package():

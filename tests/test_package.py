@@ -318,9 +318,8 @@ def _is_type_checking(node: ast.AST) -> bool:
 
 
 def _is_main_block(node: ast.AST) -> bool:
-    """``if __name__ == "__main__":``: runs only when the module is the program
-    (``python -m tf_mixed.distribute.launch`` hands over to the command line
-    there), never when it is imported, so its imports are no edge."""
+    """``if __name__ == "__main__":``: runs only when the module is the program,
+    never when it is imported, so its imports are no edge."""
     return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
 
 

@@ -94,7 +94,7 @@ _MOVED = {
     "hlo_ops": ("tools.census.hlo_ops", None),
     "keep_float32": ("policy.keep_float32", None),
     "keras_compat": ("scaling.keras_compat", None),
-    "launch": ("distribute.launch", None),
+    "launch": ("distribute.workers", None),
     "load_weights": ("serving", "load_weights"),
     "loss_scale": ("scaling.optimizer", None),
     "loss_tally": ("scaling.loss_tally", None),

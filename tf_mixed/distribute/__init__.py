@@ -6,7 +6,7 @@ from tf_mixed.distribute.cluster import (  # noqa: F401
     fit_support,
     multi_worker_strategy,
 )
-from tf_mixed.distribute.launch import WorkersFailed, run_local_workers  # noqa: F401
+from tf_mixed.distribute.workers import WorkersFailed, run_local_workers  # noqa: F401
 
 __all__ = [
     "WorkersFailed",
@@ -19,9 +19,9 @@ __all__ = [
 # Names this face handed on before it kept only the documented ones.
 __getattr__ = _moved.face_getattr(__name__, {
     "Task": "tf_mixed.distribute.cluster",
-    "WorkerResult": "tf_mixed.distribute.launch",
-    "free_ports": "tf_mixed.distribute.launch",
+    "WorkerResult": "tf_mixed.distribute.workers",
+    "free_ports": "tf_mixed.distribute.workers",
     "parse_tf_config": "tf_mixed.distribute.cluster",
     "remove_fit_support": "tf_mixed.distribute.cluster",
-    "tf_config": "tf_mixed.distribute.launch",
+    "tf_config": "tf_mixed.distribute.workers",
 })

@@ -1,6 +1,6 @@
 """Several workers: a checked ``TF_CONFIG``, a strategy with a bounded wait, `fit` support.
 
-On each machine (or local process, see `tf_mixed.distribute.launch`) the same script runs
+On each machine (or local process, see `tf_mixed.distribute.run_local_workers`) the same script runs
 with its own ``TF_CONFIG``; the first lines are::
 
     strategy = tf_mixed.distribute.multi_worker_strategy(timeout_seconds=60)
