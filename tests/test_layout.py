@@ -461,3 +461,25 @@ def test_a_test_named_after_no_module_is_found(tmp_path):
         "support/test_helper.py: tests/support/ holds helpers, not tests",
         "zoo.py: helpers belong in tests/support/",
     ]
+
+
+def _long_module_docstrings(paths) -> list[str]:
+    long = []
+    for path in paths:
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        if docstring is None or len(docstring.splitlines()) > 5:
+            long.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}: "
+                        f"{'none' if docstring is None else len(docstring.splitlines())}")
+    return long
+
+
+def test_the_docstring_check_can_fail(tmp_path):
+    (tmp_path / "long.py").write_text('"""One.\n\nTwo.\nThree.\nFour.\nFive.\n"""\n')
+    (tmp_path / "short.py").write_text('"""One.\n\nTwo.\nThree.\n"""\n')
+    (tmp_path / "none.py").write_text("x = 1\n")
+    assert _long_module_docstrings(sorted(tmp_path.glob("*.py"))) == ["long.py: 6", "none.py: none"]
+
+
+def test_every_module_opens_with_its_job_in_at_most_five_lines():
+    """Keras and optax: one line; the reasons stay as comments where the code is (issue 33)."""
+    assert _long_module_docstrings(_py_files(PACKAGE)) == []

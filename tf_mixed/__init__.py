@@ -1,18 +1,17 @@
-"""tf_mixed: mixed-precision training for Keras 3 on TensorFlow, on in one line.
+"""tf_mixed: mixed-precision training for Keras 3 on TensorFlow, on in one line."""
 
-    import tf_mixed
-    tf_mixed.enable()          # picks the policy for this hardware and says why
-    model = build_model()      # layers now compute in float16 / bfloat16
-    model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
-    model.fit(ds, callbacks=[tf_mixed.LossScaleMonitor()])
-
-``import tf_mixed`` does not import TensorFlow: each public name is imported
-from its module the first time it is used (PEP 562), so a program (the command
-line) can configure TensorFlow's logging before TensorFlow loads. It is still
-enough for ``keras.models.load_model`` to load a ``.keras`` file that uses
-tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.scaling.optimizer`,
-which register them, are imported as soon as Keras is (`tf_mixed._internal.on_keras_import`).
-"""
+#     import tf_mixed
+#     tf_mixed.enable()          # picks the policy for this hardware and says why
+#     model = build_model()      # layers now compute in float16 / bfloat16
+#     model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
+#     model.fit(ds, callbacks=[tf_mixed.LossScaleMonitor()])
+#
+# ``import tf_mixed`` does not import TensorFlow: each public name is imported
+# from its module the first time it is used (PEP 562), so a program (the command
+# line) can configure TensorFlow's logging before TensorFlow loads. It is still
+# enough for ``keras.models.load_model`` to load a ``.keras`` file that uses
+# tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.scaling.optimizer`,
+# which register them, are imported as soon as Keras is (`tf_mixed._internal.on_keras_import`).
 
 from __future__ import annotations
 

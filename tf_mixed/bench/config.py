@@ -1,11 +1,10 @@
-"""What a bench run is: `BenchConfig`, the policies it compares, its data.
+"""What a bench run is: `BenchConfig`, the policies it compares, its data."""
 
-`BenchConfig` holds the validated flags. `resolve_policies` turns
-``--policies`` into canonical names. `load_data` is the one place that loads
-the ``--dataset`` a config names and checks that the batch fits in it;
-`check_data` runs the same checks in the parent before any process starts
-(without generating the shapes set, which each process makes itself).
-"""
+# `BenchConfig` holds the validated flags. `resolve_policies` turns
+# ``--policies`` into canonical names. `load_data` is the one place that loads
+# the ``--dataset`` a config names and checks that the batch fits in it;
+# `check_data` runs the same checks in the parent before any process starts
+# (without generating the shapes set, which each process makes itself).
 
 from __future__ import annotations
 

@@ -1,23 +1,22 @@
-"""``--suite=gpu``: what mixed precision gives on one GPU, in one command.
+"""``--suite=gpu``: what mixed precision gives on one GPU, in one command."""
 
-On a host without a GPU it says so and exits 0 at once. On a GPU host it
-measures, within `BUDGET_S` seconds (8 minutes on one H100 is the aim; a
-part that would start after the budget is skipped and says so):
-
-1. ``--model`` (default ResNet-50, random weights, no download) trained on
-   one synthetic batch repeated, in five variants whose rounds alternate:
-   float32, float32 + XLA, mixed_float16, mixed_float16 + XLA (these two
-   with ``tf_mixed.wrap_optimizer``), and mixed_float16 + XLA with Keras's
-   own ``LossScaleOptimizer`` (what ``compile`` wraps by itself): the last
-   pair is the loss scale's overhead, tf_mixed's against Keras's.
-2. The gradient all-reduce in float32 and float16 across the GPUs, where
-   there are several (`tf.distribute.MirroredStrategy`); skipped on one.
-3. On a GPU of compute capability 8.9 or more, whether a float8 model's
-   matrix products were lowered to float8 GEMMs
-   (`tf_mixed.float8.lowering_report`).
-
-It writes results.json, results.md and bench.png to ``--output_dir``.
-"""
+# On a host without a GPU it says so and exits 0 at once. On a GPU host it
+# measures, within `BUDGET_S` seconds (8 minutes on one H100 is the aim; a
+# part that would start after the budget is skipped and says so):
+#
+# 1. ``--model`` (default ResNet-50, random weights, no download) trained on
+#    one synthetic batch repeated, in five variants whose rounds alternate:
+#    float32, float32 + XLA, mixed_float16, mixed_float16 + XLA (these two
+#    with ``tf_mixed.wrap_optimizer``), and mixed_float16 + XLA with Keras's
+#    own ``LossScaleOptimizer`` (what ``compile`` wraps by itself): the last
+#    pair is the loss scale's overhead, tf_mixed's against Keras's.
+# 2. The gradient all-reduce in float32 and float16 across the GPUs, where
+#    there are several (`tf.distribute.MirroredStrategy`); skipped on one.
+# 3. On a GPU of compute capability 8.9 or more, whether a float8 model's
+#    matrix products were lowered to float8 GEMMs
+#    (`tf_mixed.float8.lowering_report`).
+#
+# It writes results.json, results.md and bench.png to ``--output_dir``.
 
 from __future__ import annotations
 

@@ -1,21 +1,20 @@
-"""The bench: train one model under several policies and measure each run.
+"""The bench: train one model under several policies and measure each run."""
 
-`run_policy(config, policy)` trains the model once under one policy, in the
-current process, and returns every figure of that run as a JSON-ready dict:
-steady-state throughput (median over timed steps, warm-up excluded), step
-time, peak memory, final train/validation loss and accuracy, skipped steps,
-the loss-scale trajectory and, from `tf_mixed.census` of the trained model's
-step, the share of matmul/conv FLOPs in half precision and the casts per step. `tf_mixed.bench.compare` calls it once per policy,
-each in a fresh process by default; `tf_mixed.bench.report` turns the dicts
-into the table and files. Every policy sees the same seed, initial weights and data order.
-
-Two training paths exercise tf_mixed's two integrations:
-
-* ``loop="fit"``: ``model.compile(optimizer=tf_mixed.wrap_optimizer(Adam))``
-  and ``model.fit(..., callbacks=[tf_mixed.LossScaleMonitor()])``.
-* ``loop="custom"``: a ``tf.GradientTape`` step run with ``strategy.run``,
-  the gradients applied through ``tf_mixed.training.apply_scaled_gradients``.
-"""
+# `run_policy(config, policy)` trains the model once under one policy, in the current process,
+# and returns every figure of that run as a JSON-ready dict: steady-state throughput (median over
+# timed steps, warm-up excluded), step time, peak memory, final train/validation loss and
+# accuracy, skipped steps, the loss-scale trajectory and, from `tf_mixed.census` of the trained
+# model's step, the share of matmul/conv FLOPs in half precision and the casts per step.
+# `tf_mixed.bench.compare` calls it once per policy, each in a fresh process by default;
+# `tf_mixed.bench.report` turns the dicts into the table and files. Every policy sees the same
+# seed, initial weights and data order.
+#
+# Two training paths exercise tf_mixed's two integrations:
+#
+# * ``loop="fit"``: ``model.compile(optimizer=tf_mixed.wrap_optimizer(Adam))``
+#   and ``model.fit(..., callbacks=[tf_mixed.LossScaleMonitor()])``.
+# * ``loop="custom"``: a ``tf.GradientTape`` step run with ``strategy.run``,
+#   the gradients applied through ``tf_mixed.training.apply_scaled_gradients``.
 
 from __future__ import annotations
 

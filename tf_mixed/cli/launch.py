@@ -1,17 +1,16 @@
-"""``python -m tf_mixed launch N SCRIPT [ARGS ...]``: N local workers of one script.
+"""``python -m tf_mixed launch N SCRIPT [ARGS ...]``: N local workers of one script."""
 
-    python -m tf_mixed launch 2 train.py --epochs=3
-    python -m tf_mixed launch --timeout=3600 2 -m mypackage.train
-
-Runs ``SCRIPT ARGS`` (or ``-m MODULE ARGS``) in N fresh Python processes on
-this machine as one TensorFlow cluster, with
-`tf_mixed.distribute.run_local_workers`: each gets its own ``TF_CONFIG``,
-their output is streamed as ``[worker i] ...``, and when one fails the
-others are stopped. Flags for the launcher come before N; everything after SCRIPT
-goes to the script unchanged. Bad input (N, a missing script, a flag) is one
-line on stderr and exit status 2, before any worker starts; a failed worker
-is exit status 1.
-"""
+#     python -m tf_mixed launch 2 train.py --epochs=3
+#     python -m tf_mixed launch --timeout=3600 2 -m mypackage.train
+#
+# Runs ``SCRIPT ARGS`` (or ``-m MODULE ARGS``) in N fresh Python processes on
+# this machine as one TensorFlow cluster, with
+# `tf_mixed.distribute.run_local_workers`: each gets its own ``TF_CONFIG``,
+# their output is streamed as ``[worker i] ...``, and when one fails the
+# others are stopped. Flags for the launcher come before N; everything after SCRIPT
+# goes to the script unchanged. Bad input (N, a missing script, a flag) is one
+# line on stderr and exit status 2, before any worker starts; a failed worker
+# is exit status 1.
 
 from __future__ import annotations
 

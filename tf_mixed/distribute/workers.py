@@ -1,22 +1,21 @@
-"""Start N local TensorFlow workers on 127.0.0.1, stream their output, stop them together.
+"""Start N local TensorFlow workers on 127.0.0.1, stream their output, stop them together."""
 
-    from tf_mixed.distribute import run_local_workers
-    results = run_local_workers(2, [sys.executable, "train.py"], timeout=600)
-
-Each worker is a fresh process with its own ``TF_CONFIG`` (the same cluster of
-free 127.0.0.1 ports, its own index) in its own process group. Their output is
-printed line by line as ``[worker i] ...``. If one worker fails, the others
-(stuck in a collective waiting for it) are stopped after ``grace_seconds``;
-every wait is bounded by ``timeout``, and nothing outlives the call: process
-groups are killed on every exit path, and on Linux a worker also dies with
-the launching process.
-
-For several machines there is nothing to launch: set ``TF_CONFIG`` on each
-and run the same script everywhere (README, "Several machines").
-
-From a shell: ``python -m tf_mixed launch N train.py [ARGS ...]``
-(`tf_mixed.cli.launch`).
-"""
+#     from tf_mixed.distribute import run_local_workers
+#     results = run_local_workers(2, [sys.executable, "train.py"], timeout=600)
+#
+# Each worker is a fresh process with its own ``TF_CONFIG`` (the same cluster of
+# free 127.0.0.1 ports, its own index) in its own process group. Their output is
+# printed line by line as ``[worker i] ...``. If one worker fails, the others
+# (stuck in a collective waiting for it) are stopped after ``grace_seconds``;
+# every wait is bounded by ``timeout``, and nothing outlives the call: process
+# groups are killed on every exit path, and on Linux a worker also dies with
+# the launching process.
+#
+# For several machines there is nothing to launch: set ``TF_CONFIG`` on each
+# and run the same script everywhere (README, "Several machines").
+#
+# From a shell: ``python -m tf_mixed launch N train.py [ARGS ...]``
+# (`tf_mixed.cli.launch`).
 
 from __future__ import annotations
 

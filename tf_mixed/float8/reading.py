@@ -1,17 +1,16 @@
-"""Reading a float8 model: scales, amaxes, saturated and flushed fractions.
+"""Reading a float8 model: scales, amaxes, saturated and flushed fractions."""
 
-`state(model)` reads, for every float8 layer and each of its quantized
-tensors (inputs, kernel, output gradient), the scale in use, the amax
-history, and the counters the tf_mixed optimizer keeps. With a batch
-(``state(model, x, y)``) it also measures, on that batch and with the
-current scales, the fraction of values that saturate (``|x| / scale`` beyond
-the format's largest finite value by more than the cast's rounding, so
-clipped) and that flush to zero (non-
-zero values that quantize to 0). The kernel's fractions need no batch.
-
-Keras's scale is a *dequantization* factor: a value ``x`` is stored as
-``float8(x / scale)``. Transformer Engine's scale is its reciprocal.
-"""
+# `state(model)` reads, for every float8 layer and each of its quantized
+# tensors (inputs, kernel, output gradient), the scale in use, the amax
+# history, and the counters the tf_mixed optimizer keeps. With a batch
+# (``state(model, x, y)``) it also measures, on that batch and with the
+# current scales, the fraction of values that saturate (``|x| / scale`` beyond
+# the format's largest finite value by more than the cast's rounding, so
+# clipped) and that flush to zero (non-
+# zero values that quantize to 0). The kernel's fractions need no batch.
+#
+# Keras's scale is a *dequantization* factor: a value ``x`` is stored as
+# ``float8(x / scale)``. Transformer Engine's scale is its reciprocal.
 
 from __future__ import annotations
 
