@@ -1,10 +1,9 @@
-"""The monitor's view of an optimizer: one adapter per kind it can watch.
+"""The monitor's view of an optimizer: one adapter per kind it can watch."""
 
-`view_of` picks `TfMixedView` (``tf_mixed.LossScaleOptimizer``: every rule
-exact), `KerasWrapperView` (``keras.optimizers.LossScaleOptimizer``: skips
-derived from ``iterations``) or `PlainView` (any other optimizer, or none:
-nothing is skipped). The monitor asks the view and never branches on the kind.
-"""
+# `view_of` picks `TfMixedView` (``tf_mixed.LossScaleOptimizer``: every rule
+# exact), `KerasWrapperView` (``keras.optimizers.LossScaleOptimizer``: skips
+# derived from ``iterations``) or `PlainView` (any other optimizer, or none:
+# nothing is skipped). The monitor asks the view and never branches on the kind.
 
 from __future__ import annotations
 

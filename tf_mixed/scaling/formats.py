@@ -1,12 +1,12 @@
-"""The optimizer's saved layouts: ``.keras`` entries, checkpoint children, older layouts.
+"""The optimizer's saved layouts: ``.keras`` entries, checkpoint children, older layouts."""
 
-`LossScaleOptimizer.save_own_variables` / ``load_own_variables`` and its
-``tf.train.Checkpoint`` children (`checkpoint_children`) call these plain
-functions. Accumulation buffers are kept per replica (all workers' too,
-gathered at save time), so a run resumed inside a window makes the update
-the uninterrupted run makes; older layouts (Keras's wrapper, tf_mixed's
-before the vector entry) load through `load_listed_layout`.
-"""
+# `LossScaleOptimizer.save_own_variables` / ``load_own_variables`` and its
+# ``tf.train.Checkpoint`` children (`checkpoint_children`) call these plain
+# functions. Accumulation buffers are kept per replica (all workers' too,
+# gathered at save time), so a run resumed inside a window makes the update
+# the uninterrupted run makes; older layouts (Keras's wrapper, tf_mixed's
+# before the vector entry) load through `load_listed_layout` and
+# `load_unsplit_layout`.
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""The names that make ``tf_mixed.LossScaleOptimizer`` a drop-in for Keras's and tf-keras's.
+"""The Keras 3 and tf-keras method names that make ``tf_mixed.LossScaleOptimizer`` a drop-in."""
 
-Keras 3's (``apply_gradients``, ``check_finite``, ``stateless_apply``) and
-tf-keras's (``get_scaled_loss``, ``get_unscaled_gradients``,
-``dynamic_counter``, ``loss_scale``), as a mixin that uses only the
-wrapper's public methods and state variables. Files and configs live with
-the class (`tf_mixed.scaling.optimizer`, `tf_mixed.scaling.formats`).
-"""
+# Keras 3's (``apply_gradients``, ``check_finite``, ``stateless_apply``) and
+# tf-keras's (``get_scaled_loss``, ``get_unscaled_gradients``,
+# ``dynamic_counter``, ``loss_scale``), as a mixin that uses only the wrapper's
+# public methods and state variables. Files and configs live with the class
+# (`tf_mixed.scaling.optimizer`, `tf_mixed.scaling.formats`).
 
 from __future__ import annotations
 
