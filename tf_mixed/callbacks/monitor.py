@@ -58,7 +58,7 @@ from tf_mixed._internal import validate as _validate
 from tf_mixed.policy import keep_float32
 from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
-from tf_mixed.callbacks import stop_rules
+from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.replicas import all_copies_finite
@@ -325,6 +325,8 @@ def _prepare(model, optimizer, rollback: bool) -> None:
         if optimizer.loss_tally is None:
             optimizer.attach_loss_tally(LossTally())
             changed = True
+    # A skipped batch enters no metric and no loss; logs["skipped"].
+    changed = skip_contract.install(model) or changed
     if changed and getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
 
@@ -494,6 +496,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
         self._advance()
+        logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
         self._write(logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 
@@ -512,7 +515,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logs["skipped_steps"] = float(skipped)
         logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
         applied = progress.epoch_loss_steps
-        if epoch_end and self._kind == "tf_mixed" and skipped and applied:
+        # With the skip contract Keras's own loss already leaves skipped
+        # batches out (weighted by batch size, as without a skip).
+        if (epoch_end and self._kind == "tf_mixed" and skipped and applied
+                and not skip_contract.installed(self.model)):
             # Each worker's sum covers its own replicas only; `skipped` and
             # `applied` follow the global verdict, so every worker enters
             # this sum, and every worker logs the same loss.
