@@ -325,8 +325,8 @@ def _prepare(model, optimizer, rollback: bool) -> None:
         if optimizer.loss_tally is None:
             optimizer.attach_loss_tally(LossTally())
             changed = True
-    # A skipped batch enters no metric and no loss; logs["skipped"].
-    changed = skip_contract.install(model) or changed
+        # A skipped batch enters no metric and no loss; logs["skipped"].
+        changed = skip_contract.install(model) or changed
     if changed and getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
 

@@ -24,10 +24,12 @@ batch's predictions or loss are often NaN/inf, and Keras's metrics multiply
 by the weight (``0 * nan`` is ``nan``); the loss tracker is also written
 before the verdict exists.
 
-With gradient accumulation a step is a window: only its last micro-batch
-carries the verdict, so a discarded window's last micro-batch is flagged and
-restored, while its earlier micro-batches (finite, their gradients
-discarded with the window) stay in the metrics (docs/skipped-step.md).
+With gradient accumulation a step is a window and only its last micro-batch
+carries the verdict: the metrics' values at the window's start are kept in
+copies made with the step, and a discarded window's last micro-batch,
+flagged, writes them back, so the whole window leaves the metrics (its
+earlier micro-batches were shown in their own batch logs while it ran;
+docs/skipped-step.md).
 
 `tf_mixed.callbacks.monitor.LossScaleMonitor` installs it at
 ``on_train_begin`` for ``tf_mixed.LossScaleOptimizer``.
@@ -86,18 +88,28 @@ def install(model: keras.Model) -> bool:
     if installed(model):
         return False
     keras_step = model.train_step
+    windows = _WindowStart()
 
     def train_step(data: Any):
         optimizer = model.optimizer
         if not isinstance(optimizer, LossScaleOptimizer):
             return keras_step(data)
         variables = [v for metric in model.metrics for v in metric.variables]
-        before = [tf.convert_to_tensor(v.value) for v in variables]
+        accumulating = optimizer.accumulator is not None
+        if accumulating:
+            windows.refresh(variables, optimizer)
+        else:
+            before = {id(v): tf.convert_to_tensor(v.value) for v in variables}
         logs = keras_step(data)
         if not optimizer.built:  # no trainable weights: nothing applied or skipped
             return logs
         skipped = step_skipped(optimizer)
-        for variable, value in zip(variables, before):
+        # Compiled metrics are built by the first trace of the step: those
+        # made just now held zeros before it (Keras's Metric.reset_state).
+        variables = [v for metric in model.metrics for v in metric.variables]
+        for variable in variables:
+            value = (windows.start(variable) if accumulating
+                     else before.get(id(variable), _zeros(variable)))
             variable.assign(tf.where(skipped, value, variable.value))
         if isinstance(logs, dict):
             logs = dict(logs)
@@ -134,3 +146,39 @@ def step_skipped(optimizer) -> tf.Tensor:
     window_ended = tf.equal(tf.convert_to_tensor(accumulator.micro_step.value), 0)
     return tf.logical_and(skipped, window_ended)
 
+
+class _WindowStart:
+    """The metric values at the start of the accumulation window.
+
+    Scratch copies (in no checkpoint), one per metric variable, with the
+    variable's own synchronisation, so each replica keeps its own. They are
+    created while the step is first traced, as Keras creates the compiled
+    metrics, holding zeros (a metric's values after ``reset_state``).
+    """
+
+    def __init__(self) -> None:
+        self.copies: dict[int, tf.Variable] = {}
+
+    def refresh(self, variables, optimizer) -> None:
+        """Before a micro-step: the copies take the metrics' values when it opens a window."""
+        opens = (tf.equal(tf.convert_to_tensor(optimizer.accumulator.micro_step.value), 0)
+                 if optimizer.built else tf.constant(True))
+        for variable in variables:
+            copy = self.start(variable)
+            copy.assign(tf.where(opens, tf.convert_to_tensor(variable.value),
+                                 copy.read_value()))
+
+    def start(self, variable) -> tf.Variable:
+        """The copy of ``variable`` (made on first use, zeros)."""
+        copy = self.copies.get(id(variable))
+        if copy is None:
+            inner = variable.value
+            copy = self.copies[id(variable)] = tf.Variable(
+                _zeros(variable), trainable=False,
+                synchronization=inner.synchronization,
+                aggregation=inner.aggregation)
+        return copy
+
+
+def _zeros(variable) -> tf.Tensor:
+    return tf.zeros(variable.shape, variable.dtype)
