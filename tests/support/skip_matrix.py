@@ -49,6 +49,23 @@ def remove(x, y, steps):
     return x[keep], y[keep]
 
 
+def worker_dataset(strategy, x, y):
+    """Each worker's share of every global batch of ``(x, y)`` (no auto-sharding)."""
+    import tensorflow as tf
+
+    def per_worker(context):
+        workers = context.num_input_pipelines
+        share = BATCH // workers
+        rows = np.concatenate([
+            np.arange(start + context.input_pipeline_id * share,
+                      start + (context.input_pipeline_id + 1) * share)
+            for start in range(0, len(x), BATCH)])
+        return tf.data.Dataset.from_tensor_slices((x[rows], y[rows])).batch(
+            context.get_per_replica_batch_size(BATCH))
+
+    return strategy.distribute_datasets_from_function(per_worker)
+
+
 class BatchLogs:
     """Every batch's logs, as Python floats."""
 
@@ -63,7 +80,8 @@ class BatchLogs:
         self.callback = _Recorder()
 
 
-def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed=1):
+def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed=1,
+          dynamic=True):
     """A compiled model; ``wrapper`` "tf_mixed" or "keras" (its own wrapper)."""
     import keras
 
@@ -80,11 +98,12 @@ def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed
     if float8:
         model.quantize("float8")
     schedule = keras.optimizers.schedules.ExponentialDecay(0.5, 1, 0.5)
-    inner = keras.optimizers.SGD(schedule, momentum=0.5, use_ema=True,
+    # EMA with float8 layers fails at the end of fit (finalize_variable_values)
+    inner = keras.optimizers.SGD(schedule, momentum=0.5, use_ema=not float8,
                                  ema_overwrite_frequency=None)
     if wrapper == "tf_mixed":
         optimizer = tf_mixed.wrap_optimizer(
-            inner, force=True, initial_scale=4.0,
+            inner, force=True, initial_scale=4.0, dynamic=dynamic,
             gradient_accumulation_steps=accumulate)
     else:
         optimizer = keras.optimizers.LossScaleOptimizer(inner, initial_scale=4.0)
@@ -94,7 +113,11 @@ def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed
 
 
 def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
-    """One epoch of ``fit``; every piece of state the contract names."""
+    """One epoch of ``fit``; every piece of state the contract names.
+
+    ``x`` is an array (``y`` its labels) or, with ``y`` None, a distributed
+    dataset to fit on (several workers: `worker_dataset`).
+    """
     import contextlib
 
     import tf_mixed
@@ -104,15 +127,15 @@ def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
         model = build(wrapper, **build_args)
     logs = BatchLogs()
     callbacks = [tf_mixed.LossScaleMonitor()] if monitor else []
-    history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
-                        verbose=0, callbacks=[*callbacks, logs.callback])
+    fit_data = dict(x=x) if y is None else dict(x=x, y=y, batch_size=BATCH, shuffle=False)
+    history = model.fit(**fit_data, epochs=1, verbose=0,
+                        callbacks=[*callbacks, logs.callback])
     inner = model.optimizer.inner_optimizer
-    float8_state = [np.asarray(v) for v in model.non_trainable_weights
-                    if "scale" in v.path or "amax" in v.path]
+    float8_state = [np.asarray(v) for v in model.weights if _is_float8(v)]
     forward = [np.asarray(v) for v in model.non_trainable_weights
                if "moving" in v.path]
     return {
-        "weights": [np.asarray(v) for v in model.trainable_weights],
+        "weights": [np.asarray(v) for v in model.trainable_weights if not _is_float8(v)],
         "optimizer": [np.asarray(v) for v in inner.variables],
         "iterations": int(inner.iterations.numpy()),
         "forward_state": forward,
@@ -122,6 +145,11 @@ def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
         "history": {k: v for k, v in history.history.items()
                     if k in ("loss", "accuracy")},
     }
+
+
+def _is_float8(variable):
+    """Keras's float8 scales and amax histories (trainable, overwritten)."""
+    return "_scale" in variable.path or "_amax_history" in variable.path
 
 
 def compare(bad, reference, skipped_batches=(BAD_STEP,)):

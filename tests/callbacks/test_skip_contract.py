@@ -1,0 +1,154 @@
+"""The skipped-step contract (docs/skipped-step.md), proved against a reference.
+
+Each case trains one epoch with one bad batch (an inf in one sample: NaN
+loss, non-finite gradients) and the same epoch with that batch removed from
+the data, and compares every row of the contract (tests/support/skip_matrix.py):
+weights, the inner optimizer's variables (slots, ``iterations`` and the
+schedule it drives, EMA weights), BatchNormalization's statistics, the
+compiled metrics, the running loss in the batch logs, the epoch loss and
+History. tf_mixed's column must match exactly; Keras's column
+(``keras.optimizers.LossScaleOptimizer``, measured by the same matrix) is
+asserted as measured, so a Keras release that changes it fails here.
+The multi-worker column: tests/integration/test_skip_contract_multi_worker.py.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import skip_matrix as sm
+import tf_mixed
+from tf_mixed.callbacks import skip_contract
+
+ALL_ROWS = {row: True for row in sm.ROWS}
+# Keras's own wrapper, one device (and replica 0 under MirroredStrategy):
+# the inner optimizer is not called on a skip, everything else takes the batch.
+KERAS_ONE_DEVICE = {**ALL_ROWS, "forward_state": False, "metrics": False,
+                    "batch_loss": False, "epoch_loss": False, "history": False}
+
+
+def _pair(wrapper="tf_mixed", strategy=None, replica=0, removed=(sm.BAD_STEP,),
+          **build_args):
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+    x, y = sm.data()
+    bad_x = sm.spoil(x, sm.BAD_STEP, replica=replica, replicas=replicas)
+    monitor = wrapper == "tf_mixed"
+    bad = sm.run(bad_x, y, wrapper, strategy=strategy, monitor=monitor, **build_args)
+    keras.backend.clear_session()
+    reference = sm.run(*sm.remove(x, y, removed), wrapper, strategy=strategy,
+                       monitor=monitor, **build_args)
+    return bad, reference, sm.compare(bad, reference, skipped_batches=removed)
+
+
+def test_one_device_every_row_matches_the_run_without_the_batch():
+    bad, _, rows = _pair()
+    assert rows == ALL_ROWS
+    assert [r["skipped"] for r in bad["batch_logs"]] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert np.isfinite(bad["history"]["loss"]).all()
+
+
+def test_keras_column_one_device_as_measured():
+    bad, _, rows = _pair("keras")
+    assert rows == KERAS_ONE_DEVICE
+    assert np.isnan(bad["history"]["loss"][0])  # the running loss took the NaN
+    assert "skipped" not in bad["batch_logs"][0]
+
+
+@pytest.mark.slow
+def test_a_discarded_accumulation_window_leaves_everything_as_if_never_run():
+    # Batches 2 and 3 form one window; batch 2 overflows, so the window is
+    # discarded at batch 3. The reference trains without batches 2 and 3.
+    bad, _, rows = _pair(accumulate=2, removed=(2, 3))
+    assert rows == ALL_ROWS
+    flags = [r["skipped"] for r in bad["batch_logs"]]
+    assert flags == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    # While its window was open, the bad micro-batch's own logs showed it.
+    assert np.isnan(bad["batch_logs"][2]["loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "Found by this matrix, open: after a skipped step the float8 amax "
+    "histories and scales differ from the run without the batch, with "
+    "tf_mixed's wrapper and Keras's alike (docs/skipped-step.md)."))
+@pytest.mark.parametrize("wrapper", ["tf_mixed", "keras"])
+def test_float8_histories_and_scales_hold_on_a_skip(wrapper):
+    _, _, rows = _pair(wrapper, float8=True)
+    assert rows["float8"]
+
+
+@pytest.mark.parametrize("wrapper", ["tf_mixed", "keras"])
+def test_dropout_random_state_advances_on_a_skip(wrapper):
+    # The skipped forward pass drew its dropout mask: every later mask
+    # differs from the run without the batch, so the weights differ too
+    # (same distribution; not bit-identical). Said in docs/skipped-step.md.
+    _, _, rows = _pair(wrapper, dropout=True)
+    assert not rows["weights"]
+
+
+def test_epoch_logs_carry_skipped_steps_not_the_last_batch_flag():
+    x, y = sm.data()
+    model = sm.build()
+    history = model.fit(sm.spoil(x, 5), y, batch_size=sm.BATCH, shuffle=False,
+                        verbose=0, callbacks=[tf_mixed.LossScaleMonitor()])
+    assert "skipped" not in history.history
+    assert history.history["skipped_steps"] == [1.0]
+    assert skip_contract.installed(model)
+    assert not skip_contract.install(model)  # once
+
+
+def test_install_refuses_a_non_model():
+    with pytest.raises(TypeError, match="keras.Model"):
+        skip_contract.install(keras.layers.Dense(2))
+
+
+def test_other_optimizers_run_keras_step_unchanged():
+    x, y = sm.data(steps=2)
+    model = sm.build("keras")
+    skip_contract.install(model)
+    logs = sm.BatchLogs()
+    model.fit(x, y, batch_size=sm.BATCH, verbose=0, callbacks=[logs.callback])
+    assert "skipped" not in logs.rows[0]
+
+
+# ------------------------------------------------------- MirroredStrategy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replica", [0, 1])
+def test_mirrored_every_row_matches_with_the_bad_shard_on_either_replica(mirrored, replica):
+    bad, _, rows = _pair(strategy=mirrored, replica=replica)
+    assert rows == ALL_ROWS
+    assert [r["skipped"] for r in bad["batch_logs"]] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_mirrored_accumulation_window(mirrored):
+    _, _, rows = _pair(strategy=mirrored, replica=1, accumulate=2, removed=(2, 3))
+    assert rows == ALL_ROWS
+
+
+KERAS_MIRRORED = pathlib.Path(__file__).with_name("_keras_mirrored_column.py")
+
+
+@pytest.mark.slow
+def test_keras_column_under_mirrored_strategy(tmp_path):
+    # In a process of its own: Keras's wrapper and tf_mixed's under one
+    # process's MirroredStrategy collide on collective keys.
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(pathlib.Path(__file__).parents[2]), str(pathlib.Path(sm.__file__).parent)])}
+    done = subprocess.run([sys.executable, str(KERAS_MIRRORED), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert rows["0"] == KERAS_ONE_DEVICE
+    # Replica 1's overflow is applied (fact 2): the weights hold inf/NaN.
+    assert rows["1"] == {**KERAS_ONE_DEVICE, "weights": False, "optimizer": False}
+    assert rows["1_weights_finite"] is False
