@@ -83,6 +83,7 @@ def test_float8_histories_and_scales_hold_on_a_skip(wrapper):
     assert rows["float8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrapper", ["tf_mixed", "keras"])
 def test_dropout_random_state_advances_on_a_skip(wrapper):
     # The skipped forward pass drew its dropout mask: every later mask
@@ -108,6 +109,7 @@ def test_install_refuses_a_non_model():
         skip_contract.install(keras.layers.Dense(2))
 
 
+@pytest.mark.slow
 def test_other_optimizers_run_keras_step_unchanged():
     x, y = sm.data(steps=2)
     model = sm.build("keras")
@@ -152,3 +154,44 @@ def test_keras_column_under_mirrored_strategy(tmp_path):
     # Replica 1's overflow is applied (fact 2): the weights hold inf/NaN.
     assert rows["1"] == {**KERAS_ONE_DEVICE, "weights": False, "optimizer": False}
     assert rows["1_weights_finite"] is False
+
+
+# ------------------------------------------- make_train_step, the README's loop
+
+
+def _loop(x, y, readme_loop):
+    import tensorflow as tf
+
+    model = sm.build()
+    optimizer = model.optimizer
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if readme_loop:
+        optimizer.track_forward_state(model)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            applied = tf_mixed.training.apply_scaled_gradients(
+                tape, loss, model.trainable_variables, optimizer)
+            return {"loss": loss, "applied": applied}
+    else:
+        step = tf_mixed.training.make_train_step(model, loss_fn, optimizer)
+    applied = [bool(step(x[i:i + sm.BATCH], y[i:i + sm.BATCH])["applied"])
+               for i in range(0, len(x), sm.BATCH)]
+    state = [np.asarray(v) for v in
+             [*model.weights, *optimizer.inner_optimizer.variables]]
+    return applied, state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("readme_loop", [False, True], ids=["make_train_step", "readme_loop"])
+def test_custom_loops_end_where_the_run_without_the_batch_ends(readme_loop):
+    x, y = sm.data()
+    applied, bad = _loop(sm.spoil(x, sm.BAD_STEP), y, readme_loop)
+    keras.backend.clear_session()
+    _, reference = _loop(*sm.remove(x, y, [sm.BAD_STEP]), readme_loop)
+    assert applied == [True, True, False, True, True, True]
+    # weights, BatchNormalization statistics, slots, iterations, EMA
+    assert len(bad) == len(reference)
+    assert all(np.array_equal(a, b) for a, b in zip(bad, reference))
