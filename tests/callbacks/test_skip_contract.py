@@ -9,14 +9,9 @@ compiled metrics, the running loss in the batch logs, the epoch loss and
 History. tf_mixed's column must match exactly; Keras's column
 (``keras.optimizers.LossScaleOptimizer``, measured by the same matrix) is
 asserted as measured, so a Keras release that changes it fails here.
-The multi-worker column: tests/integration/test_skip_contract_multi_worker.py.
+Keras's MirroredStrategy column and the multi-worker columns:
+tests/integration/test_skip_contract_processes.py.
 """
-
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -26,11 +21,8 @@ import skip_matrix as sm
 import tf_mixed
 from tf_mixed.callbacks import skip_contract
 
-ALL_ROWS = {row: True for row in sm.ROWS}
-# Keras's own wrapper, one device (and replica 0 under MirroredStrategy):
-# the inner optimizer is not called on a skip, everything else takes the batch.
-KERAS_ONE_DEVICE = {**ALL_ROWS, "forward_state": False, "metrics": False,
-                    "batch_loss": False, "epoch_loss": False, "history": False}
+ALL_ROWS = sm.ALL_ROWS
+KERAS_ONE_DEVICE = sm.KERAS_ONE_DEVICE
 
 
 def _pair(wrapper="tf_mixed", strategy=None, replica=0, removed=(sm.BAD_STEP,),
@@ -134,26 +126,6 @@ def test_mirrored_every_row_matches_with_the_bad_shard_on_either_replica(mirrore
 def test_mirrored_accumulation_window(mirrored):
     _, _, rows = _pair(strategy=mirrored, replica=1, accumulate=2, removed=(2, 3))
     assert rows == ALL_ROWS
-
-
-KERAS_MIRRORED = pathlib.Path(__file__).with_name("_keras_mirrored_column.py")
-
-
-@pytest.mark.slow
-def test_keras_column_under_mirrored_strategy(tmp_path):
-    # In a process of its own: Keras's wrapper and tf_mixed's under one
-    # process's MirroredStrategy collide on collective keys.
-    out = tmp_path / "rows.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(pathlib.Path(__file__).parents[2]), str(pathlib.Path(sm.__file__).parent)])}
-    done = subprocess.run([sys.executable, str(KERAS_MIRRORED), str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    assert rows["0"] == KERAS_ONE_DEVICE
-    # Replica 1's overflow is applied (fact 2): the weights hold inf/NaN.
-    assert rows["1"] == {**KERAS_ONE_DEVICE, "weights": False, "optimizer": False}
-    assert rows["1_weights_finite"] is False
 
 
 # ------------------------------------------- make_train_step, the README's loop

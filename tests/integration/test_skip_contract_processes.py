@@ -1,6 +1,9 @@
-"""The skipped-step contract under MultiWorkerMirroredStrategy (docs/skipped-step.md).
+"""The skipped-step contract in processes of their own (docs/skipped-step.md).
 
-Two local workers (tests/integration/_skip_worker.py) train the skip
+Keras's MirroredStrategy column runs in a process of its own
+(tests/integration/_keras_mirrored_column.py): Keras's wrapper and tf_mixed's
+under one process's MirroredStrategy collide on collective keys.
+Under MultiWorkerMirroredStrategy two local workers (tests/integration/_skip_worker.py) train the skip
 matrix's run with one bad batch, its inf in worker 1's share, and the same
 run without that batch; every row must match on both workers, both workers
 must log the same flags and History and hold the same weights.
@@ -9,9 +12,12 @@ must log the same flags and History and hold the same weights.
 import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
+
+import skip_matrix as sm
 
 from tf_mixed.distribute.launch import run_local_workers
 
@@ -46,3 +52,22 @@ def test_tf_mixed_every_row_on_both_workers(tmp_path):
         assert worker["skipped"] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     assert w0["history"] == w1["history"]
     assert w0["weights_digest"] == w1["weights_digest"]
+
+
+KERAS_MIRRORED = pathlib.Path(__file__).with_name("_keras_mirrored_column.py")
+
+
+def test_keras_column_under_mirrored_strategy(tmp_path):
+    # In a process of its own: Keras's wrapper and tf_mixed's under one
+    # process's MirroredStrategy collide on collective keys.
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(pathlib.Path(__file__).parents[2]), str(SUPPORT)])}
+    done = subprocess.run([sys.executable, str(KERAS_MIRRORED), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert rows["0"] == sm.KERAS_ONE_DEVICE
+    # Replica 1's overflow is applied (fact 2): the weights hold inf/NaN.
+    assert rows["1"] == {**sm.KERAS_ONE_DEVICE, "weights": False, "optimizer": False}
+    assert rows["1_weights_finite"] is False
