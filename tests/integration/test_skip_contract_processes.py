@@ -71,3 +71,12 @@ def test_keras_column_under_mirrored_strategy(tmp_path):
     # Replica 1's overflow is applied (fact 2): the weights hold inf/NaN.
     assert rows["1"] == {**sm.KERAS_ONE_DEVICE, "weights": False, "optimizer": False}
     assert rows["1_weights_finite"] is False
+
+
+def test_keras_column_under_multi_worker_strategy(tmp_path):
+    # Keras's wrapper decides from each worker's own gradients: worker 1
+    # skips while worker 0 applies and waits in the gradient all-reduce
+    # alone, until the collective timeout (60 s) ends the run.
+    results, paths = _launch(tmp_path, wrapper="keras", bad_worker=1)
+    assert any(result.returncode != 0 for result in results)
+    assert not all(p.exists() for p in paths)
