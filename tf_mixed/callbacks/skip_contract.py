@@ -1,39 +1,42 @@
 """In ``fit``, a skipped step enters no metric and no loss the user sees.
 
-Keras's train step (TF backend) updates the loss tracker behind
-``logs["loss"]`` *before* the optimizer runs and the compiled metrics
-*after* it, whatever the optimizer decides. So a batch whose step
-``tf_mixed.LossScaleOptimizer`` skipped would still enter the running loss
-(the progress bar, the batch logs, the epoch logs, ``History``,
-TensorBoard) with its NaN/inf, and ``accuracy`` and every other compiled
-metric would count it.
-
-`install` wraps the model's ``train_step`` once: it reads the metric
-variables before the step, runs Keras's step unchanged, and, when the
-step's global verdict says skipped, writes the values read before back
-(``tf.where``, no control flow), then recomputes the results Keras returns.
-It adds ``logs["skipped"]`` (`SKIPPED_KEY`), 1.0 for a skipped step and 0.0
-for an applied one, to the values the step already returns: no extra host
-synchronisation. The verdict is the optimizer's ``last_step_skipped``
-variable, written from the one all-reduced verdict
-(`tf_mixed.scaling.pipeline`), so every replica and worker restores the
-same way and logs the same flag.
-
-Why a restore rather than a zero sample weight for the metrics: a skipped
-batch's predictions or loss are often NaN/inf, and Keras's metrics multiply
-by the weight (``0 * nan`` is ``nan``); the loss tracker is also written
-before the verdict exists.
-
-With gradient accumulation a step is a window and only its last micro-batch
-carries the verdict: the metrics' values at the window's start are kept in
-copies made with the step, and a discarded window's last micro-batch,
-flagged, writes them back, so the whole window leaves the metrics (its
-earlier micro-batches were shown in their own batch logs while it ran;
-docs/skipped-step.md).
-
-`tf_mixed.callbacks.monitor.LossScaleMonitor` installs it at
-``on_train_begin`` for ``tf_mixed.LossScaleOptimizer``.
+`install` wraps ``model.train_step``; every batch's logs then carry ``skipped``
+(docs/skipped-step.md).
 """
+
+# Keras's train step (TF backend) updates the loss tracker behind
+# ``logs["loss"]`` *before* the optimizer runs and the compiled metrics
+# *after* it, whatever the optimizer decides. So a batch whose step
+# ``tf_mixed.LossScaleOptimizer`` skipped would still enter the running loss
+# (the progress bar, the batch logs, the epoch logs, ``History``,
+# TensorBoard) with its NaN/inf, and ``accuracy`` and every other compiled
+# metric would count it.
+#
+# `install` wraps the model's ``train_step`` once: it reads the metric
+# variables before the step, runs Keras's step unchanged, and, when the
+# step's global verdict says skipped, writes the values read before back
+# (``tf.where``, no control flow), then recomputes the results Keras returns.
+# It adds ``logs["skipped"]`` (`SKIPPED_KEY`), 1.0 for a skipped step and 0.0
+# for an applied one, to the values the step already returns: no extra host
+# synchronisation. The verdict is the optimizer's ``last_step_skipped``
+# variable, written from the one all-reduced verdict
+# (`tf_mixed.scaling.pipeline`), so every replica and worker restores the
+# same way and logs the same flag.
+#
+# Why a restore rather than a zero sample weight for the metrics: a skipped
+# batch's predictions or loss are often NaN/inf, and Keras's metrics multiply
+# by the weight (``0 * nan`` is ``nan``); the loss tracker is also written
+# before the verdict exists.
+#
+# With gradient accumulation a step is a window and only its last micro-batch
+# carries the verdict: the metrics' values at the window's start are kept in
+# copies made with the step, and a discarded window's last micro-batch,
+# flagged, writes them back, so the whole window leaves the metrics (its
+# earlier micro-batches were shown in their own batch logs while it ran;
+# docs/skipped-step.md).
+#
+# `tf_mixed.callbacks.monitor.LossScaleMonitor` installs it at
+# ``on_train_begin`` for ``tf_mixed.LossScaleOptimizer``.
 
 from __future__ import annotations
 
