@@ -26,11 +26,11 @@ KERAS_ONE_DEVICE = sm.KERAS_ONE_DEVICE
 
 
 def _pair(wrapper="tf_mixed", strategy=None, replica=0, removed=(sm.BAD_STEP,),
-          **build_args):
+          monitor=None, **build_args):
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     x, y = sm.data()
     bad_x = sm.spoil(x, sm.BAD_STEP, replica=replica, replicas=replicas)
-    monitor = wrapper == "tf_mixed"
+    monitor = wrapper == "tf_mixed" if monitor is None else monitor
     bad = sm.run(bad_x, y, wrapper, strategy=strategy, monitor=monitor, **build_args)
     keras.backend.clear_session()
     reference = sm.run(*sm.remove(x, y, removed), wrapper, strategy=strategy,
@@ -50,6 +50,13 @@ def test_keras_column_one_device_as_measured():
     assert rows == KERAS_ONE_DEVICE
     assert np.isnan(bad["history"]["loss"][0])  # the running loss took the NaN
     assert "skipped" not in bad["batch_logs"][0]
+
+
+@pytest.mark.slow
+def test_without_the_monitor_install_and_track_forward_state_by_hand():
+    bad, _, rows = _pair(monitor="by_hand")
+    assert rows == ALL_ROWS
+    assert bad["batch_logs"][sm.BAD_STEP]["skipped"] == 1.0
 
 
 @pytest.mark.slow

@@ -122,7 +122,9 @@ def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
     """One epoch of ``fit``; every piece of state the contract names.
 
     ``x`` is an array (``y`` its labels) or, with ``y`` None, a distributed
-    dataset to fit on (several workers: `worker_dataset`).
+    dataset to fit on (several workers: `worker_dataset`). ``monitor``: True
+    (tf_mixed's monitor), False (none), "by_hand" (no monitor; the skip
+    contract and the forward state handed over by hand).
     """
     import contextlib
 
@@ -131,8 +133,14 @@ def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
         model = build(wrapper, **build_args)
+    if monitor == "by_hand":  # the contract without the monitor, as the docs say
+        from tf_mixed.callbacks import skip_contract
+
+        skip_contract.install(model)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            model.optimizer.track_forward_state(model)
     logs = BatchLogs()
-    callbacks = [tf_mixed.LossScaleMonitor()] if monitor else []
+    callbacks = [tf_mixed.LossScaleMonitor()] if monitor is True else []
     fit_data = dict(x=x) if y is None else dict(x=x, y=y, batch_size=BATCH, shuffle=False)
     history = model.fit(**fit_data, epochs=1, verbose=0,
                         callbacks=[*callbacks, logs.callback])
