@@ -52,7 +52,8 @@ def test_tf_mixed_view_reads_its_own_counters():
     snap = view.snapshot()
     assert (snap.scale, snap.applied) == (8.0, 0)  # mid-window: nothing decided
     assert view.threshold(None) == 2.0 and view.updates(8) == 2
-    assert view.corrects_loss
+    assert view.judges_loss_by_tally() is False  # no tally attached yet
+    assert view.corrects_epoch_loss(keras.Sequential())
 
 
 def test_pass_through_wrapper_does_not_scale():

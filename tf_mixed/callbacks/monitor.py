@@ -17,12 +17,13 @@
 #    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
 #    `History`, Keras's `TensorBoard` callback and the progress bar show them;
 #    with ``log_every_n_batches=N`` also into the batch logs every N batches.
-# 2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
-#    ``logs["loss"]`` averages in their NaN/inf loss. With
-#    ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
-#    `tf_mixed.scaling.LossTally` and replaces ``logs["loss"]`` by the mean
-#    loss of the applied steps. Epochs without a skipped step keep Keras's
-#    value.
+# 2. **Keeps skipped batches out of what the user sees.** With
+#    ``tf_mixed.LossScaleOptimizer`` it installs
+#    `tf_mixed.callbacks.skip_contract` on the model: a skipped batch enters
+#    no compiled metric and not the running loss (batch logs, progress bar,
+#    epoch logs, History), and every batch's logs carry ``skipped``
+#    (docs/skipped-step.md). With gradient accumulation it also attaches a
+#    `tf_mixed.scaling.LossTally` (applied windows' losses, for the NaN rule).
 # 3. **Protects the model**: it hands the model to a
 #    ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
 #    step also rolls back BatchNormalization's moving statistics
@@ -57,7 +58,7 @@ from absl import logging
 from tf_mixed._internal import validate as _validate
 from tf_mixed.policy import keep_float32
 from tf_mixed._internal import tf_keras_check
-from tf_mixed.callbacks import stop_rules
+from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.scaling.replicas import all_copies_finite
@@ -389,6 +390,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
         self._advance()
+        logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
         self._write(logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 
@@ -407,7 +409,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logs["skipped_steps"] = float(skipped)
         logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
         applied = progress.epoch_loss_steps
-        if epoch_end and self._view.corrects_loss and skipped and applied:
+        # With the skip contract Keras's own loss already leaves skipped
+        # batches out (weighted by batch size, as without a skip).
+        if epoch_end and self._view.corrects_epoch_loss(self.model) and skipped and applied:
             # Each worker's sum covers its own replicas only; `skipped` and
             # `applied` follow the global verdict, so every worker enters
             # this sum, and every worker logs the same loss.
@@ -422,8 +426,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logged = None if logged is None else float(logged)
         problem = stop_rules.loss_problem(
             self._view.kind, self._progress,
-            None if self._view.corrects_loss else logged)
-        suspicious = epoch is not None or (
+            None if self._view.judges_loss_by_tally() else logged)
+        # A skipped step in the epoch: Keras's running loss showed it as
+        # nan; with the skip contract it leaves the loss, so ask the counters.
+        suspicious = epoch is not None or self._progress.skipped_in_epoch > 0 or (
             logged is not None and not math.isfinite(logged))
         bad = _nonfinite_weights(self.model) if suspicious else []
         # Judged from values every worker agrees on: the local signs are

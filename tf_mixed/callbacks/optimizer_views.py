@@ -12,7 +12,7 @@ from typing import Any
 import keras
 from absl import logging
 
-from tf_mixed.callbacks import stop_rules
+from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed.callbacks.stop_rules import Snapshot
 from tf_mixed.scaling import compensated
 from tf_mixed.scaling import optimizer as loss_scale_module
@@ -33,9 +33,6 @@ class PlainView:
     """
 
     kind: stop_rules.Kind = "none"
-    # Whether the epoch loss is corrected from the optimizer's loss tally
-    # (then the rules judge the tally, not Keras's logged loss).
-    corrects_loss = False
     said = ("the optimizer ({name}) does not scale the loss; only the NaN and "
             "set-up checks apply.")
 
@@ -61,6 +58,14 @@ class PlainView:
 
     def prepare(self, model, rollback: bool) -> None:
         """At ``on_train_begin``: hands the optimizer what it needs (nothing)."""
+
+    def corrects_epoch_loss(self, model) -> bool:
+        """Whether the epoch loss is replaced by the tally of applied steps."""
+        return False
+
+    def judges_loss_by_tally(self) -> bool:
+        """Whether the NaN rule reads the optimizer's tally, not Keras's loss."""
+        return False
 
     def threshold(self, min_scale: float | None) -> float:
         """The scale counted as "minimum" by the stop rules."""
@@ -111,7 +116,6 @@ class TfMixedView(KerasWrapperView):
     """``tf_mixed.LossScaleOptimizer``: its own counters, every rule exact."""
 
     kind: stop_rules.Kind = "tf_mixed"
-    corrects_loss = True
     said = "the optimizer is tf_mixed.LossScaleOptimizer; every rule applies."
 
     def scales_loss(self) -> bool:
@@ -134,11 +138,23 @@ class TfMixedView(KerasWrapperView):
                 # rolls the state back nor refuses the step that leaves it.
                 optimizer.track_forward_state(model, roll_back=rollback)
                 changed = True
-            if optimizer.loss_tally is None:
+            # With the skip contract Keras's own loss leaves skipped steps out;
+            # a tally is needed only where an open accumulation window shows a
+            # micro-batch's NaN before its window is judged.
+            if optimizer.loss_tally is None and optimizer.accumulator is not None:
                 optimizer.attach_loss_tally(LossTally())
                 changed = True
+            # A skipped batch enters no metric and no loss; logs["skipped"].
+            changed = skip_contract.install(model) or changed
         if changed and getattr(model, "train_function", None) is not None:
             model.make_train_function(force=True)
+
+    def corrects_epoch_loss(self, model) -> bool:
+        # With the skip contract Keras's loss already leaves skipped steps out.
+        return not skip_contract.installed(model)
+
+    def judges_loss_by_tally(self) -> bool:
+        return self.optimizer.loss_tally is not None
 
     def threshold(self, min_scale: float | None) -> float:
         # Its own minimum, whatever the monitor was given.
