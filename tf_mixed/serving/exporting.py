@@ -225,10 +225,10 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
 
 def _serving_model(model, resolved: str, trained: str, requested: str):
     compute = _DTYPES[resolved][0]
+    if requested == "as_trained" and compute == trained:
+        return model  # served as it computes: no copy to make
     if rebuild_module.is_graph_model(model):
         return rebuild_module.rebuild(model, compute)
-    if requested == "as_trained" and compute == trained:
-        return model  # a subclassed model served as it computes
     return rebuild_module.rebuild(model, compute)  # raises, naming the kind
 
 
@@ -268,11 +268,13 @@ def _as_inputs(sample, specs):
 
     def convert(x, spec):
         array = np.asarray(x)
-        if tuple(array.shape[1:]) != tuple(spec.shape[1:]) or array.ndim != len(spec.shape):
+        fits = array.ndim == len(spec.shape) and all(
+            want is None or want == got for got, want in zip(array.shape[1:], spec.shape[1:]))
+        if not fits:
             raise ValueError(
                 f"sample has shape {array.shape} where the model's input "
-                f"'{spec.name}' takes {tuple(spec.shape)} (None: any batch size). "
-                "Pass one batch of the model's inputs.")
+                f"'{spec.name}' takes {tuple(spec.shape)} (None: any size, such as the "
+                "batch or a sequence length). Pass one batch of the model's inputs.")
         return tf.constant(array, dtype=spec.dtype)
 
     return keras.tree.map_structure(convert, sample, specs)
