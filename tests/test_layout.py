@@ -338,7 +338,8 @@ def test_the_main_classes_stay_small(path, name, limit):
 TESTS = ROOT / "tests"
 TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {"integration", "support", "data"}
 CROSS_CUTTING_TESTS = {"test_docs.py", "test_layout.py", "test_package.py", "test_tiers.py",
-                       "test_zoo.py", "test_real_zoo.py"}
+                       "test_zoo.py", "test_real_zoo.py", "test_adapted_zoo.py",
+                       "test_hub_zoo.py"}
 
 
 def _misplaced_tests(tests: pathlib.Path, package: pathlib.Path) -> list[str]:
