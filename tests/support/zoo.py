@@ -805,6 +805,10 @@ def _lm_data(n, seed=0):
     return x, np.roll(x["token_ids"], -1, axis=1)
 
 
+def _backbone_data(n, seed=0):
+    return _tokens(n, seed), np.zeros((n, HUB_LEN, 16), "float32")
+
+
 def _bert_data(n, seed=0):
     x = _tokens(n, seed)
     x["segment_ids"] = np.zeros_like(x["token_ids"])
@@ -812,7 +816,8 @@ def _bert_data(n, seed=0):
 
 
 def _hub_images(n, seed=0):
-    return np.random.default_rng(seed).uniform(0, 1, size=(n, 16, 16, 3)).astype("float32"), None
+    x = np.random.default_rng(seed).uniform(0, 1, size=(n, 16, 16, 3)).astype("float32")
+    return x, np.zeros((n, 17, 16), "float32")  # 16 patches and the class token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -823,9 +828,10 @@ class HubSpec(ZooSpec):
 
 
 _HUB_SPECS = (
-    HubSpec("gemma_backbone", "hub_backbone", _hub_gemma_backbone, _lm_data, _SCC),
+    HubSpec("gemma_backbone", "hub_backbone", _hub_gemma_backbone, _backbone_data, "mse"),
     HubSpec("gemma_causal_lm", "hub_causal_lm", _hub_gemma_lm, _lm_data, _SCC),
-    HubSpec("llama_backbone", "hub_backbone", _hub_llama, _lm_data, _SCC, copyable=False),
+    HubSpec("llama_backbone", "hub_backbone", _hub_llama, _backbone_data, "mse",
+            copyable=False),
     HubSpec("bert_classifier", "hub_classifier", _hub_bert, _bert_data, _SCC),
     HubSpec("vit_backbone", "hub_backbone", _hub_vit, _hub_images, "mse", copyable=False),
 )
