@@ -10,8 +10,10 @@ delegate runs, and a SavedModel of a model without a float32 head returns
 float16. `export`:
 
 1. rebuilds the model in the precision asked for, with the trained weights
-   (`tf_mixed.models.conversion.rebuild`: float32 layers of a mixed model, and tf_mixed's
-   float32 heads, stay float32), without the optimizer;
+   and what Keras's saving carries besides (`tf_mixed.models.conversion.rebuild`:
+   float32 layers of a mixed model, and tf_mixed's float32 heads, stay
+   float32), without the optimizer; ``precision="as_trained"`` resolving to
+   the dtype the model computes in serves the model itself, with no copy;
 2. writes a SavedModel whose ``serve`` endpoint takes the model's input
    dtypes and returns float32, and for LiteRT converts it with LiteRT's
    builtin ops (float16 weights for ``"float16_weights"``), refusing a file
