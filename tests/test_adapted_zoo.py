@@ -110,6 +110,14 @@ def test_export_of_an_adapted_model_matches_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_float16_export_keeps_the_normalization_float32(tmp_path):
+    model = ADAPTED["normalization"].ready()
+    x, _ = ADAPTED["normalization"].data(8)
+    report = tf_mixed.export(model, tmp_path / "half", precision="float16", sample=x)
+    assert report.max_rel_error <= report.tolerance
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["discretization", "integer_lookup"])
 def test_export_of_adapted_models_matches_them(name, tmp_path):
     spec = ADAPTED[name]

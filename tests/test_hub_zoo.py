@@ -114,6 +114,9 @@ def test_audit_judges_a_causal_lms_output_by_its_run_time_dtype():
     assert _np(model(x))[0].dtype == np.float32 and model(x).dtype == "float32"  # returned
     report = tf_mixed.audit(model, check_global_policy=False)
     assert report.by_code("half_output") == []
+    from tf_mixed.callbacks.monitor import model_setup_problems
+
+    assert not any("half_output" in p or "is float16" in p for p in model_setup_problems(model))
     # A model whose output really is float16 is still reported.
     backbone = _under("mixed_float16", HUB["gemma_backbone"].build)
     assert tf_mixed.audit(backbone, check_global_policy=False).by_code("half_output")

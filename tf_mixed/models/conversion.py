@@ -364,7 +364,9 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
     a model trained in half precision, a layer whose policy is float32 was
     made so on purpose (``keep_float32``, an explicit ``dtype="float32"``);
     tf_mixed's float32 heads (``tf_mixed._internal.facts.FLOAT32_HEADS``)
-    always; layers whose policy is not a float policy keep theirs. A half
+    and Keras's ``Normalization``/``Discretization``
+    (`tf_mixed._internal.facts.keeps_float32_statistics`) always; layers whose
+    policy is not a float policy keep theirs. A half
     `target` gives the pure policy named like the dtype (half-size
     variables); weights are cast to it.
 
@@ -396,6 +398,8 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
             return None  # an integer or quantized policy: not a compute choice
         if target != "float32" and name == "float32" and trained_half:
             return None  # float32 on purpose in a half-precision model
+        if target != "float32" and keeps_float32_statistics(layer):
+            return "float32"  # adapted statistics, as convert keeps them
         return target
 
     return _cloning.clone(model, policy_for).model
