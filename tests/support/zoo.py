@@ -650,7 +650,7 @@ except ImportError:  # the fresh process does not need pytest
 #
 # `ADAPTED` holds models whose preprocessing layers were adapted to data, as
 # every keras-io structured-data example and its ViT do: state Keras's own
-# saving carries (design fact 29) and a copy from config plus weights does not
+# saving carries and a copy from config plus weights does not
 # (Normalization's mean and variance are rebuilt by ``finalize_state``, a
 # lookup's vocabulary is an asset, Discretization's config after ``adapt``
 # holds both ``num_bins`` and ``bin_boundaries``). The Normalization model's
@@ -742,7 +742,7 @@ assert all(spec.kind in ADAPTED_KINDS for spec in _ADAPTED_SPECS)
 #
 # `HUB` holds KerasHub 0.32 models built from config (never ``from_preset``:
 # nothing is downloaded), tiny: text models take a dict of int32
-# ``token_ids`` and ``padding_mask`` shaped (None, None) (design fact 30); a
+# ``token_ids`` and ``padding_mask`` shaped (None, None); a
 # task model compiles itself at construction. Building one imports keras_hub
 # (seconds): tests over `HUB` run in the slow tier but for one or two.
 # ``copyable``: tf_mixed can copy it (Llama's and ViT's layers do not survive

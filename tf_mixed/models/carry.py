@@ -1,7 +1,7 @@
 """What Keras's own saving carries from a layer to its copy, beyond its variables.
 
 ``keras.saving`` saves and loads each layer through the layer's own hooks,
-not through ``get_weights``/``set_weights`` (design fact 29):
+not through ``get_weights``/``set_weights``:
 
 * ``save_own_variables(store)`` / ``load_own_variables(store)``: Keras's
   adaptable preprocessing layers (those with ``finalize_state``:

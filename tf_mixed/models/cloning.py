@@ -329,7 +329,7 @@ def _refused_in_one_sentence(fn, layer, *args, **kwargs):
     ``layer`` becomes one TypeError sentence naming the layer and the reason.
 
     A library layer whose ``get_config`` does not round-trip (KerasHub 0.32's
-    Llama decoder and ViT patching layers, design fact 30) fails inside
+    Llama decoder and ViT patching layers) fails inside
     Keras with a traceback about its config; the user can change nothing in
     that class, so the sentence says what to do instead.
     """

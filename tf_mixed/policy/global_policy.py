@@ -301,7 +301,7 @@ def from_preset_note(name: str) -> str | None:
     """What `enable(name)` changes in KerasHub's ``from_preset``, once keras_hub is imported.
 
     KerasHub 0.32 loads a preset saved in a float dtype under Keras's global
-    policy (keras-hub PR #2367; design fact 30), so after `enable` a
+    policy (keras-hub PR #2367), so after `enable` a
     ``from_preset`` call without ``dtype=`` gives a model in that policy, not
     in the preset's own dtype. Said by `enable` when ``keras_hub`` is
     already imported (``import keras_hub`` after `enable` is not seen).

@@ -448,7 +448,7 @@ def _run_time_dtypes(model, outputs) -> list[str]:
     A layer can declare one dtype symbolically and return another:
     KerasHub's ``ReversibleEmbedding`` (the tied output of every causal LM)
     declares its compute dtype but returns float32 (``autocast=False``,
-    design fact 30). Only outputs declared half are checked (one
+    measured on KerasHub 0.32). Only outputs declared half are checked (one
     ``tf.function`` trace of the model on its own input specs, no step run,
     no weight touched); the declared dtype stands when the trace fails.
     """
