@@ -1,29 +1,29 @@
-"""What Keras's own saving carries from a layer to its copy, beyond its variables.
+"""What Keras's own saving carries from a layer to its copy, beyond its variables."""
 
-``keras.saving`` saves and loads each layer through the layer's own hooks,
-not through ``get_weights``/``set_weights``:
+# ``keras.saving`` saves and loads each layer through the layer's own hooks,
+# not through ``get_weights``/``set_weights``:
+#
+# * ``save_own_variables(store)`` / ``load_own_variables(store)``: Keras's
+#   adaptable preprocessing layers (those with ``finalize_state``:
+#   Normalization, Discretization, the lookups, TextVectorization) keep state
+#   there that is not a plain variable copy; ``Normalization.load_own_variables``
+#   calls ``finalize_state()``, which
+#   rebuilds the ``mean``/``variance`` it computes with from ``adapt_mean`` and
+#   ``adapt_variance`` (without it an adapted Normalization computes with mean
+#   0 and variance 1); a lookup in ``tf_idf`` mode keeps its idf weights so;
+# * ``save_assets(directory)`` / ``load_assets(directory)``: files, such as a
+#   ``StringLookup``'s or ``IntegerLookup``'s adapted vocabulary (a lookup
+#   table, not a variable: a copy without it fails "Table not initialized"),
+#   and KerasHub's tokenizers' vocabularies.
+#
+# `carry_state` runs those hooks, on the layer and on every layer inside it,
+# pair by pair, as ``keras.saving.load_model`` would: the copy then holds what
+# a ``.keras`` file of the model would give it. All four are public methods of
+# the layers that define them. Other layers' variables (Dense, Embedding:
+# their hooks only add quantized forms) are copied by
+# `tf_mixed.models.cloning.copy_weights`, which casts them and follows
+# widened shapes.
 
-* ``save_own_variables(store)`` / ``load_own_variables(store)``: Keras's
-  adaptable preprocessing layers (those with ``finalize_state``:
-  Normalization, Discretization, the lookups, TextVectorization) keep state
-  there that is not a plain variable copy; ``Normalization.load_own_variables``
-  calls ``finalize_state()``, which
-  rebuilds the ``mean``/``variance`` it computes with from ``adapt_mean`` and
-  ``adapt_variance`` (without it an adapted Normalization computes with mean
-  0 and variance 1); a lookup in ``tf_idf`` mode keeps its idf weights so;
-* ``save_assets(directory)`` / ``load_assets(directory)``: files, such as a
-  ``StringLookup``'s or ``IntegerLookup``'s adapted vocabulary (a lookup
-  table, not a variable: a copy without it fails "Table not initialized"),
-  and KerasHub's tokenizers' vocabularies.
-
-`carry_state` runs those hooks, on the layer and on every layer inside it,
-pair by pair, as ``keras.saving.load_model`` would: the copy then holds what
-a ``.keras`` file of the model would give it. All four are public methods of
-the layers that define them. Other layers' variables (Dense, Embedding:
-their hooks only add quantized forms) are copied by
-`tf_mixed.models.cloning.copy_weights`, which casts them and follows
-widened shapes.
-"""
 
 from __future__ import annotations
 
