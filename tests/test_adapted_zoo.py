@@ -141,3 +141,16 @@ def test_probe_and_census_take_adapted_models(name):
     if x.dtype.kind == "U":
         x = tf.constant(x)  # as model.fit takes strings (it refuses a NumPy str array)
     assert census(converted, x, y, batch_size=16).by_code("float64_input") == []
+
+
+def test_a_batchnorm_with_a_large_moving_variance_is_not_out_of_range():
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        inputs = keras.Input((2,))
+        model = keras.Model(inputs, keras.layers.BatchNormalization(name="bn")(inputs))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.get_layer("bn").moving_variance.assign([1e6, 1.0])  # float32 inside the layer
+    x = np.array([[1000.0, 1.0]], "float32")
+    assert np.isfinite(_np(model(x))[0]).all()
+    assert tf_mixed.audit(model, check_global_policy=False).by_code("half_range") == []
