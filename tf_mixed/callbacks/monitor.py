@@ -129,7 +129,7 @@ def model_setup_problems(model) -> list[str]:
             f"layers, e.g. '{float16_layers[0]}') but its optimizer "
             f"{type(optimizer).__name__} does not scale the loss: small "
             "gradients underflow to zero in float16. Fix: compile with "
-            "optimizer=tf_mixed.wrap_optimizer(optimizer)."
+            f"optimizer={auditing.wrap_advice()}."
         )
     bfloat16_layers = [row.name for row in report.rows
                        if row.variable_dtype == "bfloat16"]
