@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed.scaling import allreduce
+from tf_mixed.scaling import attribution
 from tf_mixed.scaling.compensated import compensation_config
 from tf_mixed.scaling.scale_state import LossScaleState
 
@@ -98,6 +99,7 @@ class KerasCompat:
         gradient-accumulation buffers) follows as its own entry, in order.
         """
         own = list(self._variables)
+        attribution.save_into(self, store)  # healed layers (issue 36)
         store["0"] = np.array([np.float64(v.numpy()) for v in own if not v.shape],
                               dtype=np.float64)
         for i, variable in enumerate([v for v in own if v.shape], start=1):
@@ -115,7 +117,8 @@ class KerasCompat:
         start at 0.
         """
         own = list(self._variables)
-        keys = list(store.keys())
+        attribution.load_from(self, store)  # healed layers (issue 36)
+        keys = [k for k in store.keys() if k != attribution.STORE_KEY]
         scalars = [v for v in own if not v.shape]
         arrays = [v for v in own if v.shape]
         if (self.built and "0" in keys and len(store["0"].shape) == 1
@@ -278,6 +281,7 @@ def checkpoint_children(wrapper, default: dict) -> dict:
     for name in ("step_counter", "dynamic_scale") + EXTRA_STATE:
         if name in default:
             children[name] = default[name]
+    children.update(attribution.checkpoint_child(wrapper))
     return children
 
 
