@@ -1,4 +1,4 @@
-"""Keras callbacks: `LossScaleMonitor` over its pure stop rules, and `ModelCheckpoint`.
+"""Keras callbacks: `LossScaleMonitor` over its pure stop rules, `Heal`, and `ModelCheckpoint`.
 
 This file only hands names on; the code lives in the modules beside it.
 """
@@ -12,6 +12,9 @@ from tf_mixed.callbacks.monitor import (  # noqa: F401
 )
 from tf_mixed.callbacks.checkpoint import (  # noqa: F401
     ModelCheckpoint,
+)
+from tf_mixed.callbacks.heal import (  # noqa: F401
+    Heal,
 )
 from tf_mixed.callbacks.stop_rules import (  # noqa: F401
     Kind,
@@ -29,6 +32,7 @@ from tf_mixed.callbacks.stop_rules import (  # noqa: F401
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
+    "Heal",
     "Kind",
     "LossScaleFailure",
     "LossScaleMonitor",
