@@ -692,3 +692,16 @@ def test_checkpoint_alias_saves_as_a_variable_and_yields_to_a_deeper_node(tmp_pa
     checkpoint.sync()
     tf.train.Checkpoint(root=plain).restore(path)
     assert float(plain.x.numpy()) == 9.0
+
+
+def test_wrap_call_sees_every_output_and_unwraps():  # Operation.__call__ runs self.call
+    seen = []
+    dense = keras.layers.Dense(2, name="wrapped")
+    model = keras.Sequential([keras.Input((3,)), dense])
+    _internals.wrap_call(dense, seen.append)
+    out = model(np.ones((1, 3), "float32"))
+    assert len(seen) == 1 and np.array_equal(np.asarray(seen[0]), np.asarray(out))
+    assert "call" not in dense.get_config()
+    _internals.unwrap_call(dense)
+    model(np.ones((1, 3), "float32"))
+    assert len(seen) == 1
