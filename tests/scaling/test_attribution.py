@@ -67,9 +67,11 @@ def test_applied_steps_record_nothing_and_attach_twice_is_the_same():
 
 
 def test_attach_refuses_what_it_cannot_attribute():
+    from tf_mixed.scaling.healing import Healer
+
     model = _model()
     with pytest.raises(TypeError, match="tf_mixed.LossScaleOptimizer"):
-        LayerAttribution.attach(model, keras.optimizers.SGD())
+        Healer(model, keras.optimizers.SGD())
     opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(), gradient_accumulation_steps=2)
     with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
         LayerAttribution.attach(model, opt)

@@ -10,7 +10,7 @@ and `tf_mixed.callbacks.Heal`. The table gives the step of the stop or of
 each healing, the final test accuracy, the healed layers and the time.
 
 ``heal_cost``: the main job's model (``--model``, default cnn) trained under
-mixed_float16 and mixed_bfloat16, with and without layer attribution
+mixed_float16 and mixed_bfloat16 (or ``--policies``), with and without layer attribution
 (`tf_mixed.callbacks.Heal` attached, nothing to heal), alternating timed
 rounds; the median step times and their ratio.
 """
@@ -201,7 +201,7 @@ def run_heal_cost(config: BenchConfig, command: str) -> list[dict]:
     x = rng.standard_normal((batch * steps, size, size, 3)).astype("float32")
     y = rng.integers(0, 10, batch * steps)
     rows = []
-    for policy in ("mixed_float16", "mixed_bfloat16"):
+    for policy in config.policies or ("mixed_float16", "mixed_bfloat16"):
         keras.backend.clear_session()
         tf_mixed.enable(policy, quiet=True)
         paths = {}

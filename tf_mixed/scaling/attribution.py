@@ -203,25 +203,18 @@ class LayerAttribution:
 
         Args:
             model: A built ``keras.Model``.
-            optimizer: A ``tf_mixed.LossScaleOptimizer``.
+            optimizer: A ``tf_mixed.LossScaleOptimizer`` (checked by the caller).
 
         Returns:
             The attribution.
 
         Raises:
-            TypeError: if ``optimizer`` is not a ``tf_mixed.LossScaleOptimizer``.
             ValueError: if the model is not built, has no layer to attribute,
                 is attached to another model, or the optimizer accumulates
                 gradients (a window sums micro-steps: not attributed yet).
         """
-        from tf_mixed.scaling.optimizer import LossScaleOptimizer
-
-        if not isinstance(optimizer, LossScaleOptimizer):
-            raise TypeError(
-                "Layer attribution needs a tf_mixed.LossScaleOptimizer (its step "
-                "holds the all-reduce the flags ride). Received: optimizer="
-                f"{type(optimizer).__name__}. Compile with "
-                "optimizer=tf_mixed.wrap_optimizer(...).")
+        # The optimizer's type is checked by the caller (`tf_mixed.scaling.
+        # healing.Healer`): importing the optimizer here would be a circle.
         if optimizer.accumulator is not None:
             raise ValueError(
                 "Layer attribution does not support gradient accumulation yet. "

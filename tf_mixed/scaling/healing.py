@@ -168,9 +168,21 @@ class Healer:
         model: A built model.
         optimizer: Its ``tf_mixed.LossScaleOptimizer``.
         rule: A `HealRule`.
+
+    Raises:
+        TypeError: if ``optimizer`` is not a ``tf_mixed.LossScaleOptimizer``.
+        ValueError: as `tf_mixed.scaling.attribution.LayerAttribution.attach`.
     """
 
     def __init__(self, model, optimizer, rule: HealRule | None = None):
+        from tf_mixed.scaling.optimizer import LossScaleOptimizer
+
+        if not isinstance(optimizer, LossScaleOptimizer):
+            raise TypeError(
+                "Healing needs a tf_mixed.LossScaleOptimizer (its step holds the "
+                "all-reduce the attribution flags ride). Received: optimizer="
+                f"{type(optimizer).__name__}. Compile with "
+                "optimizer=tf_mixed.wrap_optimizer(...).")
         self.rule = rule or HealRule()
         self.attribution = LayerAttribution.attach(model, optimizer)
         self._seen = -1
