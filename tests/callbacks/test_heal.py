@@ -126,3 +126,18 @@ def test_heal_knobs_are_checked():
     with pytest.raises(ValueError, match="skips"):
         tf_mixed.callbacks.Heal(skips=0)
     assert tf_mixed.callbacks.Heal(window=50).get_config()["window"] == 50
+
+
+def test_a_healed_block_loads_with_float32_sublayers(tmp_path):
+    from tf_mixed.bench.heal_suite import demo_model
+    from tf_mixed.scaling.healing import move_to_float32
+
+    tf_mixed.enable("mixed_float16")
+    model = demo_model()
+    moved = move_to_float32(model.get_layer("attention"))
+    assert [layer.name for layer in moved] == ["attention", "query", "key", "value"]
+    path = str(tmp_path / "block.keras")
+    model.save(path)
+    block = keras.models.load_model(path).get_layer("attention")
+    assert [layer.compute_dtype for layer in (block, block.query, block.key, block.value)] \
+        == ["float32"] * 4

@@ -41,9 +41,12 @@ class SelfAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         self.units = units
         self.sharpness = sharpness
-        self.query = keras.layers.Dense(units, name="query")
-        self.key = keras.layers.Dense(units, name="key")
-        self.value = keras.layers.Dense(units, name="value")
+        # Sublayers take the block's policy, as Keras's own layers do: a
+        # .keras file holds the block's policy only, so a block healed to
+        # float32 loads with float32 sublayers (docs/healing.md).
+        self.query = keras.layers.Dense(units, name="query", dtype=self.dtype_policy)
+        self.key = keras.layers.Dense(units, name="key", dtype=self.dtype_policy)
+        self.value = keras.layers.Dense(units, name="value", dtype=self.dtype_policy)
 
     def build(self, input_shape):
         for dense in (self.query, self.key, self.value):
