@@ -76,7 +76,7 @@ def test_past_the_limit_the_run_stops_with_the_evidence():
         "at step 2 healing would move 2 of 4 layers to float32, past the limit of 1 "
         "(max_fraction=0.25); already moved: ['sq1']; culprits now: 'sq2': 1 skipped "
         "steps (steps 2; forward output)")
-    with pytest.raises(tf_mixed.LossScaleFailure, match="past the limit"):
+    with pytest.raises(tf_mixed.callbacks.LossScaleFailure, match="past the limit"):
         _model(Square(name="sq1"), Square(name="sq2"), name="again").fit(
             *_data(), batch_size=8, verbose=0, shuffle=False,
             callbacks=[tf_mixed.callbacks.Heal(skips=1, raise_on_failure=True)])

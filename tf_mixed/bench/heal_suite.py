@@ -1,19 +1,19 @@
-"""``--suite=heal`` and ``--suite=heal_cost``: a run that heals itself, and what attribution costs.
+"""``--suite=heal`` and ``--suite=heal_cost``: a run that heals itself, and what attribution costs."""
 
-``heal``: one model written as a user writes it (`SelfAttention`, a
-single-head attention block with a fixed sharpness, as a user who sets a low
-temperature writes it) on a stream whose marker feature grows with time
-(`demo_data`), so the attention logits grow past float16's range during
-training. Three runs, same seed and data: float32; mixed_float16 with
-`tf_mixed.LossScaleMonitor` (which stops it); mixed_float16 with the monitor
-and `tf_mixed.callbacks.Heal`. The table gives the step of the stop or of
-each healing, the final test accuracy, the healed layers and the time.
+# ``heal``: one model written as a user writes it (`SelfAttention`, a
+# single-head attention block with a fixed sharpness, as a user who sets a low
+# temperature writes it) on a stream whose marker feature grows with time
+# (`demo_data`), so the attention logits grow past float16's range during
+# training. Three runs, same seed and data: float32; mixed_float16 with
+# `tf_mixed.LossScaleMonitor` (which stops it); mixed_float16 with the monitor
+# and `tf_mixed.callbacks.Heal`. The table gives the step of the stop or of
+# each healing, the final test accuracy, the healed layers and the time.
+#
+# ``heal_cost``: the main job's model (``--model``, default cnn) trained under
+# mixed_float16 and mixed_bfloat16 (or ``--policies``), with and without layer attribution
+# (`tf_mixed.callbacks.Heal` attached, nothing to heal), alternating timed
+# rounds; the median step times and their ratio.
 
-``heal_cost``: the main job's model (``--model``, default cnn) trained under
-mixed_float16 and mixed_bfloat16 (or ``--policies``), with and without layer attribution
-(`tf_mixed.callbacks.Heal` attached, nothing to heal), alternating timed
-rounds; the median step times and their ratio.
-"""
 
 from __future__ import annotations
 

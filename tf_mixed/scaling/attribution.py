@@ -1,35 +1,35 @@
-"""Which layer made a skipped step non-finite, found inside the step itself.
+"""Which layer made a skipped step non-finite, found inside the step itself."""
 
-`LayerAttribution.attach(model, optimizer)` splits the model into the layers
-it attributes (`attributed_layers`: every layer of the model, nested models
-entered, each layer that holds layers counted as one block) and, from then
-on, every step of ``optimizer`` that is skipped names its *culprit*:
+# `LayerAttribution.attach(model, optimizer)` splits the model into the layers
+# it attributes (`attributed_layers`: every layer of the model, nested models
+# entered, each layer that holds layers counted as one block) and, from then
+# on, every step of ``optimizer`` that is skipped names its *culprit*:
+#
+# * **forward**: the first layer, in the model's layer order (topological for
+#   a functional model), whose output held a NaN or an infinity on any replica
+#   or worker. Each attributed layer's ``call`` is wrapped (one shim,
+#   `tf_mixed._internal.shims.wrap_call`) so its outputs are noted while the
+#   step is traced; no extra pass runs. With one replica the outputs are
+#   checked only in the branch of a skipped step (a ``tf.cond`` on the
+#   verdict): an applied step pays nothing but the cond. With several
+#   replicas each replica's per-layer flags (one float per layer) ride the
+#   step's single gradient all-reduce as one more piece of its buffer
+#   (`tf_mixed.scaling.pipeline`), so every replica reads the same summed
+#   flags and names the same culprit.
+# * **gradient**: when every forward output was finite, the layer closest to
+#   the output whose variables' reduced gradients are not finite: the first
+#   place the backward pass overflowed (everything before it is poisoned by
+#   it). A layer without variables cannot be named this way. The kind says
+#   whether the loss scale was already at its minimum (a gradient overflow
+#   above it is the scale's own business: it backs off).
+#
+# The counters live in variables of their own (`AttributionState`, aggregation
+# "none": every replica writes the same values, computed from the all-reduced
+# verdict): skips per layer, a ring of the last `LOG_SIZE` attributed skips
+# (step, layer, kind) and which layers were healed. A ``tf.train.Checkpoint``
+# of the optimizer holds them (child ``layer_attribution``), and so do its
+# ``.keras``/``.weights.h5`` entries (one entry, `STORE_KEY`).
 
-* **forward**: the first layer, in the model's layer order (topological for
-  a functional model), whose output held a NaN or an infinity on any replica
-  or worker. Each attributed layer's ``call`` is wrapped (one shim,
-  `tf_mixed._internal.shims.wrap_call`) so its outputs are noted while the
-  step is traced; no extra pass runs. With one replica the outputs are
-  checked only in the branch of a skipped step (a ``tf.cond`` on the
-  verdict): an applied step pays nothing but the cond. With several
-  replicas each replica's per-layer flags (one float per layer) ride the
-  step's single gradient all-reduce as one more piece of its buffer
-  (`tf_mixed.scaling.pipeline`), so every replica reads the same summed
-  flags and names the same culprit.
-* **gradient**: when every forward output was finite, the layer closest to
-  the output whose variables' reduced gradients are not finite: the first
-  place the backward pass overflowed (everything before it is poisoned by
-  it). A layer without variables cannot be named this way. The kind says
-  whether the loss scale was already at its minimum (a gradient overflow
-  above it is the scale's own business: it backs off).
-
-The counters live in variables of their own (`AttributionState`, aggregation
-"none": every replica writes the same values, computed from the all-reduced
-verdict): skips per layer, a ring of the last `LOG_SIZE` attributed skips
-(step, layer, kind) and which layers were healed. A ``tf.train.Checkpoint``
-of the optimizer holds them (child ``layer_attribution``), and so do its
-``.keras``/``.weights.h5`` entries (one entry, `STORE_KEY`).
-"""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-"""The healing rule: a layer that keeps overflowing moves to float32 compute.
+"""The healing rule: a layer that keeps overflowing moves to float32 compute."""
 
-`HealRule` holds the knobs (checked once), `decide` is the rule as a pure
-function of what `tf_mixed.scaling.attribution` read, `move_to_float32` sets
-a layer's and its sublayers' dtype policy to float32 (Keras 3.15's
-``Layer.dtype_policy`` setter works on a built layer: under a mixed policy
-the variables are float32 already, so only the compute dtype changes), and
-`Healer` puts the three together for ``fit`` (`tf_mixed.callbacks.Heal`) and
-for `tf_mixed.training.make_train_step`. The retrace is the caller's.
+# `HealRule` holds the knobs (checked once), `decide` is the rule as a pure
+# function of what `tf_mixed.scaling.attribution` read, `move_to_float32` sets
+# a layer's and its sublayers' dtype policy to float32 (Keras 3.15's
+# ``Layer.dtype_policy`` setter works on a built layer: under a mixed policy
+# the variables are float32 already, so only the compute dtype changes), and
+# `Healer` puts the three together for ``fit`` (`tf_mixed.callbacks.Heal`) and
+# for `tf_mixed.training.make_train_step`. The retrace is the caller's.
+#
+# Every value the rule reads is the same on every replica and worker (the
+# counters follow the all-reduced verdict and flags), so every worker takes the
+# same decision at the same step: none moves a layer or retraces alone.
 
-Every value the rule reads is the same on every replica and worker (the
-counters follow the all-reduced verdict and flags), so every worker takes the
-same decision at the same step: none moves a layer or retraces alone.
-"""
 
 from __future__ import annotations
 
