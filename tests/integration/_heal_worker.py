@@ -2,7 +2,7 @@
 
     python _heal_worker.py CONFIG.json
 
-Started by `tf_mixed.distribute.launch.run_local_workers` (which sets
+Started by `tf_mixed.distribute.workers.run_local_workers` (which sets
 ``TF_CONFIG``). Trains a small model with `tf_mixed.callbacks.Heal` under
 MultiWorkerMirroredStrategy; only worker 1's shard overflows float16 in the
 ``gate`` layer (one row per step), so worker 0 sees finite values only and

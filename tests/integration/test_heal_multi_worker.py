@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tf_mixed.distribute.launch import run_local_workers
+from tf_mixed.distribute.workers import run_local_workers
 
 pytestmark = pytest.mark.slow
 
