@@ -17,12 +17,13 @@
 #    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
 #    `History`, Keras's `TensorBoard` callback and the progress bar show them;
 #    with ``log_every_n_batches=N`` also into the batch logs every N batches.
-# 2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
-#    ``logs["loss"]`` averages in their NaN/inf loss. With
-#    ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
-#    `tf_mixed.scaling.LossTally` and replaces ``logs["loss"]`` by the mean
-#    loss of the applied steps. Epochs without a skipped step keep Keras's
-#    value.
+# 2. **Keeps skipped batches out of what the user sees.** With
+#    ``tf_mixed.LossScaleOptimizer`` it installs
+#    `tf_mixed.callbacks.skip_contract` on the model: a skipped batch enters
+#    no compiled metric and not the running loss (batch logs, progress bar,
+#    epoch logs, History), and every batch's logs carry ``skipped``
+#    (docs/skipped-step.md). With gradient accumulation it also attaches a
+#    `tf_mixed.scaling.LossTally` (applied windows' losses, for the NaN rule).
 # 3. **Protects the model**: it hands the model to a
 #    ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
 #    step also rolls back BatchNormalization's moving statistics
@@ -57,7 +58,7 @@ from tf_mixed._internal import validate as _validate
 from tf_mixed.policy import keep_float32
 from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
-from tf_mixed.callbacks import stop_rules
+from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.replicas import all_copies_finite
@@ -133,7 +134,7 @@ def model_setup_problems(model) -> list[str]:
             f"layers, e.g. '{float16_layers[0]}') but its optimizer "
             f"{type(optimizer).__name__} does not scale the loss: small "
             "gradients underflow to zero in float16. Fix: compile with "
-            "optimizer=tf_mixed.wrap_optimizer(optimizer)."
+            f"optimizer={auditing.wrap_advice()}."
         )
     bfloat16_layers = [row.name for row in report.rows
                        if row.variable_dtype == "bfloat16"]
@@ -321,9 +322,14 @@ def _prepare(model, optimizer, rollback: bool) -> None:
             # rolls the state back nor refuses the step that leaves it.
             optimizer.track_forward_state(model, roll_back=rollback)
             changed = True
-        if optimizer.loss_tally is None:
+        # With the skip contract Keras's own loss leaves skipped steps out;
+        # a tally is needed only where an open accumulation window shows a
+        # micro-batch's NaN before its window is judged.
+        if optimizer.loss_tally is None and optimizer.accumulator is not None:
             optimizer.attach_loss_tally(LossTally())
             changed = True
+        # A skipped batch enters no metric and no loss; logs["skipped"].
+        changed = skip_contract.install(model) or changed
     if changed and getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
 
@@ -493,6 +499,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
         self._advance()
+        logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
         self._write(logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 
@@ -511,7 +518,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logs["skipped_steps"] = float(skipped)
         logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
         applied = progress.epoch_loss_steps
-        if epoch_end and self._kind == "tf_mixed" and skipped and applied:
+        # With the skip contract Keras's own loss already leaves skipped
+        # batches out (weighted by batch size, as without a skip).
+        if (epoch_end and self._kind == "tf_mixed" and skipped and applied
+                and not skip_contract.installed(self.model)):
             # Each worker's sum covers its own replicas only; `skipped` and
             # `applied` follow the global verdict, so every worker enters
             # this sum, and every worker logs the same loss.
@@ -524,10 +534,12 @@ class LossScaleMonitor(keras.callbacks.Callback):
             return
         logged = logs.get("loss")
         logged = None if logged is None else float(logged)
+        tally = self._kind == "tf_mixed" and self._optimizer.loss_tally is not None
         problem = stop_rules.loss_problem(
-            self._kind, self._progress,
-            logged if self._kind != "tf_mixed" else None)
-        suspicious = epoch is not None or (
+            self._kind, self._progress, None if tally else logged)
+        # A skipped step in the epoch: Keras's running loss showed it as
+        # nan; with the skip contract it leaves the loss, so ask the counters.
+        suspicious = epoch is not None or self._progress.skipped_in_epoch > 0 or (
             logged is not None and not math.isfinite(logged))
         bad = _nonfinite_weights(self.model) if suspicious else []
         # Judged from values every worker agrees on: the local signs are
