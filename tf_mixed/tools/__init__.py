@@ -1,4 +1,4 @@
-"""Tools that look at a model: `audit`, `probe`, `memory_report`; `census/` and `check/` below.
+"""Tools that look at a model: `audit`, `probe`, `memory_report`; `census/`, `check/` and `planning/` below.
 
 This file only hands names on; the code lives in the modules beside it.
 """
@@ -13,6 +13,10 @@ from tf_mixed.tools.auditing import (  # noqa: F401
 from tf_mixed.tools.memory import (  # noqa: F401
     MemoryReport,
     memory_report,
+)
+from tf_mixed.tools.planning import (  # noqa: F401
+    Plan,
+    plan,
 )
 from tf_mixed.tools.probe_report import (  # noqa: F401
     DTYPE_LIMITS,
@@ -32,9 +36,11 @@ __all__ = [
     "LayerStats",
     "MemoryEstimate",
     "MemoryReport",
+    "Plan",
     "ProbeReport",
     "VariableStats",
     "audit",
     "memory_report",
+    "plan",
     "probe",
 ]
