@@ -216,3 +216,30 @@ def _check_zoo_plan(model, p, spec):
     x, _ = spec.data(4)
     outputs = keras.tree.flatten(converted(x))
     assert all(np.isfinite(keras.ops.convert_to_numpy(o)).all() for o in outputs)
+
+
+def test_enable_auto_with_a_plan_sets_its_policy_and_keeps_its_float32_layers():
+    x, y = _data()
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+             probe_report={})
+    try:
+        enabled = tf_mixed.enable("auto", plan=p, keep_float32=["relu"])
+        assert enabled.policy == "mixed_bfloat16"
+        assert "per-layer plan of model 'chain'" in enabled.reason
+        rebuilt = _model()
+    finally:
+        tf_mixed.disable()
+    policies = {layer.name: layer.dtype_policy.name for layer in rebuilt.layers[1:]}
+    assert policies == {"first": "mixed_bfloat16", "relu": "float32",
+                        "second": "mixed_bfloat16", "last": "float32"}
+
+
+def test_enable_refuses_a_plan_with_an_explicit_policy_or_a_non_plan():
+    x, y = _data()
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+             probe_report={})
+    with pytest.raises(ValueError, match=r"enable\('auto', plan=plan\)"):
+        tf_mixed.enable("mixed_bfloat16", plan=p)
+    with pytest.raises(TypeError, match="`plan` must be what tf_mixed.plan"):
+        tf_mixed.enable("auto", plan="mixed_bfloat16")
+    assert keras.config.dtype_policy().name == "float32"
