@@ -194,7 +194,8 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
     assert open(out / "bench.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert report["suite"] == "compare"
-    assert report["policies"][0] == "float32" and len(report["policies"]) == 2
+    assert report["policies"][0] == "float32" and len(report["policies"]) == 3
+    assert report["policies"][2] == "plan" and "| per-layer plan |" in out_text
     assert report["policy_note"] in out_text
     assert report["model"] == {"name": "cnn", "params": report["results"][0]["model_params"]}
     assert report["dataset"]["image_shape"] == [16, 16, 3]
