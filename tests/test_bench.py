@@ -651,6 +651,14 @@ def test_gpu_suite_path_with_the_gpu_faked(tmp_path, capsys, monkeypatch):
     assert report["float8_lowering"]["device"] == "no GPU"
     assert set(report["float8_lowering"]["verdicts"].values()) == {"emulated (no GPU)"}
     assert report["device"] == "NVIDIA H100 (faked) (cc 9.0)"
+    # The per-layer plan timed float8 (Keras's emulation on this CPU) beside float32
+    # and float16 for the Dense layers whose dimensions are multiples of 16.
+    plan = report["float8_plan"]
+    assert set(plan["choices"]) == {"dense_a", "dense_b", "dense_c", "out"}
+    timed = {row["name"]: set(row["seconds"]) for row in plan["layers"]}
+    assert timed["dense_a"] == {"float32", "float16", "float8"}
+    assert timed["out"] == {"float32", "float16"}  # 10 outputs: not float8-ready
+    assert "Per-layer plan with float8 (tf_mixed.plan): dense_a " in (out / "results.md").read_text()
     assert "Loss-scale overhead" in capsys.readouterr().out
 
 
