@@ -84,3 +84,4 @@ def test_the_bench_trains_the_plan_beside_float32(tmp_path, capsys):
     assert row["compute_dtype"] == ("float32" if row["layer_plan"]["policy"] == "float32"
                                     else "bfloat16")
     assert "| per-layer plan |" in text and "per-layer plan: " in text
+    assert "built before the policy was set" not in text  # trained under the plan's policy

@@ -167,15 +167,26 @@ def run_policy(
     compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
     float8_plan = None
     layer_plan = None
+    if policy_name == "plan":
+        # The per-layer plan (tf_mixed.plan) of the float32 model on one
+        # training batch; its policy is the run's (the float32 layers kept).
+        with policy.policy_scope("float32"):
+            keras.utils.set_random_seed(config.seed)
+            planned = models.build(config.model_name, bench_data.image_shape,
+                                   bench_data.num_classes)
+            layer_plan = plan_row.make_plan(planned, train_set)
+        compute_policy = layer_plan.policy
     with policy.policy_scope(compute_policy) as enabled:
         keras.utils.set_random_seed(config.seed)  # same initial weights for every policy
         with strategy.scope():
-            model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
-            if policy_name == "plan":
-                # The per-layer plan (tf_mixed.plan) of the float32 model on one
-                # training batch, applied with tf_mixed.convert: same weights.
-                layer_plan = plan_row.make_plan(model, train_set)
-                model = layer_plan.apply(model)
+            if layer_plan is not None:
+                with policy.policy_scope("float32"):
+                    model = models.build(config.model_name, bench_data.image_shape,
+                                         bench_data.num_classes)
+                model = layer_plan.apply(model)  # tf_mixed.convert: same weights
+            else:
+                model = models.build(config.model_name, bench_data.image_shape,
+                                     bench_data.num_classes)
             if policy_name == "float8":
                 # Created in the strategy's scope: the float8 scales are
                 # mirrored variables the optimizer agrees across replicas.
