@@ -123,6 +123,10 @@ def test_float8_is_timed_on_gpus_of_compute_capability_8_9(cc, float8, tmp_path)
     if float8:
         assert p.float8_layers == ("last",)
         assert p.float8_keep_float32 == ("first", "second")
+        applied = p.apply(_model())  # convert, then tf_mixed.float8.quantize
+        policies = {layer.name: layer.dtype_policy.name for layer in applied.layers[1:]}
+        assert policies["last"].startswith("float8")
+        assert policies["first"] == policies["second"] == "mixed_float16"
 
 
 def test_the_cache_is_used_when_settled_and_quiet(tmp_path, monkeypatch):
