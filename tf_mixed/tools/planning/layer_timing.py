@@ -15,9 +15,12 @@ stays in one precision):
   half dtype, and the gradient cast back, forward and backward. A plan pays
   this where a layer's precision differs from its producer's.
 
-Layers without weights (activations, pooling, Add, Flatten, Keras ops) are
-not timed: they take the precision of the weighted layer that feeds them
-(`Measurement.followers`), so they never add a cast of their own.
+Layers without weights (activations, pooling, Add, Flatten, Keras ops) and
+normalization layers (BatchNormalization, LayerNormalization,
+GroupNormalization: Keras computes their statistics in float32 under a
+mixed policy) are not timed: they take the precision of the timed layer
+that feeds them (`Measurement.followers`), so they never add a cast of
+their own. Halving the layers to trace keeps a ResNet's plan short.
 
 Timing is in interleaved rounds as `tf_mixed.policy.autotune` times its
 probe (its `first_call` and `time_steps` are used): in each round every
@@ -135,13 +138,15 @@ def layer_graph(model: keras.Model) -> tuple[list, dict[str, tuple[str, ...]], d
         model: A built Sequential or functional model.
 
     Returns:
-        ``(timed, producers, followers)``: the layers holding weights (and
-        nested models) in the model's order; for each, the names of the
-        timed layers feeding it ("" for a model input); for each layer
-        without weights, the first timed layer feeding it ("" if none).
+        ``(timed, producers, followers)``: the layers timed (those holding
+        weights, normalization aside, and nested models) in the model's
+        order; for each, the names of the timed layers feeding it ("" for a
+        model input); for each other layer, the first timed layer feeding it
+        ("" if none).
     """
     top = [layer for layer in model.layers if not is_input_layer(layer)]
-    timed = [layer for layer in top if layer.weights or isinstance(layer, keras.Model)]
+    timed = [layer for layer in top if isinstance(layer, keras.Model)
+             or (layer.weights and not isinstance(layer, _FOLLOWING))]
     timed_ids = {id(layer) for layer in timed}
     memo: dict[int, tuple[str, ...]] = {}
 
@@ -172,6 +177,11 @@ def layer_graph(model: keras.Model) -> tuple[list, dict[str, tuple[str, ...]], d
             first = next((n for n in sources(layer) if n), "")
             followers[layer.name] = first
     return timed, producers, followers
+
+
+# Layers with weights that still follow their producer's precision (see the module).
+_FOLLOWING = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+              keras.layers.GroupNormalization)
 
 
 def _float8_ready(layer) -> bool:
@@ -206,6 +216,11 @@ class _Call:
         import tensorflow as tf
 
         return [tf.cast(v, dtype) if _is_float(v) else v for v in self.values]
+
+    def symbolic(self, dtype: str) -> list:
+        """Symbolic stand-ins for the values (shape and dtype only)."""
+        return [keras.KerasTensor(tuple(v.shape), dtype=dtype if _is_float(v) else v.dtype)
+                for v in self.values]
 
     def call(self, twin, tensors, training: bool = True):
         flat = list(self.flat)
@@ -352,7 +367,7 @@ def _time_layers(model, x, precisions, half_policy, rounds, min_rounds, budget_s
             dtype = (half_dtype if precision == FLOAT8
                      else keras.dtype_policies.get(PRECISION_POLICIES[precision]).compute_dtype)
             inputs = call.inputs(dtype)
-            call.call(twin, inputs, training=False)  # builds its weights, eagerly
+            call.call(twin, call.symbolic(dtype), training=False)  # builds it, computes nothing
             if precision == FLOAT8:
                 twin.quantize("float8")
             step = _layer_step(call, twin)

@@ -318,8 +318,9 @@ def _rows(model, measurement, choice, errors, followers, half_dtype) -> list[Lay
         source = followers.get(name, "")
         followed = choice.precisions.get(source, choice.start) if source else choice.start
         precision = "float32" if followed == "float32" else half_dtype
-        why = (f"no weights: follows {source}" if source
-               else f"no weights, fed by the model's inputs: the whole-model {choice.start}")
+        kind = "normalization" if layer.weights else "no weights"
+        why = (f"{kind}: follows {source}" if source
+               else f"{kind}, fed by the model's inputs: the whole-model {choice.start}")
         rows.append(LayerChoice(name, type(layer).__name__, {}, 0.0, None, precision, why))
     return rows
 
