@@ -105,3 +105,9 @@ def test_bad_measurements_are_refused_naming_the_layer():
         choose(negative)
     with pytest.raises(ValueError, match="exactly one half dtype"):
         choose(Measurement(("float32",), ()))
+
+
+def test_milliseconds_are_never_shown_in_exponent_form():
+    from tf_mixed.tools.planning.plan_table import ms
+
+    assert (ms(0.00123), ms(0.0456), ms(2.1)) == ("1.23", "45.6", "2100")

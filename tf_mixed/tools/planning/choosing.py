@@ -82,7 +82,8 @@ def _steps(measurement, assign, half, rounds) -> list[float]:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+    value = seconds * 1e3
+    return f"{value:.3g} ms" if value < 100 else f"{value:.0f} ms"
 
 
 def choose(measurement: Measurement, blocked: Mapping[str, str] | None = None) -> Choice:

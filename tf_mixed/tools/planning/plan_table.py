@@ -20,6 +20,12 @@ from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
 
 __all__ = ["LayerChoice", "Plan"]
 
+def ms(seconds: float) -> str:
+    """Milliseconds, three significant digits, never in exponent form."""
+    value = seconds * 1e3
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerChoice:
     """One row of the plan.
@@ -140,16 +146,15 @@ class Plan:
         out.write(f"Plan for model '{self.model_name}'"
                   + (f" on {self.host}" if self.host else "") + f": {self.summary}\n")
         if self.step_seconds:
-            parts = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in self.step_seconds.items())
+            parts = ", ".join(f"{k} {ms(v)} ms" for k, v in self.step_seconds.items())
             out.write(f"Timed layers' step (median, casts included): {parts}\n")
         header = ["layer", "class"] + [f"{p} ms" for p in self.precisions] + [
             "cast ms", "error", "choice", "why"]
         rows = [header]
         for row in self.layers:
-            times = [f"{row.seconds[p] * 1e3:.3g}" if p in row.seconds else "-"
-                     for p in self.precisions]
+            times = [ms(row.seconds[p]) if p in row.seconds else "-" for p in self.precisions]
             error = "-" if row.error is None else f"{row.error:.2g}"
-            cast = f"{row.cast_seconds * 1e3:.3g}" if row.seconds else "-"
+            cast = ms(row.cast_seconds) if row.seconds else "-"
             rows.append([row.name, row.class_name, *times, cast, error, row.choice, row.why])
         widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
         for r in rows:

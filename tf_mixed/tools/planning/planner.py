@@ -38,7 +38,7 @@ from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
 from tf_mixed._internal.facts import FLOAT32_HEADS, check_model_kind, is_input_layer
 from tf_mixed.policy import autotune, hardware
-from tf_mixed.tools.planning import choosing
+from tf_mixed.tools.planning import choosing, plan_table
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
 from tf_mixed.tools.planning.plan_table import LayerChoice, Plan
 
@@ -329,7 +329,7 @@ def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
     timed = [row for row in rows if row.seconds]
     counts = {p: sum(row.choice == p for row in timed) for p in ("float32", half_dtype, FLOAT8)}
     steps = choice.step_seconds
-    ms = {k: f"{v * 1e3:.3g} ms" for k, v in steps.items()}
+    ms = {k: f"{plan_table.ms(v)} ms" for k, v in steps.items()}
     split = ", ".join(f"{n} {p}" for p, n in counts.items() if n)
     return (f"{final}: {split} of {len(timed)} timed layers; timed layers' step "
             f"{ms['plan']} (float32 {ms['float32']}, whole-model {half_dtype} "
