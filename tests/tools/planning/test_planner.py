@@ -58,7 +58,7 @@ def _no_timer(*args):
 def test_injected_timings_give_exact_choices_that_convert_applies():
     model = _model()
     x, y = _data()
-    p = plan(model, x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+    p = plan(model, x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False,
              probe_report={"first": 0.001, "second": 0.002, "last": 0.003})
     assert p.choices == {"first": "bfloat16", "relu": "bfloat16", "second": "bfloat16",
                          "last": "float32"}
@@ -78,9 +78,49 @@ def test_injected_timings_give_exact_choices_that_convert_applies():
     assert json.loads(json.dumps(p.to_dict()))["keep_float32"] == ["last"]
 
 
-def test_a_layer_above_the_tolerance_stays_float32_and_its_followers_with_it():
+def _steps(plan_s, f32_s, half_s):
+    seen = []
+
+    def timer(candidates):
+        seen.append(dict(candidates))
+        return {"float32": [f32_s] * 5, "bfloat16": [half_s] * 5, "plan": [plan_s] * 5}
+
+    return timer, seen
+
+
+def test_the_whole_step_check_keeps_a_plan_that_is_faster():
+    x, y = _data()
+    timer, seen = _steps(0.8, 1.2, 1.0)
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+             probe_report={}, step_timer=timer)
+    assert p.choices["last"] == "float32"
+    # The three candidates, each as the policy and keep_float32 that carry it.
+    assert seen == [{"float32": ("float32", ()), "bfloat16": ("mixed_bfloat16", ()),
+                     "plan": ("mixed_bfloat16", ("last",))}]
+    assert "plan 800.0 ms, float32 1200.0 ms, bfloat16 1000.0 ms: the plan is 1.25x" in p.summary
+
+
+@pytest.mark.parametrize("f32_s, half_s, winner", [(1.2, 1.0, "bfloat16"), (1.0, 1.2, "float32")])
+def test_a_plan_not_faster_on_the_whole_step_gives_the_faster_whole_model(f32_s, half_s, winner):
+    x, y = _data()
+    timer, _ = _steps(1.1, f32_s, half_s)
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+             probe_report={}, step_timer=timer)
+    assert set(p.choices.values()) == {winner}
+    assert p.policy == ("float32" if winner == "float32" else "mixed_bfloat16")
+    assert f"not faster than whole-model {winner} beyond the rounds' spread" in str(p)
+
+
+def test_the_whole_step_check_runs_for_real():
     x, y = _data()
     p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+             probe_report={})
+    assert "whole step, median of 3 rounds: plan " in p.summary
+
+
+def test_a_layer_above_the_tolerance_stays_float32_and_its_followers_with_it():
+    x, y = _data()
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False,
              probe_report={"first": 0.25, "second": 0.002, "last": 0.003})
     assert p.choices["first"] == "float32" and p.choices["relu"] == "float32"
     assert p.choices["second"] == "bfloat16"
@@ -90,7 +130,7 @@ def test_a_layer_above_the_tolerance_stays_float32_and_its_followers_with_it():
 
 def test_the_real_probe_gives_the_errors():
     x, y = _data()
-    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU)
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False)
     rows = {row.name: row for row in p.layers}
     assert 0 < rows["first"].error < 0.1 and rows["relu"].error is None
 
@@ -116,7 +156,7 @@ def test_float8_is_timed_on_gpus_of_compute_capability_8_9(cc, float8, tmp_path)
 
     x, y = _data()
     p = plan(_model(), x, y, loss="mse", info=_gpu(cc), timer=timer, cache_directory=str(tmp_path),
-             probe_report={})
+             probe_report={}, step_check=False)
     expected = ("float32", "float16", "float8") if float8 else ("float32", "float16")
     assert seen == [(expected, "mixed_float16")]
     assert p.choices["last"] == ("float8" if float8 else "float32")
@@ -140,7 +180,7 @@ def test_the_cache_is_used_when_settled_and_quiet(tmp_path, monkeypatch):
     x, y = _data()
     model = _model()
     kwargs = dict(loss="mse", info=AMX_CPU, timer=timer, cache_directory=str(tmp_path),
-                  probe_report={})
+                  probe_report={}, step_check=False)
     first = plan(model, x, y, **kwargs)
     assert not first.cached and first.cache_path and os.path.exists(first.cache_path)
     second = plan(model, x, y, **kwargs)
@@ -157,7 +197,8 @@ def test_the_cache_is_used_when_settled_and_quiet(tmp_path, monkeypatch):
 
 def test_a_busy_machine_or_wide_spread_is_not_cached(tmp_path, monkeypatch):
     x, y = _data()
-    kwargs = dict(loss="mse", info=AMX_CPU, cache_directory=str(tmp_path), probe_report={})
+    kwargs = dict(loss="mse", info=AMX_CPU, cache_directory=str(tmp_path), probe_report={},
+                  step_check=False)
     monkeypatch.setattr(autotune, "machine_load", lambda: (7.5, 2))
     busy = plan(_model(), x, y, timer=lambda *a: _measurement(), **kwargs)
     assert busy.cache_path == "" and "busy: load average 7.5 on 2 CPUs" in busy.summary
@@ -224,7 +265,7 @@ def _check_zoo_plan(model, p, spec):
 
 def test_enable_auto_with_a_plan_sets_its_policy_and_keeps_its_float32_layers():
     x, y = _data()
-    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False,
              probe_report={})
     try:
         enabled = tf_mixed.enable("auto", plan=p, keep_float32=["relu"])
@@ -240,7 +281,7 @@ def test_enable_auto_with_a_plan_sets_its_policy_and_keeps_its_float32_layers():
 
 def test_enable_refuses_a_plan_with_an_explicit_policy_or_a_non_plan():
     x, y = _data()
-    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False,
              probe_report={})
     with pytest.raises(ValueError, match=r"enable\('auto', plan=plan\)"):
         tf_mixed.enable("mixed_bfloat16", plan=p)

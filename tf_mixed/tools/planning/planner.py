@@ -26,6 +26,7 @@ when it is whole, for the same layers, and settled.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -39,6 +40,7 @@ from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
 from tf_mixed._internal.facts import FLOAT32_HEADS, check_model_kind, is_input_layer
 from tf_mixed.policy import autotune, hardware
 from tf_mixed.tools.planning import choosing, plan_table
+from tf_mixed.tools.planning import step_check as step_check_module
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
 from tf_mixed.tools.planning.plan_table import LayerChoice, Plan
 
@@ -59,6 +61,7 @@ _NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "
 _FLOAT8_CC = (8, 9)
 
 Timer = Callable[[keras.Model, Any, tuple, str], Measurement]
+StepTimer = Callable[[Mapping[str, tuple[str, tuple[str, ...]]]], Mapping[str, Any]]
 
 
 def _half_policy(policy, info: hardware.HardwareInfo) -> str:
@@ -166,7 +169,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
          tolerance: float = DEFAULT_TOLERANCE, rounds: int = 5,
          budget_s: float | None = DEFAULT_BUDGET_S, measurement: Measurement | None = None,
          probe_report: Any = None, timer: Timer | None = None, cache: bool = True,
-         cache_directory: str | None = None,
+         cache_directory: str | None = None, step_check: bool = True,
+         step_timer: StepTimer | None = None,
          info: hardware.HardwareInfo | None = None) -> Plan:
     """Times each layer in each precision on this host and chooses per layer.
 
@@ -193,6 +197,13 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         cache: Read and write the per-host, per-model cache.
         cache_directory: Its directory (default
             `tf_mixed.policy.autotune.cache_dir()`).
+        step_check: Where the per-layer choice differs from both
+            whole-model policies, time the whole model's step in all three
+            and keep the plan only if it is faster than the faster of them
+            beyond the rounds' spread
+            (`tf_mixed.tools.planning.step_check`).
+        step_timer: ``step_timer({name: (policy, keep_float32)}) ->
+            {name: [seconds per round]}`` replacing that timing.
         info: The host (default `tf_mixed.policy.hardware.detect()`).
 
     Returns:
@@ -260,10 +271,27 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             probe_report = probe(model, px, py, loss=loss, policy=half_policy)
         errors, blocked = _errors(probe_report, float(tolerance), names)
         choice = choosing.choose(measurement, blocked)
+        checked = ""
+        wholes = {"float32": {n: "float32" for n in names},
+                  half_dtype: {n: "float32" if n in blocked else half_dtype for n in names}}
+        if step_check and dict(choice.precisions) not in wholes.values():
+            candidates = {}
+            for name, assign in (*wholes.items(), ("plan", dict(choice.precisions))):
+                variant = dataclasses.replace(choice, precisions=assign)
+                variant_rows = _rows(model, measurement, variant, errors, followers, half_dtype)
+                candidates[name] = _carrier(variant_rows, half_policy)
+            step_rounds = (step_timer or _default_step_timer(model, x, y, loss))(candidates)
+            winner, checked = step_check_module.confirm(step_rounds, half_dtype)
+            if winner != "plan":
+                whys = {n: checked for n in names if n not in blocked}
+                choice = dataclasses.replace(choice, precisions=wholes[winner],
+                                             whys={**choice.whys, **whys})
     rows = _rows(model, measurement, choice, errors, followers, half_dtype)
     chosen = {row.choice for row in rows}
     final = half_policy if chosen - {"float32"} else "float32"
     summary = _summary(choice, rows, half_dtype, final)
+    if checked:
+        summary += f"; {checked}"
     if cached:
         summary += f"; timings cached {when}, read from {path}"
     elif not_cached:
@@ -286,6 +314,26 @@ def _probe_slice(x, y):
 
     return keras.tree.map_structure(head, x), (
         None if y is None else keras.tree.map_structure(head, y))
+
+
+def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
+    """(policy, keep_float32 names) that carry these rows' choices."""
+    if all(row.choice == "float32" for row in rows):
+        return "float32", ()
+    return half_policy, tuple(row.name for row in rows if row.choice == "float32"
+                              and row.class_name not in FLOAT32_HEADS)
+
+
+def _default_step_timer(model, x, y, loss) -> StepTimer:
+    import tensorflow as tf
+
+    def timer(candidates):
+        bx, by = x, y
+        if isinstance(x, tf.data.Dataset):
+            bx, by = next(iter(x))[:2]
+        return step_check_module.time_steps(model, bx, by, loss, candidates)
+
+    return timer
 
 
 def _default_timer(rounds: int, budget_s: float | None) -> Timer:
