@@ -1,20 +1,19 @@
-"""The main job's timing plan: interleaved rounds, a time budget, spreads.
+"""The main job's timing plan: interleaved rounds, a time budget, spreads."""
 
-Every policy trains in rounds of steps, and the rounds alternate between the
-policies (float32 round 1, mixed round 1, float32 round 2, ...), so a change
-in the host's load lands on both sides of a ratio. Each round's figure is the
-batch size over its median step time; a policy's figure is the median of its
-rounds, shown with its spread; the ratio to float32 is taken per round pair
-(round i of a policy over round i of float32), then its median.
-
-The plan: after one warm-up segment and one measured round of every policy,
-`plan_run` decides, from those timings alone, which policies train in full
-(epochs, accuracy compared) and which are only timed (a few rounds, accuracy
-not compared), so that the job keeps to its time budget wherever float32
-alone fits in it. `Scheduler` holds the rounds and answers each policy's
-next command; it does no I/O and reads time only from the clock it is given,
-so tests drive it with injected timings.
-"""
+# Every policy trains in rounds of steps, and the rounds alternate between the
+# policies (float32 round 1, mixed round 1, float32 round 2, ...), so a change
+# in the host's load lands on both sides of a ratio. Each round's figure is the
+# batch size over its median step time; a policy's figure is the median of its
+# rounds, shown with its spread; the ratio to float32 is taken per round pair
+# (round i of a policy over round i of float32), then its median.
+#
+# The plan: after one warm-up segment and one measured round of every policy,
+# `plan_run` decides, from those timings alone, which policies train in full
+# (epochs, accuracy compared) and which are only timed (a few rounds, accuracy
+# not compared), so that the job keeps to its time budget wherever float32
+# alone fits in it. `Scheduler` holds the rounds and answers each policy's
+# next command; it does no I/O and reads time only from the clock it is given,
+# so tests drive it with injected timings.
 
 from __future__ import annotations
 
