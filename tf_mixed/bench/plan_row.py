@@ -1,14 +1,13 @@
-"""The main job's third row, "per-layer plan": `tf_mixed.plan` applied and trained.
+"""The main job's third row, "per-layer plan": `tf_mixed.plan` applied and trained."""
 
-`make_plan` plans the float32 bench model on one training batch (timed on
-this host, cached per host and model like ``enable("auto")``'s measurement);
-`tf_mixed.bench.run` applies it (`Plan.apply`, i.e. `tf_mixed.convert`) and
-trains the result as any other policy. `plan_record` is what the result
-file keeps; `label` names the row; `notes` says what the plan chose, how
-long planning took, and, where the row falls short of the host's large
-matmul ratio, where the rest of its step goes, in numbers (the census of
-its step and the plan's own per-layer times).
-"""
+# `make_plan` plans the float32 bench model on one training batch (timed on
+# this host, cached per host and model like ``enable("auto")``'s measurement);
+# `tf_mixed.bench.run` applies it (`Plan.apply`, i.e. `tf_mixed.convert`) and
+# trains the result as any other policy. `plan_record` is what the result
+# file keeps; `label` names the row; `notes` says what the plan chose, how
+# long planning took, and, where the row falls short of the host's large
+# matmul ratio, where the rest of its step goes, in numbers (the census of
+# its step and the plan's own per-layer times).
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ def make_plan(model, train_set):
         train_set: The batched training set (``(x, y)`` batches).
 
     Returns:
-        The `tf_mixed.tools.Plan`, with the seconds planning took in
+        The `tf_mixed.tools.planning.Plan`, with the seconds planning took in
         ``plan_seconds`` of its record (`plan_record`).
     """
     x, y = next(iter(train_set))

@@ -288,7 +288,7 @@ def propose_plan(model, x, y, loss, batch_size: int):
         batch_size: Examples in the batch planned on.
 
     Returns:
-        The `tf_mixed.tools.Plan`.
+        The `tf_mixed.tools.planning.Plan`.
     """
     import keras
 

@@ -308,7 +308,7 @@ def _checked_plan(plan, name: str) -> tuple[str, tuple[str, ...], str] | None:
             or not isinstance(names, tuple) or not all(isinstance(n, str) for n in names)):
         raise TypeError(
             "`plan` must be what tf_mixed.plan(model, x, y) returns (a "
-            f"tf_mixed.tools.Plan), or None. Received: plan={plan!r} of type "
+            f"tf_mixed.tools.planning.Plan), or None. Received: plan={plan!r} of type "
             f"{type(plan).__name__}.")
     if name != AUTO:
         raise ValueError(

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tf_mixed.tools.planning import LayerTiming, Measurement, choose
+from tf_mixed.tools.planning import LayerTiming, Measurement
+from tf_mixed.tools.planning.choosing import choose
 
 MS = 1e-3
 

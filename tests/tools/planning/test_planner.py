@@ -9,7 +9,8 @@ import pytest
 
 import tf_mixed
 from tf_mixed.policy import autotune, hardware
-from tf_mixed.tools.planning import LayerTiming, Measurement, plan
+from tf_mixed.tools.planning import LayerTiming, Measurement
+from tf_mixed.tools.planning.planner import plan
 from zoo import ZOO
 
 MS = 1e-3

@@ -1,27 +1,26 @@
-"""The plan's choice: a precision per layer from a `Measurement` and the probe's errors.
+"""The plan's choice: a precision per layer from a `Measurement` and the probe's errors."""
 
-Pure: the same measurement and errors always give the same choices, so
-tests pass timings in and assert exact choices.
-
-1. A layer whose error in the half dtype (the probe's relative error of its
-   output) exceeds the tolerance, or whose half output or output gradient
-   is not finite, may only be float32.
-2. The step's time under an assignment of precisions, in one round, is the
-   sum of each timed layer's time in its precision plus, for each layer
-   whose precision's dtype differs from a producer's (a model input is
-   float32; float8 layers take and give the half dtype), the layer's cast
-   time.
-3. The start is a whole-model policy: the half dtype everywhere (layers of
-   step 1 float32) when, over the rounds, float32's step divided by that
-   step has its first quartile above 1 (faster in three rounds of four);
-   otherwise float32 everywhere.
-4. Then, layer by layer in the model's order (until a pass changes
-   nothing, at most `MAX_PASSES`), a layer moves to another allowed
-   precision when the per-round change of the whole step, casts included,
-   has its third quartile below 0: a difference larger than the rounds'
-   spread. Of several such precisions the largest median saving wins.
-   Otherwise the layer keeps the whole-model choice (the simpler plan).
-"""
+# Pure: the same measurement and errors always give the same choices, so
+# tests pass timings in and assert exact choices.
+#
+# 1. A layer whose error in the half dtype (the probe's relative error of its
+#    output) exceeds the tolerance, or whose half output or output gradient
+#    is not finite, may only be float32.
+# 2. The step's time under an assignment of precisions, in one round, is the
+#    sum of each timed layer's time in its precision plus, for each layer
+#    whose precision's dtype differs from a producer's (a model input is
+#    float32; float8 layers take and give the half dtype), the layer's cast
+#    time.
+# 3. The start is a whole-model policy: the half dtype everywhere (layers of
+#    step 1 float32) when, over the rounds, float32's step divided by that
+#    step has its first quartile above 1 (faster in three rounds of four);
+#    otherwise float32 everywhere.
+# 4. Then, layer by layer in the model's order (until a pass changes
+#    nothing, at most `MAX_PASSES`), a layer moves to another allowed
+#    precision when the per-round change of the whole step, casts included,
+#    has its third quartile below 0: a difference larger than the rounds'
+#    spread. Of several such precisions the largest median saving wins.
+#    Otherwise the layer keeps the whole-model choice (the simpler plan).
 
 from __future__ import annotations
 

@@ -1,35 +1,34 @@
-"""Times each layer of a model, forward and backward, in each precision, on this host.
+"""Times each layer of a model, forward and backward, in each precision, on this host."""
 
-The impure half of `tf_mixed.plan` (the choice, `choosing.py`, is pure). What
-is timed, per layer that holds weights (a nested model is one group: it
-stays in one precision):
-
-* a fresh copy of the layer (`tf_mixed.models.cloning.recreate`; weights do
-  not change the time), built in each precision, called as the model calls
-  it (its first call's arguments) on that call's real inputs, captured from
-  the model on the first batch; the step is forward with ``training=True``
-  and the gradient of the summed output with respect to the layer's
-  weights and its floating-point inputs. The inputs arrive already in the
-  precision's compute dtype, so the step holds no cast;
-* the casts at the layer's input: its floating-point inputs cast to the
-  half dtype, and the gradient cast back, forward and backward. A plan pays
-  this where a layer's precision differs from its producer's.
-
-Layers without weights (activations, pooling, Add, Flatten, Keras ops) and
-normalization layers (BatchNormalization, LayerNormalization,
-GroupNormalization: Keras computes their statistics in float32 under a
-mixed policy) are not timed: they take the precision of the timed layer
-that feeds them (`Measurement.followers`), so they never add a cast of
-their own. Halving the layers to trace keeps a ResNet's plan short.
-
-Timing is in interleaved rounds as `tf_mixed.policy.autotune` times its
-probe (its `first_call` and `time_steps` are used): in each round every
-layer runs in every precision back to back, so load from other processes
-hits the precisions of a layer alike; a round's figure is the fastest of
-``steps_per_round`` steps (preemption only lengthens a step). A float16 step
-is traced with Grappler's remapping off, as `enable("mixed_float16")` runs
-it on a CPU.
-"""
+# The impure half of `tf_mixed.plan` (the choice, `choosing.py`, is pure). What
+# is timed, per layer that holds weights (a nested model is one group: it
+# stays in one precision):
+#
+# * a fresh copy of the layer (`tf_mixed.models.cloning.recreate`; weights do
+#   not change the time), built in each precision, called as the model calls
+#   it (its first call's arguments) on that call's real inputs, captured from
+#   the model on the first batch; the step is forward with ``training=True``
+#   and the gradient of the summed output with respect to the layer's
+#   weights and its floating-point inputs. The inputs arrive already in the
+#   precision's compute dtype, so the step holds no cast;
+# * the casts at the layer's input: its floating-point inputs cast to the
+#   half dtype, and the gradient cast back, forward and backward. A plan pays
+#   this where a layer's precision differs from its producer's.
+#
+# Layers without weights (activations, pooling, Add, Flatten, Keras ops) and
+# normalization layers (BatchNormalization, LayerNormalization,
+# GroupNormalization: Keras computes their statistics in float32 under a
+# mixed policy) are not timed: they take the precision of the timed layer
+# that feeds them (`Measurement.followers`), so they never add a cast of
+# their own. Halving the layers to trace keeps a ResNet's plan short.
+#
+# Timing is in interleaved rounds as `tf_mixed.policy.autotune` times its
+# probe (its `first_call` and `time_steps` are used): in each round every
+# layer runs in every precision back to back, so load from other processes
+# hits the precisions of a layer alike; a round's figure is the fastest of
+# ``steps_per_round`` steps (preemption only lengthens a step). A float16 step
+# is traced with Grappler's remapping off, as `enable("mixed_float16")` runs
+# it on a CPU.
 
 from __future__ import annotations
 

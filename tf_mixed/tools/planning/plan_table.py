@@ -1,13 +1,12 @@
-"""The value `tf_mixed.plan` returns: a precision per layer, with the figures and why.
+"""The value `tf_mixed.plan` returns: a precision per layer, with the figures and why."""
 
-`Plan` is frozen plain data. ``str(plan)`` is the table (layer, time per
-precision, error, choice, why); `to_dict` the same for JSON. What applies it:
-
-* ``tf_mixed.convert(model, plan.policy, keep_float32=plan.keep_float32)``
-  (or ``plan.apply(model)``, which also quantizes the float8 layers);
-* ``tf_mixed.enable("auto", plan=plan)`` for models built afterwards;
-* ``tf_mixed.float8.quantize(model, keep_float32=plan.float8_keep_float32)``.
-"""
+# `Plan` is frozen plain data. ``str(plan)`` is the table (layer, time per
+# precision, error, choice, why); `to_dict` the same for JSON. What applies it:
+#
+# * ``tf_mixed.convert(model, plan.policy, keep_float32=plan.keep_float32)``
+#   (or ``plan.apply(model)``, which also quantizes the float8 layers);
+# * ``tf_mixed.enable("auto", plan=plan)`` for models built afterwards;
+# * ``tf_mixed.float8.quantize(model, keep_float32=plan.float8_keep_float32)``.
 
 from __future__ import annotations
 

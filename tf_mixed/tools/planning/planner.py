@@ -1,28 +1,27 @@
-"""`tf_mixed.plan`: a precision for each layer, measured on this host.
+"""`tf_mixed.plan`: a precision for each layer, measured on this host."""
 
-    plan = tf_mixed.plan(model, x, y, loss="sparse_categorical_crossentropy")
-    print(plan)                 # layer, time per precision, error, choice, why
-    mixed = plan.apply(model)   # tf_mixed.convert with the plan's keep_float32
-
-Steps: (1) which precisions: float32 and the half dtype (the ``policy``
-argument; by default mixed_bfloat16 on a CPU, what ``enable("auto")``'s
-rules pick on a GPU), plus float8 on a GPU of compute capability 8.9 or
-more; on a CPU where the half dtype has no native arithmetic (bfloat16
-without avx512_bf16 or AMX-BF16, float16 without avx512_fp16 or AMX-FP16)
-it is emulated and every layer is float32, untimed, and the plan says so.
-(2) `tf_mixed.tools.planning.layer_timing.time_layers` times each weighted
-layer, or reads a measurement cached for this host and model. (3)
-`tf_mixed.probe` measures each layer's error in the half dtype. (4)
-`tf_mixed.tools.planning.choosing.choose` chooses.
-
-The cache is `tf_mixed.policy.autotune`'s: one JSON file per host (auto's
-key: CPU model and flags, TF version, oneDNN setting) and model (a digest of
-its config and the batch's shapes), in the same directory. A measurement
-is cached only when it is settled (at least 3 rounds, the whole-model
-ratio's interquartile range within 20% of its median) and the machine was
-not busy (load average at most 1.5 per CPU); a cached one is used only
-when it is whole, for the same layers, and settled.
-"""
+#     plan = tf_mixed.plan(model, x, y, loss="sparse_categorical_crossentropy")
+#     print(plan)                 # layer, time per precision, error, choice, why
+#     mixed = plan.apply(model)   # tf_mixed.convert with the plan's keep_float32
+#
+# Steps: (1) which precisions: float32 and the half dtype (the ``policy``
+# argument; by default mixed_bfloat16 on a CPU, what ``enable("auto")``'s
+# rules pick on a GPU), plus float8 on a GPU of compute capability 8.9 or
+# more; on a CPU where the half dtype has no native arithmetic (bfloat16
+# without avx512_bf16 or AMX-BF16, float16 without avx512_fp16 or AMX-FP16)
+# it is emulated and every layer is float32, untimed, and the plan says so.
+# (2) `tf_mixed.tools.planning.layer_timing.time_layers` times each weighted
+# layer, or reads a measurement cached for this host and model. (3)
+# `tf_mixed.probe` measures each layer's error in the half dtype. (4)
+# `tf_mixed.tools.planning.choosing.choose` chooses.
+#
+# The cache is `tf_mixed.policy.autotune`'s: one JSON file per host (auto's
+# key: CPU model and flags, TF version, oneDNN setting) and model (a digest of
+# its config and the batch's shapes), in the same directory. A measurement
+# is cached only when it is settled (at least 3 rounds, the whole-model
+# ratio's interquartile range within 20% of its median) and the machine was
+# not busy (load average at most 1.5 per CPU); a cached one is used only
+# when it is whole, for the same layers, and settled.
 
 from __future__ import annotations
 
@@ -190,7 +189,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         measurement: Timings to choose from instead of timing (a
             `Measurement`, e.g. from a test or an earlier plan).
         probe_report: The errors to use instead of running the probe: a
-            `tf_mixed.tools.ProbeReport`, or a mapping layer name ->
+            `tf_mixed.tools.probe_report.ProbeReport`, or a mapping layer name ->
             relative error.
         timer: ``timer(model, x, precisions, half_policy) -> Measurement``,
             replacing the timing (default `time_layers`).

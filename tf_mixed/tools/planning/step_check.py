@@ -1,16 +1,15 @@
-"""The plan's last check: the whole model's step, timed as float32, whole-model half and plan.
+"""The plan's last check: the whole model's step, timed as float32, whole-model half and plan."""
 
-Per-layer times leave out what sits between layers (layers without weights,
-the loss, dispatch) and what the graph fuses; so, where the plan differs
-from both whole-model policies, `time_steps` times the whole model's
-forward+backward step in all three (each a `tf_mixed.convert` copy of the
-model, in interleaved rounds, `tf_mixed.policy.autotune`'s helpers), and
-`confirm` (pure) keeps the plan only when it is faster than the faster
-whole-model policy in three rounds of four (the third quartile of the
-per-round ratio plan / best below 1). Otherwise the faster whole-model
-policy wins: the half one when float32 / half has its first quartile above
-1, else float32.
-"""
+# Per-layer times leave out what sits between layers (layers without weights,
+# the loss, dispatch) and what the graph fuses; so, where the plan differs
+# from both whole-model policies, `time_steps` times the whole model's
+# forward+backward step in all three (each a `tf_mixed.convert` copy of the
+# model, in interleaved rounds, `tf_mixed.policy.autotune`'s helpers), and
+# `confirm` (pure) keeps the plan only when it is faster than the faster
+# whole-model policy in three rounds of four (the third quartile of the
+# per-round ratio plan / best below 1). Otherwise the faster whole-model
+# policy wins: the half one when float32 / half has its first quartile above
+# 1, else float32.
 
 from __future__ import annotations
 
