@@ -63,7 +63,7 @@ def time_steps(model: keras.Model, x, y, loss, candidates: Mapping[str, tuple[st
         loss: As `compile` takes it (None: the compiled loss).
         candidates: Name -> ``(policy, keep_float32 names)``, converted with
             `tf_mixed.convert`.
-        rounds: Interleaved rounds (each figure the fastest of 2 steps).
+        rounds: Interleaved rounds (one step each).
 
     Returns:
         `StepRounds`.
@@ -87,7 +87,7 @@ def time_steps(model: keras.Model, x, y, loss, candidates: Mapping[str, tuple[st
     for r in range(rounds):
         progress.update(f"plan: whole-step check, round {r + 1}/{rounds}")
         for name, step in steps.items():
-            figures[name].append(autotune.time_steps(step, (inputs, targets), 2))
+            figures[name].append(autotune.time_steps(step, (inputs, targets), 1))
     return figures
 
 
