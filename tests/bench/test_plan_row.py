@@ -43,6 +43,14 @@ def test_notes_say_what_was_chosen_and_where_the_rest_goes_in_numbers():
         "dispatch, which half precision does not speed up.")
 
 
+def test_per_layer_times_above_the_step_are_not_used_to_split_it():
+    data = _report(2.0)
+    data["results"][1]["step_time_ms"] = 20.0
+    assert plan_row.notes(data)[1].endswith(
+        "the timed layers, each timed alone, sum to 30.0 ms, more than the 20.0 ms step (each "
+        "carries its own dispatch), so they do not split this step further.")
+
+
 def test_no_where_the_rest_goes_when_the_row_reaches_the_matmul_ratio():
     assert len(plan_row.notes(_report(2.6))) == 1
 

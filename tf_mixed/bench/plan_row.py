@@ -92,7 +92,11 @@ def notes(report: dict[str, Any]) -> list[str]:
                          "float32 (census);")
         if casts is not None:
             parts.append(f"{casts} casts a step moving {cast_mb:.1f} MB (census);")
-        if step_ms > 0:
+        if step_ms > 0 and timed_ms >= step_ms:
+            parts.append(f"the timed layers, each timed alone, sum to {timed_ms:.1f} ms, more "
+                         f"than the {step_ms:.1f} ms step (each carries its own dispatch), so "
+                         "they do not split this step further.")
+        elif step_ms > 0:
             parts.append(f"the timed layers' forward+backward is {timed_ms:.1f} ms of the "
                          f"{step_ms:.1f} ms step, the other {rest:.1f} ms "
                          f"({100 * rest / step_ms:.0f}%) are layers without weights, the loss, "
