@@ -46,6 +46,7 @@ _EXPORTS = {
     "layers": "layers",
     "loss_scale_state": "scaling.optimizer",
     "models": "models",
+    "plan": "tools.planning.planner",
     "policy": "policy",
     "policy_scope": "policy.global_policy",
     "probe": "tools.probing",
@@ -154,6 +155,7 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed import tools
     from tf_mixed.tools.auditing import audit
     from tf_mixed.tools.census.step_census import census
+    from tf_mixed.tools.planning.planner import plan
     from tf_mixed.tools.probing import probe
     from tf_mixed import training
 

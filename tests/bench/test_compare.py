@@ -194,7 +194,8 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
     assert open(out / "bench.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert report["suite"] == "compare"
-    assert report["policies"][0] == "float32" and len(report["policies"]) == 2
+    assert report["policies"][0] == "float32" and len(report["policies"]) == 3
+    assert report["policies"][2] == "plan" and "| per-layer plan |" in out_text
     assert report["policy_note"] in out_text
     assert report["model"] == {"name": "cnn", "params": report["results"][0]["model_params"]}
     assert report["dataset"]["image_shape"] == [16, 16, 3]
@@ -654,6 +655,14 @@ def test_gpu_suite_path_with_the_gpu_faked(tmp_path, capsys, monkeypatch):
     assert report["float8_lowering"]["device"] == "no GPU"
     assert set(report["float8_lowering"]["verdicts"].values()) == {"emulated (no GPU)"}
     assert report["device"] == "NVIDIA H100 (faked) (cc 9.0)"
+    # The per-layer plan timed float8 (Keras's emulation on this CPU) beside float32
+    # and float16 for the Dense layers whose dimensions are multiples of 16.
+    plan = report["float8_plan"]
+    assert set(plan["choices"]) == {"dense_a", "dense_b", "dense_c", "out"}
+    timed = {row["name"]: set(row["seconds"]) for row in plan["layers"]}
+    assert timed["dense_a"] == {"float32", "float16", "float8"}
+    assert timed["out"] == {"float32", "float16"}  # 10 outputs: not float8-ready
+    assert "Per-layer plan with float8 (tf_mixed.plan): dense_a " in (out / "results.md").read_text()
     assert "Loss-scale overhead" in capsys.readouterr().out
 
 

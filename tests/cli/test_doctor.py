@@ -193,3 +193,17 @@ def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys
                  "--policy=mixed_float16", f"--output_dir={out}"])
     assert code == 0 and capsys.readouterr().out.startswith("Census of model 'plain'")
     assert json.loads((out / "doctor.json").read_text())["first_change"] is None
+
+
+@pytest.mark.slow
+def test_doctor_plan_proposes_a_precision_per_layer(tmp_path, capsys):
+    path, npz = _planted(tmp_path)
+    out = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", path, f"--dataset=npz:{npz}", "--batch_size=16",
+                 "--plan", f"--output_dir={out}"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    plan = json.loads((out / "doctor.json").read_text())["plan"]
+    assert [row["name"] for row in plan["layers"]] == ["wide", "island", "out"]
+    assert all(row["choice"] in ("float32", "bfloat16", "float16") for row in plan["layers"])
+    assert "Plan for model 'planted'" in printed and "Apply: " in printed

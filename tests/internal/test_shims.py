@@ -56,6 +56,17 @@ def test_inbound_nodes_give_every_call():  # Layer._inbound_nodes, Node.*_tensor
     assert _internals.call_outputs(keras.layers.Dense(2)) == []  # never called
 
 
+def test_first_call_arguments_keep_the_call_structure():  # Node.arguments
+    query = keras.Input((3, 4))
+    value = keras.Input((5, 4))
+    attention = keras.layers.MultiHeadAttention(num_heads=1, key_dim=2)
+    attention(query, value, use_causal_mask=False)
+    args, kwargs = _internals.first_call_arguments(attention)
+    assert args[0] is query and args[1] is value
+    assert kwargs == {"use_causal_mask": False}
+    assert _internals.first_call_arguments(keras.layers.Dense(2)) == ((), {})
+
+
 def test_keras_history_names_the_producer():  # KerasTensor._keras_history
     model, dense, inputs, first, second = _shared_dense_model()
     assert _internals.keras_history(second) == (dense, 1, 0)

@@ -40,7 +40,7 @@ class FakeTimer:
 @pytest.fixture(autouse=True)
 def idle_machine(monkeypatch):
     """The machine's real load never decides whether a result is cached here."""
-    monkeypatch.setattr(autotune, "_machine_load", lambda: (0.5, 2))
+    monkeypatch.setattr(autotune, "machine_load", lambda: (0.5, 2))
 
 
 def no_timing(policies):
@@ -127,7 +127,7 @@ def test_measures_once_then_reads_the_cache(tmp_path):
 
 
 def test_a_measurement_on_a_busy_machine_is_used_but_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(autotune, "_machine_load", lambda: (7.5, 2))
+    monkeypatch.setattr(autotune, "machine_load", lambda: (7.5, 2))
     timer = FakeTimer(float32=1.9, mixed_bfloat16=1.0)
     first = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert first.policy == "mixed_bfloat16" and first.cache_path == ""
@@ -195,7 +195,7 @@ def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
     with caplog.at_level(logging.DEBUG, logger="absl"):
         choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert len(timer.calls) == 1 and choice.policy == "mixed_bfloat16"
-    assert any("ignoring the auto-policy cache" in r.getMessage() for r in caplog.records)
+    assert any("ignoring the cache" in r.getMessage() for r in caplog.records)
     # Replaced by a whole, valid record.
     assert autotune.read_cache(path, autotune.cache_key(CPU))["rounds_s"]["float32"] == [2.0] * 7
 
@@ -481,8 +481,8 @@ class FakeProbe:
         monkeypatch.setattr(autotune, "_probe_inputs", lambda tf, dense, conv: (
             "screen" if dense == autotune._SCREEN_DENSE else "probe"))
         monkeypatch.setattr(autotune, "_probe_step", lambda tf, dtype: dtype)
-        monkeypatch.setattr(autotune, "_first_call", lambda step, inputs, remapping_off: None)
-        monkeypatch.setattr(autotune, "_time_steps", self.time_steps)
+        monkeypatch.setattr(autotune, "first_call", lambda step, inputs, remapping_off: None)
+        monkeypatch.setattr(autotune, "time_steps", self.time_steps)
 
     def time_steps(self, step, inputs, count):
         self.timed.append((inputs, step))

@@ -65,6 +65,25 @@ def call_inputs(layer) -> list:
             for t in keras.tree.flatten(node.input_tensors)]
 
 
+def first_call_arguments(layer) -> tuple[tuple, dict]:
+    """The positional and keyword arguments of `layer`'s first symbolic call.
+
+    Reaches ``layer._inbound_nodes[0].arguments`` (a ``SymbolicArguments``
+    with ``args`` and ``kwargs``, KerasTensors in place of tensors).
+    `tf_mixed.plan` calls a copy of each layer as the model calls it (a
+    MultiHeadAttention's query and value, a ``mask=`` keyword); no public
+    accessor gives a call's structure. Keras 3.15.1.
+
+    Returns:
+      ``(args, kwargs)``; ``((), {})`` for a layer never called symbolically.
+    """
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    if not nodes:
+        return (), {}
+    arguments = nodes[0].arguments
+    return tuple(arguments.args), dict(arguments.kwargs)
+
+
 def keras_history(tensor) -> KerasHistory | None:
     """The operation that produced a symbolic tensor (``_keras_history``).
 

@@ -50,7 +50,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         UsageError: For bad input, before any training starts.
         ChildFailed: If a policy's process failed.
     """
-    policies, note = config_module.resolve_policies(config.policies)
+    policies, note = config_module.resolve_policies(config.policies, with_plan=True)
     bench_data = config_module.check_data(config)
     created = report_module.check_output_dir(config.output_dir)
     print(note, flush=True)

@@ -22,7 +22,9 @@ DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "
                  "bf16": "mlp", "gpu": "resnet50", "heal": "mlp", "heal_cost": "cnn"}
 # Bench-only policy names: what the run computes in, and what it adds.
 # "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
-BENCH_POLICIES = {"float8": "mixed_bfloat16"}
+# "plan": tf_mixed.plan's per-layer precisions on the float32 model
+# (tf_mixed.bench.plan_row), applied with tf_mixed.convert.
+BENCH_POLICIES = {"float8": "mixed_bfloat16", "plan": "float32"}
 # --float8_layers: which Dense layers the float8 run quantizes.
 FLOAT8_LAYERS = ("auto", "all")
 
@@ -159,7 +161,8 @@ class BenchConfig:
         return dataclasses.asdict(self)
 
 
-def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+def resolve_policies(requested: tuple[str, ...], *,
+                     with_plan: bool = False) -> tuple[tuple[str, ...], str]:
     """Turns ``--policies`` into canonical, de-duplicated policy names.
 
     With nothing requested the pair is float32 and what ``enable("auto")``
@@ -168,6 +171,9 @@ def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
 
     Args:
         requested: Names as given (aliases and "auto" accepted).
+        with_plan: With nothing requested, add "plan" (the per-layer plan,
+            `tf_mixed.bench.plan_row`) as a third row: the compare suite's
+            default.
 
     Returns:
         ``(policies, note)``: the names, float32 first when present, and a
@@ -202,10 +208,14 @@ def resolve_policies(requested: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
             names.append("mixed_bfloat16")
             note = (
                 f"Default policies: float32 and enable('auto'), which picks float32 here "
-                f"({reason}); mixed_bfloat16 was added so two policies are compared."
+                f"({reason}); mixed_bfloat16 was added so two policies are compared"
             )
         else:
-            note = f"Default policies: float32 and enable('auto') = {auto} ({reason})."
+            note = f"Default policies: float32 and enable('auto') = {auto} ({reason})"
+        if with_plan:
+            names.append("plan")
+            note += "; and the per-layer plan (tf_mixed.plan) as a third row"
+        note += "."
     else:
         note = f"Policies as requested (--policies); enable('auto') would pick {auto} ({reason})."
     names.sort(key=lambda n: n != "float32")

@@ -14,7 +14,10 @@
 #    there are several (`tf.distribute.MirroredStrategy`); skipped on one.
 # 3. On a GPU of compute capability 8.9 or more, whether a float8 model's
 #    matrix products were lowered to float8 GEMMs
-#    (`tf_mixed.float8.lowering_report`).
+#    (`tf_mixed.float8.lowering_report`), and the per-layer plan
+#    (`tf_mixed.plan`) of a Dense stack of ``float8_width`` with float8
+#    among the precisions timed: which layers it puts in float8, half or
+#    float32, each measured on this GPU.
 #
 # It writes results.json, results.md and bench.png to ``--output_dir``.
 
@@ -107,6 +110,9 @@ def run_gpu(config: BenchConfig, command: str, *, sizes: Sizes = Sizes(),
         float8 = (_float8_lowering(sizes) if capable and left() > 0 else
                   {"skipped": "no GPU of compute capability 8.9 or more" if not capable
                    else "time budget spent"})
+        float8_plan = (_float8_plan(sizes) if capable and left() > 0 else
+                       {"skipped": "no GPU of compute capability 8.9 or more" if not capable
+                        else "time budget spent"})
         report = report_module.suite_header("gpu", config, command)
         report.update({
             "model": {"name": config.model_name},
@@ -117,6 +123,7 @@ def run_gpu(config: BenchConfig, command: str, *, sizes: Sizes = Sizes(),
             "loss_scale_overhead": _overhead(results),
             "allreduce": allreduce,
             "float8_lowering": float8,
+            "float8_plan": float8_plan,
             "wall_time_s": clock() - start,
         })
         report["markdown"] = markdown(report)
@@ -254,6 +261,34 @@ def _float8_lowering(sizes: Sizes) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {str(error)[:300]}"}
 
 
+def _float8_plan(sizes: Sizes) -> dict[str, Any]:
+    """`tf_mixed.plan` of a Dense stack, float8 among the precisions (cc >= 8.9)."""
+    import keras
+    import numpy as np
+
+    import tf_mixed
+
+    progress.update("float8: the per-layer plan of a Dense stack (tf_mixed.plan)")
+    try:
+        width = sizes.float8_width
+        inputs = keras.Input((width,))
+        h = keras.layers.Dense(width, name="dense_a")(inputs)
+        h = keras.layers.Dense(width, name="dense_b")(h)
+        h = keras.layers.Dense(width // 4, name="dense_c")(h)
+        model = keras.Model(inputs, keras.layers.Dense(10, name="out")(h), name="dense_stack")
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(256, width)).astype("float32")
+        y = rng.integers(0, 10, 256)
+        plan = tf_mixed.plan(model, x, y, loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+        record = plan.to_dict()
+        return {"choices": plan.choices, "float8_layers": list(plan.float8_layers),
+                "policy": plan.policy, "summary": plan.summary, "layers": record["layers"],
+                "text": str(plan)}
+    except Exception as error:  # noqa: BLE001 - recorded, the other figures stand
+        return {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+
+
 def markdown(report: dict[str, Any]) -> str:
     """results.md: the variants' table, the loss-scale overhead, all-reduce, float8."""
     lines = [f"# tf_mixed GPU suite: {report['model']['name']} on {report['device']}", "",
@@ -275,5 +310,10 @@ def markdown(report: dict[str, Any]) -> str:
     float8 = report["float8_lowering"]
     lines.append("Float8 lowering: " + (float8.get("skipped") or float8.get("error")
                                         or f"{float8['device']}: {float8['verdicts']}"))
+    plan = report.get("float8_plan") or {}
+    if plan:
+        lines.append("Per-layer plan with float8 (tf_mixed.plan): " + (
+            plan.get("skipped") or plan.get("error")
+            or ", ".join(f"{name} {choice}" for name, choice in plan["choices"].items())))
     lines.append(f"Wall time {report['wall_time_s']:.0f} s (budget {BUDGET_S:.0f} s).")
     return "\n".join(lines) + "\n"

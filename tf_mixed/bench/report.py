@@ -33,7 +33,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from tf_mixed.bench import schedule, serving
+from tf_mixed.bench import plan_row, schedule, serving
 from tf_mixed._internal.cli_errors import UsageError
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
@@ -136,7 +136,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
                  f"| {_ratio(r, 'samples_per_sec')} | {_range(pairs, '.2f', 'x')} "
                  f"| {_census_cells(r)} | {r['step_time_ms']:.1f}")
         lines.append(
-            f"| {r['policy']} | {speed} | {_memory_cells(r)} "
+            f"| {plan_row.label(r)} | {speed} | {_memory_cells(r)} "
             f"| {r['peak_memory_mb']:,.0f} "
             f"| {_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')} "
             f"| {accuracy} | {diff_cell} | {r['skipped_steps']} "
@@ -175,7 +175,7 @@ def notes(report: dict[str, Any]) -> list[str]:
             continue
         pairs = ratios["samples_per_sec_spread"]
         width = schedule.relative_spread(pairs)
-        described = (f"{r['policy']} / float32 = {pairs['median']:.2f}x, the median of "
+        described = (f"{plan_row.label(r)} / float32 = {pairs['median']:.2f}x, the median of "
                      f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x, "
                      f"spread {100 * width:.0f}% of the median)")
         if schedule.trusted(pairs):
@@ -188,6 +188,7 @@ def notes(report: dict[str, Any]) -> list[str]:
         plan = r.get("plan") or {}
         if plan and not plan.get("full", True):
             lines.append(f"Cut to keep the time budget: {plan['reason']}.")
+    lines.extend(plan_row.notes(report))
     matmul = report.get("matmul")
     if matmul:
         for r in report["results"]:
@@ -196,7 +197,7 @@ def notes(report: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"Reference: a {matmul['size']}x{matmul['size']} matmul runs "
                     f"{matmul['ratio']:.2f}x faster in {matmul['dtype']} than in float32 on this "
-                    f"host; {r['policy']} gets {ratio:.2f}x on this model "
+                    f"host; {plan_row.label(r)} gets {ratio:.2f}x on this model "
                     f"({100 * ratio / matmul['ratio']:.0f}% of it).")
     first = report["results"][0].get("activation_bytes") or {}
     if first:

@@ -30,7 +30,7 @@ import tf_mixed
 from tf_mixed import training
 from tf_mixed.policy import global_policy as policy
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, schedule, serving, train
+from tf_mixed.bench import models, plan_row, schedule, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import UsageError
 
@@ -165,10 +165,27 @@ def run_policy(
     memory_reset = _reset_peak_memory()
     compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
     float8_plan = None
+    layer_plan = None
+    if policy_name == "plan":
+        # The per-layer plan (tf_mixed.plan) of the float32 model on one
+        # training batch; its policy is the run's (the float32 layers kept).
+        with policy.policy_scope("float32"):
+            keras.utils.set_random_seed(config.seed)
+            planned = models.build(config.model_name, bench_data.image_shape,
+                                   bench_data.num_classes)
+            layer_plan = plan_row.make_plan(planned, train_set)
+        compute_policy = layer_plan.policy
     with policy.policy_scope(compute_policy) as enabled:
         keras.utils.set_random_seed(config.seed)  # same initial weights for every policy
         with strategy.scope():
-            model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
+            if layer_plan is not None:
+                with policy.policy_scope("float32"):
+                    model = models.build(config.model_name, bench_data.image_shape,
+                                         bench_data.num_classes)
+                model = layer_plan.apply(model)  # tf_mixed.convert: same weights
+            else:
+                model = models.build(config.model_name, bench_data.image_shape,
+                                     bench_data.num_classes)
             if policy_name == "float8":
                 # Created in the strategy's scope: the float8 scales are
                 # mirrored variables the optimizer agrees across replicas.
@@ -213,7 +230,8 @@ def run_policy(
     scale_changes = recorder.scale_changes
     result = {
         "policy": policy_name,
-        "policy_reason": enabled.reason,
+        "policy_reason": layer_plan.summary if layer_plan is not None else enabled.reason,
+        "layer_plan": None if layer_plan is None else plan_row.plan_record(layer_plan),
         # float8 on a host without a GPU is quantize-dequantize emulation:
         # its speed says nothing about float8 GEMMs, so none is claimed.
         "float8": None if float8_plan is None else {

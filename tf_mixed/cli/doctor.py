@@ -35,13 +35,14 @@ from tf_mixed._internal import progress
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
        [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
-       [--measure [--steps=20] [--rounds=3] [--warmup_steps=3]] [--output_dir=DIR]
+       [--measure [--steps=20] [--rounds=3] [--warmup_steps=3]] [--plan] [--output_dir=DIR]
 
 Traces the training step fit runs and reports, per op type, the dtypes ops
 compute in, the share of matmul/conv FLOPs in half precision, every cast per
 step by layer, float32 islands and dimensions that miss the hardware's
 tiles; then the findings, each with its fix. --measure times the model
-before and after the fixes the doctor can apply itself.
+before and after the fixes the doctor can apply itself. --plan proposes a
+precision per layer, timed on this host (tf_mixed.plan).
 """
 
 _JIT = {"auto": None, "true": True, "false": False}
@@ -60,6 +61,9 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("rounds", 3, "--measure: alternating rounds.", flag_values=fv)
     flags.DEFINE_integer("warmup_steps", 3, "--measure: untimed steps first (tracing).",
                          flag_values=fv)
+    flags.DEFINE_boolean("plan", False, "Propose a per-layer plan: tf_mixed.plan times each "
+                         "layer in each precision on this host (cached per host and model) "
+                         "and chooses per layer.", flag_values=fv)
     flags.DEFINE_string("output_dir", "tf_mixed_doctor", "Directory for doctor.json.",
                         flag_values=fv)
 
@@ -229,6 +233,11 @@ def main(argv: list[str]) -> int:
             raise _data_error(fv.dataset, model, x, y, error) from None
         progress.update("step 3/3: timing the step (--measure)" if fv.measure else "step 3/3: report")
         measured = _measure(fv, model, report, x, y) if fv.measure else None
+        if fv.plan:
+            progress.update(f"the per-layer plan of {model.name} (--plan)")
+            proposed = propose_plan(model, x, y, loss, fv.batch_size)
+        else:
+            proposed = None
     except (UsageError, ValueError, TypeError) as error:
         report_module.remove_if_created(fv.output_dir, created)
         return _error(model_command.first_line(error))
@@ -244,6 +253,7 @@ def main(argv: list[str]) -> int:
         "first_change": start_here,
         "census": report.to_dict(),
         "measured": measured,
+        "plan": None if proposed is None else proposed.to_dict(),
     }
     text = json.dumps(record, indent=2)
     # Everything is computed: only now write the file (the directory was
@@ -261,8 +271,34 @@ def main(argv: list[str]) -> int:
     if measured is not None:
         print()
         print(measured_text(measured))
+    if proposed is not None:
+        print()
+        print(proposed, end="")
     print(f"\nExamined in {seconds:.1f} s; wrote {fv.output_dir}/doctor.json")
     return 0
+
+
+def propose_plan(model, x, y, loss, batch_size: int):
+    """`tf_mixed.plan` of `model` on its first batch of `batch_size` examples.
+
+    Args:
+        model: The model as censused.
+        x, y: The doctor's data (arrays, or lists of arrays per input).
+        loss: The loss, or None for the compiled one.
+        batch_size: Examples in the batch planned on.
+
+    Returns:
+        The `tf_mixed.tools.planning.Plan`.
+    """
+    import keras
+
+    import tf_mixed
+
+    def first(a):
+        return a[:batch_size]
+
+    return tf_mixed.plan(model, keras.tree.map_structure(first, x),
+                         keras.tree.map_structure(first, y), loss=loss)
 
 
 def first_change(report, model_path: str) -> str | None:
@@ -292,7 +328,9 @@ def first_change(report, model_path: str) -> str | None:
         "picks mixed_float16 on a GPU, mixed_bfloat16 on a TPU or a CPU measured faster "
         "in bfloat16), or convert the trained model: model = tf_mixed.convert(model, "
         "'mixed_float16') for a GPU ('mixed_bfloat16' for a TPU or such a CPU). Then see "
-        f"what is left: python -m tf_mixed doctor {path} --policy=mixed_float16.")
+        f"what is left: python -m tf_mixed doctor {path} --policy=mixed_float16; or let "
+        f"python -m tf_mixed doctor {path} --plan time each layer on this host and propose "
+        "a precision per layer (tf_mixed.plan).")
 
 
 # ------------------------------------------------------------------ --measure

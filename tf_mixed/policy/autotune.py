@@ -60,7 +60,9 @@ CACHE_DIR_ENV = "TF_MIXED_CACHE_DIR"
 
 # Bump when the probe changes: old cache entries then no longer match.
 PROBE_VERSION = 2
-_CACHE_FORMAT = 2
+CACHE_FORMAT = 2
+"""The format every cache record (auto's and the plan's) carries; older ones are ignored."""
+_CACHE_FORMAT = CACHE_FORMAT
 
 # CPU flags meaning native float16 arithmetic (without them TF's float16 CPU
 # kernels convert every element and are not worth timing).
@@ -217,7 +219,7 @@ def _shown(value: object) -> str:
     return repr(dict(value)) if isinstance(value, Mapping) else repr(value)
 
 
-def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     """(first quartile, median, third quartile), linear interpolation."""
     ordered = sorted(values)
 
@@ -270,7 +272,7 @@ def choose_from_rounds(timings: Rounds, margin: float = DEFAULT_MARGIN) -> Decis
         if name == FLOAT32:
             continue
         ratios = [float(b) / float(h) for b, h in zip(base, figures)]
-        low, median, high = _quartiles(ratios)
+        low, median, high = quartiles(ratios)
         speedups[name], spreads[name], rounds[name] = median, (low, high), len(ratios)
     halves = [name for name in speedups if name != FLOAT32]
     best = max(halves, key=lambda name: speedups[name], default=None)
@@ -353,13 +355,22 @@ def cache_key(info: hardware.HardwareInfo) -> dict:
     }
 
 
-def cache_path(key: Mapping, directory: str | None = None) -> str:
-    """The cache file for `key` in `directory` (default `cache_dir()`)."""
+def cache_path(key: Mapping, directory: str | None = None, *,
+               prefix: str = "auto-policy") -> str:
+    """The cache file for `key` in `directory` (default `cache_dir()`).
+
+    Args:
+        key: What the record is valid for (JSON-able).
+        directory: The cache directory; default `cache_dir()`.
+        prefix: The file name's start: "auto-policy" for `enable("auto")`,
+            "plan" for `tf_mixed.plan`.
+    """
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(directory or cache_dir(), f"auto-policy-{digest}.json")
+    return os.path.join(directory or cache_dir(), f"{prefix}-{digest}.json")
 
 
-def read_cache(path: str, key: Mapping) -> dict | None:
+def read_cache(path: str, key: Mapping,
+               problem: Callable[[dict], str] | None = None) -> dict | None:
     """The cached record at `path` if it is whole and made for `key`.
 
     Never raises for a bad file: anything unusable is logged at debug level
@@ -367,10 +378,13 @@ def read_cache(path: str, key: Mapping) -> dict | None:
 
     Args:
         path: The cache file.
-        key: The expected `cache_key`.
+        key: The expected `cache_key` (or another user's key).
+        problem: ``problem(record) -> str``, what makes a record of the
+            right format and key unusable ("" if nothing); default: auto's
+            check (timings for every candidate, settled).
 
     Returns:
-        The record (with "rounds_s" for every candidate), or None.
+        The record, or None.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -378,20 +392,26 @@ def read_cache(path: str, key: Mapping) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, UnicodeDecodeError) as error:
-        logging.debug("tf_mixed: ignoring the auto-policy cache %s: %s", path, error)
+        logging.debug("tf_mixed: ignoring the cache %s: %s", path, error)
         return None
-    problem = _record_problem(record, key)
-    if problem:
-        logging.debug("tf_mixed: ignoring the auto-policy cache %s: %s", path, problem)
+    found = _record_problem(record, key, problem)
+    if found:
+        logging.debug("tf_mixed: ignoring the cache %s: %s", path, found)
         return None
     return record
 
 
-def _record_problem(record: object, key: Mapping) -> str:
+def _record_problem(record: object, key: Mapping,
+                    problem: Callable[[dict], str] | None = None) -> str:
     if not isinstance(record, dict) or record.get("format") != _CACHE_FORMAT:
         return f"not a format-{_CACHE_FORMAT} record"
     if record.get("key") != dict(key):
         return f"made for {record.get('key')!r}, not {dict(key)!r}"
+    if problem is not None:
+        try:
+            return problem(record)
+        except (KeyError, TypeError, ValueError) as error:
+            return f"unreadable: {error!r}"
     timings = record.get("rounds_s")
     if not isinstance(timings, dict) or set(timings) != set(key["candidates"]):
         return "timings missing or for other policies"
@@ -470,7 +490,7 @@ def measured_choice(
         measured_at = str(record.get("measured_at", "an earlier run"))
     else:
         names = candidates(info)
-        load, cpus = _machine_load()
+        load, cpus = machine_load()
         start = time.perf_counter()
         timings = {name: [float(v) for v in values]
                    for name, values in dict((timer or time_rounds)(names)).items()}
@@ -495,7 +515,7 @@ def measured_choice(
     return AutoChoice(decision.policy, reason, timings, decision, cached, path)
 
 
-def _machine_load() -> tuple[float | None, int]:
+def machine_load() -> tuple[float | None, int]:
     """(1-minute load average or None where unknown, CPU count)."""
     try:
         load = os.getloadavg()[0]
@@ -578,8 +598,8 @@ def time_rounds(
     screen = {}
     for name in policies:
         step = _probe_step(tf, _COMPUTE_DTYPE[name])
-        _first_call(step, screen_inputs, remapping_off=name == MIXED_FLOAT16)
-        screen[name] = _time_steps(step, screen_inputs, 1)
+        first_call(step, screen_inputs, remapping_off=name == MIXED_FLOAT16)
+        screen[name] = time_steps(step, screen_inputs, 1)
     fastest = min(screen.values())
     active = [name for name in policies if screen[name] <= _HOPELESS * fastest]
     if FLOAT32 not in active:
@@ -587,15 +607,15 @@ def time_rounds(
     inputs = _probe_inputs(tf, _DENSE, _CONV)
     steps = {name: _probe_step(tf, _COMPUTE_DTYPE[name]) for name in active}
     for name in active:  # trace and optimise once, outside the timing
-        _first_call(steps[name], inputs, remapping_off=name == MIXED_FLOAT16)
+        first_call(steps[name], inputs, remapping_off=name == MIXED_FLOAT16)
     figures: dict[str, list[float]] = {name: [] for name in active}
     start = time.perf_counter()
     for _ in range(rounds):
         for name in active:
-            figures[name].append(_time_steps(steps[name], inputs, _STEPS_PER_ROUND))
+            figures[name].append(time_steps(steps[name], inputs, _STEPS_PER_ROUND))
         if budget_s is not None and time.perf_counter() - start >= budget_s:
             break
-    scale = _quartiles(figures[FLOAT32])[1] / screen[FLOAT32]
+    scale = quartiles(figures[FLOAT32])[1] / screen[FLOAT32]
     for name in policies:
         if name not in figures:
             figures[name] = [screen[name] * scale]
@@ -615,7 +635,7 @@ def time_policies(
     Returns:
         Seconds per step by policy.
     """
-    return {name: _quartiles(values)[1] for name, values in
+    return {name: quartiles(values)[1] for name, values in
             time_rounds(policies, rounds=rounds, budget_s=budget_s).items()}
 
 
@@ -651,7 +671,8 @@ def _run(step, inputs) -> None:
     step(*inputs).numpy()
 
 
-def _first_call(step, inputs, remapping_off: bool) -> None:
+def first_call(step, inputs, remapping_off: bool) -> None:
+    """Runs `step` once (its trace), with remapping held off for float16 (shared with plan)."""
     from tf_mixed.policy import state as policy_state
 
     if remapping_off:
@@ -666,7 +687,7 @@ def _first_call(step, inputs, remapping_off: bool) -> None:
         _run(step, inputs)
 
 
-def _time_steps(step, inputs, count: int) -> float:
+def time_steps(step, inputs, count: int) -> float:
     """The fastest of `count` steps: preemption by other processes only ever
     lengthens a step, so the fastest is the closest to the true cost."""
     best = math.inf

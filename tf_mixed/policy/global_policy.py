@@ -210,6 +210,7 @@ def enable(
     quiet: bool = False,
     measure: bool | None = None,
     keep_float32=(),
+    plan=None,
 ) -> Enabled:
     """Sets Keras's dtype policy, in this thread, to a mixed-precision policy.
 
@@ -234,6 +235,10 @@ def enable(
         keep_float32: Layers to keep computing in float32 in models built
             afterwards: layer names, layer classes, predicates ``layer ->
             bool``, or a list of these (see `tf_mixed.policy.keep_float32`).
+        plan: With "auto" only: a `tf_mixed.plan` result (opt-in). Its
+            policy is set and its float32 layers are kept by name (with
+            `keep_float32`'s) instead of auto's whole-model choice; build the
+            model with the layer names the plan was made for.
 
     With ``keras_hub`` imported, `enable` also warns that KerasHub's
     ``from_preset`` then loads float presets in the new policy
@@ -259,10 +264,16 @@ def enable(
     name = canonical_name(policy)  # validates before anything changes
     measure = _validated_measure(measure)
     keep = keep_float32_rules.parse(keep_float32)  # applied once the policy is set
+    planned = _checked_plan(plan, name)
+    if planned is not None:
+        keep = keep_float32_rules.KeepFloat32(
+            tuple(dict.fromkeys(keep.names + planned[1])), keep.classes, keep.predicates)
     state = policy_state.thread_state()
     _warn_if_reset(state, "enable")
-    info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) else None
-    if name == AUTO:
+    info = hardware.detect() if name in (AUTO, MIXED_FLOAT16) or planned else None
+    if planned is not None:
+        name, reason = planned[0], planned[2]
+    elif name == AUTO:
         name, reason = resolve_auto(info, measure=measure)
     else:
         reason = _explicit_reason(name, info)
@@ -292,6 +303,29 @@ def enable(
     if note:
         logging.warning(note)  # even when quiet: it changes what a later load gives
     return enabled
+
+
+def _checked_plan(plan, name: str) -> tuple[str, tuple[str, ...], str] | None:
+    """``(policy, float32 layer names, reason)`` from a `tf_mixed.plan` result, or None."""
+    if plan is None:
+        return None
+    policy = getattr(plan, "policy", None)
+    names = getattr(plan, "keep_float32", None)
+    if (not isinstance(policy, str) or policy not in POLICY_NAMES
+            or not isinstance(names, tuple) or not all(isinstance(n, str) for n in names)):
+        raise TypeError(
+            "`plan` must be what tf_mixed.plan(model, x, y) returns (a "
+            f"tf_mixed.tools.planning.Plan), or None. Received: plan={plan!r} of type "
+            f"{type(plan).__name__}.")
+    if name != AUTO:
+        raise ValueError(
+            f"`plan` is applied by enable('auto', plan=...); an explicit policy would "
+            f"contradict it. Received: policy={name!r} with a plan for "
+            f"{policy}. Call tf_mixed.enable('auto', plan=plan).")
+    summary = getattr(plan, "summary", "")
+    model_name = getattr(plan, "model_name", "?")
+    reason = f"the per-layer plan of model '{model_name}' (tf_mixed.plan): {summary}"
+    return policy, names, reason
 
 
 def from_preset_note(name: str) -> str | None:

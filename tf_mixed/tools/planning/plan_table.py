@@ -1,0 +1,170 @@
+"""The value `tf_mixed.plan` returns: a precision per layer, with the figures and why."""
+
+# `Plan` is frozen plain data. ``str(plan)`` is the table (layer, time per
+# precision, error, choice, why); `to_dict` the same for JSON. What applies it:
+#
+# * ``tf_mixed.convert(model, plan.policy, keep_float32=plan.keep_float32)``
+#   (or ``plan.apply(model)``, which also quantizes the float8 layers);
+# * ``tf_mixed.enable("auto", plan=plan)`` for models built afterwards;
+# * ``tf_mixed.float8.quantize(model, keep_float32=plan.float8_keep_float32)``.
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import Any, Mapping
+
+from tf_mixed._internal.facts import FLOAT32_HEADS
+from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
+
+__all__ = ["LayerChoice", "Plan"]
+
+def ms(seconds: float) -> str:
+    """Milliseconds, three significant digits, never in exponent form."""
+    value = seconds * 1e3
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerChoice:
+    """One row of the plan.
+
+    Attributes:
+        name: The layer's name in the model (a nested model is one row).
+        class_name: Its class.
+        seconds: Precision -> median seconds of its forward+backward step
+            ({} for a layer without weights: it is not timed).
+        cast_seconds: Median seconds of the casts at its input, were its
+            precision to differ from its producer's.
+        error: The probe's relative error of its output in the half dtype
+            (None where the probe did not run or has no row for it).
+        choice: "float32", "bfloat16", "float16" or "float8".
+        why: One sentence.
+    """
+
+    name: str
+    class_name: str
+    seconds: Mapping[str, float]
+    cast_seconds: float
+    error: float | None
+    choice: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A precision for each layer of one model on this host (see `tf_mixed.plan`).
+
+    Attributes:
+        model_name: The planned model's name.
+        policy: The policy that carries the plan: the half policy
+            ("mixed_bfloat16", "mixed_float16") when any layer computes in
+            half precision or float8, else "float32".
+        half_dtype: The half dtype considered ("bfloat16" or "float16").
+        precisions: The precisions timed ("float32" first).
+        layers: One row per top-level layer, in the model's order.
+        step_seconds: Median seconds of the timed layers' steps summed,
+            casts included: "float32" everywhere, the half dtype everywhere
+            (numerically unsafe layers float32), and "plan".
+        summary: One sentence: what was chosen and why.
+        host: The host the timings come from.
+        cached: Whether the timings came from the cache.
+        cache_path: The cache file read or written ("" if none).
+        measurement: The timings the choice was made from (None when
+            nothing was timed: half precision emulated).
+    """
+
+    model_name: str
+    policy: str
+    half_dtype: str
+    precisions: tuple[str, ...]
+    layers: tuple[LayerChoice, ...]
+    step_seconds: Mapping[str, float]
+    summary: str
+    host: str = ""
+    cached: bool = False
+    cache_path: str = ""
+    measurement: Measurement | None = None
+
+    @property
+    def choices(self) -> dict[str, str]:
+        """Layer name -> its precision."""
+        return {row.name: row.choice for row in self.layers}
+
+    @property
+    def keep_float32(self) -> tuple[str, ...]:
+        """The layers to keep in float32 under `policy` (``keep_float32=`` of
+        `convert` and `enable`); () when `policy` is float32."""
+        if self.policy == "float32":
+            return ()
+        return tuple(row.name for row in self.layers
+                     if row.choice == "float32" and row.class_name not in FLOAT32_HEADS)
+
+    @property
+    def float8_layers(self) -> tuple[str, ...]:
+        """The layers the plan puts in float8."""
+        return tuple(row.name for row in self.layers if row.choice == FLOAT8)
+
+    @property
+    def float8_keep_float32(self) -> tuple[str, ...]:
+        """``keep_float32=`` for `tf_mixed.float8.quantize`: every timed layer
+        (Dense, EinsumDense, nested model, ...) the plan does not put in float8."""
+        return tuple(row.name for row in self.layers if row.choice != FLOAT8 and row.seconds)
+
+    def apply(self, model):
+        """The model converted to this plan (`tf_mixed.convert`, then float8).
+
+        Args:
+            model: The model planned (or one with the same layer names).
+
+        Returns:
+            A new model (`tf_mixed.convert`'s), its float8 layers quantized
+            with `tf_mixed.float8.quantize` when the plan has any.
+        """
+        from tf_mixed.float8.quantization import quantize
+        from tf_mixed.models.conversion import convert
+
+        converted = convert(model, self.policy, keep_float32=list(self.keep_float32))
+        if self.float8_layers:
+            quantize(converted, keep_float32=list(self.float8_keep_float32))
+        return converted
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data."""
+        return {
+            "model_name": self.model_name, "policy": self.policy, "half_dtype": self.half_dtype,
+            "precisions": list(self.precisions), "summary": self.summary, "host": self.host,
+            "cached": self.cached, "cache_path": self.cache_path,
+            "step_seconds": dict(self.step_seconds),
+            "keep_float32": list(self.keep_float32), "float8_layers": list(self.float8_layers),
+            "layers": [dataclasses.asdict(row) for row in self.layers],
+        }
+
+    def __str__(self) -> str:
+        out = io.StringIO()
+        out.write(f"Plan for model '{self.model_name}'"
+                  + (f" on {self.host}" if self.host else "") + f": {self.summary}\n")
+        if self.step_seconds:
+            parts = ", ".join(f"{k} {ms(v)} ms" for k, v in self.step_seconds.items())
+            out.write(f"Timed layers' step (median, casts included): {parts}\n")
+        header = ["layer", "class"] + [f"{p} ms" for p in self.precisions] + [
+            "cast ms", "error", "choice", "why"]
+        rows = [header]
+        for row in self.layers:
+            times = [ms(row.seconds[p]) if p in row.seconds else "-" for p in self.precisions]
+            error = "-" if row.error is None else f"{row.error:.2g}"
+            cast = ms(row.cast_seconds) if row.seconds else "-"
+            rows.append([row.name, row.class_name, *times, cast, error, row.choice, row.why])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+        for r in rows:
+            out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] + "\n")
+        if self.policy != "float32":
+            out.write(f"Apply: tf_mixed.convert(model, {self.policy!r}, "
+                      f"keep_float32={list(self.keep_float32)!r})")
+            if self.float8_layers:
+                out.write(f", then tf_mixed.float8.quantize(model, keep_float32="
+                          f"{list(self.float8_keep_float32)!r})")
+            out.write("\n")
+        else:
+            out.write("Apply: keep the model in float32 (no tf_mixed.enable).\n")
+        return out.getvalue()

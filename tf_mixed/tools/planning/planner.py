@@ -1,0 +1,391 @@
+"""`tf_mixed.plan`: a precision for each layer, measured on this host."""
+
+#     plan = tf_mixed.plan(model, x, y, loss="sparse_categorical_crossentropy")
+#     print(plan)                 # layer, time per precision, error, choice, why
+#     mixed = plan.apply(model)   # tf_mixed.convert with the plan's keep_float32
+#
+# Steps: (1) which precisions: float32 and the half dtype (the ``policy``
+# argument; by default mixed_bfloat16 on a CPU, what ``enable("auto")``'s
+# rules pick on a GPU), plus float8 on a GPU of compute capability 8.9 or
+# more; on a CPU where the half dtype has no native arithmetic (bfloat16
+# without avx512_bf16 or AMX-BF16, float16 without avx512_fp16 or AMX-FP16)
+# it is emulated and every layer is float32, untimed, and the plan says so.
+# (2) `tf_mixed.tools.planning.layer_timing.time_layers` times each weighted
+# layer, or reads a measurement cached for this host and model. (3)
+# `tf_mixed.probe` measures each layer's error in the half dtype. (4)
+# `tf_mixed.tools.planning.choosing.choose` chooses.
+#
+# The cache is `tf_mixed.policy.autotune`'s: one JSON file per host (auto's
+# key: CPU model and flags, TF version, oneDNN setting) and model (a digest of
+# its config and the batch's shapes), in the same directory. A measurement
+# is cached only when it is settled (at least 3 rounds, the whole-model
+# ratio's interquartile range within 20% of its median) and the machine was
+# not busy (load average at most 1.5 per CPU); a cached one is used only
+# when it is whole, for the same layers, and settled.
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from typing import Any, Callable, Mapping
+
+import keras
+
+from tf_mixed._internal import progress
+from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
+from tf_mixed._internal.facts import FLOAT32_HEADS, check_model_kind, is_input_layer
+from tf_mixed.policy import autotune, hardware
+from tf_mixed.tools.planning import choosing, plan_table
+from tf_mixed.tools.planning import step_check as step_check_module
+from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
+from tf_mixed.tools.planning.plan_table import LayerChoice, Plan
+
+__all__ = ["plan"]
+
+PLAN_VERSION = 1
+"""Bump when the timing changes: older cached plans then no longer match."""
+DEFAULT_TOLERANCE = 0.1
+"""The largest relative error of a layer's output in half precision (the
+probe's threshold for naming a layer in its advice)."""
+DEFAULT_BUDGET_S = 12.0
+"""Seconds of timing rounds after which no new round starts (3 always run)."""
+PROBE_EXAMPLES = 16
+"""The probe measures errors on this many examples of the batch (errors are
+statistics of the outputs; the whole batch would cost the probe minutes on
+a ResNet on two cores)."""
+_NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+_FLOAT8_CC = (8, 9)
+
+Timer = Callable[[keras.Model, Any, tuple, str], Measurement]
+StepTimer = Callable[[Mapping[str, tuple[str, tuple[str, ...]]]], Mapping[str, Any]]
+
+
+def _half_policy(policy, info: hardware.HardwareInfo) -> str:
+    if policy is None:
+        if info.gpus or info.tpu:
+            from tf_mixed.policy.global_policy import choose_auto
+
+            chosen = choose_auto(info)[0]
+            return chosen if COMPUTE_DTYPES.get(chosen) in HALF_DTYPES else "mixed_float16"
+        return "mixed_bfloat16"
+    key = policy.strip().lower() if isinstance(policy, str) else policy
+    name = POLICY_ALIASES.get(key, key) if isinstance(key, str) else None
+    if name not in ("mixed_float16", "mixed_bfloat16"):
+        raise ValueError(
+            "`policy` must be the half policy to plan with: 'mixed_bfloat16' or "
+            f"'mixed_float16' (aliases 'bf16', 'fp16'), or None for this host's. "
+            f"Received: policy={policy!r}.")
+    return name
+
+
+def _emulated(half_dtype: str, info: hardware.HardwareInfo) -> str:
+    """Why `half_dtype` is emulated on this CPU-only host ("" if it is not)."""
+    if info.gpus or info.tpu:
+        return ""
+    if half_dtype == "bfloat16" and info.amx_bf16_usable:
+        return ""
+    flags = _NATIVE[half_dtype]
+    if any(flag in info.cpu_flags for flag in flags):
+        return ""
+    return (f"{half_dtype} is emulated on this CPU ({info.cpu_model or 'unknown model'}: "
+            f"no {' or '.join(flags)}), so every layer stays float32 (nothing timed)")
+
+
+def _float8(info: hardware.HardwareInfo) -> bool:
+    return any(g.compute_capability is not None and tuple(g.compute_capability) >= _FLOAT8_CC
+               for g in info.gpus)
+
+
+def _host(info: hardware.HardwareInfo) -> str:
+    if info.gpus:
+        gpu = info.gpus[0]
+        cc = (f" (compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]})"
+              if gpu.compute_capability else "")
+        return f"{gpu.name}{cc}"
+    return info.cpu_model or "a CPU"
+
+
+def _first_batch(x):
+    """The batch `x` is (an array or structure), or a data set's first x."""
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        element = next(iter(x))
+        return element[0] if isinstance(element, (tuple, list)) else element
+    return keras.tree.map_structure(lambda a: tf.convert_to_tensor(a), x)
+
+
+def _model_digest(model: keras.Model, batch) -> str:
+    try:
+        config = json.dumps(model.get_config(), sort_keys=True, default=str)
+    except Exception:  # a layer without a config: its names and weight shapes instead
+        config = json.dumps([(layer.name, type(layer).__name__,
+                              [list(w.shape) for w in layer.weights]) for layer in model.layers])
+    shapes = [(list(t.shape), str(t.dtype)) for t in keras.tree.flatten(batch)]
+    text = config + json.dumps(shapes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _errors(report, tolerance: float, names) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Each top-level layer's worst error, and why the unsafe ones stay float32."""
+    if report is None:
+        return {name: None for name in names}, {}
+    if isinstance(report, Mapping):
+        rows = [(str(k), float(v), 0.0, None) for k, v in report.items()]
+    else:
+        rows = [(s.name, s.rel_error, s.nonfinite, s.grad_nonfinite) for s in report.layers]
+    errors: dict[str, float | None] = {}
+    blocked: dict[str, str] = {}
+    for name in names:
+        mine = [r for r in rows if r[0] == name or r[0].startswith(name + "/")]
+        finite = [r[1] for r in mine if r[1] == r[1]]  # NaN: a float32 output of zeros
+        worst = max(finite) if finite else None
+        errors[name] = worst
+        if any(r[2] or r[3] for r in mine):
+            blocked[name] = "not finite in half precision (probe): float32"
+        elif worst is not None and worst > tolerance:
+            blocked[name] = (f"error {worst:.2g} above the tolerance {tolerance:g} "
+                             "(probe): float32")
+    return errors, blocked
+
+
+def _record_problem(names: list[str]) -> Callable[[dict], str]:
+    def problem(record: dict) -> str:
+        measurement = Measurement.from_dict(record["measurement"])
+        if [t.name for t in measurement.layers] != names:
+            return "timings for other layers"
+        if measurement.rounds < 3:
+            return "fewer than 3 rounds"
+        return choosing.choose(measurement).unsettled
+
+    return problem
+
+
+def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
+         tolerance: float = DEFAULT_TOLERANCE, rounds: int = 5,
+         budget_s: float | None = DEFAULT_BUDGET_S, measurement: Measurement | None = None,
+         probe_report: Any = None, timer: Timer | None = None, cache: bool = True,
+         cache_directory: str | None = None, step_check: bool = True,
+         step_timer: StepTimer | None = None,
+         info: hardware.HardwareInfo | None = None) -> Plan:
+    """Times each layer in each precision on this host and chooses per layer.
+
+    Args:
+        model: A built Sequential or functional float32 model; not modified.
+        x: One training batch of its inputs (the shapes it trains on), or a
+            `tf.data` dataset of ``(x, y)`` batches (the first is used).
+        y: The targets for an array `x` (for the probe).
+        loss: As `tf_mixed.probe` takes it (None: the compiled loss).
+        policy: The half policy: "mixed_bfloat16" or "mixed_float16"; None:
+            mixed_bfloat16 on a CPU, `enable("auto")`'s rule on a GPU/TPU.
+        tolerance: A layer whose output's relative error in half precision
+            (`tf_mixed.probe`) exceeds this stays float32.
+        rounds: The most interleaved timing rounds (at least 3 run).
+        budget_s: No new round starts after this many seconds of rounds
+            (None: all `rounds`).
+        measurement: Timings to choose from instead of timing (a
+            `Measurement`, e.g. from a test or an earlier plan).
+        probe_report: The errors to use instead of running the probe: a
+            `tf_mixed.tools.probe_report.ProbeReport`, or a mapping layer name ->
+            relative error.
+        timer: ``timer(model, x, precisions, half_policy) -> Measurement``,
+            replacing the timing (default `time_layers`).
+        cache: Read and write the per-host, per-model cache.
+        cache_directory: Its directory (default
+            `tf_mixed.policy.autotune.cache_dir()`).
+        step_check: Where the per-layer choice differs from both
+            whole-model policies, time the whole model's step in all three
+            and keep the plan only if it is faster than the faster of them
+            beyond the rounds' spread
+            (`tf_mixed.tools.planning.step_check`).
+        step_timer: ``step_timer({name: (policy, keep_float32)}) ->
+            {name: [seconds per round]}`` replacing that timing.
+        info: The host (default `tf_mixed.policy.hardware.detect()`).
+
+    Returns:
+        A `Plan`.
+
+    Raises:
+        TypeError: `model` is not a Keras model, or is subclassed; an
+            argument has the wrong type.
+        ValueError: `policy` is not a half policy; `tolerance`, `rounds` or
+            `budget_s` is out of range; the model is not built; the probe's
+            errors (`tf_mixed.probe`).
+    """
+    check_model_kind(model, "tf_mixed.plan()",
+                     why_traced="its layers' inputs exist only inside Python code",
+                     fix="Plan a Sequential or functional version of it.")
+    _validate.number(tolerance, "tolerance", rule=lambda v: v > 0, valid="a number > 0")
+    _validate.number(rounds, "rounds", integer=True, rule=lambda v: v >= 1, valid="an int >= 1")
+    if budget_s is not None:
+        _validate.number(budget_s, "budget_s", rule=lambda v: v > 0,
+                         valid="a number of seconds > 0, or None")
+    if measurement is not None and not isinstance(measurement, Measurement):
+        raise TypeError(
+            "`measurement` must be a tf_mixed.tools.planning.Measurement or None. "
+            f"Received: measurement={measurement!r} of type {type(measurement).__name__}.")
+    info = hardware.detect() if info is None else info
+    half_policy = _half_policy(policy, info)
+    half_dtype = COMPUTE_DTYPES[half_policy]
+    host = _host(info)
+    timed, _, followers = layer_graph(model)
+    names = [layer.name for layer in timed]
+    emulated = _emulated(half_dtype, info) if measurement is None else ""
+    if emulated:
+        return _all_float32(model, half_dtype, host, emulated)
+    precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
+    with progress.heartbeat("tf_mixed.plan"):
+        cached, path, not_cached, when = False, "", "", ""
+        batch = _first_batch(x)
+        if measurement is None:
+            key = dict(autotune.cache_key(info), plan=PLAN_VERSION, half_policy=half_policy,
+                       precisions=list(precisions), model=_model_digest(model, batch))
+            path = autotune.cache_path(key, cache_directory, prefix="plan") if cache else ""
+            record = autotune.read_cache(path, key, _record_problem(names)) if cache else None
+            if record is not None:
+                measurement = Measurement.from_dict(record["measurement"])
+                cached, when = True, str(record.get("measured_at", "an earlier run"))
+            else:
+                load, cpus = autotune.machine_load()
+                progress.update(f"plan: timing {len(names)} layers in {', '.join(precisions)}")
+                measurement = (timer or _default_timer(rounds, budget_s))(
+                    model, batch, precisions, half_policy)
+                busy = load is not None and load > 1.5 * cpus
+                unsettled = choosing.choose(measurement).unsettled
+                not_cached = (f"the machine was busy: load average {load:.1f} on {cpus} CPUs"
+                              if busy else unsettled)
+                when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                record = {"format": autotune.CACHE_FORMAT, "key": key, "measured_at": when,
+                          "measurement": measurement.to_dict()}
+                if not cache or not_cached or not autotune.write_cache(path, record):
+                    path = ""
+        if probe_report is None:
+            progress.update("plan: probing each layer's error in " + half_dtype)
+            from tf_mixed.tools.probing import probe
+
+            px, py = _probe_slice(x, y)
+            probe_report = probe(model, px, py, loss=loss, policy=half_policy)
+        errors, blocked = _errors(probe_report, float(tolerance), names)
+        choice = choosing.choose(measurement, blocked)
+        checked = ""
+        wholes = {"float32": {n: "float32" for n in names},
+                  half_dtype: {n: "float32" if n in blocked else half_dtype for n in names}}
+        if step_check and dict(choice.precisions) not in wholes.values():
+            candidates = {}
+            for name, assign in (*wholes.items(), ("plan", dict(choice.precisions))):
+                variant = dataclasses.replace(choice, precisions=assign)
+                variant_rows = _rows(model, measurement, variant, errors, followers, half_dtype)
+                candidates[name] = _carrier(variant_rows, half_policy)
+            step_rounds = (step_timer or _default_step_timer(model, x, y, loss))(candidates)
+            winner, checked = step_check_module.confirm(step_rounds, half_dtype)
+            if winner != "plan":
+                whys = {n: checked for n in names if n not in blocked}
+                choice = dataclasses.replace(choice, precisions=wholes[winner],
+                                             whys={**choice.whys, **whys})
+    rows = _rows(model, measurement, choice, errors, followers, half_dtype)
+    chosen = {row.choice for row in rows}
+    final = half_policy if chosen - {"float32"} else "float32"
+    summary = _summary(choice, rows, half_dtype, final)
+    if checked:
+        summary += f"; {checked}"
+    if cached:
+        summary += f"; timings cached {when}, read from {path}"
+    elif not_cached:
+        summary += f"; timed now, not cached ({not_cached})"
+    elif path:
+        summary += f"; timed now, cached in {path}"
+    return Plan(model.name, final, half_dtype, tuple(measurement.precisions), tuple(rows),
+                dict(choice.step_seconds), summary, host, cached, path, measurement)
+
+
+def _probe_slice(x, y):
+    """The first `PROBE_EXAMPLES` examples of arrays (a data set is the probe's to batch)."""
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        return x, y
+
+    def head(a):
+        return a[:PROBE_EXAMPLES] if hasattr(a, "__getitem__") and hasattr(a, "shape") else a
+
+    return keras.tree.map_structure(head, x), (
+        None if y is None else keras.tree.map_structure(head, y))
+
+
+def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
+    """(policy, keep_float32 names) that carry these rows' choices."""
+    if all(row.choice == "float32" for row in rows):
+        return "float32", ()
+    return half_policy, tuple(row.name for row in rows if row.choice == "float32"
+                              and row.class_name not in FLOAT32_HEADS)
+
+
+def _default_step_timer(model, x, y, loss) -> StepTimer:
+    import tensorflow as tf
+
+    def timer(candidates):
+        bx, by = x, y
+        if isinstance(x, tf.data.Dataset):
+            bx, by = next(iter(x))[:2]
+        return step_check_module.time_steps(model, bx, by, loss, candidates)
+
+    return timer
+
+
+def _default_timer(rounds: int, budget_s: float | None) -> Timer:
+    def timer(model, batch, precisions, half_policy) -> Measurement:
+        return time_layers(model, batch, precisions, half_policy, rounds=rounds,
+                           min_rounds=min(3, rounds), budget_s=budget_s)
+
+    return timer
+
+
+def _rows(model, measurement, choice, errors, followers, half_dtype) -> list[LayerChoice]:
+    timings = {t.name: t for t in measurement.layers}
+    rows = []
+    for layer in model.layers:
+        if is_input_layer(layer):
+            continue
+        name = layer.name
+        timing = timings.get(name)
+        if timing is not None:
+            rows.append(LayerChoice(
+                name, timing.class_name,
+                {p: choosing.medians(v) for p, v in timing.seconds.items()},
+                choosing.medians(timing.cast_seconds), errors.get(name),
+                choice.precisions[name], choice.whys[name]))
+            continue
+        if type(layer).__name__ in FLOAT32_HEADS:
+            rows.append(LayerChoice(name, type(layer).__name__, {}, 0.0, None, "float32",
+                                    "tf_mixed's float32 head: float32 under any policy"))
+            continue
+        source = followers.get(name, "")
+        followed = choice.precisions.get(source, choice.start) if source else choice.start
+        precision = "float32" if followed == "float32" else half_dtype
+        kind = "normalization" if layer.weights else "no weights"
+        why = (f"{kind}: follows {source}" if source
+               else f"{kind}, fed by the model's inputs: the whole-model {choice.start}")
+        rows.append(LayerChoice(name, type(layer).__name__, {}, 0.0, None, precision, why))
+    return rows
+
+
+def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
+    timed = [row for row in rows if row.seconds]
+    counts = {p: sum(row.choice == p for row in timed) for p in ("float32", half_dtype, FLOAT8)}
+    steps = choice.step_seconds
+    ms = {k: f"{plan_table.ms(v)} ms" for k, v in steps.items()}
+    split = ", ".join(f"{n} {p}" for p, n in counts.items() if n)
+    return (f"{final}: {split} of {len(timed)} timed layers; timed layers' step "
+            f"{ms['plan']} (float32 {ms['float32']}, whole-model {half_dtype} "
+            f"{ms[half_dtype]})")
+
+
+def _all_float32(model, half_dtype: str, host: str, why: str) -> Plan:
+    rows = tuple(LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
+                 for layer in model.layers if not is_input_layer(layer))
+    return Plan(model.name, "float32", half_dtype, ("float32",), rows, {},
+                f"float32 for every layer: {why}", host)
+

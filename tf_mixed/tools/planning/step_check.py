@@ -1,0 +1,106 @@
+"""The plan's last check: the whole model's step, timed as float32, whole-model half and plan."""
+
+# Per-layer times leave out what sits between layers (layers without weights,
+# the loss, dispatch) and what the graph fuses; so, where the plan differs
+# from both whole-model policies, `time_steps` times the whole model's
+# forward+backward step in all three (each a `tf_mixed.convert` copy of the
+# model, in interleaved rounds, `tf_mixed.policy.autotune`'s helpers), and
+# `confirm` (pure) keeps the plan only when it is faster than the faster
+# whole-model policy in three rounds of four (the third quartile of the
+# per-round ratio plan / best below 1). Otherwise the faster whole-model
+# policy wins: the half one when float32 / half has its first quartile above
+# 1, else float32.
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import keras
+
+from tf_mixed._internal import losses as _losses
+from tf_mixed._internal import progress
+from tf_mixed.policy import autotune
+
+__all__ = ["confirm", "time_steps"]
+
+StepRounds = Mapping[str, Sequence[float]]
+"""Seconds of one whole-model step by candidate ("float32", the half dtype,
+"plan"), one figure per interleaved round."""
+
+
+def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
+    """Which candidate the whole-step timings support, and why.
+
+    Args:
+        rounds: `StepRounds` with "float32", `half` and "plan".
+        half: The half dtype's name.
+
+    Returns:
+        ``(winner, sentence)``: "plan", `half` or "float32".
+    """
+    f32, hal, pla = (list(rounds[k]) for k in ("float32", half, "plan"))
+    n = min(len(f32), len(hal), len(pla))
+    low, ratio, _ = autotune.quartiles([a / b for a, b in zip(f32[:n], hal[:n])])
+    best_name = half if low > 1.0 else "float32"
+    best = hal if best_name == half else f32
+    _, median, high = autotune.quartiles([p / b for p, b in zip(pla[:n], best[:n])])
+    ms = {k: 1e3 * autotune.quartiles(list(v)[:n])[1] for k, v in rounds.items()}
+    figures = (f"whole step, median of {n} rounds: plan {ms['plan']:.1f} ms, float32 "
+               f"{ms['float32']:.1f} ms, {half} {ms[half]:.1f} ms")
+    if high < 1.0:
+        return "plan", f"{figures}: the plan is {1 / median:.2f}x the faster whole model"
+    return best_name, (f"{figures}: the plan is not faster than whole-model {best_name} "
+                       f"beyond the rounds' spread, so whole-model {best_name}")
+
+
+def time_steps(model: keras.Model, x, y, loss, candidates: Mapping[str, tuple[str, Sequence[str]]],
+               *, rounds: int = 3) -> dict[str, list[float]]:
+    """Times the whole model's forward+backward step for each candidate.
+
+    Args:
+        model: The float32 model planned.
+        x, y: One batch and its targets.
+        loss: As `compile` takes it (None: the compiled loss).
+        candidates: Name -> ``(policy, keep_float32 names)``, converted with
+            `tf_mixed.convert`.
+        rounds: Interleaved rounds (one step each).
+
+    Returns:
+        `StepRounds`.
+    """
+    import tensorflow as tf
+
+    from tf_mixed.models.conversion import convert
+
+    if loss is None:
+        loss = getattr(model, "loss", None)
+    loss_fn = _losses.resolve(loss, model, "tf_mixed.plan()")
+    inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
+    targets = keras.tree.map_structure(tf.convert_to_tensor, y)
+    steps: dict[str, Callable[..., Any]] = {}
+    for name, (policy, keep) in candidates.items():
+        progress.update(f"plan: tracing the whole step as {name}")
+        copy = convert(model, policy, keep_float32=list(keep))  # a copy: the model is untouched
+        steps[name] = _step(copy, loss_fn)
+        autotune.first_call(steps[name], (inputs, targets), remapping_off=policy == "mixed_float16")
+    figures: dict[str, list[float]] = {name: [] for name in candidates}
+    for r in range(rounds):
+        progress.update(f"plan: whole-step check, round {r + 1}/{rounds}")
+        for name, step in steps.items():
+            figures[name].append(autotune.time_steps(step, (inputs, targets), 1))
+    return figures
+
+
+def _step(model, loss_fn):
+    import tensorflow as tf
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = tf.cast(loss_fn(y, model(x, training=True)), "float32")
+        grads = tape.gradient(value, model.trainable_variables)
+        picked = [tf.cast(tf.reshape(g, [-1])[0], "float32") for g in grads
+                  if g is not None and not isinstance(g, tf.IndexedSlices)]
+        return tf.add_n(picked) if picked else value
+
+    return step
