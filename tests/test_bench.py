@@ -332,11 +332,14 @@ def test_ratios_and_table_without_float32():
     assert results[1]["ratio_to_float32"]["samples_per_sec"] == 2.5
     assert results[1]["ratio_to_float32"]["step_time"] == pytest.approx(0.4)
     assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] == pytest.approx(-0.5)
+    # One pair (no rounds: the ratio of the medians) is no verdict: no ratio printed.
+    assert not results[1]["ratio_to_float32"]["trusted"]
     table = bench_report.markdown_table(results)
-    assert ("| mixed_bfloat16 | 250.0 | n/a | 2.50x | 2.50x-2.50x | n/a | n/a | 128.0 "
+    assert ("| mixed_bfloat16 | 250.0 | n/a | untrusted | 1 pair(s) | n/a | n/a | 128.0 "
             "| n/a | n/a | n/a | 100 |") in table
+    results[1]["ratio_to_float32"]["trusted"] = True
     results[1]["census"] = {"half_flop_share": 0.923, "casts_per_step": 14}
-    assert "| 2.50x-2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
+    assert "| 2.50x | 2.50x-2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
     # The base is the float32 row wherever it stands, not the first row.
     later = [_fake_result("mixed_bfloat16", 250.0, 0.895), _fake_result("float32", 125.0, 0.90)]
     bench_report.add_ratios(later)
@@ -436,6 +439,15 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     # Written at 100 dpi, 15 x 8.5 inches with the loss-scale panel: 1500 x 850 pixels.
     assert int.from_bytes(path.read_bytes()[16:20], "big") == 1500
     assert int.from_bytes(path.read_bytes()[20:24], "big") == 850
+    # The picture says what the table says: the cut run marked, each verdict in the title.
+    results = report["results"]
+    assert plot.tick_labels(results) == ["float32", "mixed_float16\n(cut)"]
+    assert plot.headline(results) == ["mixed_float16: 1.00x float32; cut, timed only"]
+    results[1]["ratio_to_float32"]["trusted"] = False  # no ratio drawn either
+    assert plot.headline(results) == [
+        "mixed_float16: no ratio (round pairs too few or too spread to trust; re-run when idle); "
+        "cut, timed only"]
+    assert plot.plot(report, str(path)) is True
 
 
 # --- float8 -------------------------------------------------------------------
@@ -527,12 +539,19 @@ def test_ratio_is_the_median_of_round_pairs_and_notes_say_when_to_distrust_it():
     # Pairs 1, 3, 2, 3, 2: quartiles 2 and 3, the IQR half the median.
     spread = results[1]["ratio_to_float32"]["samples_per_sec_spread"]
     assert (spread["q1"], spread["median"], spread["q3"]) == (2.0, 2.0, 3.0)
-    first = bench_report.notes(report)[0]
-    assert "(min-max 1.00x-3.00x, spread 50% of the median): TOO WIDE TO TRUST" in first
-    assert "load average was 3.0 on 2 cores" in first and "--round_steps=10" in first
+    # No ratio at all then: not in the notes, the table or the matmul reference.
+    results[1]["plan"] = {"full": False, "extra_rounds": 2, "reason": "..."}
+    untrusted_notes = bench_report.notes(report)
+    first = untrusted_notes[0]
+    assert first.startswith("mixed_bfloat16 / float32: NO RATIO: its 5 round pairs spread 50% "
+                            "of their median, over 20% after 2 extra round(s); the load average "
+                            "was 3.0 on 2 cores. Re-run when the host is idle")
+    assert "2.00x" not in " ".join(untrusted_notes)
+    assert not any(line.startswith("Reference:") for line in untrusted_notes)
     row = next(line for line in bench_report.markdown_table(results).splitlines()
                if line.startswith("| mixed_bfloat16"))
-    assert "| 150.0 | 100-300 | 2.00x | 1.00x-3.00x |" in row
+    assert "| 150.0 | 100-300 | untrusted | spread 50% |" in row
+    assert bench_report.verdict(results[1]).startswith("no ratio (")
     assert "| 0.0 | 0.50x | 0.0 | 100 |" in row  # activations, vs float32, state, peak
 
 
@@ -542,10 +561,18 @@ def test_a_timed_only_policy_shows_no_accuracy_and_says_why():
     results[1]["plan"] = {"full": False, "reason": "bfloat16 is emulated on this CPU: ..."}
     bench_report.add_ratios(results)
     assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] is None
+    results[1].update(steps_run=65, total_steps=500, final_train_loss=2.0982)
     row = bench_report.markdown_table(results).splitlines()[-1]
     assert "| not compared | n/a |" in row
+    # Marked cut, its losses (65 steps against float32's 500) not shown beside float32's.
+    assert row.startswith("| mixed_bfloat16 (cut) |")
+    assert "| cut at step 65/500 | cut at step 65/500 |" in row and "2.0982" not in row
     notes = bench_report.notes({"results": results, "host": {}})
     assert "Cut to keep the time budget: bfloat16 is emulated on this CPU: ...." in notes
+    assert ("mixed_bfloat16: cut at step 65/500, so its losses are not compared with float32's "
+            "(results.json keeps them).") in notes
+    assert bench_report.verdict(results[1]) == "0.20x float32; cut at step 65/500, timed only"
+    assert bench_report.verdict(results[0]) == "the baseline"
 
 
 @pytest.mark.slow

@@ -87,7 +87,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
                     for p in policies
                 ]
             for result in results:
-                result["plan"] = scheduler.plan(result["policy"]).to_dict()
+                result["plan"] = {**scheduler.plan(result["policy"]).to_dict(),
+                                  "extra_rounds": scheduler.extra_rounds.get(result["policy"], 0)}
             round_order = scheduler.order
         report_module.add_ratios(results)
         progress.update("measuring the host's large matmul, float32 against half precision")
