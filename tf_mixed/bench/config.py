@@ -15,6 +15,12 @@ from typing import Any
 
 from tf_mixed._internal.cli_errors import UsageError
 
+# Named here, where no TensorFlow is imported, so the command line's --help
+# answers before TensorFlow loads (`tf_mixed.bench.models` and `.data` use them).
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "transformer")
+DATA_ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
+                 "tokens (for --model=transformer)")
+
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
 SUITES = ("compare", "overhead", "comm", "memory", "bf16", "gpu")

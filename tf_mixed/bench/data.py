@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import config
 
 SHAPES = "shapes"
 TOKENS = "tokens"
@@ -62,8 +63,7 @@ _IMAGE_SIGNATURES = {
     b"GIF89a": "GIF",
     b"BM": "BMP",
 }
-ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
-            "tokens (for --model=transformer)")
+ACCEPTED = config.DATA_ACCEPTED
 
 
 @dataclasses.dataclass(frozen=True)

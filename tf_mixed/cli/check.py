@@ -206,7 +206,9 @@ def main(argv: list[str]) -> int:
         return _error(str(error))
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)
+    from tf_mixed.cli import model_command
 
+    model_command.import_tensorflow()  # once the arguments are read
     from tf_mixed.tools.check import scenarios as selfcheck
 
     selfcheck.prepare_devices()  # before anything initialises TensorFlow

@@ -40,12 +40,12 @@ REPORT_NAME = "export.json"
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import data
+    from tf_mixed.bench import config
 
     flags.DEFINE_string("format", "litert", "saved_model or litert.", flag_values=fv)
     flags.DEFINE_string("precision", "float32", "float32, float16_weights (litert), float16 or "
                         "bfloat16 (saved_model), as_trained.", flag_values=fv)
-    flags.DEFINE_string("dataset", "", f"Sample data: {data.ACCEPTED}, or npz:PATH with an array "
+    flags.DEFINE_string("dataset", "", f"Sample data: {config.DATA_ACCEPTED}, or npz:PATH with an array "
                         "x. Empty: no parity check.", flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples in the sample batch.", flag_values=fv)
