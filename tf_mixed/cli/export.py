@@ -120,12 +120,12 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
-        progress.update(f"step 1/2: loading {model_path} and its sample")
+        progress.update(stage(1, model_path, fmt, precision, bool(fv.dataset.strip())))
         model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         sample = _sample(fv, model)
         created = report_module.check_output_dir(fv.output_dir)
         artifact = os.path.join(fv.output_dir, ARTIFACT_NAMES[fmt])
-        progress.update(f"step 2/2: exporting {fmt} ({precision}) and checking it on the sample")
+        progress.update(stage(2, model_path, fmt, precision, sample is not None))
         report = tf_mixed.export(model, artifact, format=fmt, precision=precision,
                                  sample=sample, tolerance=fv.tolerance or None,
                                  allow_select_ops=fv.allow_select_ops)
@@ -155,6 +155,15 @@ def main(argv: list[str]) -> int:
     print(f"\nExported in {seconds:.1f} s; wrote {artifact} and "
           f"{os.path.join(fv.output_dir, REPORT_NAME)}")
     return 0
+
+
+def stage(step: int, model_path: str, fmt: str, precision: str, with_sample: bool) -> str:
+    """The progress line of step 1 (loading) or 2 (exporting): a check is named only
+    when there is a sample to check on."""
+    if step == 1:
+        return f"step 1/2: loading {model_path}" + (" and its sample" if with_sample else "")
+    return (f"step 2/2: exporting {fmt} ({precision})"
+            + (" and checking it on the sample" if with_sample else " (no sample: no parity check)"))
 
 
 def _remove(path: str) -> None:
