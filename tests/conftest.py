@@ -10,6 +10,10 @@ import atexit
 import os
 import shutil
 import tempfile
+import sys
+
+# Helpers shared by tests at every depth (zoo, workers, paths): `from zoo import ZOO`.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Tests never time this machine for enable("auto") nor touch the user's cache:

@@ -330,3 +330,63 @@ def test_the_main_classes_stay_small(path, name, limit):
     tree = ast.parse((ROOT / path).read_text())
     node, = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
     assert node.end_lineno - node.lineno + 1 <= limit
+
+
+# tests/ mirrors the package (issue 33 item 4): tests/<concern>/test_<module>[_<topic>].py
+# beside tf_mixed/<concern>/<module>.py; multi-process and subprocess tests in
+# tests/integration/; helpers in tests/support/; cross-cutting checks at the top.
+TESTS = ROOT / "tests"
+TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {"integration", "support", "data"}
+CROSS_CUTTING_TESTS = {"test_docs.py", "test_layout.py", "test_package.py", "test_tiers.py",
+                       "test_zoo.py", "test_real_zoo.py"}
+
+
+def _misplaced_tests(tests: pathlib.Path, package: pathlib.Path) -> list[str]:
+    """Test files under ``tests`` that do not sit beside a module of ``package``."""
+    misplaced = []
+    for path in sorted(tests.rglob("*.py")):
+        relative = path.relative_to(tests)
+        top = relative.parts[0]
+        if path.name == "conftest.py" and len(relative.parts) == 1:
+            continue
+        if top == "support":
+            if path.name.startswith("test_"):
+                misplaced.append(f"{relative}: tests/support/ holds helpers, not tests")
+            continue
+        if top == "integration":
+            if not path.name.startswith(("test_", "_")):
+                misplaced.append(f"{relative}: tests/integration/ holds test_*.py and _*.py workers")
+            continue
+        if top == "data":
+            continue
+        if not path.name.startswith("test_"):
+            misplaced.append(f"{relative}: helpers belong in tests/support/")
+            continue
+        folder = package.joinpath(*["_internal" if p == "internal" else p
+                                    for p in relative.parts[:-1]])
+        if len(relative.parts) == 1 and path.name in CROSS_CUTTING_TESTS:
+            continue
+        stem = path.stem[len("test_"):]
+        modules = {m.stem for m in folder.glob("*.py") if m.stem != "__init__"}
+        if not any(stem == m or stem.startswith(m + "_") for m in modules):
+            misplaced.append(f"{relative}: no module tf_mixed/{folder.relative_to(package)}/"
+                             f"{stem.split('_')[0]}*.py beside which it belongs")
+    return misplaced
+
+
+def test_tests_mirror_the_package():
+    assert _misplaced_tests(TESTS, PACKAGE) == []
+
+
+def test_a_test_named_after_no_module_is_found(tmp_path):
+    (tmp_path / "scaling").mkdir()
+    (tmp_path / "scaling" / "test_loss_scale.py").write_text("")
+    (tmp_path / "scaling" / "test_optimizer_mirrored.py").write_text("")
+    (tmp_path / "support").mkdir()
+    (tmp_path / "support" / "test_helper.py").write_text("")
+    (tmp_path / "zoo.py").write_text("")
+    assert _misplaced_tests(tmp_path, PACKAGE) == [
+        "scaling/test_loss_scale.py: no module tf_mixed/scaling/loss*.py beside which it belongs",
+        "support/test_helper.py: tests/support/ holds helpers, not tests",
+        "zoo.py: helpers belong in tests/support/",
+    ]

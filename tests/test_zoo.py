@@ -1,4 +1,4 @@
-"""Every model-taking API of tf_mixed over the model zoo (tests/zoo.py).
+"""Every model-taking API of tf_mixed over the model zoo (tests/support/zoo.py).
 
 Each API runs on every zoo model as built in this process and as saved and
 reloaded in a fresh process (`zoo.reloaded_model`: one subprocess for the

@@ -3,7 +3,7 @@
 `auditing` (what is wrong), `conversion` (how to fix it), `probing`, the
 policy parser and the set-up checks of `callbacks` read the same tables and
 tests here, so the advice one gives is what the other does.
-tests/test_facts.py fails when a module restates a table (tuple, list, set
+tests/internal/test_facts.py fails when a module restates a table (tuple, list, set
 or dict) instead of importing it.
 
 Keras is imported inside the functions that need it, so `tf_mixed.policy.autotune`

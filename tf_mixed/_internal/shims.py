@@ -2,7 +2,7 @@
 
 Each function reaches one private name, says why no public API does the job,
 and names the version it was checked on (Keras 3.15.1, TensorFlow 2.21.0).
-tests/test_internals.py asserts that each name still exists and behaves as
+tests/internal/test_shims.py asserts that each name still exists and behaves as
 relied on here, so a Keras or TF upgrade that moves one fails a named test
 instead of changing tf_mixed's behaviour silently. pyproject.toml bounds the
 Keras version to the range these tests ran on.
@@ -13,7 +13,7 @@ under MultiWorkerMirroredStrategy, keras-team/keras#20585) replaces
 ``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build``
 and ``keras.src.backend.tensorflow.trainer.reduce_per_replica`` (measured on
 Keras 3.15.1) and calls ``strategy.extended._in_multi_worker_mode()``;
-``tests/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails on
+``tests/integration/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails on
 the first Keras without the defect.
 """
 

@@ -21,7 +21,7 @@ traced step (the gradient all-reduce plus the loss-reporting reduce), the
 final loss. Worker 0 writes them; this process writes results.json and
 results.md into ``--output_dir`` and prints the table.
 
-The workers are started like tests/test_multi_worker.py starts its own (one
+The workers are started like tests/integration/test_multi_worker.py starts its own (one
 ``python -m tf_mixed.bench.comm`` per worker with its ``TF_CONFIG``; every wait
 bounded, no process left behind).
 """

@@ -3,7 +3,7 @@
 PRIVATE KERAS API. Everything this module touches is private to Keras and is
 listed here and in ``tf_mixed/_internal/shims.py``. Delete this module (and its
 callers in ``tf_mixed/distribute/cluster.py``) once Keras is fixed;
-``tests/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails
+``tests/integration/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails
 on the first Keras release that no longer has the defects, to say so.
 
 Keras 3 (measured on 3.15.1; keras-team/keras#20585, tensorflow/tensorflow#72388)

@@ -5,7 +5,7 @@ strategy, two logical CPUs), reported as present or absent on the installed
 versions, and says whether tf_mixed neutralises it and how. ``python -m
 tf_mixed check`` prints them and writes them into its JSON; a user of Keras's
 own wrapper learns here what tf_mixed works around. Each one has a canary in
-tests/test_upstream_defects.py that fails once upstream fixes it, so the
+tests/tools/check/test_upstream_defects.py that fails once upstream fixes it, so the
 entry (and tf_mixed's workaround) can be retired.
 
     scale_collapse            Keras's LossScaleOptimizer has no floor: after enough
@@ -82,13 +82,13 @@ DEFECTS: tuple[DefectSpec, ...] = (
         "scale_collapse",
         "Keras's LossScaleOptimizer halves its scale down to 0.0, then a clean step "
         "writes inf/NaN into the weights",
-        "tests/test_upstream_defects.py::test_canary_scale_collapse",
+        "tests/tools/check/test_upstream_defects.py::test_canary_scale_collapse",
         "tf_mixed.LossScaleOptimizer never goes below min_scale (default 1.0)"),
     DefectSpec(
         "first_replica_verdict",
         "Keras's LossScaleOptimizer under MirroredStrategy decides skip/apply from "
         "replica 0 alone: an overflow on another replica writes inf into the weights",
-        "tests/test_upstream_defects.py::test_canary_first_replica_verdict",
+        "tests/tools/check/test_upstream_defects.py::test_canary_first_replica_verdict",
         "tf_mixed takes the verdict from the all-reduced gradients, the same on every replica"),
     DefectSpec(
         "multi_worker_fit_20585",
@@ -100,7 +100,7 @@ DEFECTS: tuple[DefectSpec, ...] = (
         "jit_under_strategy",
         "jit_compile=True under a multi-replica strategy fails with an XLA "
         "resource-device error",
-        "tests/test_upstream_defects.py::test_canary_jit_under_strategy",
+        "tests/tools/check/test_upstream_defects.py::test_canary_jit_under_strategy",
         "refused up front with a clear error (make_train_step(jit_compile=True), "
         "a jit-compiled LossScaleOptimizer step under a strategy)"),
 )

@@ -1,6 +1,6 @@
 """`fit`, `evaluate` and `predict` under MultiWorkerMirroredStrategy, and a lost worker.
 
-Two local worker processes (tests/_mw_fit_worker.py, started by
+Two local worker processes (tests/integration/_mw_fit_worker.py, started by
 `tf_mixed.distribute.launch.run_local_workers`) train with ``model.fit``; the
 single-process reference runs the same worker code in this process, on the
 same global batches. Also here: the probe that tells us when Keras fixes

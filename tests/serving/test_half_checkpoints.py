@@ -12,6 +12,7 @@ import keras
 import ml_dtypes
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 import tf_mixed
 
@@ -283,7 +284,7 @@ np.savez(sys.argv[2], *[v.numpy() for v in model.weights])
 @pytest.mark.slow
 def test_a_file_saved_in_another_process_loads_after_other_models(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(pathlib.Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", _SAVE_IN_A_FRESH_PROCESS, str(tmp_path / "w.npz"),
                     str(tmp_path / "want.npz")], check=True, env=env, timeout=300)
     _plain([3]), _nested()  # this process numbered other layers first

@@ -13,12 +13,13 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+import repo_paths
 
 import tf_mixed
 from tf_mixed._internal import tf_keras_check
 from tf_mixed import training
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(repo_paths.ROOT)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""One worker (or the single-process reference) of tests/test_multi_worker_fit.py.
+"""One worker (or the single-process reference) of tests/integration/test_multi_worker_fit.py.
 
     python _mw_fit_worker.py CONFIG.json
 

@@ -1,7 +1,7 @@
 """The local launcher and the TF_CONFIG checks, with plain Python workers (no TF).
 
 Workers here are tiny ``python -c`` programs, so these tests take a few
-seconds; the real TensorFlow workers run in tests/test_multi_worker_fit.py.
+seconds; the real TensorFlow workers run in tests/integration/test_multi_worker_fit.py.
 Every launch is bounded by a timeout; tests that stop workers check that no
 process (worker or a worker's own child) is left.
 """

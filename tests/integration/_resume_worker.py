@@ -1,4 +1,4 @@
-"""A fresh process of tests/test_resume_keras_file.py.
+"""A fresh process of tests/integration/test_resume_keras_file.py.
 
     python _resume_worker.py whole|resume DIR
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 import tf_mixed
 from tf_mixed.tools.census import hlo_ops
 
-DATA = pathlib.Path(__file__).parent / "data"
+from repo_paths import DATA
 
 
 def _batch(n=16, width=16, out=3, dtype="float32"):

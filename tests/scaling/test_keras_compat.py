@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from repo_paths import DATA
 
 import tf_mixed
 from tf_mixed import MixedPrecisionWarning
@@ -145,7 +146,7 @@ def test_checkpoint_moves_between_plain_and_wrapper(tmp_path, save_with_ls, rest
 
 
 OLDER_WRAPPER_CHECKPOINT = os.path.join(
-    os.path.dirname(__file__), "data", "older_wrapper_checkpoint", "ckpt")
+    str(DATA), "older_wrapper_checkpoint", "ckpt")
 """Written by tf_mixed before issue 27 (the layout of main before this branch): the wrapper's
 own unused ``iterations`` (0) and ``learning_rate`` (0.0) at the top level, the
 real ones under ``inner_optimizer/``. Made with::

@@ -25,7 +25,6 @@ from _float8_common import (
 
 import tf_mixed
 
-HERE = pathlib.Path(__file__).resolve().parent
 STEPS = 3
 
 

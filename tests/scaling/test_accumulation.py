@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _workers import run_two_workers
+from repo_paths import INTEGRATION
 from zoo import ZOO
 
 import tf_mixed
@@ -25,7 +26,7 @@ STEPS = 4  # micro-steps per window
 MICRO = 4  # examples per micro-batch (global)
 FEATURES = 3
 SKIPPED_WINDOW = 1
-WORKER = pathlib.Path(__file__).parent / "_accumulation_worker.py"
+WORKER = INTEGRATION / "_accumulation_worker.py"
 
 
 def data():

@@ -1,6 +1,6 @@
 """One worker of the two-process communication-dtype test.
 
-Run by tests/test_comm_multi_worker.py as
+Run by tests/integration/test_comm_multi_worker.py as
 ``python _comm_worker.py INDEX PORT0,PORT1 OUT.json``. Each scenario gets its
 own variable and ``LossScaleOptimizer`` under one
 MultiWorkerMirroredStrategy (one replica per worker); worker ``i`` builds the

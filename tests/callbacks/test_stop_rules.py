@@ -14,7 +14,7 @@ import pytest
 from tf_mixed.callbacks import stop_rules
 from tf_mixed.callbacks.stop_rules import Progress, Reading, Snapshot, StopRules
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from repo_paths import ROOT
 RULES = StopRules(patience=3, max_skip_fraction=0.5)
 
 

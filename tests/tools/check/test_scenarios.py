@@ -12,13 +12,14 @@ import sys
 
 import keras
 import pytest
+import repo_paths
 
 from tf_mixed import __main__ as cli
 from tf_mixed.cli import check as bench_check
 from tf_mixed.policy import hardware
 from tf_mixed.tools.check import scenarios as selfcheck
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(repo_paths.ROOT)
 
 
 @pytest.fixture(autouse=True)

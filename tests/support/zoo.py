@@ -583,7 +583,7 @@ def save_and_reload(directory: str, names=None) -> dict[str, str]:
     here = os.path.dirname(os.path.abspath(__file__))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONPATH"] = os.pathsep.join(
-        [here, os.path.dirname(here)] + [p for p in [env.get("PYTHONPATH")] if p])
+        [here, os.path.dirname(os.path.dirname(here))] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run(
         [sys.executable, "-c", "import sys, zoo; zoo._reload_main(sys.argv[1], sys.argv[2:])",
          directory, *names],

@@ -1,6 +1,6 @@
 """One worker of the two-process MultiWorkerMirroredStrategy test.
 
-Run by tests/test_multi_worker.py as
+Run by tests/integration/test_multi_worker.py as
 ``python _mw_worker.py INDEX PORT0,PORT1 OUT.json BAD_WORKER BAD_STEP [bn]``.
 Trains a one-weight linear model for four steps with
 ``tf_mixed.training.make_train_step``. Worker ``i`` sees the gradient

@@ -1,4 +1,4 @@
-"""tf_mixed.census over the model zoo (tests/zoo.py): every kind, built and reloaded."""
+"""tf_mixed.census over the model zoo (tests/support/zoo.py): every kind, built and reloaded."""
 
 import keras
 import pytest

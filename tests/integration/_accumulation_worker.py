@@ -1,6 +1,6 @@
 """One worker of the two-process gradient accumulation test.
 
-Run by tests/test_accumulation.py as
+Run by tests/scaling/test_accumulation.py as
 ``python _accumulation_worker.py INDEX PORT0,PORT1 OUT.json SKIP``. Each
 worker computes its half of every micro-batch (test_accumulation's data and
 loss) and applies it through ``LossScaleOptimizer(...,
@@ -24,7 +24,8 @@ def main(index, ports, out_path, skip, resume_at=None):
         "task": {"type": "worker", "index": index},
     })
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [os.path.join(tests, "scaling"), os.path.join(tests, "support")]
     import keras
     import numpy as np
     import tensorflow as tf

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from tf_mixed._internal import shims as _internals
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
 
 
 def _declared_keras_range() -> SpecifierSet:

@@ -20,7 +20,7 @@ from tf_mixed.scaling import float8_sync
 from tf_mixed.scaling import optimizer as loss_scale
 from tf_mixed.float8.reading import fractions
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+from repo_paths import DATA
 
 
 def _model(units=(32, 32, 32, 16), features=16, names=("a", "b", "c", "d")):

@@ -1,6 +1,6 @@
 """MultiWorkerMirroredStrategy: two local worker processes decide as one.
 
-Each worker is a fresh Python process (tests/_mw_worker.py) with TF_CONFIG
+Each worker is a fresh Python process (tests/integration/_mw_worker.py) with TF_CONFIG
 pointing at two 127.0.0.1 ports. Every subprocess has a timeout, so a hang
 (workers entering different collectives) fails the test instead of stalling
 the suite.
