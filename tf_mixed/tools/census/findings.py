@@ -175,14 +175,14 @@ def find(report, model) -> tuple[Finding, ...]:
             "every matmul runs partly empty.",
             fix, audited.get(("not_multiple_of_8", misfit.layer)),
             automatic=misfit.layer in padding.plan(model, misfit.multiple)))
-    for code, name in audited:
+    for code, output_layer in audited:
         if code == "half_output_activation":  # README: keep the softmax in float32
             found.append(_finding(
-                "half_output_activation", name,
+                "half_output_activation", output_layer,
                 f"the model's output activation computes in {report.policy}'s half dtype: "
                 "its probabilities saturate, and the loss loses Keras's exact "
                 "logits shortcut.",
-                f"keep it in float32: give '{name}' no activation and end the model with "
+                f"keep it in float32: give '{output_layer}' no activation and end the model with "
                 "tf_mixed.OutputActivation('softmax') (or the layer's own activation), which "
                 "computes in float32.", code))
     return tuple(found)
