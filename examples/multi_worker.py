@@ -3,7 +3,7 @@
     python examples/multi_worker.py [--steps=20] [--overflow_at=5]
         [--timeout=240]
 
-With no ``--worker`` this script is the launcher: `tf_mixed.distribute.launch.
+With no ``--worker`` this script is the launcher: `tf_mixed.distribute.
 run_local_workers` starts it twice as workers 0 and 1, each with its
 ``TF_CONFIG`` on free 127.0.0.1 ports, prints their output prefixed
 ``[worker i]``, stops both if one fails or ``--timeout`` seconds pass, and
@@ -75,8 +75,7 @@ def run_worker(out_path):
 
 def launch():
     """Starts two workers, waits, and compares what they decided."""
-    from tf_mixed.distribute.launch import WorkersFailed
-    from tf_mixed.distribute.launch import run_local_workers
+    from tf_mixed.distribute import WorkersFailed, run_local_workers
 
     out = os.path.join(tempfile.mkdtemp(prefix="tf_mixed_mw_"), "worker{i}.json")
     outs = [out.replace("{i}", str(i)) for i in range(2)]

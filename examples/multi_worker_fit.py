@@ -3,7 +3,7 @@
     python examples/multi_worker_fit.py [--policy=mixed_float16] [--epochs=2]
         [--overflow_at=3] [--timeout=300]
 
-With no ``--worker`` this script is the launcher: `tf_mixed.distribute.launch.
+With no ``--worker`` this script is the launcher: `tf_mixed.distribute.
 run_local_workers` starts it twice as workers 0 and 1 (each with its own
 ``TF_CONFIG`` on 127.0.0.1), prints their output prefixed ``[worker i]``, and
 stops both if one fails. Each worker trains the same small CNN (Conv2D +
@@ -116,8 +116,7 @@ def run_worker():
 
 
 def launch():
-    from tf_mixed.distribute.launch import WorkersFailed
-    from tf_mixed.distribute.launch import run_local_workers
+    from tf_mixed.distribute import WorkersFailed, run_local_workers
 
     out = os.path.join(tempfile.mkdtemp(prefix="tf_mixed_mw_fit_"), "worker{i}.json")
     argv = [sys.executable, os.path.abspath(__file__), "--worker", f"--out={out}",

@@ -41,7 +41,7 @@ def planted_cnn(num_classes: int) -> keras.Model:
     x = layers.GlobalAveragePooling2D()(x)
     x = layers.Dense(1001, activation="relu", name="wide")(x)
     logits = layers.Dense(num_classes, name="logits")(x)
-    outputs = tf_mixed.layers.OutputActivation("softmax", name="probabilities")(logits)
+    outputs = tf_mixed.OutputActivation("softmax", name="probabilities")(logits)
     return keras.Model(inputs, outputs, name="planted_cnn")
 
 

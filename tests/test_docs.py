@@ -132,3 +132,219 @@ def test_no_source_cites_a_document_outside_the_repository():
                 if citing.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+# ------------------------------------------------ public spellings (issue 33)
+#
+# Static (AST only, no TensorFlow): which spelling of a name is the public one.
+# An object's public spellings are `tf_mixed.<name>` where the top level hands
+# it on (`tf_mixed._EXPORTS`) and `tf_mixed.<folder>.<name>` where a folder's
+# face lists it in `__all__`; a message, docstring or document that names such
+# an object by any other path (`tf_mixed.float8.quantization.quantize` for
+# `tf_mixed.float8.quantize`), or names a spelling kept only for one release
+# (a face's or the top level's moved names), names it wrongly.
+
+import ast  # noqa: E402
+import functools  # noqa: E402
+
+PACKAGE = ROOT / "tf_mixed"
+_SOURCES = sorted(p for p in PACKAGE.rglob("*.py"))
+_PUBLIC_TEXTS = sorted([ROOT / "README.md", ROOT / "BUILD_NOTES.md", *(ROOT / "docs").glob("*.md"),
+                        *(ROOT / "examples").glob("*.py")])
+
+
+def _module_path(module: str) -> pathlib.Path | None:
+    base = ROOT / module.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+@functools.cache
+def _tree(module: str) -> ast.Module:
+    return ast.parse(_module_path(module).read_text())
+
+
+def _face_table(module: str, name: str) -> dict:
+    """A face's literal dict assigned to ``name`` (``_EXPORTS``), or its moved
+    names (the dict given to ``_moved.face_getattr``)."""
+    for node in _tree(module).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
+            value = node.value
+            if isinstance(value, ast.Call):
+                value = value.args[1]
+            return ast.literal_eval(value)
+    return {}
+
+
+def _all(module: str) -> list[str]:
+    for node in _tree(module).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if [ast.unparse(t) for t in targets] == ["__all__"] and node.value is not None:
+                return list(ast.literal_eval(node.value))
+    return []
+
+
+@functools.cache
+def _defining(module: str, name: str) -> tuple[str, str]:
+    """Where ``module.name`` is defined: follows ``from tf_mixed.x import name`` re-exports."""
+    if _module_path(f"{module}.{name}") is not None:
+        return (f"{module}.{name}", "")  # a submodule
+    for node in _tree(module).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tf_mixed"):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name and _module_path(node.module):
+                    return _defining(node.module, alias.name)
+    return (module, name)
+
+
+def _faces() -> list[str]:
+    return sorted(_module_name(p) for p in PACKAGE.rglob("__init__.py")
+                  if p.parent != PACKAGE and p.parent.name not in ("_internal", "bench", "cli"))
+
+
+def _module_name(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(ROOT).parent.parts if path.name == "__init__.py"
+                    else path.relative_to(ROOT).with_suffix("").parts)
+
+
+@functools.cache
+def _public_spellings() -> dict[tuple[str, str], set[str]]:
+    spellings: dict[tuple[str, str], set[str]] = {}
+    for name, module in tf_mixed._EXPORTS.items():
+        if name != module.rpartition(".")[2]:
+            spellings.setdefault(_defining(f"tf_mixed.{module}", name), set()).add(f"tf_mixed.{name}")
+    for face in _faces():
+        for name in _all(face):
+            spellings.setdefault(_defining(face, name), set()).add(f"{face}.{name}")
+    return spellings
+
+
+def _moved_spellings() -> dict[str, str]:
+    """Every spelling kept for one release -> what to write instead."""
+    moved = {}
+    for name, (where, attribute) in tf_mixed._MOVED.items():
+        moved[f"tf_mixed.{name}"] = f"tf_mixed.{where}" + (f".{attribute}" if attribute else "")
+    for face in _faces():
+        for name, where in _face_table(face, "__getattr__").items():
+            moved[f"{face}.{name}"] = f"{where}.{name}"
+    return moved
+
+
+def _not_public(dotted: str) -> str | None:
+    """What ``dotted`` should read, when it names a public object by another path."""
+    moved = _moved_spellings()
+    parts = dotted.split(".")
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[:end]) in moved:
+            return ".".join([moved[".".join(parts[:end])], *parts[end:]])
+    end = 1
+    while end < len(parts) and _module_path(".".join(parts[: end + 1])) is not None:
+        end += 1
+    if end == len(parts):
+        return None  # a module
+    module, name = ".".join(parts[:end]), parts[end]
+    spellings = _public_spellings().get(_defining(module, name))
+    if spellings and f"{module}.{name}" not in spellings:
+        return ".".join([min(spellings, key=len), *parts[end + 1:]])
+    return None
+
+
+def _strings(path: pathlib.Path):
+    """``(line, text)`` of every string constant in a module: messages and docstrings."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+
+
+def _wrong_spellings(text: str) -> list[str]:
+    found = []
+    for match in _NAME.finditer(text):
+        dotted = match.group(0).rstrip(".")
+        should = _not_public(dotted)
+        if should is not None:
+            found.append(f"{dotted} (write {should})")
+    return found
+
+
+def test_the_spelling_check_finds_private_paths_and_moved_names():
+    assert _wrong_spellings("`tf_mixed.float8.quantization.quantize(model)`") == [
+        "tf_mixed.float8.quantization.quantize (write tf_mixed.float8.quantize)"]
+    assert _wrong_spellings("`tf_mixed.scaling.optimizer.LossScaleOptimizer.apply`") == [
+        "tf_mixed.scaling.optimizer.LossScaleOptimizer.apply (write tf_mixed.LossScaleOptimizer.apply)"]
+    assert _wrong_spellings("tf_mixed.scaling.Accumulator and tf_mixed.memory_report") == [
+        "tf_mixed.scaling.Accumulator (write tf_mixed.scaling.accumulation.Accumulator)",
+        "tf_mixed.memory_report (write tf_mixed.tools.memory_report)"]
+    assert _wrong_spellings("tf_mixed.float8.quantize, tf_mixed.scaling.accumulation.Accumulator, "
+                            "tf_mixed.scaling.optimizer, tf_mixed.LossScaleOptimizer") == []
+
+
+def test_messages_and_docstrings_name_public_objects_by_their_public_path():
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {wrong}"
+                 for path in _SOURCES for line, text in _strings(path)
+                 for wrong in _wrong_spellings(text)]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("document", _PUBLIC_TEXTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_documents_name_public_objects_by_their_public_path(document):
+    assert _wrong_spellings(document.read_text()) == []
+
+
+def test_documents_name_errors_users_catch_by_a_public_path():
+    error = re.compile(r"(?<![\w/.-])tf_mixed(?:\.\w+)*\._\w*(?:\.\w+)*\.\w*(?:Error|Warning|Failure)\b")
+    assert error.search("catch tf_mixed._internal.tf_keras_check.TfKerasError")
+    offenders = [f"{document.relative_to(ROOT)}: {match.group(0)}"
+                 for document in _PUBLIC_TEXTS for match in error.finditer(document.read_text())]
+    assert offenders == []
+
+
+# --------------------------------------------------- BUILD_NOTES sections
+
+_NOTES_HEADINGS = {line.lstrip("#").strip() for line in (ROOT / "BUILD_NOTES.md").read_text().splitlines()
+                   if line.startswith("#")}
+# A citation of a section: BUILD_NOTES.md, "Heading" / BUILD_NOTES.md ("Heading") /
+# BUILD_NOTES.md, section "Heading" / [text](BUILD_NOTES.md#heading), and the
+# retired habit of citing notes by issue (BUILD_NOTES.md, issue 21).
+_CITATION = re.compile(r'BUILD_NOTES\.md(?:#([\w-]+)|[,:]?\s*\(?(?:section\s+)?"([^"]+)"'
+                       r'|[^.\n]{0,30}?\b([Ii]ssue \d+))')
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _missing_sections(text: str) -> list[str]:
+    missing = []
+    for match in _CITATION.finditer(text.replace("\n", " ")):
+        anchor, quoted, issue = match.groups()
+        if anchor is not None and anchor not in {_slug(h) for h in _NOTES_HEADINGS}:
+            missing.append(f"#{anchor}")
+        elif quoted is not None and quoted not in _NOTES_HEADINGS:
+            missing.append(quoted)
+        elif issue is not None:
+            missing.append(issue)
+    return missing
+
+
+def test_the_section_check_finds_missing_sections():
+    heading = sorted(_NOTES_HEADINGS)[0]
+    text = (f'(BUILD_NOTES.md, "{heading}"), BUILD_NOTES.md ("Issue 22"), BUILD_NOTES.md, '
+            'issue 21; BUILD_NOTES.md (section "Nowhere"); [x](BUILD_NOTES.md#no-such-part)')
+    assert _missing_sections(text) == ["Issue 22", "issue 21", "Nowhere", "#no-such-part"]
+
+
+def test_citations_of_build_notes_name_sections_that_exist():
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *_SOURCES,
+             *(ROOT / "examples").glob("*.py")]
+    offenders = [f"{path.relative_to(ROOT)}: {section}" for path in sorted(texts)
+                 for section in _missing_sections(path.read_text())]
+    assert offenders == []
+
+
+
+def test_build_notes_stay_short():
+    """History goes to CHANGELOG.md; the notes describe the code as it is (issue 33)."""
+    assert len((ROOT / "BUILD_NOTES.md").read_text().splitlines()) <= 400

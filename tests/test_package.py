@@ -3,6 +3,7 @@
 import ast
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -67,6 +68,96 @@ def test_a_moved_name_still_imports_with_a_deprecation_warning(name):
     assert value is expected
     with pytest.warns(DeprecationWarning):  # every use says so, not only the first
         getattr(tf_mixed, name)
+
+
+# --------------------------------------------------------------- folder faces
+
+DOCUMENTS = sorted([SOURCE_ROOT / "README.md", *(SOURCE_ROOT / "docs").glob("*.md"),
+                    *(SOURCE_ROOT / "examples").glob("*.py")])
+
+
+def _folder_faces() -> list[str]:
+    return sorted(".".join(p.relative_to(SOURCE_ROOT).parent.parts)
+                  for p in PACKAGE_DIR.rglob("__init__.py") if p.parent != PACKAGE_DIR)
+
+
+def _face_source(face: str) -> ast.Module:
+    return ast.parse((SOURCE_ROOT / face.replace(".", "/") / "__init__.py").read_text())
+
+
+def _face_all(face: str) -> list[str]:
+    for node in _face_source(face).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if [ast.unparse(t) for t in targets if t is not None] == ["__all__"] and node.value:
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def _face_moved(face: str) -> dict[str, str]:
+    for node in _face_source(face).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__getattr__"]:
+            return ast.literal_eval(node.value.args[1])
+    return {}
+
+
+def _documented(face: str, name: str, text: str) -> bool:
+    """``face.name`` written out, or ``name`` imported from ``face``, in ``text``."""
+    spelled = re.search(rf"(?<![\w.]){re.escape(face)}\.{re.escape(name)}\b", text)
+    imported = re.search(rf"from {re.escape(face)} import (?:\([^)]*|[^\n]*)\b{re.escape(name)}\b", text)
+    return bool(spelled or imported)
+
+
+def test_the_documentation_check_reads_both_spellings():
+    text = "`tf_mixed.scaling.LossTally`\nfrom tf_mixed.distribute import (\n    WorkersFailed,\n)\n"
+    assert _documented("tf_mixed.scaling", "LossTally", text)
+    assert _documented("tf_mixed.distribute", "WorkersFailed", text)
+    assert not _documented("tf_mixed.scaling", "Loss", text)
+    assert not _documented("tf_mixed.policy", "LossTally", text)
+
+
+def test_every_name_a_face_hands_on_is_documented():
+    """A face is as short as the docs (issue 33): README.md, docs/ or examples/ use each name."""
+    text = "\n".join(p.read_text() for p in DOCUMENTS)
+    undocumented = [f"{face}.{name}" for face in _folder_faces() for name in _face_all(face)
+                    if not _documented(face, name, text)]
+    assert undocumented == []
+
+
+def test_a_face_names_each_moved_name_once_and_not_in_all():
+    for face in _folder_faces():
+        moved, public = _face_moved(face), set(_face_all(face))
+        assert not moved.keys() & public, face
+        for name, module in moved.items():
+            assert module == "tf_mixed" and name in tf_mixed._EXPORTS or (
+                (SOURCE_ROOT / module.replace(".", "/")).with_suffix(".py").exists()), (face, name)
+
+
+def test_a_moved_name_warns_with_its_new_spelling():
+    """The mechanism every face and the top level share (`tf_mixed._internal.moved`)."""
+    from tf_mixed._internal import moved
+
+    getattr_ = moved.face_getattr("tf_mixed.fake", {"resolve": "tf_mixed._internal.moved"})
+    with pytest.warns(DeprecationWarning) as caught:
+        assert getattr_("resolve") is moved.resolve
+    assert str(caught[0].message) == (
+        "tf_mixed.fake.resolve moved to tf_mixed._internal.moved.resolve in tf_mixed 0.2.0; "
+        "the old name goes in 0.3.0. Use tf_mixed._internal.moved.resolve.")
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    with pytest.raises(AttributeError, match="module 'tf_mixed.fake' has no attribute 'nope'"):
+        getattr_("nope")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("face", [f for f in _folder_faces() if _face_moved(f)])
+def test_the_names_a_face_no_longer_hands_on_still_import_with_a_warning(face):
+    module = importlib.import_module(face)
+    for name, new_home in sorted(_face_moved(face).items()):
+        expected = getattr(importlib.import_module(new_home), name)
+        with pytest.warns(DeprecationWarning, match=rf"^{re.escape(face)}\.{name} moved to "
+                          rf"{re.escape(new_home)}\.{name} in"):
+            value = getattr(module, name)
+        assert value is expected, name
+        assert name not in module.__all__
 
 
 def test_type_checking_imports_match_the_table():
@@ -227,9 +318,8 @@ def _is_type_checking(node: ast.AST) -> bool:
 
 
 def _is_main_block(node: ast.AST) -> bool:
-    """``if __name__ == "__main__":``: runs only when the module is the program
-    (``python -m tf_mixed.distribute.launch`` hands over to the command line
-    there), never when it is imported, so its imports are no edge."""
+    """``if __name__ == "__main__":``: runs only when the module is the program,
+    never when it is imported, so its imports are no edge."""
     return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
 
 

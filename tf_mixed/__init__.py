@@ -1,25 +1,24 @@
-"""tf_mixed: mixed-precision training for Keras 3 on TensorFlow, on in one line.
+"""tf_mixed: mixed-precision training for Keras 3 on TensorFlow, on in one line."""
 
-    import tf_mixed
-    tf_mixed.enable()          # picks the policy for this hardware and says why
-    model = build_model()      # layers now compute in float16 / bfloat16
-    model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
-    model.fit(ds, callbacks=[tf_mixed.LossScaleMonitor()])
-
-``import tf_mixed`` does not import TensorFlow: each public name is imported
-from its module the first time it is used (PEP 562), so a program (the command
-line) can configure TensorFlow's logging before TensorFlow loads. It is still
-enough for ``keras.models.load_model`` to load a ``.keras`` file that uses
-tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.scaling.optimizer`,
-which register them, are imported as soon as Keras is (`tf_mixed._internal.on_keras_import`).
-"""
+#     import tf_mixed
+#     tf_mixed.enable()          # picks the policy for this hardware and says why
+#     model = build_model()      # layers now compute in float16 / bfloat16
+#     model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
+#     model.fit(ds, callbacks=[tf_mixed.LossScaleMonitor()])
+#
+# ``import tf_mixed`` does not import TensorFlow: each public name is imported
+# from its module the first time it is used (PEP 562), so a program (the command
+# line) can configure TensorFlow's logging before TensorFlow loads. It is still
+# enough for ``keras.models.load_model`` to load a ``.keras`` file that uses
+# tf_mixed's layers or optimizer: `tf_mixed.layers` and `tf_mixed.scaling.optimizer`,
+# which register them, are imported as soon as Keras is (`tf_mixed._internal.on_keras_import`).
 
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
+from tf_mixed._internal import moved as _moved
 from tf_mixed._internal import on_keras_import as _on_keras_import
 
 __version__ = "0.2.0"
@@ -60,19 +59,19 @@ _EXPORTS = {
 # Names that moved in 0.2.0 -> (where they live now, the attribute or None for a
 # module). Still importable, with a DeprecationWarning, until 0.3.0.
 _MOVED = {
-    "AuditReport": ("tools", "AuditReport"),
-    "CensusReport": ("tools.census", "CensusReport"),
-    "CompensationConfig": ("scaling", "CompensationConfig"),
+    "AuditReport": ("tools.auditing", "AuditReport"),
+    "CensusReport": ("tools.census.step_census", "CensusReport"),
+    "CompensationConfig": ("scaling.compensated", "CompensationConfig"),
     "ConversionNote": ("models", "ConversionNote"),
-    "ExportReport": ("serving", "ExportReport"),
-    "Finding": ("tools", "Finding"),
+    "ExportReport": ("serving.export_report", "ExportReport"),
+    "Finding": ("tools.auditing", "Finding"),
     "LossScaleConfig": ("scaling", "LossScaleConfig"),
     "LossScaleFailure": ("callbacks", "LossScaleFailure"),
-    "LossScaleState": ("scaling", "LossScaleState"),
-    "MemoryReport": ("tools", "MemoryReport"),
+    "LossScaleState": ("scaling.scale_state", "LossScaleState"),
+    "MemoryReport": ("tools.memory", "MemoryReport"),
     "MixedPrecisionWarning": ("callbacks", "MixedPrecisionWarning"),
     "POLICY_NAMES": ("policy", "POLICY_NAMES"),
-    "ProbeReport": ("tools", "ProbeReport"),
+    "ProbeReport": ("tools.probe_report", "ProbeReport"),
     "accumulation": ("scaling.accumulation", None),
     "allreduce": ("scaling.allreduce", None),
     "auditing": ("tools.auditing", None),
@@ -94,7 +93,7 @@ _MOVED = {
     "hlo_ops": ("tools.census.hlo_ops", None),
     "keep_float32": ("policy.keep_float32", None),
     "keras_compat": ("scaling.keras_compat", None),
-    "launch": ("distribute.launch", None),
+    "launch": ("distribute.workers", None),
     "load_weights": ("serving", "load_weights"),
     "loss_scale": ("scaling.optimizer", None),
     "loss_tally": ("scaling.loss_tally", None),
@@ -168,12 +167,7 @@ def __getattr__(name: str) -> Any:
     moved = _MOVED.get(name)
     if moved is not None:
         where, attribute = moved
-        new = f"tf_mixed.{where}" + (f".{attribute}" if attribute else "")
-        warnings.warn(
-            f"tf_mixed.{name} moved to {new} in tf_mixed 0.2.0; the old name goes in "
-            f"0.3.0. Use {new}.", DeprecationWarning, stacklevel=2)
-        module = importlib.import_module(f"tf_mixed.{where}")
-        return getattr(module, attribute) if attribute else module
+        return _moved.resolve(f"tf_mixed.{name}", f"tf_mixed.{where}", attribute)
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'tf_mixed' has no attribute {name!r}")

@@ -1,11 +1,10 @@
-"""Keep in float32 what must stay float32: output activations and the loss.
+"""Keep in float32 what must stay float32: output activations and the loss."""
 
-A softmax computed in float16 underflows to 0 for large negative logits, and
-once cast to float32 Keras can no longer see the logits to take its exact
-cross-entropy shortcut (for logits [0, 30, -30] and label 2 the loss is
-clipped to 16.12 instead of 60.0). `OutputActivation` computes the activation
-in float32 from the half-precision logits, which keeps the shortcut.
-"""
+# A softmax computed in float16 underflows to 0 for large negative logits, and
+# once cast to float32 Keras can no longer see the logits to take its exact
+# cross-entropy shortcut (for logits [0, 30, -30] and label 2 the loss is
+# clipped to 16.12 instead of 60.0). `OutputActivation` computes the activation
+# in float32 from the half-precision logits, which keeps the shortcut.
 
 from __future__ import annotations
 
@@ -126,7 +125,7 @@ class OutputActivation(_Keras3Inputs):
     Example:
 
         >>> tf_mixed.enable("mixed_float16")
-        >>> head = tf_mixed.layers.OutputActivation("softmax")
+        >>> head = tf_mixed.OutputActivation("softmax")
         >>> head(tf.constant([[0.0, 30.0, -30.0]], "float16")).dtype
         tf.float32
     """

@@ -1,18 +1,17 @@
-"""Helpers for hand-written ``tf.GradientTape`` loops with loss scaling.
+"""Helpers for hand-written ``tf.GradientTape`` loops with loss scaling."""
 
-``apply_scaled_gradients`` is the one call a loop needs between the forward
-pass and the next batch; ``make_train_step`` builds a whole step, optionally
-distributed with ``strategy.run``. (Its cost against Keras's own loss scaling
-is measured by ``python -m tf_mixed bench --suite=overhead``.)
-
-Example (single device)::
-
-    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.1), force=True)
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, model(x, training=True))
-    applied = tf_mixed.training.apply_scaled_gradients(
-        tape, loss, model.trainable_variables, opt)
-"""
+# ``apply_scaled_gradients`` is the one call a loop needs between the forward
+# pass and the next batch; ``make_train_step`` builds a whole step, optionally
+# distributed with ``strategy.run``. (Its cost against Keras's own loss scaling
+# is measured by ``python -m tf_mixed bench --suite=overhead``.)
+#
+# Example (single device)::
+#
+#     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.1), force=True)
+#     with tf.GradientTape() as tape:
+#         loss = loss_fn(y, model(x, training=True))
+#     applied = tf_mixed.training.apply_scaled_gradients(
+#         tape, loss, model.trainable_variables, opt)
 
 from __future__ import annotations
 

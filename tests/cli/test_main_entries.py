@@ -127,7 +127,25 @@ def test_launch_passes_the_scripts_arguments_unchanged(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [["tf_mixed", "launch"], ["tf_mixed.distribute.launch"]])
+def test_the_old_launch_spelling_points_to_the_command_and_runs_nothing(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("open('ran', 'w').close()\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "tf_mixed.distribute.launch", "2", str(script)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+             "PYTHONPATH": os.path.dirname(os.path.dirname(tf_mixed.__file__))})
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.splitlines()[-1] == (
+        "python -m tf_mixed.distribute.launch moved: run python -m tf_mixed launch N SCRIPT.py "
+        "[ARGS ...] (this pointer goes in tf_mixed 0.3.0)")
+    assert "RuntimeWarning" not in run.stderr  # no face imports the module it runs
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [["tf_mixed", "launch"]])
 def test_launch_runs_a_script_in_n_workers_from_the_shell(entry, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""

@@ -20,10 +20,10 @@ import time
 import pytest
 
 from tf_mixed.distribute import cluster as distribute
-from tf_mixed.distribute.launch import WorkersFailed
-from tf_mixed.distribute.launch import free_ports
-from tf_mixed.distribute.launch import run_local_workers
-from tf_mixed.distribute.launch import tf_config
+from tf_mixed.distribute.workers import WorkersFailed
+from tf_mixed.distribute.workers import free_ports
+from tf_mixed.distribute.workers import run_local_workers
+from tf_mixed.distribute.workers import tf_config
 
 
 def _python(code):
@@ -173,7 +173,7 @@ def test_workers_die_with_the_launching_process(tmp_path):
     pid_file = tmp_path / "worker.pid"
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
-        from tf_mixed.distribute.launch import run_local_workers
+        from tf_mixed.distribute.workers import run_local_workers
         run_local_workers(1, [sys.executable, "-c",
             "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
             "time.sleep(600)"], timeout=600, start_timeout=None)

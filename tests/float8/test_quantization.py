@@ -42,7 +42,7 @@ def _float8_names(model):
 def test_default_keeps_first_last_and_unaligned_layers_out_and_says_why():
     # b's 24 units are b's output and c's contracted dimension.
     model = _model(units=(32, 24, 32, 32, 16), names=("a", "b", "c", "d", "e"))
-    plan = tf_mixed.float8.quantization.quantize(model)
+    plan = tf_mixed.float8.quantize(model)
     assert plan.quantized == ["d"]
     assert plan.kept == ["a", "b", "c", "e"]
     reasons = {c.layer: c.reason for c in plan.choices}
@@ -59,16 +59,16 @@ def test_default_keeps_first_last_and_unaligned_layers_out_and_says_why():
 
 def test_keep_float32_spec_replaces_the_automatic_rule():
     model = _model()
-    plan = tf_mixed.float8.quantization.quantize(model, keep_float32=["b", keras.layers.Conv2D])
+    plan = tf_mixed.float8.quantize(model, keep_float32=["b", keras.layers.Conv2D])
     assert plan.quantized == ["a", "c", "d"]
     assert _float8_names(model) == ["a", "c", "d"]
     other = _model()
-    assert tf_mixed.float8.quantization.quantize(other, keep_float32=[]).kept == []
+    assert tf_mixed.float8.quantize(other, keep_float32=[]).kept == []
 
 
 def test_history_length_margin_and_algorithm_are_set():
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[], amax_history_length=16,
+    tf_mixed.float8.quantize(model, keep_float32=[], amax_history_length=16,
                              margin=2, amax_compute_algo="most_recent")
     layer = model.get_layer("b")
     assert layer.inputs_amax_history.shape == (16,)
@@ -89,30 +89,30 @@ def test_history_length_margin_and_algorithm_are_set():
 def test_bad_arguments_change_nothing(kwargs, match):
     model = _model()
     with pytest.raises(ValueError, match=match):
-        tf_mixed.float8.quantization.quantize(model, **kwargs)
+        tf_mixed.float8.quantize(model, **kwargs)
     assert _float8_names(model) == []
 
 
 def test_refuses_what_is_not_a_built_model():
     with pytest.raises(TypeError, match="needs a keras.Model"):
-        tf_mixed.float8.quantization.quantize("model.keras")
+        tf_mixed.float8.quantize("model.keras")
     with pytest.raises(TypeError, match="keep_float32"):
-        tf_mixed.float8.quantization.quantize(_model(), keep_float32=[3])
+        tf_mixed.float8.quantize(_model(), keep_float32=[3])
     unbuilt = keras.Sequential([keras.layers.Dense(16, name="x"), keras.layers.Dense(16)])
     with pytest.raises(ValueError, match="Layer 'x' of model .* is not built"):
-        tf_mixed.float8.quantization.quantize(unbuilt)
+        tf_mixed.float8.quantize(unbuilt)
 
 
 def test_quantizing_again_keeps_variables_and_takes_the_new_scaling():
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     history = model.get_layer("b").inputs_amax_history
-    plan = tf_mixed.float8.quantization.quantize(model, margin=1, keep_float32=[])
+    plan = tf_mixed.float8.quantize(model, margin=1, keep_float32=[])
     assert model.get_layer("b").inputs_amax_history is history
     assert all("already float8" in c.reason for c in plan.choices)
     assert float8_sync.scaling_of(history).margin == 1
     with pytest.raises(ValueError, match="already float8 with an amax history of 1024"):
-        tf_mixed.float8.quantization.quantize(model, amax_history_length=8)
+        tf_mixed.float8.quantize(model, amax_history_length=8)
 
 
 def _run_steps(model, xs, **wrap):
@@ -129,7 +129,7 @@ def _run_steps(model, xs, **wrap):
     (0, "max", 4.0), (1, "max", 4.0), (0, "most_recent", 1.0)])
 def test_scale_follows_margin_and_algorithm_exactly(margin, algo, expected_amax):
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[], margin=margin,
+    tf_mixed.float8.quantize(model, keep_float32=[], margin=margin,
                              amax_compute_algo=algo)
     # Inputs amax 4, 1, 1: the scale written at step 3 comes from the history
     # before step 3 ([1, 4]) as Keras times it.
@@ -147,14 +147,14 @@ def test_scale_follows_margin_and_algorithm_exactly(margin, algo, expected_amax)
 def test_quantize_state_and_audit_over_the_zoo(name):
     spec = ZOO[name]
     model = spec.ready()
-    plan = tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    plan = tf_mixed.float8.quantize(model, keep_float32=[])
     dense = [c.layer for c in plan.choices]
     assert plan.quantized == dense
     if not dense:
         with pytest.raises(ValueError, match="has no float8 layer"):
-            tf_mixed.float8.quantization.state(model)
+            tf_mixed.float8.state(model)
         return
-    state = tf_mixed.float8.quantization.state(model)
+    state = tf_mixed.float8.state(model)
     assert {t.layer for t in state.tensors} == set(dense)
     assert all(t.scale == 1.0 and t.replicas_agree for t in state.tensors)
     codes = {f.code for f in tf_mixed.audit(model).findings}
@@ -164,7 +164,7 @@ def test_quantize_state_and_audit_over_the_zoo(name):
                   loss=spec.loss)
     x, y = spec.data(8)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    after = tf_mixed.float8.quantization.state(model, x, y)
+    after = tf_mixed.float8.state(model, x, y)
     assert after.measured_examples == 8
     assert all(t.amax > 0 for t in after.tensors if t.tensor != "outputs_grad")
 
@@ -173,22 +173,22 @@ def test_quantize_state_and_audit_over_the_zoo(name):
 @pytest.mark.parametrize("name", ["functional", "nested", "sequential_input"])
 def test_quantize_after_reload(name):
     model = reloaded_model(name)
-    plan = tf_mixed.float8.quantization.quantize(model, keep_float32=[], margin=1)
+    plan = tf_mixed.float8.quantize(model, keep_float32=[], margin=1)
     assert plan.quantized
-    assert tf_mixed.float8.quantization.state(model).tensors
+    assert tf_mixed.float8.state(model).tensors
 
 
 @pytest.mark.slow
 def test_float8_model_saves_and_loads(tmp_path):
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[], amax_history_length=8)
+    tf_mixed.float8.quantize(model, keep_float32=[], amax_history_length=8)
     _run_steps(model, [np.full((4, 16), 3.0, np.float32)] * 2)
     path = str(tmp_path / "m.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(loaded.get_layer("a").inputs_amax_history.numpy(),
                                   model.get_layer("a").inputs_amax_history.numpy())
-    plan = tf_mixed.float8.quantization.quantize(loaded, keep_float32=[], amax_history_length=8, margin=1)
+    plan = tf_mixed.float8.quantize(loaded, keep_float32=[], amax_history_length=8, margin=1)
     assert plan.quantized == ["a", "b", "c", "d"]
 
 
@@ -216,12 +216,12 @@ def test_state_measures_planted_inputs_and_output_gradients():
     inputs = keras.Input((16,))
     outputs = keras.layers.Dense(16, use_bias=False, kernel_initializer="ones", name="d")(inputs)
     model = keras.Model(inputs, outputs)
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     x = np.ones((4, 16), np.float32)
     x[0, :3] = 1000.0   # 3 of 64 beyond 448 at scale 1: saturated
     x[1, :2] = 1e-6     # 2 of 64 below half of 2**-9: flushed
     loss = lambda y, p: tf.reduce_mean(p)
-    state = tf_mixed.float8.quantization.state(model, x, np.zeros((4, 16), np.float32), loss=loss)
+    state = tf_mixed.float8.state(model, x, np.zeros((4, 16), np.float32), loss=loss)
     inputs_state = state.get("d", "inputs")
     assert (inputs_state.saturated, inputs_state.flushed) == (3 / 64, 2 / 64)
     assert state.get("d", "kernel").saturated == 0.0
@@ -230,7 +230,7 @@ def test_state_measures_planted_inputs_and_output_gradients():
     # Scale 2**20: the upstream 2**-6 becomes 2**-26, below half of e5m2's
     # smallest subnormal 2**-16: every value flushes.
     model.get_layer("d").outputs_grad_scale.assign(2.0**20)
-    state = tf_mixed.float8.quantization.state(model, x, np.zeros((4, 16), np.float32), loss=loss)
+    state = tf_mixed.float8.state(model, x, np.zeros((4, 16), np.float32), loss=loss)
     assert state.get("d", "outputs_grad").flushed == 1.0
     assert state.max_flushed == 1.0 and state.max_saturated == 3 / 64
     assert "d      inputs" in str(state)
@@ -242,17 +242,17 @@ def test_state_measures_planted_inputs_and_output_gradients():
 
 def test_state_errors():
     with pytest.raises(TypeError, match="needs a keras.Model"):
-        tf_mixed.float8.quantization.state(None)
+        tf_mixed.float8.state(None)
     with pytest.raises(ValueError, match="has no float8 layer"):
-        tf_mixed.float8.quantization.state(_model())
+        tf_mixed.float8.state(_model())
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     with pytest.raises(ValueError, match="y=None"):
-        tf_mixed.float8.quantization.state(model, np.ones((2, 16)))
+        tf_mixed.float8.state(model, np.ones((2, 16)))
     with pytest.raises(ValueError, match="needs a loss"):
-        tf_mixed.float8.quantization.state(model, np.ones((2, 16)), np.ones((2, 16)))
+        tf_mixed.float8.state(model, np.ones((2, 16)), np.ones((2, 16)))
     with pytest.raises(KeyError, match="Float8 layers"):
-        tf_mixed.float8.quantization.state(model).get("zz", "inputs")
+        tf_mixed.float8.state(model).get("zz", "inputs")
 
 
 # ------------------------------------------------------------------ monitor
@@ -273,7 +273,7 @@ def test_stop_rule_is_a_pure_function_of_the_reading():
 
 def _growing_fit(patience, epochs=1, **monitor_args):
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)),
                   loss="mse")
     # Each batch's inputs are twice the last: the delayed scale (from the
@@ -307,7 +307,7 @@ def test_monitor_logs_floats_and_tolerates_short_saturation():
                 "float8_saturated_steps", "float8_nonfinite_amax"):
         assert isinstance(logs[key][0], float)
     # Steps 3..8 saturate the first layer's inputs: 6 steps.
-    state = tf_mixed.float8.quantization.state(model).get("a", "inputs")
+    state = tf_mixed.float8.state(model).get("a", "inputs")
     assert state.saturated_steps == 6
 
 
@@ -320,7 +320,7 @@ def test_monitor_measures_fractions_with_data():
 
 def test_monitor_refuses_plain_optimizer_and_plain_model():
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="tf_mixed.wrap_optimizer"):
         model.fit(np.ones((4, 16)), np.ones((4, 16)), verbose=0,
@@ -397,7 +397,7 @@ def test_audit_float8_readiness_findings():
     assert "(32, 24)" in unaligned[0].message and "(32, 32)" in unaligned[0].fix
     assert [f.layer for f in report.by_code("float8_keep_higher_precision")] == ["a", "d"]
     # Once quantized against the advice, the same findings are warnings.
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     report = tf_mixed.audit(model)
     assert {f.severity for f in report.by_code("float8_keep_higher_precision")} == {"warning"}
 
@@ -418,7 +418,7 @@ def test_probe_reports_float8_layers():
     h = keras.layers.Dense(32, name="a")(inputs)
     outputs = keras.layers.Dense(16, name="b")(h)
     model = keras.Model(inputs, outputs)
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     x = np.ones((4, 16), np.float32)
     x[0, 0] = 1000.0
     report = tf_mixed.probe(model, x, np.zeros((4, 16), np.float32), loss="mse",
@@ -437,7 +437,7 @@ def _ones_model():
     inputs = keras.Input((16,))
     outputs = keras.layers.Dense(16, use_bias=False, kernel_initializer="ones", name="d")(inputs)
     model = keras.Model(inputs, outputs)
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     return model
 
 
@@ -489,7 +489,7 @@ def test_gradient_clipping_leaves_float8_state_alone():
 def test_monitor_under_mirrored_strategy_reads_agreed_counters(mirrored):
     with mirrored.scope():
         model = _model()
-        tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+        tf_mixed.float8.quantize(model, keep_float32=[])
         model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)),
                       loss="mse")
     x = np.concatenate([np.full((8, 16), 2.0**i, np.float32) for i in range(8)])
@@ -501,7 +501,7 @@ def test_monitor_under_mirrored_strategy_reads_agreed_counters(mirrored):
     copies = [c.numpy() for c in sync.saturated_steps.values]
     np.testing.assert_array_equal(copies[0], copies[1])
     assert monitor.stop_reason is not None
-    assert all(t.replicas_agree for t in tf_mixed.float8.quantization.state(model).tensors)
+    assert all(t.replicas_agree for t in tf_mixed.float8.state(model).tensors)
 
 
 def test_gradient_accumulation_with_float8_is_refused():
@@ -517,7 +517,7 @@ def test_gradient_accumulation_with_float8_is_refused():
 
 def _trained_on_ones(steps=2):
     model = _model()
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), loss="mse")
     _fit_ones(model, steps)
     return model

@@ -2,7 +2,7 @@
 
     python _mw_fit_worker.py CONFIG.json
 
-Started by `tf_mixed.distribute.launch.run_local_workers` (which sets ``TF_CONFIG``), or
+Started by `tf_mixed.distribute.workers.run_local_workers` (which sets ``TF_CONFIG``), or
 with ``"mode": "reference"`` as one plain process. The config (JSON) holds:
 
 - ``mode``: "fit" (fit, evaluate, predict under each policy), "reference"

@@ -1,7 +1,7 @@
 """communication_dtype under MultiWorkerMirroredStrategy: two local workers.
 
 The workers (tests/integration/_comm_worker.py) are fresh processes with TF_CONFIG on two
-127.0.0.1 ports, started by tests/support/_workers.py (tf_mixed.distribute.launch);
+127.0.0.1 ports, started by tests/support/_workers.py (tf_mixed.distribute.workers);
 every wait is bounded and no process outlives the test.
 """
 

@@ -1,7 +1,7 @@
 """`fit`, `evaluate` and `predict` under MultiWorkerMirroredStrategy, and a lost worker.
 
 Two local worker processes (tests/integration/_mw_fit_worker.py, started by
-`tf_mixed.distribute.launch.run_local_workers`) train with ``model.fit``; the
+`tf_mixed.distribute.workers.run_local_workers`) train with ``model.fit``; the
 single-process reference runs the same worker code in this process, on the
 same global batches. Also here: the probe that tells us when Keras fixes
 keras-team/keras#20585 (then tf_mixed/distribute/keras_fix_20585.py can go), and the
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tf_mixed.distribute import keras_fix_20585 as fix
 from tf_mixed.distribute import cluster as distribute
-from tf_mixed.distribute.launch import run_local_workers
+from tf_mixed.distribute.workers import run_local_workers
 
 # Every test here starts worker processes (module fixtures included).
 pytestmark = pytest.mark.slow

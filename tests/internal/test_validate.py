@@ -65,7 +65,7 @@ def _bool_callers():
 
     import tf_mixed
     from tf_mixed import training
-    from tf_mixed.distribute import launch
+    from tf_mixed.distribute import workers as launch
     from tf_mixed.scaling import scale_state
 
     def model():

@@ -87,7 +87,7 @@ def test_replicas_agree_and_equal_one_device(mirrored):
     # The large shard's amax wins: about 10x the small one's.
     history = values["a/inputs_amax_history"][0]
     assert history[0] == pytest.approx(max(np.abs(batches(STEPS)[0][STEPS - 1]).ravel()))
-    state = tf_mixed.float8.quantization.state(model)
+    state = tf_mixed.float8.state(model)
     assert all(t.replicas_agree for t in state.tensors)
 
 
@@ -111,7 +111,7 @@ def test_keras_alone_disagrees(mirrored):
     model, _ = _mirrored_run(mirrored, STEPS, _sgd)
     copies = float8_values(model)["a/inputs_scale"]
     assert copies[0] != copies[1]
-    assert not all(t.replicas_agree for t in tf_mixed.float8.quantization.state(model).tensors)
+    assert not all(t.replicas_agree for t in tf_mixed.float8.state(model).tensors)
 
 
 @pytest.mark.slow
@@ -167,7 +167,7 @@ def test_inf_in_one_replica_freezes_no_scale(mirrored):
     expected = keras.quantizers.compute_float8_scale(
         np.float32(before_last.max()), np.float32(1.0), np.float32(448.0))
     assert scale == pytest.approx(float(expected), rel=1e-6)
-    state = tf_mixed.float8.quantization.state(model, optimizer=optimizer).get("a", "inputs")
+    state = tf_mixed.float8.state(model, optimizer=optimizer).get("a", "inputs")
     assert state.nonfinite_amax == 1
 
     # Keras alone: the inf enters replica 1's history and freezes its scale.
@@ -184,7 +184,7 @@ def test_loss_scale_changes_keep_output_gradient_history_unscaled(use_tf_mixed):
     outputs = keras.layers.Dense(16, use_bias=False, name="d",
                                  kernel_initializer="ones")(inputs)
     model = keras.Model(inputs, outputs)
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+    tf_mixed.float8.quantize(model, keep_float32=[])
     if use_tf_mixed:
         optimizer = tf_mixed.LossScaleOptimizer(
             keras.optimizers.SGD(0.0), initial_scale=2.0**10,
@@ -213,7 +213,7 @@ def test_loss_scale_changes_keep_output_gradient_history_unscaled(use_tf_mixed):
     if use_tf_mixed:
         # Four applied steps, each the unscaled 2**-6, whatever the scale.
         np.testing.assert_array_equal(entered, [2.0**-6] * 4)
-        state = tf_mixed.float8.quantization.state(model, optimizer=optimizer).get(
+        state = tf_mixed.float8.state(model, optimizer=optimizer).get(
             "d", "outputs_grad")
         expected = keras.quantizers.compute_float8_scale(
             np.float32(2.0**-6), np.float32(1.0), np.float32(57344.0))

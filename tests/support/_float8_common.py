@@ -26,7 +26,7 @@ def build_model(**quantize_args):
                            kernel_initializer=keras.initializers.GlorotUniform(2))(h)
     outputs = keras.layers.Dense(16, name="c", kernel_initializer=keras.initializers.GlorotUniform(3))(h)
     model = keras.Model(inputs, outputs)
-    tf_mixed.float8.quantization.quantize(model, keep_float32=[], **quantize_args)
+    tf_mixed.float8.quantize(model, keep_float32=[], **quantize_args)
     return model
 
 

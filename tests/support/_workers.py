@@ -1,14 +1,14 @@
 """Runs a test worker script as two local MultiWorkerMirroredStrategy workers.
 
 Shared by the multi-worker tests whose worker scripts take ``INDEX PORTS OUT
-[EXTRA...]``: `tf_mixed.distribute.launch.run_local_workers` starts them on free
+[EXTRA...]``: `tf_mixed.distribute.workers.run_local_workers` starts them on free
 127.0.0.1 ports, bounds every wait and stops both if one fails.
 """
 
 import json
 import sys
 
-from tf_mixed.distribute import launch
+from tf_mixed.distribute import workers as launch
 
 
 def run_two_workers(script, tmp_path, *extra, timeout=240):

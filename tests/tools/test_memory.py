@@ -40,7 +40,7 @@ def test_bytes_per_parameter_under_each_policy(policy, method, state_dtype, expe
     report = tf_mixed.tools.memory_report(model, opt)
     n = 40
     weights, grads, state, comp = expected
-    assert report == tf_mixed.tools.MemoryReport(
+    assert report == tf_mixed.tools.memory.MemoryReport(
         parameters=n, weights=weights * n, gradients=grads * n,
         optimizer_state=state * n + ADAM_SCALARS, compensation=comp * n,
         accumulation=0)

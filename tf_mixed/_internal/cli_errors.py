@@ -1,10 +1,9 @@
-"""The bench's error types.
+"""The bench's error types."""
 
-`UsageError` carries the flag, the value received, what is accepted and how to
-fix it; the CLI prints its message as one line and exits with status 2. It is
-a `ValueError`, so a caller that is not the CLI gets an ordinary error.
-`ChildFailed` is a policy's process that failed for another reason.
-"""
+# `UsageError` carries the flag, the value received, what is accepted and how to
+# fix it; the CLI prints its message as one line and exits with status 2. It is
+# a `ValueError`, so a caller that is not the CLI gets an ordinary error.
+# `ChildFailed` is a policy's process that failed for another reason.
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Facts about mixed precision that several modules need, each kept once.
+"""Facts about mixed precision that several modules need, each kept once."""
 
-`auditing` (what is wrong), `conversion` (how to fix it), `probing`, the
-policy parser and the set-up checks of `callbacks` read the same tables and
-tests here, so the advice one gives is what the other does.
-tests/internal/test_facts.py fails when a module restates a table (tuple, list, set
-or dict) instead of importing it.
-
-Keras is imported inside the functions that need it, so `tf_mixed.policy.autotune`
-can read the policy table without loading TensorFlow.
-"""
+# `auditing` (what is wrong), `conversion` (how to fix it), `probing`, the
+# policy parser and the set-up checks of `callbacks` read the same tables and
+# tests here, so the advice one gives is what the other does.
+# tests/internal/test_facts.py fails when a module restates a table (tuple, list, set
+# or dict) instead of importing it.
+#
+# Keras is imported inside the functions that need it, so `tf_mixed.policy.autotune`
+# can read the policy table without loading TensorFlow.
 
 from __future__ import annotations
 

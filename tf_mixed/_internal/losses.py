@@ -1,12 +1,11 @@
-"""A loss argument as Keras's ``compile`` takes it, made one scalar function.
+"""A loss argument as Keras's ``compile`` takes it, made one scalar function."""
 
-`tf_mixed.probe` and `tf_mixed.training.make_train_step` take ``loss`` the way
-``model.compile`` does: a Keras loss name, a `keras.losses.Loss`, a callable
-``loss(y_true, y_pred)``, or, for a model with several outputs, a list (one
-per output) or a dict keyed by output name. `resolve` turns any of these into
-``fn(y_true, y_pred) -> float32 scalar``: the mean of each output's loss,
-summed over outputs (Keras's compiled loss with unit loss weights).
-"""
+# `tf_mixed.probe` and `tf_mixed.training.make_train_step` take ``loss`` the way
+# ``model.compile`` does: a Keras loss name, a `keras.losses.Loss`, a callable
+# ``loss(y_true, y_pred)``, or, for a model with several outputs, a list (one
+# per output) or a dict keyed by output name. `resolve` turns any of these into
+# ``fn(y_true, y_pred) -> float32 scalar``: the mean of each output's loss,
+# summed over outputs (Keras's compiled loss with unit loss weights).
 
 from __future__ import annotations
 

@@ -1,22 +1,21 @@
-"""Registers tf_mixed's Keras objects the moment Keras is imported.
+"""Registers tf_mixed's Keras objects the moment Keras is imported."""
 
-Keras's deserializer imports a class's module only for packages named
-``keras*``, so a ``.keras`` file that uses tf_mixed's
-layers or optimizer loads only once `tf_mixed.layers` and
-`tf_mixed.scaling.optimizer` have registered them. Importing those modules from
-``tf_mixed/__init__.py`` would import TensorFlow there, before the command line
-can set TensorFlow's log level (`tf_mixed._internal.quiet`). Both hold with
-`register_when_keras_loads`:
-
-- Keras already imported: register now (TensorFlow is loaded anyway);
-- otherwise: a finder at the front of ``sys.meta_path`` waits for the import
-  of the top-level ``keras`` package, lets the usual finder load it, then
-  registers and removes itself. ``import tf_mixed`` stays free of TensorFlow,
-  and any later ``import keras`` (also through ``tf.keras``) is followed by
-  the registration, before any ``keras.models.load_model`` can run.
-
-Standard library only: this module is imported by ``tf_mixed/__init__.py``.
-"""
+# Keras's deserializer imports a class's module only for packages named
+# ``keras*``, so a ``.keras`` file that uses tf_mixed's
+# layers or optimizer loads only once `tf_mixed.layers` and
+# `tf_mixed.scaling.optimizer` have registered them. Importing those modules from
+# ``tf_mixed/__init__.py`` would import TensorFlow there, before the command line
+# can set TensorFlow's log level (`tf_mixed._internal.quiet`). Both hold with
+# `register_when_keras_loads`:
+#
+# - Keras already imported: register now (TensorFlow is loaded anyway);
+# - otherwise: a finder at the front of ``sys.meta_path`` waits for the import
+#   of the top-level ``keras`` package, lets the usual finder load it, then
+#   registers and removes itself. ``import tf_mixed`` stays free of TensorFlow,
+#   and any later ``import keras`` (also through ``tf.keras``) is followed by
+#   the registration, before any ``keras.models.load_model`` can run.
+#
+# Standard library only: this module is imported by ``tf_mixed/__init__.py``.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""Progress lines for command-line work that takes more than a few seconds.
+"""Progress lines for command-line work that takes more than a few seconds."""
 
-`heartbeat(label)` starts a daemon thread that writes a plain line to stderr
-(no log prefix) at least every `INTERVAL_S` seconds while the work runs: the label, what
-the work last said it was doing (`update`) and the seconds so far. A command
-sets its stage with `update("round 3/25: float32 ...")`; ``--quiet`` turns the
-lines off (`set_enabled(False)`), and so does ``TF_MIXED_PROGRESS=0`` in the
-environment (the test suite sets it, so no test sees a line it did not ask
-for). Only the standard library.
-"""
+# `heartbeat(label)` starts a daemon thread that writes a plain line to stderr
+# (no log prefix) at least every `INTERVAL_S` seconds while the work runs: the label, what
+# the work last said it was doing (`update`) and the seconds so far. A command
+# sets its stage with `update("round 3/25: float32 ...")`; ``--quiet`` turns the
+# lines off (`set_enabled(False)`), and so does ``TF_MIXED_PROGRESS=0`` in the
+# environment (the test suite sets it, so no test sees a line it did not ask
+# for). Only the standard library.
 
 from __future__ import annotations
 

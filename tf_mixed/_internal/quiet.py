@@ -1,15 +1,14 @@
-"""Keeps TensorFlow's start-up chatter off a normal run's stderr.
+"""Keeps TensorFlow's start-up chatter off a normal run's stderr."""
 
-TensorFlow 2.21 logs its C++ start-up lines (oneDNN, cudart, cpu_feature_guard)
-through absl before its log level applies, so ``TF_CPP_MIN_LOG_LEVEL`` alone
-does not hide them; `import_tensorflow` imports TensorFlow with file
-descriptor 2 caught and writes back every line that is not such a log line.
-``TF_CPP_MIN_LOG_LEVEL`` (set by `set_log_level` before the import, and passed
-to every child process) hides the later ones, such as the failed cuInit on a
-host without a GPU. `summarised_tf_warnings` turns Python warnings raised
-inside TensorFlow and Keras into one line at the end. ``--verbose`` lets
-everything through.
-"""
+# TensorFlow 2.21 logs its C++ start-up lines (oneDNN, cudart, cpu_feature_guard)
+# through absl before its log level applies, so ``TF_CPP_MIN_LOG_LEVEL`` alone
+# does not hide them; `import_tensorflow` imports TensorFlow with file
+# descriptor 2 caught and writes back every line that is not such a log line.
+# ``TF_CPP_MIN_LOG_LEVEL`` (set by `set_log_level` before the import, and passed
+# to every child process) hides the later ones, such as the failed cuInit on a
+# host without a GPU. `summarised_tf_warnings` turns Python warnings raised
+# inside TensorFlow and Keras into one line at the end. ``--verbose`` lets
+# everything through.
 
 from __future__ import annotations
 

@@ -1,21 +1,20 @@
-"""Every use of private Keras / TensorFlow API in tf_mixed, each in one shim.
+"""Every use of private Keras / TensorFlow API in tf_mixed, each in one shim."""
 
-Each function reaches one private name, says why no public API does the job,
-and names the version it was checked on (Keras 3.15.1, TensorFlow 2.21.0).
-tests/internal/test_shims.py asserts that each name still exists and behaves as
-relied on here, so a Keras or TF upgrade that moves one fails a named test
-instead of changing tf_mixed's behaviour silently. pyproject.toml bounds the
-Keras version to the range these tests ran on.
-
-One patch is too large for a shim and lives in its own module so it can be
-deleted whole once Keras is fixed: ``tf_mixed/distribute/keras_fix_20585.py`` (``fit``
-under MultiWorkerMirroredStrategy, keras-team/keras#20585) replaces
-``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build``
-and ``keras.src.backend.tensorflow.trainer.reduce_per_replica`` (measured on
-Keras 3.15.1) and calls ``strategy.extended._in_multi_worker_mode()``;
-``tests/integration/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails on
-the first Keras without the defect.
-"""
+# Each function reaches one private name, says why no public API does the job,
+# and names the version it was checked on (Keras 3.15.1, TensorFlow 2.21.0).
+# tests/internal/test_shims.py asserts that each name still exists and behaves as
+# relied on here, so a Keras or TF upgrade that moves one fails a named test
+# instead of changing tf_mixed's behaviour silently. pyproject.toml bounds the
+# Keras version to the range these tests ran on.
+#
+# One patch is too large for a shim and lives in its own module so it can be
+# deleted whole once Keras is fixed: ``tf_mixed/distribute/keras_fix_20585.py`` (``fit``
+# under MultiWorkerMirroredStrategy, keras-team/keras#20585) replaces
+# ``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build``
+# and ``keras.src.backend.tensorflow.trainer.reduce_per_replica`` (measured on
+# Keras 3.15.1) and calls ``strategy.extended._in_multi_worker_mode()``;
+# ``tests/integration/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails on
+# the first Keras without the defect.
 
 from __future__ import annotations
 

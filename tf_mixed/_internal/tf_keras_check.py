@@ -1,16 +1,14 @@
-"""Says at once when tf-keras, not Keras 3, is what the user's code would drive.
+"""Says at once when tf-keras, not Keras 3, is what the user's code would drive."""
 
-tf_mixed sets Keras 3's dtype policy and wraps Keras 3 optimizers. With
-``TF_USE_LEGACY_KERAS=1`` and the ``tf-keras`` package installed, ``tf.keras``
-is tf-keras 2.x, whose layers and optimizers never read Keras 3's policy: an
-``enable("auto")`` that returned "mixed_bfloat16" would leave mixed precision
-silently off. So every public entry point checks first and raises, naming what
-it detected and the two working choices (Keras 3 with tf_mixed, or tf-keras's
-own ``tf.keras.mixed_precision``): `check` for those that set global state
-(under the variable), `check_objects` for those given a model, optimizer, loss
-or layer inputs (a tf-keras object, whatever the variable says). tf-keras is never imported here and is not a
-dependency of tf_mixed.
-"""
+# tf_mixed sets Keras 3's dtype policy and wraps Keras 3 optimizers. With
+# ``TF_USE_LEGACY_KERAS=1`` and the ``tf-keras`` package installed, ``tf.keras`` is tf-keras 2.x,
+# whose layers and optimizers never read Keras 3's policy: an ``enable("auto")`` that returned
+# "mixed_bfloat16" would leave mixed precision silently off. So every public entry point checks
+# first and raises, naming what it detected and the two working choices (Keras 3 with tf_mixed,
+# or tf-keras's own ``tf.keras.mixed_precision``): `check` for those that set global state (under
+# the variable), `check_objects` for those given a model, optimizer, loss or layer inputs (a
+# tf-keras object, whatever the variable says). tf-keras is never imported here and is not a
+# dependency of tf_mixed.
 
 from __future__ import annotations
 

@@ -1,20 +1,19 @@
-"""Checking numeric and bool arguments: one helper, one exception per kind of error.
+"""Checking numeric and bool arguments: one helper, one exception per kind of error."""
 
-Every public function that takes a number or a flag checks it here, so the
-same mistake gets the same exception and the same message everywhere:
-
-* the wrong type (a string, None, a bool where a number is due, a float
-  where an integer is due) raises `ArgumentTypeError`, a ``TypeError`` that
-  is also a ``ValueError``: Keras's convention (TypeError for a wrong type)
-  and tf_mixed's promise that ``except ValueError`` catches every bad value
-  of an argument both hold;
-* a number of the right type that breaks its rule (``patience=0``, a NaN
-  scale) raises ``ValueError``.
-
-Messages name the argument, the value received, its type and what is valid:
-``LossScaleMonitor argument `patience` must be an integer >= 1. Received:
-patience=0.``
-"""
+# Every public function that takes a number or a flag checks it here, so the
+# same mistake gets the same exception and the same message everywhere:
+#
+# * the wrong type (a string, None, a bool where a number is due, a float
+#   where an integer is due) raises `ArgumentTypeError`, a ``TypeError`` that
+#   is also a ``ValueError``: Keras's convention (TypeError for a wrong type)
+#   and tf_mixed's promise that ``except ValueError`` catches every bad value
+#   of an argument both hold;
+# * a number of the right type that breaks its rule (``patience=0``, a NaN
+#   scale) raises ``ValueError``.
+#
+# Messages name the argument, the value received, its type and what is valid:
+# ``LossScaleMonitor argument `patience` must be an integer >= 1. Received:
+# patience=0.``
 
 from __future__ import annotations
 

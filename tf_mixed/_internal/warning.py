@@ -1,7 +1,7 @@
 """``MixedPrecisionWarning``, the one warning class tf_mixed says mistakes with.
 
 It lives here, below every concern, so the optimizer (`tf_mixed.scaling`) and
-the callbacks warn with the same class; ``tf_mixed.MixedPrecisionWarning``
+the callbacks warn with the same class; ``tf_mixed.callbacks.MixedPrecisionWarning``
 and ``tf_mixed.callbacks.MixedPrecisionWarning`` are this class.
 """
 

@@ -1,25 +1,24 @@
-"""``--suite=bf16``: do pure-bfloat16 weights learn? Digits, per update rule.
+"""``--suite=bf16``: do pure-bfloat16 weights learn? Digits, per update rule."""
 
-    python -m tf_mixed bench --suite=bf16 --epochs=20 --learning_rate=1e-4
-
-Trains the same MLP (64 -> 256 -> 256 -> 10) on handwritten digits from the
-same initial weights and data order, with Adam, under:
-
-* ``mixed_bfloat16``: the reference (float32 weights, bfloat16 compute);
-* ``bfloat16, Keras Adam``: the pure policy with a plain Keras optimizer,
-  what a user gets today (keras-team/keras-hub#2629);
-* ``bfloat16, float32 update math, plain rounding``: tf_mixed's float32
-  update arithmetic without compensation, to separate the two causes;
-* ``bfloat16 <kahan|stochastic>, <float32|bfloat16> state``: tf_mixed's
-  compensated updates (`tf_mixed.scaling.compensated`) through
-  ``tf_mixed.wrap_optimizer``.
-
-Per path: final train loss, validation loss and accuracy, their difference
-to the reference, and how far the weights moved from their initial values
-(relative L2 norm). The data are scikit-learn's 8x8 digits when it is
-installed, else digits drawn in process (a 5x7 font placed at random offsets
-in 8x8 with stroke and pixel noise; `digits`), stated in the report.
-"""
+#     python -m tf_mixed bench --suite=bf16 --epochs=20 --learning_rate=1e-4
+#
+# Trains the same MLP (64 -> 256 -> 256 -> 10) on handwritten digits from the
+# same initial weights and data order, with Adam, under:
+#
+# * ``mixed_bfloat16``: the reference (float32 weights, bfloat16 compute);
+# * ``bfloat16, Keras Adam``: the pure policy with a plain Keras optimizer,
+#   what a user gets today (keras-team/keras-hub#2629);
+# * ``bfloat16, float32 update math, plain rounding``: tf_mixed's float32
+#   update arithmetic without compensation, to separate the two causes;
+# * ``bfloat16 <kahan|stochastic>, <float32|bfloat16> state``: tf_mixed's
+#   compensated updates (`tf_mixed.scaling.compensated`) through
+#   ``tf_mixed.wrap_optimizer``.
+#
+# Per path: final train loss, validation loss and accuracy, their difference
+# to the reference, and how far the weights moved from their initial values
+# (relative L2 norm). The data are scikit-learn's 8x8 digits when it is
+# installed, else digits drawn in process (a 5x7 font placed at random offsets
+# in 8x8 with stroke and pixel noise; `digits`), stated in the report.
 
 from __future__ import annotations
 

@@ -1,22 +1,21 @@
-"""One policy's training process: ``python -m tf_mixed.bench.child CONFIG POLICY``.
+"""One policy's training process: ``python -m tf_mixed.bench.child CONFIG POLICY``."""
 
-`tf_mixed.bench.compare` starts one per policy (``--workers`` per policy under
-``--strategy=multiworker``, joined by ``TF_CONFIG``). The child reads the
-`BenchConfig` from the JSON file CONFIG, trains POLICY with
-`tf_mixed.bench.run.run_policy` and writes the result JSON to ``--part``
-(atomically; workers other than the chief get no ``--part``). Bad input is
-written as one line to ``--error_file`` for the parent to print, with exit
-status 2; any other failure prints its traceback and exits 1.
-
-With ``--control_fd`` the parent paces the training (`PipeGate`): the child
-writes one JSON line per segment to that file descriptor (``{"ready": true}``
-once built, then ``{"times": [...], "finished": bool}``) and reads from stdin
-the number of steps to run next (0: stop now); after its last segment it
-waits for one more line before the census, the serving figures and the file.
-
-It sets up TensorFlow itself, before anything else touches its runtime, so
-the CPU can still be split into logical devices for ``--strategy=mirrored``.
-"""
+# `tf_mixed.bench.compare` starts one per policy (``--workers`` per policy under
+# ``--strategy=multiworker``, joined by ``TF_CONFIG``). The child reads the
+# `BenchConfig` from the JSON file CONFIG, trains POLICY with
+# `tf_mixed.bench.run.run_policy` and writes the result JSON to ``--part``
+# (atomically; workers other than the chief get no ``--part``). Bad input is
+# written as one line to ``--error_file`` for the parent to print, with exit
+# status 2; any other failure prints its traceback and exits 1.
+#
+# With ``--control_fd`` the parent paces the training (`PipeGate`): the child
+# writes one JSON line per segment to that file descriptor (``{"ready": true}``
+# once built, then ``{"times": [...], "finished": bool}``) and reads from stdin
+# the number of steps to run next (0: stop now); after its last segment it
+# waits for one more line before the census, the serving figures and the file.
+#
+# It sets up TensorFlow itself, before anything else touches its runtime, so
+# the CPU can still be split into logical devices for ``--strategy=mirrored``.
 
 from __future__ import annotations
 

@@ -1,30 +1,29 @@
-"""``--suite=comm``: the gradient all-reduce in float32, float16 and bfloat16.
+"""``--suite=comm``: the gradient all-reduce in float32, float16 and bfloat16."""
 
-    python -m tf_mixed bench --suite=comm --batch_size=8 --rounds=3 --steps=5
-
-Two (``--workers``) local worker processes join a MultiWorkerMirroredStrategy
-over 127.0.0.1 and train a wide Dense stack (about 22 million float32
-parameters) on a small synthetic batch, so that a step is dominated by the
-gradient exchange. Four paths train the same model from the same weights on
-the same data, in alternating timing rounds inside the same two processes
-(so load on the machine hits them alike):
-
-* ``keras``: a plain ``keras.optimizers.SGD`` (Keras's own float32 all-reduce);
-* ``float32``, ``float16``, ``bfloat16``: ``tf_mixed.LossScaleOptimizer`` with
-  the loss scale pinned at 1 (no loss scaling: a float32 run that only wants
-  a cheaper all-reduce) and that ``communication_dtype``.
-
-Per path: median step time over the rounds, bytes each worker puts into the
-gradient all-reduce per step (from the gradient sizes and the wire dtype, and
-cross-checked against the collective ops of the traced step), collectives per
-traced step (the gradient all-reduce plus the loss-reporting reduce), the
-final loss. Worker 0 writes them; this process writes results.json and
-results.md into ``--output_dir`` and prints the table.
-
-The workers are started like tests/integration/test_multi_worker.py starts its own (one
-``python -m tf_mixed.bench.comm`` per worker with its ``TF_CONFIG``; every wait
-bounded, no process left behind).
-"""
+#     python -m tf_mixed bench --suite=comm --batch_size=8 --rounds=3 --steps=5
+#
+# Two (``--workers``) local worker processes join a MultiWorkerMirroredStrategy
+# over 127.0.0.1 and train a wide Dense stack (about 22 million float32
+# parameters) on a small synthetic batch, so that a step is dominated by the
+# gradient exchange. Four paths train the same model from the same weights on
+# the same data, in alternating timing rounds inside the same two processes
+# (so load on the machine hits them alike):
+#
+# * ``keras``: a plain ``keras.optimizers.SGD`` (Keras's own float32 all-reduce);
+# * ``float32``, ``float16``, ``bfloat16``: ``tf_mixed.LossScaleOptimizer`` with
+#   the loss scale pinned at 1 (no loss scaling: a float32 run that only wants
+#   a cheaper all-reduce) and that ``communication_dtype``.
+#
+# Per path: median step time over the rounds, bytes each worker puts into the
+# gradient all-reduce per step (from the gradient sizes and the wire dtype, and
+# cross-checked against the collective ops of the traced step), collectives per
+# traced step (the gradient all-reduce plus the loss-reporting reduce), the
+# final loss. Worker 0 writes them; this process writes results.json and
+# results.md into ``--output_dir`` and prints the table.
+#
+# The workers are started like tests/integration/test_multi_worker.py starts its own (one
+# ``python -m tf_mixed.bench.comm`` per worker with its ``TF_CONFIG``; every wait
+# bounded, no process left behind).
 
 from __future__ import annotations
 
@@ -169,8 +168,8 @@ def _markdown(rows, worker) -> str:
 
 
 def _run_workers(settings: dict[str, Any], output_dir: str) -> dict[str, Any]:
-    """Starts the workers with `tf_mixed.distribute.launch` and returns worker 0's record."""
-    from tf_mixed.distribute import launch
+    """Starts the workers with `tf_mixed.distribute.run_local_workers` and returns worker 0's record."""
+    from tf_mixed.distribute import workers as launch
 
     staging = tempfile.mkdtemp(prefix=".tf_mixed_comm.", dir=output_dir)
     try:

@@ -1,20 +1,19 @@
-"""Runs the compare suite: one training run per policy, then the report.
+"""Runs the compare suite: one training run per policy, then the report."""
 
-By default every policy trains in a fresh ``python -m tf_mixed.bench.child``
-process (see `tf_mixed.bench.child`): each run starts from the same clean
-TensorFlow state (graph options, Keras globals, allocator) and its peak RSS
-is its own. The processes run at the same time but take turns: this process
-hands each one its warm-up, then one round of ``--round_steps`` steps at a
-time, policies alternating, through a pipe (one JSON line per segment back,
-one number of steps, or 0 for "stop", forth), so only one trains at any
-moment and a change in load hits every policy. After every policy's first
-round, `tf_mixed.bench.schedule.plan_run` decides which train in full and
-which are only timed, to keep to ``--time_budget``. ``--isolation=inprocess``
-runs them one after another in this process (what the tests use), the same
-scheduler deciding when each stops.
-``--strategy=multiworker`` always uses subprocesses: ``--workers`` local
-processes per policy, joined by a ``TF_CONFIG`` cluster on 127.0.0.1.
-"""
+# By default every policy trains in a fresh ``python -m tf_mixed.bench.child``
+# process (see `tf_mixed.bench.child`): each run starts from the same clean
+# TensorFlow state (graph options, Keras globals, allocator) and its peak RSS
+# is its own. The processes run at the same time but take turns: this process
+# hands each one its warm-up, then one round of ``--round_steps`` steps at a
+# time, policies alternating, through a pipe (one JSON line per segment back,
+# one number of steps, or 0 for "stop", forth), so only one trains at any
+# moment and a change in load hits every policy. After every policy's first
+# round, `tf_mixed.bench.schedule.plan_run` decides which train in full and
+# which are only timed, to keep to ``--time_budget``. ``--isolation=inprocess``
+# runs them one after another in this process (what the tests use), the same
+# scheduler deciding when each stops.
+# ``--strategy=multiworker`` always uses subprocesses: ``--workers`` local
+# processes per policy, joined by a ``TF_CONFIG`` cluster on 127.0.0.1.
 
 from __future__ import annotations
 

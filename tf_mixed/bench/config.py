@@ -1,11 +1,10 @@
-"""What a bench run is: `BenchConfig`, the policies it compares, its data.
+"""What a bench run is: `BenchConfig`, the policies it compares, its data."""
 
-`BenchConfig` holds the validated flags. `resolve_policies` turns
-``--policies`` into canonical names. `load_data` is the one place that loads
-the ``--dataset`` a config names and checks that the batch fits in it;
-`check_data` runs the same checks in the parent before any process starts
-(without generating the shapes set, which each process makes itself).
-"""
+# `BenchConfig` holds the validated flags. `resolve_policies` turns
+# ``--policies`` into canonical names. `load_data` is the one place that loads
+# the ``--dataset`` a config names and checks that the batch fits in it;
+# `check_data` runs the same checks in the parent before any process starts
+# (without generating the shapes set, which each process makes itself).
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
                  "bf16": "mlp", "gpu": "resnet50"}
 # Bench-only policy names: what the run computes in, and what it adds.
-# "float8": Keras float8 (tf_mixed.float8.quantization.quantize) on bfloat16 compute.
+# "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
 BENCH_POLICIES = {"float8": "mixed_bfloat16"}
 # --float8_layers: which Dense layers the float8 run quantizes.
 FLOAT8_LAYERS = ("auto", "all")
@@ -69,7 +68,7 @@ class BenchConfig:
         quiet: No progress lines.
         matmul_size: Compare suite: the side of the reference matmul (0: 1024 on a CPU,
             4096 on a GPU).
-        float8_layers: The float8 policy's layers: "auto" (tf_mixed.float8.quantization.quantize's
+        float8_layers: The float8 policy's layers: "auto" (tf_mixed.float8.quantize's
             default: first, last and unaligned Dense layers kept out) or "all".
     """
 

@@ -1,21 +1,20 @@
-"""Data sets for the bench: an embedded shapes task, any TFDS image set, a folder.
+"""Data sets for the bench: an embedded shapes task, any TFDS image set, a folder."""
 
-`load(spec, ...)` understands three kinds of ``--dataset`` value:
-
-    shapes               (default) 10-class images generated in process from the
-                         seed: shapes and textures at random places, sizes and
-                         colours, plus noise. No download, real structure.
-    tfds:NAME[:SPLIT]    any TFDS image-classification set, through
-                         tensorflow-datasets (``--data_dir`` is passed on).
-    folder:PATH          a class-per-subfolder image tree, as
-                         ``keras.utils.image_dataset_from_directory`` reads it.
-    tokens               10-class token sequences generated in process, for
-                         ``--model=transformer`` (see `make_tokens`).
-
-Every loader returns a `BenchData` whose datasets yield unbatched
-``(image, label)`` pairs with pixel values in [0, 255] (uint8 or float32); the
-models start with a ``Rescaling(1/255)`` layer, so no loader normalises.
-"""
+# `load(spec, ...)` understands three kinds of ``--dataset`` value:
+#
+#     shapes               (default) 10-class images generated in process from the
+#                          seed: shapes and textures at random places, sizes and
+#                          colours, plus noise. No download, real structure.
+#     tfds:NAME[:SPLIT]    any TFDS image-classification set, through
+#                          tensorflow-datasets (``--data_dir`` is passed on).
+#     folder:PATH          a class-per-subfolder image tree, as
+#                          ``keras.utils.image_dataset_from_directory`` reads it.
+#     tokens               10-class token sequences generated in process, for
+#                          ``--model=transformer`` (see `make_tokens`).
+#
+# Every loader returns a `BenchData` whose datasets yield unbatched
+# ``(image, label)`` pairs with pixel values in [0, 255] (uint8 or float32); the
+# models start with a ``Rescaling(1/255)`` layer, so no loader normalises.
 
 from __future__ import annotations
 

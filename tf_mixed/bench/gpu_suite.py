@@ -1,23 +1,22 @@
-"""``--suite=gpu``: what mixed precision gives on one GPU, in one command.
+"""``--suite=gpu``: what mixed precision gives on one GPU, in one command."""
 
-On a host without a GPU it says so and exits 0 at once. On a GPU host it
-measures, within `BUDGET_S` seconds (8 minutes on one H100 is the aim; a
-part that would start after the budget is skipped and says so):
-
-1. ``--model`` (default ResNet-50, random weights, no download) trained on
-   one synthetic batch repeated, in five variants whose rounds alternate:
-   float32, float32 + XLA, mixed_float16, mixed_float16 + XLA (these two
-   with ``tf_mixed.wrap_optimizer``), and mixed_float16 + XLA with Keras's
-   own ``LossScaleOptimizer`` (what ``compile`` wraps by itself): the last
-   pair is the loss scale's overhead, tf_mixed's against Keras's.
-2. The gradient all-reduce in float32 and float16 across the GPUs, where
-   there are several (`tf.distribute.MirroredStrategy`); skipped on one.
-3. On a GPU of compute capability 8.9 or more, whether a float8 model's
-   matrix products were lowered to float8 GEMMs
-   (`tf_mixed.float8.lowering.lowering_report`).
-
-It writes results.json, results.md and bench.png to ``--output_dir``.
-"""
+# On a host without a GPU it says so and exits 0 at once. On a GPU host it
+# measures, within `BUDGET_S` seconds (8 minutes on one H100 is the aim; a
+# part that would start after the budget is skipped and says so):
+#
+# 1. ``--model`` (default ResNet-50, random weights, no download) trained on
+#    one synthetic batch repeated, in five variants whose rounds alternate:
+#    float32, float32 + XLA, mixed_float16, mixed_float16 + XLA (these two
+#    with ``tf_mixed.wrap_optimizer``), and mixed_float16 + XLA with Keras's
+#    own ``LossScaleOptimizer`` (what ``compile`` wraps by itself): the last
+#    pair is the loss scale's overhead, tf_mixed's against Keras's.
+# 2. The gradient all-reduce in float32 and float16 across the GPUs, where
+#    there are several (`tf.distribute.MirroredStrategy`); skipped on one.
+# 3. On a GPU of compute capability 8.9 or more, whether a float8 model's
+#    matrix products were lowered to float8 GEMMs
+#    (`tf_mixed.float8.lowering_report`).
+#
+# It writes results.json, results.md and bench.png to ``--output_dir``.
 
 from __future__ import annotations
 
@@ -246,10 +245,10 @@ def _float8_lowering(sizes: Sizes) -> dict[str, Any]:
             h = keras.layers.Dense(width, name="dense_a")(inputs)
             h = keras.layers.Dense(width, name="dense_b")(h)
             model = keras.Model(inputs, keras.layers.Dense(16, name="out")(h))
-            tf_mixed.float8.quantization.quantize(model, keep_float32=[])
+            tf_mixed.float8.quantize(model, keep_float32=[])
         x = tf.random.stateless_normal((64, width), (5, 6))
         y = tf.random.stateless_normal((64, 16), (7, 8))
-        report = tf_mixed.float8.lowering.lowering_report(model, x, y, loss="mse")
+        report = tf_mixed.float8.lowering_report(model, x, y, loss="mse")
         return {"device": report.device, "verdicts": report.verdicts(), "text": str(report)}
     except Exception as error:  # noqa: BLE001 - recorded, the other figures stand
         return {"error": f"{type(error).__name__}: {str(error)[:300]}"}

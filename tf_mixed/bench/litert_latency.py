@@ -1,15 +1,14 @@
-"""``python -m tf_mixed litert-latency``: float32 vs float16-weight LiteRT files.
+"""``python -m tf_mixed litert-latency``: float32 vs float16-weight LiteRT files."""
 
-Builds one of the bench's models under ``--policy`` (seeded weights), exports
-it with `tf_mixed.export` as a float32 LiteRT file and as one with float16
-weights (both checked against the model on one batch), and times one
-``invoke`` of each in ai_edge_litert's builtin interpreter: ``--rounds``
-rounds, alternating the two files, of ``--iterations`` invocations each; the
-figure is the median over rounds of each round's median. Prints a Markdown
-table with the load average (the machine may be shared) and writes
-``latency.json`` to ``--output_dir``. A benchmark, not a test: the tests
-run it with a fake clock.
-"""
+# Builds one of the bench's models under ``--policy`` (seeded weights), exports
+# it with `tf_mixed.export` as a float32 LiteRT file and as one with float16
+# weights (both checked against the model on one batch), and times one
+# ``invoke`` of each in ai_edge_litert's builtin interpreter: ``--rounds``
+# rounds, alternating the two files, of ``--iterations`` invocations each; the
+# figure is the median over rounds of each round's median. Prints a Markdown
+# table with the load average (the machine may be shared) and writes
+# ``latency.json`` to ``--output_dir``. A benchmark, not a test: the tests
+# run it with a fake clock.
 
 from __future__ import annotations
 
@@ -115,7 +114,7 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         model = models.build(args.model, shape, 10)
     sample = np.random.default_rng(0).uniform(0, 255, (args.batch_size,) + shape).astype("float32")
     directory = tempfile.mkdtemp(prefix="tf_mixed_latency_")
-    reports: dict[str, tf_mixed.serving.ExportReport] = {}
+    reports: dict[str, tf_mixed.serving.export_report.ExportReport] = {}
     runners: dict[str, Callable[[], object]] = {}
     for precision in ("float32", "float16_weights"):
         path = os.path.join(directory, f"{precision}.tflite")

@@ -1,10 +1,9 @@
-"""The host's large-matmul speed in half precision against float32.
+"""The host's large-matmul speed in half precision against float32."""
 
-`measure_ratio` times one square matmul in float32 and in a half dtype, in
-alternating rounds, and reports the median of the per-round ratios: the most
-a matmul-bound model can gain on this host, the reference line the main
-job's table and plot put beside each model's own ratio.
-"""
+# `measure_ratio` times one square matmul in float32 and in a half dtype, in
+# alternating rounds, and reports the median of the per-round ratios: the most
+# a matmul-bound model can gain on this host, the reference line the main
+# job's table and plot put beside each model's own ratio.
 
 from __future__ import annotations
 

@@ -1,29 +1,28 @@
-"""``--suite=memory``: peak memory and speed of one training step per precision.
+"""``--suite=memory``: peak memory and speed of one training step per precision."""
 
-    python -m tf_mixed bench --suite=memory --batch_size=64 --steps=20 --rounds=3
-
-Every path trains the same wide Dense stack (``INPUT_DIM -> WIDTH x DEPTH ->
-CLASSES``, about 10.5 million parameters, so that the weights, gradients and
-optimizer state dominate) with Adam on the same generated batch of
-``--batch_size`` examples per update, in a fresh process each (peak resident
-memory is per process), ``--rounds`` times, the paths interleaved so that
-changes of machine load hit them alike:
-
-* ``float32``, ``mixed_bfloat16``: ``tf_mixed.wrap_optimizer(Adam)``;
-* ``bfloat16 ...``: the pure policy (``tf_mixed.enable("bfloat16")``) with
-  the update rule named (`tf_mixed.scaling.compensated`) and Adam's state in the
-  dtype named;
-* ``... accumN``: the same update made of N micro-batches of
-  ``batch_size / N`` (``gradient_accumulation_steps=N``), when tf_mixed has
-  gradient accumulation.
-
-Per path: bytes per parameter of weights, gradients, optimizer state and
-extra buffers (`tf_mixed.tools.memory_report`), the peak resident memory of the
-process over the timed steps (Linux VmHWM, reset after warm-up, so it holds
-the state plus what one step allocates; and TensorFlow's own allocator
-peak, which counts tensors and variables only), and applied updates per second
-(median over rounds). Nothing here is asserted: it is measured.
-"""
+#     python -m tf_mixed bench --suite=memory --batch_size=64 --steps=20 --rounds=3
+#
+# Every path trains the same wide Dense stack (``INPUT_DIM -> WIDTH x DEPTH ->
+# CLASSES``, about 10.5 million parameters, so that the weights, gradients and
+# optimizer state dominate) with Adam on the same generated batch of
+# ``--batch_size`` examples per update, in a fresh process each (peak resident
+# memory is per process), ``--rounds`` times, the paths interleaved so that
+# changes of machine load hit them alike:
+#
+# * ``float32``, ``mixed_bfloat16``: ``tf_mixed.wrap_optimizer(Adam)``;
+# * ``bfloat16 ...``: the pure policy (``tf_mixed.enable("bfloat16")``) with
+#   the update rule named (`tf_mixed.scaling.compensated`) and Adam's state in the
+#   dtype named;
+# * ``... accumN``: the same update made of N micro-batches of
+#   ``batch_size / N`` (``gradient_accumulation_steps=N``), when tf_mixed has
+#   gradient accumulation.
+#
+# Per path: bytes per parameter of weights, gradients, optimizer state and
+# extra buffers (`tf_mixed.tools.memory_report`), the peak resident memory of the
+# process over the timed steps (Linux VmHWM, reset after warm-up, so it holds
+# the state plus what one step allocates; and TensorFlow's own allocator
+# peak, which counts tensors and variables only), and applied updates per second
+# (median over rounds). Nothing here is asserted: it is measured.
 
 from __future__ import annotations
 

@@ -1,20 +1,19 @@
-"""The models the bench can train, all ending in a float32 softmax head.
+"""The models the bench can train, all ending in a float32 softmax head."""
 
-Every model is built under Keras's *global* dtype policy (so build it inside
-`tf_mixed.policy_scope` or after `tf_mixed.enable`), takes images with pixel
-values in [0, 255] (a ``Rescaling`` layer comes first) and returns float32
-class probabilities from `tf_mixed.layers.OutputActivation`, so the loss is
-computed in float32 from the logits.
-
-    mlp       Flatten, 3 x Dense(1024, relu)
-    cnn       small conv net: 2 x [Conv 32] pool, 2 x [Conv 64] pool, Conv 128, GAP
-    resnet18  ResNet-18 (basic blocks 2-2-2-2, BN momentum 0.9) built here; a 3x3 stride-1 stem
-              for images under 96 px (CIFAR style), the 7x7/2 + max-pool stem above
-    resnet50  keras.applications.ResNet50(weights=None), no download
-    transformer  a small encoder on token sequences: token + position embedding
-              (width 64), 2 x [MultiHeadAttention (4 heads), LayerNorm, Dense 128-64,
-              LayerNorm], mean over the sequence (no Rescaling: its input is token ids)
-"""
+# Every model is built under Keras's *global* dtype policy (so build it inside
+# `tf_mixed.policy_scope` or after `tf_mixed.enable`), takes images with pixel
+# values in [0, 255] (a ``Rescaling`` layer comes first) and returns float32
+# class probabilities from `tf_mixed.OutputActivation`, so the loss is
+# computed in float32 from the logits.
+#
+#     mlp       Flatten, 3 x Dense(1024, relu)
+#     cnn       small conv net: 2 x [Conv 32] pool, 2 x [Conv 64] pool, Conv 128, GAP
+#     resnet18  ResNet-18 (basic blocks 2-2-2-2, BN momentum 0.9) built here; a 3x3 stride-1 stem
+#               for images under 96 px (CIFAR style), the 7x7/2 + max-pool stem above
+#     resnet50  keras.applications.ResNet50(weights=None), no download
+#     transformer  a small encoder on token sequences: token + position embedding
+#               (width 64), 2 x [MultiHeadAttention (4 heads), LayerNorm, Dense 128-64,
+#               LayerNorm], mean over the sequence (no Rescaling: its input is token ids)
 
 from __future__ import annotations
 

@@ -1,19 +1,18 @@
-"""``--suite=overhead``: tf_mixed's optimizer and callback against plain Keras.
+"""``--suite=overhead``: tf_mixed's optimizer and callback against plain Keras."""
 
-Both paths train the same model (same seed, same initial weights, same data)
-under the same mixed policy in one process:
-
-* ``keras``: ``model.compile(optimizer=Adam)``, which Keras wraps in its own
-  ``keras.optimizers.LossScaleOptimizer`` when the policy is mixed_float16
-  (custom loop: ``scale_loss`` and ``apply`` on that optimizer by hand);
-* ``tf_mixed``: ``tf_mixed.wrap_optimizer(Adam)`` plus
-  ``tf_mixed.callbacks.monitor.LossScaleMonitor`` (custom loop:
-  ``tf_mixed.training.apply_scaled_gradients``).
-
-The paths alternate for ``--rounds`` rounds of ``--steps`` steps (after
-``--warmup_steps`` untimed steps each) so that a change in machine load hits
-both; the report is the ratio of median step times, tf_mixed / Keras.
-"""
+# Both paths train the same model (same seed, same initial weights, same data)
+# under the same mixed policy in one process:
+#
+# * ``keras``: ``model.compile(optimizer=Adam)``, which Keras wraps in its own
+#   ``keras.optimizers.LossScaleOptimizer`` when the policy is mixed_float16
+#   (custom loop: ``scale_loss`` and ``apply`` on that optimizer by hand);
+# * ``tf_mixed``: ``tf_mixed.wrap_optimizer(Adam)`` plus
+#   ``tf_mixed.LossScaleMonitor`` (custom loop:
+#   ``tf_mixed.training.apply_scaled_gradients``).
+#
+# The paths alternate for ``--rounds`` rounds of ``--steps`` steps (after
+# ``--warmup_steps`` untimed steps each) so that a change in machine load hits
+# both; the report is the ratio of median step times, tf_mixed / Keras.
 
 from __future__ import annotations
 

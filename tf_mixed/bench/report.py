@@ -1,27 +1,26 @@
-"""The bench's outputs: ratios to float32, the Markdown table, the result files.
+"""The bench's outputs: ratios to float32, the Markdown table, the result files."""
 
-results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
-``flags`` (the `BenchConfig`), ``host`` (hostname, CPU, GPUs, TF/Keras/NumPy
-versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
-``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it
-(its ``census``: ``half_flop_share``, ``casts_per_step``, ...; ``rounds``: every
-timing round's samples/s, ``samples_per_sec`` their median and
-``samples_per_sec_spread`` their quartiles; ``activation_bytes``: weights,
-state and activations apart from the process peak; ``plan``: full or timed
-only, and why), plus ``ratio_to_float32`` (the throughput ratio as the median
-of the per-round-pair ratios with its spread, step time, activation and
-peak-memory ratios, accuracy difference in points, None when the accuracy was
-not compared; absent when float32 was not run). The compare suite also has
-``matmul_ratio`` (the host's large-matmul half/float32 speed ratio, measured
-in the same run; details under ``matmul``), ``load_average``,
-``wall_time_s`` and ``notes`` (the sentences printed under the table). A mixed run's
-``serving`` holds the sizes and parity of its trained model's LiteRT files
-(`tf_mixed.bench.serving`; None for float32 runs and multi-worker runs).
-
-`write_outputs` writes every file into a temporary directory inside the
-output directory and moves them into place only when all are written, so a
-failed run leaves no file behind that looks complete.
-"""
+# results.json holds, at the top level: ``suite``, ``created_utc``, ``command``,
+# ``flags`` (the `BenchConfig`), ``host`` (hostname, CPU, GPUs, TF/Keras/NumPy
+# versions), ``policies``, ``policy_note``, ``model``, ``dataset`` and
+# ``results``: one dict per policy as `tf_mixed.bench.run.run_policy` returns it
+# (its ``census``: ``half_flop_share``, ``casts_per_step``, ...; ``rounds``: every
+# timing round's samples/s, ``samples_per_sec`` their median and
+# ``samples_per_sec_spread`` their quartiles; ``activation_bytes``: weights,
+# state and activations apart from the process peak; ``plan``: full or timed
+# only, and why), plus ``ratio_to_float32`` (the throughput ratio as the median
+# of the per-round-pair ratios with its spread, step time, activation and
+# peak-memory ratios, accuracy difference in points, None when the accuracy was
+# not compared; absent when float32 was not run). The compare suite also has
+# ``matmul_ratio`` (the host's large-matmul half/float32 speed ratio, measured
+# in the same run; details under ``matmul``), ``load_average``,
+# ``wall_time_s`` and ``notes`` (the sentences printed under the table). A mixed run's
+# ``serving`` holds the sizes and parity of its trained model's LiteRT files
+# (`tf_mixed.bench.serving`; None for float32 runs and multi-worker runs).
+#
+# `write_outputs` writes every file into a temporary directory inside the
+# output directory and moves them into place only when all are written, so a
+# failed run leaves no file behind that looks complete.
 
 from __future__ import annotations
 
@@ -269,7 +268,7 @@ def notes(report: dict[str, Any]) -> list[str]:
         lines.append(
             "Memory: activations MB is tf_mixed.audit's estimate of one batch's layer outputs "
             "(what mixed precision halves); state MB is exact (weights, gradients and optimizer "
-            "state, tf_mixed.memory_report); peak MB is "
+            "state, tf_mixed.tools.memory_report); peak MB is "
             + ("the GPU allocator's measured peak." if gpu else
                "the whole process's peak resident memory, mostly TensorFlow's runtime, so it "
                "hardly moves with the policy."))

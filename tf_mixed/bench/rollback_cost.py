@@ -1,12 +1,11 @@
-"""``python -m tf_mixed rollback-cost``: what forward-state rollback costs.
+"""``python -m tf_mixed rollback-cost``: what forward-state rollback costs."""
 
-Trains the bench's ResNet-18 (BatchNormalization after every convolution)
-with two ``tf_mixed.LossScaleOptimizer`` set-ups in one process, same seed
-and data: one with ``track_forward_state(model)`` (backups of the moving
-statistics refreshed on every applied step), one without. The two alternate
-for ``--rounds`` rounds of ``--steps`` timed steps; the report is the ratio
-of median step times and the memory the backups take (their exact size).
-"""
+# Trains the bench's ResNet-18 (BatchNormalization after every convolution)
+# with two ``tf_mixed.LossScaleOptimizer`` set-ups in one process, same seed
+# and data: one with ``track_forward_state(model)`` (backups of the moving
+# statistics refreshed on every applied step), one without. The two alternate
+# for ``--rounds`` rounds of ``--steps`` timed steps; the report is the ratio
+# of median step times and the memory the backups take (their exact size).
 
 from __future__ import annotations
 

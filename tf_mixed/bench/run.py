@@ -1,21 +1,20 @@
-"""The bench: train one model under several policies and measure each run.
+"""The bench: train one model under several policies and measure each run."""
 
-`run_policy(config, policy)` trains the model once under one policy, in the
-current process, and returns every figure of that run as a JSON-ready dict:
-steady-state throughput (median over timed steps, warm-up excluded), step
-time, peak memory, final train/validation loss and accuracy, skipped steps,
-the loss-scale trajectory and, from `tf_mixed.census` of the trained model's
-step, the share of matmul/conv FLOPs in half precision and the casts per step. `tf_mixed.bench.compare` calls it once per policy,
-each in a fresh process by default; `tf_mixed.bench.report` turns the dicts
-into the table and files. Every policy sees the same seed, initial weights and data order.
-
-Two training paths exercise tf_mixed's two integrations:
-
-* ``loop="fit"``: ``model.compile(optimizer=tf_mixed.wrap_optimizer(Adam))``
-  and ``model.fit(..., callbacks=[tf_mixed.callbacks.monitor.LossScaleMonitor()])``.
-* ``loop="custom"``: a ``tf.GradientTape`` step run with ``strategy.run``,
-  the gradients applied through ``tf_mixed.training.apply_scaled_gradients``.
-"""
+# `run_policy(config, policy)` trains the model once under one policy, in the current process,
+# and returns every figure of that run as a JSON-ready dict: steady-state throughput (median over
+# timed steps, warm-up excluded), step time, peak memory, final train/validation loss and
+# accuracy, skipped steps, the loss-scale trajectory and, from `tf_mixed.census` of the trained
+# model's step, the share of matmul/conv FLOPs in half precision and the casts per step.
+# `tf_mixed.bench.compare` calls it once per policy, each in a fresh process by default;
+# `tf_mixed.bench.report` turns the dicts into the table and files. Every policy sees the same
+# seed, initial weights and data order.
+#
+# Two training paths exercise tf_mixed's two integrations:
+#
+# * ``loop="fit"``: ``model.compile(optimizer=tf_mixed.wrap_optimizer(Adam))``
+#   and ``model.fit(..., callbacks=[tf_mixed.LossScaleMonitor()])``.
+# * ``loop="custom"``: a ``tf.GradientTape`` step run with ``strategy.run``,
+#   the gradients applied through ``tf_mixed.training.apply_scaled_gradients``.
 
 from __future__ import annotations
 
@@ -173,7 +172,7 @@ def run_policy(
             if policy_name == "float8":
                 # Created in the strategy's scope: the float8 scales are
                 # mirrored variables the optimizer agrees across replicas.
-                float8_plan = tf_mixed.float8.quantization.quantize(
+                float8_plan = tf_mixed.float8.quantize(
                     model, keep_float32="auto" if config.float8_layers == "auto" else [])
             optimizer = tf_mixed.wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
         recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose,
@@ -280,13 +279,13 @@ def _memory(model, optimizer, batch_size: int, peak_gpu_mb: float | None,
             peak_rss_mb: float) -> dict[str, Any]:
     """The bytes the run needs, apart from the runtime's own: weights, state, activations.
 
-    Weights, gradients and optimizer state come from `tf_mixed.memory_report`
+    Weights, gradients and optimizer state come from `tf_mixed.tools.memory_report`
     (exact: the variables' own sizes); activations from `tf_mixed.audit`'s
     estimate (every layer output of one batch, in the dtypes the model
     produces: an estimate, since the runtime frees and fuses buffers). On a
     GPU the allocator's peak is measured too (``gpu_peak_bytes``).
     """
-    state = tf_mixed.memory_report(model, optimizer)
+    state = tf_mixed.tools.memory_report(model, optimizer)
     try:
         estimate = tf_mixed.audit(model, batch_size=batch_size, check_global_policy=False).memory
     except Exception:  # noqa: BLE001 - the other figures stand without it
@@ -298,7 +297,7 @@ def _memory(model, optimizer, batch_size: int, peak_gpu_mb: float | None,
         "activations": None if estimate is None else estimate.policy_bytes,
         "activations_if_float32": None if estimate is None else estimate.float32_bytes,
         "activations_source": "estimate: tf_mixed.audit, layer outputs of one batch",
-        "weights_source": "exact: tf_mixed.memory_report, the variables' sizes",
+        "weights_source": "exact: tf_mixed.tools.memory_report, the variables' sizes",
         "gpu_peak_bytes": None if peak_gpu_mb is None else int(peak_gpu_mb * 2**20),
         "process_peak_bytes": int(peak_rss_mb * 2**20),
     }

@@ -1,25 +1,24 @@
-"""The main job's timing plan: interleaved rounds, a time budget, spreads.
+"""The main job's timing plan: interleaved rounds, a time budget, spreads."""
 
-Every policy trains in rounds of steps, and the rounds alternate between the
-policies (float32 round 1, mixed round 1, float32 round 2, ...), so a change
-in the host's load lands on both sides of a ratio. Each round's figure is the
-batch size over its median step time; a policy's figure is the median of its
-rounds, shown with its spread; the ratio to float32 is taken per round pair
-(round i of a policy over round i of float32), then its median.
-
-The plan: after one warm-up segment and `PLAN_ROUNDS` measured rounds of
-every policy (never one: a single round taken while a neighbour's job runs
-would decide alone), `plan_run` decides, from the median of those rounds,
-which policies train in full (epochs, accuracy compared) and which are only
-timed (`TIMING_ROUNDS` rounds, accuracy not compared), so that the job keeps
-to its time budget wherever float32 alone fits in it. A timed policy whose
-round-pair ratios still spread too wide to trust (`TRUST_SPREAD`) gets more
-rounds, paired with float32's, until they agree, until `MAX_ROUNDS`, or until
-the job reaches its budget plus `EXTRA_TIME_FRACTION` of it; a ratio still
-too wide then is printed as no ratio at all (`tf_mixed.bench.report`). `Scheduler` holds the rounds and answers each policy's
-next command; it does no I/O and reads time only from the clock it is given,
-so tests drive it with injected timings.
-"""
+# Every policy trains in rounds of steps, and the rounds alternate between the
+# policies (float32 round 1, mixed round 1, float32 round 2, ...), so a change
+# in the host's load lands on both sides of a ratio. Each round's figure is the
+# batch size over its median step time; a policy's figure is the median of its
+# rounds, shown with its spread; the ratio to float32 is taken per round pair
+# (round i of a policy over round i of float32), then its median.
+#
+# The plan: after one warm-up segment and `PLAN_ROUNDS` measured rounds of
+# every policy (never one: a single round taken while a neighbour's job runs
+# would decide alone), `plan_run` decides, from the median of those rounds,
+# which policies train in full (epochs, accuracy compared) and which are only
+# timed (`TIMING_ROUNDS` rounds, accuracy not compared), so that the job keeps
+# to its time budget wherever float32 alone fits in it. A timed policy whose
+# round-pair ratios still spread too wide to trust (`TRUST_SPREAD`) gets more
+# rounds, paired with float32's, until they agree, until `MAX_ROUNDS`, or until
+# the job reaches its budget plus `EXTRA_TIME_FRACTION` of it; a ratio still
+# too wide then is printed as no ratio at all (`tf_mixed.bench.report`). `Scheduler` holds the rounds and answers each policy's
+# next command; it does no I/O and reads time only from the clock it is given,
+# so tests drive it with injected timings.
 
 from __future__ import annotations
 

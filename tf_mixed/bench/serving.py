@@ -1,12 +1,11 @@
-"""What the main job's mixed run leaves to serve: LiteRT files, sizes and parity.
+"""What the main job's mixed run leaves to serve: LiteRT files, sizes and parity."""
 
-`measure(model, sample)` exports the trained model with `tf_mixed.export` as
-a float32 LiteRT file and as one with float16 weights (both float32 compute,
-run in the builtin LiteRT interpreter), each checked on `sample` against the
-model in memory, and returns the JSON-ready figures that go into
-results.json (``results[i]["serving"]``) and the table under the main one.
-The files are written to a temporary directory and removed.
-"""
+# `measure(model, sample)` exports the trained model with `tf_mixed.export` as
+# a float32 LiteRT file and as one with float16 weights (both float32 compute,
+# run in the builtin LiteRT interpreter), each checked on `sample` against the
+# model in memory, and returns the JSON-ready figures that go into
+# results.json (``results[i]["serving"]``) and the table under the main one.
+# The files are written to a temporary directory and removed.
 
 from __future__ import annotations
 

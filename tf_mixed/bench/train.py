@@ -1,18 +1,17 @@
-"""The bench's two training paths and the per-step recorder they share.
+"""The bench's two training paths and the per-step recorder they share."""
 
-`train_fit` is ``model.compile`` + ``model.fit`` with
-``tf_mixed.callbacks.monitor.LossScaleMonitor``; `train_custom` is a
-``tf.GradientTape`` step under ``strategy.run`` whose gradients go through
-``tf_mixed.training.apply_scaled_gradients``. Both report every step's wall
-time (the step is waited for, so the time is the step's own) and the loss
-scale after it to a `Recorder`, and every epoch's metrics.
-
-The steps run in segments (a warm-up, then rounds) that a gate hands out:
-`tf_mixed.bench.compare` interleaves the policies' rounds through it and may
-stop a policy early (its time budget, `tf_mixed.bench.schedule`). A gate has
-``begin() -> steps``, ``report(times, finished)`` and ``next() -> steps`` (0:
-stop training now); `FreeGate` hands out rounds without waiting.
-"""
+# `train_fit` is ``model.compile`` + ``model.fit`` with
+# ``tf_mixed.LossScaleMonitor``; `train_custom` is a
+# ``tf.GradientTape`` step under ``strategy.run`` whose gradients go through
+# ``tf_mixed.training.apply_scaled_gradients``. Both report every step's wall
+# time (the step is waited for, so the time is the step's own) and the loss
+# scale after it to a `Recorder`, and every epoch's metrics.
+#
+# The steps run in segments (a warm-up, then rounds) that a gate hands out:
+# `tf_mixed.bench.compare` interleaves the policies' rounds through it and may
+# stop a policy early (its time budget, `tf_mixed.bench.schedule`). A gate has
+# ``begin() -> steps``, ``report(times, finished)`` and ``next() -> steps`` (0:
+# stop training now); `FreeGate` hands out rounds without waiting.
 
 from __future__ import annotations
 

@@ -1,48 +1,33 @@
-"""Keras callbacks: `LossScaleMonitor` over its pure stop rules, and `ModelCheckpoint`.
+"""Keras callbacks: `LossScaleMonitor` and what it raises and warns."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
-
+from tf_mixed._internal import moved as _moved
 from tf_mixed.callbacks.monitor import (  # noqa: F401
     DEFAULT_CHECK_EVERY_N_BATCHES,
     LossScaleFailure,
     LossScaleMonitor,
     MixedPrecisionWarning,
-    model_setup_problems,
-)
-from tf_mixed.callbacks.checkpoint import (  # noqa: F401
-    ModelCheckpoint,
-)
-from tf_mixed.callbacks.stop_rules import (  # noqa: F401
-    Kind,
-    Progress,
-    Reading,
-    Snapshot,
-    StopRules,
-    advance,
-    decide,
-    keras_streak,
-    loss_problem,
-    start_epoch,
-    wire_cause,
 )
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
-    "Kind",
     "LossScaleFailure",
     "LossScaleMonitor",
     "MixedPrecisionWarning",
-    "ModelCheckpoint",
-    "Progress",
-    "Reading",
-    "Snapshot",
-    "StopRules",
-    "advance",
-    "decide",
-    "keras_streak",
-    "loss_problem",
-    "model_setup_problems",
-    "start_epoch",
-    "wire_cause",
 ]
+
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "Kind": "tf_mixed.callbacks.stop_rules",
+    "ModelCheckpoint": "tf_mixed",
+    "Progress": "tf_mixed.callbacks.stop_rules",
+    "Reading": "tf_mixed.callbacks.stop_rules",
+    "Snapshot": "tf_mixed.callbacks.stop_rules",
+    "StopRules": "tf_mixed.callbacks.stop_rules",
+    "advance": "tf_mixed.callbacks.stop_rules",
+    "decide": "tf_mixed.callbacks.stop_rules",
+    "keras_streak": "tf_mixed.callbacks.stop_rules",
+    "loss_problem": "tf_mixed.callbacks.stop_rules",
+    "model_setup_problems": "tf_mixed.callbacks.monitor",
+    "start_epoch": "tf_mixed.callbacks.stop_rules",
+    "wire_cause": "tf_mixed.callbacks.stop_rules",
+})

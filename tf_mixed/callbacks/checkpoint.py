@@ -1,29 +1,28 @@
-"""`ModelCheckpoint`: Keras's checkpoint callback, saving half-size weights.
+"""`ModelCheckpoint`: Keras's checkpoint callback, saving half-size weights."""
 
-    model.fit(ds, validation_data=val, callbacks=[tf_mixed.ModelCheckpoint(
-        "ckpt/epoch{epoch:02d}.npz", save_dtype="float16",
-        monitor="val_loss", save_best_only=True)])
-
-A subclass of ``keras.callbacks.ModelCheckpoint`` that changes one thing:
-what it writes. Each save is a `tf_mixed.serving.save_weights` file (load it
-with `tf_mixed.serving.load_weights` into a model of any policy) instead of
-``model.save`` / ``model.save_weights``. Everything else is Keras's own code,
-so the arguments mean what they mean there: the file name formatted from
-``{epoch}``, ``{batch}`` and ``logs``; ``save_freq`` ("epoch" or every N
-batches); ``mode="auto"`` taking the direction from the monitored metric
-(``val_auc`` is maximised, ``val_loss`` minimised; a name Keras cannot
-place raises ``ValueError`` at the first epoch end); with
-``save_best_only=True`` and the monitored value missing from ``logs`` (no
-validation data, say) Keras's warning "Can save best model only with ...
-available." and a save every time; ``initial_value_threshold``;
-``verbose=1`` messages. The file's directory is created when missing, and
-the file gets the permissions any new file gets (``0o666`` less the umask),
-as Keras's files do.
-
-A save that would overflow `save_dtype` raises, naming the variables, and
-writes nothing; values that flush to zero in `save_dtype` are warned about
-(see `tf_mixed.serving.save_weights`).
-"""
+#     model.fit(ds, validation_data=val, callbacks=[tf_mixed.ModelCheckpoint(
+#         "ckpt/epoch{epoch:02d}.npz", save_dtype="float16",
+#         monitor="val_loss", save_best_only=True)])
+#
+# A subclass of ``keras.callbacks.ModelCheckpoint`` that changes one thing:
+# what it writes. Each save is a `tf_mixed.serving.save_weights` file (load it
+# with `tf_mixed.serving.load_weights` into a model of any policy) instead of
+# ``model.save`` / ``model.save_weights``. Everything else is Keras's own code,
+# so the arguments mean what they mean there: the file name formatted from
+# ``{epoch}``, ``{batch}`` and ``logs``; ``save_freq`` ("epoch" or every N
+# batches); ``mode="auto"`` taking the direction from the monitored metric
+# (``val_auc`` is maximised, ``val_loss`` minimised; a name Keras cannot
+# place raises ``ValueError`` at the first epoch end); with
+# ``save_best_only=True`` and the monitored value missing from ``logs`` (no
+# validation data, say) Keras's warning "Can save best model only with ...
+# available." and a save every time; ``initial_value_threshold``;
+# ``verbose=1`` messages. The file's directory is created when missing, and
+# the file gets the permissions any new file gets (``0o666`` less the umask),
+# as Keras's files do.
+#
+# A save that would overflow `save_dtype` raises, naming the variables, and
+# writes nothing; values that flush to zero in `save_dtype` are warned about
+# (see `tf_mixed.serving.save_weights`).
 
 from __future__ import annotations
 

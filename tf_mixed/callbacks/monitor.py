@@ -1,48 +1,47 @@
-"""Keras `fit` callbacks that make mixed-precision failures visible.
+"""Keras `fit` callbacks that make mixed-precision failures visible."""
 
-`LossScaleMonitor` reads the optimizer every `DEFAULT_CHECK_EVERY_N_BATCHES`
-batches by default and at each epoch end, so a run in which every step is
-skipped stops within about ``patience`` + 15 (the halvings from 2**15 to the
-minimum) + `DEFAULT_CHECK_EVERY_N_BATCHES` steps, not at the end of an epoch
-that may take hours. This adds no host synchronisation: Keras 3 on
-TensorFlow runs batch hooks in the training loop and converts every step's
-logs to Python floats whether a callback has a batch hook or not (its
-backend is not marked thread-safe, so it never dispatches them
-asynchronously); between reads the hook only counts. Every counter it judges
-is kept by the optimizer itself (`tf_mixed.scaling.scale_state.LossScaleState`), so
-a read every N batches is as exact as a read every step, whatever
-``steps_per_execution`` is.
-
-1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
-   ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
-   `History`, Keras's `TensorBoard` callback and the progress bar show them;
-   with ``log_every_n_batches=N`` also into the batch logs every N batches.
-2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
-   ``logs["loss"]`` averages in their NaN/inf loss. With
-   ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
-   `tf_mixed.scaling.loss_tally.LossTally` and replaces ``logs["loss"]`` by the mean
-   loss of the applied steps. Epochs without a skipped step keep Keras's
-   value.
-3. **Protects the model**: it hands the model to a
-   ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
-   step also rolls back BatchNormalization's moving statistics
-   (`tf_mixed.scaling.rollback`).
-4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`; a
-   subclassed model that ``fit`` builds itself, after its first step, when
-   its outputs can be traced) and
-   **stops a run that cannot recover**, by the rules of
-   `tf_mixed.callbacks.stop_rules` (pure functions of a typed reading). Every stop
-   decision is taken from values that are the same on every replica and
-   worker (the optimizer's counters follow the all-reduced skip verdict; the
-   NaN signs are summed across workers), so no worker stops while its peers
-   wait in a collective.
-
-Supported optimizers: ``tf_mixed.LossScaleOptimizer`` (every rule exact),
-``keras.optimizers.LossScaleOptimizer`` (skips derived from ``iterations``;
-see `tf_mixed.callbacks.stop_rules`; its epoch loss cannot be corrected), and any other
-optimizer (nothing is skipped; only the NaN and set-up checks apply, and
-``loss_scale`` is logged as 1.0).
-"""
+# `LossScaleMonitor` reads the optimizer every `DEFAULT_CHECK_EVERY_N_BATCHES`
+# batches by default and at each epoch end, so a run in which every step is
+# skipped stops within about ``patience`` + 15 (the halvings from 2**15 to the
+# minimum) + `DEFAULT_CHECK_EVERY_N_BATCHES` steps, not at the end of an epoch
+# that may take hours. This adds no host synchronisation: Keras 3 on
+# TensorFlow runs batch hooks in the training loop and converts every step's
+# logs to Python floats whether a callback has a batch hook or not (its
+# backend is not marked thread-safe, so it never dispatches them
+# asynchronously); between reads the hook only counts. Every counter it judges
+# is kept by the optimizer itself (`tf_mixed.scaling.scale_state.LossScaleState`), so
+# a read every N batches is as exact as a read every step, whatever
+# ``steps_per_execution`` is.
+#
+# 1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
+#    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
+#    `History`, Keras's `TensorBoard` callback and the progress bar show them;
+#    with ``log_every_n_batches=N`` also into the batch logs every N batches.
+# 2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
+#    ``logs["loss"]`` averages in their NaN/inf loss. With
+#    ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
+#    `tf_mixed.scaling.LossTally` and replaces ``logs["loss"]`` by the mean
+#    loss of the applied steps. Epochs without a skipped step keep Keras's
+#    value.
+# 3. **Protects the model**: it hands the model to a
+#    ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
+#    step also rolls back BatchNormalization's moving statistics
+#    (`tf_mixed.scaling.rollback`).
+# 4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`; a
+#    subclassed model that ``fit`` builds itself, after its first step, when
+#    its outputs can be traced) and
+#    **stops a run that cannot recover**, by the rules of
+#    `tf_mixed.callbacks.stop_rules` (pure functions of a typed reading). Every stop
+#    decision is taken from values that are the same on every replica and
+#    worker (the optimizer's counters follow the all-reduced skip verdict; the
+#    NaN signs are summed across workers), so no worker stops while its peers
+#    wait in a collective.
+#
+# Supported optimizers: ``tf_mixed.LossScaleOptimizer`` (every rule exact),
+# ``keras.optimizers.LossScaleOptimizer`` (skips derived from ``iterations``;
+# see `tf_mixed.callbacks.stop_rules`; its epoch loss cannot be corrected), and any other
+# optimizer (nothing is skipped; only the NaN and set-up checks apply, and
+# ``loss_scale`` is logged as 1.0).
 
 from __future__ import annotations
 

@@ -1,21 +1,20 @@
-"""The loss-scale monitor's rules as pure functions of typed values.
+"""The loss-scale monitor's rules as pure functions of typed values."""
 
-`tf_mixed.callbacks.monitor.LossScaleMonitor` reads the optimizer into a `Snapshot`,
-folds it into its `Progress` with `advance` (what happened since the last
-read, per epoch), and asks `decide` whether to stop. Nothing here imports
-Keras or TensorFlow: the rules are tested with plain numbers.
-
-Three kinds of optimizer are read (`Kind`):
-
-* ``"tf_mixed"``: ``tf_mixed.LossScaleOptimizer`` keeps every counter.
-* ``"keras"``: ``keras.optimizers.LossScaleOptimizer`` keeps no skipped
-  counter, but its ``iterations`` advance only on applied steps, so skipped
-  = steps run - iterations advanced; it has no minimum scale and halves on
-  every skip, so "at its minimum" means at or below the monitor's threshold,
-  and the streak is derived from the halvings between two reads
-  (`keras_streak`).
-* ``"none"``: any other optimizer never skips; only the NaN rules apply.
-"""
+# `tf_mixed.LossScaleMonitor` reads the optimizer into a `Snapshot`,
+# folds it into its `Progress` with `advance` (what happened since the last
+# read, per epoch), and asks `decide` whether to stop. Nothing here imports
+# Keras or TensorFlow: the rules are tested with plain numbers.
+#
+# Three kinds of optimizer are read (`Kind`):
+#
+# * ``"tf_mixed"``: ``tf_mixed.LossScaleOptimizer`` keeps every counter.
+# * ``"keras"``: ``keras.optimizers.LossScaleOptimizer`` keeps no skipped
+#   counter, but its ``iterations`` advance only on applied steps, so skipped
+#   = steps run - iterations advanced; it has no minimum scale and halves on
+#   every skip, so "at its minimum" means at or below the monitor's threshold,
+#   and the streak is derived from the halvings between two reads
+#   (`keras_streak`).
+# * ``"none"``: any other optimizer never skips; only the NaN rules apply.
 
 from __future__ import annotations
 

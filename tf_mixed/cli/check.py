@@ -1,13 +1,12 @@
-"""``python -m tf_mixed check``: prove tf_mixed on this host's own devices.
+"""``python -m tf_mixed check``: prove tf_mixed on this host's own devices."""
 
-    python -m tf_mixed check [--output=check.json] [--budget=0.5]
-                             [--parts=tf_mixed,keras,throughput,defects]
-
-Prints a table per part (see `tf_mixed.tools.check.scenarios`), writes every figure to
-``--output`` as JSON (atomically: a temporary file, then a rename), and exits
-0 only when every tf_mixed correctness check passed, 1 when one failed, 2 on
-bad input or when no MirroredStrategy can be built here (one line on stderr).
-"""
+#     python -m tf_mixed check [--output=check.json] [--budget=0.5]
+#                              [--parts=tf_mixed,keras,throughput,defects]
+#
+# Prints a table per part (see `tf_mixed.tools.check.scenarios`), writes every figure to
+# ``--output`` as JSON (atomically: a temporary file, then a rename), and exits
+# 0 only when every tf_mixed correctness check passed, 1 when one failed, 2 on
+# bad input or when no MirroredStrategy can be built here (one line on stderr).
 
 from __future__ import annotations
 

@@ -1,28 +1,24 @@
-"""``python -m tf_mixed doctor MODEL.keras``: why isn't it faster, and what to change.
+"""``python -m tf_mixed doctor MODEL.keras``: why isn't it faster, and what to change."""
 
-Loads a saved model, takes the first batch of the data (the bench's data
-sets, or ``npz:PATH`` with ``x`` and ``y`` arrays), runs `tf_mixed.census`
-on the step ``fit`` would run, prints the census and its findings and writes
-``doctor.json`` to ``--output_dir``. For a model that computes in float32 it
-first says the change that helps most: turn mixed precision on, with the
-calls to make (`first_change`; ``first_change`` in ``doctor.json``).
-
-With ``--measure`` it also times training steps of the model before and
-after the fixes the doctor can apply itself (the findings marked
-automatic): float32 islands from an explicit dtype converted with
-`tf_mixed.convert`, hidden Dense widths padded with ``convert(pad_to=N)``,
-float64 data cast to float32 in the input pipeline. Timing is the bench's
-own (`tf_mixed.bench.overhead.StepTimer` around ``fit`` steps), both models
-alternating for ``--rounds`` rounds so machine load hits both; the figures
-are the ratio of the median step times and the median of the rounds' ratios. The saved file is never modified.
-
-``--output_dir`` is checked (created if missing, and written to once) before
-any work. The data's example shapes are checked against the model's inputs
-before the census; an error names the input, the shape expected and the one
-got. ``doctor.json`` is written only after everything succeeded; bad input
-prints one line naming the value and exits with status 2, leaving nothing
-behind (an ``--output_dir`` it created is removed).
-"""
+# Loads a saved model, takes the first batch of the data (the bench's data sets, or ``npz:PATH``
+# with ``x`` and ``y`` arrays), runs `tf_mixed.census` on the step ``fit`` would run, prints the
+# census and its findings and writes ``doctor.json`` to ``--output_dir``. For a model that
+# computes in float32 it first says the change that helps most: turn mixed precision on, with the
+# calls to make (`first_change`; ``first_change`` in ``doctor.json``).
+#
+# With ``--measure`` it also times training steps of the model before and after the fixes the
+# doctor can apply itself (the findings marked automatic): float32 islands from an explicit dtype
+# converted with `tf_mixed.convert`, hidden Dense widths padded with ``convert(pad_to=N)``,
+# float64 data cast to float32 in the input pipeline. Timing is the bench's own
+# (`tf_mixed.bench.overhead.StepTimer` around ``fit`` steps), both models alternating for
+# ``--rounds`` rounds so machine load hits both; the figures are the ratio of the median step
+# times and the median of the rounds' ratios. The saved file is never modified.
+#
+# ``--output_dir`` is checked (created if missing, and written to once) before any work. The
+# data's example shapes are checked against the model's inputs before the census; an error names
+# the input, the shape expected and the one got. ``doctor.json`` is written only after everything
+# succeeded; bad input prints one line naming the value and exits with status 2, leaving nothing
+# behind (an ``--output_dir`` it created is removed).
 
 from __future__ import annotations
 
@@ -183,10 +179,10 @@ def _quietly(function, *args, **kwargs):
     """Calls `function` with `tf_mixed.models.ConversionNote` warnings kept quiet."""
     import warnings
 
-    import tf_mixed
+    from tf_mixed.models.conversion import ConversionNote
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tf_mixed.models.ConversionNote)
+        warnings.simplefilter("ignore", ConversionNote)
         return function(*args, **kwargs)
 
 
@@ -291,7 +287,7 @@ def first_change(report, model_path: str, next_policy: str | None = None) -> str
     most is turning mixed precision on.
 
     Args:
-        report: The model's `tf_mixed.tools.census.CensusReport`.
+        report: The model's `tf_mixed.tools.census.step_census.CensusReport`.
         model_path: The MODEL argument, for the commands in the text.
         next_policy: The policy the commands in the text try (`host_policy`:
             mixed_float16 on a GPU host, mixed_bfloat16 elsewhere); None: detect.
@@ -325,7 +321,7 @@ def fixed_model(model, report):
 
     Args:
         model: The model the census was taken of.
-        report: Its `tf_mixed.tools.census.CensusReport`.
+        report: Its `tf_mixed.tools.census.step_census.CensusReport`.
 
     Returns:
         ``(model, applied)``: a converted copy (or `model` itself when no

@@ -1,13 +1,12 @@
-"""``python -m tf_mixed export MODEL.keras [flags]``: write a serving artifact, checked.
+"""``python -m tf_mixed export MODEL.keras [flags]``: write a serving artifact, checked."""
 
-Loads a saved model, takes one batch of ``--dataset`` (the bench's data, or
-``npz:PATH`` with an ``x`` array) as the sample, runs `tf_mixed.export`,
-writes the artifact (``model.tflite`` or ``saved_model/``) and
-``export.json`` (the report) into ``--output_dir`` and prints the report.
-Bad input (no such file, unknown format or precision, a model that does not
-load, data whose shape does not fit, an unwritable directory) prints one
-line and exits with status 2, leaving nothing behind.
-"""
+# Loads a saved model, takes one batch of ``--dataset`` (the bench's data, or
+# ``npz:PATH`` with an ``x`` array) as the sample, runs `tf_mixed.export`,
+# writes the artifact (``model.tflite`` or ``saved_model/``) and
+# ``export.json`` (the report) into ``--output_dir`` and prints the report.
+# Bad input (no such file, unknown format or precision, a model that does not
+# load, data whose shape does not fit, an unwritable directory) prints one
+# line and exits with status 2, leaving nothing behind.
 
 from __future__ import annotations
 

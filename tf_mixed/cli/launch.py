@@ -1,18 +1,16 @@
-"""``python -m tf_mixed launch N SCRIPT [ARGS ...]``: N local workers of one script.
+"""``python -m tf_mixed launch N SCRIPT [ARGS ...]``: N local workers of one script."""
 
-    python -m tf_mixed launch 2 train.py --epochs=3
-    python -m tf_mixed launch --timeout=3600 2 -m mypackage.train
-
-Runs ``SCRIPT ARGS`` (or ``-m MODULE ARGS``) in N fresh Python processes on
-this machine as one TensorFlow cluster, with
-`tf_mixed.distribute.run_local_workers`: each gets its own ``TF_CONFIG``,
-their output is streamed as ``[worker i] ...``, and when one fails the
-others are stopped. ``python -m tf_mixed.distribute.launch`` hands over to
-this command. Flags for the launcher come before N; everything after SCRIPT
-goes to the script unchanged. Bad input (N, a missing script, a flag) is one
-line on stderr and exit status 2, before any worker starts; a failed worker
-is exit status 1.
-"""
+#     python -m tf_mixed launch 2 train.py --epochs=3
+#     python -m tf_mixed launch --timeout=3600 2 -m mypackage.train
+#
+# Runs ``SCRIPT ARGS`` (or ``-m MODULE ARGS``) in N fresh Python processes on
+# this machine as one TensorFlow cluster, with
+# `tf_mixed.distribute.run_local_workers`: each gets its own ``TF_CONFIG``,
+# their output is streamed as ``[worker i] ...``, and when one fails the
+# others are stopped. Flags for the launcher come before N; everything after SCRIPT
+# goes to the script unchanged. Bad input (N, a missing script, a flag) is one
+# line on stderr and exit status 2, before any worker starts; a failed worker
+# is exit status 1.
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ import sys
 USAGE = """usage: python -m tf_mixed launch [--timeout=SECONDS] [--start_timeout=SECONDS]
                                  N SCRIPT.py [ARGS ...]
        python -m tf_mixed launch [flags] N -m MODULE [ARGS ...]
-       (python -m tf_mixed.distribute.launch ... is the same command)
 
 Runs SCRIPT in N local worker processes as one TensorFlow cluster on
 127.0.0.1: each worker gets its own TF_CONFIG (so the script's
@@ -98,15 +95,6 @@ def parse(args: list[str]) -> tuple[int, list[str], dict[str, float | None]]:
         raise _Usage(f"SCRIPT={script!r}: no such file (from {os.getcwd()!r}); pass the "
                      "path of the Python script every worker runs, or -m MODULE")
     return int(count), [sys.executable, script, *script_args], options
-
-
-def module_entry() -> int:
-    """``python -m tf_mixed.distribute.launch N SCRIPT ...``: this command.
-
-    Returns:
-        The exit status of `main`.
-    """
-    return main(["python -m tf_mixed.distribute.launch", *sys.argv[1:]])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,25 +1,24 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export|doctor] [flags]``.
+"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export|doctor] [flags]``."""
 
-    python -m tf_mixed                 same as ``bench`` with its defaults
-    python -m tf_mixed bench --help    the bench's flags
-    python -m tf_mixed info            this host's hardware and what "auto" picks
-    python -m tf_mixed audit PATH      per-layer dtype report of a saved model
-    python -m tf_mixed check           prove the skip decision on this host's devices
-    python -m tf_mixed probe MODEL     per-layer numerics of a saved model in half precision
-    python -m tf_mixed rollback-cost   step time and memory of BatchNorm rollback (ResNet-18)
-    python -m tf_mixed export MODEL    a checked SavedModel or LiteRT file of a saved model
-    python -m tf_mixed litert-latency  float32 vs float16-weight LiteRT: size, parity, latency
-    python -m tf_mixed doctor MODEL    why isn't it faster: census of the train step, fixes
-    python -m tf_mixed launch N SCRIPT N local workers of SCRIPT as one TF cluster
-
-Flags are absl flags, parsed into a private ``FlagValues`` per call so that
-`main` can be called more than once in a process (the tests do). Bad input
-prints one line naming the flag, the value and what is accepted, and exits
-with status 2. TensorFlow's C++ start-up log is kept off stderr unless
-``--verbose`` is given (see `tf_mixed._internal.quiet`).
-
-A new subcommand is a function ``(argv) -> int`` in `COMMANDS`.
-"""
+#     python -m tf_mixed                 same as ``bench`` with its defaults
+#     python -m tf_mixed bench --help    the bench's flags
+#     python -m tf_mixed info            this host's hardware and what "auto" picks
+#     python -m tf_mixed audit PATH      per-layer dtype report of a saved model
+#     python -m tf_mixed check           prove the skip decision on this host's devices
+#     python -m tf_mixed probe MODEL     per-layer numerics of a saved model in half precision
+#     python -m tf_mixed rollback-cost   step time and memory of BatchNorm rollback (ResNet-18)
+#     python -m tf_mixed export MODEL    a checked SavedModel or LiteRT file of a saved model
+#     python -m tf_mixed litert-latency  float32 vs float16-weight LiteRT: size, parity, latency
+#     python -m tf_mixed doctor MODEL    why isn't it faster: census of the train step, fixes
+#     python -m tf_mixed launch N SCRIPT N local workers of SCRIPT as one TF cluster
+#
+# Flags are absl flags, parsed into a private ``FlagValues`` per call so that
+# `main` can be called more than once in a process (the tests do). Bad input
+# prints one line naming the flag, the value and what is accepted, and exits
+# with status 2. TensorFlow's C++ start-up log is kept off stderr unless
+# ``--verbose`` is given (see `tf_mixed._internal.quiet`).
+#
+# A new subcommand is a function ``(argv) -> int`` in `COMMANDS`.
 
 from __future__ import annotations
 
@@ -75,12 +74,12 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "policy", "",
         "One policy to compare against float32 and mixed_bfloat16 (e.g. float8: Keras float8 "
-        "via tf_mixed.float8.quantization.quantize on bfloat16 compute). Use --policies for a full list.",
+        "via tf_mixed.float8.quantize on bfloat16 compute). Use --policies for a full list.",
         flag_values=fv,
     )
     flags.DEFINE_string(
         "float8_layers", "auto",
-        "float8 policy: 'auto' (tf_mixed.float8.quantization.quantize's default: first, last and "
+        "float8 policy: 'auto' (tf_mixed.float8.quantize's default: first, last and "
         "unaligned Dense layers stay out) or 'all' (every Dense layer).",
         flag_values=fv,
     )

@@ -1,19 +1,18 @@
-"""Loading the MODEL argument of ``python -m tf_mixed probe|audit``, with one-line errors.
+"""Loading the MODEL argument of ``python -m tf_mixed probe|audit``, with one-line errors."""
 
-Shared by the commands that take a saved model: the file must exist and load
-as a `keras.Model`. Two things a user's model may need, each a flag:
-
-* ``--custom_modules=pkg.layers,...``: modules to import first, so custom
-  layers and functions they register (``register_keras_serializable``) are
-  found (Keras imports only packages named ``keras*`` by itself); their
-  top-level classes and functions are also passed as ``custom_objects``, so
-  an unregistered ``def`` in a Lambda layer is found by its name;
-* ``--safe_mode=false``: a ``Lambda`` layer holding a Python lambda is code,
-  which Keras loads only with safe mode off, for files the user trusts.
-
-Every failure is a `ValueError` whose message is one line naming the file,
-what went wrong and the flag that fixes it.
-"""
+# Shared by the commands that take a saved model: the file must exist and load
+# as a `keras.Model`. Two things a user's model may need, each a flag:
+#
+# * ``--custom_modules=pkg.layers,...``: modules to import first, so custom
+#   layers and functions they register (``register_keras_serializable``) are
+#   found (Keras imports only packages named ``keras*`` by itself); their
+#   top-level classes and functions are also passed as ``custom_objects``, so
+#   an unregistered ``def`` in a Lambda layer is found by its name;
+# * ``--safe_mode=false``: a ``Lambda`` layer holding a Python lambda is code,
+#   which Keras loads only with safe mode off, for files the user trusts.
+#
+# Every failure is a `ValueError` whose message is one line naming the file,
+# what went wrong and the flag that fixes it.
 
 from __future__ import annotations
 

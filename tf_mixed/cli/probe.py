@@ -1,11 +1,10 @@
-"""``python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [flags]``: the numerics probe.
+"""``python -m tf_mixed probe MODEL.keras [--dataset=SPEC] [flags]``: the numerics probe."""
 
-Loads a saved model, takes a few batches of the bench's data (or ``npz:PATH``
-with ``x`` and ``y`` arrays), runs `tf_mixed.probe`, prints the table and
-writes ``probe.json`` and ``probe.png`` to ``--output_dir``. Every file is
-written only after the probe succeeded; bad input prints one line naming
-the value and exits with status 2, with nothing written.
-"""
+# Loads a saved model, takes a few batches of the bench's data (or ``npz:PATH``
+# with ``x`` and ``y`` arrays), runs `tf_mixed.probe`, prints the table and
+# writes ``probe.json`` and ``probe.png`` to ``--output_dir``. Every file is
+# written only after the probe succeeded; bad input prints one line naming
+# the value and exits with status 2, with nothing written.
 
 from __future__ import annotations
 

@@ -1,34 +1,27 @@
-"""Several replicas and workers: checked `TF_CONFIG`, strategies, `fit` support (the keras-team/keras#20585 workaround) and the local launcher.
+"""Several replicas and workers: a checked `TF_CONFIG`, strategies, `fit` support, local workers."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
-
+from tf_mixed._internal import moved as _moved
 from tf_mixed.distribute.cluster import (  # noqa: F401
-    Task,
     current_task,
     fit_support,
     multi_worker_strategy,
-    parse_tf_config,
-    remove_fit_support,
 )
-from tf_mixed.distribute.launch import (  # noqa: F401
-    WorkerResult,
-    WorkersFailed,
-    free_ports,
-    run_local_workers,
-    tf_config,
-)
+from tf_mixed.distribute.workers import WorkersFailed, run_local_workers  # noqa: F401
 
 __all__ = [
-    "Task",
-    "WorkerResult",
     "WorkersFailed",
     "current_task",
     "fit_support",
-    "free_ports",
     "multi_worker_strategy",
-    "parse_tf_config",
-    "remove_fit_support",
     "run_local_workers",
-    "tf_config",
 ]
+
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "Task": "tf_mixed.distribute.cluster",
+    "WorkerResult": "tf_mixed.distribute.workers",
+    "free_ports": "tf_mixed.distribute.workers",
+    "parse_tf_config": "tf_mixed.distribute.cluster",
+    "remove_fit_support": "tf_mixed.distribute.cluster",
+    "tf_config": "tf_mixed.distribute.workers",
+})

@@ -1,22 +1,20 @@
-"""Several workers: a checked ``TF_CONFIG``, a strategy with a bounded wait, `fit` support.
+"""Several workers: a checked ``TF_CONFIG``, a strategy with a bounded wait, `fit` support."""
 
-On each machine (or local process, see `tf_mixed.distribute.launch`) the same script runs
-with its own ``TF_CONFIG``; the first lines are::
-
-    strategy = tf_mixed.distribute.cluster.multi_worker_strategy(timeout_seconds=60)
-    with strategy.scope():
-        model = build_model()
-        model.compile(optimizer=tf_mixed.wrap_optimizer(...), loss=...)
-    model.fit(dataset, callbacks=[tf_mixed.callbacks.monitor.LossScaleMonitor()])
-
-Keras 3's own ``fit``/``evaluate`` fail under MultiWorkerMirroredStrategy
-(keras-team/keras#20585). `fit_support` installs tf_mixed's narrow workaround
-(``tf_mixed/distribute/keras_fix_20585.py``) when, and only when, a strategy spans
-several workers and the installed Keras still has the defect. It is called
-for you by `multi_worker_strategy`, where a multi-worker ``fit`` is prepared;
-if you build the strategy by hand, call ``fit_support(strategy)`` yourself
-before ``fit``. The optimizer never installs it.
-"""
+# On each machine (or local process, see `tf_mixed.distribute.run_local_workers`) the same script
+# runs with its own ``TF_CONFIG``; the first lines are::
+#
+#     strategy = tf_mixed.distribute.multi_worker_strategy(timeout_seconds=60)
+#     with strategy.scope():
+#         model = build_model()
+#         model.compile(optimizer=tf_mixed.wrap_optimizer(...), loss=...)
+#     model.fit(dataset, callbacks=[tf_mixed.LossScaleMonitor()])
+#
+# Keras 3's own ``fit``/``evaluate`` fail under MultiWorkerMirroredStrategy
+# (keras-team/keras#20585). `fit_support` installs tf_mixed's narrow workaround
+# (``tf_mixed/distribute/keras_fix_20585.py``) when, and only when, a strategy spans several
+# workers and the installed Keras still has the defect. It is called for you by
+# `multi_worker_strategy`, where a multi-worker ``fit`` is prepared; if you build the strategy by
+# hand, call ``fit_support(strategy)`` yourself before ``fit``. The optimizer never installs it.
 
 from __future__ import annotations
 
@@ -191,8 +189,8 @@ def multi_worker_strategy(
         raise ValueError(
             "multi_worker_strategy() needs the TF_CONFIG environment variable, "
             f"e.g. TF_CONFIG='{_TF_CONFIG_EXAMPLE}' on worker 0. Received: "
-            "TF_CONFIG unset. Start local workers with tf_mixed.distribute.launch."
-            "run_local_workers(), or set it on each machine."
+            "TF_CONFIG unset. Start local workers with "
+            "tf_mixed.distribute.run_local_workers(), or set it on each machine."
         )
     options = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=timeout_seconds)

@@ -1,45 +1,44 @@
-"""WORKAROUND for keras-team/keras#20585: `fit` under MultiWorkerMirroredStrategy.
+"""WORKAROUND for keras-team/keras#20585: `fit` under MultiWorkerMirroredStrategy."""
 
-PRIVATE KERAS API. Everything this module touches is private to Keras and is
-listed here and in ``tf_mixed/_internal/shims.py``. Delete this module (and its
-callers in ``tf_mixed/distribute/cluster.py``) once Keras is fixed;
-``tests/integration/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails
-on the first Keras release that no longer has the defects, to say so.
-
-Keras 3 (measured on 3.15.1; keras-team/keras#20585, tensorflow/tensorflow#72388)
-fails in two places of ``keras/src/backend/tensorflow/trainer.py`` when
-``fit``/``evaluate`` run under a MultiWorkerMirroredStrategy that spans
-several workers:
-
-1. ``TensorFlowTrainer._maybe_symbolic_build`` takes one distributed batch
-   and reduces it across replicas with ``strategy.reduce("MEAN", batch,
-   axis=None)`` only to learn its shapes. Across workers that reduce cannot
-   convert the PerReplica value ("Attempt to convert a value (PerReplica ...)
-   to a Tensor"). The fix: take the first local replica's batch, which has
-   the right shapes, and let Keras build from that.
-2. ``reduce_per_replica`` (module function), in its multi-worker branch,
-   reduces every metric value with ``strategy.reduce("MEAN", v, axis=0)``;
-   metric values are 0-d ("Invalid reduction dimension 0 for input with 0
-   dimensions"). The fix: ``axis=None`` for 0-d values (the mean across
-   replicas, which is what the single-worker branch computes); everything
-   else is passed to Keras's own function unchanged.
-
-Both replacements delegate to the original Keras functions for every case
-other than "several workers", so single-process runs and MirroredStrategy
-never see a difference. `apply` installs them only when (a) Keras is 3.x and
-(b) a probe, run on fakes in this process, shows that the installed Keras
-still has the defect; `restore` puts the original functions back.
-
-A strategy built by hand (``tf.distribute.MultiWorkerMirroredStrategy()``,
-as most multi-worker scripts do) never passes through
-`tf_mixed.distribute.multi_worker_strategy`. For it, importing this module
-arms `watch`: ``_maybe_symbolic_build`` (the first thing Keras's ``fit``,
-``evaluate``, ``train_on_batch`` and ``test_on_batch`` run under a strategy)
-becomes a pass-through that calls `apply` the first time it runs across
-several workers. ``tf_mixed/__init__.py`` imports this module right after
-Keras loads, so ``import tf_mixed`` is enough. The watch needs no TensorFlow
-runtime (the probe runs at that first multi-worker call, not at import).
-"""
+# PRIVATE KERAS API. Everything this module touches is private to Keras and is
+# listed here and in ``tf_mixed/_internal/shims.py``. Delete this module (and its
+# callers in ``tf_mixed/distribute/cluster.py``) once Keras is fixed;
+# ``tests/integration/test_multi_worker_fit.py::test_keras_still_has_defect_20585`` fails
+# on the first Keras release that no longer has the defects, to say so.
+#
+# Keras 3 (measured on 3.15.1; keras-team/keras#20585, tensorflow/tensorflow#72388)
+# fails in two places of ``keras/src/backend/tensorflow/trainer.py`` when
+# ``fit``/``evaluate`` run under a MultiWorkerMirroredStrategy that spans
+# several workers:
+#
+# 1. ``TensorFlowTrainer._maybe_symbolic_build`` takes one distributed batch
+#    and reduces it across replicas with ``strategy.reduce("MEAN", batch,
+#    axis=None)`` only to learn its shapes. Across workers that reduce cannot
+#    convert the PerReplica value ("Attempt to convert a value (PerReplica ...)
+#    to a Tensor"). The fix: take the first local replica's batch, which has
+#    the right shapes, and let Keras build from that.
+# 2. ``reduce_per_replica`` (module function), in its multi-worker branch,
+#    reduces every metric value with ``strategy.reduce("MEAN", v, axis=0)``;
+#    metric values are 0-d ("Invalid reduction dimension 0 for input with 0
+#    dimensions"). The fix: ``axis=None`` for 0-d values (the mean across
+#    replicas, which is what the single-worker branch computes); everything
+#    else is passed to Keras's own function unchanged.
+#
+# Both replacements delegate to the original Keras functions for every case
+# other than "several workers", so single-process runs and MirroredStrategy
+# never see a difference. `apply` installs them only when (a) Keras is 3.x and
+# (b) a probe, run on fakes in this process, shows that the installed Keras
+# still has the defect; `restore` puts the original functions back.
+#
+# A strategy built by hand (``tf.distribute.MultiWorkerMirroredStrategy()``,
+# as most multi-worker scripts do) never passes through
+# `tf_mixed.distribute.multi_worker_strategy`. For it, importing this module
+# arms `watch`: ``_maybe_symbolic_build`` (the first thing Keras's ``fit``,
+# ``evaluate``, ``train_on_batch`` and ``test_on_batch`` run under a strategy)
+# becomes a pass-through that calls `apply` the first time it runs across
+# several workers. ``tf_mixed/__init__.py`` imports this module right after
+# Keras loads, so ``import tf_mixed`` is enough. The watch needs no TensorFlow
+# runtime (the probe runs at that first multi-worker call, not at import).
 
 from __future__ import annotations
 

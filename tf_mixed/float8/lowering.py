@@ -1,19 +1,18 @@
-"""Did XLA run the float8 layers' matrix products as float8 GEMMs?
+"""Did XLA run the float8 layers' matrix products as float8 GEMMs?"""
 
-Keras's float8 is quantize-dequantize around an ordinary matmul; on a GPU,
-XLA's GEMM rewriter can fold the float8 casts into one cuBLASLt float8 call
-(``custom_call_target="__cublas$lt$matmul$f8"``), and only then does float8
-save time. When the pattern does not match (a dimension not a multiple of
-16, an op between the cast and the matmul, no Hopper/Ada GPU) the product
-runs in the wider type and float8 is emulated: the numerics of float8 at
-the cost of extra casts.
-
-`lowering_report` compiles the model's train step with XLA on a GPU, reads
-the optimized HLO, and says per float8 layer how many of its GEMMs (forward,
-input gradient, weight gradient) are float8. Without a GPU it answers
-"emulated (no GPU)" for every layer. `parse_gemms` and `attribute` are the
-pure parsing, tested on recorded HLO text.
-"""
+# Keras's float8 is quantize-dequantize around an ordinary matmul; on a GPU,
+# XLA's GEMM rewriter can fold the float8 casts into one cuBLASLt float8 call
+# (``custom_call_target="__cublas$lt$matmul$f8"``), and only then does float8
+# save time. When the pattern does not match (a dimension not a multiple of
+# 16, an op between the cast and the matmul, no Hopper/Ada GPU) the product
+# runs in the wider type and float8 is emulated: the numerics of float8 at
+# the cost of extra casts.
+#
+# `lowering_report` compiles the model's train step with XLA on a GPU, reads
+# the optimized HLO, and says per float8 layer how many of its GEMMs (forward,
+# input gradient, weight gradient) are float8. Without a GPU it answers
+# "emulated (no GPU)" for every layer. `parse_gemms` and `attribute` are the
+# pure parsing, tested on recorded HLO text.
 
 from __future__ import annotations
 
@@ -203,7 +202,7 @@ def lowering_report(model: keras.Model, x=None, y=None, *, loss=None,
     if not names:
         raise ValueError(
             f"Model '{model.name}' has no float8 layer. Quantize it first: "
-            "tf_mixed.float8.quantization.quantize(model).")
+            "tf_mixed.float8.quantize(model).")
     if hlo_text is not None:
         return LoweringReport(model.name, "HLO text",
                               _verdicts(names, parse_gemms(hlo_text)))

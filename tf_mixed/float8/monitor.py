@@ -1,25 +1,20 @@
-"""`Float8Monitor`: float8 scaling health in ``logs``, and a stop rule.
+"""`Float8Monitor`: float8 scaling health in ``logs``, and a stop rule."""
 
-The tf_mixed optimizer keeps, for the float8 layers it agrees scales for,
-counters that are identical on every replica and worker
-(`tf_mixed.scaling.float8_sync`): per tensor, how many steps saturated (the
-cast clipped values: the global amax over the scale in use went beyond the
-format's largest value by more than rounding,
-`tf_mixed.scaling.float8_sync.clipping_overflow`; a kernel that grew a little
-or the one-ulp rounding of an unchanged kernel's scale does not count) and
-how many amaxes were non-finite; and the current and longest run of
-consecutive steps in which some tensor saturated. Each ``fit`` with a
-monitor starts the runs afresh (`Float8Sync.reset_streaks` at
-``on_train_begin``): a run of an earlier ``fit`` never stops a later one. The monitor reads them once per epoch (or
-every ``check_every_n_batches`` batches), writes floats into ``logs`` so
-`History`, TensorBoard and the progress bar show them, and judges them with
-a pure rule (`saturation_verdict`): ``patience`` consecutive saturating
-steps stop training. Every worker reads the same counters, so every worker
-takes the same decision.
-
-With ``data=(x, y)`` it also measures, at each epoch end, the saturated and
-flushed fractions of every tensor on that batch (`tf_mixed.float8.quantization.state`).
-"""
+# The tf_mixed optimizer keeps, for the float8 layers it agrees scales for, counters that are
+# identical on every replica and worker (`tf_mixed.scaling.float8_sync`): per tensor, how many
+# steps saturated (the cast clipped values: the global amax over the scale in use went beyond the
+# format's largest value by more than rounding, `tf_mixed.scaling.float8_sync.clipping_overflow`;
+# a kernel that grew a little or the one-ulp rounding of an unchanged kernel's scale does not
+# count) and how many amaxes were non-finite; and the current and longest run of consecutive
+# steps in which some tensor saturated. Each ``fit`` with a monitor starts the runs afresh
+# (`Float8Sync.reset_streaks` at ``on_train_begin``): a run of an earlier ``fit`` never stops a
+# later one. The monitor reads them once per epoch (or every ``check_every_n_batches`` batches),
+# writes floats into ``logs`` so `History`, TensorBoard and the progress bar show them, and
+# judges them with a pure rule (`saturation_verdict`): ``patience`` consecutive saturating steps
+# stop training. Every worker reads the same counters, so every worker takes the same decision.
+#
+# With ``data=(x, y)`` it also measures, at each epoch end, the saturated and flushed fractions
+# of every tensor on that batch (`tf_mixed.float8.state`).
 
 from __future__ import annotations
 
@@ -179,7 +174,7 @@ class Float8Monitor(keras.callbacks.Callback):
         if not any(readiness.is_float8(layer) for layer in _leaves(model)):
             raise ValueError(
                 f"Float8Monitor: model '{model.name}' has no float8 layer. "
-                "Quantize it first: tf_mixed.float8.quantization.quantize(model).")
+                "Quantize it first: tf_mixed.float8.quantize(model).")
         optimizer = model.optimizer
         if not isinstance(optimizer, LossScaleOptimizer):
             raise ValueError(

@@ -1,33 +1,32 @@
-"""Float8 training that every replica agrees on, saturation-safe and visible.
+"""Float8 training that every replica agrees on, saturation-safe and visible."""
 
-    plan = tf_mixed.float8.quantization.quantize(model)      # rides model.quantize("float8")
-    print(plan)                                  # which layers, and why
-    model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
-    model.fit(ds, callbacks=[tf_mixed.float8.quantization.Float8Monitor()])
-    tf_mixed.float8.quantization.state(model)                 # scales, amaxes, saturation
-
-Keras 3 trains Dense and EinsumDense in float8 after
-``model.quantize("float8")``: inputs and kernel are quantized-dequantized to
-e4m3 and the output gradient to e5m2, each with a scale taken from a history
-of recent absolute maxima (delayed scaling). tf_mixed adds what Keras lacks:
-
-* the choice of layers (`quantize`): the first and last float8-capable
-  layers and those whose dimensions no float8 GEMM can run are kept out by
-  default, and the returned `Float8Plan` says why for each layer; a margin
-  and an amax algorithm as in Transformer Engine;
-* agreement (`tf_mixed.scaling.float8_sync`, run by `tf_mixed.LossScaleOptimizer`):
-  the amaxes are MAX-reduced across replicas and workers before they are
-  written, so every copy holds the scales and histories one device would
-  hold on the global batch; a non-finite amax never enters a history; under
-  loss scaling the output-gradient history stays in unscaled units;
-* visibility: `state` (scale, amax, saturated and flushed fractions per
-  layer and tensor), `Float8Monitor` (floats into ``logs``, stop on
-  sustained saturation), `lowering_report` (did XLA emit float8 GEMMs?).
-
-Agreement needs the tf_mixed optimizer wrapper (``tf_mixed.wrap_optimizer``,
-a pass-through under float32/bfloat16); a plain Keras optimizer under a
-strategy keeps Keras's per-replica scales, and `Float8Monitor` refuses it.
-"""
+#     plan = tf_mixed.float8.quantize(model)      # rides model.quantize("float8")
+#     print(plan)                                  # which layers, and why
+#     model.compile(optimizer=tf_mixed.wrap_optimizer("adam"), loss=...)
+#     model.fit(ds, callbacks=[tf_mixed.float8.Float8Monitor()])
+#     tf_mixed.float8.state(model)                 # scales, amaxes, saturation
+#
+# Keras 3 trains Dense and EinsumDense in float8 after
+# ``model.quantize("float8")``: inputs and kernel are quantized-dequantized to
+# e4m3 and the output gradient to e5m2, each with a scale taken from a history
+# of recent absolute maxima (delayed scaling). tf_mixed adds what Keras lacks:
+#
+# * the choice of layers (`quantize`): the first and last float8-capable
+#   layers and those whose dimensions no float8 GEMM can run are kept out by
+#   default, and the returned `Float8Plan` says why for each layer; a margin
+#   and an amax algorithm as in Transformer Engine;
+# * agreement (`tf_mixed.scaling.float8_sync`, run by `tf_mixed.LossScaleOptimizer`):
+#   the amaxes are MAX-reduced across replicas and workers before they are
+#   written, so every copy holds the scales and histories one device would
+#   hold on the global batch; a non-finite amax never enters a history; under
+#   loss scaling the output-gradient history stays in unscaled units;
+# * visibility: `state` (scale, amax, saturated and flushed fractions per
+#   layer and tensor), `Float8Monitor` (floats into ``logs``, stop on
+#   sustained saturation), `lowering_report` (did XLA emit float8 GEMMs?).
+#
+# Agreement needs the tf_mixed optimizer wrapper (``tf_mixed.wrap_optimizer``,
+# a pass-through under float32/bfloat16); a plain Keras optimizer under a
+# strategy keeps Keras's per-replica scales, and `Float8Monitor` refuses it.
 
 from __future__ import annotations
 
@@ -177,10 +176,10 @@ def quantize(model: keras.Model, *, margin: int = 0,
             is out of range, ``keep_float32`` names an unknown layer, or a
             layer already in float8 has a different history length.
     """
-    check_model_kind(model, "tf_mixed.float8.quantization.quantize()", traced=False)
+    check_model_kind(model, "tf_mixed.float8.quantize()", traced=False)
     amax_history_length = _validate.number(
         amax_history_length, "amax_history_length", integer=True,
-        rule=lambda n: n >= 1, owner="tf_mixed.float8.quantization.quantize()",
+        rule=lambda n: n >= 1, owner="tf_mixed.float8.quantize()",
         valid="an integer >= 1, such as 1024 or 16")
     scaling = Float8Scaling(margin=margin, amax_compute_algo=amax_compute_algo)
     automatic = isinstance(keep_float32, str) and keep_float32 == "auto"

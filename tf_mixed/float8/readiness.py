@@ -1,26 +1,25 @@
-"""How ready a model is for float8: which layers can use it and which should not.
+"""How ready a model is for float8: which layers can use it and which should not."""
 
-One table of rules, read by `tf_mixed.audit` (its float8 findings) and by
-`tf_mixed.float8.quantization.quantize` (which layers it keeps out by default), so the
-advice the audit gives is what quantize does.
-
-Float8 here is Keras's (``model.quantize("float8")``): only ``Dense`` and
-``EinsumDense`` have a float8 path (quantize-dequantize of the inputs and
-kernel in e4m3 and of the output gradient in e5m2, around the same matrix
-product). The rules:
-
-* ``eligible``: the layer's class is exactly Dense or EinsumDense (Keras
-  refuses subclasses).
-* ``first`` / ``last``: the first and the last eligible layer in the
-  model's order are kept in higher precision, as Transformer Engine and
-  the FP8 training papers advise: the first sees the raw data (widest
-  range, no normalisation before it), the last produces the logits the loss
-  and the output activation read.
-* ``not_multiple_of_16``: float8 GEMMs (cuBLASLt, which XLA calls) need the
-  contracted and output dimensions to be multiples of 16; otherwise XLA
-  falls back to an emulated product and float8 costs time instead of saving
-  it.
-"""
+# One table of rules, read by `tf_mixed.audit` (its float8 findings) and by
+# `tf_mixed.float8.quantize` (which layers it keeps out by default), so the
+# advice the audit gives is what quantize does.
+#
+# Float8 here is Keras's (``model.quantize("float8")``): only ``Dense`` and
+# ``EinsumDense`` have a float8 path (quantize-dequantize of the inputs and
+# kernel in e4m3 and of the output gradient in e5m2, around the same matrix
+# product). The rules:
+#
+# * ``eligible``: the layer's class is exactly Dense or EinsumDense (Keras
+#   refuses subclasses).
+# * ``first`` / ``last``: the first and the last eligible layer in the
+#   model's order are kept in higher precision, as Transformer Engine and
+#   the FP8 training papers advise: the first sees the raw data (widest
+#   range, no normalisation before it), the last produces the logits the loss
+#   and the output activation read.
+# * ``not_multiple_of_16``: float8 GEMMs (cuBLASLt, which XLA calls) need the
+#   contracted and output dimensions to be multiples of 16; otherwise XLA
+#   falls back to an emulated product and float8 costs time instead of saving
+#   it.
 
 from __future__ import annotations
 
@@ -196,7 +195,7 @@ def findings(model) -> list[tuple[str, str, str | None, str, str]]:
                          "GEMM cannot run it, so float8 would be emulated "
                          "there."),
                 fix=(f"use dimensions {rounded}, or keep it out of float8 "
-                     "(tf_mixed.float8.quantization.quantize does by default).")))
+                     "(tf_mixed.float8.quantize does by default).")))
         for code in ("first", "last"):
             if code in check.keep:
                 out.append(_finding(
@@ -204,6 +203,6 @@ def findings(model) -> list[tuple[str, str, str | None, str, str]]:
                     message=(f"{REASONS[code]}; it should stay in higher "
                              "precision" + (" but is float8." if severity == "warning"
                                             else ".")),
-                    fix=("leave it out of float8 (tf_mixed.float8.quantization.quantize "
+                    fix=("leave it out of float8 (tf_mixed.float8.quantize "
                          "does by default).")))
     return out

@@ -1,17 +1,16 @@
-"""Reading a float8 model: scales, amaxes, saturated and flushed fractions.
+"""Reading a float8 model: scales, amaxes, saturated and flushed fractions."""
 
-`state(model)` reads, for every float8 layer and each of its quantized
-tensors (inputs, kernel, output gradient), the scale in use, the amax
-history, and the counters the tf_mixed optimizer keeps. With a batch
-(``state(model, x, y)``) it also measures, on that batch and with the
-current scales, the fraction of values that saturate (``|x| / scale`` beyond
-the format's largest finite value by more than the cast's rounding, so
-clipped) and that flush to zero (non-
-zero values that quantize to 0). The kernel's fractions need no batch.
-
-Keras's scale is a *dequantization* factor: a value ``x`` is stored as
-``float8(x / scale)``. Transformer Engine's scale is its reciprocal.
-"""
+# `state(model)` reads, for every float8 layer and each of its quantized
+# tensors (inputs, kernel, output gradient), the scale in use, the amax
+# history, and the counters the tf_mixed optimizer keeps. With a batch
+# (``state(model, x, y)``) it also measures, on that batch and with the
+# current scales, the fraction of values that saturate (``|x| / scale`` beyond
+# the format's largest finite value by more than the cast's rounding, so
+# clipped) and that flush to zero (non-
+# zero values that quantize to 0). The kernel's fractions need no batch.
+#
+# Keras's scale is a *dequantization* factor: a value ``x`` is stored as
+# ``float8(x / scale)``. Transformer Engine's scale is its reciprocal.
 
 from __future__ import annotations
 
@@ -205,7 +204,7 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
     """Reads every float8 layer's scales and amaxes; measures a batch if given.
 
     Args:
-        model: A Keras model with float8 layers (`tf_mixed.float8.quantization.quantize`
+        model: A Keras model with float8 layers (`tf_mixed.float8.quantize`
             or ``model.quantize("float8")``).
         x: Optional batch of inputs to measure the saturated/flushed
             fractions of the inputs and output gradients on. Use a batch of
@@ -224,12 +223,12 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
         ValueError: the model has no float8 layer; ``x`` without ``y``; no
             loss given and the model is not compiled with one.
     """
-    check_model_kind(model, "tf_mixed.float8.quantization.state()", traced=False)
+    check_model_kind(model, "tf_mixed.float8.state()", traced=False)
     layers = _float8_layers(model)
     if not layers:
         raise ValueError(
             f"Model '{model.name}' has no float8 layer. Quantize it first: "
-            "tf_mixed.float8.quantization.quantize(model).")
+            "tf_mixed.float8.quantize(model).")
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
     sync = float8_sync_of(optimizer)

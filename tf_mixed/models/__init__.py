@@ -1,38 +1,21 @@
-"""Re-creating a model in another dtype: cloning, `convert`, `rebuild`, padding.
+"""Re-creating a model in another dtype (`tf_mixed.convert`) and what it says it could not carry."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
+from tf_mixed._internal import moved as _moved
+from tf_mixed.models.conversion import ConversionNote  # noqa: F401
 
-from tf_mixed.models.cloning import (  # noqa: F401
-    Clone,
-    clone,
-    copy_weights,
-    model_input,
-    recreate,
-)
-from tf_mixed.models.conversion import (  # noqa: F401
-    ConversionNote,
-    compute_dtype,
-    convert,
-    is_graph_model,
-    rebuild,
-)
-from tf_mixed.models.padding import (  # noqa: F401
-    copy_padded,
-    plan,
-)
+__all__ = ["ConversionNote"]
 
-__all__ = [
-    "Clone",
-    "ConversionNote",
-    "clone",
-    "compute_dtype",
-    "convert",
-    "copy_padded",
-    "copy_weights",
-    "is_graph_model",
-    "model_input",
-    "plan",
-    "rebuild",
-    "recreate",
-]
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "Clone": "tf_mixed.models.cloning",
+    "clone": "tf_mixed.models.cloning",
+    "compute_dtype": "tf_mixed.models.conversion",
+    "convert": "tf_mixed",
+    "copy_padded": "tf_mixed.models.padding",
+    "copy_weights": "tf_mixed.models.cloning",
+    "is_graph_model": "tf_mixed.models.conversion",
+    "model_input": "tf_mixed.models.cloning",
+    "plan": "tf_mixed.models.padding",
+    "rebuild": "tf_mixed.models.conversion",
+    "recreate": "tf_mixed.models.cloning",
+})

@@ -1,39 +1,38 @@
-"""The one way tf_mixed re-creates a model in another dtype, with its weights.
+"""The one way tf_mixed re-creates a model in another dtype, with its weights."""
 
-`convert`, `probe`, `export` (and through them `doctor`) all need a copy of
-a model whose layers compute in another dtype and hold the same weights.
-`clone` makes it with Keras's own graph cloning,
-``keras.models.clone_model(view, clone_function=...)``, which walks every
-operation of a functional graph: layers, nested models, shared layers
-(cloned once, called twice), and the Keras ops applied to tensors that are
-not layers (``x + y``, ``x * 2.0``, ``x[:, ::-1]``,
-``keras.ops.concatenate``, the built-in preprocessing of
-``keras.applications`` models). What tf_mixed adds:
-
-* each Layer is re-created by `recreate` with the policy the caller asks
-  for, constructed (and, in a functional graph, called) while that policy is
-  Keras's global one, so sublayers a custom layer creates itself follow it;
-  any other Operation is re-created from its config unchanged;
-* a ``Lambda`` is re-created from the function object it holds
-  (``layer.function``): Keras refuses a Python lambda in safe mode and
-  cannot locate an unregistered ``def``;
-* a custom layer whose constructor takes no ``name``/``dtype``/``trainable``
-  (no ``**kwargs``, as the keras-io examples write ``Patches`` or
-  ``TokenAndPositionEmbedding``) is constructed from the arguments the layer
-  in memory was constructed with (as Keras records them) and those of its
-  config, then given the name, policy and trainable flag of that layer; one
-  that cannot be rebuilt so (a constructor argument that is not a str,
-  number, bool or None, and missing from its config) is refused with one
-  sentence naming the class and the ``**kwargs`` it needs;
-* the weights (trainable and not) are copied by variable path, relative to
-  the layer (by position where a custom layer's inner names differ), and
-  cast to the clone's variable dtype;
-* ``inline_nested=True`` (for `probe`) inlines nested models, so the output
-  of every leaf layer, inner ones included, is a tensor of one graph.
-
-The compiled state is not carried (`convert` compiles again). Subclassed
-models have no graph to walk; callers refuse them before calling `clone`.
-"""
+# `convert`, `probe`, `export` (and through them `doctor`) all need a copy of
+# a model whose layers compute in another dtype and hold the same weights.
+# `clone` makes it with Keras's own graph cloning,
+# ``keras.models.clone_model(view, clone_function=...)``, which walks every
+# operation of a functional graph: layers, nested models, shared layers
+# (cloned once, called twice), and the Keras ops applied to tensors that are
+# not layers (``x + y``, ``x * 2.0``, ``x[:, ::-1]``,
+# ``keras.ops.concatenate``, the built-in preprocessing of
+# ``keras.applications`` models). What tf_mixed adds:
+#
+# * each Layer is re-created by `recreate` with the policy the caller asks
+#   for, constructed (and, in a functional graph, called) while that policy is
+#   Keras's global one, so sublayers a custom layer creates itself follow it;
+#   any other Operation is re-created from its config unchanged;
+# * a ``Lambda`` is re-created from the function object it holds
+#   (``layer.function``): Keras refuses a Python lambda in safe mode and
+#   cannot locate an unregistered ``def``;
+# * a custom layer whose constructor takes no ``name``/``dtype``/``trainable``
+#   (no ``**kwargs``, as the keras-io examples write ``Patches`` or
+#   ``TokenAndPositionEmbedding``) is constructed from the arguments the layer
+#   in memory was constructed with (as Keras records them) and those of its
+#   config, then given the name, policy and trainable flag of that layer; one
+#   that cannot be rebuilt so (a constructor argument that is not a str,
+#   number, bool or None, and missing from its config) is refused with one
+#   sentence naming the class and the ``**kwargs`` it needs;
+# * the weights (trainable and not) are copied by variable path, relative to
+#   the layer (by position where a custom layer's inner names differ), and
+#   cast to the clone's variable dtype;
+# * ``inline_nested=True`` (for `probe`) inlines nested models, so the output
+#   of every leaf layer, inner ones included, is a tensor of one graph.
+#
+# The compiled state is not carried (`convert` compiles again). Subclassed
+# models have no graph to walk; callers refuse them before calling `clone`.
 
 from __future__ import annotations
 

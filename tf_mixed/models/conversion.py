@@ -1,57 +1,56 @@
-"""Rebuild a model that was built under float32 so it computes in mixed precision.
+"""Rebuild a model that was built under float32 so it computes in mixed precision."""
 
-The common mistake: ``tf_mixed.enable()`` called after the model was built.
-Keras fixes each layer's policy when the layer is created, so the model keeps
-computing in float32. `convert` returns an equivalent model under the mixed
-policy with the same weights:
-
-    model = build_model()           # float32, by mistake
-    tf_mixed.enable()
-    model = tf_mixed.convert(model)  # now mixed, same weights
-
-What it does:
-
-* every layer is re-created from its config with the new dtype policy, and
-  its weights (trainable and not, e.g. BatchNormalization statistics) are
-  copied over; variables stay float32 under a mixed policy, so the copy is
-  exact;
-* an output produced by a layer with a squashing activation (softmax,
-  sigmoid, log_softmax: ``tf_mixed._internal.facts.SQUASHING_ACTIVATIONS``, the same
-  table `tf_mixed.audit` reports from) gets a float32 head: that layer
-  becomes linear (renamed ``<name>_logits``) and a
-  ``tf_mixed.layers.OutputActivation`` named like the original layer is
-  appended, so output names, and losses keyed by them, still match; an
-  output ``Activation``/``Softmax`` layer, and any other layer producing a
-  model output (a regression head, say), is kept in float32 instead, so
-  every output is float32;
-* a compiled model is compiled again with the same loss, metrics and
-  optimizer *configuration*; under ``mixed_float16`` the optimizer is wrapped
-  with ``tf_mixed.wrap_optimizer``. The optimizer's *state* (iterations,
-  moments) cannot be carried to new variables; a `ConversionNote` warning
-  says so, and the notes are kept in ``new_model.conversion_notes``.
-
-Which layers stay float32: a model built under float32 has no record of which
-layers were made float32 on purpose (every layer says "float32"), so all are
-converted except input layers, layers whose policy is not a float policy,
-tf_mixed's float32 heads, the layers named in ``keep_float32``, and layers
-that would round token ids on their way in: a layer that is or holds an
-``Embedding`` and takes its ids as floats straight from a model input stays
-float32 when the target dtype cannot represent its largest id exactly
-(bfloat16: above 256; float16: above 2048), so the ids stay exact. A layer
-kept in float32 keeps the layers its constructor creates in float32 too.
-
-`rebuild` is the same copy for serving (`tf_mixed.export`): a trained
-model in the precision asked for, its float32-on-purpose layers kept, no
-compiled state.
-
-Both re-create the model with `tf_mixed.models.cloning.clone` (Keras's own
-graph cloning: Keras ops on tensors, nested models, shared layers, Lambda
-layers and custom layers included) and copy every weight by variable path.
-
-Sequential and functional models only: a subclassed model's layers are
-created in Python code convert cannot re-run, so it raises a TypeError that
-says to call ``tf_mixed.enable()`` before building the model.
-"""
+# The common mistake: ``tf_mixed.enable()`` called after the model was built.
+# Keras fixes each layer's policy when the layer is created, so the model keeps
+# computing in float32. `convert` returns an equivalent model under the mixed
+# policy with the same weights:
+#
+#     model = build_model()           # float32, by mistake
+#     tf_mixed.enable()
+#     model = tf_mixed.convert(model)  # now mixed, same weights
+#
+# What it does:
+#
+# * every layer is re-created from its config with the new dtype policy, and
+#   its weights (trainable and not, e.g. BatchNormalization statistics) are
+#   copied over; variables stay float32 under a mixed policy, so the copy is
+#   exact;
+# * an output produced by a layer with a squashing activation (softmax,
+#   sigmoid, log_softmax: ``tf_mixed._internal.facts.SQUASHING_ACTIVATIONS``, the same
+#   table `tf_mixed.audit` reports from) gets a float32 head: that layer
+#   becomes linear (renamed ``<name>_logits``) and a
+#   ``tf_mixed.OutputActivation`` named like the original layer is
+#   appended, so output names, and losses keyed by them, still match; an
+#   output ``Activation``/``Softmax`` layer, and any other layer producing a
+#   model output (a regression head, say), is kept in float32 instead, so
+#   every output is float32;
+# * a compiled model is compiled again with the same loss, metrics and
+#   optimizer *configuration*; under ``mixed_float16`` the optimizer is wrapped
+#   with ``tf_mixed.wrap_optimizer``. The optimizer's *state* (iterations,
+#   moments) cannot be carried to new variables; a `ConversionNote` warning
+#   says so, and the notes are kept in ``new_model.conversion_notes``.
+#
+# Which layers stay float32: a model built under float32 has no record of which
+# layers were made float32 on purpose (every layer says "float32"), so all are
+# converted except input layers, layers whose policy is not a float policy,
+# tf_mixed's float32 heads, the layers named in ``keep_float32``, and layers
+# that would round token ids on their way in: a layer that is or holds an
+# ``Embedding`` and takes its ids as floats straight from a model input stays
+# float32 when the target dtype cannot represent its largest id exactly
+# (bfloat16: above 256; float16: above 2048), so the ids stay exact. A layer
+# kept in float32 keeps the layers its constructor creates in float32 too.
+#
+# `rebuild` is the same copy for serving (`tf_mixed.export`): a trained
+# model in the precision asked for, its float32-on-purpose layers kept, no
+# compiled state.
+#
+# Both re-create the model with `tf_mixed.models.cloning.clone` (Keras's own
+# graph cloning: Keras ops on tensors, nested models, shared layers, Lambda
+# layers and custom layers included) and copy every weight by variable path.
+#
+# Sequential and functional models only: a subclassed model's layers are
+# created in Python code convert cannot re-run, so it raises a TypeError that
+# says to call ``tf_mixed.enable()`` before building the model.
 
 from __future__ import annotations
 
@@ -207,7 +206,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
                     f"Output '{getattr(tensor, 'name', '?')}' comes from the "
                     f"nested model '{layer.name}', which convert() converts "
                     "as a whole: check its output dtype with "
-                    "tf_mixed.audit() and add tf_mixed.layers.Float32Output() "
+                    "tf_mixed.audit() and add tf_mixed.Float32Output() "
                     "if it is half precision.")
                 continue
             activation = activation_name(layer)

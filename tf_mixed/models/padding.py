@@ -1,18 +1,17 @@
-"""Which Dense layers `tf_mixed.convert(..., pad_to=N)` widens, and how weights follow.
+"""Which Dense layers `tf_mixed.convert(..., pad_to=N)` widens, and how weights follow."""
 
-A Dense layer whose ``units`` is not a multiple of the hardware's tile
-(`tf_mixed._internal.facts.TILE_MULTIPLES`) leaves the last tile of every matrix
-product partly empty. Widening it to the next multiple keeps the model's
-function exactly when the extra units are read by nothing: their kernel
-columns and biases are zero and the rows the next Dense layers read them
-with are zero, so every output is unchanged (whatever the activation makes
-of the zeros, it is multiplied by zero rows).
-
-So a layer is padded only when that holds by construction: a ``Dense`` in
-the model itself (not in a nested model), that produces no model output,
-whose every consumer is a ``Dense`` layer of the same model. Others are
-left as they are; `tf_mixed.census` still reports them.
-"""
+# A Dense layer whose ``units`` is not a multiple of the hardware's tile
+# (`tf_mixed._internal.facts.TILE_MULTIPLES`) leaves the last tile of every matrix
+# product partly empty. Widening it to the next multiple keeps the model's
+# function exactly when the extra units are read by nothing: their kernel
+# columns and biases are zero and the rows the next Dense layers read them
+# with are zero, so every output is unchanged (whatever the activation makes
+# of the zeros, it is multiplied by zero rows).
+#
+# So a layer is padded only when that holds by construction: a ``Dense`` in
+# the model itself (not in a nested model), that produces no model output,
+# whose every consumer is a ``Dense`` layer of the same model. Others are
+# left as they are; `tf_mixed.census` still reports them.
 
 from __future__ import annotations
 

@@ -1,80 +1,45 @@
-"""The dtype policy: `enable`, `disable`, `policy_scope`, "auto" (hardware, autotune), `keep_float32`, and the one owner of hidden policy state.
+"""The dtype policy (`tf_mixed.enable`): its names, its status, the tf-keras error."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
-
-from tf_mixed.policy.hardware import (  # noqa: F401
-    GpuInfo,
-    HardwareInfo,
-    detect,
-    parse_cpuinfo,
-    read_host,
-)
-from tf_mixed.policy.keep_float32 import (  # noqa: F401
-    KeepFloat32,
-    Spec,
-    activate,
-    active,
-    argument,
-    parse,
-)
-from tf_mixed.policy.global_policy import (  # noqa: F401
-    Enabled,
-    POLICY_NAMES,
-    PolicyStatus,
-    canonical_name,
-    choose_auto,
-    current,
-    disable,
-    enable,
-    policy_scope,
-    resolve_auto,
-    status,
-)
-from tf_mixed.policy.state import (  # noqa: F401
-    ThreadState,
-    hold_remapping,
-    keep_rules,
-    release_remapping,
-    remapping_holders,
-    reset,
-    scope_marker,
-    set_keep_rules,
-    set_remapping_hold,
-    thread_state,
-)
+from tf_mixed._internal import moved as _moved
+from tf_mixed._internal.tf_keras_check import TfKerasError  # noqa: F401
+from tf_mixed.policy.global_policy import POLICY_NAMES, status  # noqa: F401
 
 __all__ = [
-    "Enabled",
-    "GpuInfo",
-    "HardwareInfo",
-    "KeepFloat32",
     "POLICY_NAMES",
-    "PolicyStatus",
-    "Spec",
-    "ThreadState",
-    "activate",
-    "active",
-    "argument",
-    "canonical_name",
-    "choose_auto",
-    "current",
-    "detect",
-    "disable",
-    "enable",
-    "hold_remapping",
-    "keep_rules",
-    "parse",
-    "parse_cpuinfo",
-    "policy_scope",
-    "read_host",
-    "release_remapping",
-    "remapping_holders",
-    "reset",
-    "resolve_auto",
-    "scope_marker",
-    "set_keep_rules",
-    "set_remapping_hold",
+    "TfKerasError",
     "status",
-    "thread_state",
 ]
+
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "Enabled": "tf_mixed",
+    "GpuInfo": "tf_mixed.policy.hardware",
+    "HardwareInfo": "tf_mixed.policy.hardware",
+    "KeepFloat32": "tf_mixed.policy.keep_float32",
+    "PolicyStatus": "tf_mixed.policy.global_policy",
+    "Spec": "tf_mixed.policy.keep_float32",
+    "ThreadState": "tf_mixed.policy.state",
+    "activate": "tf_mixed.policy.keep_float32",
+    "active": "tf_mixed.policy.keep_float32",
+    "argument": "tf_mixed.policy.keep_float32",
+    "canonical_name": "tf_mixed.policy.global_policy",
+    "choose_auto": "tf_mixed.policy.global_policy",
+    "current": "tf_mixed.policy.global_policy",
+    "detect": "tf_mixed.policy.hardware",
+    "disable": "tf_mixed",
+    "enable": "tf_mixed",
+    "hold_remapping": "tf_mixed.policy.state",
+    "keep_rules": "tf_mixed.policy.state",
+    "parse": "tf_mixed.policy.keep_float32",
+    "parse_cpuinfo": "tf_mixed.policy.hardware",
+    "policy_scope": "tf_mixed",
+    "read_host": "tf_mixed.policy.hardware",
+    "release_remapping": "tf_mixed.policy.state",
+    "remapping_holders": "tf_mixed.policy.state",
+    "reset": "tf_mixed.policy.state",
+    "resolve_auto": "tf_mixed.policy.global_policy",
+    "scope_marker": "tf_mixed.policy.state",
+    "set_keep_rules": "tf_mixed.policy.state",
+    "set_remapping_hold": "tf_mixed.policy.state",
+    "thread_state": "tf_mixed.policy.state",
+})

@@ -1,34 +1,33 @@
-"""Measured "auto" on hosts without an accelerator: time, decide, cache.
+"""Measured "auto" on hosts without an accelerator: time, decide, cache."""
 
-CPU flags do not predict half-precision speed (BUILD_NOTES.md: bfloat16 was
-2-3x slower than float32 on one avx512_bf16 Xeon, 2.75x faster on an AMX Xeon,
-2.00x faster on a Zen 4 EPYC), so on a CPU-only host `enable("auto")` times
-the candidate policies on a probe, a 1024-wide Dense and a 64-channel 3x3
-Conv2D forward+backward (the kernels that decide training speed, sized so that
-arithmetic, not op dispatch, fills the step: a ~2 ms probe read bfloat16 at
-0.91x-1.52x float32 on a Zen 4 host where real models ran 1.5-1.7x faster),
-and keeps a half policy only when it is at least `DEFAULT_MARGIN`
-times float32's speed.
-
-The statistic is the median, over interleaved rounds, of each round's ratio
-float32 / policy: both policies of a round run within a few hundred
-milliseconds of each other, so load from other processes slows both alike and
-cancels in the ratio, and the median ignores the rounds it did not. The
-interquartile range of those ratios is the spread the reason quotes; a
-measurement whose spread is wide, or reaches across the margin, decides this
-call but is not cached (the next process measures again).
-
-Three pieces, each replaceable on its own:
-
-- `time_rounds(policies)` times the probe (the only impure part; tests
-  inject their own timer instead);
-- `choose_from_rounds(timings)` is the pure decision;
-- the cache: one small JSON file per machine key (CPU model and flags, TF
-  version, oneDNN setting, probe version) in the user's cache directory,
-  written atomically. A cache that is missing, corrupt, from another key or
-  unreadable, or a directory that cannot be written, only costs a new
-  measurement (logged at debug level), never an error.
-"""
+# CPU flags do not predict half-precision speed (BUILD_NOTES.md: bfloat16 was
+# 2-3x slower than float32 on one avx512_bf16 Xeon, 2.75x faster on an AMX Xeon,
+# 2.00x faster on a Zen 4 EPYC), so on a CPU-only host `enable("auto")` times
+# the candidate policies on a probe, a 1024-wide Dense and a 64-channel 3x3
+# Conv2D forward+backward (the kernels that decide training speed, sized so that
+# arithmetic, not op dispatch, fills the step: a ~2 ms probe read bfloat16 at
+# 0.91x-1.52x float32 on a Zen 4 host where real models ran 1.5-1.7x faster),
+# and keeps a half policy only when it is at least `DEFAULT_MARGIN`
+# times float32's speed.
+#
+# The statistic is the median, over interleaved rounds, of each round's ratio
+# float32 / policy: both policies of a round run within a few hundred
+# milliseconds of each other, so load from other processes slows both alike and
+# cancels in the ratio, and the median ignores the rounds it did not. The
+# interquartile range of those ratios is the spread the reason quotes; a
+# measurement whose spread is wide, or reaches across the margin, decides this
+# call but is not cached (the next process measures again).
+#
+# Three pieces, each replaceable on its own:
+#
+# - `time_rounds(policies)` times the probe (the only impure part; tests
+#   inject their own timer instead);
+# - `choose_from_rounds(timings)` is the pure decision;
+# - the cache: one small JSON file per machine key (CPU model and flags, TF
+#   version, oneDNN setting, probe version) in the user's cache directory,
+#   written atomically. A cache that is missing, corrupt, from another key or
+#   unreadable, or a directory that cannot be written, only costs a new
+#   measurement (logged at debug level), never an error.
 
 from __future__ import annotations
 

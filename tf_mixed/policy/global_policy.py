@@ -1,18 +1,15 @@
-"""Policy names, `enable` / `disable` / `policy_scope`, and the "auto" choice.
+"""Policy names, `enable` / `disable` / `policy_scope`, and the "auto" choice."""
 
-One table (`tf_mixed._internal.facts.POLICY_ALIASES`) lists every accepted name; the parser and every error
-message are built from it. `enable()` changes two pieces of state, with the
-scope each really has: the Keras dtype policy, which Keras
-keeps per thread, so tf_mixed remembers it per thread too; and (for float16
-on a CPU-only host) TensorFlow's Grappler "remapping" option, which is per
-process, so each thread takes a counted hold on it and it comes back only
-when no thread needs it off. All of that state lives in `tf_mixed.policy.state`. `policy_scope` also tells
-asyncio tasks apart (a context variable) and refuses to interleave their
-scopes, since they share their thread's Keras policy.
-
-"auto" follows rules on GPUs and TPUs and measures on CPUs
-(`tf_mixed.policy.autotune`).
-"""
+# One table (`tf_mixed._internal.facts.POLICY_ALIASES`) lists every accepted name; the parser and
+# every error message are built from it. `enable()` changes two pieces of state, with the scope
+# each really has: the Keras dtype policy, which Keras keeps per thread, so tf_mixed remembers it
+# per thread too; and (for float16 on a CPU-only host) TensorFlow's Grappler "remapping" option,
+# which is per process, so each thread takes a counted hold on it and it comes back only when no
+# thread needs it off. All of that state lives in `tf_mixed.policy.state`. `policy_scope` also
+# tells asyncio tasks apart (a context variable) and refuses to interleave their scopes, since
+# they share their thread's Keras policy.
+#
+# "auto" follows rules on GPUs and TPUs and measures on CPUs (`tf_mixed.policy.autotune`).
 
 from __future__ import annotations
 

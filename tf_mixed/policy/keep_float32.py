@@ -1,44 +1,43 @@
-"""``keep_float32``: which layers stay in float32 in a mixed-precision model.
+"""``keep_float32``: which layers stay in float32 in a mixed-precision model."""
 
-One spec, parsed in one place and used by `tf_mixed.enable` (layers created
-afterwards) and `tf_mixed.convert` (an existing model). A spec is any of,
-or a list of:
-
-    "l2_norm"                       a layer name
-    keras.layers.UnitNormalization  a layer class (subclasses match too)
-    lambda layer: ...               a predicate, True to keep the layer float32
-
-The result is Keras's own per-layer policy: a kept layer has
-``layer.dtype_policy.name == "float32"``, which it saves and loads with.
-
-How `enable` reaches layers created later: Keras gives a layer the global
-policy in ``Layer.__init__`` when its ``dtype`` argument is None, and has no
-per-layer hook there (a global ``DTypePolicyMap`` misses layers without a
-``build`` method and never sees classes; see
-`tf_mixed._internal.shims.add_layer_init_hook`). So `activate` installs a hook at
-the end of ``Layer.__init__`` that sets the float32 policy on a matching
-layer. It acts only on layers created with ``dtype=None`` (a layer given an
-explicit dtype, or re-created from a config as in loading and cloning, keeps
-what it was given) and only while the global policy is the half-precision
-one `enable` set. Names and classes are matched there. A predicate would see
-the layer half-constructed there (attributes a subclass sets after
-``super().__init__``, such as ``units``, do not exist yet), so predicates
-wait for the layer's first call (`tf_mixed._internal.shims.add_layer_call_hook`):
-the layer is built then, as Keras would build it for that call
-(`tf_mixed._internal.shims.build_for_call`), the predicate sees it complete
-and built (``lambda layer: layer.units > 512``, ``layer.count_params()``
-work), and a matching layer, with every layer inside it, computes in
-float32 from that first call on (its weights are float32 under a mixed
-policy either way). `convert` calls predicates on the model's built layers.
-A predicate that raises is reported with the layer's name and class.
-
-A name or class that matches a model (a nested model's name, say) keeps
-every layer inside it in float32, in `enable` and in `convert`; predicates
-are called on layers only, never on a model. Under `enable` those
-layers exist before the model does, so a second hook
-(`tf_mixed._internal.shims.add_container_hook`) sets them once the model is
-built (a functional model) or as they are added (a Sequential).
-"""
+# One spec, parsed in one place and used by `tf_mixed.enable` (layers created
+# afterwards) and `tf_mixed.convert` (an existing model). A spec is any of,
+# or a list of:
+#
+#     "l2_norm"                       a layer name
+#     keras.layers.UnitNormalization  a layer class (subclasses match too)
+#     lambda layer: ...               a predicate, True to keep the layer float32
+#
+# The result is Keras's own per-layer policy: a kept layer has
+# ``layer.dtype_policy.name == "float32"``, which it saves and loads with.
+#
+# How `enable` reaches layers created later: Keras gives a layer the global
+# policy in ``Layer.__init__`` when its ``dtype`` argument is None, and has no
+# per-layer hook there (a global ``DTypePolicyMap`` misses layers without a
+# ``build`` method and never sees classes; see
+# `tf_mixed._internal.shims.add_layer_init_hook`). So `activate` installs a hook at
+# the end of ``Layer.__init__`` that sets the float32 policy on a matching
+# layer. It acts only on layers created with ``dtype=None`` (a layer given an
+# explicit dtype, or re-created from a config as in loading and cloning, keeps
+# what it was given) and only while the global policy is the half-precision
+# one `enable` set. Names and classes are matched there. A predicate would see
+# the layer half-constructed there (attributes a subclass sets after
+# ``super().__init__``, such as ``units``, do not exist yet), so predicates
+# wait for the layer's first call (`tf_mixed._internal.shims.add_layer_call_hook`):
+# the layer is built then, as Keras would build it for that call
+# (`tf_mixed._internal.shims.build_for_call`), the predicate sees it complete
+# and built (``lambda layer: layer.units > 512``, ``layer.count_params()``
+# work), and a matching layer, with every layer inside it, computes in
+# float32 from that first call on (its weights are float32 under a mixed
+# policy either way). `convert` calls predicates on the model's built layers.
+# A predicate that raises is reported with the layer's name and class.
+#
+# A name or class that matches a model (a nested model's name, say) keeps
+# every layer inside it in float32, in `enable` and in `convert`; predicates
+# are called on layers only, never on a model. Under `enable` those
+# layers exist before the model does, so a second hook
+# (`tf_mixed._internal.shims.add_container_hook`) sets them once the model is
+# built (a functional model) or as they are added (a Sequential).
 
 from __future__ import annotations
 

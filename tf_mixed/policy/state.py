@@ -1,28 +1,27 @@
-"""Every piece of hidden state behind `tf_mixed.enable`, owned here, with one reset.
+"""Every piece of hidden state behind `tf_mixed.enable`, owned here, with one reset."""
 
-jmp keeps no global state; tf_mixed has to, because Keras and TensorFlow do:
-Keras keeps the dtype policy per thread, and Grappler's "remapping" option
-is per process. All of it lives in this
-module, with the scope each piece really has:
-
-* **per thread** (`ThreadState`): the policy `enable` saved and set, this
-  thread's hold on remapping, its open `policy_scope` blocks, and its
-  ``keep_float32`` rules with the policy object they are bound to;
-* **per asyncio context**: which `policy_scope` the running code is inside
-  (a context variable: two tasks sharing a thread, and so a Keras policy,
-  must not interleave scopes);
-* **per process**: the count of remapping holds (the option is turned off
-  at the first hold and put back at the last release, so one thread's
-  `disable` never turns it back on under another thread's float16 training),
-  the hold taken for float16 layers made without `enable`
-  (`hold_remapping_for_half_layers`, see `tf_mixed.policy.half_kernels`),
-  the ``Layer.__init__`` hook that applies the keep_float32 rules
-  (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`),
-  and the layers whose keep_float32 predicates wait for the layer's first
-  call, with the rules they were created under (`defer_predicates`).
-
-`reset` forgets all of it at once.
-"""
+# jmp keeps no global state; tf_mixed has to, because Keras and TensorFlow do:
+# Keras keeps the dtype policy per thread, and Grappler's "remapping" option
+# is per process. All of it lives in this
+# module, with the scope each piece really has:
+#
+# * **per thread** (`ThreadState`): the policy `enable` saved and set, this
+#   thread's hold on remapping, its open `policy_scope` blocks, and its
+#   ``keep_float32`` rules with the policy object they are bound to;
+# * **per asyncio context**: which `policy_scope` the running code is inside
+#   (a context variable: two tasks sharing a thread, and so a Keras policy,
+#   must not interleave scopes);
+# * **per process**: the count of remapping holds (the option is turned off
+#   at the first hold and put back at the last release, so one thread's
+#   `disable` never turns it back on under another thread's float16 training),
+#   the hold taken for float16 layers made without `enable`
+#   (`hold_remapping_for_half_layers`, see `tf_mixed.policy.half_kernels`),
+#   the ``Layer.__init__`` hook that applies the keep_float32 rules
+#   (installed once, through `tf_mixed._internal.shims.add_layer_init_hook`),
+#   and the layers whose keep_float32 predicates wait for the layer's first
+#   call, with the rules they were created under (`defer_predicates`).
+#
+# `reset` forgets all of it at once.
 
 from __future__ import annotations
 

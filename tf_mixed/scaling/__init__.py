@@ -1,124 +1,62 @@
-"""Loss scaling: `LossScaleOptimizer` and its parts (scale state and rule, all-reduce, rollback, loss tally, replicas, accumulation, Kahan compensation, float8 scale agreement, Keras/tf-keras compatibility).
+"""Loss scaling (`tf_mixed.LossScaleOptimizer`): its config, loss tally, compensation."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
-
-from tf_mixed.scaling.accumulation import (  # noqa: F401
-    Accumulator,
-    steps_to_take_over,
-    take_over,
-    validate_steps,
-)
-from tf_mixed.scaling.allreduce import (  # noqa: F401
-    COMMUNICATION_DTYPES,
-    reduce_gradients,
-    validate_communication_dtype,
-    wire_bytes,
-)
-from tf_mixed.scaling.compensated import (  # noqa: F401
-    CompensationConfig,
-    METHODS,
-    STATE_DTYPES,
-    compensate,
-    compensate_if_asked,
-    compensation_buffers,
-    compensation_config,
-    compensation_of,
-    config_from_arguments,
-    kahan_add,
-    kahan_sum,
-    stochastic_round,
-)
-from tf_mixed.scaling.float8_sync import (  # noqa: F401
-    ALGORITHMS,
-    FORMATS,
-    Float8Scaling,
-    Float8Sync,
-    KINDS,
-    Slot,
-    find_slots,
-    next_scale,
-    scaling_of,
-    set_scaling,
-)
-from tf_mixed.scaling.keras_compat import (  # noqa: F401
-    EXTRA_STATE,
-    KerasCompat,
-    read_keras_state,
-)
-from tf_mixed.scaling.optimizer import (  # noqa: F401
-    LossScaleOptimizer,
-    loss_scale_state,
-    refresh_forward_state,
-    wrap_optimizer,
-)
-from tf_mixed.scaling.loss_tally import (  # noqa: F401
-    LossTally,
-    LossTotals,
-)
-from tf_mixed.scaling.replicas import (  # noqa: F401
-    all_copies_finite,
-    local_copies,
-)
-from tf_mixed.scaling.rollback import (  # noqa: F401
-    ForwardState,
-    forward_variables,
-)
-from tf_mixed.scaling.scale_state import (  # noqa: F401
-    LossScaleConfig,
-    LossScaleState,
-    initial_state,
-    next_state,
-    validate_knob,
-)
+from tf_mixed._internal import moved as _moved
+from tf_mixed.scaling.compensated import compensate  # noqa: F401
+from tf_mixed.scaling.loss_tally import LossTally  # noqa: F401
+from tf_mixed.scaling.optimizer import refresh_forward_state  # noqa: F401
+from tf_mixed.scaling.scale_state import LossScaleConfig  # noqa: F401
 
 __all__ = [
-    "ALGORITHMS",
-    "Accumulator",
-    "COMMUNICATION_DTYPES",
-    "CompensationConfig",
-    "EXTRA_STATE",
-    "FORMATS",
-    "Float8Scaling",
-    "Float8Sync",
-    "ForwardState",
-    "KINDS",
-    "KerasCompat",
     "LossScaleConfig",
-    "LossScaleOptimizer",
-    "LossScaleState",
     "LossTally",
-    "LossTotals",
-    "METHODS",
-    "STATE_DTYPES",
-    "Slot",
-    "all_copies_finite",
     "compensate",
-    "compensate_if_asked",
-    "compensation_buffers",
-    "compensation_config",
-    "compensation_of",
-    "config_from_arguments",
-    "find_slots",
-    "forward_variables",
-    "initial_state",
-    "kahan_add",
-    "kahan_sum",
-    "local_copies",
-    "loss_scale_state",
-    "next_scale",
-    "next_state",
-    "read_keras_state",
-    "reduce_gradients",
     "refresh_forward_state",
-    "scaling_of",
-    "set_scaling",
-    "steps_to_take_over",
-    "stochastic_round",
-    "take_over",
-    "validate_communication_dtype",
-    "validate_knob",
-    "validate_steps",
-    "wire_bytes",
-    "wrap_optimizer",
 ]
+
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "ALGORITHMS": "tf_mixed.scaling.float8_sync",
+    "Accumulator": "tf_mixed.scaling.accumulation",
+    "COMMUNICATION_DTYPES": "tf_mixed.scaling.allreduce",
+    "CompensationConfig": "tf_mixed.scaling.compensated",
+    "EXTRA_STATE": "tf_mixed.scaling.keras_compat",
+    "FORMATS": "tf_mixed.scaling.float8_sync",
+    "Float8Scaling": "tf_mixed.scaling.float8_sync",
+    "Float8Sync": "tf_mixed.scaling.float8_sync",
+    "ForwardState": "tf_mixed.scaling.rollback",
+    "KINDS": "tf_mixed.scaling.float8_sync",
+    "KerasCompat": "tf_mixed.scaling.keras_compat",
+    "LossScaleOptimizer": "tf_mixed",
+    "LossScaleState": "tf_mixed.scaling.scale_state",
+    "LossTotals": "tf_mixed.scaling.loss_tally",
+    "METHODS": "tf_mixed.scaling.compensated",
+    "STATE_DTYPES": "tf_mixed.scaling.compensated",
+    "Slot": "tf_mixed.scaling.float8_sync",
+    "all_copies_finite": "tf_mixed.scaling.replicas",
+    "compensate_if_asked": "tf_mixed.scaling.compensated",
+    "compensation_buffers": "tf_mixed.scaling.compensated",
+    "compensation_config": "tf_mixed.scaling.compensated",
+    "compensation_of": "tf_mixed.scaling.compensated",
+    "config_from_arguments": "tf_mixed.scaling.compensated",
+    "find_slots": "tf_mixed.scaling.float8_sync",
+    "forward_variables": "tf_mixed.scaling.rollback",
+    "initial_state": "tf_mixed.scaling.scale_state",
+    "kahan_add": "tf_mixed.scaling.compensated",
+    "kahan_sum": "tf_mixed.scaling.compensated",
+    "local_copies": "tf_mixed.scaling.replicas",
+    "loss_scale_state": "tf_mixed",
+    "next_scale": "tf_mixed.scaling.float8_sync",
+    "next_state": "tf_mixed.scaling.scale_state",
+    "read_keras_state": "tf_mixed.scaling.keras_compat",
+    "reduce_gradients": "tf_mixed.scaling.allreduce",
+    "scaling_of": "tf_mixed.scaling.float8_sync",
+    "set_scaling": "tf_mixed.scaling.float8_sync",
+    "steps_to_take_over": "tf_mixed.scaling.accumulation",
+    "stochastic_round": "tf_mixed.scaling.compensated",
+    "take_over": "tf_mixed.scaling.accumulation",
+    "validate_communication_dtype": "tf_mixed.scaling.allreduce",
+    "validate_knob": "tf_mixed.scaling.scale_state",
+    "validate_steps": "tf_mixed.scaling.accumulation",
+    "wire_bytes": "tf_mixed.scaling.allreduce",
+    "wrap_optimizer": "tf_mixed",
+})

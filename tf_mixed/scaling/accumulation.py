@@ -1,47 +1,46 @@
-"""Gradient accumulation with loss scaling: one semantics, on every replica.
+"""Gradient accumulation with loss scaling: one semantics, on every replica."""
 
-``LossScaleOptimizer(inner, gradient_accumulation_steps=N)`` (or an inner
-optimizer created with Keras's ``gradient_accumulation_steps=N``, which the
-wrapper takes over) makes one update of N micro-steps, a *window*:
-
-1. Every micro-step's gradients are unscaled (divided by the loss scale,
-   which is constant within a window) and added, in float32, to a buffer
-   per variable. Each replica adds its own shard's gradients: no
-   communication during the window.
-2. At the window's last micro-step the buffers are all-reduced, ONCE (in
-   ``communication_dtype`` if set), so every replica then holds the same
-   sum, and the verdict is taken from that sum: any NaN/inf of any
-   micro-step on any replica is in it (an inf or NaN never leaves a sum).
-3. Finite: the inner optimizer applies ``sum / N`` once (so N micro-batches
-   of B examples give the update of one batch of N*B, for losses that are
-   means over the batch). Not finite: the whole window is discarded, on
-   every replica, and the loss scale backs off once. Either way the buffers
-   are zeroed and the scale state, the skip counters, the forward-state
-   rollback and the loss tally advance once per window.
-
-So ``iterations`` of the inner optimizer, and with it every learning-rate
-schedule, advance once per applied update; ``skipped_steps`` counts skipped
-windows; a scale change never happens in the middle of a window.
-
-`Accumulator` holds the buffers and the micro-step counter. Both are
-checkpointed with the optimizer, the buffers **per replica**
-(`save_variables`, `load_variables`): each replica's buffer holds its own
-shard's sum, so a file holds every replica's (all workers' too, gathered at
-save time: under MultiWorkerMirroredStrategy every worker saves, as the docs
-of multi-worker training say) and a restore gives each replica its own
-again; a run resumed in the middle of a window then makes the update the
-uninterrupted run makes, bit for bit. Restored onto another number of
-replicas, the window's sum is kept (on the first replica, zeros on the
-others) and a warning says the rounding may differ.
-
-**The end of fit.** Keras calls ``finalize_variable_values`` when ``fit``
-ends; a window left unfinished there (10 batches with 4 steps leave 2) is
-**dropped** with a warning (`Accumulator.end_of_fit`): its gradients are
-never applied and the next ``fit`` starts a fresh window. A custom loop
-that wants the same calls ``optimizer.finalize_variable_values(variables)``.
-
-`validate_steps` is the argument's one check.
-"""
+# ``LossScaleOptimizer(inner, gradient_accumulation_steps=N)`` (or an inner
+# optimizer created with Keras's ``gradient_accumulation_steps=N``, which the
+# wrapper takes over) makes one update of N micro-steps, a *window*:
+#
+# 1. Every micro-step's gradients are unscaled (divided by the loss scale,
+#    which is constant within a window) and added, in float32, to a buffer
+#    per variable. Each replica adds its own shard's gradients: no
+#    communication during the window.
+# 2. At the window's last micro-step the buffers are all-reduced, ONCE (in
+#    ``communication_dtype`` if set), so every replica then holds the same
+#    sum, and the verdict is taken from that sum: any NaN/inf of any
+#    micro-step on any replica is in it (an inf or NaN never leaves a sum).
+# 3. Finite: the inner optimizer applies ``sum / N`` once (so N micro-batches
+#    of B examples give the update of one batch of N*B, for losses that are
+#    means over the batch). Not finite: the whole window is discarded, on
+#    every replica, and the loss scale backs off once. Either way the buffers
+#    are zeroed and the scale state, the skip counters, the forward-state
+#    rollback and the loss tally advance once per window.
+#
+# So ``iterations`` of the inner optimizer, and with it every learning-rate
+# schedule, advance once per applied update; ``skipped_steps`` counts skipped
+# windows; a scale change never happens in the middle of a window.
+#
+# `Accumulator` holds the buffers and the micro-step counter. Both are
+# checkpointed with the optimizer, the buffers **per replica**
+# (`save_variables`, `load_variables`): each replica's buffer holds its own
+# shard's sum, so a file holds every replica's (all workers' too, gathered at
+# save time: under MultiWorkerMirroredStrategy every worker saves, as the docs
+# of multi-worker training say) and a restore gives each replica its own
+# again; a run resumed in the middle of a window then makes the update the
+# uninterrupted run makes, bit for bit. Restored onto another number of
+# replicas, the window's sum is kept (on the first replica, zeros on the
+# others) and a warning says the rounding may differ.
+#
+# **The end of fit.** Keras calls ``finalize_variable_values`` when ``fit``
+# ends; a window left unfinished there (10 batches with 4 steps leave 2) is
+# **dropped** with a warning (`Accumulator.end_of_fit`): its gradients are
+# never applied and the next ``fit`` starts a fresh window. A custom loop
+# that wants the same calls ``optimizer.finalize_variable_values(variables)``.
+#
+# `validate_steps` is the argument's one check.
 
 from __future__ import annotations
 

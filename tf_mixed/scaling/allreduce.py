@@ -1,46 +1,45 @@
-"""One gradient all-reduce per step, in a chosen dtype, with one global verdict.
+"""One gradient all-reduce per step, in a chosen dtype, with one global verdict."""
 
-Keras 3 sums gradients across replicas in their own dtype (float32) inside the
-inner optimizer, and a replica-safe loss scale needs its own collective for the
-"all finite?" flag before that. ``reduce_gradients`` does both in a single
-collective, optionally in half precision, the way PyTorch DDP's
-``fp16_compress_hook``/``bf16_compress_hook`` do:
-
-1. each replica divides its dense gradients by the replica count and casts
-   them to the communication dtype (pre-dividing keeps the sum within range
-   whenever the mean is: the sum of ``n`` values each ``<= max / n`` cannot
-   overflow);
-2. the results are flattened into one buffer and all-reduced (SUM) once;
-3. the buffer is cast back to each gradient's dtype, multiplied by the replica
-   count again (the inner optimizer expects the *sum*, as Keras's own
-   all-reduce gives it) and split back into gradients;
-4. the verdict is taken on the *reduced* gradients. An all-reduce leaves the
-   same bytes on every replica and worker, so the verdict is identical
-   everywhere by construction, and it catches a NaN/inf on any replica (it
-   propagates through the sum) as well as an overflow made by the
-   half-precision sum itself. No separate flag collective is needed.
-
-``communication_dtype=None`` (or ``"float32"``) skips the casts and the
-pre-division: the sum is exactly the one Keras computes today, still in one
-collective, still with the verdict taken from it.
-
-Sparse gradients (``tf.IndexedSlices``, from ``Embedding`` layers) are not
-densified: a dense copy of a large embedding table per step is the memory
-blow-up the sparse gradient exists to avoid. Their values are cast like the
-dense ones and reduced sparsely through the strategy's own all-reduce (which
-gathers indices and values), so each sparse gradient adds its own gather
-collectives to the one dense all-reduce. TensorFlow's CPU gather has no
-bfloat16 kernel, so bfloat16 values are gathered bit-packed in int32 (exact,
-still two bytes a value).
-
-Where a dtype cannot be reduced: TensorFlow's NCCL kernels take half, float,
-double, int32 and int64 but not bfloat16 (``tensorflow/core/nccl/
-nccl_manager.cc``, ``kValidDataTypes``). ``"bfloat16"`` over NCCL is refused
-with a ``ValueError`` at the first ``reduce_gradients`` call (before anything
-is reduced or written) rather than silently falling back: a fallback to
-float16 would change the range the gradients must fit, a fallback to float32
-would silently lose the saving the user asked for.
-"""
+# Keras 3 sums gradients across replicas in their own dtype (float32) inside the
+# inner optimizer, and a replica-safe loss scale needs its own collective for the
+# "all finite?" flag before that. ``reduce_gradients`` does both in a single
+# collective, optionally in half precision, the way PyTorch DDP's
+# ``fp16_compress_hook``/``bf16_compress_hook`` do:
+#
+# 1. each replica divides its dense gradients by the replica count and casts
+#    them to the communication dtype (pre-dividing keeps the sum within range
+#    whenever the mean is: the sum of ``n`` values each ``<= max / n`` cannot
+#    overflow);
+# 2. the results are flattened into one buffer and all-reduced (SUM) once;
+# 3. the buffer is cast back to each gradient's dtype, multiplied by the replica
+#    count again (the inner optimizer expects the *sum*, as Keras's own
+#    all-reduce gives it) and split back into gradients;
+# 4. the verdict is taken on the *reduced* gradients. An all-reduce leaves the
+#    same bytes on every replica and worker, so the verdict is identical
+#    everywhere by construction, and it catches a NaN/inf on any replica (it
+#    propagates through the sum) as well as an overflow made by the
+#    half-precision sum itself. No separate flag collective is needed.
+#
+# ``communication_dtype=None`` (or ``"float32"``) skips the casts and the
+# pre-division: the sum is exactly the one Keras computes today, still in one
+# collective, still with the verdict taken from it.
+#
+# Sparse gradients (``tf.IndexedSlices``, from ``Embedding`` layers) are not
+# densified: a dense copy of a large embedding table per step is the memory
+# blow-up the sparse gradient exists to avoid. Their values are cast like the
+# dense ones and reduced sparsely through the strategy's own all-reduce (which
+# gathers indices and values), so each sparse gradient adds its own gather
+# collectives to the one dense all-reduce. TensorFlow's CPU gather has no
+# bfloat16 kernel, so bfloat16 values are gathered bit-packed in int32 (exact,
+# still two bytes a value).
+#
+# Where a dtype cannot be reduced: TensorFlow's NCCL kernels take half, float,
+# double, int32 and int64 but not bfloat16 (``tensorflow/core/nccl/
+# nccl_manager.cc``, ``kValidDataTypes``). ``"bfloat16"`` over NCCL is refused
+# with a ``ValueError`` at the first ``reduce_gradients`` call (before anything
+# is reduced or written) rather than silently falling back: a fallback to
+# float16 would change the range the gradients must fit, a fallback to float32
+# would silently lose the saving the user asked for.
 
 from __future__ import annotations
 

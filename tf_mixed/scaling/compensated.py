@@ -1,39 +1,38 @@
-"""Updates of bfloat16 weights that small steps cannot round away.
+"""Updates of bfloat16 weights that small steps cannot round away."""
 
-A bfloat16 number keeps 8 significant bits: next to 1.0 the nearest other
-values are 1 - 2**-8 and 1 + 2**-7. A plain ``w -= lr * update`` whose step is
-smaller than half that spacing rounds back to ``w``, every step, for ever: a
-pure-bfloat16 model with a small learning rate stops learning
-(keras-team/keras-hub#2629). Two known cures, both here:
-
-* ``"kahan"``: compensated summation with a 16-bit buffer. Each bfloat16
-  weight gets an int16 buffer; weight and buffer are the upper and lower
-  halves of a float32 running sum of the updates, and the weight is that
-  sum rounded to bfloat16. So the weight stays within half a bfloat16 ulp
-  of a float32 sum of the updates, whose own rounding is 2**-24 relative
-  per step at most: within one bfloat16 ulp of the float64 sum over 10,000
-  steps of SGD and Adam (tested), at 2 more bytes per parameter. Not exact:
-  bounded. (A bfloat16 buffer, as optimi's ``kahan_sum`` keeps and
-  tf_mixed kept before, rounds the compensation itself to 8 bits each step
-  and drifts without bound; DeepSpeed's ``bf16_master_weights`` keep 4 bytes.)
-* ``"stochastic"``: stochastic rounding. ``w + update`` is computed in float32
-  and rounded up or down at random with the probabilities that make the
-  result right *on average* (unbiased); no extra memory. The random bits come from a
-  stateless generator keyed by ``(seed, variable index, iterations)``, so
-  every replica and worker rounds the same way (their weights stay equal)
-  and a resumed run rounds as the original did.
-
-`compensate` installs one of them on a Keras optimizer: its ``assign``,
-``assign_add`` and ``assign_sub`` (the methods Keras's ``update_step``
-writes variables through, meant for backends to override) apply the
-compensated update to every bfloat16 trainable variable; everything else is
-Keras's own. ``state_dtype`` chooses the dtype of the slots the optimizer
-creates for those variables (Adam's moments, SGD's momentum). `kahan_add` (with
-`kahan_sum`) and `stochastic_round` are the two rules as pure tensor functions.
-
-``tf_mixed.wrap_optimizer`` calls `compensate` under the pure ``"bfloat16"``
-policy (`tf_mixed.enable("bfloat16")`).
-"""
+# A bfloat16 number keeps 8 significant bits: next to 1.0 the nearest other
+# values are 1 - 2**-8 and 1 + 2**-7. A plain ``w -= lr * update`` whose step is
+# smaller than half that spacing rounds back to ``w``, every step, for ever: a
+# pure-bfloat16 model with a small learning rate stops learning
+# (keras-team/keras-hub#2629). Two known cures, both here:
+#
+# * ``"kahan"``: compensated summation with a 16-bit buffer. Each bfloat16
+#   weight gets an int16 buffer; weight and buffer are the upper and lower
+#   halves of a float32 running sum of the updates, and the weight is that
+#   sum rounded to bfloat16. So the weight stays within half a bfloat16 ulp
+#   of a float32 sum of the updates, whose own rounding is 2**-24 relative
+#   per step at most: within one bfloat16 ulp of the float64 sum over 10,000
+#   steps of SGD and Adam (tested), at 2 more bytes per parameter. Not exact:
+#   bounded. (A bfloat16 buffer, as optimi's ``kahan_sum`` keeps and
+#   tf_mixed kept before, rounds the compensation itself to 8 bits each step
+#   and drifts without bound; DeepSpeed's ``bf16_master_weights`` keep 4 bytes.)
+# * ``"stochastic"``: stochastic rounding. ``w + update`` is computed in float32
+#   and rounded up or down at random with the probabilities that make the
+#   result right *on average* (unbiased); no extra memory. The random bits come from a
+#   stateless generator keyed by ``(seed, variable index, iterations)``, so
+#   every replica and worker rounds the same way (their weights stay equal)
+#   and a resumed run rounds as the original did.
+#
+# `compensate` installs one of them on a Keras optimizer: its ``assign``,
+# ``assign_add`` and ``assign_sub`` (the methods Keras's ``update_step``
+# writes variables through, meant for backends to override) apply the
+# compensated update to every bfloat16 trainable variable; everything else is
+# Keras's own. ``state_dtype`` chooses the dtype of the slots the optimizer
+# creates for those variables (Adam's moments, SGD's momentum). `kahan_add` (with
+# `kahan_sum`) and `stochastic_round` are the two rules as pure tensor functions.
+#
+# ``tf_mixed.wrap_optimizer`` calls `compensate` under the pure ``"bfloat16"``
+# policy (`tf_mixed.enable("bfloat16")`).
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ METHODS = {
     "stochastic": "stochastic rounding, no extra memory, unbiased (right on average)",
     "none": "plain rounding: Keras's own update (small steps are lost)",
 }
-# Measured on the digits benchmark (BUILD_NOTES.md, issue 21).
+# Measured on the digits benchmark (BUILD_NOTES.md, "Accumulation and pure bfloat16").
 DEFAULT_METHOD = "kahan"
 
 STATE_DTYPES = ("float32", "bfloat16")
@@ -216,7 +215,7 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
 
     Example:
 
-    >>> opt = tf_mixed.scaling.compensated.compensate(keras.optimizers.Adam(1e-4))
+    >>> opt = tf_mixed.scaling.compensate(keras.optimizers.Adam(1e-4))
     >>> v = keras.Variable(1.0, dtype="bfloat16")
     >>> opt.apply([tf.constant(1.0, "bfloat16")], [v])
 

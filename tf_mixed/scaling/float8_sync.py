@@ -1,47 +1,46 @@
-"""Float8 scales every replica and worker agrees on: the optimizer's side.
+"""Float8 scales every replica and worker agrees on: the optimizer's side."""
 
-Keras's float8 layers (``model.quantize("float8")``, Dense and EinsumDense)
-keep, per quantized tensor (``inputs``, ``kernel``, ``outputs_grad``), a
-scale and an amax history. Their backward pass returns the *new* scale and
-history as the "gradients" of those variables, and the optimizer writes them
-over the variables (``overwrite_with_gradient``). Under a
-``tf.distribute`` strategy each replica writes its own local values into its
-own copy (aggregation NONE, before any all-reduce), so replicas drift apart
-(measured on TF 2.21: docs/float8.md). Here the optimizer takes the float8 pairs out of the
-gradient list and writes them itself:
-
-1. ``split``: each replica reads its local amax of this step (element 0 of
-   the new history Keras computed) for every quantized tensor; an output-
-   gradient amax is divided by the loss scale of the step, so histories are
-   kept in unscaled units whatever the loss scale does.
-2. ``payload``: the amaxes are laid out in this replica's own slot of a
-   ``[tensors x replicas]`` float32 buffer, zeros elsewhere, non-finite
-   amaxes written as -1 (an amax is never negative). A SUM all-reduce of
-   that buffer is an exact all-gather (``x + 0 = x``), so it rides the
-   single gradient all-reduce as one more float32 piece of the buffer; when
-   the gradients travel in float16/bfloat16 it takes one small float32
-   collective of its own (amaxes must not be rounded).
-3. ``finish``: every replica reads the same gathered bytes, takes the MAX
-   per tensor (the amax of the global batch), and writes, in its own replica
-   context, the same new history and scale into its own copy. A tensor
-   whose global amax is non-finite is counted and its history left as it
-   was (the step itself is judged by the loss-scale verdict on the
-   gradients); a skipped step advances nothing.
-
-The scale follows Keras's rule and timing exactly (the scale written at step
-``t`` comes from the history *before* step ``t``'s amax), with the margin
-and amax algorithm of `Float8Scaling`. The output-gradient scale variable is
-what Keras's layer divides the *loss-scaled* gradient by, so it holds the
-unscaled scale times the loss scale of the next step.
-
-Per tensor the optimizer also keeps counters (not saved in checkpoints):
-steps whose global amax, over the scale in use, went beyond what the cast
-rounds to its largest value (`clipping_overflow`: values were clipped, not
-just rounded), non-finite amaxes, and the last agreed amax;
-`tf_mixed.float8.quantization.state` reads them. The margin and amax
-algorithm live in variables the step reads (`Float8Sync.refresh_scaling`),
-so changing them on a trained model takes effect at the next step.
-"""
+# Keras's float8 layers (``model.quantize("float8")``, Dense and EinsumDense)
+# keep, per quantized tensor (``inputs``, ``kernel``, ``outputs_grad``), a
+# scale and an amax history. Their backward pass returns the *new* scale and
+# history as the "gradients" of those variables, and the optimizer writes them
+# over the variables (``overwrite_with_gradient``). Under a
+# ``tf.distribute`` strategy each replica writes its own local values into its
+# own copy (aggregation NONE, before any all-reduce), so replicas drift apart
+# (measured on TF 2.21: docs/float8.md). Here the optimizer takes the float8 pairs out of the
+# gradient list and writes them itself:
+#
+# 1. ``split``: each replica reads its local amax of this step (element 0 of
+#    the new history Keras computed) for every quantized tensor; an output-
+#    gradient amax is divided by the loss scale of the step, so histories are
+#    kept in unscaled units whatever the loss scale does.
+# 2. ``payload``: the amaxes are laid out in this replica's own slot of a
+#    ``[tensors x replicas]`` float32 buffer, zeros elsewhere, non-finite
+#    amaxes written as -1 (an amax is never negative). A SUM all-reduce of
+#    that buffer is an exact all-gather (``x + 0 = x``), so it rides the
+#    single gradient all-reduce as one more float32 piece of the buffer; when
+#    the gradients travel in float16/bfloat16 it takes one small float32
+#    collective of its own (amaxes must not be rounded).
+# 3. ``finish``: every replica reads the same gathered bytes, takes the MAX
+#    per tensor (the amax of the global batch), and writes, in its own replica
+#    context, the same new history and scale into its own copy. A tensor
+#    whose global amax is non-finite is counted and its history left as it
+#    was (the step itself is judged by the loss-scale verdict on the
+#    gradients); a skipped step advances nothing.
+#
+# The scale follows Keras's rule and timing exactly (the scale written at step
+# ``t`` comes from the history *before* step ``t``'s amax), with the margin
+# and amax algorithm of `Float8Scaling`. The output-gradient scale variable is
+# what Keras's layer divides the *loss-scaled* gradient by, so it holds the
+# unscaled scale times the loss scale of the next step.
+#
+# Per tensor the optimizer also keeps counters (not saved in checkpoints):
+# steps whose global amax, over the scale in use, went beyond what the cast
+# rounds to its largest value (`clipping_overflow`: values were clipped, not
+# just rounded), non-finite amaxes, and the last agreed amax;
+# `tf_mixed.float8.state` reads them. The margin and amax
+# algorithm live in variables the step reads (`Float8Sync.refresh_scaling`),
+# so changing them on a trained model takes effect at the next step.
 
 from __future__ import annotations
 
@@ -144,7 +143,7 @@ def set_scaling(layer, scaling: Float8Scaling) -> None:
 
     Kept on the layer's history variables (a tf_mixed attribute), not in the
     ``.keras`` file: after loading a model, call
-    `tf_mixed.float8.quantization.quantize` on it again to set a non-default scaling.
+    `tf_mixed.float8.quantize` on it again to set a non-default scaling.
     """
     for kind in KINDS:
         _, history = _internals.float8_variables(layer, kind)

@@ -1,15 +1,14 @@
-"""What makes ``tf_mixed.LossScaleOptimizer`` a drop-in for Keras's and tf-keras's.
+"""What makes ``tf_mixed.LossScaleOptimizer`` a drop-in for Keras's and tf-keras's."""
 
-* Keras 3's ``keras.optimizers.LossScaleOptimizer``: its ``.keras`` files
-  and checkpoints load (`KerasCompat.load_own_variables`), a built Keras
-  wrapper converts with its scale kept (`KerasCompat.from_keras`), and its
-  state reads as a `tf_mixed.scaling.scale_state.LossScaleState` (`read_keras_state`).
-* tf-keras (Keras 2), which the TensorFlow mixed-precision guide still
-  teaches: ``get_scaled_loss`` and ``get_unscaled_gradients``.
-
-`KerasCompat` is a mixin: ``LossScaleOptimizer`` inherits these methods, and
-they use only its public methods and its state variables.
-"""
+# * Keras 3's ``keras.optimizers.LossScaleOptimizer``: its ``.keras`` files
+#   and checkpoints load (`KerasCompat.load_own_variables`), a built Keras
+#   wrapper converts with its scale kept (`KerasCompat.from_keras`), and its
+#   state reads as a `tf_mixed.scaling.scale_state.LossScaleState` (`read_keras_state`).
+# * tf-keras (Keras 2), which the TensorFlow mixed-precision guide still
+#   teaches: ``get_scaled_loss`` and ``get_unscaled_gradients``.
+#
+# `KerasCompat` is a mixin: ``LossScaleOptimizer`` inherits these methods, and
+# they use only its public methods and its state variables.
 
 from __future__ import annotations
 

@@ -1,25 +1,24 @@
-"""The sum of the losses of applied steps, for the monitor's epoch loss.
+"""The sum of the losses of applied steps, for the monitor's epoch loss."""
 
-When a step is skipped its loss is NaN/inf, and Keras's running mean in
-``logs["loss"]`` then shows ``nan`` for a healthy epoch. A `LossTally`
-attached to a ``tf_mixed.LossScaleOptimizer`` (``attach_loss_tally``) sums
-the losses of the steps that were applied; `tf_mixed.callbacks.monitor.LossScaleMonitor`
-attaches one and reads it once per epoch as a `LossTotals` value.
-
-In ``fit`` the loss reaches tf_mixed only through ``scale_loss`` and the
-verdict only through ``apply``, so the tally is told both: `observe` the
-step's loss, then `settle` with the verdict. With gradient accumulation a
-step is a window: its micro-steps' losses are observed one by one and the
-window settles once, with their mean. Nothing is recorded while no tally is
-attached.
-
-The sum is compensated (Kahan): the monitor's epoch loss is the difference of
-two totals kept since the optimizer was built, and a plain float32 total
-stops absorbing a 0.05 loss exactly once it passes ~1e6 (an epoch mean of
-0.0495 read 0.0607) and absorbs nothing at 2**24 (it read 0.0). The second
-variable holds what float32 rounding dropped; `LossTally.totals` combines
-both in Python floats (float64), exact to far below a loss's resolution.
-"""
+# When a step is skipped its loss is NaN/inf, and Keras's running mean in
+# ``logs["loss"]`` then shows ``nan`` for a healthy epoch. A `LossTally`
+# attached to a ``tf_mixed.LossScaleOptimizer`` (``attach_loss_tally``) sums
+# the losses of the steps that were applied; `tf_mixed.LossScaleMonitor`
+# attaches one and reads it once per epoch as a `LossTotals` value.
+#
+# In ``fit`` the loss reaches tf_mixed only through ``scale_loss`` and the
+# verdict only through ``apply``, so the tally is told both: `observe` the
+# step's loss, then `settle` with the verdict. With gradient accumulation a
+# step is a window: its micro-steps' losses are observed one by one and the
+# window settles once, with their mean. Nothing is recorded while no tally is
+# attached.
+#
+# The sum is compensated (Kahan): the monitor's epoch loss is the difference of
+# two totals kept since the optimizer was built, and a plain float32 total
+# stops absorbing a 0.05 loss exactly once it passes ~1e6 (an epoch mean of
+# 0.0495 read 0.0607) and absorbs nothing at 2**24 (it read 0.0). The second
+# variable holds what float32 rounding dropped; `LossTally.totals` combines
+# both in Python floats (float64), exact to far below a loss's resolution.
 
 from __future__ import annotations
 

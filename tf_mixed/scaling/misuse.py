@@ -1,33 +1,32 @@
-"""Custom-loop mistakes, each said once, at the step where it happens.
+"""Custom-loop mistakes, each said once, at the step where it happens."""
 
-``tf_mixed.LossScaleOptimizer`` calls these checks; they never change the
-arithmetic of a step. What is said, and how (`MixedPrecisionWarning`, or an
-error where the step cannot run or training would be silently wrong):
-
-* an ``apply`` of gradients whose loss never went through ``scale_loss``
-  while the optimizer divides by a scale other than 1: a warning (tf-keras
-  warned too; a hand-made gradient is legitimate in tests);
-* a second wrapper around an inner optimizer that a live, built wrapper
-  already drives (one made every batch: its scale never adapts): a warning
-  at its first step;
-* float16 variables updated by a wrapper that does not scale the loss (the
-  pass-through ``wrap_optimizer`` returns under a float32 global policy): a
-  warning;
-* a model built before ``tf_mixed.enable()`` used under a half global policy
-  (a traced step whose matrix products all compute in float32): a warning;
-* a first step inside a ``tf.function`` under several replicas by an
-  optimizer not built yet: a ``ValueError`` naming ``build`` (TensorFlow's
-  own error is "You must feed a value for placeholder");
-* a skipped step whose forward pass wrote floating-point state that no
-  rollback protects (BatchNormalization statistics without
-  ``track_forward_state``): an error at the first such skip, naming
-  ``opt.track_forward_state(model)`` and, for ``fit``,
-  ``tf_mixed.LossScaleMonitor`` (`forward_state_guard`); state declared with
-  ``track_forward_state(model, roll_back=False)`` is left alone.
-
-The checks run when a step is traced (once per ``tf.function`` trace) or, in
-eager mode, at every step; each warning is given once per optimizer.
-"""
+# ``tf_mixed.LossScaleOptimizer`` calls these checks; they never change the
+# arithmetic of a step. What is said, and how (`MixedPrecisionWarning`, or an
+# error where the step cannot run or training would be silently wrong):
+#
+# * an ``apply`` of gradients whose loss never went through ``scale_loss``
+#   while the optimizer divides by a scale other than 1: a warning (tf-keras
+#   warned too; a hand-made gradient is legitimate in tests);
+# * a second wrapper around an inner optimizer that a live, built wrapper
+#   already drives (one made every batch: its scale never adapts): a warning
+#   at its first step;
+# * float16 variables updated by a wrapper that does not scale the loss (the
+#   pass-through ``wrap_optimizer`` returns under a float32 global policy): a
+#   warning;
+# * a model built before ``tf_mixed.enable()`` used under a half global policy
+#   (a traced step whose matrix products all compute in float32): a warning;
+# * a first step inside a ``tf.function`` under several replicas by an
+#   optimizer not built yet: a ``ValueError`` naming ``build`` (TensorFlow's
+#   own error is "You must feed a value for placeholder");
+# * a skipped step whose forward pass wrote floating-point state that no
+#   rollback protects (BatchNormalization statistics without
+#   ``track_forward_state``): an error at the first such skip, naming
+#   ``opt.track_forward_state(model)`` and, for ``fit``,
+#   ``tf_mixed.LossScaleMonitor`` (`forward_state_guard`); state declared with
+#   ``track_forward_state(model, roll_back=False)`` is left alone.
+#
+# The checks run when a step is traced (once per ``tf.function`` trace) or, in
+# eager mode, at every step; each warning is given once per optimizer.
 
 from __future__ import annotations
 

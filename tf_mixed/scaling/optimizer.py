@@ -1,33 +1,32 @@
-"""Dynamic loss scaling that takes the same skip decision on every replica.
+"""Dynamic loss scaling that takes the same skip decision on every replica."""
 
-``LossScaleOptimizer`` wraps a Keras optimizer. The loss is multiplied by a
-scale before differentiation (``scale_loss``) so small float16 gradients do not
-flush to zero; ``apply`` divides the gradients by the scale again and hands
-them to the inner optimizer, unless any gradient on any replica or worker is
-NaN or infinite, in which case the whole step is skipped everywhere and the
-scale is lowered. A skipped step changes nothing in the model: weights, slots
-and ``iterations`` are untouched, and the forward state handed over with
-``track_forward_state`` (BatchNormalization's moving statistics) is rolled
-back (`tf_mixed.scaling.rollback`).
-
-Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
-takes the finite check from the first replica's *local* gradients, so an
-overflow on any other replica is applied to the weights (they become
-``-inf``), and under ``MultiWorkerMirroredStrategy`` workers that disagree can
-hang in the all-reduce. Here the gradients are all-reduced first, once
-(optionally in float16/bfloat16: ``communication_dtype``), and the verdict is
-taken from the reduced gradients (``_reduce``, `tf_mixed.scaling.allreduce`); the
-inner optimizer then applies them without a second all-reduce. It also adds
-the knobs the Keras class lacks (growth and backoff factors, minimum and
-maximum scale, hysteresis, a fixed scale), the counters a monitor needs, and
-a pass-through mode for float32/bfloat16.
-
-It is a drop-in for Keras's class (`tf_mixed.scaling.keras_compat`): same constructor
-names (``dynamic_growth_steps``), same configs, and the same variables
-(``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
-and ``.keras`` files written with Keras's wrapper load into it. The rule the
-scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure function.
-"""
+# ``LossScaleOptimizer`` wraps a Keras optimizer. The loss is multiplied by a
+# scale before differentiation (``scale_loss``) so small float16 gradients do not
+# flush to zero; ``apply`` divides the gradients by the scale again and hands
+# them to the inner optimizer, unless any gradient on any replica or worker is
+# NaN or infinite, in which case the whole step is skipped everywhere and the
+# scale is lowered. A skipped step changes nothing in the model: weights, slots
+# and ``iterations`` are untouched, and the forward state handed over with
+# ``track_forward_state`` (BatchNormalization's moving statistics) is rolled
+# back (`tf_mixed.scaling.rollback`).
+#
+# Why not ``keras.optimizers.LossScaleOptimizer``: under ``MirroredStrategy`` it
+# takes the finite check from the first replica's *local* gradients, so an
+# overflow on any other replica is applied to the weights (they become
+# ``-inf``), and under ``MultiWorkerMirroredStrategy`` workers that disagree can
+# hang in the all-reduce. Here the gradients are all-reduced first, once
+# (optionally in float16/bfloat16: ``communication_dtype``), and the verdict is
+# taken from the reduced gradients (``_reduce``, `tf_mixed.scaling.allreduce`); the
+# inner optimizer then applies them without a second all-reduce. It also adds
+# the knobs the Keras class lacks (growth and backoff factors, minimum and
+# maximum scale, hysteresis, a fixed scale), the counters a monitor needs, and
+# a pass-through mode for float32/bfloat16.
+#
+# It is a drop-in for Keras's class (`tf_mixed.scaling.keras_compat`): same constructor
+# names (``dynamic_growth_steps``), same configs, and the same variables
+# (``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
+# and ``.keras`` files written with Keras's wrapper load into it. The rule the
+# scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure function.
 
 from __future__ import annotations
 
@@ -339,7 +338,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
 
     @property
     def loss_tally(self) -> LossTally | None:
-        """The attached `tf_mixed.scaling.loss_tally.LossTally`, or None."""
+        """The attached `tf_mixed.scaling.LossTally`, or None."""
         return self._scratch.tally
 
     # ---------------------------------------------------------- scaling API
@@ -750,8 +749,8 @@ def float8_sync_of(optimizer) -> Float8Sync | None:
     A ``tf_mixed.LossScaleOptimizer`` creates one at ``build`` when the
     variables hold Keras float8 scale and amax-history pairs; `apply` hands
     their "gradients" to it instead of the inner optimizer, so every replica
-    and worker writes the same agreed values. `tf_mixed.float8.quantization.state` and
-    `tf_mixed.float8.quantization.Float8Monitor` read its counters. Any other optimizer:
+    and worker writes the same agreed values. `tf_mixed.float8.state` and
+    `tf_mixed.float8.Float8Monitor` read its counters. Any other optimizer:
     None (it keeps Keras's per-replica float8 writes).
     """
     if isinstance(optimizer, LossScaleOptimizer):

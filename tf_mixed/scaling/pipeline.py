@@ -1,23 +1,22 @@
-"""One optimizer step as an ordered pipeline, each stage a function with one job.
+"""One optimizer step as an ordered pipeline, each stage a function with one job."""
 
-`tf_mixed.scaling.optimizer.LossScaleOptimizer.apply` checks its arguments,
-builds what must be built, then hands the step here (`step`):
-
-1. **scale**: the gradients arrive scaled by the loss scale (or already
-   unscaled, ``unscaled=True``); the scale of this step is read once;
-2. **accumulate** (`window_step`, with ``gradient_accumulation_steps``): the
-   unscaled gradients join the window's buffers; the stages below run on the
-   window's last micro-step only;
-3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
-   communication dtype, float8 amaxes riding along;
-4. **verdict**: all reduced gradients finite, the same bytes everywhere, so
-   the same decision everywhere (BUILD_NOTES.md, "Loss scaling");
-5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
-   optimizer applies the unscaled gradients, or the step is skipped and the
-   tracked forward state restored; then the scale state advances
-   (`advance_state`, `tf_mixed.scaling.scale_state.next_state`) and the
-   agreed float8 scales are written (`finish_float8`).
-"""
+# `tf_mixed.LossScaleOptimizer.apply` checks its arguments,
+# builds what must be built, then hands the step here (`step`):
+#
+# 1. **scale**: the gradients arrive scaled by the loss scale (or already
+#    unscaled, ``unscaled=True``); the scale of this step is read once;
+# 2. **accumulate** (`window_step`, with ``gradient_accumulation_steps``): the
+#    unscaled gradients join the window's buffers; the stages below run on the
+#    window's last micro-step only;
+# 3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
+#    communication dtype, float8 amaxes riding along;
+# 4. **verdict**: all reduced gradients finite, the same bytes everywhere, so
+#    the same decision everywhere (BUILD_NOTES.md, "Loss scaling");
+# 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
+#    optimizer applies the unscaled gradients, or the step is skipped and the
+#    tracked forward state restored; then the scale state advances
+#    (`advance_state`, `tf_mixed.scaling.scale_state.next_state`) and the
+#    agreed float8 scales are written (`finish_float8`).
 
 from __future__ import annotations
 

@@ -1,25 +1,24 @@
-"""Rolling back the state a skipped step's forward pass wrote.
+"""Rolling back the state a skipped step's forward pass wrote."""
 
-The forward pass of a training step writes non-trainable state before the
-optimizer sees the gradients: BatchNormalization's moving mean and variance
-take an overflowing batch's inf/NaN. `ForwardState` keeps a backup copy of
-such variables, refreshed after every applied step and copied back after
-every skipped one, inside the same global skip verdict and on every replica's
-own copy, so a skipped step leaves the model bit-identical.
-
-``tf_mixed.LossScaleOptimizer.track_forward_state`` hands a model to its
-`ForwardState`; `tf_mixed.callbacks.monitor.LossScaleMonitor` does it for ``fit``.
-
-The backups must hold the state the next step starts from. A step refreshes
-them itself; anything that writes the variables between steps (a
-``BackupAndRestore`` restore in any callback order, a resumed ``fit``, a
-user's assignment) must be followed by `ForwardState.refresh`: the monitor
-calls it before the first step of every epoch, and
-``tf_mixed.scaling.optimizer.refresh_forward_state(optimizer)`` is the public door
-for custom loops. A model tracked before it was built (its variables are created by its
-first call) cannot be rolled back: the first step that would skip it raises,
-naming the model, instead of leaving its new statistics unprotected.
-"""
+# The forward pass of a training step writes non-trainable state before the
+# optimizer sees the gradients: BatchNormalization's moving mean and variance
+# take an overflowing batch's inf/NaN. `ForwardState` keeps a backup copy of
+# such variables, refreshed after every applied step and copied back after
+# every skipped one, inside the same global skip verdict and on every replica's
+# own copy, so a skipped step leaves the model bit-identical.
+#
+# ``tf_mixed.LossScaleOptimizer.track_forward_state`` hands a model to its
+# `ForwardState`; `tf_mixed.LossScaleMonitor` does it for ``fit``.
+#
+# The backups must hold the state the next step starts from. A step refreshes
+# them itself; anything that writes the variables between steps (a
+# ``BackupAndRestore`` restore in any callback order, a resumed ``fit``, a
+# user's assignment) must be followed by `ForwardState.refresh`: the monitor
+# calls it before the first step of every epoch, and
+# ``tf_mixed.scaling.refresh_forward_state(optimizer)`` is the public door
+# for custom loops. A model tracked before it was built (its variables are created by its
+# first call) cannot be rolled back: the first step that would skip it raises,
+# naming the model, instead of leaving its new statistics unprotected.
 
 from __future__ import annotations
 

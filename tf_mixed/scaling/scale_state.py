@@ -1,33 +1,32 @@
-"""Loss-scale state as a value: the knobs, the state record, one transition.
+"""Loss-scale state as a value: the knobs, the state record, one transition."""
 
-Like ``jmp.DynamicLossScale`` and optax's transforms, the loss-scale rule is a
-pure function of a frozen configuration and a state record::
-
-    config = LossScaleConfig(initial_scale=1024.0, growth_interval=100)
-    state = initial_state(config)
-    for finite in (True, False, True):
-        state = next_state(config, state, finite)
-
-``next_state`` is written once and runs on plain Python values (as above, for
-tests and for reasoning) and on TensorFlow tensors (the optimizer calls it
-inside its training step with the all-reduced ``finite`` verdict), so the rule
-the optimizer follows is the rule the tests check.
-
-The rule, for one step whose gradients were ``finite`` (on every replica):
-
-* finite: ``good_steps`` grows by one; after ``growth_interval`` of them in a
-  row the scale is multiplied by ``growth_factor`` (capped at ``max_scale``)
-  and ``good_steps`` restarts at 0. ``overflow_streak`` and
-  ``min_scale_skips`` restart at 0.
-* not finite: the step is skipped; ``skipped_steps`` grows by one,
-  ``good_steps`` restarts at 0, ``overflow_streak`` grows by one and after
-  ``hysteresis`` of them in a row the scale is multiplied by
-  ``backoff_factor`` (floored at ``min_scale``) and the streak restarts.
-  ``min_scale_skips`` counts the consecutive skipped steps that ran at the
-  lowest scale (``scale <= min_scale``, or any scale when it is fixed).
-* With ``dynamic=False`` the scale never changes; non-finite steps are still
-  skipped and counted.
-"""
+# Like ``jmp.DynamicLossScale`` and optax's transforms, the loss-scale rule is a
+# pure function of a frozen configuration and a state record::
+#
+#     config = LossScaleConfig(initial_scale=1024.0, growth_interval=100)
+#     state = initial_state(config)
+#     for finite in (True, False, True):
+#         state = next_state(config, state, finite)
+#
+# ``next_state`` is written once and runs on plain Python values (as above, for
+# tests and for reasoning) and on TensorFlow tensors (the optimizer calls it
+# inside its training step with the all-reduced ``finite`` verdict), so the rule
+# the optimizer follows is the rule the tests check.
+#
+# The rule, for one step whose gradients were ``finite`` (on every replica):
+#
+# * finite: ``good_steps`` grows by one; after ``growth_interval`` of them in a
+#   row the scale is multiplied by ``growth_factor`` (capped at ``max_scale``)
+#   and ``good_steps`` restarts at 0. ``overflow_streak`` and
+#   ``min_scale_skips`` restart at 0.
+# * not finite: the step is skipped; ``skipped_steps`` grows by one,
+#   ``good_steps`` restarts at 0, ``overflow_streak`` grows by one and after
+#   ``hysteresis`` of them in a row the scale is multiplied by
+#   ``backoff_factor`` (floored at ``min_scale``) and the streak restarts.
+#   ``min_scale_skips`` counts the consecutive skipped steps that ran at the
+#   lowest scale (``scale <= min_scale``, or any scale when it is fixed).
+# * With ``dynamic=False`` the scale never changes; non-finite steps are still
+#   skipped and counted.
 
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
-"""Serving what was trained: `export` with parity checks, half-precision checkpoints.
+"""Serving what was trained: half-precision checkpoints (`tf_mixed.export` exports)."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
-
-from tf_mixed.serving.half_checkpoints import (  # noqa: F401
-    load_weights,
-    save_weights,
-)
-from tf_mixed.serving.export_report import (  # noqa: F401
-    ExportReport,
-)
-from tf_mixed.serving.exporting import (  # noqa: F401
-    export,
-)
+from tf_mixed._internal import moved as _moved
+from tf_mixed.serving.half_checkpoints import load_weights, save_weights  # noqa: F401
 
 __all__ = [
-    "ExportReport",
-    "export",
     "load_weights",
     "save_weights",
 ]
+
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "ExportReport": "tf_mixed.serving.export_report",
+    "export": "tf_mixed",
+})

@@ -1,39 +1,38 @@
-"""Export a (mixed-precision) trained model to a serving artifact, checked.
+"""Export a (mixed-precision) trained model to a serving artifact, checked."""
 
-    report = tf_mixed.export(model, "model.tflite", format="litert",
-                             precision="float16_weights", sample=x[:32])
-    print(report)          # sizes, dtypes, and the error against the model
-
-What goes wrong without it (TF 2.21, Keras 3.15): ``model.export(...,
-format="litert")`` of a ``mixed_float16`` model writes a file only the Flex
-delegate runs, and a SavedModel of a model without a float32 head returns
-float16. `export`:
-
-1. rebuilds the model in the precision asked for, with the trained weights
-   (`tf_mixed.models.conversion.rebuild`: float32 layers of a mixed model, and tf_mixed's
-   float32 heads, stay float32), without the optimizer;
-2. writes a SavedModel whose ``serve`` endpoint takes the model's input
-   dtypes and returns float32, and for LiteRT converts it with LiteRT's
-   builtin ops (float16 weights for ``"float16_weights"``), refusing a file
-   that needs TensorFlow's Select ops unless ``allow_select_ops=True``;
-3. loads the artifact back and runs it in its own runtime
-   (``tf.saved_model.load``, fed the inputs' structure; the
-   ``ai_edge_litert`` interpreter, which has no Flex delegate, fed each
-   input by its name and read each output by its signature key) on `sample`
-   (or on a batch of zeros, to prove it runs) and compares it with the model
-   in memory;
-4. only then renames it to `path`, replacing only what an export writes
-   there (a file for LiteRT, a SavedModel or an empty directory): a
-   directory of other files is refused before any work, and a failed
-   export leaves `path` as it was.
-
-Precisions (`PRECISIONS`) and the default tolerance of each: the error of
-an artifact against the model comes from rounding to the coarser of the two
-dtypes involved, the one the model computes in and the one the artifact
-rounds to, so the default tolerance is `TOLERANCE_ULPS` machine epsilons of
-that dtype (``tf_mixed._internal.facts.EPSILON``), as a relative error: per output,
-max|artifact - model| / max|model|.
-"""
+#     report = tf_mixed.export(model, "model.tflite", format="litert",
+#                              precision="float16_weights", sample=x[:32])
+#     print(report)          # sizes, dtypes, and the error against the model
+#
+# What goes wrong without it (TF 2.21, Keras 3.15): ``model.export(...,
+# format="litert")`` of a ``mixed_float16`` model writes a file only the Flex
+# delegate runs, and a SavedModel of a model without a float32 head returns
+# float16. `export`:
+#
+# 1. rebuilds the model in the precision asked for, with the trained weights
+#    (`tf_mixed.models.conversion.rebuild`: float32 layers of a mixed model, and tf_mixed's
+#    float32 heads, stay float32), without the optimizer;
+# 2. writes a SavedModel whose ``serve`` endpoint takes the model's input
+#    dtypes and returns float32, and for LiteRT converts it with LiteRT's
+#    builtin ops (float16 weights for ``"float16_weights"``), refusing a file
+#    that needs TensorFlow's Select ops unless ``allow_select_ops=True``;
+# 3. loads the artifact back and runs it in its own runtime
+#    (``tf.saved_model.load``, fed the inputs' structure; the
+#    ``ai_edge_litert`` interpreter, which has no Flex delegate, fed each
+#    input by its name and read each output by its signature key) on `sample`
+#    (or on a batch of zeros, to prove it runs) and compares it with the model
+#    in memory;
+# 4. only then renames it to `path`, replacing only what an export writes
+#    there (a file for LiteRT, a SavedModel or an empty directory): a
+#    directory of other files is refused before any work, and a failed
+#    export leaves `path` as it was.
+#
+# Precisions (`PRECISIONS`) and the default tolerance of each: the error of
+# an artifact against the model comes from rounding to the coarser of the two
+# dtypes involved, the one the model computes in and the one the artifact
+# rounds to, so the default tolerance is `TOLERANCE_ULPS` machine epsilons of
+# that dtype (``tf_mixed._internal.facts.EPSILON``), as a relative error: per output,
+# max|artifact - model| / max|model|.
 
 from __future__ import annotations
 

@@ -1,52 +1,51 @@
-"""Half-size weight checkpoints that load into a model of any policy.
+"""Half-size weight checkpoints that load into a model of any policy."""
 
-Keras saves weights in the variables' dtype: float32 under every mixed
-policy, so a checkpoint is full size (keras-team/keras#17381, #18979).
-
-    tf_mixed.serving.save_weights(model, "model.npz", dtype="float16")   # half the bytes
-    tf_mixed.serving.load_weights(float32_model, "model.npz")            # any policy
-
-The file is a NumPy ``.npz`` archive: one array per variable of
-``model.weights``, in that order, plus ``__meta__`` (format version, saved
-dtype, and per variable its key, path, shape and dtype). Float variables are stored in
-`dtype` (bfloat16 as its raw 16 bits, NumPy having no bfloat16); other
-variables (integer counters, ...) as they are. Loading casts each array to
-the variable's own dtype, so a checkpoint written from a ``mixed_float16``
-model loads into a float32 one and the reverse; rounding to float16 or
-bfloat16 is the only change (half an ulp of that dtype, relative).
-
-What is refused, before anything is written: a finite value that float16
-(or bfloat16) cannot hold, naming the variables. What is reported: nonzero
-values that become exactly 0 in `dtype` (below half its smallest subnormal:
-float16 3e-8, bfloat16 5e-41) are saved as 0, with a ``UserWarning`` naming
-each variable where they matter, how many values flush and the largest of
-them; save with dtype="float32" to keep them. They matter when the largest
-of them exceeds the error rounding may give the variable's largest value
-(max|value| * eps / 2, eps of `dtype`): a variable of values near 1e-8 is
-named, a bias of 1e-10 beside values of 0.01 is not (its loss is smaller
-than the rounding of its other values). The optimizer's state is not part of
-these files: it is never downcast; save it with the model (``model.save``)
-when training is to resume. The file gets the permissions any new file
-gets (``0o666`` less the umask), as Keras's files do.
-
-Loading matches variables as Keras's own ``model.save_weights`` /
-``load_weights`` does: by each variable's key, its place in the model's
-structure (``"layers/dense_1/vars/0"``: layers named by class, made unique
-within their container, as Keras's saving walks the model; a subclassed
-model's attributes by name), the very names Keras writes in a
-``.weights.h5`` file. So a file loads into the same architecture built again
-in any process, whatever numbers Keras gave its layers (``dense_7`` for
-``dense``) and whatever the model's name, and a changed architecture (a layer
-added or removed, a width changed, layers swapped) is refused before
-anything changes, naming the keys each side lacks or the shapes that differ.
-A variable Keras's saving does not store as itself (a LoRA-enabled layer's:
-it stores the merged kernel) keeps its variable path without the model's
-name. Files of format version 1 (``tf_mixed.weights/1``, which held only the
-process-wide variable paths) still load: by those paths where they match the
-model's, else by position where the count, order and shapes of the
-variables agree (a ``UserWarning`` says so in one line); otherwise they are
-refused, naming the paths each side lacks.
-"""
+# Keras saves weights in the variables' dtype: float32 under every mixed
+# policy, so a checkpoint is full size (keras-team/keras#17381, #18979).
+#
+#     tf_mixed.serving.save_weights(model, "model.npz", dtype="float16")   # half the bytes
+#     tf_mixed.serving.load_weights(float32_model, "model.npz")            # any policy
+#
+# The file is a NumPy ``.npz`` archive: one array per variable of
+# ``model.weights``, in that order, plus ``__meta__`` (format version, saved
+# dtype, and per variable its key, path, shape and dtype). Float variables are stored in
+# `dtype` (bfloat16 as its raw 16 bits, NumPy having no bfloat16); other
+# variables (integer counters, ...) as they are. Loading casts each array to
+# the variable's own dtype, so a checkpoint written from a ``mixed_float16``
+# model loads into a float32 one and the reverse; rounding to float16 or
+# bfloat16 is the only change (half an ulp of that dtype, relative).
+#
+# What is refused, before anything is written: a finite value that float16
+# (or bfloat16) cannot hold, naming the variables. What is reported: nonzero
+# values that become exactly 0 in `dtype` (below half its smallest subnormal:
+# float16 3e-8, bfloat16 5e-41) are saved as 0, with a ``UserWarning`` naming
+# each variable where they matter, how many values flush and the largest of
+# them; save with dtype="float32" to keep them. They matter when the largest
+# of them exceeds the error rounding may give the variable's largest value
+# (max|value| * eps / 2, eps of `dtype`): a variable of values near 1e-8 is
+# named, a bias of 1e-10 beside values of 0.01 is not (its loss is smaller
+# than the rounding of its other values). The optimizer's state is not part of
+# these files: it is never downcast; save it with the model (``model.save``)
+# when training is to resume. The file gets the permissions any new file
+# gets (``0o666`` less the umask), as Keras's files do.
+#
+# Loading matches variables as Keras's own ``model.save_weights`` /
+# ``load_weights`` does: by each variable's key, its place in the model's
+# structure (``"layers/dense_1/vars/0"``: layers named by class, made unique
+# within their container, as Keras's saving walks the model; a subclassed
+# model's attributes by name), the very names Keras writes in a
+# ``.weights.h5`` file. So a file loads into the same architecture built again
+# in any process, whatever numbers Keras gave its layers (``dense_7`` for
+# ``dense``) and whatever the model's name, and a changed architecture (a layer
+# added or removed, a width changed, layers swapped) is refused before
+# anything changes, naming the keys each side lacks or the shapes that differ.
+# A variable Keras's saving does not store as itself (a LoRA-enabled layer's:
+# it stores the merged kernel) keeps its variable path without the model's
+# name. Files of format version 1 (``tf_mixed.weights/1``, which held only the
+# process-wide variable paths) still load: by those paths where they match the
+# model's, else by position where the count, order and shapes of the
+# variables agree (a ``UserWarning`` says so in one line); otherwise they are
+# refused, naming the paths each side lacks.
 
 from __future__ import annotations
 

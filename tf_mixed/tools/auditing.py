@@ -1,57 +1,56 @@
-"""A per-layer dtype report for a Keras model, with the mixed-precision risks found.
+"""A per-layer dtype report for a Keras model, with the mixed-precision risks found."""
 
-    report = tf_mixed.audit(model, batch_size=64)
-    print(report)              # aligned table + findings + memory estimate
-    report.to_dict()           # the same as plain data (for JSON)
-
-or, for a saved model, ``python -m tf_mixed audit path/to/model.keras``.
-
-What is checked (each finding has a severity, the layer, and the fix):
-
-* ``half_output_activation`` (error): a softmax/sigmoid/log_softmax computed in
-  float16/bfloat16 produces a model output. The probabilities saturate and
-  Keras loses its exact logits shortcut in the cross-entropy.
-* ``half_output`` (warning): a model output is float16/bfloat16; an error
-  when the model is compiled with a top-k metric, which fails on it (Keras
-  computes top-k with TensorFlow's InTopKV2, float32 only).
-* ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
-  holds an ``Embedding`` takes its ids as floats straight from a model input:
-  Keras casts them to the half dtype first, which represents integers exactly
-  only up to 2048 (float16) / 256 (bfloat16) (`largest_exact_integer`), so
-  larger ids become other ids (bfloat16: 499 -> 500).
-* ``norm_overflow`` (warning): a normalization layer computing in float16
-  whose arithmetic is known to overflow there. In Keras 3 BatchNormalization,
-  LayerNormalization, GroupNormalization and RMSNormalization compute their
-  statistics in float32 internally (checked: inputs of +-300 normalise
-  correctly in float16), but UnitNormalization sums squares in float16: the
-  norm becomes inf once it passes ~256 and the output silently becomes 0.
-* ``not_multiple_of_8`` (warning for layers computing in half precision, info
-  otherwise or for output layers): Dense/RNN ``units``, Conv ``filters``,
-  Embedding ``output_dim``, attention ``key_dim``/``value_dim``. Tensor Cores
-  run float16 matrix products only on dimensions that are multiples of 8.
-* ``batch_not_multiple_of_8`` (warning): the batch size, when given.
-* ``policy_mismatch`` (warning): the model's policy differs from the global
-  one (a model built before ``tf_mixed.enable()``).
-* ``not_mixed`` (info): the model computes in float32 everywhere (and no
-  ``policy_mismatch`` said why): turn mixed precision on. Its memory line
-  then gives the float32 bytes alone, not float32 against itself.
-* ``explicit_float32`` (info): layers with a float32 policy in a mixed model
-  (often deliberate; listed so they are not a surprise). tf_mixed's own
-  float32 heads are not listed.
-* ``no_graph`` (info): a subclassed model has no symbolic graph, so
-  per-layer output dtypes and the memory estimate are unavailable. Its
-  outputs are read from a traced call of the built model (float32 inputs
-  shaped as it was built), so the output findings above still apply.
-* float8 readiness (with ``float8=True``, or for a model with float8
-  layers; `tf_mixed.float8.readiness`): ``float8_flop_share`` (info),
-  ``float8_not_multiple_of_16`` and ``float8_keep_higher_precision``
-  (warnings for float8 layers, info for candidates).
-
-The activation-memory estimate adds up the bytes of every layer output for
-one batch, once as if everything were float32 and once with the dtypes the
-model really produces. It ignores gradients, optimizer slots and the
-framework's own buffers, so it is a guide to the ratio, not to peak memory.
-"""
+#     report = tf_mixed.audit(model, batch_size=64)
+#     print(report)              # aligned table + findings + memory estimate
+#     report.to_dict()           # the same as plain data (for JSON)
+#
+# or, for a saved model, ``python -m tf_mixed audit path/to/model.keras``.
+#
+# What is checked (each finding has a severity, the layer, and the fix):
+#
+# * ``half_output_activation`` (error): a softmax/sigmoid/log_softmax computed in
+#   float16/bfloat16 produces a model output. The probabilities saturate and
+#   Keras loses its exact logits shortcut in the cross-entropy.
+# * ``half_output`` (warning): a model output is float16/bfloat16; an error
+#   when the model is compiled with a top-k metric, which fails on it (Keras
+#   computes top-k with TensorFlow's InTopKV2, float32 only).
+# * ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
+#   holds an ``Embedding`` takes its ids as floats straight from a model input:
+#   Keras casts them to the half dtype first, which represents integers exactly
+#   only up to 2048 (float16) / 256 (bfloat16) (`largest_exact_integer`), so
+#   larger ids become other ids (bfloat16: 499 -> 500).
+# * ``norm_overflow`` (warning): a normalization layer computing in float16
+#   whose arithmetic is known to overflow there. In Keras 3 BatchNormalization,
+#   LayerNormalization, GroupNormalization and RMSNormalization compute their
+#   statistics in float32 internally (checked: inputs of +-300 normalise
+#   correctly in float16), but UnitNormalization sums squares in float16: the
+#   norm becomes inf once it passes ~256 and the output silently becomes 0.
+# * ``not_multiple_of_8`` (warning for layers computing in half precision, info
+#   otherwise or for output layers): Dense/RNN ``units``, Conv ``filters``,
+#   Embedding ``output_dim``, attention ``key_dim``/``value_dim``. Tensor Cores
+#   run float16 matrix products only on dimensions that are multiples of 8.
+# * ``batch_not_multiple_of_8`` (warning): the batch size, when given.
+# * ``policy_mismatch`` (warning): the model's policy differs from the global
+#   one (a model built before ``tf_mixed.enable()``).
+# * ``not_mixed`` (info): the model computes in float32 everywhere (and no
+#   ``policy_mismatch`` said why): turn mixed precision on. Its memory line
+#   then gives the float32 bytes alone, not float32 against itself.
+# * ``explicit_float32`` (info): layers with a float32 policy in a mixed model
+#   (often deliberate; listed so they are not a surprise). tf_mixed's own
+#   float32 heads are not listed.
+# * ``no_graph`` (info): a subclassed model has no symbolic graph, so
+#   per-layer output dtypes and the memory estimate are unavailable. Its
+#   outputs are read from a traced call of the built model (float32 inputs
+#   shaped as it was built), so the output findings above still apply.
+# * float8 readiness (with ``float8=True``, or for a model with float8
+#   layers; `tf_mixed.float8.readiness`): ``float8_flop_share`` (info),
+#   ``float8_not_multiple_of_16`` and ``float8_keep_higher_precision``
+#   (warnings for float8 layers, info for candidates).
+#
+# The activation-memory estimate adds up the bytes of every layer output for
+# one batch, once as if everything were float32 and once with the dtypes the
+# model really produces. It ignores gradients, optimizer slots and the
+# framework's own buffers, so it is a guide to the ratio, not to peak memory.
 
 from __future__ import annotations
 
@@ -550,7 +549,7 @@ def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
             "logits shortcut (for logits [0, 30, -30] the cross-entropy is "
             "clipped to 16.1 instead of 60).",
             f"give '{name}' activation=None and add "
-            f"tf_mixed.layers.OutputActivation('{activation}') after it, or "
+            f"tf_mixed.OutputActivation('{activation}') after it, or "
             "run model = tf_mixed.convert(model).")]
     if top_k:
         return [Finding(
@@ -558,13 +557,13 @@ def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
             f"the model output is {dtype} and the model is compiled with the "
             f"top-k metric {top_k[0]}: Keras computes it with TensorFlow's "
             "InTopKV2, which takes float32 only, so fit fails at its first step.",
-            f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+            f"add tf_mixed.Float32Output() after '{name}' (or give it "
             "dtype='float32').")]
     return [Finding(
         "warning", "half_output", name,
         f"the model output is {dtype}, so the loss and metrics see "
         "half-precision values.",
-        f"add tf_mixed.layers.Float32Output() after '{name}' (or give it "
+        f"add tf_mixed.Float32Output() after '{name}' (or give it "
         "dtype='float32').")]
 
 

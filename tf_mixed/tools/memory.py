@@ -1,27 +1,26 @@
-"""What a model's training state costs, in bytes per parameter.
+"""What a model's training state costs, in bytes per parameter."""
 
-`memory_report` reads it from the real objects: the model's trainable
-weights (and so their gradients, which Keras computes in the weights'
-dtype), and every variable of a built optimizer, split into the optimizer's
-own state (Adam's moments, SGD's momentum, counters), the compensation
-buffers of bfloat16 weights (`tf_mixed.scaling.compensated`) and the gradient
-accumulation buffers. Activations are not in it: they depend on the batch;
-`tf_mixed.audit` estimates them, and ``python -m tf_mixed bench
---suite=memory`` measures the peak memory of a whole training step.
-
-Per parameter, with Adam (4 + 4 + 8 bytes under float32):
-
-=========================================  =======  =========  =====  ======
-policy                                     weights  gradients  state  extra
-=========================================  =======  =========  =====  ======
-float32, mixed_float16, mixed_bfloat16     4        4          8
-bfloat16, Kahan, float32 state             2        2          8      2
-bfloat16, Kahan, bfloat16 state            2        2          4      2
-bfloat16, stochastic rounding, bf16 state  2        2          4
-=========================================  =======  =========  =====  ======
-
-(gradient accumulation adds a float32 buffer: 4 more bytes per parameter).
-"""
+# `memory_report` reads it from the real objects: the model's trainable
+# weights (and so their gradients, which Keras computes in the weights'
+# dtype), and every variable of a built optimizer, split into the optimizer's
+# own state (Adam's moments, SGD's momentum, counters), the compensation
+# buffers of bfloat16 weights (`tf_mixed.scaling.compensated`) and the gradient
+# accumulation buffers. Activations are not in it: they depend on the batch;
+# `tf_mixed.audit` estimates them, and ``python -m tf_mixed bench
+# --suite=memory`` measures the peak memory of a whole training step.
+#
+# Per parameter, with Adam (4 + 4 + 8 bytes under float32):
+#
+# =========================================  =======  =========  =====  ======
+# policy                                     weights  gradients  state  extra
+# =========================================  =======  =========  =====  ======
+# float32, mixed_float16, mixed_bfloat16     4        4          8
+# bfloat16, Kahan, float32 state             2        2          8      2
+# bfloat16, Kahan, bfloat16 state            2        2          4      2
+# bfloat16, stochastic rounding, bf16 state  2        2          4
+# =========================================  =======  =========  =====  ======
+#
+# (gradient accumulation adds a float32 buffer: 4 more bytes per parameter).
 
 from __future__ import annotations
 

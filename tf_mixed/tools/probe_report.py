@@ -1,10 +1,9 @@
-"""The value `tf_mixed.probe` returns: per-layer and per-variable numerics, and advice.
+"""The value `tf_mixed.probe` returns: per-layer and per-variable numerics, and advice."""
 
-`ProbeReport` is frozen plain data: ``str(report)`` is the table a user
-reads, ``report.to_dict()`` the same for JSON, ``report.plot(path)`` a PNG
-of each layer's headroom on a log2 axis (matplotlib is imported only there).
-The dtype limits used everywhere come from one table, `DTYPE_LIMITS`.
-"""
+# `ProbeReport` is frozen plain data: ``str(report)`` is the table a user
+# reads, ``report.to_dict()`` the same for JSON, ``report.plot(path)`` a PNG
+# of each layer's headroom on a log2 axis (matplotlib is imported only there).
+# The dtype limits used everywhere come from one table, `DTYPE_LIMITS`.
 
 from __future__ import annotations
 

@@ -1,52 +1,51 @@
-"""Measure a model's numerics in half precision against float32, layer by layer.
+"""Measure a model's numerics in half precision against float32, layer by layer."""
 
-    report = tf_mixed.probe(model, x, y, loss="sparse_categorical_crossentropy")
-    print(report)            # per-layer and per-variable table, scale, advice
-    report.plot("probe.png")
-
-How: the model is cloned twice with the same weights, once computing in
-the half-precision policy and once in float32. Each clone is wrapped in a
-multi-output model over every top-level layer's output, and both run the
-same batch with ``training=True`` (random layers aside, see below; the
-clones, not the model, so BatchNorm statistics and other state of the model
-stay as they were):
-
-* forward: each layer's half-precision output against the float32 one;
-* backward, half run: the gradient of the loss times the current loss
-  scale with respect to each layer's output (output gradients only: no
-  weight gradients are taken in half precision, whose CPU float16 kernels
-  can be very slow, e.g. the Conv2D filter gradient);
-* backward, float32 run: the gradient of the unscaled loss with respect to
-  every trainable variable and every layer output. What float16 would do to
-  these at a loss scale is computed from them: scaled values above 65504
-  overflow, below 2^-25 round to zero, below 2^-14 are subnormal. The
-  recommended scale is the largest power of two at which none of those
-  gradients of half-precision layers overflows.
-
-Random layers (every layer, or layer inside a layer, holding a
-`keras.random.SeedGenerator`: Dropout, GaussianNoise, SpatialDropout, the
-dropout inside MultiHeadAttention, ...) run as in inference in both copies:
-Dropout passes its input through and noise layers add nothing, so the two
-runs cannot draw different values (a float16 and a float32 draw from the
-same seed give different masks: measured, about half the elements of a
-rate-0.5 mask differ) and a random layer is never blamed for its own draw.
-Every other layer runs as in training.
-
-Which layers compute in float32 in the half copy: every layer the model
-itself keeps in float32 (in a mixed model: layers converted with
-``keep_float32``, given ``dtype="float32"``, or kept by an `enable` rule);
-in a float32-built model, tf_mixed's float32 heads, the layers the
-``keep_float32`` rules of the active `tf_mixed.enable` match, and layers
-that would round float token ids on their way into an Embedding (as
-`tf_mixed.convert` keeps them). So a model `tf_mixed.convert` fixed probes
-as it trains.
-
-Layer names are those of `tf_mixed.audit`: a layer inside a nested model is
-its own row, named ``outer/inner`` (the clones inline nested models, so the
-inner outputs are tensors of one graph), and an overflow there is reported
-and fixed at that innermost layer. Lambda layers are cloned from their
-in-memory function (`tf_mixed.models.cloning`).
-"""
+#     report = tf_mixed.probe(model, x, y, loss="sparse_categorical_crossentropy")
+#     print(report)            # per-layer and per-variable table, scale, advice
+#     report.plot("probe.png")
+#
+# How: the model is cloned twice with the same weights, once computing in
+# the half-precision policy and once in float32. Each clone is wrapped in a
+# multi-output model over every top-level layer's output, and both run the
+# same batch with ``training=True`` (random layers aside, see below; the
+# clones, not the model, so BatchNorm statistics and other state of the model
+# stay as they were):
+#
+# * forward: each layer's half-precision output against the float32 one;
+# * backward, half run: the gradient of the loss times the current loss
+#   scale with respect to each layer's output (output gradients only: no
+#   weight gradients are taken in half precision, whose CPU float16 kernels
+#   can be very slow, e.g. the Conv2D filter gradient);
+# * backward, float32 run: the gradient of the unscaled loss with respect to
+#   every trainable variable and every layer output. What float16 would do to
+#   these at a loss scale is computed from them: scaled values above 65504
+#   overflow, below 2^-25 round to zero, below 2^-14 are subnormal. The
+#   recommended scale is the largest power of two at which none of those
+#   gradients of half-precision layers overflows.
+#
+# Random layers (every layer, or layer inside a layer, holding a
+# `keras.random.SeedGenerator`: Dropout, GaussianNoise, SpatialDropout, the
+# dropout inside MultiHeadAttention, ...) run as in inference in both copies:
+# Dropout passes its input through and noise layers add nothing, so the two
+# runs cannot draw different values (a float16 and a float32 draw from the
+# same seed give different masks: measured, about half the elements of a
+# rate-0.5 mask differ) and a random layer is never blamed for its own draw.
+# Every other layer runs as in training.
+#
+# Which layers compute in float32 in the half copy: every layer the model
+# itself keeps in float32 (in a mixed model: layers converted with
+# ``keep_float32``, given ``dtype="float32"``, or kept by an `enable` rule);
+# in a float32-built model, tf_mixed's float32 heads, the layers the
+# ``keep_float32`` rules of the active `tf_mixed.enable` match, and layers
+# that would round float token ids on their way into an Embedding (as
+# `tf_mixed.convert` keeps them). So a model `tf_mixed.convert` fixed probes
+# as it trains.
+#
+# Layer names are those of `tf_mixed.audit`: a layer inside a nested model is
+# its own row, named ``outer/inner`` (the clones inline nested models, so the
+# inner outputs are tensors of one graph), and an overflow there is reported
+# and fixed at that innermost layer. Lambda layers are cloned from their
+# in-memory function (`tf_mixed.models.cloning`).
 
 from __future__ import annotations
 

@@ -1,44 +1,23 @@
-"""`census`: the ops a training step runs, their dtypes, and the findings.
+"""The census of a training step (`tf_mixed.census`); the modules beside this file."""
 
-This file only hands names on; the code lives in the modules beside it.
-"""
+from tf_mixed._internal import moved as _moved
 
-from tf_mixed.tools.census.findings import (  # noqa: F401
-    CODES,
-    Finding,
-    find,
-)
-from tf_mixed.tools.census.hlo_ops import (  # noqa: F401
-    HLO_DTYPES,
-    read_hlo,
-)
-from tf_mixed.tools.census.step_census import (  # noqa: F401
-    CastRow,
-    CensusReport,
-    Island,
-    Misfit,
-    census,
-)
-from tf_mixed.tools.census.step_ops import (  # noqa: F401
-    COMPUTE_KINDS,
-    OpRecord,
-    itemsize,
-    read_graph,
-)
+__all__: list[str] = []
 
-__all__ = [
-    "CODES",
-    "COMPUTE_KINDS",
-    "CastRow",
-    "CensusReport",
-    "Finding",
-    "HLO_DTYPES",
-    "Island",
-    "Misfit",
-    "OpRecord",
-    "census",
-    "find",
-    "itemsize",
-    "read_graph",
-    "read_hlo",
-]
+# Names this face handed on before it kept only the documented ones.
+__getattr__ = _moved.face_getattr(__name__, {
+    "CODES": "tf_mixed.tools.census.findings",
+    "COMPUTE_KINDS": "tf_mixed.tools.census.step_ops",
+    "CastRow": "tf_mixed.tools.census.step_census",
+    "CensusReport": "tf_mixed.tools.census.step_census",
+    "Finding": "tf_mixed.tools.census.findings",
+    "HLO_DTYPES": "tf_mixed.tools.census.hlo_ops",
+    "Island": "tf_mixed.tools.census.step_census",
+    "Misfit": "tf_mixed.tools.census.step_census",
+    "OpRecord": "tf_mixed.tools.census.step_ops",
+    "census": "tf_mixed",
+    "find": "tf_mixed.tools.census.findings",
+    "itemsize": "tf_mixed.tools.census.step_ops",
+    "read_graph": "tf_mixed.tools.census.step_ops",
+    "read_hlo": "tf_mixed.tools.census.hlo_ops",
+})

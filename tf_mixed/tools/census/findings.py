@@ -1,30 +1,29 @@
-"""What to change, from a `tf_mixed.tools.census.step_census.CensusReport`: one finding per cause.
+"""What to change, from a census (`step_census.CensusReport`): one finding per cause."""
 
-Each finding names the layer, says what the census saw, and says what to do.
-Where `tf_mixed.audit` reports the same layer from its attributes, the
-finding links to it (``audit``: the audit finding's code) instead of
-repeating it: audit's table stays the one place for those facts.
-
-Codes (`CODES` holds each one's severity and whether `python -m tf_mixed
-doctor --measure` can apply the fix itself):
-
-* ``float32_island``: matmul/conv ops of a layer compute in float32 in a
-  half-precision model (an explicit float32 dtype, a keep_float32 rule, an
-  input arriving in float32, or XLA upcasting). A layer producing a model
-  output is left out: float32 there is usually deliberate, and audit's
-  ``explicit_float32`` lists it.
-* ``lambda_float32``: a Lambda computes in float32 (its matmuls, or casts
-  of its half-precision input up to float32).
-* ``float64_input``: the data arrives as float64 and is cast in the step.
-* ``tile_misfit``: a half-precision layer's output width misses the tiles
-  (`tf_mixed._internal.facts.TILE_MULTIPLES`); model outputs are left out (their
-  width is the task's). Automatic where ``tf_mixed.convert(..., pad_to=N)``
-  can pad it (`tf_mixed.models.padding`).
-* ``half_output_activation``: the model's output softmax/sigmoid computes in
-  half precision (a plain ``Dense(10, activation="softmax")`` head): not a
-  speed matter, but the step the census reads trains on saturated
-  probabilities; linked to audit's finding of the same code.
-"""
+# Each finding names the layer, says what the census saw, and says what to do.
+# Where `tf_mixed.audit` reports the same layer from its attributes, the
+# finding links to it (``audit``: the audit finding's code) instead of
+# repeating it: audit's table stays the one place for those facts.
+#
+# Codes (`CODES` holds each one's severity and whether `python -m tf_mixed
+# doctor --measure` can apply the fix itself):
+#
+# * ``float32_island``: matmul/conv ops of a layer compute in float32 in a
+#   half-precision model (an explicit float32 dtype, a keep_float32 rule, an
+#   input arriving in float32, or XLA upcasting). A layer producing a model
+#   output is left out: float32 there is usually deliberate, and audit's
+#   ``explicit_float32`` lists it.
+# * ``lambda_float32``: a Lambda computes in float32 (its matmuls, or casts
+#   of its half-precision input up to float32).
+# * ``float64_input``: the data arrives as float64 and is cast in the step.
+# * ``tile_misfit``: a half-precision layer's output width misses the tiles
+#   (`tf_mixed._internal.facts.TILE_MULTIPLES`); model outputs are left out (their
+#   width is the task's). Automatic where ``tf_mixed.convert(..., pad_to=N)``
+#   can pad it (`tf_mixed.models.padding`).
+# * ``half_output_activation``: the model's output softmax/sigmoid computes in
+#   half precision (a plain ``Dense(10, activation="softmax")`` head): not a
+#   speed matter, but the step the census reads trains on saturated
+#   probabilities; linked to audit's finding of the same code.
 
 from __future__ import annotations
 

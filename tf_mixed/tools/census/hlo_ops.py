@@ -1,19 +1,18 @@
-"""XLA's optimized HLO text read into `tf_mixed.tools.census.step_ops.OpRecord`s.
+"""XLA's optimized HLO text read into `tf_mixed.tools.census.step_ops.OpRecord`s."""
 
-With ``jit_compile=True`` the step that runs is what XLA made of the graph,
-and XLA may change dtypes: on a CPU it computes a float16 ``dot`` in float32
-(converting the operands first). ``tf.function.experimental_get_compiler_ir``
-hands out that program as text (``stage="optimized_hlo"``); this module reads
-one instruction per line:
-
-    %MatMul.0 = f32[8,16]{1,0} dot(%a, %b), lhs_contracting_dims={1}, ...,
-        metadata={op_type="MatMul" op_name="sequential_1/d1_1/MatMul" ...}
-
-The ``op_name`` in the metadata is the TF op the instruction came from, so
-instructions map to layers as graph ops do. FLOPs: a ``dot`` is 2 x output
-elements x the contracted size; a ``convolution`` 2 x output elements x the
-window size x the kernel's input features (its ``i`` dimension).
-"""
+# With ``jit_compile=True`` the step that runs is what XLA made of the graph,
+# and XLA may change dtypes: on a CPU it computes a float16 ``dot`` in float32
+# (converting the operands first). ``tf.function.experimental_get_compiler_ir``
+# hands out that program as text (``stage="optimized_hlo"``); this module reads
+# one instruction per line:
+#
+#     %MatMul.0 = f32[8,16]{1,0} dot(%a, %b), lhs_contracting_dims={1}, ...,
+#         metadata={op_type="MatMul" op_name="sequential_1/d1_1/MatMul" ...}
+#
+# The ``op_name`` in the metadata is the TF op the instruction came from, so
+# instructions map to layers as graph ops do. FLOPs: a ``dot`` is 2 x output
+# elements x the contracted size; a ``convolution`` 2 x output elements x the
+# window size x the kernel's input features (its ``i`` dimension).
 
 from __future__ import annotations
 

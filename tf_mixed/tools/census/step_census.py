@@ -1,44 +1,43 @@
-"""A precision census of the step ``fit`` runs: where the time goes in half precision.
+"""A precision census of the step ``fit`` runs: where the time goes in half precision."""
 
-    report = tf_mixed.census(model, x, y)      # model compiled, or pass loss=
-    print(report)                              # op dtypes, casts, islands, findings
-    report.half_flop_share                     # 0.92: matmul/conv FLOPs in half
-    report.to_dict()                           # the same as plain data
-
-or, for a saved model, ``python -m tf_mixed doctor MODEL.keras``.
-
-What is read: the very function Keras's ``fit`` runs for one step (forward,
-gradient, optimizer apply; Keras's ``one_step_on_data`` ``tf.function``,
-made as ``make_train_function`` makes it), traced on the first batch of
-`x`/`y` as Keras's data adapter delivers it, so the dtypes are the ones
-``fit`` feeds. Nothing runs: the weights do not change. (Tracing builds
-what ``fit``'s first step builds, such as the optimizer's slots; a model
-that is not compiled is compiled with ``optimizer="adam"`` and `loss`, as
-``compile`` would wrap it under mixed_float16.)
-
-The report, per step of one replica:
-
-* per op type, how many ops compute in each dtype, and the share of the
-  matrix-product/convolution FLOPs (from static shapes,
-  `tf_mixed.tools.census.step_ops`) computed in float16/bfloat16;
-* every cast between float dtypes, with the bytes it reads and writes,
-  grouped by layer (a cast Keras inserts in front of a layer belongs to
-  that layer; a gradient op to the layer of its forward op);
-* float32 islands: matmul/conv ops computing in float32 (or float64) in a
-  model whose layers compute in half precision, with the reason;
-* dimensions of half-precision matmul/convs that miss the hardware's tiles
-  (``tf_mixed._internal.facts.TILE_MULTIPLES``: 8 for float16 Tensor Cores, 16 for
-  bfloat16 on AMX);
-* findings with fixes (`tf_mixed.tools.census.findings`).
-
-With ``jit_compile=True`` the ops are read from XLA's optimized HLO
-(`tf_mixed.tools.census.hlo_ops`), which is what runs: XLA may change dtypes (on a CPU
-it computes float16 dots in float32). Where TensorFlow cannot give the HLO
-the report says so in ``note`` and reads the graph.
-
-The graph is read as traced, before Grappler's rewrites (which may fuse or
-drop some casts at run time).
-"""
+#     report = tf_mixed.census(model, x, y)      # model compiled, or pass loss=
+#     print(report)                              # op dtypes, casts, islands, findings
+#     report.half_flop_share                     # 0.92: matmul/conv FLOPs in half
+#     report.to_dict()                           # the same as plain data
+#
+# or, for a saved model, ``python -m tf_mixed doctor MODEL.keras``.
+#
+# What is read: the very function Keras's ``fit`` runs for one step (forward,
+# gradient, optimizer apply; Keras's ``one_step_on_data`` ``tf.function``,
+# made as ``make_train_function`` makes it), traced on the first batch of
+# `x`/`y` as Keras's data adapter delivers it, so the dtypes are the ones
+# ``fit`` feeds. Nothing runs: the weights do not change. (Tracing builds
+# what ``fit``'s first step builds, such as the optimizer's slots; a model
+# that is not compiled is compiled with ``optimizer="adam"`` and `loss`, as
+# ``compile`` would wrap it under mixed_float16.)
+#
+# The report, per step of one replica:
+#
+# * per op type, how many ops compute in each dtype, and the share of the
+#   matrix-product/convolution FLOPs (from static shapes,
+#   `tf_mixed.tools.census.step_ops`) computed in float16/bfloat16;
+# * every cast between float dtypes, with the bytes it reads and writes,
+#   grouped by layer (a cast Keras inserts in front of a layer belongs to
+#   that layer; a gradient op to the layer of its forward op);
+# * float32 islands: matmul/conv ops computing in float32 (or float64) in a
+#   model whose layers compute in half precision, with the reason;
+# * dimensions of half-precision matmul/convs that miss the hardware's tiles
+#   (``tf_mixed._internal.facts.TILE_MULTIPLES``: 8 for float16 Tensor Cores, 16 for
+#   bfloat16 on AMX);
+# * findings with fixes (`tf_mixed.tools.census.findings`).
+#
+# With ``jit_compile=True`` the ops are read from XLA's optimized HLO
+# (`tf_mixed.tools.census.hlo_ops`), which is what runs: XLA may change dtypes (on a CPU
+# it computes float16 dots in float32). Where TensorFlow cannot give the HLO
+# the report says so in ``note`` and reads the graph.
+#
+# The graph is read as traced, before Grappler's rewrites (which may fuse or
+# drop some casts at run time).
 
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
-"""The ops of a traced training step as plain records: type, dtype, FLOPs, casts.
+"""The ops of a traced training step as plain records: type, dtype, FLOPs, casts."""
 
-`read_graph` walks a ``tf.Graph`` (a ``tf.function``'s ``FuncGraph``),
-entering the functions its control-flow ops run (the loss-scale optimizer's
-``cond``), and returns one `OpRecord` per op that computes something.
-`tf_mixed.tools.census.hlo_ops` reads XLA's optimized HLO into the same records, so
-`tf_mixed.census` aggregates both the same way.
-
-FLOPs are counted for matrix products and convolutions only, from static
-shapes, as 2 x (multiply-adds): a ``MatMul`` of (m, k) by (k, n) is 2mkn; a
-convolution 2 x (output elements) x (filter elements per output channel);
-the backward convolutions the same from their ``out_backprop``. A shape with
-an unknown dimension gives None (counted apart, never guessed).
-"""
+# `read_graph` walks a ``tf.Graph`` (a ``tf.function``'s ``FuncGraph``),
+# entering the functions its control-flow ops run (the loss-scale optimizer's
+# ``cond``), and returns one `OpRecord` per op that computes something.
+# `tf_mixed.tools.census.hlo_ops` reads XLA's optimized HLO into the same records, so
+# `tf_mixed.census` aggregates both the same way.
+#
+# FLOPs are counted for matrix products and convolutions only, from static
+# shapes, as 2 x (multiply-adds): a ``MatMul`` of (m, k) by (k, n) is 2mkn; a
+# convolution 2 x (output elements) x (filter elements per output channel);
+# the backward convolutions the same from their ``out_backprop``. A shape with
+# an unknown dimension gives None (counted apart, never guessed).
 
 from __future__ import annotations
 

@@ -1,26 +1,25 @@
-"""What `python -m tf_mixed check` proves on this host's own devices.
+"""What `python -m tf_mixed check` proves on this host's own devices."""
 
-Three parts, each returning plain values (the command line in
-`tf_mixed.cli.check` only prints and writes them):
-
-1. For each replica k of a MirroredStrategy (all visible GPUs; with fewer
-   than two, two logical CPUs), inf is injected into replica k's gradients
-   only. tf_mixed's `LossScaleOptimizer` must skip the step on every replica
-   (weights, optimizer slots and iterations unchanged, loss scale backed off)
-   and then apply the next finite step identically everywhere.
-2. The same scenario with `keras.optimizers.LossScaleOptimizer`, to report
-   whether Keras still writes non-finite values into the weights when a
-   replica other than the first overflows (its finite check reads the
-   first replica's local gradients).
-3. Seconds per step of each policy on the probe workload of
-   `tf_mixed.policy.autotune`, and what "auto" picks from them.
-4. The installed Keras/TF's known mixed-precision defects, each reproduced
-   on fakes, present or absent, and whether tf_mixed neutralises it
-   (`tf_mixed.tools.check.upstream_defects`).
-
-Logical CPUs must be configured before TensorFlow initialises: call
-`prepare_devices()` first thing in a fresh process.
-"""
+# Three parts, each returning plain values (the command line in
+# `tf_mixed.cli.check` only prints and writes them):
+#
+# 1. For each replica k of a MirroredStrategy (all visible GPUs; with fewer
+#    than two, two logical CPUs), inf is injected into replica k's gradients
+#    only. tf_mixed's `LossScaleOptimizer` must skip the step on every replica
+#    (weights, optimizer slots and iterations unchanged, loss scale backed off)
+#    and then apply the next finite step identically everywhere.
+# 2. The same scenario with `keras.optimizers.LossScaleOptimizer`, to report
+#    whether Keras still writes non-finite values into the weights when a
+#    replica other than the first overflows (its finite check reads the
+#    first replica's local gradients).
+# 3. Seconds per step of each policy on the probe workload of
+#    `tf_mixed.policy.autotune`, and what "auto" picks from them.
+# 4. The installed Keras/TF's known mixed-precision defects, each reproduced
+#    on fakes, present or absent, and whether tf_mixed neutralises it
+#    (`tf_mixed.tools.check.upstream_defects`).
+#
+# Logical CPUs must be configured before TensorFlow initialises: call
+# `prepare_devices()` first thing in a fresh process.
 
 from __future__ import annotations
 

@@ -1,24 +1,23 @@
-"""Known mixed-precision defects of the installed Keras / TensorFlow, reproduced in seconds.
+"""Known mixed-precision defects of the installed Keras / TensorFlow, reproduced in seconds."""
 
-Each entry of `DEFECTS` is reproduced on small fakes (one variable, a fake
-strategy, two logical CPUs), reported as present or absent on the installed
-versions, and says whether tf_mixed neutralises it and how. ``python -m
-tf_mixed check`` prints them and writes them into its JSON; a user of Keras's
-own wrapper learns here what tf_mixed works around. Each one has a canary in
-tests/tools/check/test_upstream_defects.py that fails once upstream fixes it, so the
-entry (and tf_mixed's workaround) can be retired.
-
-    scale_collapse            Keras's LossScaleOptimizer has no floor: after enough
-                              non-finite steps its scale is 0.0 and the next clean
-                              step writes inf/NaN into the weights.
-    first_replica_verdict     Under MirroredStrategy Keras takes the skip verdict from
-                              replica 0's local gradients: an overflow on another
-                              replica writes inf into the weights.
-    multi_worker_fit_20585    Keras's fit fails under MultiWorkerMirroredStrategy
-                              (keras-team/keras#20585).
-    jit_under_strategy        jit_compile=True under a multi-replica strategy fails
-                              with an XLA resource-device error.
-"""
+# Each entry of `DEFECTS` is reproduced on small fakes (one variable, a fake
+# strategy, two logical CPUs), reported as present or absent on the installed
+# versions, and says whether tf_mixed neutralises it and how. ``python -m
+# tf_mixed check`` prints them and writes them into its JSON; a user of Keras's
+# own wrapper learns here what tf_mixed works around. Each one has a canary in
+# tests/tools/check/test_upstream_defects.py that fails once upstream fixes it, so the
+# entry (and tf_mixed's workaround) can be retired.
+#
+#     scale_collapse            Keras's LossScaleOptimizer has no floor: after enough
+#                               non-finite steps its scale is 0.0 and the next clean
+#                               step writes inf/NaN into the weights.
+#     first_replica_verdict     Under MirroredStrategy Keras takes the skip verdict from
+#                               replica 0's local gradients: an overflow on another
+#                               replica writes inf into the weights.
+#     multi_worker_fit_20585    Keras's fit fails under MultiWorkerMirroredStrategy
+#                               (keras-team/keras#20585).
+#     jit_under_strategy        jit_compile=True under a multi-replica strategy fails
+#                               with an XLA resource-device error.
 
 from __future__ import annotations
 
@@ -94,7 +93,7 @@ DEFECTS: tuple[DefectSpec, ...] = (
         "multi_worker_fit_20585",
         "Keras's fit fails under MultiWorkerMirroredStrategy",
         "keras-team/keras#20585",
-        "tf_mixed.distribute.cluster.multi_worker_strategy() / fit_support() install "
+        "tf_mixed.distribute.multi_worker_strategy() / fit_support() install "
         "tf_mixed/distribute/keras_fix_20585.py (a real 2-worker fit is tested; not re-run here)"),
     DefectSpec(
         "jit_under_strategy",
