@@ -293,6 +293,7 @@ def test_tfds_dataset_end_to_end(tmp_path, capsys):
     _check_figures(report, out_text)
 
 
+@pytest.mark.slow  # 5.2 s CPU (over the fast tier's 5 s): a whole suite run
 def test_overhead_suite(tmp_path, capsys):
     out = tmp_path / "over"
     code = main([

@@ -188,6 +188,7 @@ def test_mirrored_with_a_half_precision_wire(mirrored):
     np.testing.assert_allclose(copies[0], reference(SKIPPED_WINDOW), rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.slow  # 5.9 s CPU (over the fast tier's 5 s), 43 s at load 10
 def test_one_collective_per_window(mirrored, monkeypatch):
     """The traced micro-step holds one reduction (in the window-end branch)."""
     calls = {"replica all_reduce": 0, "reduce_to": 0}
