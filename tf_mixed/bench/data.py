@@ -460,8 +460,11 @@ def load_tfds(
         if not download:
             raise UsageError(
                 "dataset", flag_value,
-                f"TFDS data set {name!r} is not prepared (looked in {where}) and "
-                "--nodownload was given",
+                # True whoever asked: the bench's --nodownload, or probe,
+                # export and doctor, which never download.
+                f"TFDS data set {name!r} is not prepared (looked in {where}) and this "
+                "command does not download it (bench: --nodownload; probe, export and "
+                "doctor never download)",
                 fix=_prepare_hint(name, data_dir),
             )
         # Only TFDS's own download goes to the network (tfds.testing.mock_data
