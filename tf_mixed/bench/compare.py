@@ -210,7 +210,8 @@ def _progress(scheduler: schedule.Scheduler, policy: str, batch_size: int) -> No
         return
     plan = scheduler.plans.get(policy) if scheduler.plans else None
     if plan is not None and not plan.full:
-        expected = f"{plan.rounds}"
+        extra = scheduler.extra_rounds.get(policy, 0)  # granted while its pairs disagree
+        expected = f"{plan.rounds}" + (f"+{extra} extra" if extra else "")
     else:
         left = max(0, scheduler.total_steps - lane.steps_done)
         expected = f"~{len(lane.rounds) + -(-left // scheduler.round_steps)}"
