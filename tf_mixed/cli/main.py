@@ -66,7 +66,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
     flags.DEFINE_list(
         "policies", [],
-        "Policies to compare: any name tf_mixed.enable accepts (tf_mixed.POLICY_NAMES: float32, "
+        "Policies to compare: any name tf_mixed.enable accepts (tf_mixed.policy.POLICY_NAMES: float32, "
         "mixed_float16, mixed_bfloat16, ...) or float8. Default: float32 "
         "and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
         flag_values=fv,
