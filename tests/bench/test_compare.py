@@ -169,11 +169,14 @@ def _check_figures(report, out_text):
         assert ratio["activations"] == pytest.approx(
             memory["activations"] / base["activation_bytes"]["activations"])
         # The stdout table shows the same figures.
-        row = next(line for line in out_text.splitlines() if line.startswith(f"| {r['policy']} |"))
+        mark = " (cut)" if r.get("cut") else ""
+        row = next(line for line in out_text.splitlines()
+                   if line.startswith(f"| {r['policy']}{mark} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{r['samples_per_sec']:,.1f}"
         assert cells[2] == f"{spread['min']:,.0f}-{spread['max']:,.0f}"
-        assert cells[3] == f"{ratio['samples_per_sec']:.2f}x"
+        # A ratio from too few or too spread round pairs is printed as none.
+        assert cells[3] == ("untrusted" if bench_report.untrusted(r) else f"{ratio['samples_per_sec']:.2f}x")
         census = r["census"]
         assert cells[5] == f"{100 * census['half_flop_share']:.0f}%"
         assert cells[6] == str(census["casts_per_step"])
@@ -442,10 +445,16 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     assert int.from_bytes(path.read_bytes()[20:24], "big") == 850
     # The picture says what the table says: the cut run marked, each verdict in the title.
     results = report["results"]
-    assert plot.tick_labels(results) == ["float32", "mixed_float16\n(cut)"]
+
+    def label(results):  # what report.add_ratios sets
+        for r in results:
+            r["cut"], r["verdict"] = bench_report.is_cut(r), bench_report.verdict(r)
+        return results
+
+    assert plot.tick_labels(label(results)) == ["float32", "mixed_float16\n(cut)"]
     assert plot.headline(results) == ["mixed_float16: 1.00x float32; cut, timed only"]
     results[1]["ratio_to_float32"]["trusted"] = False  # no ratio drawn either
-    assert plot.headline(results) == [
+    assert plot.headline(label(results)) == [
         "mixed_float16: no ratio (round pairs too few or too spread to trust; re-run when idle); "
         "cut, timed only"]
     assert plot.plot(report, str(path)) is True
@@ -595,9 +604,11 @@ def test_time_budget_cuts_the_slower_policy_to_timed_rounds(tmp_path, capsys, mo
     assert base["plan"]["full"] and base["accuracy_compared"] and base["steps_run"] == 18
     assert not bf16["plan"]["full"] and not bf16["accuracy_compared"]
     assert bf16["final_val_accuracy"] is None
-    # Warm-up 1, the measured round of 2, two more rounds (the minimum size, 2 here).
-    assert [r["steps"] for r in bf16["rounds"]] == [2, 2, 2] and bf16["steps_run"] == 7
-    assert bf16["plan"]["reason"] in out_text and "timed on 3 rounds" in bf16["plan"]["reason"]
+    # Warm-up 1, the 3 measured rounds of 2, two more rounds (the minimum size, 2
+    # here); no extra round: the budget plus half of it is long spent.
+    assert [r["steps"] for r in bf16["rounds"]] == [2] * 5 and bf16["steps_run"] == 11
+    assert bf16["plan"]["reason"] in out_text and "timed on 5 rounds" in bf16["plan"]["reason"]
+    assert bf16["plan"]["extra_rounds"] == 0
     assert "| not compared | n/a |" in out_text
 
 

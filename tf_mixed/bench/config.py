@@ -13,12 +13,7 @@ import math
 from typing import Any
 
 from tf_mixed._internal.cli_errors import UsageError
-
-# Named here, where no TensorFlow is imported, so the command line's --help
-# answers before TensorFlow loads (`tf_mixed.bench.models` and `.data` use them).
-MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "transformer")
-DATA_ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
-                 "tokens (for --model=transformer)")
+from tf_mixed.bench.names import DATA_ACCEPTED, MODEL_NAMES  # noqa: F401 (no TensorFlow)
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")

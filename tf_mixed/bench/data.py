@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench import config
+from tf_mixed.bench import names
 
 SHAPES = "shapes"
 TOKENS = "tokens"
@@ -62,7 +62,7 @@ _IMAGE_SIGNATURES = {
     b"GIF89a": "GIF",
     b"BM": "BMP",
 }
-ACCEPTED = config.DATA_ACCEPTED
+ACCEPTED = names.DATA_ACCEPTED
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,6 @@ def plot(report: dict[str, Any], path: str) -> bool:
         print("bench.png skipped: matplotlib is not installed (pip install 'tf-mixed[plot]').")
         return False
 
-    from tf_mixed.bench import report as report_module
-
     results = report["results"]
     if report["suite"] == "overhead":
         return _plot_overhead(plt, report, path)
@@ -69,7 +67,7 @@ def plot(report: dict[str, Any], path: str) -> bool:
     for i, r in enumerate(others):
         pairs = r["ratio_to_float32"]["round_pairs"]
         ax.plot([i] * len(pairs), pairs, ".", color=colors[r["policy"]], alpha=0.6)
-        if report_module.untrusted(r):  # the pairs, but no ratio: it is no verdict
+        if not r["ratio_to_float32"].get("trusted", True):  # the pairs, but no ratio
             ax.annotate("no ratio:\ntoo spread\nto trust", (i + 0.1, max(pairs)), fontsize=9,
                         va="top", color="red")
             continue
@@ -148,17 +146,15 @@ def plot(report: dict[str, Any], path: str) -> bool:
 
 
 def headline(results: list[dict[str, Any]]) -> list[str]:
-    """The verdict of each mixed policy, as the table's notes say it (`report.verdict`)."""
-    from tf_mixed.bench import report as report_module
-
-    return [f"{r['policy']}: {report_module.verdict(r)}" for r in results if r["policy"] != "float32"]
+    """The verdict of each mixed policy, as the notes say it (``verdict``, set by
+    `tf_mixed.bench.report.add_ratios`)."""
+    return [f"{r['policy']}: {r['verdict']}" for r in results
+            if r["policy"] != "float32" and r.get("verdict")]
 
 
 def tick_labels(results: list[dict[str, Any]]) -> list[str]:
-    """Policy names, a cut run's marked ``(cut)`` as in the table."""
-    from tf_mixed.bench import report as report_module
-
-    return [r["policy"] + ("\n(cut)" if report_module.is_cut(r) else "") for r in results]
+    """Policy names, a cut run's (``cut``, set by `report.add_ratios`) marked as in the table."""
+    return [r["policy"] + ("\n(cut)" if r.get("cut") else "") for r in results]
 
 
 def _memory_mb(result: dict[str, Any], kind: str) -> float:

@@ -45,7 +45,9 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     The throughput ratio is the median of the per-round-pair ratios (round i
     over float32's round i) where both have rounds, else the ratio of the
     medians; ``samples_per_sec_spread`` is the pairs' spread and ``trusted``
-    whether it makes a verdict (`tf_mixed.bench.schedule.trusted`).
+    whether it makes a verdict (`tf_mixed.bench.schedule.trusted`). Each
+    result also gets ``cut`` (`is_cut`) and ``verdict`` (`verdict`), which
+    bench.png shows.
     """
     base = next((r for r in results if r["policy"] == "float32"), None)
     for result in results:
@@ -73,6 +75,9 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             "val_accuracy_diff_points": None if None in accuracies
             else 100.0 * (accuracies[0] - accuracies[1]),
         }
+    for result in results:  # what bench.png says of each policy, as the notes do
+        result["cut"] = is_cut(result)
+        result["verdict"] = verdict(result)
 
 
 def _ratio(result: dict, key: str, digits: int = 2) -> str:
