@@ -409,7 +409,8 @@ def test_library_code_imports_modules_by_path_never_through_a_face():
 TESTS = ROOT / "tests"
 TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {"integration", "support", "data"}
 CROSS_CUTTING_TESTS = {"test_docs.py", "test_layout.py", "test_package.py", "test_tiers.py",
-                       "test_zoo.py", "test_real_zoo.py", "test_doc_snippets.py"}
+                       "test_zoo.py", "test_real_zoo.py", "test_adapted_zoo.py",
+                       "test_hub_zoo.py", "test_doc_snippets.py"}
 
 
 def _misplaced_tests(tests: pathlib.Path, package: pathlib.Path) -> list[str]:

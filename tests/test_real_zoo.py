@@ -178,13 +178,17 @@ def test_census_real_model(name):
     assert report.policy == "mixed_bfloat16" and 0.0 < report.half_flop_share <= 1.0
 
 
-@EVERY_MODEL
+# transformer: its TransformerBlock's six Dense/EinsumDense are quantized too (5.8 s CPU)
+@pytest.mark.parametrize("name", _params(REAL, also_slow=["transformer"]))
 def test_float8_quantize_real_model(name):
     spec = REAL[name]
     model = spec.ready()
     x, y = spec.data(4)
     plan = tf_mixed.float8.quantize(model)
-    assert {choice.layer for choice in plan.choices} <= {n for n, _ in walk_layers(model)}
+    names = {n for n, _ in walk_layers(model)}
+    # A layer of the model, or one inside a layer that holds layers (outer/inner).
+    assert all(any(c.layer == n or c.layer.startswith(n + "/") for n in names)
+               for c in plan.choices)
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)), loss=spec.loss)
     assert np.isfinite(model.train_on_batch(x, y))
 

@@ -316,6 +316,10 @@ def test_overhead_suite(tmp_path, capsys):
         assert _positive_finite(r["step_time_ms"]) and r["timed_steps"] == 6
     assert report["overhead_ratio"] == pytest.approx(ours["step_time_ms"] / keras_row["step_time_ms"])
     assert f"**{report['overhead_ratio']:.3f}x**" in text
+    # CPU time per step too: a busy machine stretches wall time, not work.
+    assert report["cpu_overhead_ratio"] == pytest.approx(
+        ours["cpu_step_time_ms"] / keras_row["cpu_step_time_ms"])
+    assert "CPU time per step (this process" in text
     assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
 
 

@@ -126,15 +126,18 @@ def test_launch_passes_the_scripts_arguments_unchanged(tmp_path):
         sys.executable, "-m", "pkg.train", "-v"]
 
 
+# A subprocess started from tmp_path imports this checkout's tf_mixed, not an installed one.
+_THIS_CHECKOUT = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+                  "PYTHONPATH": os.path.dirname(os.path.dirname(tf_mixed.__file__))}
+
+
 @pytest.mark.slow
 def test_the_old_launch_spelling_points_to_the_command_and_runs_nothing(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("open('ran', 'w').close()\n")
     run = subprocess.run(
         [sys.executable, "-m", "tf_mixed.distribute.launch", "2", str(script)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-             "PYTHONPATH": os.path.dirname(os.path.dirname(tf_mixed.__file__))})
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_THIS_CHECKOUT)
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr.splitlines()[-1] == (
@@ -145,8 +148,7 @@ def test_the_old_launch_spelling_points_to_the_command_and_runs_nothing(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [["tf_mixed", "launch"]])
-def test_launch_runs_a_script_in_n_workers_from_the_shell(entry, tmp_path):
+def test_launch_runs_a_script_in_n_workers_from_the_shell(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import json, os, sys
@@ -155,13 +157,13 @@ def test_launch_runs_a_script_in_n_workers_from_the_shell(entry, tmp_path):
         sys.exit(3 if "--fail" in sys.argv and task["index"] == 1 else 0)
     """))
     run = subprocess.run(
-        [sys.executable, "-m", *entry, "--start_timeout=0", "2", str(script), "--epochs=2"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [sys.executable, "-m", "tf_mixed", "launch", "--start_timeout=0", "2", str(script), "--epochs=2"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_THIS_CHECKOUT)
     assert run.returncode == 0, run.stderr
     assert "[worker 0] worker 0 args ['--epochs=2']" in run.stdout
     assert "[worker 1] worker 1 args ['--epochs=2']" in run.stdout
     failed = subprocess.run(
-        [sys.executable, "-m", *entry, "--start_timeout=0", "2", str(script), "--fail"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [sys.executable, "-m", "tf_mixed", "launch", "--start_timeout=0", "2", str(script), "--fail"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_THIS_CHECKOUT)
     assert failed.returncode == 1
     assert "tf_mixed launch: worker 1 exited with status 3" in failed.stderr

@@ -8,7 +8,9 @@ gradient_accumulation_steps=STEPS)`` under MultiWorkerMirroredStrategy; with
 SKIP a window number, worker 1 alone gets NaN gradients at micro-step 2 of
 that window. With RESUME ``window,micro`` (a fifth argument), every worker
 saves the optimizer after that micro-step, and every worker restores the
-chief's saved state into a fresh optimizer and goes on. Writes its weights
+chief's saved state into a fresh optimizer and goes on (a sixth argument
+``checkpoint``: through ``tf.train.Checkpoint`` instead of the ``.keras``
+entries). Writes its weights
 and counters to ``OUT.json``.
 """
 
@@ -18,7 +20,7 @@ import sys
 import time
 
 
-def main(index, ports, out_path, skip, resume_at=None):
+def main(index, ports, out_path, skip, resume_at=None, how="keras"):
     os.environ["TF_CONFIG"] = json.dumps({
         "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
         "task": {"type": "worker", "index": index},
@@ -65,7 +67,27 @@ def main(index, ports, out_path, skip, resume_at=None):
             poison = index == 1 and window == skip and micro == 2
             step(tf.constant(x[first:first + half]), tf.constant(y[first:first + half]),
                  start, tf.constant(poison))
-            if resume_at == (window, micro):
+            if resume_at == (window, micro) and how == "checkpoint":
+                # tf.train.Checkpoint: every worker writes (a collective gathers
+                # every replica's buffers), the chief into the shared path;
+                # every worker then reads the CHIEF's checkpoint.
+                folder = os.path.dirname(out_path)
+                mine = "chief_ckpt" if index == 0 else f"worker{index}_ckpt"
+                tf.train.Checkpoint(optimizer=opt).write(os.path.join(folder, mine, "c"))
+                done = os.path.join(folder, "chief_ckpt.done")
+                if index == 0:
+                    open(done, "w").close()
+                while not os.path.exists(done):
+                    time.sleep(0.05)  # waits for a file, not for timing luck
+                with strategy.scope():
+                    resumed = tf_mixed.LossScaleOptimizer(
+                        keras.optimizers.SGD(t.schedule()), initial_scale=16.0,
+                        gradient_accumulation_steps=t.STEPS)
+                    resumed.build([w])
+                tf.train.Checkpoint(optimizer=resumed).read(
+                    os.path.join(folder, "chief_ckpt", "c")).assert_consumed()
+                opt, step = resumed, make_step(resumed)
+            elif resume_at == (window, micro):
                 # Every worker saves (a collective gathers all replicas); every
                 # worker then restores the CHIEF's file into a fresh optimizer.
                 # As a .keras file does: the wrapper's own entry and the inner's.
@@ -103,5 +125,6 @@ def main(index, ports, out_path, skip, resume_at=None):
 if __name__ == "__main__":
     skip = None if sys.argv[4] == "none" else int(sys.argv[4])
     resume_at = tuple(map(int, sys.argv[5].split(","))) if len(sys.argv) > 5 else None
+    how = sys.argv[6] if len(sys.argv) > 6 else "keras"
     main(int(sys.argv[1]), [int(p) for p in sys.argv[2].split(",")], sys.argv[3], skip,
-         resume_at)
+         resume_at, how)

@@ -692,3 +692,29 @@ def test_checkpoint_alias_saves_as_a_variable_and_yields_to_a_deeper_node(tmp_pa
     checkpoint.sync()
     tf.train.Checkpoint(root=plain).restore(path)
     assert float(plain.x.numpy()) == 9.0
+
+
+def test_checkpoint_value_saves_what_save_makes_and_restores_through_restore(tmp_path):
+    # Implements Trackable._serialize_to_tensors / _restore_from_tensors /
+    # _copy_trackable_to_cpu for state that is not one variable.
+    state = {"rows": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)}
+    got = {}
+
+    def save():
+        return {"rows": tf.constant(state["rows"])}
+
+    def restore(tensors):
+        got["rows"] = np.asarray(tensors["rows"])
+
+    root = _Holder()
+    root.value = _internals.checkpoint_value(save, restore)
+    path = tf.train.Checkpoint(root=root).write(str(tmp_path / "value"))
+    tf.train.Checkpoint(root=root).read(path).assert_consumed()
+    np.testing.assert_array_equal(got["rows"], state["rows"])
+    checkpoint = tf.train.Checkpoint(root=root)
+    path = checkpoint.write(str(tmp_path / "async"), options=tf.train.CheckpointOptions(
+        experimental_enable_async_checkpoint=True))
+    checkpoint.sync()
+    state["rows"] = state["rows"] * 0  # after the save: not in the file
+    tf.train.Checkpoint(root=root).read(path)
+    np.testing.assert_array_equal(got["rows"], [[1.0, 2.0], [3.0, 4.0]])

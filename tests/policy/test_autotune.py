@@ -192,7 +192,7 @@ def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
     else:
         _write(path, content)
     timer = FakeTimer(float32=2.0, mixed_bfloat16=1.0)
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="absl"):
         choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert len(timer.calls) == 1 and choice.policy == "mixed_bfloat16"
     assert any("ignoring the auto-policy cache" in r.getMessage() for r in caplog.records)
@@ -211,7 +211,7 @@ def test_unreadable_cache_is_ignored(tmp_path, caplog):
     path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
     os.mkdir(path)  # a directory where the file should be: open() fails
     timer = FakeTimer(float32=2.0, mixed_bfloat16=1.0)
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="absl"):
         choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert choice.policy == "mixed_bfloat16" and not choice.cached
     assert "not cached (cache directory not writable)" in choice.reason
@@ -235,7 +235,7 @@ def test_read_only_directory_leaves_no_partial_file(tmp_path, monkeypatch, caplo
 
     monkeypatch.setattr(autotune.os, "replace", refuse)
     timer = FakeTimer(float32=2.0, mixed_bfloat16=1.0)
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="absl"):
         choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert choice.policy == "mixed_bfloat16"
     assert os.listdir(tmp_path) == []
@@ -440,7 +440,7 @@ def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):
     record["rounds_s"] = {"float32": [1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
                           "mixed_bfloat16": [1.0] * 7}
     _write(path, json.dumps(record))
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="absl"):
         assert autotune.read_cache(path, autotune.cache_key(CPU)) is None
     assert any("an unsettled measurement" in r.getMessage() for r in caplog.records)
 

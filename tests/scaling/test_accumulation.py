@@ -19,7 +19,7 @@ from repo_paths import INTEGRATION
 from zoo import ZOO
 
 import tf_mixed
-from tf_mixed.scaling import accumulation
+from tf_mixed.scaling import formats
 
 # These tests hand the optimizer gradients they made themselves (a window of
 # known values), not a scaled loss's: tf_mixed's misuse check warns about that
@@ -405,7 +405,7 @@ def test_mirrored_resume_inside_a_window_equals_the_uninterrupted_run(mirrored):
     _mirrored_micro_steps(mirrored, w2, resumed, grads[STEPS + 2:])
     for copy, expected in zip(w2.value.values, uninterrupted):
         np.testing.assert_array_equal(copy.numpy(), expected)  # exactly
-    buffer_key = accumulation._entries(first)[id(first.accumulator.buffers[0])]
+    buffer_key = formats._entries(first)[id(first.accumulator.buffers[0])]
     assert store[buffer_key].shape == (2, FEATURES)  # one row per replica
 
 
@@ -434,10 +434,31 @@ def test_one_device_files_keep_the_plain_layout():
     opt.save_own_variables(store)
     # The wrapper's own layout: the scalar state as one vector, then each
     # buffer in its own shape (no replica axis on one device).
-    keys = accumulation._entries(opt)
-    assert np.shape(store["0"]) == (sum(1 for v in opt._variables if not v.shape),)
+    keys = formats._entries(opt)
+    # Nine scalars: iterations, learning rate, the six scale counters, the
+    # micro-step (a TensorShape([]) is truthy: the split counts by rank).
+    assert np.shape(store["0"]) == (9,)
     assert [np.shape(store[keys[id(b)]]) for b in opt.accumulator.buffers] == [
         tuple(b.shape) for b in opt.accumulator.buffers]
+
+
+def test_a_file_with_every_variable_listed_still_loads():
+    """tf_mixed wrote every own variable as its own entry (entry "0" empty)
+    until the scalars were split by rank: such files load unchanged."""
+    w = keras.Variable(np.zeros(2, np.float32))
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0,
+                                      gradient_accumulation_steps=2)
+    opt.build([w])
+    opt.apply([tf.constant([4.0, 8.0])], [w])
+    old = {"0": np.zeros((0,), np.float64)}
+    for i, variable in enumerate(opt._variables, start=1):
+        old[str(i)] = variable.numpy()
+    again = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0,
+                                        gradient_accumulation_steps=2)
+    again.build([keras.Variable(np.zeros(2, np.float32))])
+    again.load_own_variables(old)
+    assert int(again.accumulator.micro_step.numpy()) == 1
+    np.testing.assert_array_equal(again.accumulator.buffers[0].numpy(), [1.0, 2.0])
 
 
 def test_the_end_of_fit_drops_an_unfinished_window_with_a_warning():
@@ -474,6 +495,16 @@ def test_two_workers_resume_from_the_chiefs_file_inside_a_window(tmp_path):
     """Each worker saves after micro-step 1 of window 1; both restore the
     chief's file (every replica's buffer, gathered) and end as one device."""
     results = run_two_workers(WORKER, tmp_path, "none", "1,1")
+    for result in results:
+        np.testing.assert_array_equal(np.array(result["weights"], np.float32), reference())
+        assert result["iterations"] == WINDOWS
+
+
+@pytest.mark.slow  # two processes
+def test_two_workers_resume_from_the_chiefs_tf_checkpoint_inside_a_window(tmp_path):
+    """As above through tf.train.Checkpoint (issue 34.4): every worker writes,
+    both read the chief's checkpoint, and end as one device."""
+    results = run_two_workers(WORKER, tmp_path, "none", "1,1", "checkpoint")
     for result in results:
         np.testing.assert_array_equal(np.array(result["weights"], np.float32), reference())
         assert result["iterations"] == WINDOWS

@@ -644,3 +644,196 @@ try:
         return _reloaded_paths()
 except ImportError:  # the fresh process does not need pytest
     pass
+
+
+# ---------------------------------------------------------------- adapted preprocessing
+#
+# `ADAPTED` holds models whose preprocessing layers were adapted to data, as
+# every keras-io structured-data example and its ViT do: state Keras's own
+# saving carries and a copy from config plus weights does not
+# (Normalization's mean and variance are rebuilt by ``finalize_state``, a
+# lookup's vocabulary is an asset, Discretization's config after ``adapt``
+# holds both ``num_bins`` and ``bin_boundaries``). The Normalization model's
+# first feature is ~1e4 wide: its variance (~3e7) exceeds float16's largest
+# value, 65504, so a float16 Normalization outputs 0 for it.
+
+ADAPTED_KINDS = ("normalization", "discretization", "string_lookup", "integer_lookup")
+WIDE = 3.0e4  # the Normalization model's first feature spans [0, WIDE)
+WORDS = ("red", "green", "blue", "cyan")
+
+
+def _wide(n, seed=0):
+    x = np.random.default_rng(seed).uniform(0, 1, size=(n, FEATURES)).astype("float32")
+    x[:, 0] *= WIDE
+    return x
+
+
+def _normalization():
+    norm = keras.layers.Normalization(name="norm")
+    norm.adapt(_wide(256, seed=5))
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(8, activation="relu", kernel_initializer=_init(31), name="d1")(
+        norm(inputs))
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(32), name="head")(h)
+    return keras.Model(inputs, outputs, name="normalization")
+
+
+def _normalization_data(n, seed=0):
+    x = _wide(n, seed)
+    return x, (x[:, :1] / WIDE).astype("float32")
+
+
+def _discretization():
+    bins = keras.layers.Discretization(num_bins=4, name="bins")
+    bins.adapt(_regression(256, seed=6)[0])
+    inputs = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Embedding(4, 4, embeddings_initializer=_uniform(33), name="emb")(
+        bins(inputs))
+    h = keras.layers.Flatten(name="flat")(h)
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(34), name="head")(h)
+    return keras.Model(inputs, outputs, name="discretization")
+
+
+def _string_lookup():
+    lookup = keras.layers.StringLookup(name="lookup")
+    lookup.adapt(np.array([[w] for w in WORDS * 3]))
+    inputs = keras.Input((1,), dtype="string", name="word")
+    h = keras.layers.Embedding(len(WORDS) + 1, 4, embeddings_initializer=_uniform(35),
+                               name="emb")(lookup(inputs))
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(36), name="head")(
+        keras.layers.Flatten(name="flat")(h))
+    return keras.Model(inputs, outputs, name="string_lookup")
+
+
+def _string_data(n, seed=0):
+    picks = np.random.default_rng(seed).integers(0, len(WORDS), size=n)
+    return (np.array([[WORDS[i]] for i in picks]),
+            (picks / len(WORDS)).astype("float32")[:, None])
+
+
+def _integer_lookup():
+    lookup = keras.layers.IntegerLookup(name="lookup")
+    lookup.adapt(np.array([[7], [11], [13], [7], [42]], "int64"))
+    inputs = keras.Input((2,), dtype="int64", name="code")
+    h = keras.layers.Embedding(5, 4, embeddings_initializer=_uniform(37), name="emb")(
+        lookup(inputs))
+    outputs = keras.layers.Dense(1, kernel_initializer=_init(38), name="head")(
+        keras.layers.Flatten(name="flat")(h))
+    return keras.Model(inputs, outputs, name="integer_lookup")
+
+
+def _integer_data(n, seed=0):
+    codes = np.array([7, 11, 13, 42, 99], "int64")  # 99: out of vocabulary
+    x = codes[np.random.default_rng(seed).integers(0, len(codes), size=(n, 2))]
+    return x, (x[:, :1] % 3).astype("float32")
+
+
+_ADAPTED_SPECS = (
+    ZooSpec("normalization", "normalization", _normalization, _normalization_data, "mse"),
+    ZooSpec("discretization", "discretization", _discretization, _regression, "mse"),
+    ZooSpec("string_lookup", "string_lookup", _string_lookup, _string_data, "mse"),
+    ZooSpec("integer_lookup", "integer_lookup", _integer_lookup, _integer_data, "mse"),
+)
+ADAPTED: dict[str, ZooSpec] = {spec.name: spec for spec in _ADAPTED_SPECS}
+assert all(spec.kind in ADAPTED_KINDS for spec in _ADAPTED_SPECS)
+
+
+# ---------------------------------------------------------------- KerasHub
+#
+# `HUB` holds KerasHub 0.32 models built from config (never ``from_preset``:
+# nothing is downloaded), tiny: text models take a dict of int32
+# ``token_ids`` and ``padding_mask`` shaped (None, None); a
+# task model compiles itself at construction. Building one imports keras_hub
+# (seconds): tests over `HUB` run in the slow tier but for one or two.
+# ``copyable``: tf_mixed can copy it (Llama's and ViT's layers do not survive
+# ``from_config(get_config())``, KerasHub defects: tools that copy refuse them).
+
+HUB_KINDS = ("hub_backbone", "hub_causal_lm", "hub_classifier")
+HUB_VOCAB, HUB_LEN = 64, 6
+
+
+def _hub_gemma_backbone(dtype=None):
+    import keras_hub
+
+    keras.utils.set_random_seed(7)
+    return keras_hub.models.GemmaBackbone(
+        vocabulary_size=HUB_VOCAB, num_layers=1, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=16, intermediate_dim=32, head_dim=8, dtype=dtype)
+
+
+def _hub_gemma_lm(dtype=None):
+    import keras_hub
+
+    return keras_hub.models.GemmaCausalLM(backbone=_hub_gemma_backbone(dtype), preprocessor=None)
+
+
+def _hub_llama():
+    import keras_hub
+
+    keras.utils.set_random_seed(7)
+    return keras_hub.models.LlamaBackbone(
+        vocabulary_size=HUB_VOCAB, num_layers=1, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=16, intermediate_dim=32)
+
+
+def _hub_bert():
+    import keras_hub
+
+    keras.utils.set_random_seed(7)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=HUB_VOCAB, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=16)
+    return keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=2,
+                                               preprocessor=None)
+
+
+def _hub_vit():
+    import keras_hub
+
+    keras.utils.set_random_seed(7)
+    return keras_hub.models.ViTBackbone(image_shape=(16, 16, 3), patch_size=4, num_layers=1,
+                                        num_heads=2, hidden_dim=16, mlp_dim=32)
+
+
+def _tokens(n, seed=0):
+    ids = np.random.default_rng(seed).integers(1, HUB_VOCAB, size=(n, HUB_LEN)).astype("int32")
+    return {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+
+
+def _lm_data(n, seed=0):
+    x = _tokens(n, seed)
+    return x, np.roll(x["token_ids"], -1, axis=1)
+
+
+def _backbone_data(n, seed=0):
+    return _tokens(n, seed), np.zeros((n, HUB_LEN, 16), "float32")
+
+
+def _bert_data(n, seed=0):
+    x = _tokens(n, seed)
+    x["segment_ids"] = np.zeros_like(x["token_ids"])
+    return x, (x["token_ids"][:, 0] % 2).astype("int32")
+
+
+def _hub_images(n, seed=0):
+    x = np.random.default_rng(seed).uniform(0, 1, size=(n, 16, 16, 3)).astype("float32")
+    return x, np.zeros((n, 17, 16), "float32")  # 16 patches and the class token
+
+
+@dataclasses.dataclass(frozen=True)
+class HubSpec(ZooSpec):
+    """A `ZooSpec` of the KerasHub zoo, with ``copyable``."""
+
+    copyable: bool = True
+
+
+_HUB_SPECS = (
+    HubSpec("gemma_backbone", "hub_backbone", _hub_gemma_backbone, _backbone_data, "mse"),
+    HubSpec("gemma_causal_lm", "hub_causal_lm", _hub_gemma_lm, _lm_data, _SCC),
+    HubSpec("llama_backbone", "hub_backbone", _hub_llama, _backbone_data, "mse",
+            copyable=False),
+    HubSpec("bert_classifier", "hub_classifier", _hub_bert, _bert_data, _SCC),
+    HubSpec("vit_backbone", "hub_backbone", _hub_vit, _hub_images, "mse", copyable=False),
+)
+HUB: dict[str, HubSpec] = {spec.name: spec for spec in _HUB_SPECS}
+assert all(spec.kind in HUB_KINDS for spec in _HUB_SPECS)

@@ -319,3 +319,70 @@ def rounded_ids(layer, tensor, compute_dtype: str | None = None) -> tuple[int, i
     if not dims or max(dims) - 1 <= limit:
         return None
     return max(dims), limit
+
+
+# Keras 3 normalization layers that compute their statistics in float32
+# whatever their compute dtype (measured: inputs of +-300 normalise correctly
+# in float16): their variables never meet the half dtype's range.
+FLOAT32_STATISTICS_NORMS = ("BatchNormalization", "LayerNormalization", "GroupNormalization",
+                            "RMSNormalization")
+
+
+def keeps_float32_statistics(layer) -> bool:
+    """Whether `layer` computes with statistics adapted to data: stays float32.
+
+    Keras's ``Normalization`` (mean and variance: a feature ~1e4 wide has a
+    variance above float16's 65504, which becomes inf, and the feature's
+    output 0) and ``Discretization`` (bin boundaries, rounded in half
+    precision, move values into other bins). `tf_mixed.enable` (for layers
+    created with ``dtype=None``) and `tf_mixed.convert` keep them in float32;
+    their variables are float32 under a mixed policy either way. The
+    lookups (``StringLookup``, ``IntegerLookup``) compute on strings and
+    integers: the policy does not touch them.
+    """
+    import keras
+
+    return isinstance(layer, (keras.layers.Normalization, keras.layers.Discretization))
+
+
+def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, float] | None:
+    """A value `layer` computes with that its half compute dtype cannot hold.
+
+    Reads the layer's own float variables (not those of the normalization
+    layers that compute in float32 anyway, `FLOAT32_STATISTICS_NORMS`) and,
+    for a ``Normalization``, the
+    ``mean`` and ``variance`` it computes with (rebuilt from the adapted
+    statistics, or given to its constructor). Keras casts them to the
+    compute dtype at each call: a value above that dtype's largest finite
+    value becomes inf there (an adapted Normalization then outputs 0 for
+    that feature, silently).
+
+    Args:
+        layer: a built layer.
+        compute_dtype: the dtype it computes in (or would); None: its own.
+
+    Returns:
+        ``(what, largest magnitude, the dtype's largest value)`` for the
+        first value out of range (``what`` names the variable or attribute),
+        or None when all fit or the dtype is not a half dtype.
+    """
+    import keras
+    import numpy as np
+
+    dtype = keras.backend.standardize_dtype(compute_dtype or layer.compute_dtype)
+    if dtype not in HALF_DTYPES or type(layer).__name__ in FLOAT32_STATISTICS_NORMS:
+        return None
+    limit = dtype_limits(dtype).max
+    values = [(w.path.rsplit("/", 1)[-1], w) for w in layer.weights
+              if "float" in keras.backend.standardize_dtype(w.dtype)]
+    if isinstance(layer, keras.layers.Normalization):
+        values += [(name, getattr(layer, name, None)) for name in ("mean", "variance")]
+    for what, value in values:
+        if value is None:
+            continue
+        array = np.asarray(keras.ops.convert_to_numpy(value), dtype="float64")
+        finite = array[np.isfinite(array)]
+        largest = float(np.abs(finite).max()) if finite.size else 0.0
+        if largest > limit:
+            return what, largest, limit
+    return None

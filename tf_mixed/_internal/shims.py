@@ -1009,3 +1009,44 @@ def checkpoint_alias(variable):
             object_map[self] = CheckpointAlias(object_map[inner])
 
     return CheckpointAlias(variable)
+
+
+def checkpoint_value(save: Callable[[], dict], restore: Callable[[dict], None]):
+    """A checkpoint child whose value ``save()`` makes and ``restore`` takes.
+
+    For state that is not one variable (every replica's copy of a buffer,
+    gathered across workers at save time). It implements the private
+    ``Trackable._serialize_to_tensors`` / ``_restore_from_tensors``
+    (TensorFlow's documented way to checkpoint a custom object); checked on
+    TensorFlow 2.21.0, and ``_copy_trackable_to_cpu`` (asynchronous
+    checkpoints save the values of the moment). Both run eagerly
+    (``tf.train.Checkpoint.write`` and ``restore`` in eager mode).
+
+    Args:
+        save: ``() -> {name: tensor}``, called at every save.
+        restore: ``({name: tensor}) -> None``, called at restore (or when
+            the child is first listed after a deferred restore).
+
+    Returns:
+        A ``Trackable`` to list as a checkpoint child.
+    """
+    import tensorflow as tf
+
+    class CheckpointValue(tf.__internal__.tracking.Trackable):
+        def __init__(self, save):
+            self._save = save
+
+        def _serialize_to_tensors(self):
+            return self._save()
+
+        def _restore_from_tensors(self, restored_tensors):
+            restore(restored_tensors)
+            return tf.no_op()
+
+        def _copy_trackable_to_cpu(self, object_map):
+            # Async checkpoints save a copy: the values as they are now.
+            if self not in object_map:
+                values = {name: tf.identity(tensor) for name, tensor in self._save().items()}
+                object_map[self] = CheckpointValue(lambda: values)
+
+    return CheckpointValue(save)

@@ -57,19 +57,27 @@ def _overhead_policy(config: BenchConfig) -> tuple[str, str]:
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Each fit step's wall time, the step waited for (also doctor --measure's)."""
+    """Each fit step's wall time, the step waited for (also doctor --measure's).
+
+    ``cpu_times`` holds each step's CPU time of this process (all its
+    threads): on a busy machine other processes stretch the wall time, not
+    the work a step does.
+    """
 
     def __init__(self):
         super().__init__()
         self.times: list[float] = []
-        self._start = 0.0
+        self.cpu_times: list[float] = []
+        self._start = self._cpu_start = 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
         self._start = time.perf_counter()
+        self._cpu_start = time.process_time()
 
     def on_train_batch_end(self, batch, logs=None):
         float((logs or {}).get("loss", 0.0))  # wait for the step
         self.times.append(time.perf_counter() - self._start)
+        self.cpu_times.append(time.process_time() - self._cpu_start)
 
 
 class _FitPath:
@@ -81,11 +89,11 @@ class _FitPath:
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
         self.optimizer = model.optimizer
 
-    def steps(self, count: int) -> list[float]:
+    def steps(self, count: int) -> tuple[list[float], list[float]]:
         timer = StepTimer()
         self.model.fit(self.train, epochs=1, steps_per_epoch=count, verbose=0, shuffle=False,
                        callbacks=[*self.callbacks, timer])
-        return timer.times
+        return timer.times, timer.cpu_times
 
 
 class _CustomPath:
@@ -114,14 +122,15 @@ class _CustomPath:
 
         self.step = step
 
-    def steps(self, count: int) -> list[float]:
-        times = []
+    def steps(self, count: int) -> tuple[list[float], list[float]]:
+        times, cpu_times = [], []
         for _ in range(count):
             x, y = next(self.iterator)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             float(self.step(x, y))
             times.append(time.perf_counter() - start)
-        return times
+            cpu_times.append(time.process_time() - cpu_start)
+        return times, cpu_times
 
 
 def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
@@ -164,11 +173,14 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
                 else:
                     paths[name] = _CustomPath(name, model, optimizer, train_set, config.batch_size)
             times: dict[str, list[float]] = {name: [] for name in PATHS}
+            cpu_times: dict[str, list[float]] = {name: [] for name in PATHS}
             for path in paths.values():
                 path.steps(max(1, config.warmup_steps))  # tracing, not timed
             for round_index in range(config.rounds):
                 for name, path in paths.items():
-                    times[name] += path.steps(steps)
+                    wall, cpu = path.steps(steps)
+                    times[name] += wall
+                    cpu_times[name] += cpu
                 print(f"round {round_index + 1}/{config.rounds}: " + ", ".join(
                     f"{n} {1000 * statistics.median(times[n]):.2f} ms/step" for n in PATHS), flush=True)
         results: list[dict[str, Any]] = []
@@ -181,9 +193,11 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
                 "callbacks": ["LossScaleMonitor"] if name == "tf_mixed" and config.loop == "fit" else [],
                 "timed_steps": len(times[name]),
                 "step_time_ms": 1000 * median,
+                "cpu_step_time_ms": 1000 * statistics.median(cpu_times[name]),
                 "samples_per_sec": config.batch_size / median,
             })
         ratio = results[1]["step_time_ms"] / results[0]["step_time_ms"]
+        cpu_ratio = results[1]["cpu_step_time_ms"] / results[0]["cpu_step_time_ms"]
         markdown = "\n".join([
             f"# tf_mixed overhead: {config.model_name}, {policy_name}, loop={config.loop}",
             "",
@@ -198,6 +212,9 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
             f"Step-time ratio tf_mixed / Keras: **{ratio:.3f}x** "
             f"({'slower' if ratio > 1 else 'faster'} by {abs(ratio - 1) * 100:.1f}%).",
             "",
+            f"CPU time per step (this process, all threads; what other processes on a "
+            f"busy machine do not stretch): {cpu_ratio:.3f}x.",
+            "",
         ])
         report = {
             "suite": "overhead",
@@ -211,6 +228,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
             "loop": config.loop,
             "results": results,
             "overhead_ratio": ratio,
+            "cpu_overhead_ratio": cpu_ratio,
             "markdown": markdown,
         }
         written = report_module.write_outputs(report, config.output_dir)

@@ -17,12 +17,13 @@
 #    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
 #    `History`, Keras's `TensorBoard` callback and the progress bar show them;
 #    with ``log_every_n_batches=N`` also into the batch logs every N batches.
-# 2. **Corrects the epoch loss.** When an epoch skipped steps, Keras's
-#    ``logs["loss"]`` averages in their NaN/inf loss. With
-#    ``tf_mixed.LossScaleOptimizer`` the monitor attaches a
-#    `tf_mixed.scaling.LossTally` and replaces ``logs["loss"]`` by the mean
-#    loss of the applied steps. Epochs without a skipped step keep Keras's
-#    value.
+# 2. **Keeps skipped batches out of what the user sees.** With
+#    ``tf_mixed.LossScaleOptimizer`` it installs
+#    `tf_mixed.callbacks.skip_contract` on the model: a skipped batch enters
+#    no compiled metric and not the running loss (batch logs, progress bar,
+#    epoch logs, History), and every batch's logs carry ``skipped``
+#    (docs/skipped-step.md). With gradient accumulation it also attaches a
+#    `tf_mixed.scaling.LossTally` (applied windows' losses, for the NaN rule).
 # 3. **Protects the model**: it hands the model to a
 #    ``tf_mixed.LossScaleOptimizer`` (``track_forward_state``), so a skipped
 #    step also rolls back BatchNormalization's moving statistics
@@ -37,7 +38,8 @@
 #    NaN signs are summed across workers), so no worker stops while its peers
 #    wait in a collective.
 #
-# Supported optimizers: ``tf_mixed.LossScaleOptimizer`` (every rule exact),
+# Supported optimizers, each read through its adapter
+# (`tf_mixed.callbacks.optimizer_views`): ``tf_mixed.LossScaleOptimizer`` (every rule exact),
 # ``keras.optimizers.LossScaleOptimizer`` (skips derived from ``iterations``;
 # see `tf_mixed.callbacks.stop_rules`; its epoch loss cannot be corrected), and any other
 # optimizer (nothing is skipped; only the NaN and set-up checks apply, and
@@ -55,13 +57,11 @@ from absl import logging
 
 from tf_mixed._internal import validate as _validate
 from tf_mixed.policy import keep_float32
-from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
-from tf_mixed.callbacks import stop_rules
+from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed._internal.warning import MixedPrecisionWarning
-from tf_mixed.scaling.loss_tally import LossTally
+from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.scaling.replicas import all_copies_finite
-from tf_mixed.scaling.rollback import forward_variables
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
 
 __all__ = [
@@ -91,11 +91,7 @@ def is_loss_scaling(optimizer) -> bool:
 
     A tf_mixed pass-through wrapper (fixed scale 1) does not.
     """
-    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return False
-    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
-        return optimizer.dynamic or optimizer.initial_scale != 1.0
-    return True
+    return view_of(optimizer).scales_loss()
 
 
 # ---------------------------------------------------------------- set-up checks
@@ -133,12 +129,12 @@ def model_setup_problems(model) -> list[str]:
             f"layers, e.g. '{float16_layers[0]}') but its optimizer "
             f"{type(optimizer).__name__} does not scale the loss: small "
             "gradients underflow to zero in float16. Fix: compile with "
-            "optimizer=tf_mixed.wrap_optimizer(optimizer)."
+            f"optimizer={auditing.wrap_advice()}."
         )
     bfloat16_layers = [row.name for row in report.rows
                        if row.variable_dtype == "bfloat16"]
     if (bfloat16_layers and optimizer is not None
-            and not _compensates_bfloat16(optimizer)):
+            and not view_of(optimizer).compensates_bfloat16()):
         problems.append(
             f"Model '{model.name}' keeps weights in bfloat16 "
             f"({len(bfloat16_layers)} layers, e.g. '{bfloat16_layers[0]}') but "
@@ -200,22 +196,6 @@ def _warn_setup(model) -> None:
         warnings.warn(problem, MixedPrecisionWarning, stacklevel=4)
 
 
-def _updates(optimizer, kind, batches):
-    """Steps the optimizer took for ``batches``: with accumulation, windows."""
-    if batches and kind == "tf_mixed" and optimizer.accumulator is not None:
-        return batches // optimizer.accumulator.steps
-    return batches
-
-
-def _compensates_bfloat16(optimizer) -> bool:
-    from tf_mixed.scaling import compensated
-
-    inner = (optimizer.inner_optimizer
-             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-             else optimizer)
-    return compensated.compensation_of(inner) is not None
-
-
 # ---------------------------------------------------------------- callback
 
 
@@ -262,72 +242,6 @@ _CONFIG = ("patience", "max_skip_fraction", "min_scale", "log_every_n_batches",
            "raise_on_failure", "check_setup", "check_every_n_batches",
            "rollback_forward_state")
 
-# What ``on_train_begin`` logs, per `_kind`.
-_WRAPPER_SEEN = {
-    "tf_mixed": "the optimizer is tf_mixed.LossScaleOptimizer; every rule applies.",
-    "keras": ("the optimizer is Keras's own keras.optimizers.LossScaleOptimizer "
-              "(tf_mixed.wrap_optimizer was not used); skips are derived from "
-              "iterations and the epoch loss is not corrected."),
-    "none": "the optimizer ({name}) does not scale the loss; only the NaN and "
-            "set-up checks apply.",
-}
-
-
-def _kind(optimizer) -> stop_rules.Kind:
-    """Which of the three kinds of optimizer the monitor reads."""
-    if isinstance(optimizer, loss_scale_module.LossScaleOptimizer):
-        return "tf_mixed"
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return "keras"
-    return "none"
-
-
-def _kind_said(optimizer) -> stop_rules.Kind:
-    """`_kind`, logged (absl, INFO) as which wrapper the monitor sees."""
-    kind = _kind(optimizer)
-    logging.info("tf_mixed.LossScaleMonitor: %s",
-                 _WRAPPER_SEEN[kind].format(name=type(optimizer).__name__))
-    return kind
-
-
-def _snapshot(optimizer, kind: stop_rules.Kind) -> Snapshot:
-    """One read of everything the rules need (plain Python values)."""
-    if optimizer is None:
-        return Snapshot(scale=1.0, applied=0)
-    state = loss_scale_module.loss_scale_state(optimizer)
-    applied = int(keras.ops.convert_to_numpy(optimizer.iterations))
-    if kind != "tf_mixed":
-        return Snapshot(scale=float(state.scale), applied=applied)
-    tally = optimizer.loss_tally
-    loss_sum, loss_steps = tally.totals() if tally else (0.0, 0)
-    return Snapshot(scale=float(state.scale), applied=applied,
-                    skipped=state.skipped_steps,
-                    min_scale_skips=state.min_scale_skips,
-                    loss_sum=loss_sum, loss_steps=loss_steps)
-
-
-def _prepare(model, optimizer, rollback: bool) -> None:
-    """Hands the model's forward state and a loss tally to the optimizer.
-
-    A step traced before either would not feed them, so the train function
-    is made again when anything changed (it retraces once).
-    """
-    changed = False
-    with model.distribute_strategy.scope():
-        wanted = tuple(id(v) for v in forward_variables(model))
-        tracked = tuple(id(v) for v in optimizer.tracked_forward_variables)
-        if wanted != tracked:
-            # roll_back=False: said on purpose, so the optimizer neither
-            # rolls the state back nor refuses the step that leaves it.
-            optimizer.track_forward_state(model, roll_back=rollback)
-            changed = True
-        if optimizer.loss_tally is None:
-            optimizer.attach_loss_tally(LossTally())
-            changed = True
-    if changed and getattr(model, "train_function", None) is not None:
-        model.make_train_function(force=True)
-
-
 def _check_period(value) -> tuple[int | None, int]:
     """``check_every_n_batches`` checked, and the period it means."""
     if value is None:
@@ -335,22 +249,6 @@ def _check_period(value) -> tuple[int | None, int]:
     value = _check_int("check_every_n_batches", value, 0,
                        f" (0 checks at epoch ends only; None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
     return value, value
-
-
-def _refresh(optimizer, kind: str, rollback: bool) -> None:
-    """Refreshes the rollback copies at an epoch's start: after every callback's
-    on_train_begin (a BackupAndRestore restore, in either order), so they hold
-    the state the epoch's first step starts from."""
-    if kind == "tf_mixed" and rollback:
-        loss_scale_module.refresh_forward_state(optimizer)
-
-
-def _wire_cause(model, optimizer, kind: str) -> str | None:
-    """`tf_mixed.callbacks.stop_rules.wire_cause` for this model and optimizer."""
-    if kind != "tf_mixed":
-        return None
-    return stop_rules.wire_cause(keras.backend.standardize_dtype(model.compute_dtype),
-                                 optimizer.communication_dtype)
 
 
 def _nonfinite_weights(model) -> list[str]:
@@ -438,6 +336,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.loss_scaling: stop_rules.Kind | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
+        self._view = PlainView(None)  # the optimizer's adapter, from on_train_begin
         self._setup = _SetupCheck()
         if self.log_every_n_batches or self._check_n:
             self.on_train_batch_end = self._on_train_batch_end
@@ -456,20 +355,18 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
-        self._optimizer = getattr(self.model, "optimizer", None)
-        self._kind = self.loss_scaling = _kind_said(self._optimizer)
-        if self._kind == "tf_mixed":
-            _prepare(self.model, self._optimizer, self.rollback_forward_state)
-            self._threshold = self._optimizer.min_scale
-        else:
-            self._threshold = 1.0 if self.min_scale is None else self.min_scale
-        first = _snapshot(self._optimizer, self._kind)
+        self._view = view_of(getattr(self.model, "optimizer", None))
+        self._view.log_seen()
+        self.loss_scaling = self._view.kind
+        self._view.prepare(self.model, self.rollback_forward_state)
+        self._threshold = self._view.threshold(self.min_scale)
+        first = self._view.snapshot()
         self._progress = Progress(first, first)
         self._batches = self._logged_at = self._checked_at = 0
         self._setup.begin(self)
 
     def on_epoch_begin(self, epoch, logs=None):
-        _refresh(self._optimizer, self._kind, self.rollback_forward_state)
+        self._view.refresh(self.rollback_forward_state)
         self._progress = stop_rules.start_epoch(self._progress)
         self._batches = self._logged_at = self._checked_at = 0
 
@@ -493,16 +390,17 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
         self._advance()
+        logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
         self._write(logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 
     # -- reading, logging, judging
 
     def _advance(self) -> None:
-        steps_run = _updates(self._optimizer, self._kind, self._batches or (self.params or {}).get("steps"))
+        view = self._view
+        steps_run = view.updates(self._batches or (self.params or {}).get("steps"))
         self._progress = stop_rules.advance(
-            self._progress, _snapshot(self._optimizer, self._kind),
-            self._kind, steps_run, self._threshold)
+            self._progress, view.snapshot(), view.kind, steps_run, self._threshold)
 
     def _write(self, logs, epoch_end=False) -> None:
         progress = self._progress
@@ -511,7 +409,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logs["skipped_steps"] = float(skipped)
         logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
         applied = progress.epoch_loss_steps
-        if epoch_end and self._kind == "tf_mixed" and skipped and applied:
+        # With the skip contract Keras's own loss already leaves skipped
+        # batches out (weighted by batch size, as without a skip).
+        if epoch_end and self._view.corrects_epoch_loss(self.model) and skipped and applied:
             # Each worker's sum covers its own replicas only; `skipped` and
             # `applied` follow the global verdict, so every worker enters
             # this sum, and every worker logs the same loss.
@@ -525,9 +425,11 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logged = logs.get("loss")
         logged = None if logged is None else float(logged)
         problem = stop_rules.loss_problem(
-            self._kind, self._progress,
-            logged if self._kind != "tf_mixed" else None)
-        suspicious = epoch is not None or (
+            self._view.kind, self._progress,
+            None if self._view.judges_loss_by_tally() else logged)
+        # A skipped step in the epoch: Keras's running loss showed it as
+        # nan; with the skip contract it leaves the loss, so ask the counters.
+        suspicious = epoch is not None or self._progress.skipped_in_epoch > 0 or (
             logged is not None and not math.isfinite(logged))
         bad = _nonfinite_weights(self.model) if suspicious else []
         # Judged from values every worker agrees on: the local signs are
@@ -540,10 +442,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         if flags[1] and not bad:
             bad = ["(on another worker)"]
         reason = stop_rules.decide(self._rules, stop_rules.Reading(
-            kind=self._kind, progress=self._progress,
+            kind=self._view.kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
             bad_weights=tuple(bad), epoch=epoch,
-            cause=_wire_cause(self.model, self._optimizer, self._kind)))
+            cause=self._view.wire_cause(self.model)))
         if reason is not None:
             self._fail(reason)
 

@@ -225,8 +225,10 @@ def loss_problem(kind: Kind, progress: Progress,
                  logged_loss: float | None) -> str | None:
     """This worker's sign that a non-finite loss reached the weights.
 
-    With tf_mixed's optimizer the applied steps' loss sum must be finite;
-    otherwise Keras's logged loss must be finite unless a step was skipped.
+    With tf_mixed's optimizer the applied steps' loss sum (a loss tally) or
+    Keras's logged loss must be finite (the skip contract keeps skipped
+    steps out of it); otherwise Keras's logged loss must be finite unless a
+    step was skipped.
 
     Args:
         kind: Which optimizer was read.
@@ -237,7 +239,8 @@ def loss_problem(kind: Kind, progress: Progress,
         A sentence for the stop reason, or None.
     """
     if kind == "tf_mixed":
-        if not math.isfinite(progress.epoch_loss_sum):
+        if not math.isfinite(progress.epoch_loss_sum) or (
+                logged_loss is not None and not math.isfinite(logged_loss)):
             return ("the loss was NaN/inf on steps that were applied (not "
                     "skipped) in this epoch: non-finite values are reaching "
                     "the weights.")

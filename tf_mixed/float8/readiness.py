@@ -10,7 +10,10 @@
 # product). The rules:
 #
 # * ``eligible``: the layer's class is exactly Dense or EinsumDense (Keras
-#   refuses subclasses).
+#   refuses subclasses), at any depth: layers that hold layers (a
+#   transformer block's attention projections and feed-forward layers, as
+#   in KerasHub's models) are entered, as ``model.quantize("float8")`` enters
+#   them, and their Dense/EinsumDense named ``outer/inner``.
 # * ``first`` / ``last``: the first and the last eligible layer in the
 #   model's order are kept in higher precision, as Transformer Engine and
 #   the FP8 training papers advise: the first sees the raw data (widest
@@ -28,6 +31,7 @@ from typing import Any, NamedTuple
 
 import keras
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import layer_outputs, walk_layers
 
 __all__ = ["FLOAT8_CLASSES", "REASONS", "LayerCheck", "check_layers",
@@ -101,6 +105,15 @@ def check_layers(model) -> list[LayerCheck]:
             continue
         seen.add(id(layer))
         leaves.append((name, layer))
+        if type(layer).__name__ in FLOAT8_CLASSES:
+            continue
+        # A layer that holds layers (a transformer block: its attention's
+        # EinsumDense projections, its feed-forward Dense layers), entered as
+        # Keras's own model.quantize("float8") enters it.
+        for inner in _internals.sublayers(layer)[1:]:
+            if type(inner).__name__ in FLOAT8_CLASSES and id(inner) not in seen:
+                seen.add(id(inner))
+                leaves.append((f"{name}/{inner.name}", inner))
     eligible = [i for i, (_, layer) in enumerate(leaves)
                 if type(layer).__name__ in FLOAT8_CLASSES]
     checks = []

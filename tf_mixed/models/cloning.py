@@ -46,8 +46,9 @@ import keras
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import FLOAT_POLICIES
+from tf_mixed.models import carry as _carry
 
-__all__ = ["Clone", "clone", "copy_weights", "model_input", "recreate"]
+__all__ = ["Clone", "CopyRefused", "clone", "copy_weights", "model_input", "recreate"]
 
 PolicyFor = Callable[[keras.layers.Layer], Any]
 
@@ -105,6 +106,7 @@ def clone(model: keras.Model, policy_for: PolicyFor, *,
     for _, layer, twin in builder.pairs:
         if layer.weights:
             (copy or copy_weights)(layer, twin)
+        _carry.carry_state(layer, twin)  # what keras.saving carries besides variables
     return Clone(new, tuple(builder.pairs))
 
 
@@ -153,8 +155,15 @@ def recreate(layer: keras.layers.Layer, dtype: Any = None,
         params = inspect.signature(type(layer).__init__).parameters
         arguments = _internals.constructor_arguments(layer)
         arguments.update({k: v for k, v in config.items() if k in params})
+        arguments = {k: v for k, v in arguments.items() if k in params}
         try:
-            new = type(layer)(**{k: v for k, v in arguments.items() if k in params})
+            if _own_from_config(type(layer)):
+                # Its own from_config knows what its config holds beyond the
+                # constructor's arguments (Discretization after adapt: both
+                # num_bins and bin_boundaries, which __init__ refuses).
+                new = type(layer).from_config(arguments)
+            else:
+                new = type(layer)(**arguments)
         except TypeError:
             raise _refusal(layer, "does not rebuild from its config") from None
         new.name = config.get("name", layer.name)
@@ -264,7 +273,7 @@ class _Builder:
             changes = dict(self.changes(op))
             if self.inline_nested and op.name in self.taken:
                 changes.setdefault("name", _unique(prefix.replace("/", "_") + op.name, self.taken))
-            new = recreate(op, self.policy_for(op), changes)
+            new = _refused_in_one_sentence(recreate, op, op, self.policy_for(op), changes)
             self.pairs.append((prefix + op.name, op, new))
         else:  # a Keras op applied to tensors (GetItem, Add, Concatenate...)
             config = op.get_config()
@@ -278,7 +287,7 @@ class _Builder:
     def _call(self, new, *args, **kwargs):
         policy = new.dtype_policy if isinstance(new, keras.layers.Layer) else None
         with _global_policy(policy):
-            outputs = new(*args, **kwargs)
+            outputs = _refused_in_one_sentence(new, self.originals[id(new)], *args, **kwargs)
         if self.after_call is not None:
             outputs = self.after_call(self.originals[id(new)], outputs)
         return outputs
@@ -300,15 +309,48 @@ def _global_policy(policy) -> Iterator[None]:
         keras.config.set_dtype_policy(saved)
 
 
+def _own_from_config(cls) -> bool:
+    return cls.from_config.__func__ is not keras.layers.Layer.from_config.__func__
+
+
 def _takes_keras_arguments(cls) -> bool:
     params = inspect.signature(cls.__init__).parameters
     return (any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
             or {"name", "dtype", "trainable"} <= set(params))
 
 
+class CopyRefused(TypeError):
+    """A layer tf_mixed cannot copy, said in one sentence naming it and why."""
+
+
+def _refused_in_one_sentence(fn, layer, *args, **kwargs):
+    """``fn(*args, **kwargs)``; a failure to re-create or call the copy of
+    ``layer`` becomes one TypeError sentence naming the layer and the reason.
+
+    A library layer whose ``get_config`` does not round-trip (KerasHub 0.32's
+    Llama decoder and ViT patching layers) fails inside
+    Keras with a traceback about its config; the user can change nothing in
+    that class, so the sentence says what to do instead.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except CopyRefused:
+        raise
+    except Exception as error:
+        cls = type(layer)
+        text = " ".join(str(error).split()).rpartition("Exception encountered: ")[2]
+        reason = text.split(". ")[0].rstrip(".")[:120]
+        raise CopyRefused(
+            f"tf_mixed cannot copy layer '{layer.name}' ({cls.__module__.split('.')[0]} "
+            f"class {cls.__name__}) because it does not rebuild from its get_config() "
+            f"({type(error).__name__}: {reason}): build the model after tf_mixed.enable() "
+            "instead of converting or probing a copy, and export it with "
+            "precision='as_trained', which needs no copy.") from None
+
+
 def _refusal(layer, why: str) -> TypeError:
     cls = type(layer).__name__
-    return TypeError(
+    return CopyRefused(
         f"tf_mixed cannot re-create layer '{layer.name}' in another dtype because class "
         f"{cls} {why}: give {cls}.__init__ a **kwargs argument passed on to "
         f"super().__init__(**kwargs), and {cls} a get_config() that returns every "

@@ -13,8 +13,9 @@
 #
 # * every layer is re-created from its config with the new dtype policy, and
 #   its weights (trainable and not, e.g. BatchNormalization statistics) are
-#   copied over; variables stay float32 under a mixed policy, so the copy is
-#   exact;
+#   copied over, with what Keras's own saving carries besides (adapted
+#   Normalization statistics, lookup vocabularies: `tf_mixed.models.carry`);
+#   variables stay float32 under a mixed policy, so the copy is exact;
 # * an output produced by a layer with a squashing activation (softmax,
 #   sigmoid, log_softmax: ``tf_mixed._internal.facts.SQUASHING_ACTIVATIONS``, the same
 #   table `tf_mixed.audit` reports from) gets a float32 head: that layer
@@ -33,7 +34,10 @@
 # Which layers stay float32: a model built under float32 has no record of which
 # layers were made float32 on purpose (every layer says "float32"), so all are
 # converted except input layers, layers whose policy is not a float policy,
-# tf_mixed's float32 heads, the layers named in ``keep_float32``, and layers
+# tf_mixed's float32 heads, the layers named in ``keep_float32``, Keras's
+# ``Normalization`` and ``Discretization`` (they compute with statistics
+# adapted to data, which can exceed the half dtype's range or round across a
+# bin boundary: `tf_mixed._internal.facts.keeps_float32_statistics`), and layers
 # that would round token ids on their way in: a layer that is or holds an
 # ``Embedding`` and takes its ids as floats straight from a model input stays
 # float32 when the target dtype cannot represent its largest id exactly
@@ -68,6 +72,7 @@ from tf_mixed._internal.facts import activation_name
 from tf_mixed._internal.facts import check_model_kind
 from tf_mixed._internal.facts import model_inputs_and_outputs
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import keeps_float32_statistics
 from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed.policy import keep_float32 as keep_float32_rules
@@ -238,7 +243,7 @@ def convert(model: keras.Model, policy: str | None = None, *,
         policy_name = getattr(layer.dtype_policy, "name", None)
         to_float32 = policy_name in FLOAT_POLICIES and (
             keep.matches(layer) or id(layer) in kept_inside or id(layer) in keep_outputs
-            or id(layer) in ids_receivers)
+            or id(layer) in ids_receivers or (half and keeps_float32_statistics(layer)))
         if to_float32:
             return "float32"
         stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
@@ -358,7 +363,9 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
     a model trained in half precision, a layer whose policy is float32 was
     made so on purpose (``keep_float32``, an explicit ``dtype="float32"``);
     tf_mixed's float32 heads (``tf_mixed._internal.facts.FLOAT32_HEADS``)
-    always; layers whose policy is not a float policy keep theirs. A half
+    and Keras's ``Normalization``/``Discretization``
+    (`tf_mixed._internal.facts.keeps_float32_statistics`) always; layers whose
+    policy is not a float policy keep theirs. A half
     `target` gives the pure policy named like the dtype (half-size
     variables); weights are cast to it.
 
@@ -390,6 +397,8 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
             return None  # an integer or quantized policy: not a compute choice
         if target != "float32" and name == "float32" and trained_half:
             return None  # float32 on purpose in a half-precision model
+        if target != "float32" and keeps_float32_statistics(layer):
+            return "float32"  # adapted statistics, as convert keeps them
         return target
 
     return _cloning.clone(model, policy_for).model

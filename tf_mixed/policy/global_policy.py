@@ -236,6 +236,10 @@ def enable(
             afterwards: layer names, layer classes, predicates ``layer ->
             bool``, or a list of these (see `tf_mixed.policy.keep_float32`).
 
+    With ``keras_hub`` imported, `enable` also warns that KerasHub's
+    ``from_preset`` then loads float presets in the new policy
+    (`from_preset_note`).
+
     Returns:
         An `Enabled` with the active policy and the reason for it.
 
@@ -285,7 +289,34 @@ def enable(
     enabled = Enabled(policy=name, reason=reason, requested=policy)
     if not quiet:
         logging.info("tf_mixed: policy %s, because %s", enabled.policy, enabled.reason)
+    note = from_preset_note(name)
+    if note:
+        logging.warning(note)  # even when quiet: it changes what a later load gives
     return enabled
+
+
+def from_preset_note(name: str) -> str | None:
+    """What `enable(name)` changes in KerasHub's ``from_preset``, once keras_hub is imported.
+
+    KerasHub 0.32 loads a preset saved in a float dtype under Keras's global
+    policy (keras-hub PR #2367), so after `enable` a
+    ``from_preset`` call without ``dtype=`` gives a model in that policy, not
+    in the preset's own dtype. Said by `enable` when ``keras_hub`` is
+    already imported (``import keras_hub`` after `enable` is not seen).
+
+    Returns:
+        One sentence, or None when keras_hub is not imported or ``name``
+        is float32.
+    """
+    import sys
+
+    if "keras_hub" not in sys.modules or name == FLOAT32:
+        return None
+    policy = keras.DTypePolicy(name)
+    return (f"tf_mixed: KerasHub's from_preset() now loads a float preset under "
+            f"'{name}' (variables in {policy.variable_dtype}, computing in "
+            f"{policy.compute_dtype}), not in the preset's own dtype: pass dtype= to "
+            "from_preset() to choose, such as dtype='bfloat16' for bfloat16 weights.")
 
 
 def disable() -> None:

@@ -32,6 +32,12 @@
 # policy either way). `convert` calls predicates on the model's built layers.
 # A predicate that raises is reported with the layer's name and class.
 #
+# Keras's adaptable preprocessing layers that compute with their statistics
+# (``Normalization``, ``Discretization``:
+# `tf_mixed._internal.facts.keeps_float32_statistics`) created with
+# ``dtype=None`` under `enable`'s half policy are kept in float32 without a
+# rule, as `convert` keeps them.
+#
 # A name or class that matches a model (a nested model's name, say) keeps
 # every layer inside it in float32, in `enable` and in `convert`; predicates
 # are called on layers only, never on a model. Under `enable` those
@@ -51,6 +57,7 @@ from tf_mixed._internal import shims as _internals
 from tf_mixed.policy import state as policy_state
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import keeps_float32_statistics
 from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 
@@ -271,8 +278,8 @@ def _on_layer_init(layer, dtype) -> None:
     rules = _enabled_rules()
     if rules is None or is_input_layer(layer):
         return
-    if rules.matches_by_name_or_class(layer):
-        layer.dtype_policy = "float32"
+    if rules.matches_by_name_or_class(layer) or keeps_float32_statistics(layer):
+        layer.dtype_policy = "float32"  # adapted statistics: see keeps_float32_statistics
     if not isinstance(layer, keras.Model):
         # The rest waits for the first call (a model's predicates run once
         # it knows its layers: _on_container).

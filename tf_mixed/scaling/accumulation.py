@@ -24,8 +24,8 @@
 # windows; a scale change never happens in the middle of a window.
 #
 # `Accumulator` holds the buffers and the micro-step counter. Both are
-# checkpointed with the optimizer, the buffers **per replica**
-# (`save_variables`, `load_variables`): each replica's buffer holds its own
+# saved with the optimizer (``.keras`` files and ``tf.train.Checkpoint``), the
+# buffers **per replica** (`tf_mixed.scaling.formats`): each replica's buffer holds its own
 # shard's sum, so a file holds every replica's (all workers' too, gathered at
 # save time: under MultiWorkerMirroredStrategy every worker saves, as the docs
 # of multi-worker training say) and a restore gives each replica its own
@@ -47,13 +47,11 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import validate as _validate
 
-__all__ = ["AccumulationHooks", "Accumulator", "load_variables", "save_variables", "steps_to_take_over",
-           "take_over", "validate_steps"]
+__all__ = ["Accumulator", "steps_to_take_over", "take_over", "validate_steps"]
 
 
 def validate_steps(value, inner_steps=None) -> int | None:
@@ -117,31 +115,6 @@ def take_over(inner_optimizer, steps: int | None) -> Accumulator | None:
     """
     inner_optimizer.gradient_accumulation_steps = None
     return None if steps is None else Accumulator(steps)
-
-
-class AccumulationHooks:
-    """The optimizer methods accumulation overrides (a mixin of the wrapper).
-
-    Saving and loading keep each replica's buffers (`save_variables`,
-    `load_variables`); Keras's end of ``fit`` drops an unfinished window
-    (`Accumulator.end_of_fit`). Without accumulation they are Keras's own.
-    """
-
-    accumulator: Accumulator | None
-
-    def save_own_variables(self, store) -> None:
-        """The wrapper's layout; accumulation buffers per replica."""
-        save_variables(self, store, super().save_own_variables)  # type: ignore[misc]
-
-    def load_own_variables(self, store) -> None:
-        """Keras's (or Keras's wrapper's) layout; each replica's own buffers."""
-        load_variables(self, store, super().load_own_variables)  # type: ignore[misc]
-
-    def finalize_variable_values(self, var_list) -> None:
-        """At the end of ``fit``: drops an unfinished window (a warning)."""
-        if self.accumulator is not None:
-            self.accumulator.end_of_fit()
-        super().finalize_variable_values(var_list)  # type: ignore[misc]
 
 
 def _checked(steps, name, owner):
@@ -250,111 +223,3 @@ def _local_copies(variable) -> list:
     if isinstance(value, tf.distribute.DistributedValues):
         return list(value.values)
     return [value]
-
-
-def _replicas_of(variable):
-    """``(strategy, global ids of the local copies, replicas in sync)``."""
-    value = getattr(variable, "value", variable)
-    if not isinstance(value, tf.distribute.DistributedValues):
-        return None, [0], 1
-    strategy = value.distribute_strategy
-    with strategy.scope():
-        ids = strategy.run(
-            lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
-        ids = [int(i) for i in strategy.experimental_local_results(ids)]
-    return strategy, ids, strategy.num_replicas_in_sync
-
-
-def _every_replica(buffers) -> list[np.ndarray]:
-    """Every replica's copy of each buffer, stacked ``[replicas, ...]``.
-
-    Across workers this is a collective (every worker must save).
-    """
-    strategy, _, replicas = _replicas_of(buffers[0])
-    if replicas == 1:
-        return [np.stack([c.numpy() for c in _local_copies(b)]) for b in buffers]
-    gathered = []
-    with strategy.scope():
-        for buffer in buffers:
-            # Read in replica context: each replica's own copy. (One buffer
-            # per run: a list returned by `run` gathers one replica only.)
-            local = strategy.run(
-                lambda b=buffer: tf.expand_dims(tf.convert_to_tensor(b.value), 0))
-            gathered.append(np.asarray(strategy.gather(local, axis=0)))
-    return gathered
-
-
-def _entries(optimizer) -> dict[int, str]:
-    """The store key of each array variable of the wrapper's own layout.
-
-    `tf_mixed.scaling.keras_compat.KerasCompat.save_own_variables` writes the
-    scalar state as entry "0" and each array variable (the accumulation
-    buffers) as "1", "2", ... in order.
-    """
-    arrays = [v for v in optimizer._variables if v.shape]
-    return {id(v): str(i) for i, v in enumerate(arrays, start=1)}
-
-
-def save_variables(optimizer, store, save) -> None:
-    """``save`` (the wrapper's ``save_own_variables``), with every replica's buffer.
-
-    On several replicas an accumulation buffer's entry holds
-    ``[replicas, *shape]``; on one, its own shape (the plain layout).
-    """
-    save(store)
-    accumulator = optimizer.accumulator
-    if accumulator is None or not accumulator.buffers:
-        return
-    _, _, replicas = _replicas_of(accumulator.buffers[0])
-    if replicas <= 1:
-        return
-    keys = _entries(optimizer)
-    for buffer, value in zip(accumulator.buffers, _every_replica(accumulator.buffers)):
-        store[keys[id(buffer)]] = value
-
-
-def load_variables(optimizer, store, load) -> None:
-    """``load`` (the wrapper's ``load_own_variables``), then each replica's buffer.
-
-    Args:
-        optimizer: A built ``LossScaleOptimizer``.
-        store: What ``save_variables`` wrote (or an older file: then ``load``
-            alone reads it).
-        load: The loader of the plain layout, called with a store whose
-            buffer entries have the buffer's own shape.
-    """
-    accumulator = optimizer.accumulator
-    keys = _entries(optimizer) if optimizer.built else {}
-    stored = list(store.keys())
-    if (accumulator is None or not accumulator.buffers or not optimizer.built
-            or len(stored) != 1 + len(keys)
-            or any(keys[id(b)] not in stored for b in accumulator.buffers)):
-        load(store)
-        return
-    plain = {key: store[key] for key in stored}
-    saved = {}
-    for buffer in accumulator.buffers:
-        value = np.asarray(plain[keys[id(buffer)]], np.float32)
-        saved[id(buffer)] = (value if value.shape != tuple(buffer.shape)
-                             else value[None])
-        plain[keys[id(buffer)]] = np.zeros(buffer.shape, np.float32)
-    load(plain)
-    _, ids, replicas = _replicas_of(accumulator.buffers[0])
-    folded = False
-    for buffer in accumulator.buffers:
-        rows = saved[id(buffer)]
-        if len(rows) != replicas:
-            # Another replica count: keep the window's sum, on replica 0.
-            folded = folded or len(rows) > 1
-            total = rows.sum(axis=0, dtype=np.float32)
-            rows = np.stack([total if i == 0 else np.zeros_like(total)
-                             for i in range(replicas)])
-        for copy, replica in zip(_local_copies(buffer), ids):
-            copy.assign(rows[replica])
-    if folded:
-        warnings.warn(
-            "The optimizer's accumulation buffers were saved on "
-            f"{len(saved[id(accumulator.buffers[0])])} replicas and are "
-            f"restored onto {replicas}: the window's sum is kept (on the first "
-            "replica), but its rounding may differ from the uninterrupted run.",
-            RuntimeWarning, stacklevel=3)

@@ -56,6 +56,7 @@ __all__ = [
     "compensation_config",
     "compensation_of",
     "config_from_arguments",
+    "wrapper_rule",
     "kahan_add",
     "kahan_sum",
     "stochastic_round",
@@ -247,13 +248,24 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
         raise TypeError(
             "compensate() needs a keras.optimizers.Optimizer. Received: "
             f"optimizer={optimizer!r:.80} (of type {type(optimizer).__name__}).")
-    current = compensation_of(optimizer)
-    if current is not None:
-        if current != config:
-            raise ValueError(
-                f"The optimizer already updates bfloat16 weights with {current}. "
-                f"Received: {config}. Use a new optimizer for other settings.")
-        return optimizer
+    if _to_install(compensation_of(optimizer), config) is not None:
+        _install(optimizer, config)
+    return optimizer
+
+
+def _to_install(current: CompensationConfig | None,
+                config: CompensationConfig) -> CompensationConfig | None:
+    """``config`` unless ``current`` already is it; refuses another one."""
+    if current is None:
+        return config
+    if current != config:
+        raise ValueError(
+            f"The optimizer already updates bfloat16 weights with {current}. "
+            f"Received: {config}. Use a new optimizer for other settings.")
+    return None
+
+
+def _install(optimizer, config: CompensationConfig) -> None:
     if optimizer.built:
         raise ValueError(
             "compensate() must be called before the optimizer is built: its "
@@ -263,7 +275,6 @@ def compensate(optimizer, compensation: str | CompensationConfig | None = None,
     if config.method != "none" or config.state_dtype != "bfloat16":
         installed.install()
     setattr(optimizer, _ATTRIBUTE, installed)
-    return optimizer
 
 
 def config_from_arguments(compensation, state_dtype) -> CompensationConfig | None:
@@ -279,10 +290,34 @@ def config_from_arguments(compensation, state_dtype) -> CompensationConfig | Non
     return _config(compensation, state_dtype, 0)
 
 
+def wrapper_rule(optimizer, compensation, state_dtype) -> CompensationConfig | None:
+    """What a wrapper around ``optimizer`` must install (None: nothing).
+
+    Validates the wrapper's arguments and looks the installed rule up once;
+    changes nothing (`compensate_if_asked` installs).
+
+    Args:
+        optimizer: The inner optimizer.
+        compensation: As `config_from_arguments`, or ``"auto"``
+            (`wrap_optimizer` under a pure bfloat16 policy): `DEFAULT_METHOD`
+            unless ``optimizer`` already has a rule, which is kept.
+        state_dtype: As `config_from_arguments`.
+
+    Raises:
+        ValueError: an invalid argument, or ``optimizer`` already compensated
+            with other settings.
+    """
+    current = compensation_of(optimizer)
+    if isinstance(compensation, str) and compensation == "auto":
+        compensation = DEFAULT_METHOD if current is None else None
+    config = config_from_arguments(compensation, state_dtype)
+    return None if config is None else _to_install(current, config)
+
+
 def compensate_if_asked(optimizer, config: CompensationConfig | None) -> None:
-    """`compensate` with ``config``, unless it is None."""
+    """Installs ``config`` (from `wrapper_rule`), unless it is None."""
     if config is not None:
-        compensate(optimizer, config)
+        _install(optimizer, config)
 
 
 def compensation_config(optimizer) -> dict | None:

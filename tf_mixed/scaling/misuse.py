@@ -9,7 +9,8 @@
 #   warned too; a hand-made gradient is legitimate in tests);
 # * a second wrapper around an inner optimizer that a live, built wrapper
 #   already drives (one made every batch: its scale never adapts): a warning
-#   at its first step;
+#   at its first step; when the earlier wrappers were dropped, a warning once
+#   per inner optimizer;
 # * float16 variables updated by a wrapper that does not scale the loss (the
 #   pass-through ``wrap_optimizer`` returns under a float32 global policy): a
 #   warning;
@@ -30,6 +31,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 import weakref
 from typing import Any
@@ -45,6 +47,11 @@ __all__ = ["check_step", "forward_state_guard", "note_scaled", "scales"]
 
 # inner optimizer -> the live tf_mixed wrappers around it.
 _WRAPPERS: "weakref.WeakKeyDictionary[Any, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+# inner optimizer -> the name of the last wrapper that stepped it (live or
+# dropped), and the inner optimizers already told about dropped wrappers.
+_STEPPED_BY: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+_SERIALS = itertools.count()
+_TOLD_DROPPED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 _ASSIGNS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
@@ -77,6 +84,7 @@ def _warn_once(optimizer, key: str, message: str) -> None:
 def note_wrapper(wrapper) -> None:
     """Records ``wrapper`` as one of its inner optimizer's wrappers."""
     _WRAPPERS.setdefault(wrapper.inner_optimizer, weakref.WeakSet()).add(wrapper)
+    wrapper._scratch.serial = next(_SERIALS)  # ids of dropped objects are reused
 
 
 def note_scaled(optimizer, loss) -> None:
@@ -125,6 +133,8 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             f"'{others[0].name}' already drives: each new wrapper starts its "
             "loss scale again, so the scale never adapts (a wrapper made every "
             "batch?). Create the wrapper once, before the loop, and reuse it."))
+    else:
+        _check_dropped_wrapper(optimizer)
     _check_built_before_enable(optimizer)
     if not scales(optimizer) and any(
             keras.backend.standardize_dtype(v.dtype) == "float16"
@@ -136,6 +146,29 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "it updates float16 variables, whose small gradients flush to zero. "
             "Use tf_mixed.wrap_optimizer(optimizer, force=True), or "
             "tf_mixed.LossScaleOptimizer(optimizer)."))
+
+
+def _check_dropped_wrapper(optimizer) -> None:
+    """Says once per inner optimizer that an earlier, dropped wrapper stepped it.
+
+    A wrapper made every batch, the previous one dropped: no live wrapper is
+    left to compare with, so the inner optimizer remembers who stepped it.
+    """
+    inner = optimizer.inner_optimizer
+    me = optimizer._scratch.serial
+    before = _STEPPED_BY.get(inner)
+    _STEPPED_BY[inner] = me
+    if before is None or before == me or inner in _TOLD_DROPPED:
+        return
+    _TOLD_DROPPED.add(inner)
+    warnings.warn(
+        f"{type(optimizer).__name__} '{optimizer.name}' is a new wrapper around "
+        f"inner optimizer '{inner.name}', which an earlier wrapper (now dropped) "
+        "already stepped: each new wrapper starts its loss scale again at "
+        f"initial_scale ({optimizer.config.initial_scale:g}), so the scale never "
+        "adapts (a wrapper made every batch?). Create the wrapper once, before "
+        "the loop, and reuse it. (Said once per inner optimizer.)",
+        MixedPrecisionWarning, stacklevel=4)
 
 
 _PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",

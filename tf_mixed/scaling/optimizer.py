@@ -22,11 +22,14 @@
 # maximum scale, hysteresis, a fixed scale), the counters a monitor needs, and
 # a pass-through mode for float32/bfloat16.
 #
-# It is a drop-in for Keras's class (`tf_mixed.scaling.keras_compat`): same constructor
-# names (``dynamic_growth_steps``), same configs, and the same variables
-# (``step_counter``, ``dynamic_scale``, same dtypes, same order) so checkpoints
-# and ``.keras`` files written with Keras's wrapper load into it. The rule the
-# scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure function.
+# It is a drop-in for Keras's class (its method names: `tf_mixed.scaling.keras_compat`):
+# same constructor names (``dynamic_growth_steps``), same configs, and the same
+# variables (``step_counter``, ``dynamic_scale``, same dtypes, same order) so
+# checkpoints and ``.keras`` files written with Keras's wrapper load into it
+# (the layouts: `tf_mixed.scaling.formats`). The constructor checks each concern
+# once, before anything changes; `wrap_optimizer` only chooses a config. The
+# rule the scale follows is `tf_mixed.scaling.scale_state.next_state`, a pure
+# function.
 
 from __future__ import annotations
 
@@ -37,22 +40,22 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal import tf_keras_check
 from tf_mixed.scaling import accumulation
 from tf_mixed.scaling import allreduce
 from tf_mixed.scaling import compensated
+from tf_mixed.scaling import formats
 from tf_mixed.scaling import misuse
 from tf_mixed.scaling import pipeline
 from tf_mixed.scaling import scale_state
-from tf_mixed._internal import tf_keras_check
 from tf_mixed.scaling.float8_sync import Float8Sync
-from tf_mixed.scaling.keras_compat import (KerasCompat, checkpoint_children,
-                                           read_keras_state)
+from tf_mixed.scaling.keras_compat import KerasCompat
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
 
-__all__ = ["LossScaleOptimizer", "loss_scale_state", "refresh_forward_state",
-           "wrap_optimizer"]
+__all__ = ["LossScaleOptimizer", "loss_scale_state", "read_keras_state",
+           "refresh_forward_state", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
     "LossScaleOptimizer.apply() must be called in a replica context. You "
@@ -101,16 +104,16 @@ class _Scratch:
         self.scaled_since_apply = 0
         self.forward_ops_end: int | None = None
         self.said: set[str] = set()
+        self.serial = 0  # this wrapper's number (`misuse.note_wrapper`)
         self.tf_keras_unscaled = False
         # Checkpoint aliases of the inner optimizer's iterations and learning
         # rate, one object each for the optimizer's life
-        # (`tf_mixed.scaling.keras_compat.checkpoint_children`).
+        # (`tf_mixed.scaling.formats.checkpoint_children`).
         self.checkpoint_aliases: dict = {}
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
-class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
-                         keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that applies dynamic loss scaling safely.
 
     On every ``apply``:
@@ -156,22 +159,28 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
             on every overflow, as Keras does.
         dynamic: False keeps ``initial_scale`` fixed (tf-keras's
             ``dynamic=False``); non-finite steps are still skipped.
+        config: The knobs above as one `tf_mixed.scaling.scale_state.LossScaleConfig`
+            (instead of giving them one by one; `wrap_optimizer` passes the
+            config it chose).
         communication_dtype: The dtype gradients travel in when they are
             all-reduced across replicas: None (float32, as Keras),
             ``"float16"`` or ``"bfloat16"`` (half the bytes; see
             `tf_mixed.scaling.allreduce`). Either way the gradients are reduced in
             ONE collective and the skip verdict is taken from the reduced
             gradients. No effect with a single replica.
-        gradient_accumulation_steps, compensation, state_dtype: `tf_mixed.scaling.accumulation`, `tf_mixed.scaling.compensated`.
+        gradient_accumulation_steps, compensation, state_dtype: `tf_mixed.scaling.accumulation`,
+            `tf_mixed.scaling.compensated` (``compensation="auto"``: Kahan unless the
+            inner optimizer already has a rule, which is kept).
         **kwargs: Only the defaults of the base optimizer arguments are
             accepted (for compatibility with Keras deserialisation); clipping,
             weight decay and the like belong on ``inner_optimizer``.
 
     Raises:
-        TypeError: if ``inner_optimizer`` is not a Keras optimizer.
-        ValueError: if ``inner_optimizer`` is already a loss-scale optimizer,
-            or a knob is not a number or breaks its rule (the message names
-            the argument, the value and the rule).
+        TypeError: if ``inner_optimizer`` is not a Keras optimizer or is
+            already a loss-scale optimizer (tf-keras's error).
+        ValueError: if a knob is not a number or breaks its rule (the
+            message names the argument, the value and the rule), or
+            ``config`` is given together with knobs.
     """
 
     def __init__(
@@ -188,30 +197,26 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         max_scale: float = 2.0**24,
         hysteresis: int = 1,
         dynamic: bool = True,
+        config: LossScaleConfig | None = None,
         communication_dtype: str | None = None,
         gradient_accumulation_steps: int | None = None,
         compensation: Any = None,
         state_dtype: str | None = None,
         **kwargs: Any,
     ):
-        tf_keras_check.check_objects("tf_mixed.LossScaleOptimizer", inner_optimizer=inner_optimizer)
-        _check_inner(inner_optimizer)
+        # One pass: each concern is checked once, before anything changes.
+        _check_inner(inner_optimizer, "tf_mixed.LossScaleOptimizer")
+        config = _scale_config(config, initial_scale=initial_scale,
+                               dynamic_growth_steps=dynamic_growth_steps,
+                               growth_interval=growth_interval,
+                               growth_factor=growth_factor,
+                               backoff_factor=backoff_factor, min_scale=min_scale,
+                               max_scale=max_scale, hysteresis=hysteresis,
+                               dynamic=dynamic)
+        communication_dtype = allreduce.validate_communication_dtype(communication_dtype)
         steps = accumulation.steps_to_take_over(inner_optimizer,
                                                 gradient_accumulation_steps)
-        update_rule = compensated.config_from_arguments(compensation, state_dtype)
-        communication_dtype = allreduce.validate_communication_dtype(
-            communication_dtype)
-        config = LossScaleConfig(
-            initial_scale=initial_scale,
-            growth_interval=_growth_steps(dynamic_growth_steps,
-                                          growth_interval),
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            min_scale=min_scale,
-            max_scale=max_scale,
-            hysteresis=hysteresis,
-            dynamic=dynamic,
-        )
+        update_rule = compensated.wrapper_rule(inner_optimizer, compensation, state_dtype)
         super().__init__(
             inner_optimizer,
             initial_scale=config.initial_scale,
@@ -243,7 +248,7 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
 
         The first two state variables are Keras's (``step_counter`` int64,
         ``dynamic_scale`` float32, in that order); the counters Keras lacks
-        follow (`tf_mixed.scaling.keras_compat.EXTRA_STATE`). Under a
+        follow (`tf_mixed.scaling.formats.EXTRA_STATE`). Under a
         ``tf.distribute`` strategy call this (or let ``model.fit`` do it)
         inside ``strategy.scope()``, before the first ``strategy.run``.
 
@@ -359,13 +364,18 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         Raises:
             ValueError: if ``loss`` is not a floating-point scalar.
         """
-        loss = _checked_loss(loss)
+        return self._scale_tensor(loss, scalar=True)
+
+    def _scale_tensor(self, loss, *, scalar: bool):
+        """``scale_loss`` of a scalar, or (``scalar=False``, tf-keras's
+        ``get_scaled_loss``) of a floating tensor of any shape, elementwise."""
+        loss = _checked_loss(loss, scalar=scalar)
         if loss.dtype in (tf.float16, tf.bfloat16):
             loss = tf.cast(loss, tf.float32)
         misuse.note_scaled(self, loss)
         if not self.built:
             return loss * tf.cast(self.config.initial_scale, loss.dtype)
-        if self._scratch.tally is not None:
+        if self._scratch.tally is not None and loss.shape.rank == 0:
             self._scratch.tally.observe(loss)
         return loss * tf.cast(self.dynamic_scale, loss.dtype)
 
@@ -435,6 +445,89 @@ class LossScaleOptimizer(accumulation.AccumulationHooks, KerasCompat,
         with keras.name_scope(self.name, caller=self):
             return pipeline.step(self, grads, trainable_variables, unscaled)
 
+    def finalize_variable_values(self, var_list) -> None:
+        """At the end of ``fit``: drops an unfinished accumulation window (a warning)."""
+        if self.accumulator is not None:
+            self.accumulator.end_of_fit()
+        super().finalize_variable_values(var_list)
+
+    # ------------------------------------------------- its files and config
+
+    def save_own_variables(self, store) -> None:
+        """Saves the wrapper's own state only (``.keras`` files).
+
+        The layout is `tf_mixed.scaling.formats.save_own`: the scalar state as
+        one vector, then each accumulation buffer, every replica's.
+        """
+        formats.save_own(self, store)
+
+    def load_own_variables(self, store) -> None:
+        """Loads a ``.keras`` file's optimizer state, older layouts included.
+
+        `tf_mixed.scaling.formats.load_own`: this layout, tf_mixed's before it
+        and Keras's wrapper (whose missing counters start at 0); each
+        replica gets its own accumulation buffer back.
+        """
+        formats.load_own(self, store, super().load_own_variables)
+
+    def get_config(self):
+        """Returns the constructor arguments (Keras's names first)."""
+        knobs = self.config.to_dict()
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            "initial_scale": knobs.pop("initial_scale"),
+            "dynamic_growth_steps": knobs.pop("growth_interval"),
+            **knobs,
+            "communication_dtype": self.communication_dtype,
+            "gradient_accumulation_steps": (
+                None if self.accumulator is None else self.accumulator.steps),
+            "compensation": compensated.compensation_config(self.inner_optimizer),
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """Rebuilds the optimizer from ``get_config()`` output.
+
+        Also reads a ``keras.optimizers.LossScaleOptimizer`` config.
+        """
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+    @classmethod
+    def from_keras(cls, optimizer: keras.optimizers.LossScaleOptimizer,
+                   **knobs: Any) -> "LossScaleOptimizer":
+        """A tf_mixed wrapper around a Keras wrapper's inner optimizer.
+
+        Keeps its initial scale and growth steps (unless ``knobs`` override
+        them) and, if it is built, its current scale and step counter, so
+        training continues from where it stands.
+
+        Args:
+            optimizer: A ``keras.optimizers.LossScaleOptimizer``.
+            **knobs: Other ``LossScaleOptimizer`` arguments.
+
+        Returns:
+            A new ``tf_mixed.LossScaleOptimizer`` (built if ``optimizer``
+            was), sharing ``optimizer.inner_optimizer``.
+        """
+        knobs.setdefault("initial_scale", float(optimizer.initial_scale))
+        if "growth_interval" not in knobs:
+            knobs.setdefault("dynamic_growth_steps",
+                             int(optimizer.dynamic_growth_steps))
+        wrapper = cls(optimizer.inner_optimizer, **knobs)
+        if optimizer.built:
+            saved = read_keras_state(optimizer)
+            wrapper.build(_internals.optimizer_trainable_variables(optimizer))
+            wrapper.dynamic_scale.assign(saved.scale)
+            wrapper.step_counter.assign(saved.good_steps)
+        return wrapper
+
 
 
 def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
@@ -453,8 +546,8 @@ def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
 
 
 # A tf.train.Checkpoint of the wrapper has the inner optimizer's layout plus
-# the scale state (`tf_mixed.scaling.keras_compat.checkpoint_children`).
-_internals.set_checkpoint_children(LossScaleOptimizer, checkpoint_children)
+# its own state (`tf_mixed.scaling.formats.checkpoint_children`).
+_internals.set_checkpoint_children(LossScaleOptimizer, formats.checkpoint_children)
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -488,6 +581,28 @@ def loss_scale_state(optimizer) -> LossScaleState:
         scale=1.0 if factor is None else float(factor), good_steps=0,
         overflow_streak=0, skipped_steps=0, last_step_skipped=False,
         min_scale_skips=0)
+
+
+def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:
+    """`LossScaleState` of a ``keras.optimizers.LossScaleOptimizer``.
+
+    Keras keeps only the scale (``dynamic_scale``) and the consecutive
+    finite steps (``step_counter``); the counters it does not keep are None.
+
+    Args:
+        optimizer: A Keras loss-scale optimizer, built or not.
+
+    Returns:
+        The state, in Python numbers.
+    """
+    if optimizer.built:
+        scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+        good = int(keras.ops.convert_to_numpy(optimizer.step_counter))
+    else:
+        scale, good = float(optimizer.initial_scale), 0
+    return LossScaleState(scale=scale, good_steps=good, overflow_streak=None,
+                          skipped_steps=None, last_step_skipped=None,
+                          min_scale_skips=None)
 
 
 def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
@@ -530,45 +645,23 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             known ones), is already a ``tf_mixed`` wrapper and ``knobs`` ask
             for different settings, or a knob is invalid.
     """
-    tf_keras_check.check_objects("tf_mixed.wrap_optimizer", optimizer=optimizer)
+    # Chooses a config and calls the constructor, which checks everything once.
     if isinstance(optimizer, str):
         optimizer = _optimizer_by_name(optimizer)
-    if "communication_dtype" in knobs:  # "float32" means None, everywhere
-        knobs["communication_dtype"] = allreduce.validate_communication_dtype(
-            knobs["communication_dtype"])
     if isinstance(optimizer, LossScaleOptimizer):
-        differing = {k: v for k, v in knobs.items()
-                     if getattr(optimizer, k, object()) != v}
-        if differing:
-            raise ValueError(
-                "wrap_optimizer() received a tf_mixed.LossScaleOptimizer "
-                f"together with different settings {differing}. Pass the "
-                "inner optimizer instead: "
-                "wrap_optimizer(opt.inner_optimizer, ...)."
-            )
-        return optimizer
+        return _unchanged(optimizer, knobs)
+    if (isinstance(optimizer, keras.optimizers.Optimizer)
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        policy = keras.config.dtype_policy().name
+        if policy == "bfloat16":
+            knobs.setdefault("compensation", "auto")
+        if not (force or policy == "mixed_float16"):
+            knobs = _pass_through(knobs)
+        return LossScaleOptimizer(optimizer, **knobs)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return LossScaleOptimizer.from_keras(optimizer, **knobs)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
-            f"such as 'adam'. Received: optimizer={optimizer!r} (of type "
-            f"{type(optimizer).__name__})."
-        )
-    policy = keras.config.dtype_policy().name
-    if policy == "bfloat16" and compensated.compensation_of(optimizer) is None:
-        knobs.setdefault("compensation", compensated.DEFAULT_METHOD)
-    if force or policy == "mixed_float16":
-        return LossScaleOptimizer(optimizer, **knobs)
-    wrapper_args = {k: knobs.pop(k) for k in _WRAPPER_ARGS if k in knobs}
-    _validate_knobs(knobs)
-    # No loss scaling needed; a float16 wire still needs a scale it can back
-    # off (bfloat16 has float32's range).
-    config = (LossScaleConfig.wire()
-              if wrapper_args.get("communication_dtype") == "float16"
-              else LossScaleConfig.pass_through())
-    return LossScaleOptimizer(
-        optimizer, **config.to_dict(), **wrapper_args)
+    _check_inner(optimizer, "tf_mixed.wrap_optimizer")  # raises: not an optimizer
+    raise AssertionError("unreachable")
 
 
 # Constructor arguments that are not loss-scale knobs (valid in every mode).
@@ -579,13 +672,33 @@ _WRAPPER_ARGS = ("communication_dtype", "gradient_accumulation_steps",
 # --------------------------------------------------------------- helpers
 
 
-def _validate_knobs(knobs):
-    """Validates constructor knobs without building an optimizer."""
-    knobs = dict(knobs)
-    knobs["growth_interval"] = _growth_steps(
-        knobs.pop("dynamic_growth_steps", None),
-        knobs.pop("growth_interval", None))
-    unknown = sorted(set(knobs) - set(LossScaleConfig.__dataclass_fields__))
+def _unchanged(optimizer, knobs):
+    """A tf_mixed wrapper given to `wrap_optimizer`: itself, if ``knobs`` agree."""
+    if "communication_dtype" in knobs:  # "float32" means None, everywhere
+        knobs["communication_dtype"] = allreduce.validate_communication_dtype(
+            knobs["communication_dtype"])
+    differing = {k: v for k, v in knobs.items()
+                 if getattr(optimizer, k, object()) != v}
+    if differing:
+        raise ValueError(
+            "wrap_optimizer() received a tf_mixed.LossScaleOptimizer "
+            f"together with different settings {differing}. Pass the "
+            "inner optimizer instead: "
+            "wrap_optimizer(opt.inner_optimizer, ...)."
+        )
+    return optimizer
+
+
+def _pass_through(knobs: dict) -> dict:
+    """`wrap_optimizer`'s arguments when the policy needs no loss scaling.
+
+    The loss-scale knobs are still validated (a typo shows up on any
+    machine) and then replaced by a fixed scale of 1; a float16 wire still
+    needs a scale it can back off (bfloat16 has float32's range).
+    """
+    wrapper_args = {k: knobs.pop(k) for k in _WRAPPER_ARGS if k in knobs}
+    unknown = sorted(set(knobs) - set(LossScaleConfig.__dataclass_fields__)
+                     - {"dynamic_growth_steps"})
     if unknown:
         raise ValueError(
             f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
@@ -593,7 +706,38 @@ def _validate_knobs(knobs):
             f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}, "
             f"{', '.join(_WRAPPER_ARGS)}."
         )
-    LossScaleConfig(**knobs)
+    _scale_config(None, **knobs)
+    wire = wrapper_args.get("communication_dtype") == "float16"
+    return {"config": _WIRE if wire else _PASS_THROUGH, **wrapper_args}
+
+
+# The two configs `wrap_optimizer` chooses when no loss scaling is needed.
+_PASS_THROUGH = LossScaleConfig.pass_through()
+_WIRE = LossScaleConfig.wire()
+
+
+def _scale_config(config: LossScaleConfig | None, dynamic_growth_steps=None,
+                  growth_interval=None, **knobs) -> LossScaleConfig:
+    """The frozen config: ``config`` itself, or the knobs validated into one."""
+    if config is None:
+        return LossScaleConfig(
+            growth_interval=_growth_steps(dynamic_growth_steps, growth_interval),
+            **knobs)
+    if not isinstance(config, LossScaleConfig):
+        raise TypeError(
+            "LossScaleOptimizer argument `config` must be a "
+            "tf_mixed.scaling.LossScaleConfig or None. Received: "
+            f"config={config!r:.80} (of type {type(config).__name__}).")
+    fields = LossScaleConfig.__dataclass_fields__
+    given = {name: value for name, value in knobs.items()
+             if value != fields[name].default}
+    if dynamic_growth_steps is not None or growth_interval is not None:
+        given["growth_interval"] = _growth_steps(dynamic_growth_steps, growth_interval)
+    if given:
+        raise ValueError(
+            "LossScaleOptimizer got both `config` and knobs it holds. "
+            f"Received: config={config} and {given}. Give one of them.")
+    return config
 
 
 def _optimizer_names() -> list[str]:
@@ -683,7 +827,7 @@ def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
     return grads, trainable_variables, unscaled
 
 
-def _checked_loss(loss):
+def _checked_loss(loss, scalar: bool = True):
     try:
         tensor = tf.convert_to_tensor(loss)
     except (TypeError, ValueError):
@@ -694,6 +838,8 @@ def _checked_loss(loss):
             f"tensor. Received: loss={loss!r:.80} (dtype "
             f"{getattr(tensor, 'dtype', type(loss).__name__)}). Cast it, "
             "e.g. tf.cast(loss, 'float32').")
+    if not scalar:
+        return tensor
     if tensor.shape.rank is not None and tensor.shape.num_elements() != 1:
         raise ValueError(
             "scale_loss() argument `loss` must be a scalar (reduce it with "
@@ -721,9 +867,23 @@ def _refuse_jit_under_strategy(strategy):
         ))
 
 
-def _check_inner(inner_optimizer):
+def _check_inner(inner_optimizer, entry: str) -> None:
+    """The wrapped optimizer's one check: Keras 3, an optimizer, not a wrapper.
+
+    Args:
+        inner_optimizer: What the caller received.
+        entry: The public name called (``"tf_mixed.wrap_optimizer"`` names
+            its argument ``optimizer``).
+
+    Raises:
+        TfKerasError: a tf-keras object.
+        TypeError: not a Keras optimizer, or a loss-scale optimizer (as
+            tf-keras; it is also a ValueError, as tf_mixed raised before).
+    """
+    argument = "optimizer" if entry == "tf_mixed.wrap_optimizer" else "inner_optimizer"
+    tf_keras_check.check_objects(entry, **{argument: inner_optimizer})
     if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
+        raise _validate.ArgumentTypeError(
             "LossScaleOptimizer cannot wrap another loss-scale optimizer "
             f"(received inner_optimizer={type(inner_optimizer).__name__}); "
             "the gradients would be scaled twice. Wrap its "
@@ -731,6 +891,12 @@ def _check_inner(inner_optimizer):
             "this for you."
         )
     if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        if argument == "optimizer":
+            raise TypeError(
+                "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
+                f"such as 'adam'. Received: optimizer={inner_optimizer!r} (of type "
+                f"{type(inner_optimizer).__name__})."
+            )
         raise TypeError(
             "LossScaleOptimizer needs a keras.optimizers.Optimizer instance "
             f"as inner_optimizer. Received: inner_optimizer={inner_optimizer!r}"

@@ -10,8 +10,10 @@
 # float16. `export`:
 #
 # 1. rebuilds the model in the precision asked for, with the trained weights
-#    (`tf_mixed.models.conversion.rebuild`: float32 layers of a mixed model, and tf_mixed's
-#    float32 heads, stay float32), without the optimizer;
+#    and what Keras's saving carries besides (`tf_mixed.models.conversion.rebuild`:
+#    float32 layers of a mixed model, and tf_mixed's float32 heads, stay
+#    float32), without the optimizer; ``precision="as_trained"`` resolving to
+#    the dtype the model computes in serves the model itself, with no copy;
 # 2. writes a SavedModel whose ``serve`` endpoint takes the model's input
 #    dtypes and returns float32, and for LiteRT converts it with LiteRT's
 #    builtin ops (float16 weights for ``"float16_weights"``), refusing a file
@@ -224,10 +226,10 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
 
 def _serving_model(model, resolved: str, trained: str, requested: str):
     compute = _DTYPES[resolved][0]
+    if requested == "as_trained" and compute == trained:
+        return model  # served as it computes: no copy to make
     if rebuild_module.is_graph_model(model):
         return rebuild_module.rebuild(model, compute)
-    if requested == "as_trained" and compute == trained:
-        return model  # a subclassed model served as it computes
     return rebuild_module.rebuild(model, compute)  # raises, naming the kind
 
 
@@ -267,11 +269,13 @@ def _as_inputs(sample, specs):
 
     def convert(x, spec):
         array = np.asarray(x)
-        if tuple(array.shape[1:]) != tuple(spec.shape[1:]) or array.ndim != len(spec.shape):
+        fits = array.ndim == len(spec.shape) and all(
+            want is None or want == got for got, want in zip(array.shape[1:], spec.shape[1:]))
+        if not fits:
             raise ValueError(
                 f"sample has shape {array.shape} where the model's input "
-                f"'{spec.name}' takes {tuple(spec.shape)} (None: any batch size). "
-                "Pass one batch of the model's inputs.")
+                f"'{spec.name}' takes {tuple(spec.shape)} (None: any size, such as the "
+                "batch or a sequence length). Pass one batch of the model's inputs.")
         return tf.constant(array, dtype=spec.dtype)
 
     return keras.tree.map_structure(convert, sample, specs)

@@ -11,9 +11,18 @@
 # * ``half_output_activation`` (error): a softmax/sigmoid/log_softmax computed in
 #   float16/bfloat16 produces a model output. The probabilities saturate and
 #   Keras loses its exact logits shortcut in the cross-entropy.
-# * ``half_output`` (warning): a model output is float16/bfloat16; an error
-#   when the model is compiled with a top-k metric, which fails on it (Keras
-#   computes top-k with TensorFlow's InTopKV2, float32 only).
+# * ``half_output`` (warning): a model output is float16/bfloat16 at run time;
+#   an error when the model is compiled with a top-k metric, which fails on it
+#   (Keras computes top-k with TensorFlow's InTopKV2, float32 only). An output
+#   declared half in the graph is confirmed by one traced call: KerasHub's
+#   ``ReversibleEmbedding`` (every causal LM's tied output) declares its
+#   compute dtype but returns float32, and is not reported.
+# * ``half_range`` (error): a layer computing in float16/bfloat16 holds a
+#   value that dtype cannot represent (a variable, or an adapted
+#   ``Normalization``'s mean or variance: a feature ~1e4 wide has a variance
+#   above float16's 65504): cast to the compute dtype at each call, it is inf
+#   there, and an adapted Normalization outputs 0 for that feature
+#   (`tf_mixed._internal.facts.out_of_range`).
 # * ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
 #   holds an ``Embedding`` takes its ids as floats straight from a model input:
 #   Keras casts them to the half dtype first, which represents integers exactly
@@ -35,6 +44,10 @@
 # * ``not_mixed`` (info): the model computes in float32 everywhere (and no
 #   ``policy_mismatch`` said why): turn mixed precision on. Its memory line
 #   then gives the float32 bytes alone, not float32 against itself.
+# * ``policy_given`` (info), instead of ``policy_mismatch``: the model has a
+#   half policy of its own while the global one is float32, as a model
+#   given ``dtype="mixed_float16"`` at construction (KerasHub's ``dtype=``)
+#   has: it computes as asked.
 # * ``explicit_float32`` (info): layers with a float32 policy in a mixed model
 #   (often deliberate; listed so they are not a surprise). tf_mixed's own
 #   float32 heads are not listed.
@@ -66,6 +79,7 @@ from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed._internal.facts import FLOAT32_HEADS
+from tf_mixed._internal.facts import FLOAT_POLICIES
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.facts import SQUASHING_ACTIVATIONS
 from tf_mixed._internal.facts import activation_name
@@ -73,7 +87,9 @@ from tf_mixed._internal.facts import layer_outputs
 from tf_mixed._internal.facts import model_outputs
 from tf_mixed._internal.facts import check_model_kind
 from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import out_of_range
 from tf_mixed._internal.facts import rounded_ids
+from tf_mixed.models.cloning import model_input
 from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
@@ -341,10 +357,11 @@ def audit(model, batch_size: int | None = None, *,
     outputs = model_outputs(model)
     output_layers = set()
     top_k = _top_k_metrics(model)
-    for tensor in outputs:
+    run_time = _run_time_dtypes(model, outputs)
+    for tensor, dtype in zip(outputs, run_time):
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
-        findings.extend(_output_findings(tensor, name, layer, top_k))
+        findings.extend(_output_findings(dtype, name, layer, top_k))
         if type(layer).__name__ in FLOAT32_HEADS:
             # The layer feeding a float32 head is the real output layer.
             for inner in _internals.call_inputs(layer):
@@ -358,7 +375,16 @@ def audit(model, batch_size: int | None = None, *,
             dtype, name or f"{model.name} (its call)", layer, top_k))
     global_policy = keras.config.dtype_policy().name
     model_policy = model.dtype_policy.name
-    if check_global_policy and model_policy != global_policy:
+    given = _given_policy(model_policy, global_policy)
+    if given:
+        findings.append(Finding(
+            "info", "policy_given", None,
+            f"Model '{model.name}' has its own policy '{model_policy}' (given at "
+            "construction: a dtype= argument, as KerasHub models take, or a global "
+            f"policy since changed) while the global policy is '{global_policy}': it "
+            f"computes under '{model_policy}'.",
+            "nothing; layers you build later with dtype=None get the global policy."))
+    elif check_global_policy and model_policy != global_policy:
         findings.append(Finding(
             "warning", "policy_mismatch", None,
             f"Model '{model.name}' has policy '{model_policy}' but the global policy "
@@ -421,6 +447,41 @@ def audit(model, batch_size: int | None = None, *,
                        memory)
 
 
+def _given_policy(model_policy: str, global_policy: str) -> bool:
+    """Whether the model was given a half policy of its own (``dtype=`` at
+    construction) while the global policy is float32: not "built before the
+    policy was set", which is a float32 model under a mixed global policy."""
+    compute = (keras.DTypePolicy(model_policy).compute_dtype if model_policy in FLOAT_POLICIES
+               else None)
+    return global_policy == "float32" and compute in HALF_DTYPES
+
+
+def _run_time_dtypes(model, outputs) -> list[str]:
+    """The dtype of each output at run time, read from one traced call.
+
+    A layer can declare one dtype symbolically and return another:
+    KerasHub's ``ReversibleEmbedding`` (the tied output of every causal LM)
+    declares its compute dtype but returns float32 (``autocast=False``,
+    measured on KerasHub 0.32). Only outputs declared half are checked (one
+    ``tf.function`` trace of the model on its own input specs, no step run,
+    no weight touched); the declared dtype stands when the trace fails.
+    """
+    declared = [_dtype(t.dtype) for t in outputs]
+    if not any(d in HALF_DTYPES for d in declared):
+        return declared
+    import tensorflow as tf
+
+    specs = keras.tree.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype), model_input(model))
+    try:
+        traced = tf.function(lambda inputs: model(inputs, training=False),
+                             autograph=False).get_concrete_function(specs)
+    except Exception:  # the declared dtypes stand
+        return declared
+    got = [_dtype(o.dtype) for o in keras.tree.flatten(traced.structured_outputs)]
+    return got if len(got) == len(declared) else declared
+
+
 def _optimizer_findings(model, rows) -> list[Finding]:
     """Keras's own loss-scale wrapper on a float16 model: ``wrap_optimizer`` forgotten.
 
@@ -447,8 +508,23 @@ def _optimizer_findings(model, rows) -> list[Finding]:
         "MirroredStrategy it writes -inf into the weights when only a later "
         "replica overflows, and its scale has no floor (python -m tf_mixed "
         "check lists these defects).",
-        "compile with optimizer=tf_mixed.wrap_optimizer(optimizer), or "
-        "tf_mixed.wrap_optimizer(model.optimizer) to keep its scale.")]
+        f"compile with optimizer={wrap_advice()}, or "
+        f"{wrap_advice('model.optimizer')} to keep its scale.")]
+
+
+def wrap_advice(optimizer: str = "optimizer") -> str:
+    """The ``wrap_optimizer`` call that scales the loss under the current global policy.
+
+    ``wrap_optimizer`` scales dynamically under a global ``mixed_float16``;
+    under any other global policy it passes a plain optimizer through unless
+    ``force=True``. A model given ``dtype="mixed_float16"`` itself (KerasHub's
+    ``dtype=``) while the global policy is float32 needs ``force=True``.
+    """
+    if keras.config.dtype_policy().name == "mixed_float16":
+        return f"tf_mixed.wrap_optimizer({optimizer})"
+    return (f"tf_mixed.wrap_optimizer({optimizer}, force=True) (force=True: the global "
+            f"policy is '{keras.config.dtype_policy().name}', under which wrap_optimizer "
+            "passes the optimizer through)")
 
 
 def _effective_policy(model, layers) -> str:
@@ -571,6 +647,17 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
     found = []
     cls = type(layer).__name__
     compute = _dtype(layer.compute_dtype)
+    beyond = None if is_input_layer(layer) else out_of_range(layer)
+    if beyond is not None:
+        what, largest, limit = beyond
+        found.append(Finding(
+            "error", "half_range", name,
+            f"{cls} computes in {compute} with its {what} reaching {largest:.4g}, "
+            f"beyond {compute}'s largest value {limit:.6g}: Keras casts it to {compute} "
+            "at each call, where it is inf, so the outputs it touches are wrong (an "
+            "adapted Normalization outputs 0 for that feature, silently).",
+            f"keep '{name}' in float32: tf_mixed.convert(model) does for Normalization "
+            f"and Discretization; or create it with dtype='float32'."))
     if cls in _OVERFLOWING_NORMS and compute == "float16":
         found.append(Finding(
             "warning", "norm_overflow", name,

@@ -131,6 +131,10 @@ class ProbeReport:
         `tf_mixed.float8.reading.TensorState` per float8 layer and tensor
         (scale, amax, saturated and flushed fractions on the first batch,
         with the model's current scales); () otherwise.
+      out_of_range: one sentence per layer of the half run that computes
+        with a value its half dtype cannot hold (an adapted Normalization's
+        variance above 65504 in float16: `tf_mixed._internal.facts.out_of_range`);
+        the first one leads the advice.
     """
 
     model_name: str
@@ -148,6 +152,7 @@ class ProbeReport:
     advice: str
     half_gradients: str = "measured"
     float8: tuple = ()
+    out_of_range: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (non-finite floats become strings)."""

@@ -71,6 +71,8 @@ from tf_mixed._internal.facts import FLOAT_POLICIES
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
 from tf_mixed._internal.facts import check_model_kind, half_policy, is_input_layer
 from tf_mixed._internal.facts import layer_outputs
+from tf_mixed._internal.facts import keeps_float32_statistics
+from tf_mixed._internal.facts import out_of_range
 from tf_mixed._internal.facts import rounded_ids
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed.tools.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
@@ -160,7 +162,9 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     variables = acc.variable_stats(current, recommended)
     underflow, entries = acc.underflow(recommended)
     first, where = _first_nonfinite(layers)
-    advice = _advice(layers, first, where, target, current, recommended, half_dtype)
+    beyond = _out_of_range(half, target)
+    advice = beyond[0] if beyond else _advice(
+        layers, first, where, target, current, recommended, half_dtype)
     return ProbeReport(
         model_name=model.name, policy=target, batches=len(batches_list),
         examples=sum(_length(xb) for xb, _ in batches_list), layers=tuple(layers),
@@ -168,7 +172,26 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         recommended_scale=recommended, underflow_at_recommended=underflow,
         gradient_entries=entries, first_nonfinite=first, first_nonfinite_in=where,
         advice=advice, half_gradients="measured" if half_gradients else "predicted",
-        float8=_float8_section(model, batches_list[0], loss_fn))
+        float8=_float8_section(model, batches_list[0], loss_fn), out_of_range=beyond)
+
+
+def _out_of_range(half, policy: str) -> tuple[str, ...]:
+    """One sentence per half-run layer computing with a value its dtype cannot hold."""
+    found = []
+    for name, layer, _ in half.layers:
+        beyond = out_of_range(layer)
+        if beyond is None:
+            continue
+        what, largest, limit = beyond
+        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
+        argument = keep_float32_rules.argument([name.rsplit("/", 1)[-1]])
+        found.append(
+            f"Layer '{name}' ({type(layer).__name__}) computes in {dtype} with its {what} "
+            f"reaching {largest:.4g}, beyond {dtype}'s largest value {limit:.6g}, so that "
+            f"value is inf there and the outputs it touches are wrong (an adapted "
+            f"Normalization outputs 0): keep it in float32 with tf_mixed.enable("
+            f"'{policy}', {argument}) or model = tf_mixed.convert(model, {argument}).")
+    return tuple(found)
 
 
 def _float8_section(model, batch, loss_fn) -> tuple:
@@ -205,8 +228,10 @@ def _resolve_policy(model, policy) -> str:
         found = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
         if found:
             return found
+    own = half_policy(keras.backend.standardize_dtype(
+        getattr(model.dtype_policy, "compute_dtype", "float32")))
     global_dtype = keras.config.dtype_policy().compute_dtype
-    return half_policy(global_dtype) or MIXED_FLOAT16
+    return own or half_policy(global_dtype) or MIXED_FLOAT16
 
 
 def _length(xb) -> int:
@@ -323,7 +348,9 @@ def _kept_float32(model, half_dtype: str) -> frozenset:
     rules = keep_float32_rules.active()
     kept = set()
     for _, layer in walk_layers(model):
-        if rules and rules.matches(layer):
+        if keeps_float32_statistics(layer):
+            kept.add(id(layer))
+        elif rules and rules.matches(layer):
             kept.add(id(layer))
             if isinstance(layer, keras.Model):
                 kept.update(id(inner) for _, inner in walk_layers(layer))
@@ -375,8 +402,12 @@ def _leaves(model) -> list:
 
 
 def _has_half_layers(model) -> bool:
-    return any(keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES
-               for layer in _leaves(model))
+    """Whether `model` was made mixed: a layer computes in half precision, or
+    the model's own policy does (`convert` gives the new model the target
+    policy, even when every layer it left ended up float32 on purpose)."""
+    dtypes = [keras.backend.standardize_dtype(layer.compute_dtype) for layer in _leaves(model)]
+    own = keras.backend.standardize_dtype(getattr(model.dtype_policy, "compute_dtype", "float32"))
+    return own in HALF_DTYPES or any(d in HALF_DTYPES for d in dtypes)
 
 
 def _policy_name(layer) -> str | None:

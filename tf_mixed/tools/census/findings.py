@@ -132,6 +132,9 @@ def find(report, model) -> tuple[Finding, ...]:
                            "input casting on.",
             "xla_upcast": "XLA on this device computes half-precision matmuls in float32: "
                           "compile with jit_compile=False here, or train on a GPU.",
+            "inside_layer": f"nothing, if the float32 math of '{island.layer}' is deliberate "
+                            "(rotary positions and tied output logits usually are); otherwise "
+                            "compute in self.compute_dtype in its call.",
         }[island.reason]
         found.append(_finding(
             "float32_island", island.layer, f"{island.class_name} is a float32 island: {seen}",
@@ -149,9 +152,10 @@ def find(report, model) -> tuple[Finding, ...]:
             f"compute in the Lambda's input dtype (drop the cast to 'float32'; use "
             f"x.dtype for constants), or move the math into a layer, which Keras runs "
             f"in {report.policy}."))
-    wide = [row for row in report.casts if row.source == "float64"]
+    # A float64 constant (a NumPy scalar in a layer's code) is not data.
+    wide = [row for row in report.casts if row.source == "float64" and row.count > row.constants]
     if wide:
-        count = sum(row.count for row in wide)
+        count = sum(row.count - row.constants for row in wide)
         places = ", ".join(sorted({row.layer for row in wide}))
         found.append(_finding(
             "float64_input", wide[0].layer,

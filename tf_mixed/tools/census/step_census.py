@@ -73,6 +73,10 @@ REASONS = {
     "explicit_dtype": "the layer has an explicit float32 dtype policy",
     "lambda": "a Lambda computes in float32",
     "float_input": "its input arrives in {dtype} (the layer computes in {compute})",
+    "inside_layer": "the layer computes them in {dtype} inside its own call, whatever its "
+                    "{compute} inputs (a cast of its own, a variable read without autocast, "
+                    "values it makes itself: KerasHub's rotary positions and tied output "
+                    "embedding do so on purpose)",
     "xla_upcast": "XLA computes it in {dtype} (the layer computes in {compute})",
 }
 
@@ -87,6 +91,8 @@ class CastRow:
       target: dtype cast to.
       count: casts per step.
       bytes: bytes they read and write per step (None: a shape is unknown).
+      constants: how many of them cast a constant of the graph (a NumPy
+        scalar in a layer's code), not data or a variable.
     """
 
     layer: str
@@ -94,6 +100,7 @@ class CastRow:
     target: str
     count: int
     bytes: int | None
+    constants: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,7 +595,8 @@ def _casts(records, labels) -> tuple[CastRow, ...]:
                                                  key=lambda kv: first[kv[0][0]]):
         sizes = [c.cast_bytes for c in casts]
         rows.append(CastRow(layer, source, target, len(casts),
-                            None if None in sizes else sum(sizes)))
+                            None if None in sizes else sum(sizes),
+                            sum(c.from_constant for c in casts)))
     return tuple(rows)
 
 
@@ -645,6 +653,8 @@ def _islands(records, labels, layers, policy, source, outputs) -> tuple[Island, 
             reason = "explicit_dtype"
         elif source == "optimized_hlo":
             reason = "xla_upcast"
+        elif _inputs_not_wide(layer):
+            reason = "inside_layer"
         else:
             reason = "float_input"
         flops = [r.flops for r in ops]
@@ -652,6 +662,14 @@ def _islands(records, labels, layers, policy, source, outputs) -> tuple[Island, 
                               None if None in flops else sum(flops),
                               name in outputs))
     return tuple(islands)
+
+
+def _inputs_not_wide(layer) -> bool:
+    """Whether every input `layer` was called on in the model's graph is half
+    precision or not a float (token ids, masks): its float32 products are
+    then made inside it. False without a graph (nothing known)."""
+    dtypes = [keras.backend.standardize_dtype(t.dtype) for t in _internals.call_inputs(layer)]
+    return bool(dtypes) and not any(d in ("float32", "float64") for d in dtypes)
 
 
 def _output_layers(model, leaves) -> set[str]:

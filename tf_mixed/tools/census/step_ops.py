@@ -65,6 +65,8 @@ class OpRecord:
         and the contracted width (for a convolution, the output and input
         channels); () otherwise.
       inputs: names of the ops whose outputs it reads.
+      from_constant: for a cast, whether it casts a constant of the graph
+        (a NumPy scalar a layer computes with), not data or a variable.
     """
 
     name: str
@@ -75,6 +77,7 @@ class OpRecord:
     elements: int | None = None
     dims: tuple = ()
     inputs: tuple[str, ...] = ()
+    from_constant: bool = False
 
     @property
     def is_compute(self) -> bool:
@@ -117,9 +120,45 @@ def _known(*shapes) -> bool:
     return all(s is not None and None not in s for s in shapes)
 
 
+# Ops that pass a tensor on (or change its dtype or layout) between where it
+# is made and where it is used: looked through to find a tensor's source.
+_PASS_THROUGH = frozenset({"Identity", "Cast", "Reshape", "Transpose", "ExpandDims", "Squeeze"})
+
+
+def _source(tensor):
+    """The op that made `tensor`, through casts, identities and reshapes."""
+    op = tensor.op
+    for _ in range(8):
+        if op.type not in _PASS_THROUGH or not op.inputs:
+            return op
+        op = op.inputs[0].op
+    return op
+
+
+def _reads_weight(op) -> bool:
+    """Whether a matrix product multiplies by a variable (a layer's kernel).
+
+    A product of two activations (attention scores ``q @ k^T``, the context
+    ``scores @ v``) has the sequence length, not a layer width, as its
+    output dimension: its dims are not a width to pad.
+    """
+    return any(_source(t).type in ("ReadVariableOp", "ResourceGather") for t in op.inputs)
+
+
 def _flops(op) -> tuple[int | None, tuple]:
-    """(FLOPs, dims) of a matmul/conv op from its static shapes."""
+    """(FLOPs, dims) of a matmul/conv op from its static shapes.
+
+    The dims of a product of two activations (no operand reads a variable)
+    are left out: its output dimension is a token count, not a width.
+    """
     kind = COMPUTE_KINDS[op.type]
+    if kind in ("matmul", "batch_matmul", "einsum"):
+        flops, dims = _product_flops(op, kind)
+        return flops, dims if _reads_weight(op) else ()
+    return _conv_flops(op, kind)
+
+
+def _product_flops(op, kind: str) -> tuple[int | None, tuple]:
     out = _shape(op.outputs[0])
     if kind in ("matmul", "batch_matmul"):
         a = _shape(op.inputs[0])
@@ -131,8 +170,11 @@ def _flops(op) -> tuple[int | None, tuple]:
             adjoint = False
         k = a[-2] if adjoint else a[-1]
         return 2 * _prod(out) * k, (("n", out[-1]), ("k", k))
-    if kind == "einsum":
-        return _einsum_flops(op.get_attr("equation").decode(), op.inputs, out)
+    return _einsum_flops(op.get_attr("equation").decode(), op.inputs, out)
+
+
+def _conv_flops(op, kind: str) -> tuple[int | None, tuple]:
+    out = _shape(op.outputs[0])
     if kind in ("conv", "depthwise"):
         grad, filt = out, _shape(op.inputs[1])
     elif kind in ("conv_input", "depthwise_input"):
@@ -187,7 +229,8 @@ def _record(op) -> OpRecord:
         target = _float_name(op.outputs[0].dtype)
         if source and target and source != target:
             return OpRecord(op.name, "Cast", target, cast_from=source,
-                            elements=_elements(op), inputs=inputs)
+                            elements=_elements(op), inputs=inputs,
+                            from_constant=_source(op.inputs[0]).type == "Const")
     if op.type in COMPUTE_KINDS:
         flops, dims = _flops(op)
         return OpRecord(op.name, op.type, _op_dtype(op), flops=flops,

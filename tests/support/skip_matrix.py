@@ -1,0 +1,188 @@
+"""The skipped-step contract's matrix: a run with one bad batch against the
+same run with that batch removed from the data (docs/skipped-step.md).
+
+`run` trains a small model under ``fit`` (BatchNormalization, compiled
+accuracy, an inner SGD with momentum, EMA and a learning-rate schedule) and
+returns every piece of state the contract names; `compare` says, row by row,
+whether the bad run ends where the reference ends. Used in-process by
+tests/callbacks/test_skip_contract.py and, per worker, by
+tests/integration/_skip_worker.py.
+
+The arithmetic is exact by construction: float32 compute, power-of-two loss
+scales (a skip halves the scale, and unscaling by a power of two is exact),
+so "the same" means bit-identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FEATURES = 4
+CLASSES = 3
+BATCH = 8  # global batch; under a strategy each replica gets BATCH / replicas
+STEPS = 6
+BAD_STEP = 2  # 0-based index of the batch that overflows
+ROWS = ("weights", "optimizer", "forward_state", "metrics", "batch_loss",
+        "epoch_loss", "history", "float8")
+ALL_ROWS = {row: True for row in ROWS}
+# Keras's own wrapper, one device (and replica 0 under MirroredStrategy), as
+# measured: the inner optimizer is not called on a skip; everything else
+# takes the batch.
+KERAS_ONE_DEVICE = {**ALL_ROWS, "forward_state": False, "metrics": False,
+                    "batch_loss": False, "epoch_loss": False, "history": False}
+
+
+def data(steps=STEPS, seed=0):
+    """``steps`` fixed batches of (x, y): small integers / 4 (exact in float16)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-4, 5, size=(steps * BATCH, FEATURES)).astype("float32") / 4
+    y = rng.integers(0, CLASSES, size=(steps * BATCH,)).astype("int32")
+    return x, y
+
+
+def spoil(x, step, replica=0, replicas=1):
+    """``x`` with an inf in batch ``step``, in the shard of ``replica``."""
+    x = x.copy()
+    x[step * BATCH + replica * (BATCH // replicas), 0] = np.inf
+    return x
+
+
+def remove(x, y, steps):
+    """``(x, y)`` without the batches in ``steps``."""
+    keep = np.ones(len(x), bool)
+    for step in steps:
+        keep[step * BATCH:(step + 1) * BATCH] = False
+    return x[keep], y[keep]
+
+
+def worker_dataset(strategy, x, y):
+    """Each worker's share of every global batch of ``(x, y)`` (no auto-sharding)."""
+    import tensorflow as tf
+
+    def per_worker(context):
+        workers = context.num_input_pipelines
+        share = BATCH // workers
+        rows = np.concatenate([
+            np.arange(start + context.input_pipeline_id * share,
+                      start + (context.input_pipeline_id + 1) * share)
+            for start in range(0, len(x), BATCH)])
+        return tf.data.Dataset.from_tensor_slices((x[rows], y[rows])).batch(
+            context.get_per_replica_batch_size(BATCH))
+
+    return strategy.distribute_datasets_from_function(per_worker)
+
+
+class BatchLogs:
+    """Every batch's logs, as Python floats."""
+
+    def __init__(self):
+        import keras
+
+        class _Recorder(keras.callbacks.Callback):
+            def on_train_batch_end(inner, batch, logs=None):
+                self.rows.append({k: float(v) for k, v in (logs or {}).items()})
+
+        self.rows: list[dict] = []
+        self.callback = _Recorder()
+
+
+def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed=1,
+          dynamic=True):
+    """A compiled model; ``wrapper`` "tf_mixed" or "keras" (its own wrapper)."""
+    import keras
+
+    import tf_mixed
+
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu")]
+    if not float8:
+        layers.append(keras.layers.BatchNormalization())
+    if dropout:
+        layers.append(keras.layers.Dropout(0.5, seed=3))
+    layers.append(keras.layers.Dense(CLASSES))
+    model = keras.Sequential(layers)
+    if float8:
+        model.quantize("float8")
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, 1, 0.5)
+    # EMA with float8 layers fails at the end of fit (finalize_variable_values)
+    inner = keras.optimizers.SGD(schedule, momentum=0.5, use_ema=not float8,
+                                 ema_overwrite_frequency=None)
+    if wrapper == "tf_mixed":
+        optimizer = tf_mixed.wrap_optimizer(
+            inner, force=True, initial_scale=4.0, dynamic=dynamic,
+            gradient_accumulation_steps=accumulate)
+    else:
+        optimizer = keras.optimizers.LossScaleOptimizer(inner, initial_scale=4.0)
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
+    """One epoch of ``fit``; every piece of state the contract names.
+
+    ``x`` is an array (``y`` its labels) or, with ``y`` None, a distributed
+    dataset to fit on (several workers: `worker_dataset`). ``monitor``: True
+    (tf_mixed's monitor), False (none), "by_hand" (no monitor; the skip
+    contract and the forward state handed over by hand).
+    """
+    import contextlib
+
+    import tf_mixed
+
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope:
+        model = build(wrapper, **build_args)
+    if monitor == "by_hand":  # the contract without the monitor, as the docs say
+        from tf_mixed.callbacks import skip_contract
+
+        skip_contract.install(model)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            model.optimizer.track_forward_state(model)
+    logs = BatchLogs()
+    callbacks = [tf_mixed.LossScaleMonitor()] if monitor is True else []
+    fit_data = dict(x=x) if y is None else dict(x=x, y=y, batch_size=BATCH, shuffle=False)
+    history = model.fit(**fit_data, epochs=1, verbose=0,
+                        callbacks=[*callbacks, logs.callback])
+    inner = model.optimizer.inner_optimizer
+    float8_state = [np.asarray(v) for v in model.weights if _is_float8(v)]
+    forward = [np.asarray(v) for v in model.non_trainable_weights
+               if "moving" in v.path]
+    return {
+        "weights": [np.asarray(v) for v in model.trainable_weights if not _is_float8(v)],
+        "optimizer": [np.asarray(v) for v in inner.variables],
+        "iterations": int(inner.iterations.numpy()),
+        "forward_state": forward,
+        "float8": float8_state,
+        "metrics": {k: float(v) for k, v in model.get_metrics_result().items()},
+        "batch_logs": logs.rows,
+        "history": {k: v for k, v in history.history.items()
+                    if k in ("loss", "accuracy")},
+    }
+
+
+def _is_float8(variable):
+    """Keras's float8 scales and amax histories (trainable, overwritten)."""
+    return "_scale" in variable.path or "_amax_history" in variable.path
+
+
+def compare(bad, reference, skipped_batches=(BAD_STEP,)):
+    """Row -> True when the bad run ends exactly where the reference ends."""
+    def same(a, b):
+        return len(a) == len(b) and all(
+            np.array_equal(u, v, equal_nan=False) for u, v in zip(a, b))
+
+    kept = [row for i, row in enumerate(bad["batch_logs"]) if i not in skipped_batches]
+    keys = ("loss", "accuracy")
+    return {
+        "weights": same(bad["weights"], reference["weights"]),
+        "optimizer": (same(bad["optimizer"], reference["optimizer"])
+                      and bad["iterations"] == reference["iterations"]),
+        "forward_state": same(bad["forward_state"], reference["forward_state"]),
+        "float8": same(bad["float8"], reference["float8"]),
+        "metrics": bad["metrics"] == reference["metrics"],
+        "batch_loss": [{k: r.get(k) for k in keys} for r in kept]
+        == [{k: r.get(k) for k in keys} for r in reference["batch_logs"]],
+        "epoch_loss": bad["history"].get("loss") == reference["history"].get("loss"),
+        "history": bad["history"] == reference["history"],
+    }
