@@ -300,3 +300,53 @@ def test_without_the_readme_line_the_first_skip_names_it():
         assert "track_forward_state" in str(error)
     else:
         raise AssertionError("a skipped step with untracked BatchNorm state passed silently")
+
+
+@pytest.mark.slow
+def test_make_train_step_heals_and_retraces_itself():
+    from tf_mixed.scaling.healing import HealingLimit, HealRule
+
+    class Gate(keras.layers.Layer):
+        def call(self, x):
+            squared = x * x
+            return squared / (1.0 + squared)
+
+    tf_mixed.enable("mixed_float16")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, kernel_initializer="ones"),
+                              Gate(name="gate"), keras.layers.Dense(2)])
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0))
+    step = tf_mixed.training.make_train_step(model, "mse", opt, heal=True)
+    x = np.full((8, 4), 100.0, "float32")
+    applied = [bool(step(x, np.zeros((8, 2), "float32"))["applied"]) for _ in range(5)]
+    assert applied == [False, False, False, True, True]
+    assert model.get_layer("gate").compute_dtype == "float32"
+    out = step(x, np.zeros((8, 2), "float32"))
+    assert float(out["healed_layers"]) == 1.0
+    with pytest.raises(ValueError, match="heal"):
+        tf_mixed.training.make_train_step(model, "mse", opt, heal="yes")
+    # Past the limit the step raises, naming the evidence: healing sq1 sends
+    # its float32 output into sq2's float16 input, and 1 of 4 layers may move.
+    class Square(keras.layers.Layer):
+        def call(self, x):
+            return x * x
+
+    model2 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, kernel_initializer="ones"),
+                               Square(name="sq1"), Square(name="sq2"), keras.layers.Dense(2)])
+    step2 = tf_mixed.training.make_train_step(
+        model2, "mse", tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)),
+        heal=HealRule(skips=1, max_fraction=0.25))
+    step2(x, np.zeros((8, 2), "float32"))
+    assert model2.get_layer("sq1").compute_dtype == "float32"
+    with pytest.raises(HealingLimit, match="'sq2': 1 skipped steps"):
+        step2(x, np.zeros((8, 2), "float32"))
+
+
+def test_heal_layers_is_the_hand_written_loops_call():
+    tf_mixed.enable("mixed_float16")
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d")], name="inner")
+    model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2, name="out")])
+    changed = tf_mixed.training.heal_layers(model, ["inner/d"])
+    assert [layer.name for layer in changed] == ["d"]
+    assert model.get_layer("out").compute_dtype == "float16"
+    with pytest.raises(ValueError, match="Valid names: inner/d, out"):
+        tf_mixed.training.heal_layers(model, ["d"])

@@ -28,6 +28,7 @@ from tf_mixed._internal import validate as _validate
 __all__ = [
     "apply_scaled_gradients",
     "current_scale",
+    "heal_layers",
     "make_train_step",
     "shared_mirrored_strategy",
 ]
@@ -141,6 +142,7 @@ def make_train_step(
     strategy: tf.distribute.Strategy | None = None,
     clip_norm: float | None = None,
     jit_compile: bool = False,
+    heal=None,
 ):
     """Builds a ``tf.function`` training step for a GradientTape loop.
 
@@ -162,6 +164,14 @@ def make_train_step(
             ``apply_scaled_gradients``.
         jit_compile: Compile the step with XLA. Refused under a strategy with
             more than one replica (XLA fails there in TensorFlow 2.21).
+        heal: None (default), True or a `tf_mixed.scaling.healing.HealRule`:
+            heal as `tf_mixed.callbacks.Heal` does in ``fit`` (docs/healing.md).
+            After every step the rule reads the optimizer's attribution
+            state (one scalar read while nothing is attributed); a layer it
+            moves to float32 makes the step retrace itself before the next
+            call, and ``healed_layers`` joins the returned dict. Past the
+            rule's limit the step raises `tf_mixed.scaling.healing.HealingLimit`.
+            Needs a built model and a ``tf_mixed.LossScaleOptimizer``.
 
     Returns:
         A function ``step(x, y) -> {"loss": float32 tensor, "applied": bool
@@ -195,6 +205,7 @@ def make_train_step(
     if ours and model.built:
         with strategy.scope():
             optimizer.track_forward_state(model)
+    healer = _healer(model, optimizer, heal, strategy)
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:
@@ -209,14 +220,17 @@ def make_train_step(
         )
         return share, applied
 
-    @tf.function(jit_compile=jit_compile)
-    def step(x, y):
+    def distributed_step(x, y):
         share, applied = strategy.run(replica_step, args=(x, y))
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, share, axis=None)
         # `applied` is identical on every replica (all-reduced verdict).
         applied = strategy.experimental_local_results(applied)[0]
         return {"loss": loss, "applied": applied}
 
+    step = tf.function(distributed_step, jit_compile=jit_compile)
+    if healer is not None:
+        return _healing_step(healer, lambda: tf.function(
+            distributed_step, jit_compile=jit_compile), step)
     if not ours or model.built:
         return step
 
@@ -237,6 +251,91 @@ def make_train_step(
     handed_over: list[bool] = []
 
     return first_step
+
+
+def _healer(model, optimizer, heal, strategy):
+    """The `Healer` ``make_train_step(heal=...)`` asks for, or None."""
+    from tf_mixed.scaling import healing
+
+    if heal is None or heal is False:
+        return None
+    if heal is not True and not isinstance(heal, healing.HealRule):
+        raise ValueError(
+            "make_train_step() argument `heal` must be None, True or a "
+            f"tf_mixed.scaling.healing.HealRule. Received: heal={heal!r} (of type "
+            f"{type(heal).__name__}).")
+    if not model.built:
+        raise ValueError(
+            f"make_train_step(heal=...) needs a built model. Received: model "
+            f"'{model.name}' not built. Build it first (keras.Input, or call it on "
+            "a batch under the strategy's scope).")
+    with strategy.scope():
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        healer = healing.Healer(model, optimizer, None if heal is True else heal)
+    healer.reapply()
+    return healer
+
+
+def _healing_step(healer, build, first):
+    """A step that applies the healing rule after each call and retraces on a move."""
+    from tf_mixed.scaling import healing
+
+    current = [first]
+
+    def step(x, y):
+        out = dict(current[0](x, y))
+        decision = healer.check()
+        if decision.stop is not None:
+            raise healing.HealingLimit(decision.stop)
+        if decision.move:
+            from absl import logging
+
+            logging.warning(healer.message(decision))
+            current[0] = build()
+        out["healed_layers"] = tf.constant(float(len(healer.healed)))
+        return out
+
+    return step
+
+
+def heal_layers(model, names, optimizer=None) -> list:
+    """Moves the named layers (and their sublayers) to float32 compute.
+
+    The call for a hand-written ``tf.function`` loop: the layers to move come
+    from `tf_mixed.scaling.healing.Healer.check` (or your own reading of the
+    attribution); after this call, **retrace** your step (create the
+    ``tf.function`` again) so the next step computes them in float32. With
+    ``optimizer`` (a ``tf_mixed.LossScaleOptimizer`` with attribution
+    attached) the healed set is written into its state, so checkpoints keep it.
+
+    Args:
+        model: The model.
+        names: Layer names as `tf_mixed.scaling.attribution.attributed_layers`
+            gives them (``outer/inner`` inside nested models).
+        optimizer: Optional optimizer whose attribution state records them.
+
+    Returns:
+        The layers whose dtype policy changed.
+
+    Raises:
+        ValueError: for a name the model does not have (the valid ones listed).
+    """
+    from tf_mixed.scaling import attribution, healing
+
+    layers = dict(attribution.attributed_layers(model))
+    unknown = [n for n in names if n not in layers]
+    if unknown:
+        raise ValueError(
+            f"heal_layers() got names model '{model.name}' does not have: {unknown}. "
+            f"Valid names: {', '.join(layers)}.")
+    changed = []
+    for name in names:
+        changed += healing.move_to_float32(layers[name])
+    attached = None if optimizer is None else attribution.of(optimizer)
+    if attached is not None:
+        attached.mark_healed(list(names))
+    return changed
 
 
 def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:

@@ -718,3 +718,16 @@ def test_checkpoint_value_saves_what_save_makes_and_restores_through_restore(tmp
     state["rows"] = state["rows"] * 0  # after the save: not in the file
     tf.train.Checkpoint(root=root).read(path)
     np.testing.assert_array_equal(got["rows"], [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_wrap_call_sees_every_output_and_unwraps():  # Operation.__call__ runs self.call
+    seen = []
+    dense = keras.layers.Dense(2, name="wrapped")
+    model = keras.Sequential([keras.Input((3,)), dense])
+    _internals.wrap_call(dense, seen.append)
+    out = model(np.ones((1, 3), "float32"))
+    assert len(seen) == 1 and np.array_equal(np.asarray(seen[0]), np.asarray(out))
+    assert "call" not in dense.get_config()
+    _internals.unwrap_call(dense)
+    model(np.ones((1, 3), "float32"))
+    assert len(seen) == 1

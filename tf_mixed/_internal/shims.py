@@ -138,6 +138,38 @@ def sublayers(layer) -> list:
     return list(layer._flatten_layers(include_self=True, recursive=True))
 
 
+def wrap_call(layer, after_call: Callable[[Any], None]) -> None:
+    """Calls ``after_call(outputs)`` after every ``layer.call`` (an instance attribute).
+
+    What it reaches: ``Operation.__call__`` and ``Layer.__call__`` run
+    ``self.call`` (Keras 3.15.1, ``keras/src/ops/operation.py``,
+    ``keras/src/layers/layer.py``), so a ``call`` set on the instance runs
+    instead of the class's; it is set with ``object.__setattr__`` past
+    Keras's attribute tracking. Config, weights and saving never read it.
+
+    Why: layer attribution (`tf_mixed.scaling.attribution`) notes each
+    layer's outputs while a training step is traced; Keras has no forward
+    hook. Wrapping twice replaces the first wrapper.
+    """
+    unwrap_call(layer)
+    original = layer.call
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        outputs = original(*args, **kwargs)
+        after_call(outputs)
+        return outputs
+
+    call._tf_mixed_wrapped = True  # type: ignore[attr-defined]
+    object.__setattr__(layer, "call", call)
+
+
+def unwrap_call(layer) -> None:
+    """Removes a `wrap_call` wrapper (nothing if there is none)."""
+    if getattr(layer.__dict__.get("call"), "_tf_mixed_wrapped", False):
+        object.__delattr__(layer, "call")
+
+
 def disable_input_casting(layer) -> None:
     """Stops ``Layer.__call__`` from casting `layer`'s inputs before ``call``.
 

@@ -17,10 +17,10 @@ from tf_mixed.bench.names import DATA_ACCEPTED, MODEL_NAMES  # noqa: F401 (no Te
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
-SUITES = ("compare", "overhead", "comm", "memory", "bf16", "gpu")
+SUITES = ("compare", "overhead", "comm", "memory", "bf16", "gpu", "heal", "heal_cost")
 ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
-                 "bf16": "mlp", "gpu": "resnet50"}
+                 "bf16": "mlp", "gpu": "resnet50", "heal": "mlp", "heal_cost": "cnn"}
 # Bench-only policy names: what the run computes in, and what it adds.
 # "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
 BENCH_POLICIES = {"float8": "mixed_bfloat16"}

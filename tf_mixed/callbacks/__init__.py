@@ -1,4 +1,4 @@
-"""Keras callbacks: `LossScaleMonitor` and what it raises and warns."""
+"""Keras callbacks: `LossScaleMonitor` and what it raises and warns; `Heal`."""
 
 from tf_mixed._internal import moved as _moved
 from tf_mixed.callbacks.monitor import (  # noqa: F401
@@ -7,9 +7,13 @@ from tf_mixed.callbacks.monitor import (  # noqa: F401
     LossScaleMonitor,
     MixedPrecisionWarning,
 )
+from tf_mixed.callbacks.heal import (  # noqa: F401
+    Heal,
+)
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
+    "Heal",
     "LossScaleFailure",
     "LossScaleMonitor",
     "MixedPrecisionWarning",

@@ -52,7 +52,9 @@ a Markdown table on stdout, results.json, results.md and bench.png in
 --output_dir. --suite=overhead times tf_mixed's optimizer and callback against
 plain Keras mixed precision instead; --suite=comm the gradient all-reduce;
 --suite=memory peak memory and speed per precision (pure bfloat16 and
-gradient accumulation included); --suite=bf16 what bfloat16 weights learn.
+gradient accumulation included); --suite=bf16 what bfloat16 weights learn;
+--suite=heal float32 / mixed / mixed + Heal side by side (docs/healing.md);
+--suite=heal_cost the step time of layer attribution (default model cnn).
 --verbose lets TensorFlow's own log and
 warnings through.
 """
@@ -219,6 +221,11 @@ def _bench(argv: list[str]) -> int:
                 from tf_mixed.bench import memory_suite
 
                 memory_suite.run_memory(config, command.strip())
+            elif config.suite in ("heal", "heal_cost"):
+                from tf_mixed.bench import heal_suite
+
+                (heal_suite.run_heal if config.suite == "heal"
+                 else heal_suite.run_heal_cost)(config, command.strip())
             elif config.suite == "bf16":
                 from tf_mixed.bench import bf16_quality
 

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
+from tf_mixed.scaling import attribution
 
 __all__ = ["EXTRA_STATE", "checkpoint_children", "load_listed_layout", "load_own",
            "load_unsplit_layout", "save_own"]
@@ -60,6 +61,7 @@ def save_own(optimizer, store) -> None:
     shape on one.
     """
     scalars, arrays = _own(optimizer)
+    attribution.save_into(optimizer, store)  # healed layers (issue 36)
     store["0"] = np.array([np.float64(v.numpy()) for v in scalars], dtype=np.float64)
     for i, value in enumerate(_replica_rows(arrays), start=1):
         store[str(i)] = value if value.shape[0] > 1 else value[0]
@@ -75,7 +77,8 @@ def load_own(optimizer, store, keras_load) -> None:
             before it was built: Keras's own error then).
     """
     scalars, arrays = _own(optimizer)
-    keys = list(store.keys())
+    attribution.load_from(optimizer, store)  # healed layers (issue 36)
+    keys = [k for k in store.keys() if k != attribution.STORE_KEY]
     if (optimizer.built and "0" in keys and len(store["0"].shape) == 1
             and store["0"].shape[0] == len(scalars)
             and len(keys) == 1 + len(arrays)):
@@ -250,6 +253,7 @@ def checkpoint_children(wrapper, default: dict) -> dict:
         if "buffers" not in aliases or aliases["buffers"][0] is not accumulator:
             aliases["buffers"] = (accumulator, _buffers_trackable(accumulator.buffers))
         children["accumulation_buffers"] = aliases["buffers"][1]
+    children.update(attribution.checkpoint_child(wrapper))  # healed layers (issue 36)
     return children
 
 

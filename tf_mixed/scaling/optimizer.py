@@ -159,7 +159,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             on every overflow, as Keras does.
         dynamic: False keeps ``initial_scale`` fixed (tf-keras's
             ``dynamic=False``); non-finite steps are still skipped.
-        config: The knobs above as one `tf_mixed.scaling.scale_state.LossScaleConfig`
+        config: The knobs above as one `tf_mixed.scaling.LossScaleConfig`
             (instead of giving them one by one; `wrap_optimizer` passes the
             config it chose).
         communication_dtype: The dtype gradients travel in when they are

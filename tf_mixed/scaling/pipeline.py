@@ -24,12 +24,13 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed.scaling import allreduce
+from tf_mixed.scaling import attribution
 from tf_mixed.scaling import misuse
 from tf_mixed.scaling import scale_state
 from tf_mixed.scaling.scale_state import LossScaleState
 
-__all__ = ["advance_state", "apply_unscaled", "divide", "multiply", "reduce", "roll_back",
-           "step", "window_step"]
+__all__ = ["advance_state", "apply_unscaled", "divide", "multiply", "reduce",
+           "reduce_with_flags", "roll_back", "step", "window_step"]
 
 
 def step(optimizer, grads, trainable_variables, unscaled):
@@ -42,9 +43,21 @@ def step(optimizer, grads, trainable_variables, unscaled):
     if optimizer.accumulator is not None:
         return window_step(optimizer, grads, trainable_variables, unscaled)
     scale = tf.identity(optimizer.dynamic_scale.value)
-    grads, trainable_variables, finite, gathered = reduce(
+    # Layer attribution (`tf_mixed.scaling.attribution`): with several
+    # replicas the per-layer forward flags ride the one all-reduce.
+    attributing = attribution.of(optimizer)
+    records = flags = None
+    if attributing is not None:
+        records = attributing.local_outputs()
+        if _several_replicas():
+            flags = attributing.forward_flags(records)
+    grads, trainable_variables, finite, gathered, flags = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
-        optimizer.communication_dtype, optimizer._scratch.float8)
+        optimizer.communication_dtype, optimizer._scratch.float8, flags=flags)
+    if attributing is not None:
+        attributing.record(finite, grads, trainable_variables,
+                           flags if flags is not None
+                           else lambda: attributing.forward_flags(records))
     apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables)
     roll_back(optimizer, finite)
     advance_state(optimizer, finite)
@@ -68,8 +81,20 @@ def advance_state(optimizer, finite):
         optimizer._scratch.tally.settle(finite)
 
 
+def _several_replicas() -> bool:
+    context = tf.distribute.get_replica_context()
+    return context is not None and context.num_replicas_in_sync > 1
+
+
 def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
             float8=None, when=None):
+    """`reduce_with_flags` without riders: ``(unscaled, variables, finite, gathered)``."""
+    return reduce_with_flags(grads, trainable_variables, scale, unscaled,
+                             communication_dtype, float8, when)[:4]
+
+
+def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication_dtype,
+                      float8=None, when=None, flags=None):
     """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -93,11 +118,15 @@ def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
     of one-hot slots is an exact all-gather); in float16/bfloat16 they take
     one small float32 collective of their own, so they are never rounded.
 
+    ``flags`` (a float32 vector, layer attribution's forward flags) ride
+    the same buffer, summed, when there are several replicas.
+
     Returns:
-        ``(unscaled, variables, finite, gathered)``: the reduced gradients
-        divided by the loss scale and their variables (float8 pairs taken
-        out); ``gathered`` is the all-reduced float8 payload (None without
-        float8 layers).
+        ``(unscaled, variables, finite, gathered, flags)``: the reduced
+        gradients divided by the loss scale and their variables (float8
+        pairs taken out); ``gathered`` is the all-reduced float8 payload
+        (None without float8 layers); ``flags`` summed over replicas (as
+        given with one replica).
     """
     float8_step = None
     if float8 is not None:
@@ -118,15 +147,21 @@ def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
         local = local + [False]
     elif float8_step is not None:
         gathered = float8.gather(float8_step, context)
+    riding = flags is not None and several
+    if riding:
+        grads = grads + [flags]
+        local = local + [False]
     reduced, finite = allreduce.reduce_gradients(
         grads, communication_dtype, context, local=local, when=when)
+    if riding:
+        reduced, flags = reduced[:-1], reduced[-1]
     if float8_step is not None and gathered is None:
         reduced, gathered = reduced[:-1], reduced[-1]
     if scaled:
         reduced = [g if getattr(v, "overwrite_with_gradient", False)
                    else divide(g, scale)
                    for g, v in zip(reduced, trainable_variables)]
-    return reduced, trainable_variables, finite, gathered
+    return reduced, trainable_variables, finite, gathered, flags
 
 def window_step(optimizer, grads, trainable_variables, unscaled):
     """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).

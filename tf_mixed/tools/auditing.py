@@ -51,6 +51,8 @@
 # * ``explicit_float32`` (info): layers with a float32 policy in a mixed model
 #   (often deliberate; listed so they are not a surprise). tf_mixed's own
 #   float32 heads are not listed.
+# * ``healed`` (info): a layer that healing (`tf_mixed.callbacks.Heal`)
+#   moved to float32 compute during training, read from the optimizer's state.
 # * ``no_graph`` (info): a subclassed model has no symbolic graph, so
 #   per-layer output dtypes and the memory estimate are unavailable. Its
 #   outputs are read from a traced call of the built model (float32 inputs
@@ -393,6 +395,7 @@ def audit(model, batch_size: int | None = None, *,
             "call tf_mixed.enable() before building the model, or use "
             "model = tf_mixed.convert(model)."))
     findings.extend(_optimizer_findings(model, rows))
+    findings.extend(_healed_findings(model))
     if not mixed and not any(f.code == "policy_mismatch" for f in findings):
         findings.append(Finding(
             "info", "not_mixed", None,
@@ -445,6 +448,25 @@ def audit(model, batch_size: int | None = None, *,
     total = sum(r.params for r in rows)
     return AuditReport(model.name, policy, total, tuple(rows), tuple(findings),
                        memory)
+
+
+def _healed_findings(model) -> list[Finding]:
+    """Layers healing moved to float32 (the optimizer's state says which)."""
+    from tf_mixed.scaling import attribution
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return []
+    attached = attribution.of(optimizer)
+    names = attached.read().healed if attached is not None else \
+        attribution.pending_healed(optimizer)
+    return [Finding(
+        "info", "healed", name,
+        f"Layer '{name}' computes in float32 because healing moved it there during "
+        "training (its outputs or gradients kept overflowing the half dtype; "
+        "docs/healing.md).",
+        "nothing to do; to keep it there from the start, name it in "
+        "tf_mixed.enable(keep_float32=...).") for name in names]
 
 
 def _given_policy(model_policy: str, global_policy: str) -> bool:

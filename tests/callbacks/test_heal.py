@@ -1,0 +1,143 @@
+"""`tf_mixed.callbacks.Heal`: a layer that keeps overflowing moves to float32 in fit."""
+
+import keras
+import numpy as np
+import pytest
+
+import tf_mixed
+from tf_mixed.scaling import attribution
+
+
+@keras.saving.register_keras_serializable(package="test_heal")
+class SquaredGate(keras.layers.Layer):
+    """x^2 / (1 + x^2): bounded, but NaN in float16 once |x| > 256 (inf / inf)."""
+
+    def call(self, x):
+        squared = x * x
+        return squared / (1.0 + squared)
+
+
+@keras.saving.register_keras_serializable(package="test_heal")
+class Square(keras.layers.Layer):
+    def call(self, x):
+        return x * x
+
+
+def _model(*middle, name="heal_model"):
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4, name="d1", kernel_initializer="ones")]
+        + list(middle) + [keras.layers.Dense(2, name="d2")], name=name)
+    model.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), "mse")
+    return model
+
+
+def _data(n=64):
+    x = np.full((n, 4), 0.1, "float32")
+    x[::8] = 100.0                    # one row per batch of 8: d1 gives 400
+    return x, np.zeros((n, 2), "float32")
+
+
+def test_fit_heals_the_culprit_at_its_third_skip_and_goes_on(caplog):
+    tf_mixed.enable("mixed_float16")
+    model = _model(SquaredGate(name="gate"))
+    heal = tf_mixed.callbacks.Heal()
+    x, y = _data()
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[heal])
+    gate = model.get_layer("gate")
+    assert gate.compute_dtype == "float32"
+    assert model.get_layer("d2").compute_dtype == "float16"
+    assert model.optimizer.loss_scale_state().skipped_steps == 3   # then none
+    assert heal.healed_layers == ("gate",)
+    assert history.history["healed_layers"] == [1.0]
+    assert heal.healings == [
+        "tf_mixed healing at step 3: moved to float32 compute: 'gate': 3 skipped steps "
+        "(steps 1, 2, 3; forward output). Healed layers now: ['gate']. The step is "
+        "retraced."]
+    assert heal.healings[0] in caplog.text
+
+
+def test_without_heal_every_step_is_skipped():
+    tf_mixed.enable("mixed_float16")
+    model = _model(SquaredGate(name="gate"))
+    model.fit(*_data(), batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert model.optimizer.loss_scale_state().skipped_steps == 8
+
+
+def test_past_the_limit_the_run_stops_with_the_evidence():
+    tf_mixed.enable("mixed_float16")
+    # Healing sq1 sends its float32 output (1.6e5) into sq2's float16 input:
+    # sq2 is the next culprit, and a second layer of four is past the limit.
+    model = _model(Square(name="sq1"), Square(name="sq2"))
+    heal = tf_mixed.callbacks.Heal(skips=1)
+    model.fit(*_data(), batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[heal])
+    assert heal.healed_layers == ("sq1",)
+    assert model.get_layer("sq2").compute_dtype == "float16"
+    assert heal.stopped == (
+        "at step 2 healing would move 2 of 4 layers to float32, past the limit of 1 "
+        "(max_fraction=0.25); already moved: ['sq1']; culprits now: 'sq2': 1 skipped "
+        "steps (steps 2; forward output)")
+    with pytest.raises(tf_mixed.callbacks.LossScaleFailure, match="past the limit"):
+        _model(Square(name="sq1"), Square(name="sq2"), name="again").fit(
+            *_data(), batch_size=8, verbose=0, shuffle=False,
+            callbacks=[tf_mixed.callbacks.Heal(skips=1, raise_on_failure=True)])
+
+
+def test_a_keras_file_keeps_the_healed_layer_and_audit_says_so(tmp_path):
+    tf_mixed.enable("mixed_float16")
+    model = _model(SquaredGate(name="gate"))
+    model.fit(*_data(), batch_size=8, verbose=0, shuffle=False, callbacks=[tf_mixed.callbacks.Heal()])
+    path = str(tmp_path / "healed.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.get_layer("gate").compute_dtype == "float32"
+    assert loaded.get_layer("d2").compute_dtype == "float16"
+    assert attribution.pending_healed(loaded.optimizer) == ("gate",)
+    healed = tf_mixed.audit(loaded).by_code("healed")
+    assert [f.layer for f in healed] == ["gate"]
+    # Training the loaded model goes on healed: nothing is skipped.
+    heal = tf_mixed.callbacks.Heal()
+    loaded.fit(*_data(), batch_size=8, verbose=0, shuffle=False, callbacks=[heal])
+    assert heal.healed_layers == ("gate",)
+    assert loaded.optimizer.loss_scale_state().skipped_steps == 3   # the saved count
+
+
+def test_backup_and_restore_resumes_healed_before_the_first_step(tmp_path):
+    tf_mixed.enable("mixed_float16")
+    backup = str(tmp_path / "backup")
+    model = _model(SquaredGate(name="gate"))
+    model.fit(*_data(), batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[
+        tf_mixed.callbacks.Heal(),
+        keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    # A fresh process would build the model again as written: gate in float16.
+    fresh = _model(SquaredGate(name="gate"))
+    assert fresh.get_layer("gate").compute_dtype == "float16"
+    heal = tf_mixed.callbacks.Heal()
+    fresh.fit(*_data(), batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[
+        heal, keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    assert fresh.get_layer("gate").compute_dtype == "float32"
+    assert heal.healed_layers == ("gate",)
+    # The restored count is 3 and the resumed epoch skipped nothing.
+    assert fresh.optimizer.loss_scale_state().skipped_steps == 3
+
+
+def test_heal_knobs_are_checked():
+    with pytest.raises(ValueError, match="check_every_n_batches"):
+        tf_mixed.callbacks.Heal(check_every_n_batches=0)
+    with pytest.raises(ValueError, match="skips"):
+        tf_mixed.callbacks.Heal(skips=0)
+    assert tf_mixed.callbacks.Heal(window=50).get_config()["window"] == 50
+
+
+def test_a_healed_block_loads_with_float32_sublayers(tmp_path):
+    from tf_mixed.bench.heal_suite import demo_model
+    from tf_mixed.scaling.healing import move_to_float32
+
+    tf_mixed.enable("mixed_float16")
+    model = demo_model()
+    moved = move_to_float32(model.get_layer("attention"))
+    assert [layer.name for layer in moved] == ["attention", "query", "key", "value"]
+    path = str(tmp_path / "block.keras")
+    model.save(path)
+    block = keras.models.load_model(path).get_layer("attention")
+    assert [layer.compute_dtype for layer in (block, block.query, block.key, block.value)] \
+        == ["float32"] * 4

@@ -1,0 +1,282 @@
+"""``--suite=heal`` and ``--suite=heal_cost``: a run that heals itself, and what attribution costs."""
+
+# ``heal``: one model written as a user writes it (`SelfAttention`, a
+# single-head attention block with a fixed sharpness, as a user who sets a low
+# temperature writes it) on a stream whose marker feature grows with time
+# (`demo_data`), so the attention logits grow past float16's range during
+# training. Three runs, same seed and data: float32; mixed_float16 with
+# `tf_mixed.LossScaleMonitor` (which stops it); mixed_float16 with the monitor
+# and `tf_mixed.callbacks.Heal`. The table gives the step of the stop or of
+# each healing, the final test accuracy, the healed layers and the time.
+#
+# ``heal_cost``: the main job's model (``--model``, default cnn) trained under
+# mixed_float16 and mixed_bfloat16 (or ``--policies``), with and without layer attribution
+# (`tf_mixed.callbacks.Heal` attached, nothing to heal), alternating timed
+# rounds; the median step times and their ratio.
+
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import keras
+import numpy as np
+
+import tf_mixed
+from tf_mixed.bench.config import BenchConfig
+
+__all__ = ["SelfAttention", "demo_data", "demo_model", "run_demo", "run_heal",
+           "run_heal_cost"]
+
+SHARPNESS = 600.0
+MARKER = 8.0
+
+
+@keras.saving.register_keras_serializable(package="tf_mixed_bench")
+class SelfAttention(keras.layers.Layer):
+    """Single-head self-attention with a residual, as a user writes it."""
+
+    def __init__(self, units: int, sharpness: float = SHARPNESS, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.sharpness = sharpness
+        # Sublayers take the block's policy, as Keras's own layers do: a
+        # .keras file holds the block's policy only, so a block healed to
+        # float32 loads with float32 sublayers (docs/healing.md).
+        self.query = keras.layers.Dense(units, name="query", dtype=self.dtype_policy)
+        self.key = keras.layers.Dense(units, name="key", dtype=self.dtype_policy)
+        self.value = keras.layers.Dense(units, name="value", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        for dense in (self.query, self.key, self.value):
+            dense.build(input_shape)
+
+    def call(self, x):
+        scores = self.sharpness * keras.ops.matmul(
+            self.query(x), keras.ops.transpose(self.key(x), (0, 2, 1)))
+        return x + keras.ops.matmul(keras.ops.softmax(scores, axis=-1), self.value(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "sharpness": self.sharpness}
+
+
+def demo_data(train: int = 6400, test: int = 2000, seed: int = 0):
+    """A stream of 8-token sequences; the label is read from the marked token.
+
+    The marker's magnitude grows along the (time-ordered) training set from
+    `MARKER` to 2.5 times it, so attention logits grow about 6x: past 65504
+    in float16 early in the first epoch.
+
+    Returns:
+        ``(x_train, y_train, x_test, y_test)``.
+    """
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0, 1, (6, 3))
+
+    def draw(n, t):
+        x = rng.normal(0, 1, (n, 8, 8)).astype("float32")
+        x[:, :, 0] = 0.0
+        x[:, :, 1] = 1.0                                   # a constant feature
+        marked = rng.integers(0, 8, n)
+        x[np.arange(n), marked, 0] = MARKER * (1 + 1.5 * t)
+        return x, np.argmax(x[np.arange(n), marked, 2:] @ weights, axis=1)
+
+    x_train, y_train = draw(train, np.linspace(0.0, 1.0, train))
+    x_test, y_test = draw(test, rng.uniform(0.0, 1.0, test))
+    return x_train, y_train, x_test, y_test
+
+
+def demo_model(seed: int = 1) -> keras.Model:
+    """The demo model under the current global policy."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((8, 8)), SelfAttention(8, name="attention"),
+        keras.layers.GlobalAveragePooling1D(name="pool"),
+        keras.layers.Dense(3, name="logits"), tf_mixed.OutputActivation("softmax"),
+    ], name="heal_demo")
+
+
+class _Stops(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.stopped_at = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if self.model.stop_training and self.stopped_at is None:
+            self.stopped_at = self.step
+
+
+def run_demo(policy: str, heal: bool, *, epochs: int = 4, batch_size: int = 32,
+             strategy=None, data=None) -> dict:
+    """One run of the demo; returns its row (plain values).
+
+    Args:
+        policy: ``"float32"`` or ``"mixed_float16"``.
+        heal: Attach `tf_mixed.callbacks.Heal`.
+        epochs, batch_size: Training length.
+        strategy: Optional ``tf.distribute`` strategy to train under.
+        data: `demo_data` output (made here when None).
+    """
+    keras.backend.clear_session()
+    tf_mixed.enable(policy, quiet=True)
+    x, y, x_test, y_test = data if data is not None else demo_data()
+    scope = strategy.scope() if strategy is not None else _nothing()
+    with scope:
+        model = demo_model()
+        model.compile(tf_mixed.wrap_optimizer(keras.optimizers.Adam(0.01)),
+                      "sparse_categorical_crossentropy", metrics=["accuracy"])
+    monitor = tf_mixed.LossScaleMonitor()
+    healer = tf_mixed.callbacks.Heal() if heal else None
+    stops = _Stops()
+    callbacks = [monitor] + ([healer] if healer else []) + [stops]
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    seconds = time.perf_counter() - start
+    accuracy = float(model.evaluate(x_test, y_test, verbose=0)[1])
+    return {
+        "run": f"{policy}{' + Heal' if heal else ''}",
+        "stopped_at": stops.stopped_at,
+        "healings": list(healer.healings) if healer else [],
+        "healed_layers": list(healer.healed_layers) if healer else [],
+        "skipped_steps": int(tf_mixed.loss_scale_state(model.optimizer).skipped_steps or 0),
+        "accuracy": accuracy,
+        "seconds": seconds,
+    }
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_heal(config: BenchConfig, command: str) -> list[dict]:
+    """``--suite=heal``: the three runs side by side (a Markdown table)."""
+    data = demo_data(seed=config.seed)
+    epochs = config.epochs if config.epochs > 1 else 4
+    rows = [run_demo("float32", False, epochs=epochs, data=data),
+            run_demo("mixed_float16", False, epochs=epochs, data=data),
+            run_demo("mixed_float16", True, epochs=epochs, data=data)]
+    print(f"{command}\n")
+    print("| run | stopped at step | healed (step: layer) | skipped steps | test accuracy | time (s) |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        healed = "; ".join(h.split(":")[0].replace("tf_mixed healing at ", "")
+                           + ": " + ", ".join(row["healed_layers"])
+                           for h in row["healings"]) or "-"
+        print(f"| {row['run']} | {row['stopped_at'] or '-'} | {healed} | "
+              f"{row['skipped_steps']} | {row['accuracy']:.4f} | {row['seconds']:.1f} |")
+    return rows
+
+
+def _timed_round(model, x, y, steps: int) -> tuple[float, float]:
+    """Median wall and process-CPU seconds per step of one round of ``steps`` fit steps.
+
+    CPU seconds (all of this process's threads) are the steadier figure on a
+    shared machine: other processes slow the wall clock, not this work.
+    """
+    wall: list[float] = []
+    cpu: list[float] = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = (time.perf_counter(), time.process_time())
+
+        def on_train_batch_end(self, batch, logs=None):
+            wall.append(time.perf_counter() - self.start[0])
+            cpu.append(time.process_time() - self.start[1])
+
+    callbacks = [Timer()] + list(getattr(model, "_heal_callbacks", []))
+    model.fit(x, y, batch_size=len(x) // steps, epochs=1, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def _record_cost(model, calls: int = 300) -> float:
+    """Median seconds of what attribution adds to an applied step, timed alone.
+
+    The attribution's record (`tf_mixed.scaling.attribution.LayerAttribution.record`,
+    a cond on the verdict and the counters' writes) on the model's real
+    gradients-shaped zeros, plus the callback's one-scalar read, in a loop
+    of ``calls``: small and repeated, so steady on a busy machine.
+    """
+    import tensorflow as tf
+
+    from tf_mixed.scaling import attribution
+
+    attributed = attribution.of(model.optimizer)
+    assert attributed is not None                     # Heal attached it
+    variables = list(model.trainable_variables)
+    grads = [tf.zeros_like(v) for v in variables]
+
+    @tf.function
+    def record():
+        attributed.record(tf.constant(True), grads, variables,
+                          lambda: attributed.forward_flags(attributed.local_outputs()))
+
+    record()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        record()
+        attributed.log_size()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_heal_cost(config: BenchConfig, command: str) -> list[dict]:
+    """``--suite=heal_cost``: step time with and without attribution, both half policies.
+
+    The two models (same seed, same data) alternate round by round; the ratio
+    is the median over rounds of each round pair's ratio (a pair is close in
+    time, so load that drifts cancels out).
+    """
+    from tf_mixed.bench import models
+
+    name = config.model_name
+    size = config.image_size or 32
+    batch = config.batch_size
+    steps = config.round_steps
+    rng = np.random.default_rng(config.seed)
+    x = rng.standard_normal((batch * steps, size, size, 3)).astype("float32")
+    y = rng.integers(0, 10, batch * steps)
+    rows: list[dict] = []
+    for policy in config.policies or ("mixed_float16", "mixed_bfloat16"):
+        keras.backend.clear_session()
+        tf_mixed.enable(policy, quiet=True)
+        paths = {}
+        for with_heal in (False, True):
+            keras.utils.set_random_seed(config.seed)
+            model = models.build(name, (size, size, 3), 10)
+            model.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(1e-3)),
+                          "sparse_categorical_crossentropy")
+            model._heal_callbacks = [tf_mixed.callbacks.Heal()] if with_heal else []
+            _timed_round(model, x, y, steps)                      # warm-up, trace
+            paths[with_heal] = model
+        pairs = []
+        for _ in range(config.rounds):                            # alternating rounds
+            pairs.append((_timed_round(paths[False], x, y, steps),
+                          _timed_round(paths[True], x, y, steps)))
+        rows.append({
+            "policy": policy, "model": name,
+            "record_us": _record_cost(paths[True]) * 1e6,
+            "plain_ms": statistics.median(p[0][0] for p in pairs) * 1e3,
+            "attributed_ms": statistics.median(p[1][0] for p in pairs) * 1e3,
+            "wall_ratio": statistics.median(p[1][0] / p[0][0] for p in pairs),
+            "cpu_ratio": statistics.median(p[1][1] / p[0][1] for p in pairs),
+            "pairs": pairs})
+    print(f"{command}\n")
+    print("| policy | model | step, no attribution (ms) | step, attribution (ms) | "
+          "wall ratio | CPU-time ratio | attribution's ops alone (us/step) | their share |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['policy']} | {row['model']} | {row['plain_ms']:.2f} | "
+              f"{row['attributed_ms']:.2f} | {row['wall_ratio']:.3f} | {row['cpu_ratio']:.3f} | "
+              f"{row['record_us']:.0f} | {row['record_us'] / 1e3 / row['plain_ms']:.2%} |")
+    return rows

@@ -1,0 +1,433 @@
+"""Which layer made a skipped step non-finite, found inside the step itself."""
+
+# `LayerAttribution.attach(model, optimizer)` splits the model into the layers
+# it attributes (`attributed_layers`: every layer of the model, nested models
+# entered, each layer that holds layers counted as one block) and, from then
+# on, every step of ``optimizer`` that is skipped names its *culprit*:
+#
+# * **forward**: the first layer, in the model's layer order (topological for
+#   a functional model), whose output held a NaN or an infinity on any replica
+#   or worker. Each attributed layer's ``call`` is wrapped (one shim,
+#   `tf_mixed._internal.shims.wrap_call`) so its outputs are noted while the
+#   step is traced; no extra pass runs. With one replica the outputs are
+#   checked only in the branch of a skipped step (a ``tf.cond`` on the
+#   verdict): an applied step pays nothing but the cond. With several
+#   replicas each replica's per-layer flags (one float per layer) ride the
+#   step's single gradient all-reduce as one more piece of its buffer
+#   (`tf_mixed.scaling.pipeline`), so every replica reads the same summed
+#   flags and names the same culprit.
+# * **gradient**: when every forward output was finite, the layer closest to
+#   the output whose variables' reduced gradients are not finite: the first
+#   place the backward pass overflowed (everything before it is poisoned by
+#   it). A layer without variables cannot be named this way. The kind says
+#   whether the loss scale was already at its minimum (a gradient overflow
+#   above it is the scale's own business: it backs off).
+#
+# The counters live in variables of their own (`AttributionState`, aggregation
+# "none": every replica writes the same values, computed from the all-reduced
+# verdict): skips per layer, a ring of the last `LOG_SIZE` attributed skips
+# (step, layer, kind) and which layers were healed. A ``tf.train.Checkpoint``
+# of the optimizer holds them (child ``layer_attribution``), and so do its
+# ``.keras``/``.weights.h5`` entries (one entry, `STORE_KEY`).
+
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_mixed._internal import shims as _internals
+
+__all__ = ["FORWARD", "GRADIENT", "GRADIENT_AT_MIN_SCALE", "KINDS", "LOG_SIZE",
+           "STORE_KEY", "AttributedSkip", "AttributionReading", "LayerAttribution",
+           "attributed_layers", "of"]
+
+FORWARD, GRADIENT, GRADIENT_AT_MIN_SCALE = 0, 1, 2
+KINDS = {FORWARD: "forward output", GRADIENT: "gradient",
+         GRADIENT_AT_MIN_SCALE: "gradient at the minimum loss scale"}
+LOG_SIZE = 64
+"""How many attributed skips the ring keeps (the healing window reads it)."""
+
+STORE_KEY = "layer_attribution"
+
+# Optimizer -> its LayerAttribution (kept outside the optimizer, so its
+# variables and checkpoint layout stay as they are without attribution).
+_ATTACHED: "weakref.WeakKeyDictionary[Any, LayerAttribution]" = weakref.WeakKeyDictionary()
+# Names read from a saved optimizer before any attribution was attached.
+_PENDING: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+class AttributedSkip(NamedTuple):
+    """One skipped step and its culprit: optimizer step (1-based), layer, kind."""
+
+    step: int
+    layer: str
+    kind: int
+
+
+class AttributionReading(NamedTuple):
+    """One host read of the attribution state (the same on every replica)."""
+
+    counts: dict
+    skips: tuple
+    healed: tuple
+
+
+def attributed_layers(model) -> list:
+    """The ``(name, layer)`` pairs attribution can name, in the model's order.
+
+    Nested models are entered; any other layer counts as one block with the
+    layers inside it (a ``MultiHeadAttention`` with its projections); input
+    layers and layers shared by several places are listed once.
+    """
+    from tf_mixed._internal.facts import walk_layers
+
+    seen: set = set()
+    out = []
+    for name, layer in walk_layers(model):
+        if isinstance(layer, (keras.Model, keras.layers.InputLayer)):
+            continue
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        out.append((name, layer))
+    return out
+
+
+def of(optimizer) -> "LayerAttribution | None":
+    """The attribution attached to ``optimizer``, or None."""
+    return _ATTACHED.get(optimizer)
+
+
+class _Recorder:
+    """Layer outputs noted while a step is traced, per graph and thread.
+
+    Under ``MirroredStrategy`` every replica traces the step in its own
+    thread of the same graph; the optimizer step of a replica reads what
+    that replica's forward pass noted.
+    """
+
+    _EAGER = object()
+    _LIMIT_FACTOR = 4
+
+    def __init__(self, groups: int):
+        self.groups = groups
+        self._lock = threading.Lock()
+        self._by_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._eager: dict = {}
+
+    def _table(self) -> dict:
+        if tf.executing_eagerly():
+            return self._eager
+        graph = tf.compat.v1.get_default_graph()
+        table = self._by_graph.get(graph)
+        if table is None:
+            table = self._by_graph[graph] = {}
+        return table
+
+    def note(self, group: int, outputs) -> None:
+        tensors = [t for t in tf.nest.flatten(outputs)
+                   if isinstance(t, (tf.Tensor, tf.Variable)) and t.dtype.is_floating]
+        if not tensors:
+            return
+        with self._lock:
+            records = self._table().setdefault(threading.get_ident(), [])
+            records.append((group, tensors))
+            # A forward pass no step consumes (predict, evaluate) must not
+            # hold its tensors for ever.
+            del records[:-self._LIMIT_FACTOR * max(self.groups, 1) - 8]
+
+    def take(self) -> list:
+        with self._lock:
+            return self._table().pop(threading.get_ident(), [])
+
+
+class AttributionState(tf.Module):
+    """The attribution's variables (checkpointed with the optimizer)."""
+
+    def __init__(self, groups: int):
+        super().__init__(name="layer_attribution")
+
+        def variable(name, shape):
+            return keras.Variable(np.zeros(shape, np.int64), dtype="int64",
+                                  trainable=False, aggregation="none", name=name)
+
+        self.counts = variable("culprit_counts", (groups,))
+        self.log = variable("culprit_log", (LOG_SIZE, 3))
+        self.log_size = variable("culprit_log_size", (1,))
+        self.healed = variable("healed", (groups,))
+
+    def ordered(self) -> list:
+        return [self.counts, self.log, self.log_size, self.healed]
+
+
+class LayerAttribution:
+    """In-step attribution of skipped steps to layers (see the module doc).
+
+    Create it with `attach`; `tf_mixed.scaling.pipeline` calls
+    `local_outputs`, `forward_flags` and `record` during each step.
+    """
+
+    def __init__(self, model, optimizer, layers):
+        self.model = model
+        self.optimizer = optimizer
+        self.names = [name for name, _ in layers]
+        self.layers = [layer for _, layer in layers]
+        self._recorder = _Recorder(len(self.layers))
+        self._group_of_variable: dict = {}
+        for group, layer in enumerate(self.layers):
+            for variable in layer.trainable_variables:
+                self._group_of_variable.setdefault(id(variable), group)
+        strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+        with strategy.scope():
+            self.state = AttributionState(len(self.layers))
+        for group, layer in enumerate(self.layers):
+            _internals.wrap_call(layer, _noting(self._recorder, group))
+
+    # ------------------------------------------------------------- set-up
+
+    @classmethod
+    def attach(cls, model, optimizer) -> "LayerAttribution":
+        """Attributes every skipped step of ``optimizer`` to a layer of ``model``.
+
+        Attaching again to the same model returns the attribution in place.
+        Call it before the step is traced (``Heal`` does, in ``set_model``)
+        and, under a strategy, with the model built in its scope. State read
+        from a saved optimizer before this call (`load`) is applied here.
+
+        Args:
+            model: A built ``keras.Model``.
+            optimizer: A ``tf_mixed.LossScaleOptimizer`` (checked by the caller).
+
+        Returns:
+            The attribution.
+
+        Raises:
+            ValueError: if the model is not built, has no layer to attribute,
+                is attached to another model, or the optimizer accumulates
+                gradients (a window sums micro-steps: not attributed yet).
+        """
+        # The optimizer's type is checked by the caller (`tf_mixed.scaling.
+        # healing.Healer`): importing the optimizer here would be a circle.
+        if optimizer.accumulator is not None:
+            raise ValueError(
+                "Layer attribution does not support gradient accumulation yet. "
+                "Received: gradient_accumulation_steps="
+                f"{optimizer.accumulator.steps}. Train without accumulation to heal.")
+        present = of(optimizer)
+        if present is not None:
+            if present.model is not model:
+                raise ValueError(
+                    "This optimizer already attributes skips to the layers of model "
+                    f"'{present.model.name}'. Received: model '{model.name}'. Use one "
+                    "optimizer per model.")
+            return present
+        if not model.built:
+            raise ValueError(
+                f"Layer attribution needs a built model. Received: model '{model.name}'"
+                " not built yet. Build it (keras.Input, or call it on a batch) first.")
+        layers = attributed_layers(model)
+        if not layers:
+            raise ValueError(
+                f"Model '{model.name}' has no layer to attribute skips to. Received: "
+                f"{len(model.layers)} layers, none but inputs.")
+        attribution = cls(model, optimizer, layers)
+        _ATTACHED[optimizer] = attribution
+        pending = _PENDING.pop(optimizer, None)
+        if pending is not None:
+            attribution.assign_saved(pending)
+        return attribution
+
+    def detach(self) -> None:
+        """Unwraps the layers' calls and forgets the optimizer (state kept)."""
+        for layer in self.layers:
+            _internals.unwrap_call(layer)
+        _ATTACHED.pop(self.optimizer, None)
+
+    # ----------------------------------------------------------- the step
+
+    def local_outputs(self) -> list:
+        """The outputs this replica's forward pass noted in this trace."""
+        return self._recorder.take()
+
+    def forward_flags(self, records) -> tf.Tensor:
+        """A float32 ``[layers]`` vector: 1.0 where a noted output is not finite."""
+        flags = [tf.constant(False)] * len(self.layers)
+        for group, tensors in records:
+            bad = [tf.logical_not(tf.reduce_all(tf.math.is_finite(t))) for t in tensors]
+            flags[group] = tf.reduce_any(tf.stack([flags[group]] + bad))
+        return tf.cast(tf.stack(flags), tf.float32)
+
+    def _gradient_flags(self, grads, variables) -> tf.Tensor:
+        flags = [tf.constant(False)] * len(self.layers)
+        for grad, variable in zip(grads, variables):
+            group = self._group_of_variable.get(id(variable))
+            if grad is None or group is None:
+                continue
+            values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+            flags[group] = tf.logical_or(
+                flags[group], tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
+        return tf.stack(flags)
+
+    def record(self, finite, grads, variables, forward) -> None:
+        """Names the culprit of a skipped step and writes the counters.
+
+        Args:
+            finite: The global verdict (True: applied, nothing recorded).
+            grads, variables: The all-reduced gradients and their variables.
+            forward: The summed forward flags (`forward_flags` all-reduced),
+                or a callable that computes them (one replica: only run on
+                a skipped step).
+        """
+        optimizer = self.optimizer
+        groups = len(self.layers)
+        at_min = tf.less_equal(optimizer.dynamic_scale.value,
+                               tf.cast(optimizer.config.min_scale, tf.float32))
+
+        def culprit():
+            flags = forward() if callable(forward) else forward
+            forward_bad = tf.greater(flags, 0.0)
+            grad_bad = self._gradient_flags(grads, variables)
+            index = tf.range(groups, dtype=tf.int64)
+            first_forward = tf.reduce_min(tf.where(forward_bad, index, groups))
+            last_grad = tf.reduce_max(tf.where(grad_bad, index, -1))
+            is_forward = first_forward < groups
+            group = tf.where(is_forward, first_forward, last_grad)
+            kind = tf.where(is_forward, tf.constant(FORWARD, tf.int64),
+                            tf.where(at_min, tf.constant(GRADIENT_AT_MIN_SCALE, tf.int64),
+                                     tf.constant(GRADIENT, tf.int64)))
+            return group, kind
+
+        def nothing():
+            return tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)
+
+        group, kind = tf.cond(finite, nothing, culprit)
+        named = tf.greater_equal(group, 0)
+        state = self.state
+        steps = tf.cast(optimizer.iterations, tf.int64) + tf.cast(
+            optimizer.skipped_steps.value, tf.int64) + 1
+        state.counts.assign_add(tf.one_hot(group, groups, dtype=tf.int64))
+        size = state.log_size.value[0]
+        entry = tf.stack([steps, group, kind])
+        row = tf.one_hot(size % LOG_SIZE, LOG_SIZE, dtype=tf.int64)[:, None]
+        log = state.log.value
+        state.log.assign(tf.where(named, log * (1 - row) + row * entry[None, :], log))
+        state.log_size.assign_add(tf.reshape(tf.cast(named, tf.int64), [1]))
+
+    # -------------------------------------------------------- host reads
+
+    def read(self) -> AttributionReading:
+        """The counters in Python values (one host read)."""
+        counts = keras.ops.convert_to_numpy(self.state.counts)
+        log = keras.ops.convert_to_numpy(self.state.log)
+        size = int(keras.ops.convert_to_numpy(self.state.log_size)[0])
+        healed = keras.ops.convert_to_numpy(self.state.healed)
+        rows = [log[i % LOG_SIZE] for i in range(max(0, size - LOG_SIZE), size)]
+        skips = tuple(AttributedSkip(int(r[0]), self.names[int(r[1])], int(r[2]))
+                      for r in rows if 0 <= int(r[1]) < len(self.names))
+        return AttributionReading(
+            counts={n: int(c) for n, c in zip(self.names, counts) if c},
+            skips=skips,
+            healed=tuple(n for n, h in zip(self.names, healed) if h))
+
+    def log_size(self) -> int:
+        """How many skips were attributed so far (a one-scalar read)."""
+        return int(keras.ops.convert_to_numpy(self.state.log_size)[0])
+
+    def mark_healed(self, names) -> None:
+        """Writes ``names`` into the healed set (every replica's copy)."""
+        healed = keras.ops.convert_to_numpy(self.state.healed).copy()
+        for name in names:
+            healed[self.index(name)] = 1
+        self.state.healed.assign(healed)
+
+    def index(self, name: str) -> int:
+        """The position of the layer called ``name``.
+
+        Raises:
+            ValueError: for a name the attribution does not know.
+        """
+        if name not in self.names:
+            raise ValueError(
+                f"No attributed layer is called {name!r}. Valid names: "
+                f"{', '.join(self.names)}.")
+        return self.names.index(name)
+
+    # ---------------------------------------------------- saving, loading
+
+    def saved(self) -> dict:
+        """The state as plain values, keyed by layer name (`STORE_KEY`)."""
+        reading = self.read()
+        return {"layers": self.names, "counts": reading.counts,
+                "skips": [list(s) for s in reading.skips], "healed": list(reading.healed)}
+
+    def assign_saved(self, saved: dict) -> None:
+        """Writes a `saved` dict back (layers matched by name; unknown names refused)."""
+        unknown = [n for n in list(saved.get("healed", ())) + list(saved.get("counts", {}))
+                   if n not in self.names]
+        if unknown:
+            raise ValueError(
+                f"The saved layer attribution names layers this model lacks: {unknown}. "
+                f"Received a state for layers {saved.get('layers')}; this model's: "
+                f"{self.names}. Restore into the model that was saved.")
+        counts = np.zeros(len(self.names), np.int64)
+        for name, count in saved.get("counts", {}).items():
+            counts[self.index(name)] = count
+        log = np.zeros((LOG_SIZE, 3), np.int64)
+        skips = saved.get("skips", [])[-LOG_SIZE:]
+        for i, (step, name, kind) in enumerate(skips):
+            log[i] = (step, self.index(name), kind)
+        healed = np.zeros(len(self.names), np.int64)
+        for name in saved.get("healed", ()):
+            healed[self.index(name)] = 1
+        self.state.counts.assign(counts)
+        self.state.log.assign(log)
+        self.state.log_size.assign(np.array([len(skips)], np.int64))
+        self.state.healed.assign(healed)
+
+
+def _noting(recorder: _Recorder, group: int):
+    def after_call(outputs):
+        recorder.note(group, outputs)
+    return after_call
+
+
+# ------------------------------------------- the optimizer's saving hooks
+
+
+def save_into(optimizer, store) -> None:
+    """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry."""
+    attribution = of(optimizer)
+    if attribution is None:
+        return
+    text = json.dumps(attribution.saved()).encode()
+    store[STORE_KEY] = np.frombuffer(text, np.uint8)
+
+
+def load_from(optimizer, store) -> None:
+    """Reads `STORE_KEY` from a store; kept for a later `attach` when none is attached."""
+    if STORE_KEY not in list(store.keys()):
+        return
+    saved = json.loads(bytes(np.asarray(store[STORE_KEY][...], np.uint8)).decode())
+    attribution = of(optimizer)
+    if attribution is None:
+        _PENDING[optimizer] = saved
+    else:
+        attribution.assign_saved(saved)
+
+
+def pending_healed(optimizer) -> tuple:
+    """Healed layer names read from a file before any attribution was attached."""
+    return tuple(_PENDING.get(optimizer, {}).get("healed", ()))
+
+
+def checkpoint_child(optimizer) -> dict:
+    """``{"layer_attribution": state}`` for a ``tf.train.Checkpoint``, or ``{}``."""
+    attribution = of(optimizer)
+    return {} if attribution is None else {STORE_KEY: attribution.state}
