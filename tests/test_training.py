@@ -12,6 +12,16 @@ import tf_mixed
 from tf_mixed import training
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
+# Many tests here feed the optimizer hand-made gradients or skip steps on purpose;
+# the misuse and skipped-step warnings that draws are expected there (the tests of
+# those warnings catch them with pytest.warns, which these filters do not touch).
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:.*never went through scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:A step was skipped:tf_mixed._internal.warning.MixedPrecisionWarning"),
+]
+
 INF = float("inf")
 
 

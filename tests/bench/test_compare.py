@@ -169,11 +169,14 @@ def _check_figures(report, out_text):
         assert ratio["activations"] == pytest.approx(
             memory["activations"] / base["activation_bytes"]["activations"])
         # The stdout table shows the same figures.
-        row = next(line for line in out_text.splitlines() if line.startswith(f"| {r['policy']} |"))
+        mark = " (cut)" if r.get("cut") else ""
+        row = next(line for line in out_text.splitlines()
+                   if line.startswith(f"| {r['policy']}{mark} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{r['samples_per_sec']:,.1f}"
         assert cells[2] == f"{spread['min']:,.0f}-{spread['max']:,.0f}"
-        assert cells[3] == f"{ratio['samples_per_sec']:.2f}x"
+        # A ratio from too few or too spread round pairs is printed as none.
+        assert cells[3] == ("untrusted" if bench_report.untrusted(r) else f"{ratio['samples_per_sec']:.2f}x")
         census = r["census"]
         assert cells[5] == f"{100 * census['half_flop_share']:.0f}%"
         assert cells[6] == str(census["casts_per_step"])
@@ -294,6 +297,7 @@ def test_tfds_dataset_end_to_end(tmp_path, capsys):
     _check_figures(report, out_text)
 
 
+@pytest.mark.slow  # 5.2 s CPU (over the fast tier's 5 s): a whole suite run
 def test_overhead_suite(tmp_path, capsys):
     out = tmp_path / "over"
     code = main([
@@ -337,11 +341,14 @@ def test_ratios_and_table_without_float32():
     assert results[1]["ratio_to_float32"]["samples_per_sec"] == 2.5
     assert results[1]["ratio_to_float32"]["step_time"] == pytest.approx(0.4)
     assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] == pytest.approx(-0.5)
+    # One pair (no rounds: the ratio of the medians) is no verdict: no ratio printed.
+    assert not results[1]["ratio_to_float32"]["trusted"]
     table = bench_report.markdown_table(results)
-    assert ("| mixed_bfloat16 | 250.0 | n/a | 2.50x | 2.50x-2.50x | n/a | n/a | 128.0 "
+    assert ("| mixed_bfloat16 | 250.0 | n/a | untrusted | 1 pair(s) | n/a | n/a | 128.0 "
             "| n/a | n/a | n/a | 100 |") in table
+    results[1]["ratio_to_float32"]["trusted"] = True
     results[1]["census"] = {"half_flop_share": 0.923, "casts_per_step": 14}
-    assert "| 2.50x-2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
+    assert "| 2.50x | 2.50x-2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
     # The base is the float32 row wherever it stands, not the first row.
     later = [_fake_result("mixed_bfloat16", 250.0, 0.895), _fake_result("float32", 125.0, 0.90)]
     bench_report.add_ratios(later)
@@ -441,6 +448,21 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     # Written at 100 dpi, 15 x 8.5 inches with the loss-scale panel: 1500 x 850 pixels.
     assert int.from_bytes(path.read_bytes()[16:20], "big") == 1500
     assert int.from_bytes(path.read_bytes()[20:24], "big") == 850
+    # The picture says what the table says: the cut run marked, each verdict in the title.
+    results = report["results"]
+
+    def label(results):  # what report.add_ratios sets
+        for r in results:
+            r["cut"], r["verdict"] = bench_report.is_cut(r), bench_report.verdict(r)
+        return results
+
+    assert plot.tick_labels(label(results)) == ["float32", "mixed_float16\n(cut)"]
+    assert plot.headline(results) == ["mixed_float16: 1.00x float32; cut, timed only"]
+    results[1]["ratio_to_float32"]["trusted"] = False  # no ratio drawn either
+    assert plot.headline(label(results)) == [
+        "mixed_float16: no ratio (round pairs too few or too spread to trust; re-run when idle); "
+        "cut, timed only"]
+    assert plot.plot(report, str(path)) is True
 
 
 # --- float8 -------------------------------------------------------------------
@@ -532,12 +554,19 @@ def test_ratio_is_the_median_of_round_pairs_and_notes_say_when_to_distrust_it():
     # Pairs 1, 3, 2, 3, 2: quartiles 2 and 3, the IQR half the median.
     spread = results[1]["ratio_to_float32"]["samples_per_sec_spread"]
     assert (spread["q1"], spread["median"], spread["q3"]) == (2.0, 2.0, 3.0)
-    first = bench_report.notes(report)[0]
-    assert "(min-max 1.00x-3.00x, spread 50% of the median): TOO WIDE TO TRUST" in first
-    assert "load average was 3.0 on 2 cores" in first and "--round_steps=10" in first
+    # No ratio at all then: not in the notes, the table or the matmul reference.
+    results[1]["plan"] = {"full": False, "extra_rounds": 2, "reason": "..."}
+    untrusted_notes = bench_report.notes(report)
+    first = untrusted_notes[0]
+    assert first.startswith("mixed_bfloat16 / float32: NO RATIO: its 5 round pairs spread 50% "
+                            "of their median, over 20% after 2 extra round(s); the load average "
+                            "was 3.0 on 2 cores. Re-run when the host is idle")
+    assert "2.00x" not in " ".join(untrusted_notes)
+    assert not any(line.startswith("Reference:") for line in untrusted_notes)
     row = next(line for line in bench_report.markdown_table(results).splitlines()
                if line.startswith("| mixed_bfloat16"))
-    assert "| 150.0 | 100-300 | 2.00x | 1.00x-3.00x |" in row
+    assert "| 150.0 | 100-300 | untrusted | spread 50% |" in row
+    assert bench_report.verdict(results[1]).startswith("no ratio (")
     assert "| 0.0 | 0.50x | 0.0 | 100 |" in row  # activations, vs float32, state, peak
 
 
@@ -547,10 +576,18 @@ def test_a_timed_only_policy_shows_no_accuracy_and_says_why():
     results[1]["plan"] = {"full": False, "reason": "bfloat16 is emulated on this CPU: ..."}
     bench_report.add_ratios(results)
     assert results[1]["ratio_to_float32"]["val_accuracy_diff_points"] is None
+    results[1].update(steps_run=65, total_steps=500, final_train_loss=2.0982)
     row = bench_report.markdown_table(results).splitlines()[-1]
     assert "| not compared | n/a |" in row
+    # Marked cut, its losses (65 steps against float32's 500) not shown beside float32's.
+    assert row.startswith("| mixed_bfloat16 (cut) |")
+    assert "| cut at step 65/500 | cut at step 65/500 |" in row and "2.0982" not in row
     notes = bench_report.notes({"results": results, "host": {}})
     assert "Cut to keep the time budget: bfloat16 is emulated on this CPU: ...." in notes
+    assert ("mixed_bfloat16: cut at step 65/500, so its losses are not compared with float32's "
+            "(results.json keeps them).") in notes
+    assert bench_report.verdict(results[1]) == "0.20x float32; cut at step 65/500, timed only"
+    assert bench_report.verdict(results[0]) == "the baseline"
 
 
 @pytest.mark.slow
@@ -572,9 +609,11 @@ def test_time_budget_cuts_the_slower_policy_to_timed_rounds(tmp_path, capsys, mo
     assert base["plan"]["full"] and base["accuracy_compared"] and base["steps_run"] == 18
     assert not bf16["plan"]["full"] and not bf16["accuracy_compared"]
     assert bf16["final_val_accuracy"] is None
-    # Warm-up 1, the measured round of 2, two more rounds (the minimum size, 2 here).
-    assert [r["steps"] for r in bf16["rounds"]] == [2, 2, 2] and bf16["steps_run"] == 7
-    assert bf16["plan"]["reason"] in out_text and "timed on 3 rounds" in bf16["plan"]["reason"]
+    # Warm-up 1, the 3 measured rounds of 2, two more rounds (the minimum size, 2
+    # here); no extra round: the budget plus half of it is long spent.
+    assert [r["steps"] for r in bf16["rounds"]] == [2] * 5 and bf16["steps_run"] == 11
+    assert bf16["plan"]["reason"] in out_text and "timed on 5 rounds" in bf16["plan"]["reason"]
+    assert bf16["plan"]["extra_rounds"] == 0
     assert "| not compared | n/a |" in out_text
 
 

@@ -223,7 +223,9 @@ def test_tfds_not_prepared_advice_is_a_command_that_prepares(tmp_path, monkeypat
             data.load("tfds:mnist", data_dir=str(tmp_path), download=False)
         message = str(info.value)
         assert message.startswith("--dataset='tfds:mnist': TFDS data set 'mnist' is not prepared")
-        assert "--nodownload" in message
+        # Not "--nodownload was given": probe, export and doctor never download.
+        assert "--nodownload was given" not in message
+        assert "this command does not download it (bench: --nodownload; probe, export " in message
     else:  # TFDS's default directory may hold a prepared mnist on this host
         message = data._prepare_hint("mnist", None)
         assert "(or pass --data_dir)" in message

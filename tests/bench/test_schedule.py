@@ -19,7 +19,7 @@ def test_a_policy_that_fits_runs_in_full():
     assert plans["mixed_bfloat16"].estimate_s == pytest.approx(24.0)
 
 
-def test_an_emulated_policy_is_timed_on_three_rounds_and_says_why():
+def test_an_emulated_policy_is_timed_on_five_rounds_and_says_why():
     # bf16 at 0.16x: 0.3125 s a step; its 480 steps left need 480 * 0.3125 * 1.2 = 180 s.
     plans = plan_run({"float32": 0.05, "mixed_bfloat16": 0.3125},
                      {"float32": 20, "mixed_bfloat16": 20},
@@ -27,23 +27,24 @@ def test_an_emulated_policy_is_timed_on_three_rounds_and_says_why():
                      emulated=("mixed_bfloat16",))
     bf16 = plans["mixed_bfloat16"]
     assert plans["float32"].full and not bf16.full
-    assert bf16.rounds == 3
-    # Left after float32: 105 - 20 - 480 * 0.05 * 1.2 = 56.2 s; two more rounds of
-    # n steps cost 2 * n * 0.3125 * 1.2 = 0.75 n s: n = 74, capped at round_steps.
+    assert bf16.rounds == 5
+    # Left after float32: 105 - 20 - 480 * 0.05 * 1.2 = 56.2 s; four more rounds of
+    # n steps cost 4 * n * 0.3125 * 1.2 = 1.5 n s: n = 37, capped at round_steps.
     assert bf16.round_steps == 20
-    assert bf16.estimate_s == pytest.approx(15.0)
+    assert bf16.estimate_s == pytest.approx(30.0)
     assert bf16.reason == (
         "bfloat16 is emulated on this CPU: mixed_bfloat16: it runs at 0.16x float32's speed "
-        "here, so its remaining 480 steps would take about 180 s, past the 105 s budget; timed on 3 "
+        "here, so its remaining 480 steps would take about 180 s, past the 105 s budget; timed on 5 "
         "rounds of up to 20 steps, accuracy not compared (--time_budget=0 runs it in full)")
 
 
 def test_rounds_shrink_to_what_the_budget_leaves_but_not_below_the_minimum():
-    # Left after float32: 130 - 10 - 0.5 * 160 * 1.2 = 24 s; 2 rounds of n steps at
-    # 1 s * 1.2: n = int(24 / 2.4) = 10.
+    # Left after float32: 130 - 10 - 0.5 * 160 * 1.2 = 24 s; 3 rounds measured, 2 to
+    # go, of n steps at 1 s * 1.2: n = int(24 / 2.4) = 10.
     plans = plan_run({"float32": 0.5, "mixed_float16": 1.0}, {"float32": 0, "mixed_float16": 0},
-                     total_steps=160, round_steps=20, budget_s=130.0, elapsed_s=10.0)
-    assert plans["mixed_float16"].round_steps == 10
+                     total_steps=160, round_steps=20, budget_s=130.0, elapsed_s=10.0,
+                     measured_rounds=3)
+    assert plans["mixed_float16"].round_steps == 10 and plans["mixed_float16"].rounds == 5
     # Nothing left at all: still the minimum, 5 steps (or the round size if smaller).
     plans = plan_run({"float32": 1.0, "mixed_float16": 2.0}, {}, total_steps=500,
                      round_steps=20, budget_s=10.0, elapsed_s=10.0)
@@ -73,6 +74,9 @@ def test_spread_pairs_and_trust():
     assert schedule.trusted(steady)
     # Under 4 values the spread is max - min: 1.8 to 2.4 around 2.0 is 30%.
     assert not schedule.trusted(schedule.spread([1.8, 2.0, 2.4]))
+    # Fewer than 3 pairs are never a verdict, however close.
+    assert not schedule.trusted(schedule.spread([2.0, 2.0]))
+    assert schedule.trusted(schedule.spread([2.0, 2.0, 2.0]))
     assert schedule.spread([3.0])["q1"] == 3.0
     with pytest.raises(ValueError, match="at least one round"):
         schedule.spread([])
@@ -100,27 +104,113 @@ def _drive(scheduler, step_s, finish_at):
 
 
 def test_scheduler_interleaves_rounds_and_stops_a_policy_that_does_not_fit():
-    # Read twice: at the first command (the policies took 10 s to start, so 10 s are
-    # kept for after training) and when the plan is made, at 30 s.
-    clock = iter([10.0, 30.0]).__next__
-    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=100, round_steps=20,
+    # Read at the first command (the policies took 10 s to start, so 10 s are kept
+    # for after training), when the plan is made (30 s), then at each extension check.
+    clock = iter([10.0, 30.0] + [200.0] * 20).__next__
+    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=200, round_steps=20,
                           warmup_steps=5, budget_s=70.0, clock=clock, reserve_s=5.0)
-    commands = _drive(scheduler, {"float32": 0.1, "mixed_bfloat16": 1.0}, finish_at=100)
-    assert commands[:4] == [("float32", 5), ("mixed_bfloat16", 5),
-                            ("float32", 20), ("mixed_bfloat16", 20)]
-    # The plan at 30 s, 70 - 10 = 60 s to train in: float32 has 75 steps left, 9 s,
-    # done by 39 s; bf16 needs 90 s more: timed on 3 rounds, the 2 left of
-    # int(21 / 2.4) = 8 steps each.
+    commands = _drive(scheduler, {"float32": 0.1, "mixed_bfloat16": 1.0}, finish_at=200)
+    # Warm-up, then three measured rounds each before any plan.
+    assert commands[:8] == [("float32", 5), ("mixed_bfloat16", 5)] + [
+        ("float32", 20), ("mixed_bfloat16", 20)] * 3
+    # The plan at 30 s, 70 - 10 = 60 s to train in: float32 has 135 steps left,
+    # 16.2 s, done by 46.2 s; bf16 needs 156 s more: timed on 5 rounds, the 2 left
+    # of int(13.8 / 2.4) = 5 steps each.
     plan = scheduler.plan("mixed_bfloat16")
-    assert not plan.full and plan.rounds == 3 and plan.round_steps == 8
+    assert not plan.full and plan.rounds == 5 and plan.round_steps == 5
     assert [c for c in commands if c[0] == "mixed_bfloat16"] == [
-        ("mixed_bfloat16", 5), ("mixed_bfloat16", 20), ("mixed_bfloat16", 8),
-        ("mixed_bfloat16", 8), ("mixed_bfloat16", 0)]
-    assert scheduler.order[:6] == ["float32", "mixed_bfloat16"] * 3
-    assert len(scheduler.lanes["float32"].rounds) == 5  # 95 steps after warm-up, rounds of 20
-    assert scheduler.lanes["float32"].steps_done == 100
-    assert scheduler.round_rates("mixed_bfloat16", 64) == [64.0, 64.0, 64.0]
+        ("mixed_bfloat16", 5)] + [("mixed_bfloat16", 20)] * 3 + [
+        ("mixed_bfloat16", 5), ("mixed_bfloat16", 5), ("mixed_bfloat16", 0)]
+    assert scheduler.order[:10] == ["float32", "mixed_bfloat16"] * 5
+    assert scheduler.lanes["float32"].steps_done == 200
+    assert scheduler.round_rates("mixed_bfloat16", 64) == [64.0] * 5
+    assert scheduler.pair_ratios("mixed_bfloat16") == [pytest.approx(0.1)] * 5
+    assert scheduler.extra_rounds == {}  # steady pairs: no extra round
     assert scheduler.plan("float32").full
+
+
+def _drive_loaded(scheduler, step_s, load, clock_box):
+    """Like `_drive`, each round of a lane timed as step_s * load(policy, round index);
+    the clock advances by each segment's seconds."""
+    commands, active = [], list(scheduler.lanes)
+    while active:
+        for policy in list(active):
+            steps = scheduler.command(policy)
+            commands.append((policy, steps))
+            lane = scheduler.lanes[policy]
+            if steps == 0:
+                scheduler.record(policy, [], finished=True)
+                active.remove(policy)
+                continue
+            steps = min(steps, scheduler.total_steps - lane.steps_done)
+            factor = load(policy, len(lane.rounds)) if lane.warmed_up else 1.0
+            times = [step_s[policy] * factor] * steps
+            clock_box[0] += sum(times)
+            finished = lane.steps_done + steps >= scheduler.total_steps
+            scheduler.record(policy, times, finished=finished)
+            if finished:
+                active.remove(policy)
+    return commands
+
+
+def test_one_round_under_load_does_not_cut_a_policy():
+    # bf16 runs at 2x float32 (0.05 s against 0.1 s a step); its first round is
+    # taken while a neighbour's job runs (10x slower). Planned from that round
+    # alone it would look 5x slower than float32 and be cut; the median of three
+    # rounds says 2x: float32 and bf16 together fit, so both run in full.
+    clock = [0.0]
+    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=400, round_steps=20,
+                          warmup_steps=5, budget_s=100.0, clock=lambda: clock[0])
+    _drive_loaded(scheduler, {"float32": 0.1, "mixed_bfloat16": 0.05},
+                  lambda policy, i: 10.0 if (policy, i) == ("mixed_bfloat16", 0) else 1.0, clock)
+    assert scheduler.plan("mixed_bfloat16").full
+    assert scheduler.lanes["mixed_bfloat16"].steps_done == 400
+    # The same timings planned from the first round alone cut it (what this guards).
+    one_round = plan_run({"float32": 0.1, "mixed_bfloat16": 0.5}, {"float32": 25, "mixed_bfloat16": 25},
+                         total_steps=400, round_steps=20, budget_s=100.0, elapsed_s=8.0)
+    assert not one_round["mixed_bfloat16"].full
+
+
+def test_a_timed_policy_with_pairs_too_wide_gets_extra_rounds_within_the_bound():
+    # bf16 cannot fit (10x slower than float32); float32 runs 1000 steps. Its
+    # rounds alternate fast and slow (a neighbour's job on and off), so its pairs
+    # never agree: extra rounds are granted until MAX_ROUNDS.
+    clock = [0.0]
+    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=1000, round_steps=10,
+                          warmup_steps=0, budget_s=1000.0, clock=lambda: clock[0])
+    _drive_loaded(scheduler, {"float32": 0.01, "mixed_bfloat16": 1.0},
+                  lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i % 2 else 1.0, clock)
+    plan = scheduler.plan("mixed_bfloat16")
+    assert not plan.full and plan.rounds == schedule.TIMING_ROUNDS
+    assert len(scheduler.lanes["mixed_bfloat16"].rounds) == schedule.MAX_ROUNDS
+    assert scheduler.extra_rounds == {"mixed_bfloat16": schedule.MAX_ROUNDS - schedule.TIMING_ROUNDS}
+    assert not schedule.trusted(schedule.spread(scheduler.pair_ratios("mixed_bfloat16")))
+
+
+def test_extra_rounds_stop_once_the_pairs_agree():
+    # Two slow rounds among the first five (a load spike), then steady: pairs
+    # 0.1, 0.033 (x2), 0.1 (x2) spread 67% of their median; each extra round at
+    # 0.1 narrows the interquartile range: 50%, 33%, then 17% after the third.
+    clock = [0.0]
+    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=1000, round_steps=10,
+                          warmup_steps=0, budget_s=100.0, clock=lambda: clock[0])
+    _drive_loaded(scheduler, {"float32": 0.01, "mixed_bfloat16": 0.1},
+                  lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i in (1, 2) else 1.0, clock)
+    assert not scheduler.plan("mixed_bfloat16").full
+    ratios = scheduler.pair_ratios("mixed_bfloat16")
+    assert schedule.trusted(schedule.spread(ratios))
+    assert scheduler.extra_rounds == {"mixed_bfloat16": 3}
+
+
+def test_extra_rounds_stop_at_the_time_bound():
+    # The clock already past budget * (1 + EXTRA_TIME_FRACTION): no extra round.
+    clock = [0.0]
+    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=1000, round_steps=10,
+                          warmup_steps=0, budget_s=20.0, clock=lambda: clock[0])
+    _drive_loaded(scheduler, {"float32": 0.01, "mixed_bfloat16": 1.0},
+                  lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i % 2 else 1.0, clock)
+    assert len(scheduler.lanes["mixed_bfloat16"].rounds) == schedule.TIMING_ROUNDS
+    assert scheduler.extra_rounds == {}
 
 
 def test_scheduler_without_budget_runs_every_policy_in_full():
@@ -133,15 +223,16 @@ def test_scheduler_without_budget_runs_every_policy_in_full():
 
 def test_sequential_lanes_plan_when_the_later_policy_is_measured():
     # --isolation=inprocess: float32 runs whole first, then the other policy.
-    scheduler = Scheduler(("float32", "mixed_float16"), total_steps=50, round_steps=10,
+    scheduler = Scheduler(("float32", "mixed_float16"), total_steps=90, round_steps=10,
                           warmup_steps=2, budget_s=20.0, clock=lambda: 19.0)
-    for steps in (2, 10, 10, 10, 10, 8):
+    for steps in (2, 10, 10, 10, 10, 10, 10, 10, 10, 8):
         assert scheduler.command("float32") == steps
         scheduler.record("float32", [0.1] * steps, finished=steps == 8)
     assert scheduler.command("mixed_float16") == 2
     scheduler.record("mixed_float16", [1.0, 1.0], finished=False)
-    assert scheduler.command("mixed_float16") == 10
-    scheduler.record("mixed_float16", [1.0] * 10, finished=False)
+    for _ in range(3):  # its measured rounds
+        assert scheduler.command("mixed_float16") == 10
+        scheduler.record("mixed_float16", [1.0] * 10, finished=False)
     # 19 s gone, 1 s left: two more rounds of the minimum 5 steps.
     assert scheduler.command("mixed_float16") == 5
     assert not scheduler.plan("mixed_float16").full

@@ -185,12 +185,14 @@ def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys
     first = printed.split("\n\n")[0]
     assert first.startswith("Start here: model 'plain' computes in float32")
     assert "tf_mixed.enable()" in first
-    assert "tf_mixed.convert(model, 'mixed_float16')" in first
-    assert f"python -m tf_mixed doctor {path} --policy=mixed_float16" in first
+    # The policy this host should try (no GPU here unless faked: mixed_bfloat16).
+    policy = doctor.host_policy()
+    assert f"tf_mixed.convert(model, '{policy}') on this host" in first
+    assert f"python -m tf_mixed doctor {path} --policy={policy}" in first
     assert json.loads((out / "doctor.json").read_text())["first_change"] == first
     # Run as it says: converted, the model starts with its census instead.
     code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 "--policy=mixed_float16", f"--output_dir={out}"])
+                 f"--policy={policy}", f"--output_dir={out}"])
     assert code == 0 and capsys.readouterr().out.startswith("Census of model 'plain'")
     assert json.loads((out / "doctor.json").read_text())["first_change"] is None
 
@@ -207,3 +209,16 @@ def test_doctor_plan_proposes_a_precision_per_layer(tmp_path, capsys):
     assert [row["name"] for row in plan["layers"]] == ["wide", "island", "out"]
     assert all(row["choice"] in ("float32", "bfloat16", "float16") for row in plan["layers"])
     assert "Plan for model 'planted'" in printed and "Apply: " in printed
+
+
+def test_the_next_policy_suggested_is_this_hosts():
+    # Issue 37: a bfloat16 host was told to try --policy=mixed_float16 next.
+    assert doctor.host_policy(has_gpu=True) == "mixed_float16"
+    assert doctor.host_policy(has_gpu=False) == "mixed_bfloat16"
+
+    class Report:
+        policy, model_name = "float32", "plain"
+
+    text = doctor.first_change(Report(), "m.keras", "mixed_bfloat16")
+    assert "python -m tf_mixed doctor m.keras --policy=mixed_bfloat16; or let" in text
+    assert "tf_mixed.convert(model, 'mixed_bfloat16') on this host" in text

@@ -185,3 +185,25 @@ def test_artifact_failing_its_check_exits_1_and_leaves_nothing(saved, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "above tolerance=1e-12" in err[0]
     assert not out.exists()
+
+
+def test_without_a_sample_export_never_says_it_checks():
+    # Issue 37: the progress said "checking it on the sample", then the report
+    # "not checked (no sample)".
+    from tf_mixed.cli import export as export_command
+    from tf_mixed.serving.export_report import ExportReport
+
+    lines = [export_command.stage(step, "m.keras", "litert", "float32", False) for step in (1, 2)]
+    assert lines == ["step 1/2: loading m.keras",
+                     "step 2/2: exporting litert (float32) (no sample: no parity check)"]
+    assert export_command.stage(2, "m.keras", "litert", "float32", True) == (
+        "step 2/2: exporting litert (float32) and checking it on the sample")
+    fields = dict(path="m.tflite", format="litert", precision="float32", trained_dtype="float32",
+                  input_names=("x",), input_dtypes=("float32",), input_shapes=((None, 4),),
+                  output_names=("y",), output_dtypes=("float32",), output_shapes=((None, 2),),
+                  bytes=10, select_ops=(), runtime="ai_edge_litert", tolerance=1e-5)
+    unchecked = str(ExportReport(**fields))
+    assert "parity         not checked: no sample was given\n" in unchecked + "\n"
+    assert "run by" not in unchecked
+    checked = str(ExportReport(**fields, max_abs_error=0.5, max_rel_error=0.25, worst_output="y"))
+    assert "max rel 0.25 (worst: y; tolerance 1e-05), run by ai_edge_litert" in checked

@@ -196,7 +196,9 @@ def test_audit_needs_one_path(tmp_path, capsys):
     assert "expected exactly one MODEL argument" in capsys.readouterr().err
     assert main(["tf_mixed", "audit", str(tmp_path / "missing.keras")]) == 2
     err = capsys.readouterr().err
-    assert err == f"tf_mixed audit: error: no such file: {tmp_path / 'missing.keras'}\n"
+    # The wording of every model command (probe, doctor, export): what to pass.
+    assert err == (f"tf_mixed audit: error: MODEL={str(tmp_path / 'missing.keras')!r}: no such "
+                   "file. Pass the path of a saved .keras model.\n")
 
 
 def _saved_mlp(path):

@@ -21,6 +21,12 @@ from zoo import ZOO
 import tf_mixed
 from tf_mixed.scaling import formats
 
+# These tests hand the optimizer gradients they made themselves (a window of
+# known values), not a scaled loss's: tf_mixed's misuse check warns about that
+# (tested in tests/scaling/test_optimizer.py); here it is expected, not news.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
+
 WINDOWS = 3
 STEPS = 4  # micro-steps per window
 MICRO = 4  # examples per micro-batch (global)
@@ -121,10 +127,12 @@ def test_scale_never_changes_inside_a_window_and_backs_off_once():
     opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=64.0,
                                       gradient_accumulation_steps=STEPS)
     scales = []
-    for micro in range(STEPS):  # three overflowing micro-steps in one window
-        grad = tf.constant([np.inf, 1.0]) if micro else tf.constant([1.0, 1.0])
-        opt.apply([grad], [w])
-        scales.append(opt.loss_scale_state().scale)
+    # The window's skip is said once (no forward state to roll back): caught here.
+    with pytest.warns(tf_mixed.callbacks.MixedPrecisionWarning, match="A step was skipped"):
+        for micro in range(STEPS):  # three overflowing micro-steps in one window
+            grad = tf.constant([np.inf, 1.0]) if micro else tf.constant([1.0, 1.0])
+            opt.apply([grad], [w])
+            scales.append(opt.loss_scale_state().scale)
     assert scales == [64.0, 64.0, 64.0, 32.0]
     assert opt.loss_scale_state().skipped_steps == 1
     np.testing.assert_array_equal(w.numpy(), [0.0, 0.0])
@@ -180,6 +188,7 @@ def test_mirrored_with_a_half_precision_wire(mirrored):
     np.testing.assert_allclose(copies[0], reference(SKIPPED_WINDOW), rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.slow  # 5.9 s CPU (over the fast tier's 5 s), 43 s at load 10
 def test_one_collective_per_window(mirrored, monkeypatch):
     """The traced micro-step holds one reduction (in the window-end branch)."""
     calls = {"replica all_reduce": 0, "reduce_to": 0}

@@ -12,6 +12,12 @@ import tensorflow as tf
 import tf_mixed
 from tf_mixed.scaling import compensated
 
+# These tests hand the optimizer gradients they made themselves, not a scaled
+# loss's: tf_mixed's misuse check warns about that (tested in
+# tests/scaling/test_optimizer.py); here it is expected, not news.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
+
 STEP = 2.0**-10
 
 

@@ -333,3 +333,21 @@ def test_an_unbuilt_subclassed_model_says_to_build_it(fp16):
     report = tf_mixed.audit(_Classifier(name="unbuilt"))
     assert not report.by_code("half_output_activation")
     assert "not built" in report.by_code("no_graph")[0].message
+
+
+def test_a_float32_model_is_told_to_turn_mixed_precision_on():
+    # Issue 37: the audit compared float32 with itself ("float32 X, float32 X (1.00x)").
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+    report = tf_mixed.audit(model)
+    (finding,) = report.by_code("not_mixed")
+    assert finding.severity == "info"
+    assert finding.fix.startswith("turn mixed precision on: tf_mixed.enable()")
+    text = str(report)
+    assert "in float32 (mixed precision stores most of it in half the bytes)" in text
+    assert "(1.00x)" not in text
+    # A mixed model has no such finding, and its memory line compares the two.
+    tf_mixed.enable("mixed_bfloat16")
+    mixed = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+    mixed_report = tf_mixed.audit(mixed)
+    assert mixed_report.by_code("not_mixed") == []
+    assert "float32 " in str(mixed_report) and "mixed_bfloat16 " in str(mixed_report)

@@ -1,17 +1,16 @@
 """Progress lines for command-line work that takes more than a few seconds."""
 
-# `heartbeat(label)` starts a daemon thread that logs, through absl logging, a
-# line at least every `INTERVAL_S` seconds while the work runs: the label, what
+# `heartbeat(label)` starts a daemon thread that writes a plain line to stderr
+# (no log prefix) at least every `INTERVAL_S` seconds while the work runs: the label, what
 # the work last said it was doing (`update`) and the seconds so far. A command
 # sets its stage with `update("round 3/25: float32 ...")`; ``--quiet`` turns the
 # lines off (`set_enabled(False)`), and so does ``TF_MIXED_PROGRESS=0`` in the
 # environment (the test suite sets it, so no test sees a line it did not ask
-# for). Only the standard library and absl.
+# for). Only the standard library.
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -34,38 +33,9 @@ def enabled() -> bool:
     return _enabled
 
 
-_logger: logging.Logger | None = None
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of each line."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def _absl_info(line: str) -> None:
-    """Logs ``line`` at INFO in absl's format, to stderr, on a logger of its own.
-
-    Its own logger, not the root one: switching absl's root handler to INFO
-    would let every library's INFO records through too.
-    """
-    global _logger
-    if _logger is None:
-        from absl import logging as absl_logging
-
-        handler = _StderrHandler()
-        handler.setFormatter(absl_logging.PythonFormatter())
-        _logger = logging.getLogger("tf_mixed.progress")
-        _logger.addHandler(handler)
-        _logger.setLevel(logging.INFO)
-        _logger.propagate = False
-    _logger.info("%s", line)
+def _plain_line(line: str) -> None:
+    """Writes ``line`` to stderr as it is: no log prefix (level, time, thread id)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 class Heartbeat:
@@ -74,12 +44,12 @@ class Heartbeat:
     Args:
         label: What runs, e.g. "tf_mixed bench".
         interval: Seconds between lines.
-        emit: Where a line goes (absl logging's INFO by default).
+        emit: Where a line goes (a plain line on stderr by default).
         clock: Seconds, for the elapsed time shown.
     """
 
     def __init__(self, label: str, interval: float = INTERVAL_S,
-                 emit: Callable[[str], None] = _absl_info,
+                 emit: Callable[[str], None] = _plain_line,
                  clock: Callable[[], float] = time.monotonic):
         self.label = label
         self.interval = interval
@@ -112,7 +82,7 @@ class Heartbeat:
 
 @contextlib.contextmanager
 def heartbeat(label: str, *, interval: float = INTERVAL_S,
-              emit: Callable[[str], None] = _absl_info) -> Iterator[Heartbeat | None]:
+              emit: Callable[[str], None] = _plain_line) -> Iterator[Heartbeat | None]:
     """Logs ``label`` and the current stage every ``interval`` s while the block runs.
 
     Yields:

@@ -47,12 +47,28 @@ def is_tf_log_line(line: str) -> bool:
     return bool(_TF_LOG_LINE.match(line)) or line.startswith(_TF_LOG_EXTRAS)
 
 
-def import_tensorflow(verbose: bool) -> None:
+_verbose = False  # what `defer` was told: the command line's --verbose
+
+
+def defer(verbose: bool) -> None:
+    """Sets the log level and remembers ``verbose`` for a later `import_tensorflow`.
+
+    The command line calls this first and imports TensorFlow only once a
+    command's arguments are parsed, so ``--help`` and bad arguments answer at
+    once (TensorFlow's import takes seconds).
+    """
+    global _verbose
+    _verbose = bool(verbose)
+    set_log_level(os.environ, _verbose)
+
+
+def import_tensorflow(verbose: bool | None = None) -> None:
     """Sets the log level, then imports TensorFlow and Keras without their C++ log lines.
 
     Args:
-        verbose: Let every line through.
+        verbose: Let every line through; None: what `defer` was told.
     """
+    verbose = _verbose if verbose is None else verbose
     set_log_level(os.environ, verbose)
     if verbose or "tensorflow" in sys.modules:
         import keras  # noqa: F401

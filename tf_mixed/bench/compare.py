@@ -86,7 +86,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
                     for p in policies
                 ]
             for result in results:
-                result["plan"] = scheduler.plan(result["policy"]).to_dict()
+                result["plan"] = {**scheduler.plan(result["policy"]).to_dict(),
+                                  "extra_rounds": scheduler.extra_rounds.get(result["policy"], 0)}
             round_order = scheduler.order
         report_module.add_ratios(results)
         progress.update("measuring the host's large matmul, float32 against half precision")
@@ -209,7 +210,8 @@ def _progress(scheduler: schedule.Scheduler, policy: str, batch_size: int) -> No
         return
     plan = scheduler.plans.get(policy) if scheduler.plans else None
     if plan is not None and not plan.full:
-        expected = f"{plan.rounds}"
+        extra = scheduler.extra_rounds.get(policy, 0)  # granted while its pairs disagree
+        expected = f"{plan.rounds}" + (f"+{extra} extra" if extra else "")
     else:
         left = max(0, scheduler.total_steps - lane.steps_done)
         expected = f"~{len(lane.rounds) + -(-left // scheduler.round_steps)}"

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench.names import DATA_ACCEPTED, MODEL_NAMES  # noqa: F401 (no TensorFlow)
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import names
 
 SHAPES = "shapes"
 TOKENS = "tokens"
@@ -61,8 +62,7 @@ _IMAGE_SIGNATURES = {
     b"GIF89a": "GIF",
     b"BM": "BMP",
 }
-ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
-            "tokens (for --model=transformer)")
+ACCEPTED = names.DATA_ACCEPTED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,8 +460,11 @@ def load_tfds(
         if not download:
             raise UsageError(
                 "dataset", flag_value,
-                f"TFDS data set {name!r} is not prepared (looked in {where}) and "
-                "--nodownload was given",
+                # True whoever asked: the bench's --nodownload, or probe,
+                # export and doctor, which never download.
+                f"TFDS data set {name!r} is not prepared (looked in {where}) and this "
+                "command does not download it (bench: --nodownload; probe, export and "
+                "doctor never download)",
                 fix=_prepare_hint(name, data_dir),
             )
         # Only TFDS's own download goes to the network (tfds.testing.mock_data

@@ -22,6 +22,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from tf_mixed._internal import quiet
+
 __all__ = ["main", "measure"]
 
 
@@ -41,7 +43,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "iterations", "rounds", "threads"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1. Received: {getattr(args, name)}")
+            # The wording every command uses for this fact (cli/model_command.parse).
+            print(f"tf_mixed litert-latency: error: --{name}={getattr(args, name)}: must be "
+                  "at least 1.", file=sys.stderr)
+            raise SystemExit(2)
     return args
 
 
@@ -86,6 +91,7 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         The exit status (argparse exits with 2 on bad flags).
     """
     args = _parse(argv)
+    quiet.import_tensorflow()  # once the arguments are read
     from tf_mixed._internal.cli_errors import UsageError
     from tf_mixed.bench import report as report_module
 

@@ -23,6 +23,7 @@ import keras
 from keras import layers
 
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import names
 from tf_mixed.layers import OutputActivation
 
 
@@ -137,7 +138,8 @@ _BUILDERS: dict[str, Callable] = {
     "transformer": build_transformer,
 }
 SEQUENCE_MODELS = ("transformer",)  # take token sequences, not images
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+MODEL_NAMES: tuple[str, ...] = names.MODEL_NAMES
+assert tuple(_BUILDERS) == MODEL_NAMES, "names.MODEL_NAMES names every builder"
 _MIN_SIDE = {"resnet50": 32}
 
 

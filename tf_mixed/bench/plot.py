@@ -40,13 +40,13 @@ def plot(report: dict[str, Any], path: str) -> bool:
     fig, axes = plt.subplots(2, 3 if scaled else 2, figsize=(15 if scaled else 11, 8.5))
     axes = axes.ravel()
     colors = {r["policy"]: f"C{i}" for i, r in enumerate(results)}
-    names = [r["policy"] for r in results]
+    names = tick_labels(results)
     x = range(len(results))
 
     # 1. Throughput: the median of the rounds, every round as a dot, min-max as a bar.
     ax = axes[0]
     medians = [r["samples_per_sec"] for r in results]
-    ax.bar(x, medians, color=[colors[n] for n in names], alpha=0.6)
+    ax.bar(x, medians, color=[colors[r["policy"]] for r in results], alpha=0.6)
     for i, r in enumerate(results):
         rounds = [p["samples_per_sec"] for p in r.get("rounds") or []]
         ax.plot([i] * len(rounds), rounds, "k.", markersize=4, alpha=0.6)
@@ -67,6 +67,10 @@ def plot(report: dict[str, Any], path: str) -> bool:
     for i, r in enumerate(others):
         pairs = r["ratio_to_float32"]["round_pairs"]
         ax.plot([i] * len(pairs), pairs, ".", color=colors[r["policy"]], alpha=0.6)
+        if not r["ratio_to_float32"].get("trusted", True):  # the pairs, but no ratio
+            ax.annotate("no ratio:\ntoo spread\nto trust", (i + 0.1, max(pairs)), fontsize=9,
+                        va="top", color="red")
+            continue
         ax.plot([i - 0.25, i + 0.25], [r["ratio_to_float32"]["samples_per_sec"]] * 2, "-",
                 color=colors[r["policy"]], linewidth=3)
         ax.annotate(f"{r['ratio_to_float32']['samples_per_sec']:.2f}x",
@@ -77,7 +81,7 @@ def plot(report: dict[str, Any], path: str) -> bool:
         ax.axhline(matmul["ratio"], color="k", linestyle="--", linewidth=1.2,
                    label=f"host matmul {matmul['size']}^3 {matmul['dtype']}: {matmul['ratio']:.2f}x")
         ax.legend(fontsize=9, loc="lower right")
-    ax.set_xticks(range(len(others)), [r["policy"] for r in others], fontsize=9)
+    ax.set_xticks(range(len(others)), tick_labels(others), fontsize=9)
     ax.set_xlim(-0.6, max(len(others), 1) - 0.4)
     ax.set_ylabel("speed / float32 (per round pair)")
     ax.set_title("Speed-up, round pairs and the host's reference")
@@ -132,12 +136,25 @@ def plot(report: dict[str, Any], path: str) -> bool:
 
     host = report.get("host") or {}
     device = ", ".join(g["name"] for g in host.get("gpus") or []) or host.get("cpu_model", "")
-    fig.suptitle(f"tf_mixed bench: {report['model']['name']} on {report['dataset']['name']}"
-                 + (f" ({device})" if device else ""), fontsize=12)
+    fig.suptitle("\n".join([
+        f"tf_mixed bench: {report['model']['name']} on {report['dataset']['name']}"
+        + (f" ({device})" if device else ""), *headline(results)]), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def headline(results: list[dict[str, Any]]) -> list[str]:
+    """The verdict of each mixed policy, as the notes say it (``verdict``, set by
+    `tf_mixed.bench.report.add_ratios`)."""
+    return [f"{r['policy']}: {r['verdict']}" for r in results
+            if r["policy"] != "float32" and r.get("verdict")]
+
+
+def tick_labels(results: list[dict[str, Any]]) -> list[str]:
+    """Policy names, a cut run's (``cut``, set by `report.add_ratios`) marked as in the table."""
+    return [r["policy"] + ("\n(cut)" if r.get("cut") else "") for r in results]
 
 
 def _memory_mb(result: dict[str, Any], kind: str) -> float:

@@ -44,7 +44,10 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
 
     The throughput ratio is the median of the per-round-pair ratios (round i
     over float32's round i) where both have rounds, else the ratio of the
-    medians; ``samples_per_sec_spread`` is the pairs' spread.
+    medians; ``samples_per_sec_spread`` is the pairs' spread and ``trusted``
+    whether it makes a verdict (`tf_mixed.bench.schedule.trusted`). Each
+    result also gets ``cut`` (`is_cut`) and ``verdict`` (`verdict`), which
+    bench.png shows.
     """
     base = next((r for r in results if r["policy"] == "float32"), None)
     for result in results:
@@ -62,6 +65,9 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
         result["ratio_to_float32"] = {
             "samples_per_sec": pair_spread["median"],
             "samples_per_sec_spread": pair_spread,
+            # Whether the ratio is a verdict (schedule.trusted); where it is not,
+            # the table, the notes and bench.png print no ratio.
+            "trusted": schedule.trusted(pair_spread),
             "round_pairs": pairs,
             "step_time": 1.0 / pair_spread["median"],
             "peak_memory": result["peak_memory_mb"] / base["peak_memory_mb"],
@@ -69,11 +75,52 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             "val_accuracy_diff_points": None if None in accuracies
             else 100.0 * (accuracies[0] - accuracies[1]),
         }
+    for result in results:  # what bench.png says of each policy, as the notes do
+        result["cut"] = is_cut(result)
+        result["verdict"] = verdict(result)
 
 
 def _ratio(result: dict, key: str, digits: int = 2) -> str:
     ratios = result.get("ratio_to_float32")
+    if ratios and untrusted(result):
+        return "untrusted"
     return "n/a" if not ratios else f"{ratios[key]:.{digits}f}x"
+
+
+def untrusted(result: dict[str, Any]) -> bool:
+    """Whether a policy's ratio to float32 is no verdict: too few round pairs or
+    too wide a spread (float32's own row, and a run without float32, never are)."""
+    ratios = result.get("ratio_to_float32") or {}
+    return result["policy"] != "float32" and not ratios.get("trusted", True)
+
+
+def is_cut(result: dict[str, Any]) -> bool:
+    """Whether the time budget stopped a policy before its full run (timed only)."""
+    plan = result.get("plan") or {}
+    return plan.get("full") is False or result.get("accuracy_compared") is False
+
+
+def cut_label(result: dict[str, Any]) -> str:
+    """Where a cut run stopped, e.g. ``cut at step 65/500``."""
+    steps, total = result.get("steps_run"), result.get("total_steps")
+    return "cut" if steps is None else f"cut at step {steps}/{total}"
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """One policy's headline: ``2.00x float32``, ``no ratio (...)`` or ``the baseline``.
+
+    Shared by the notes and bench.png, so the picture says what the table says.
+    """
+    ratios = result.get("ratio_to_float32")
+    if result["policy"] == "float32":
+        label = "the baseline"
+    elif not ratios:
+        label = "no float32 run to compare with"
+    elif untrusted(result):
+        label = "no ratio (round pairs too few or too spread to trust; re-run when idle)"
+    else:
+        label = f"{ratios['samples_per_sec']:.2f}x float32"
+    return label + (f"; {cut_label(result)}, timed only" if is_cut(result) else "")
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -112,7 +159,10 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
 
     samples/s is the median over the policy's rounds, with the rounds'
     min-max; "vs float32" the median of the per-round-pair ratios, with the
-    pairs' min-max. Activations MB is `tf_mixed.audit`'s estimate, state MB
+    pairs' min-max, or "untrusted" and the pairs' spread where the ratio is
+    no verdict. A policy the time budget cut is marked "(cut)", its losses
+    replaced by the step it stopped at (they are not comparable with
+    float32's full run). Activations MB is `tf_mixed.audit`'s estimate, state MB
     the exact weights + gradients + optimizer state, peak MB the process's.
     """
     header = (
@@ -130,15 +180,24 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
         emulated = (r.get("float8") or {}).get("speed") == "emulated"
         pairs = (ratios or {}).get("samples_per_sec_spread")
+        pair_cell = _range(pairs, '.2f', 'x')
+        if pairs and untrusted(r):
+            pair_cell = (f"{pairs['n']} pair(s)" if pairs["n"] < schedule.MIN_TRUSTED_PAIRS
+                         else f"spread {100 * schedule.relative_spread(pairs):.0f}%")
+        cut = is_cut(r)
         speed = (f"emulated | emulated | emulated | emulated | {_census_cells(r)} | emulated"
                  if emulated else
                  f"{r['samples_per_sec']:,.1f} | {_range(r.get('samples_per_sec_spread'), ',.0f')} "
-                 f"| {_ratio(r, 'samples_per_sec')} | {_range(pairs, '.2f', 'x')} "
+                 f"| {_ratio(r, 'samples_per_sec')} | {pair_cell} "
                  f"| {_census_cells(r)} | {r['step_time_ms']:.1f}")
+        # A cut run's losses are from fewer steps than float32's: not shown
+        # beside them as if comparable (results.json keeps them).
+        losses = (f"{cut_label(r)} | {cut_label(r)}" if cut else
+                  f"{_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')}")
         lines.append(
-            f"| {plan_row.label(r)} | {speed} | {_memory_cells(r)} "
+            f"| {plan_row.label(r)}{' (cut)' if cut else ''} | {speed} | {_memory_cells(r)} "
             f"| {r['peak_memory_mb']:,.0f} "
-            f"| {_num(r['final_train_loss'], '.4f')} | {_num(r['final_val_loss'], '.4f')} "
+            f"| {losses} "
             f"| {accuracy} | {diff_cell} | {r['skipped_steps']} "
             f"| {'-' if scale is None else f'{scale:g}'} |"
         )
@@ -175,25 +234,35 @@ def notes(report: dict[str, Any]) -> list[str]:
             continue
         pairs = ratios["samples_per_sec_spread"]
         width = schedule.relative_spread(pairs)
-        described = (f"{plan_row.label(r)} / float32 = {pairs['median']:.2f}x, the median of "
-                     f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x, "
-                     f"spread {100 * width:.0f}% of the median)")
-        if schedule.trusted(pairs):
-            lines.append(f"{described}: steady enough to trust.")
-        else:
+        if not untrusted(r):
             lines.append(
-                f"{described}: TOO WIDE TO TRUST (over {100 * schedule.TRUST_SPREAD:.0f}%); the "
-                f"load average was {load[0]:.1f} on {cores} cores. Rerun on a quieter host, or "
-                "with more and shorter rounds (e.g. --round_steps=10 --epochs=8 --time_budget=0).")
+                f"{plan_row.label(r)} / float32 = {pairs['median']:.2f}x, the median of "
+                f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x, "
+                f"spread {100 * width:.0f}% of the median): steady enough to trust.")
+        else:
+            why = (f"only {pairs['n']} round pair(s), fewer than {schedule.MIN_TRUSTED_PAIRS}"
+                   if pairs["n"] < schedule.MIN_TRUSTED_PAIRS else
+                   f"its {pairs['n']} round pairs spread {100 * width:.0f}% of their median, over "
+                   f"{100 * schedule.TRUST_SPREAD:.0f}%")
+            extra = (r.get("plan") or {}).get("extra_rounds")
+            lines.append(
+                f"{plan_row.label(r)} / float32: NO RATIO: {why}"
+                + (f" after {extra} extra round(s)" if extra else "")
+                + f"; the load average was {load[0]:.1f} on {cores} cores. Re-run when the host "
+                "is idle (or with more and shorter rounds, e.g. --round_steps=10 --epochs=8 "
+                "--time_budget=0).")
         plan = r.get("plan") or {}
         if plan and not plan.get("full", True):
             lines.append(f"Cut to keep the time budget: {plan['reason']}.")
+        if is_cut(r):
+            lines.append(f"{plan_row.label(r)}: {cut_label(r)}, so its losses are not compared "
+                         "with float32's (results.json keeps them).")
     lines.extend(plan_row.notes(report))
     matmul = report.get("matmul")
     if matmul:
         for r in report["results"]:
             ratio = (r.get("ratio_to_float32") or {}).get("samples_per_sec")
-            if r["policy"] != "float32" and ratio and matmul["ratio"] > 0:
+            if r["policy"] != "float32" and ratio and matmul["ratio"] > 0 and not untrusted(r):
                 lines.append(
                     f"Reference: a {matmul['size']}x{matmul['size']} matmul runs "
                     f"{matmul['ratio']:.2f}x faster in {matmul['dtype']} than in float32 on this "

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+
+from tf_mixed._internal import quiet
 
 __all__ = ["main"]
 
@@ -30,8 +33,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps", "rounds"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1. Received: "
-                         f"{getattr(args, name)}")
+            # The wording every command uses for this fact (cli/model_command.parse).
+            print(f"tf_mixed rollback-cost: error: --{name}={getattr(args, name)}: must be "
+                  "at least 1.", file=sys.stderr)
+            raise SystemExit(2)
     return args
 
 
@@ -45,6 +50,7 @@ def main(argv: list[str]) -> int:
         The exit status (argparse exits with 2 on bad flags).
     """
     args = _parse(argv)
+    quiet.import_tensorflow()  # once the arguments are read
     import keras
     import numpy as np
     import tensorflow as tf

@@ -7,11 +7,16 @@
 # rounds, shown with its spread; the ratio to float32 is taken per round pair
 # (round i of a policy over round i of float32), then its median.
 #
-# The plan: after one warm-up segment and one measured round of every policy,
-# `plan_run` decides, from those timings alone, which policies train in full
-# (epochs, accuracy compared) and which are only timed (a few rounds, accuracy
-# not compared), so that the job keeps to its time budget wherever float32
-# alone fits in it. `Scheduler` holds the rounds and answers each policy's
+# The plan: after one warm-up segment and `PLAN_ROUNDS` measured rounds of
+# every policy (never one: a single round taken while a neighbour's job runs
+# would decide alone), `plan_run` decides, from the median of those rounds,
+# which policies train in full (epochs, accuracy compared) and which are only
+# timed (`TIMING_ROUNDS` rounds, accuracy not compared), so that the job keeps
+# to its time budget wherever float32 alone fits in it. A timed policy whose
+# round-pair ratios still spread too wide to trust (`TRUST_SPREAD`) gets more
+# rounds, paired with float32's, until they agree, until `MAX_ROUNDS`, or until
+# the job reaches its budget plus `EXTRA_TIME_FRACTION` of it; a ratio still
+# too wide then is printed as no ratio at all (`tf_mixed.bench.report`). `Scheduler` holds the rounds and answers each policy's
 # next command; it does no I/O and reads time only from the clock it is given,
 # so tests drive it with injected timings.
 
@@ -25,7 +30,13 @@ BASE = "float32"
 # Validation and the per-round hand-over cost a little beyond the training
 # steps themselves; estimates of a run's remaining time include this margin.
 OVERHEAD_FACTOR = 1.2
-TIMING_ROUNDS = 3  # rounds a policy that does not fit whole is timed on
+PLAN_ROUNDS = 3  # measured rounds of every policy before the plan is made
+TIMING_ROUNDS = 5  # rounds a policy that does not fit whole is timed on, at least
+MAX_ROUNDS = 15  # a timed policy's rounds, extra rounds included, at most
+# A timed policy's extra rounds (its pairs too wide to trust) run until the job
+# has used its budget plus this fraction of it.
+EXTRA_TIME_FRACTION = 0.5
+MIN_TRUSTED_PAIRS = 3  # fewer round pairs than this are never a verdict
 MIN_ROUND_STEPS = 5
 # A ratio whose interquartile range (min-max under 4 pairs) exceeds this
 # fraction of its median is flagged as too noisy to trust.
@@ -67,6 +78,7 @@ def plan_run(
     budget_s: float,
     elapsed_s: float,
     emulated: Sequence[str] = (),
+    measured_rounds: int = 1,
 ) -> dict[str, Plan]:
     """Decides which policies train in full and which are only timed.
 
@@ -76,11 +88,11 @@ def plan_run(
     stays within ``budget_s``, or when float32 alone already overruns the
     budget (a slow or busy host: no budget can be kept) and the policy is no
     slower than float32. Otherwise it is timed on `TIMING_ROUNDS` rounds in
-    all (its measured round included), with rounds shortened (to no fewer
+    all (its measured rounds included), with rounds shortened (to no fewer
     than `MIN_ROUND_STEPS` steps) to fit what the budget leaves.
 
     Args:
-        step_s: Median step seconds per policy, from its measured round.
+        step_s: Median step seconds per policy, from its measured rounds.
         steps_done: Training steps each policy has taken so far.
         total_steps: Steps of a full run (epochs x steps per epoch).
         round_steps: Steps per round.
@@ -88,6 +100,8 @@ def plan_run(
         elapsed_s: Seconds the job has run so far.
         emulated: Policies whose half-precision type this host emulates
             (said in the reason).
+        measured_rounds: Rounds each policy has already been timed on (they
+            count towards `TIMING_ROUNDS`).
 
     Returns:
         A `Plan` per policy of ``step_s``.
@@ -118,7 +132,7 @@ def plan_run(
                 "runs in full too")
             continue
         left = max(0.0, budget_s - committed)
-        extra_rounds = TIMING_ROUNDS - 1  # the measured round is the first
+        extra_rounds = max(0, TIMING_ROUNDS - measured_rounds)  # the measured rounds count
         fit = int(left / (extra_rounds * step_s[policy] * OVERHEAD_FACTOR)) if extra_rounds else round_steps
         steps = max(min(MIN_ROUND_STEPS, round_steps), min(round_steps, fit))
         estimate = extra_rounds * steps * step_s[policy] * OVERHEAD_FACTOR
@@ -128,10 +142,10 @@ def plan_run(
                  else f"its step takes {1000 * step_s[policy]:.0f} ms")
         why = (f"{_half_name(policy)} is emulated on this CPU: " if policy in emulated else "")
         plans[policy] = Plan(
-            policy, False, TIMING_ROUNDS, steps, estimate,
+            policy, False, max(TIMING_ROUNDS, measured_rounds), steps, estimate,
             f"{why}{policy}: {speed}, so its remaining "
             f"{max(0, total_steps - steps_done.get(policy, 0))} steps would take about "
-            f"{need:.0f} s, past the {budget_s:.0f} s budget; timed on {TIMING_ROUNDS} "
+            f"{need:.0f} s, past the {budget_s:.0f} s budget; timed on {max(TIMING_ROUNDS, measured_rounds)} "
             f"rounds of up to {steps} steps, accuracy not compared "
             f"(--time_budget=0 runs it in full)",
         )
@@ -174,8 +188,9 @@ def pair_ratios(base_rounds: Sequence[float], rounds: Sequence[float]) -> list[f
 
 
 def trusted(summary: dict[str, float]) -> bool:
-    """Whether a ratio's spread is narrow enough to trust (see `TRUST_SPREAD`)."""
-    return relative_spread(summary) <= TRUST_SPREAD
+    """Whether a ratio is a verdict: at least `MIN_TRUSTED_PAIRS` values whose
+    spread is within `TRUST_SPREAD` of their median."""
+    return summary["n"] >= MIN_TRUSTED_PAIRS and relative_spread(summary) <= TRUST_SPREAD
 
 
 # --- the scheduler ------------------------------------------------------------------
@@ -196,8 +211,9 @@ class Scheduler:
     """Interleaves the policies' rounds and keeps the plan; no I/O.
 
     Each policy's first command is its warm-up (``warmup_steps`` untimed
-    steps), the next its measured round; once every policy has one measured
-    round, the first command that needs it makes the plan (`plan_run`). A
+    steps), the next `PLAN_ROUNDS` its measured rounds; once every policy has
+    them, the first command that needs it makes the plan (`plan_run`), and a
+    timed policy whose ratio is still too wide gets extra rounds (`_extend`). A
     command is the number of steps to run next, or 0 for "stop training now".
 
     Args:
@@ -227,6 +243,7 @@ class Scheduler:
         self.started_s: float | None = None  # the clock at the first command
         self.plans: dict[str, Plan] | None = None
         self.order: list[str] = []  # the policy of each timed round, in the order run
+        self.extra_rounds: dict[str, int] = {}  # rounds granted past a plan, per policy
 
     def command(self, policy: str) -> int:
         """Steps ``policy`` runs next; 0: stop training (its plan is met)."""
@@ -236,13 +253,15 @@ class Scheduler:
             self.started_s = self.clock()
         if not lane.warmed_up:
             return max(1, min(self.warmup_steps, left)) if self.warmup_steps else self._round(lane, left)
-        if not lane.rounds:
+        if len(lane.rounds) < PLAN_ROUNDS:
             return max(1, min(self.round_steps, left))
         plan = self._plan_for(policy)
         if plan is None or plan.full:
             # Never 0 for a full run: its training ends by itself.
             return max(1, min(self.round_steps, left))
-        return 0 if len(lane.rounds) >= plan.rounds else max(1, min(plan.round_steps, left))
+        if len(lane.rounds) < plan.rounds or self._extend(policy):
+            return max(1, min(plan.round_steps, left))
+        return 0
 
     def _round(self, lane: Lane, left: int) -> int:
         lane.warmed_up = True  # no warm-up asked for
@@ -263,23 +282,55 @@ class Scheduler:
         if self.plans is None or policy not in self.plans:
             if self.budget_s <= 0:
                 return None
-            if not all(lane.rounds for lane in self.lanes.values()):
+            if not all(_measured(lane) for lane in self.lanes.values()):
                 # Sequential runs (--isolation=inprocess): a later policy has not
-                # run yet; plan once the policy asking has its measured round.
-                if policy == BASE or not self.lanes[policy].rounds:
+                # run yet; plan once the policy asking has its measured rounds.
+                if policy == BASE or not _measured(self.lanes[policy]):
                     return None
-                known = {p: lane for p, lane in self.lanes.items() if lane.rounds}
+                known = {p: lane for p, lane in self.lanes.items() if _measured(lane)}
             else:
                 known = self.lanes
-            reserve = max(self.reserve_s, self.started_s or 0.0)
             new = plan_run(
-                {p: statistics.median(lane.rounds[0]) for p, lane in known.items()},
+                {p: _median_step(lane) for p, lane in known.items()},
                 {p: lane.steps_done for p, lane in known.items()},
                 total_steps=self.total_steps, round_steps=self.round_steps,
-                budget_s=self.budget_s - reserve, elapsed_s=self.clock(), emulated=self.emulated,
+                budget_s=self.budget_s - self._reserve(), elapsed_s=self.clock(),
+                emulated=self.emulated, measured_rounds=PLAN_ROUNDS,
             )
             self.plans = {**new, **(self.plans or {})}  # a plan once made stands
         return self.plans.get(policy)
+
+    def _reserve(self) -> float:
+        return max(self.reserve_s, self.started_s or 0.0)
+
+    def pair_ratios(self, policy: str) -> list[float]:
+        """``policy``'s speed over float32's, round i against round i (their median steps)."""
+        base = self.lanes.get(BASE)
+        if base is None:
+            return []
+        return pair_ratios([1 / statistics.median(r) for r in base.rounds],
+                           [1 / statistics.median(r) for r in self.lanes[policy].rounds])
+
+    def _extend(self, policy: str) -> bool:
+        """One more round for a timed policy whose ratio is not yet a verdict.
+
+        Granted while its round pairs spread too wide to trust, float32 has a
+        round to pair the new one with (or is still training), the policy has
+        fewer than `MAX_ROUNDS` rounds, and the job is within its budget plus
+        `EXTRA_TIME_FRACTION` of it (minus the reserve for what follows).
+        """
+        lane, base = self.lanes[policy], self.lanes.get(BASE)
+        if base is None or policy == BASE or len(lane.rounds) >= MAX_ROUNDS:
+            return False
+        if base.finished and len(base.rounds) <= len(lane.rounds):
+            return False  # no float32 round left to pair with
+        ratios = self.pair_ratios(policy)
+        if ratios and trusted(spread(ratios)):
+            return False
+        if self.clock() > self.budget_s * (1 + EXTRA_TIME_FRACTION) - self._reserve():
+            return False
+        self.extra_rounds[policy] = self.extra_rounds.get(policy, 0) + 1
+        return True
 
     def round_rates(self, policy: str, batch_size: int) -> list[float]:
         """Samples/s of each round: the batch size over the round's median step."""
@@ -292,3 +343,13 @@ class Scheduler:
         reason = "no time budget (--time_budget=0)" if self.budget_s <= 0 else "the baseline: always run in full"
         return Plan(policy, True, 0, self.round_steps, 0.0,
                     reason if policy == BASE or self.budget_s <= 0 else "run in full")
+
+
+def _measured(lane: Lane) -> bool:
+    """Whether a lane has the rounds a plan may rest on (or has no more to give)."""
+    return len(lane.rounds) >= PLAN_ROUNDS or (lane.finished and bool(lane.rounds))
+
+
+def _median_step(lane: Lane) -> float:
+    """A lane's step seconds: the median of its rounds' medians (one slow round moves it little)."""
+    return statistics.median(statistics.median(r) for r in lane.rounds)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -25,10 +24,7 @@ def run(path: str, batch_size: int | None = None, *, safe_mode: bool = True,
     import tf_mixed
     from tf_mixed.cli import model_file
 
-    if not os.path.exists(path):
-        print(f"tf_mixed audit: error: no such file: {path}", file=sys.stderr)
-        return 2
-    try:
+    try:  # a missing file: model_file.load's wording, as every model command says it
         model = model_file.load(path, safe_mode, custom_modules)
     except ValueError as error:
         print(f"tf_mixed audit: error: {error}", file=sys.stderr)

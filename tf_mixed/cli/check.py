@@ -17,6 +17,7 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from tf_mixed._internal import progress
 
 PARTS = ("tf_mixed", "keras", "throughput", "defects")
@@ -205,7 +206,9 @@ def main(argv: list[str]) -> int:
         return _error(str(error))
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)
+    from tf_mixed.cli import model_command
 
+    model_command.import_tensorflow()  # once the arguments are read
     from tf_mixed.tools.check import scenarios as selfcheck
 
     selfcheck.prepare_devices()  # before anything initialises TensorFlow
@@ -213,29 +216,22 @@ def main(argv: list[str]) -> int:
     import keras
     import tensorflow as tf
 
+    import tf_mixed
     from tf_mixed import __version__
     from tf_mixed.policy import hardware
 
     start = time.perf_counter()
-    try:
-        result = selfcheck.run_check(
-            parts=args.parts, budget_s=args.budget,
-            progress=_progress_line,
-        )
-    except selfcheck.StrategyUnavailable as error:
-        return _error(str(error))
-    if "defects" in args.parts:
-        import dataclasses
-
-        from tf_mixed.tools.check import upstream_defects
-        from tf_mixed.training import shared_mirrored_strategy
-
-        print("[check] part 4: known defects of the installed Keras/TensorFlow",
-              file=sys.stderr, flush=True)
-        strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
-        result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
+    # The scenarios overflow and skip steps on purpose, so tf_mixed warns as it
+    # should: held back while they run, shown only if the check fails.
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always", tf_mixed.callbacks.MixedPrecisionWarning)
+        try:
+            result = _run_parts(args, selfcheck)
+        except selfcheck.StrategyUnavailable as error:
+            return _error(str(error))
     info = hardware.detect()
     print(render(result, info))
+    _show_warnings(raised, shown_all=not result.passed)
     if args.output:
         payload = dict(
             result.to_json(),
@@ -253,3 +249,28 @@ def main(argv: list[str]) -> int:
             return _error(f"--output={args.output!r}: cannot write: {error}")
         print(f"Wrote {args.output}")
     return 0 if result.passed else 1
+
+
+def _run_parts(args, selfcheck):
+    """The scenarios, then (with the defects part) the upstream defects."""
+    result = selfcheck.run_check(parts=args.parts, budget_s=args.budget, progress=_progress_line)
+    if "defects" in args.parts:
+        import dataclasses
+
+        from tf_mixed.tools.check import upstream_defects
+        from tf_mixed.training import shared_mirrored_strategy
+
+        print("[check] part 4: known defects of the installed Keras/TensorFlow",
+              file=sys.stderr, flush=True)
+        strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
+        result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
+    return result
+
+
+def _show_warnings(raised, *, shown_all: bool) -> None:
+    """Shows the warnings a run held back: tf_mixed's own only when the check failed."""
+    import tf_mixed
+
+    for record in raised:
+        if shown_all or not issubclass(record.category, tf_mixed.callbacks.MixedPrecisionWarning):
+            warnings.showwarning(record.message, record.category, record.filename, record.lineno)

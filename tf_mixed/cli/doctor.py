@@ -301,7 +301,21 @@ def propose_plan(model, x, y, loss, batch_size: int):
                          keras.tree.map_structure(first, y), loss=loss)
 
 
-def first_change(report, model_path: str) -> str | None:
+def host_policy(has_gpu: bool | None = None) -> str:
+    """The mixed policy to try next on this host: mixed_float16 with a GPU, else
+    mixed_bfloat16 (TPUs and CPUs: float16 on a CPU is far slower).
+
+    Args:
+        has_gpu: Whether the host has a GPU; None: detect it.
+    """
+    if has_gpu is None:
+        from tf_mixed.policy import hardware
+
+        has_gpu = hardware.detect().has_gpu
+    return "mixed_float16" if has_gpu else "mixed_bfloat16"
+
+
+def first_change(report, model_path: str, next_policy: str | None = None) -> str | None:
     """The one change that helps most, when it is not among the findings.
 
     A model that computes in float32 gains nothing from any finding (every
@@ -311,6 +325,8 @@ def first_change(report, model_path: str) -> str | None:
     Args:
         report: The model's `tf_mixed.tools.census.step_census.CensusReport`.
         model_path: The MODEL argument, for the commands in the text.
+        next_policy: The policy the commands in the text try (`host_policy`:
+            mixed_float16 on a GPU host, mixed_bfloat16 elsewhere); None: detect.
 
     Returns:
         A paragraph starting "Start here:" with the calls to make, or None
@@ -321,16 +337,18 @@ def first_change(report, model_path: str) -> str | None:
     if keras.DTypePolicy(report.policy).compute_dtype != "float32":
         return None
     path = shlex.quote(model_path)
+    policy = next_policy or host_policy()
     return (
         f"Start here: model '{report.model_name}' computes in float32, so none of its "
         "matrix products runs in half precision; turning mixed precision on is the "
         "change that helps most. Call tf_mixed.enable() before building the model (it "
         "picks mixed_float16 on a GPU, mixed_bfloat16 on a TPU or a CPU measured faster "
-        "in bfloat16), or convert the trained model: model = tf_mixed.convert(model, "
-        "'mixed_float16') for a GPU ('mixed_bfloat16' for a TPU or such a CPU). Then see "
-        f"what is left: python -m tf_mixed doctor {path} --policy=mixed_float16; or let "
-        f"python -m tf_mixed doctor {path} --plan time each layer on this host and propose "
-        "a precision per layer (tf_mixed.plan).")
+        f"in bfloat16), or convert the trained model: model = tf_mixed.convert(model, "
+        f"'{policy}') on this host ('mixed_float16' for a GPU, 'mixed_bfloat16' for a TPU "
+        f"or a CPU). Then see what is left: python -m tf_mixed doctor {path} "
+        f"--policy={policy}; or let python -m tf_mixed doctor "
+        f"{path} --plan time each layer on this host and propose a precision per layer "
+        "(tf_mixed.plan).")
 
 
 # ------------------------------------------------------------------ --measure

@@ -39,12 +39,12 @@ REPORT_NAME = "export.json"
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import data
+    from tf_mixed.bench import config
 
     flags.DEFINE_string("format", "litert", "saved_model or litert.", flag_values=fv)
     flags.DEFINE_string("precision", "float32", "float32, float16_weights (litert), float16 or "
                         "bfloat16 (saved_model), as_trained.", flag_values=fv)
-    flags.DEFINE_string("dataset", "", f"Sample data: {data.ACCEPTED}, or npz:PATH with an array "
+    flags.DEFINE_string("dataset", "", f"Sample data: {config.DATA_ACCEPTED}, or npz:PATH with an array "
                         "x. Empty: no parity check.", flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples in the sample batch.", flag_values=fv)
@@ -119,12 +119,12 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
-        progress.update(f"step 1/2: loading {model_path} and its sample")
+        progress.update(stage(1, model_path, fmt, precision, bool(fv.dataset.strip())))
         model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         sample = _sample(fv, model)
         created = report_module.check_output_dir(fv.output_dir)
         artifact = os.path.join(fv.output_dir, ARTIFACT_NAMES[fmt])
-        progress.update(f"step 2/2: exporting {fmt} ({precision}) and checking it on the sample")
+        progress.update(stage(2, model_path, fmt, precision, sample is not None))
         report = tf_mixed.export(model, artifact, format=fmt, precision=precision,
                                  sample=sample, tolerance=fv.tolerance or None,
                                  allow_select_ops=fv.allow_select_ops)
@@ -154,6 +154,15 @@ def main(argv: list[str]) -> int:
     print(f"\nExported in {seconds:.1f} s; wrote {artifact} and "
           f"{os.path.join(fv.output_dir, REPORT_NAME)}")
     return 0
+
+
+def stage(step: int, model_path: str, fmt: str, precision: str, with_sample: bool) -> str:
+    """The progress line of step 1 (loading) or 2 (exporting): a check is named only
+    when there is a sample to check on."""
+    if step == 1:
+        return f"step 1/2: loading {model_path}" + (" and its sample" if with_sample else "")
+    return (f"step 2/2: exporting {fmt} ({precision})"
+            + (" and checking it on the sample" if with_sample else " (no sample: no parity check)"))
 
 
 def _remove(path: str) -> None:

@@ -63,12 +63,13 @@ _QUIET = ("--quiet", "--quiet=true", "--quiet=1", "--quiet=True")
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    import tf_mixed
-    from tf_mixed.bench import config, data, models
+    # Nothing here imports TensorFlow: --help answers at once.
+    from tf_mixed.bench import config
 
     flags.DEFINE_list(
         "policies", [],
-        "Policies to compare (" + ", ".join(tf_mixed.policy.POLICY_NAMES) + "). Default: float32 "
+        "Policies to compare: any name tf_mixed.enable accepts (tf_mixed.policy.POLICY_NAMES: float32, "
+        "mixed_float16, mixed_bfloat16, ...) or float8. Default: float32 "
         "and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
         flag_values=fv,
     )
@@ -85,10 +86,10 @@ def _define_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_string(
-        "model", "", f"One of {', '.join(models.MODEL_NAMES)}. Default: cnn (overhead suite: mlp).",
+        "model", "", f"One of {', '.join(config.MODEL_NAMES)}. Default: cnn (overhead suite: mlp).",
         flag_values=fv,
     )
-    flags.DEFINE_string("dataset", "shapes", f"Data set: {data.ACCEPTED}.", flag_values=fv)
+    flags.DEFINE_string("dataset", "shapes", f"Data set: {config.DATA_ACCEPTED}.", flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
     flags.DEFINE_boolean("download", True, "Let TFDS download a data set that is not prepared.", flag_values=fv)
     flags.DEFINE_integer("image_size", 0, "Square image side; 0: 32 for shapes, native for TFDS, 64 for folder.", flag_values=fv)
@@ -178,7 +179,7 @@ def _config_from(fv: flags.FlagValues):
 
 
 def _error(command: str, message: str) -> int:
-    print(f"tf_mixed {command}: error: {message}".replace("  ", " "), file=sys.stderr)
+    print(f"tf_mixed{' ' + command if command else ''}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -195,6 +196,7 @@ def _bench(argv: list[str]) -> int:
         return _error("bench", str(error))
     if positionals:
         return _error("bench", f"unexpected argument {positionals[0]!r}; flags look like --model=cnn")
+    _import_tensorflow()
 
     from tf_mixed.bench import compare, overhead
     from tf_mixed._internal.cli_errors import ChildFailed, UsageError
@@ -258,6 +260,7 @@ def _info(argv: list[str]) -> int:
         return 0
     if len(argv) > 1:
         return _error("info", f"unexpected argument {argv[1]!r}; 'info' takes only --verbose")
+    _import_tensorflow()
     from tf_mixed.cli import info
 
     print(info.report())
@@ -275,6 +278,13 @@ def _audit(argv: list[str]) -> int:
         return parsed
     return audit_command.run(parsed, safe_mode=fv.safe_mode,
                              custom_modules=fv.custom_modules)
+
+
+def _import_tensorflow() -> None:
+    """Imports TensorFlow quietly, once a command's arguments are read."""
+    progress.update("importing TensorFlow")
+    quiet.import_tensorflow()
+    progress.update("working")
 
 
 def _command(module: str, *, with_program: bool = True) -> Callable[[list[str]], int]:
@@ -340,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         rest = [a for a in rest if a not in _VERBOSE + _QUIET]
     # A progress line at least every few seconds while a command works
     # (tf_mixed._internal.progress); --quiet turns them off.
+    # TensorFlow is imported once the command has read its arguments
+    # (quiet.import_tensorflow), so --help and bad input answer at once.
+    quiet.defer(verbose)
     with progress.heartbeat(f"tf_mixed {command}"):
-        progress.update("importing TensorFlow")
-        quiet.import_tensorflow(verbose)
         progress.update("working")
         try:
             return COMMANDS[command]([f"{program} {command}"] + rest)

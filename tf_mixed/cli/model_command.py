@@ -12,6 +12,8 @@ import sys
 
 from absl import flags
 
+from tf_mixed._internal import progress, quiet
+
 # What asks a command for its help (absl's spellings and argparse's -h).
 HELP_FLAGS = ("-h", "--help", "-help", "--helpfull")
 
@@ -20,9 +22,9 @@ def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> 
     """The flags naming the data, the batches and the loss (what `batches` of
     `tf_mixed.cli.probe` reads): --dataset, --data_dir, --batch_size,
     --batches, --loss, --seed."""
-    from tf_mixed.bench import data
+    from tf_mixed.bench import config
 
-    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x and y.",
+    flags.DEFINE_string("dataset", "shapes", f"Data: {config.DATA_ACCEPTED}, or npz:PATH with arrays x and y.",
                         flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
@@ -73,7 +75,15 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
     for name in positive:
         if getattr(fv, name) < 1:
             return error(command, f"--{name}={getattr(fv, name)}: must be at least 1.")
+    import_tensorflow()
     return positionals[0]
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow quietly, once a command has read its arguments."""
+    progress.update("importing TensorFlow")
+    quiet.import_tensorflow()
+    progress.update("working")
 
 
 def check_output_dir(path: str) -> None:

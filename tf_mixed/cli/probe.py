@@ -34,10 +34,10 @@ goes non-finite with the keep_float32 fix; and a recommended loss scale.
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import data
+    from tf_mixed.bench import config
     from tf_mixed.cli import model_file
 
-    flags.DEFINE_string("dataset", "shapes", f"Data: {data.ACCEPTED}, or npz:PATH with arrays x "
+    flags.DEFINE_string("dataset", "shapes", f"Data: {config.DATA_ACCEPTED}, or npz:PATH with arrays x "
                         "and y (several inputs or outputs: x0, x1, ... and y0, y1, ...).",
                         flag_values=fv)
     model_file.define_flags(fv)

@@ -35,12 +35,13 @@ POLICY_NAMES: tuple[str, ...] = tuple(POLICY_ALIASES)
 
 _CPU_FLOAT16_WARNING = (
     "tf_mixed: mixed_float16 was requested on a host with no GPU. TensorFlow's "
-    "CPU float16 kernels are far slower than float32 (measured on TF 2.21: "
-    "a Dense model ~300x slower with the fused MatMul+BiasAdd kernel, the "
-    "Conv2D filter gradient ~600x slower): TF has no fast float16 CPU kernels "
-    "for these ops. tf_mixed has turned off TF's 'remapping' graph pass, so "
-    "Dense layers train at about half float32's speed instead; convolution "
-    "training stays slow. Use "
+    "CPU float16 kernels can be far slower than float32: on TF 2.21 the fused "
+    "MatMul+BiasAdd kernel made a Dense model train from about 3x to about 300x "
+    "slower depending on the CPU (BUILD_NOTES.md; `python "
+    "examples/cpu_float16_remapping.py` measures it on this host), and the "
+    "Conv2D filter gradient is slower still. tf_mixed has turned off TF's "
+    "'remapping' graph pass, so Dense layers train at about half float32's "
+    "speed instead; convolution training stays slow. Use "
     "tf_mixed.enable('auto') or 'float32' on this host, or 'mixed_bfloat16' on "
     "a CPU with AMX-BF16."
 )
@@ -282,8 +283,8 @@ def enable(
         state.saved_policy = keras.config.dtype_policy()
     cpu_float16 = name == MIXED_FLOAT16 and info is not None and not info.has_gpu
     # Fact measured on TF 2.21: Grappler fuses MatMul+BiasAdd into a float16
-    # _FusedMatMul whose CPU kernel is >1000x slower than the plain matmul
-    # (a Dense model trains ~300x slower; see BUILD_NOTES.md). The option is
+    # _FusedMatMul whose CPU kernel can be >1000x slower than the plain matmul
+    # (a Dense model trained 3x to 300x slower by CPU; see BUILD_NOTES.md). The option is
     # per process, so it is held off until no thread needs it off.
     policy_state.set_remapping_hold(state, cpu_float16)
     if cpu_float16 and canonical_name(policy) == MIXED_FLOAT16:

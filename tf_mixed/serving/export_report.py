@@ -67,9 +67,10 @@ class ExportReport:
         def io(names, dtypes, shapes):
             return ", ".join(f"{n} {d}{list(s)}" for n, d, s in zip(names, dtypes, shapes))
 
-        parity = ("not checked (no sample)" if self.max_rel_error is None else
+        parity = ("not checked: no sample was given" if self.max_rel_error is None else
                   f"max abs {self.max_abs_error:.3g}, max rel {self.max_rel_error:.3g} "
-                  f"(worst: {self.worst_output}; tolerance {self.tolerance:.3g})")
+                  f"(worst: {self.worst_output}; tolerance {self.tolerance:.3g}), "
+                  f"run by {self.runtime}")
         rows = [
             ("artifact", f"{self.format} at {self.path}"),
             ("precision", f"{self.precision} (trained in {self.trained_dtype})"),
@@ -77,7 +78,7 @@ class ExportReport:
             ("outputs", io(self.output_names, self.output_dtypes, self.output_shapes)),
             ("size", f"{self.bytes:,} bytes"),
             ("select TF ops", ", ".join(self.select_ops) or "none"),
-            ("parity", f"{parity}, run by {self.runtime}"),
+            ("parity", parity),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -41,6 +41,9 @@
 # * ``batch_not_multiple_of_8`` (warning): the batch size, when given.
 # * ``policy_mismatch`` (warning): the model's policy differs from the global
 #   one (a model built before ``tf_mixed.enable()``).
+# * ``not_mixed`` (info): the model computes in float32 everywhere (and no
+#   ``policy_mismatch`` said why): turn mixed precision on. Its memory line
+#   then gives the float32 bytes alone, not float32 against itself.
 # * ``policy_given`` (info), instead of ``policy_mismatch``: the model has a
 #   half policy of its own while the global one is float32, as a model
 #   given ``dtype="mixed_float16"`` at construction (KerasHub's ``dtype=``)
@@ -231,10 +234,15 @@ class AuditReport:
         if self.memory is not None:
             m = self.memory
             approx = "" if m.exact else " (unknown dimensions counted as 1)"
-            lines.append(
-                f"Activation memory, layer outputs of one step at batch size "
-                f"{m.batch_size}{approx}: float32 {_human(m.float32_bytes)}, "
-                f"{m.policy} {_human(m.policy_bytes)} ({m.ratio:.2f}x)")
+            prefix = (f"Activation memory, layer outputs of one step at batch size "
+                      f"{m.batch_size}{approx}: ")
+            if any(f.code == "not_mixed" for f in self.findings):
+                # float32 against itself says nothing: what it is, and what to do.
+                lines.append(f"{prefix}{_human(m.float32_bytes)} in float32 (mixed "
+                             "precision stores most of it in half the bytes)")
+            else:
+                lines.append(f"{prefix}float32 {_human(m.float32_bytes)}, "
+                             f"{m.policy} {_human(m.policy_bytes)} ({m.ratio:.2f}x)")
         if self.findings:
             lines.append(f"Findings ({len(self.findings)}):")
             lines.extend(f"  {finding}" for finding in self.findings)
@@ -388,6 +396,13 @@ def audit(model, batch_size: int | None = None, *,
             "model = tf_mixed.convert(model)."))
     findings.extend(_optimizer_findings(model, rows))
     findings.extend(_healed_findings(model))
+    if not mixed and not any(f.code == "policy_mismatch" for f in findings):
+        findings.append(Finding(
+            "info", "not_mixed", None,
+            f"Model '{model.name}' computes in float32 everywhere: mixed precision is "
+            "off, so nothing runs in half precision and no memory is saved.",
+            "turn mixed precision on: tf_mixed.enable() (\"auto\") before building the "
+            "model, or model = tf_mixed.convert(model) for one already built or loaded."))
     if not outputs and traced:
         findings.append(Finding(
             "info", "no_graph", None,

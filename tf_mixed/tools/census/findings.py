@@ -20,6 +20,10 @@
 #   (`tf_mixed._internal.facts.TILE_MULTIPLES`); model outputs are left out (their
 #   width is the task's). Automatic where ``tf_mixed.convert(..., pad_to=N)``
 #   can pad it (`tf_mixed.models.padding`).
+# * ``half_output_activation``: the model's output softmax/sigmoid computes in
+#   half precision (a plain ``Dense(10, activation="softmax")`` head): not a
+#   speed matter, but the step the census reads trains on saturated
+#   probabilities; linked to audit's finding of the same code.
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ CODES = {
     "lambda_float32": ("warning", False),
     "float64_input": ("warning", True),
     "tile_misfit": ("warning", True),
+    "half_output_activation": ("warning", False),
 }
 # Island reasons whose fix `tf_mixed.convert` applies (it rebuilds every
 # layer that is not kept by a keep_float32 rule in the half policy).
@@ -99,7 +104,7 @@ def find(report, model) -> tuple[Finding, ...]:
       model: the model it was taken of.
 
     Returns:
-      Findings, in the order: islands, Lambdas, float64 data, tiles.
+      Findings, in the order: islands, Lambdas, float64 data, tiles, half output activations.
     """
     from tf_mixed._internal.facts import walk_layers
 
@@ -173,4 +178,14 @@ def find(report, model) -> tuple[Finding, ...]:
             "every matmul runs partly empty.",
             fix, audited.get(("not_multiple_of_8", misfit.layer)),
             automatic=misfit.layer in padding.plan(model, misfit.multiple)))
+    for code, output_layer in audited:
+        if code == "half_output_activation":  # README: keep the softmax in float32
+            found.append(_finding(
+                "half_output_activation", output_layer,
+                f"the model's output activation computes in {report.policy}'s half dtype: "
+                "its probabilities saturate, and the loss loses Keras's exact "
+                "logits shortcut.",
+                f"keep it in float32: give '{output_layer}' no activation and end the model with "
+                "tf_mixed.OutputActivation('softmax') (or the layer's own activation), which "
+                "computes in float32.", code))
     return tuple(found)

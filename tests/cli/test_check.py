@@ -1,0 +1,39 @@
+"""``python -m tf_mixed check`` on a pass prints its report and nothing else (issue 37)."""
+
+import warnings
+
+import pytest
+
+import tf_mixed
+from tf_mixed.cli import check as check_command
+from tf_mixed.tools.check import scenarios
+
+
+class _Result:
+    devices = ("CPU:0",)
+
+    def __init__(self, passed):
+        self.passed = passed
+
+    def to_json(self):
+        return {}
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_the_scenarios_own_warnings_show_only_when_the_check_fails(passed, monkeypatch, capsys):
+    def run_check(**kwargs):  # a scenario that skips a step on purpose: tf_mixed warns
+        warnings.warn("a step was skipped on purpose", tf_mixed.callbacks.MixedPrecisionWarning)
+        warnings.warn("something else", UserWarning)
+        return _Result(passed)
+
+    monkeypatch.setattr(scenarios, "run_check", run_check)
+    monkeypatch.setattr(scenarios, "prepare_devices", lambda: None)
+    monkeypatch.setattr(check_command, "render", lambda result, info: "THE REPORT")
+    with warnings.catch_warnings(record=True) as shown:  # what reaches the user
+        warnings.simplefilter("always")
+        code = check_command.main(["--parts=tf_mixed"])
+    assert code == (0 if passed else 1)
+    assert capsys.readouterr().out == "THE REPORT\n"
+    messages = [str(w.message) for w in shown]
+    assert "something else" in messages  # not tf_mixed's: shown as usual
+    assert ("a step was skipped on purpose" in messages) is (not passed)
