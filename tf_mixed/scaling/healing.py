@@ -22,6 +22,7 @@ import keras
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed.scaling import attribution as _attribution
 from tf_mixed.scaling.attribution import (FORWARD, GRADIENT_AT_MIN_SCALE, KINDS,
                                           LayerAttribution)
@@ -148,7 +149,7 @@ def move_to_float32(layer) -> list:
     """
     changed = []
     for sub in _internals.sublayers(layer):
-        if sub.dtype_policy.variable_dtype in ("float16", "bfloat16"):
+        if sub.dtype_policy.variable_dtype in HALF_DTYPES:
             raise ValueError(
                 f"Layer '{sub.name}' keeps its variables in "
                 f"{sub.dtype_policy.variable_dtype} (policy "

@@ -40,7 +40,7 @@ import keras
 
 from tf_mixed._internal import progress
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal.facts import is_input_layer
+from tf_mixed._internal.facts import COMPUTE_DTYPES, is_input_layer
 from tf_mixed.models import cloning
 from tf_mixed.policy import autotune
 
@@ -48,11 +48,7 @@ __all__ = ["LayerTiming", "Measurement", "PRECISION_POLICIES", "layer_graph", "t
 
 # A precision of the plan -> the Keras policy a layer computes under. float8
 # is Keras's float8 quantization on top of the half policy (see `time_layers`).
-PRECISION_POLICIES = {
-    "float32": "float32",
-    "bfloat16": "mixed_bfloat16",
-    "float16": "mixed_float16",
-}
+PRECISION_POLICIES = {dtype: policy for policy, dtype in COMPUTE_DTYPES.items()}
 FLOAT8 = "float8"
 
 
