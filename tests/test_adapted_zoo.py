@@ -40,6 +40,7 @@ def _half_normalization_model():
         keras.config.set_dtype_policy("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ADAPTED)
 def test_a_copy_computes_exactly_what_the_model_computes(name):
     spec = ADAPTED[name]
@@ -50,6 +51,7 @@ def test_a_copy_computes_exactly_what_the_model_computes(name):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ADAPTED)
 def test_convert_keeps_the_adapted_state_and_computes_it_in_float32(name):
     spec = ADAPTED[name]

@@ -49,6 +49,7 @@ def _name(page: pathlib.Path) -> str:
 ALL_BLOCKS = [(page, line, code) for page in pages() for line, code in blocks(page)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page,line,code", ALL_BLOCKS,
                          ids=[f"{_name(p)}:{n}" for p, n, _ in ALL_BLOCKS])
 def test_every_block_is_complete_python(page, line, code):

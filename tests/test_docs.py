@@ -281,6 +281,7 @@ def test_the_spelling_check_finds_private_paths_and_moved_names():
                             "tf_mixed.scaling.optimizer, tf_mixed.LossScaleOptimizer") == []
 
 
+@pytest.mark.slow
 def test_messages_and_docstrings_name_public_objects_by_their_public_path():
     offenders = [f"{path.relative_to(ROOT)}:{line}: {wrong}"
                  for path in _SOURCES for line, text in _strings(path)
@@ -288,6 +289,7 @@ def test_messages_and_docstrings_name_public_objects_by_their_public_path():
     assert offenders == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("document", _PUBLIC_TEXTS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_documents_name_public_objects_by_their_public_path(document):
     assert _wrong_spellings(document.read_text()) == []

@@ -92,6 +92,7 @@ FLOAT32_SPELLINGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", ["OutputActivation", "Float32Output"])
 @pytest.mark.parametrize("spelling", list(FLOAT32_SPELLINGS))
 def test_float32_heads_take_float32_in_every_keras_spelling(layer, spelling):
@@ -102,6 +103,7 @@ def test_float32_heads_take_float32_in_every_keras_spelling(layer, spelling):
     assert head(tf.constant(LOGITS, tf.float16)).dtype == tf.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, reads_as", [
     (np.float16, "'float16'"), (tf.bfloat16, "'bfloat16'"), ("float64", "'float64'"),
     ("mixed_float16", "'mixed_float16' (compute float16, variables float32)"),

@@ -241,6 +241,7 @@ def test_the_command_line_check_can_fail():
         assert _command_line_code(source), source
 
 
+@pytest.mark.slow
 def test_the_library_holds_no_command_line_code():
     offenders = {}
     for path in _py_files(PACKAGE):
@@ -287,6 +288,7 @@ def test_setuptools_ships_every_package():
     assert shipped == on_disk
 
 
+@pytest.mark.slow
 def test_every_third_party_import_of_the_library_is_declared():
     """`pip install .` must bring what the library imports (bench and tests aside)."""
     import importlib.metadata

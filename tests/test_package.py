@@ -397,6 +397,7 @@ def test_find_cycle_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+@pytest.mark.slow
 def test_import_graph_reads_function_level_and_relative_imports():
     graph = import_graph()
     assert "tf_mixed.scaling.optimizer" in graph["tf_mixed.training"]

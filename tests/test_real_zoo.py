@@ -63,6 +63,7 @@ def test_the_real_zoo_holds_the_models_the_issue_names():
 # ---------------------------------------------------------------- convert
 
 
+@pytest.mark.slow
 @EVERY_GRAPH_MODEL
 def test_convert_real_model(name):
     spec = REAL[name]
@@ -92,6 +93,7 @@ def test_convert_keras_ops_model_keeps_output_names_and_a_float32_output():
     assert not {id(op) for op in model.operations} & {id(op) for op in new.operations}
 
 
+@pytest.mark.slow
 def test_convert_transformer_gives_the_custom_layers_sublayers_the_policy():
     model = REAL["transformer"].ready()
     new = _convert(model, "mixed_bfloat16")
@@ -108,6 +110,7 @@ def test_convert_transformer_gives_the_custom_layers_sublayers_the_policy():
 # ---------------------------------------------------------------- probe, audit
 
 
+@pytest.mark.slow
 @EVERY_GRAPH_MODEL
 def test_probe_real_model(name):
     spec = REAL[name]
@@ -118,6 +121,7 @@ def test_probe_real_model(name):
     assert report.layers and report.first_nonfinite is None
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_audit_real_model(name):
     model = REAL[name].ready()
@@ -126,6 +130,7 @@ def test_audit_real_model(name):
     assert set(_leaves(model)) <= rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", ["probe", "convert"])
 def test_probe_and_convert_refuse_the_subclassed_model_in_one_sentence(call):
     spec = REAL["real_subclassed"]
@@ -143,6 +148,7 @@ def test_probe_and_convert_refuse_the_subclassed_model_in_one_sentence(call):
 # ---------------------------------------------------------------- export
 
 
+@pytest.mark.slow
 @EVERY_GRAPH_MODEL
 def test_export_real_model(name, tmp_path):
     spec = REAL[name]
@@ -168,6 +174,7 @@ def test_export_subclassed_model_as_trained_and_refuses_another_precision(tmp_pa
 # ---------------------------------------------------------------- census, float8
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_census_real_model(name):
     spec = REAL[name]
@@ -179,6 +186,7 @@ def test_census_real_model(name):
 
 
 # transformer: its TransformerBlock's six Dense/EinsumDense are quantized too (5.8 s CPU)
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _params(REAL, also_slow=["transformer"]))
 def test_float8_quantize_real_model(name):
     spec = REAL[name]
@@ -196,6 +204,7 @@ def test_float8_quantize_real_model(name):
 # ---------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _params(REAL, also_slow=["transformer"]))  # 6.5 s CPU
 def test_make_train_step_real_model(name):
     spec = REAL[name]
@@ -214,6 +223,7 @@ def test_make_train_step_real_model(name):
     assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
 
 
+@pytest.mark.slow
 @EVERY_MODEL
 def test_monitor_fits_real_model(name):
     spec = REAL[name]
@@ -236,6 +246,7 @@ def _npz(tmp_path, spec, n=4):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _params([n for n in GRAPH if REAL[n].loadable]))
 def test_cli_commands_take_a_saved_real_model(name, tmp_path, capsys):
     spec = REAL[name]

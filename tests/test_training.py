@@ -32,6 +32,7 @@ def _linear():
     ])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf.function"])
 def test_apply_scaled_gradients_applies_then_skips(use_function):
     model = _linear()
@@ -86,6 +87,7 @@ def test_bad_clip_norm_is_refused(clip_norm):
             LossScaleOptimizer(keras.optimizers.SGD()), clip_norm=clip_norm)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_norm", [True, False, np.bool_(True)])
 def test_clip_norm_refuses_a_bool_as_a_type_error(clip_norm):
     # Issue 27: clip_norm=True was taken as 1.0.
@@ -261,6 +263,7 @@ def _loop_block() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_loop_survives_a_first_step_that_overflows():
     tf_mixed.enable("mixed_float16")
     namespace: dict = {}
@@ -283,6 +286,7 @@ def test_the_readme_loop_survives_a_first_step_that_overflows():
     assert any(results)  # the scale backed off until a step applied
 
 
+@pytest.mark.slow
 def test_without_the_readme_line_the_first_skip_names_it():
     """The line matters: the same loop without it stops at the first skip with
     an error naming ``track_forward_state`` (never silent)."""

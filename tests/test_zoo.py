@@ -273,6 +273,7 @@ def test_probe_and_convert_refuse_a_subclassed_model_naming_the_kind():
             call()
 
 
+@pytest.mark.slow
 def test_the_other_apis_take_a_subclassed_model():
     spec = REFUSED["subclassed_model"]
     tf_mixed.enable("mixed_float16", quiet=True)

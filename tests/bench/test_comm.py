@@ -52,6 +52,7 @@ def test_rows_give_ratios_to_keras_and_float32():
 
 # It applies gradients made by hand (ones), not a scaled loss's: the misuse
 # warning that draws is expected here (tests/scaling/test_optimizer.py tests it).
+@pytest.mark.slow
 @pytest.mark.filterwarnings(
     "ignore:.*never went through scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
 def test_traced_collectives_count_and_bytes(mirrored):

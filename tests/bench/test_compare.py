@@ -52,6 +52,7 @@ def _positive_finite(value):
 # --- models -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models.MODEL_NAMES)
 def test_models_compute_in_policy_and_return_float32(name):
     size = 32  # ResNet-50's minimum
@@ -418,6 +419,7 @@ def test_warns_before_float16_convolutions_on_a_cpu(monkeypatch):
     assert not compare._slow_float16_convs(cnn, ("float32", "mixed_float16"))
 
 
+@pytest.mark.slow
 def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     def result(policy, losses, scale):
         return {

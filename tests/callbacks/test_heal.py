@@ -37,6 +37,7 @@ def _data(n=64):
     return x, np.zeros((n, 2), "float32")
 
 
+@pytest.mark.slow
 def test_fit_heals_the_culprit_at_its_third_skip_and_goes_on(caplog):
     tf_mixed.enable("mixed_float16")
     model = _model(SquaredGate(name="gate"))
@@ -63,6 +64,7 @@ def test_without_heal_every_step_is_skipped():
     assert model.optimizer.loss_scale_state().skipped_steps == 8
 
 
+@pytest.mark.slow
 def test_past_the_limit_the_run_stops_with_the_evidence():
     tf_mixed.enable("mixed_float16")
     # Healing sq1 sends its float32 output (1.6e5) into sq2's float16 input:
@@ -82,6 +84,7 @@ def test_past_the_limit_the_run_stops_with_the_evidence():
             callbacks=[tf_mixed.callbacks.Heal(skips=1, raise_on_failure=True)])
 
 
+@pytest.mark.slow
 def test_a_keras_file_keeps_the_healed_layer_and_audit_says_so(tmp_path):
     tf_mixed.enable("mixed_float16")
     model = _model(SquaredGate(name="gate"))
@@ -101,6 +104,7 @@ def test_a_keras_file_keeps_the_healed_layer_and_audit_says_so(tmp_path):
     assert loaded.optimizer.loss_scale_state().skipped_steps == 3   # the saved count
 
 
+@pytest.mark.slow
 def test_backup_and_restore_resumes_healed_before_the_first_step(tmp_path):
     tf_mixed.enable("mixed_float16")
     backup = str(tmp_path / "backup")

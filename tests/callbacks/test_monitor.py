@@ -100,6 +100,7 @@ def _no_setup_warnings(record):
 # ---------------------------------------------------------------- logs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_history_has_loss_scale_and_skipped_steps(fp16, kind):
     model = _model(inf_grad=True)
@@ -150,6 +151,7 @@ def test_float32_model_logs_scale_one():
 # ---------------------------------------------------------------- stopping
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 def test_overflow_every_step_stops_within_patience(fp16, caplog, kind,
@@ -179,6 +181,7 @@ def _infinite_loss(y_true, y_pred):
     return keras.ops.mean(keras.ops.square(y_true - y_pred)) * float("inf")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_infinite_loss_every_step_stops_within_patience(fp16, caplog, kind):
     model = _model()
@@ -244,6 +247,7 @@ def test_nan_loss_on_applied_step_stops():
     assert "no step was skipped" in monitor.stop_reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_nan_loss_on_skipped_step_does_not_stop(fp16, kind):
     model = _model()
@@ -274,6 +278,7 @@ class CorruptAfter(keras.callbacks.Callback):
             kernel.assign(np.full(kernel.shape, np.inf, "float32"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_corrupted_weights_stop_even_though_steps_are_skipped(fp16, kind):
     model = _model()
@@ -289,6 +294,7 @@ def test_corrupted_weights_stop_even_though_steps_are_skipped(fp16, kind):
     assert "dense/kernel" in monitor.stop_reason
 
 
+@pytest.mark.slow
 def test_mirrored_strategy(fp16, mirrored, caplog):
     # steps_per_execution > 1 is tested without a strategy above: Keras 3.15's
     # fit with MirroredStrategy and steps_per_execution > 1 fails by itself
@@ -309,6 +315,7 @@ def test_mirrored_strategy(fp16, mirrored, caplog):
     assert monitor.total_skipped_steps == 4
 
 
+@pytest.mark.slow
 def test_mirrored_history_overflow_on_second_replica(fp16, mirrored):
     # Sample 5 of the first batch of 8 lands on replica 1: tf_mixed's
     # optimizer skips the step on both replicas and the callback counts it.
@@ -396,6 +403,7 @@ class _SubclassedSoftmax(keras.Model):
         return self.probs(self.hidden(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("built_before_fit", [True, False])
 def test_warns_a_subclassed_models_float16_softmax(fp16, built_before_fit):
     model = _SubclassedSoftmax(name="sub")
@@ -456,6 +464,7 @@ def test_tensorboard_gets_loss_scale(fp16, tmp_path):
 # ---------------------------------------------------------------- bad input
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs, error, text", [
     ({"patience": 0}, ValueError, "patience=0"),
     ({"patience": 2.5}, TypeError, "patience=2.5"),
@@ -481,6 +490,7 @@ def test_get_config_round_trips():
 # ------------------------------------------------------ issue 9: no per-step cost
 
 
+@pytest.mark.slow
 def test_three_steps_per_execution_one_bad_sample_trains_every_epoch(fp16):
     # Issue 9, point 3: the execution of steps 1-3 holds one NaN sample; its
     # step is skipped, the others are applied. The old monitor saw a NaN
@@ -499,6 +509,7 @@ def test_three_steps_per_execution_one_bad_sample_trains_every_epoch(fp16):
     assert np.isfinite(model.get_weights()[0]).all()
 
 
+@pytest.mark.slow
 def test_default_monitor_reads_the_optimizer_every_n_batches(fp16, monkeypatch):
     """Issue 16, case 6: the default reads every DEFAULT_CHECK_EVERY_N_BATCHES
     batches (Keras 3 on TF already syncs every step's logs, so the hook adds
@@ -523,6 +534,7 @@ def test_default_monitor_reads_the_optimizer_every_n_batches(fp16, monkeypatch):
     assert "on_train_batch_end" not in vars(LossScaleMonitor(check_every_n_batches=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_default_monitor_stops_an_all_skipped_run_within_bounded_steps(fp16, kind):
     """Issue 16, case 6: every step skipped; the default monitor stops within
@@ -541,6 +553,7 @@ def test_default_monitor_stops_an_all_skipped_run_within_bounded_steps(fp16, kin
     assert "minimum" in monitor.stop_reason
 
 
+@pytest.mark.slow
 def test_epoch_loss_is_the_mean_of_applied_steps(fp16):
     model = _model()
     opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.0),
@@ -580,6 +593,7 @@ class CorruptReplica1(keras.callbacks.Callback):
             copies[1].assign(np.full(copies[1].shape, np.inf, "float32"))
 
 
+@pytest.mark.slow
 def test_mirrored_nan_check_reads_every_replica_copy(fp16, mirrored):
     with mirrored.scope():
         model = _model()

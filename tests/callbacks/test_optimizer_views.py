@@ -27,6 +27,7 @@ def test_monitor_never_branches_on_the_optimizer_kind():
     assert found == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make, view, kind, scales", [
     (lambda: LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=8.0),
      optimizer_views.TfMixedView, "tf_mixed", True),

@@ -38,6 +38,7 @@ def _pair(wrapper="tf_mixed", strategy=None, replica=0, removed=(sm.BAD_STEP,),
     return bad, reference, sm.compare(bad, reference, skipped_batches=removed)
 
 
+@pytest.mark.slow
 def test_one_device_every_row_matches_the_run_without_the_batch():
     bad, _, rows = _pair()
     assert rows == ALL_ROWS
@@ -45,6 +46,7 @@ def test_one_device_every_row_matches_the_run_without_the_batch():
     assert np.isfinite(bad["history"]["loss"]).all()
 
 
+@pytest.mark.slow
 def test_keras_column_one_device_as_measured():
     bad, _, rows = _pair("keras")
     assert rows == KERAS_ONE_DEVICE
@@ -92,6 +94,7 @@ def test_dropout_random_state_advances_on_a_skip(wrapper):
     assert not rows["weights"]
 
 
+@pytest.mark.slow
 def test_epoch_logs_carry_skipped_steps_not_the_last_batch_flag():
     x, y = sm.data()
     model = sm.build()

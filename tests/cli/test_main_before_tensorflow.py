@@ -43,6 +43,7 @@ def no_tensorflow(monkeypatch):
     monkeypatch.setattr(quiet, "import_tensorflow", refuse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,status", ANSWERED_AT_ONCE, ids=lambda a: " ".join(a) if isinstance(a, list) else str(a))
 def test_help_and_argument_errors_answer_before_importing_tensorflow(args, status, no_tensorflow, capsys):
     assert cli_main.main(["tf_mixed", *args]) == status
@@ -59,6 +60,7 @@ def test_a_number_below_one_is_said_the_same_way_by_every_command(no_tensorflow,
         assert capsys.readouterr().err == f"tf_mixed {args[0]}: error: {flag}: must be at least 1.\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["info"], ["bench", "--model=mlp"], ["audit", "m.keras"],
                                   ["check"]])
 def test_a_command_whose_arguments_parse_imports_tensorflow_next(args, no_tensorflow):

@@ -18,6 +18,7 @@ UNWRITABLE = "/proc/tf_mixed_cannot_write_here"
 needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_subcommand_help_exits_0_with_its_usage(command, capsys):
     assert main(["tf_mixed", command, "--help"]) == 0
@@ -50,6 +51,7 @@ def saved_model(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 @needs_proc
 @pytest.mark.parametrize("command, work", [
     ("probe", "probe"), ("doctor", "census"), ("export", "export")])
@@ -100,6 +102,7 @@ def test_a_writable_output_dir_is_left_as_it_was(saved_model, tmp_path, monkeypa
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     ([], "expected N and SCRIPT"),
     (["2"], "expected N and SCRIPT"),

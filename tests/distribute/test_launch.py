@@ -9,6 +9,7 @@ from tf_mixed.distribute import workers
 MOVED = ("LOOPBACK", "WorkerResult", "WorkersFailed", "free_ports", "run_local_workers", "tf_config")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MOVED)
 def test_an_old_name_warns_and_is_the_workers_module_s(name):
     launch = importlib.import_module("tf_mixed.distribute.launch")

@@ -467,6 +467,7 @@ def test_unscaled_apply_records_the_same_amaxes(unscale_first):
     assert layer.outputs_grad_amax_history.numpy()[0] == 2.0**-6
 
 
+@pytest.mark.slow
 def test_gradient_clipping_leaves_float8_state_alone():
     def histories(clip_norm):
         model = _ones_model()
@@ -562,6 +563,7 @@ def test_margin_takes_effect_in_a_step_already_traced():
     assert model.get_layer("a").inputs_scale.numpy() == _scale_with_margin(3)
 
 
+@pytest.mark.slow
 def test_margin_set_again_after_loading_takes_effect(tmp_path):
     model = _trained_on_ones()
     model.save(tmp_path / "m.keras")
@@ -572,6 +574,7 @@ def test_margin_set_again_after_loading_takes_effect(tmp_path):
     assert loaded.get_layer("a").inputs_scale.numpy() == _scale_with_margin(2)
 
 
+@pytest.mark.slow
 def test_an_unchanged_kernel_never_saturates():
     """Scales rounded by one ulp and a kernel a little larger are not clipping."""
     model = _trained_on_ones(steps=6)
@@ -597,6 +600,7 @@ def _grow(start, steps, factor=1.5):
     return x, np.zeros((4 * steps, 16), np.float32)
 
 
+@pytest.mark.slow
 def test_a_new_fit_with_a_new_monitor_starts_fresh():
     with pytest.warns(RuntimeWarning, match="saturated for 3 consecutive"):
         model, first, _ = _growing_fit(patience=3, check_every_n_batches=1)
@@ -617,6 +621,7 @@ def _fit_growing(model, start, steps):
     return monitor, advice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("margin", [None, 3], ids=["advice-ignored", "advice-applied"])
 def test_the_monitors_advice_applied_changes_the_run(margin):
     """Inputs grow 1.5x per step; the delayed scale is 2.25x too small."""

@@ -62,6 +62,7 @@ def test_lines_are_plain_lines_on_stderr(capsys):
     assert capsys.readouterr().err == "tf_mixed bench: float32: warm-up done (5 steps) (7 s)\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, beats", [(["info"], 1), (["info", "--quiet"], 0),
                                          (["--quiet", "--help"], 0)])
 def test_every_command_gets_a_heartbeat_unless_quiet(argv, beats, progress_on, monkeypatch, capsys):

@@ -62,6 +62,7 @@ def test_detection_follows_tensorflows_rule(monkeypatch, value, installed, expec
     assert tf_keras_check.legacy_keras() == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "call",
     [lambda: tf_mixed.enable("auto", measure=False),
@@ -83,6 +84,7 @@ def test_global_entry_points_refuse_under_tf_keras(legacy, call):
     assert tf_mixed.policy.global_policy.current() == "float32"
 
 
+@pytest.mark.slow
 def test_keras3_objects_still_work_when_the_variable_is_set(legacy):
     """The object says which Keras it is: a Keras 3 model built with
     ``import keras`` keeps tf_mixed's layers, optimizer and monitor."""

@@ -89,6 +89,7 @@ def _bool_callers():
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(_bool_callers()))
 def test_every_numeric_argument_refuses_a_bool(call):
     with pytest.raises(TypeError, match=r"=True \(of type bool\)"):

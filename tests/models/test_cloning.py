@@ -16,6 +16,7 @@ def _np(value):
     return [np.asarray(keras.ops.convert_to_numpy(v)) for v in keras.tree.flatten(value)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inline", [False, True], ids=["nested", "inlined"])
 @pytest.mark.parametrize("name", ["keras_ops", "transformer", "vit"])
 def test_a_float32_clone_computes_exactly_what_the_model_computes(name, inline):
@@ -51,6 +52,7 @@ def test_nested_models_stay_nested_or_are_inlined_with_qualified_names():
     assert [n for n, _, _ in flat.layers] == ["encoder/enc_d1", "encoder/enc_d2", "head"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sequential_no_input", "lambda_lambda", "multi_input",
                                   "multi_output", "batchnorm"])
 def test_zoo_kinds_clone_with_their_weights(name):

@@ -158,6 +158,7 @@ def _saved_regression(tmp_path, compiled):
     return path, npz
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["file", "under_file"])
 def test_cli_bad_output_dir_fails_first_one_line(tmp_path, capsys, kind, monkeypatch):
     path, npz = _saved_regression(tmp_path, True)

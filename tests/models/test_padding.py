@@ -39,6 +39,7 @@ def test_padded_model_computes_the_same_outputs():
     assert any("padded 'wide' to units=1008" in n for n in padded.conversion_notes)
 
 
+@pytest.mark.slow
 def test_census_finds_no_misfit_after_padding():
     model = _model()
     with warnings.catch_warnings():

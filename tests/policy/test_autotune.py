@@ -50,6 +50,7 @@ def no_timing(policies):
 # --- the pure decision ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "timings, expected, speedup",
     [
@@ -78,6 +79,7 @@ def test_margin_is_inclusive_and_configurable():
     assert autotune.choose_from_timings(timings, margin=1.75).policy == "float32"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "timings, margin, message",
     [
@@ -168,6 +170,7 @@ def _valid_record(**key_changes):
             "rounds_s": {"float32": [1.0] * 7, "mixed_bfloat16": [4.0] * 7}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content",
     [
@@ -260,6 +263,7 @@ def test_the_suite_uses_a_private_cache_and_no_timing():
     assert not autotune.measure_by_default()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "value, expected",
     [("", True), ("1", True), ("true", True), ("ON", True),
@@ -320,6 +324,7 @@ def test_measure_false_keeps_the_rule(cpu_host):
     assert cpu_host.calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0])
 def test_measure_must_be_a_bool(cpu_host, bad):
     keras.config.set_dtype_policy("float32")
@@ -381,6 +386,7 @@ def test_quartiles_are_exact_on_a_known_spread():
         "the rounds spread 1.25-1.75x, more than 20% of the median")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "float32, expected_policy, unsettled",
     [
@@ -403,6 +409,7 @@ def test_settled_only_when_clear_of_the_margin(float32, expected_policy, unsettl
     assert decision.unsettled == unsettled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "float32, why",
     [([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
@@ -455,6 +462,7 @@ def test_a_version_1_cache_from_the_small_probe_is_not_read(tmp_path):
     assert autotune.PROBE_VERSION == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rounds, message",
     [({"float32": [], "mixed_bfloat16": [1.0]}, "non-empty list"),

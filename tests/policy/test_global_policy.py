@@ -228,6 +228,7 @@ class _RemappingDuringFit(keras.callbacks.Callback):
         self.seen.append(tf.config.optimizer.get_experimental_options().get("remapping"))
 
 
+@pytest.mark.slow
 def test_dense_model_float16_on_cpu_trains_with_remapping_off(cpu_host):
     """float16 on a CPU host trains with Grappler's remapping off throughout.
 

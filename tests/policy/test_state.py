@@ -222,6 +222,7 @@ def test_clear_session_after_enable_is_reported(caplog):
     assert not policy.status().reset_since_enable  # enabled again
 
 
+@pytest.mark.slow
 def test_disable_after_clear_session_says_so_and_still_releases(caplog):
     tf_mixed.enable("mixed_float16", quiet=True)
     keras.backend.clear_session()
@@ -255,6 +256,7 @@ def test_reset_forgets_this_threads_state_and_every_remapping_hold():
     assert keras.config.dtype_policy().name == "mixed_float16"
 
 
+@pytest.mark.slow
 def test_hidden_policy_state_has_one_owner():
     """Thread-locals, context variables and reset hooks live in policy_state only."""
     import ast

@@ -84,6 +84,7 @@ def _optimizer(where, **knobs):
     return tf_mixed.wrap_optimizer(inner, force=True, initial_scale=16.0, **knobs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("where", ["wrapper", "inner"])
 @pytest.mark.parametrize("skip", [None, SKIPPED_WINDOW], ids=["clean", "skipped"])
@@ -172,6 +173,7 @@ def _mirrored_run(mirrored, skip, communication_dtype=None):
     return copies, opt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", [None, SKIPPED_WINDOW], ids=["clean", "skipped"])
 def test_mirrored_replicas_agree_with_one_device(mirrored, skip):
     copies, opt = _mirrored_run(mirrored, skip)
@@ -235,6 +237,7 @@ def test_two_workers_agree_with_one_device(tmp_path, skip):
         assert result["iterations"] == WINDOWS - (0 if skip is None else 1)
 
 
+@pytest.mark.slow
 def test_fit_with_a_monitor_counts_skipped_windows():
     x, y = data()
     x[1 * STEPS * MICRO + 1] = np.nan  # window 1, micro-step 0
@@ -337,6 +340,7 @@ def test_fit_with_accumulation_over_the_zoo(name):
     assert any(not np.array_equal(a, b) for a, b in zip(after, before))
 
 
+@pytest.mark.slow
 def test_fit_under_mirrored_equals_one_device(mirrored):
     """Keras fit, two replicas, micro-batches of 4: the one-device result."""
     x, y = data()
@@ -386,6 +390,7 @@ def _fresh_mirrored(mirrored):
     return w, opt
 
 
+@pytest.mark.slow
 def test_mirrored_resume_inside_a_window_equals_the_uninterrupted_run(mirrored):
     grads = _replica_grads()  # two windows of STEPS micro-steps
     w, opt = _fresh_mirrored(mirrored)
@@ -409,6 +414,7 @@ def test_mirrored_resume_inside_a_window_equals_the_uninterrupted_run(mirrored):
     assert store[buffer_key].shape == (2, FEATURES)  # one row per replica
 
 
+@pytest.mark.slow
 def test_a_window_saved_on_two_replicas_resumes_on_one_with_its_sum(mirrored):
     w1, first = _fresh_mirrored(mirrored)
     _mirrored_micro_steps(mirrored, w1, first, np.ones((2, 2, FEATURES), np.float32))
@@ -461,6 +467,7 @@ def test_a_file_with_every_variable_listed_still_loads():
     np.testing.assert_array_equal(again.accumulator.buffers[0].numpy(), [1.0, 2.0])
 
 
+@pytest.mark.slow
 def test_the_end_of_fit_drops_an_unfinished_window_with_a_warning():
     """10 batches, windows of 4: 2 windows applied, the last 2 batches dropped."""
     rng = np.random.default_rng(0)

@@ -61,6 +61,7 @@ def _collectives(concrete_function):
 # ------------------------------------------------------------ validation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value,name", [(None, None), ("float32", None),
                                         ("float16", "float16"),
                                         ("bfloat16", "bfloat16")])
@@ -68,6 +69,7 @@ def test_valid_names_are_canonical(value, name):
     assert allreduce.validate_communication_dtype(value) == name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["fp16", "half", "", "Float16", 16,
                                    tf.float16, True])
 def test_bad_dtype_is_refused_with_the_choices(value):
@@ -122,6 +124,7 @@ def test_float32_sum_is_exact_and_shared(mirrored):
     np.testing.assert_array_equal(bias[0], np.float32(0.1) + np.float32(0.2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_sum_is_close_and_identical_on_replicas(mirrored, dtype):
     values = np.array([0.1, -1.7, 12.345, 3e-3], np.float32)
@@ -144,6 +147,7 @@ def test_pre_division_keeps_a_representable_mean_finite(mirrored):
         np.testing.assert_array_equal(copy, [80000.0, 80000.0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,expected", [(None, True), ("float16", False),
                                             ("bfloat16", True)])
 def test_overflow_made_by_the_half_sum_is_caught(mirrored, dtype, expected):
@@ -156,6 +160,7 @@ def test_overflow_made_by_the_half_sum_is_caught(mirrored, dtype, expected):
     np.testing.assert_array_equal(grad[0], grad[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("bad", [INF, float("nan")], ids=["inf", "nan"])
 def test_non_finite_on_replica_1_only_is_seen_by_both(mirrored, dtype, bad):
@@ -167,6 +172,7 @@ def test_non_finite_on_replica_1_only_is_seen_by_both(mirrored, dtype, bad):
     assert finite == [False, False]
 
 
+@pytest.mark.slow
 def test_sparse_gradients_stay_sparse_and_sum(mirrored):
     seen = {}
 
@@ -236,6 +242,7 @@ def _step(strategy, opt, var, make_grad):
     return tf.function(lambda: strategy.run(replica_fn))
 
 
+@pytest.mark.slow
 def test_float16_update_matches_float32_within_rounding(mirrored):
     values = np.array([0.3, -1.7, 12.345, 1e-3], np.float32)
     results = {}
@@ -284,6 +291,7 @@ def test_same_gradients_in_float32_are_applied(mirrored):
         np.testing.assert_array_equal(copy, [-0.5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_inf_on_replica_1_only_is_skipped_everywhere(mirrored, dtype):
     var, opt = _setup(mirrored, [1.0, 1.0], initial_scale=4.0,
@@ -298,6 +306,7 @@ def test_inf_on_replica_1_only_is_skipped_everywhere(mirrored, dtype):
     assert int(opt.iterations.numpy()) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,wire", [(None, tf.float32),
                                         ("float16", tf.float16),
                                         ("bfloat16", tf.bfloat16)])
@@ -322,6 +331,7 @@ def test_traced_step_has_one_gradient_all_reduce_and_no_flag(mirrored, dtype,
     assert int(opt.iterations.numpy()) == 1
 
 
+@pytest.mark.slow
 def test_unscaled_gradients_travel_scaled(mirrored):
     # 2**-26 / 2 flushes to zero in float16 unless it travels scaled by 2**10.
     var, opt = _setup(mirrored, [0.0], initial_scale=1024.0,
@@ -376,6 +386,7 @@ def test_wrap_optimizer_keeps_communication_dtype_under_mixed_float16():
         wrap_optimizer(wrapped, communication_dtype="bfloat16")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [2, 3])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_sparse_gradients_in_every_wire_dtype_on_cpu(mirrored, dtype, width):
@@ -395,6 +406,7 @@ def test_sparse_gradients_in_every_wire_dtype_on_cpu(mirrored, dtype, width):
         np.testing.assert_array_equal(copy, [[1.5] * width, [2.5] * width, [0] * width])
 
 
+@pytest.mark.slow
 def test_embedding_fit_with_bfloat16_wire_on_cpu_matches_float32_wire(mirrored):
     def fit(dtype):
         with mirrored.scope():

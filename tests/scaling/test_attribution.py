@@ -109,6 +109,7 @@ def test_a_weights_file_read_before_attaching_is_applied_at_attach(tmp_path):
     assert LayerAttribution.attach(fresh, fresh.optimizer).read().healed == ("sq",)
 
 
+@pytest.mark.slow
 def test_under_two_replicas_an_overflow_on_the_second_is_named_on_both(mirrored):
     tf_mixed.enable("mixed_float16")
     with mirrored.scope():

@@ -99,6 +99,7 @@ def _adam_updates(grads, lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
     return np.array(updates)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_kahan_weight_tracks_the_float64_sum_within_one_ulp(name):
     """10,000 steps whose updates bfloat16 cannot hold: the weight stays
@@ -275,6 +276,7 @@ def test_bad_arguments_are_named():
     assert compensated.compensation_of(keras.optimizers.SGD()) is None
 
 
+@pytest.mark.slow
 def test_pure_bfloat16_model_trains_through_fit():
     tf_mixed.enable("bfloat16", quiet=True)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

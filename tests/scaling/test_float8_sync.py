@@ -148,6 +148,7 @@ def test_checkpoint_holds_agreed_state_and_resumes_bit_exact(mirrored, tmp_path)
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+@pytest.mark.slow
 def test_inf_in_one_replica_freezes_no_scale(mirrored):
     x, y = batches(6)
     x[1, -1, 0] = np.inf  # replica 1's shard, step 2, first layer's input

@@ -27,6 +27,7 @@ def _fresh(inner=None):
 GRADS = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_a_checkpoint_inside_a_window_resumes_it_on_one_device(tmp_path, graph):
     w, opt = _fresh()
@@ -106,6 +107,7 @@ def _micro_steps(mirrored, w, opt, grads):
         step(tf.constant(both))
 
 
+@pytest.mark.slow
 def test_mirrored_checkpoint_inside_a_window_equals_the_uninterrupted_run(mirrored, tmp_path):
     grads = _replica_grads()  # two windows, a different gradient per replica
     w, opt = _fresh_mirrored(mirrored)

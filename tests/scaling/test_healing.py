@@ -43,6 +43,7 @@ def test_past_the_limit_it_stops_with_the_evidence():
         "steps (steps 7; forward output)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knobs, match", [
     ({"skips": 0}, "skips"), ({"window": 2, "skips": 3}, "window >= skips"),
     ({"max_fraction": 0.0}, "max_fraction"), ({"skips": True}, "skips"),

@@ -39,6 +39,7 @@ def _minimize(opt, var, loss_fn):
 # ------------------------------------------------------------- attributes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["constructed", "from_config", "deserialized"])
 def test_attributes_read_right_before_the_first_step(when):
     """testDynamicLossScaleDefaultValues, testGetConfigFixed/Dynamic, testSerialization*."""
@@ -79,6 +80,7 @@ def test_get_scaled_loss_and_unscaled_gradients():
     assert out.values.numpy().tolist() == [[2.0, 1.0], [4.0, 2.5]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_tf_function", [False, True])
 def test_dynamic_update_and_fixed_scale(use_tf_function):
     """testDynamicUpdate, testFixedLossScaleAppliedToLossWithMinimize, testIterationsIncremented."""
@@ -111,6 +113,7 @@ def test_slots_and_float16_loss():
     assert half_var.numpy().tolist() == [3.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("save_with_ls, restore_with_ls",
                          [(False, True), (True, False), (True, True)])
 def test_checkpoint_moves_between_plain_and_wrapper(tmp_path, save_with_ls, restore_with_ls):
@@ -170,6 +173,7 @@ def _two_steps_of(opt, var):
         opt.apply(tape.gradient(scaled, [var]), [var])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("built_first", [False, True])
 @pytest.mark.parametrize("writer", ["keras_wrapper", "older_tf_mixed"])
 def test_a_checkpoint_in_the_older_wrapper_layout_restores_the_real_values(
@@ -210,6 +214,7 @@ def test_a_checkpoint_in_the_older_wrapper_layout_restores_the_real_values(
     assert var2.numpy().tolist() == [-2.25] and int(opt.iterations) == 3
 
 
+@pytest.mark.slow
 def test_an_unbuilt_optimizer_under_a_strategy_in_a_function_says_build(mirrored):
     """testDynamicLossScale under MirroredStrategy with use_tf_function=True."""
     with mirrored.scope():
@@ -266,6 +271,7 @@ def _model():
                              keras.layers.Dense(1)])
 
 
+@pytest.mark.slow
 def test_the_guide_loop_matches_apply_scaled_gradients():
     """The TF guide's loop, unchanged, gives the README loop's weights, skips included."""
     x, y = _data()
@@ -315,6 +321,7 @@ def _bn_model():
                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
 
 
+@pytest.mark.slow
 def test_the_readme_loop_refuses_the_first_skip_with_untracked_forward_state():
     x, y = _nan_data()
     model = _bn_model()
@@ -334,6 +341,7 @@ def test_the_readme_loop_refuses_the_first_skip_with_untracked_forward_state():
         train_step(x[2], y[2])
 
 
+@pytest.mark.slow
 def test_tracked_forward_state_is_rolled_back_and_nothing_is_said():
     x, y = _nan_data()
     model = _bn_model()
@@ -412,6 +420,7 @@ def _saved_size(tmp_path, optimizer, name):
     return model, path, os.path.getsize(path)
 
 
+@pytest.mark.slow
 def test_a_keras_file_with_the_wrapper_is_no_larger_than_the_plain_optimizers(tmp_path):
     _, _, plain = _saved_size(tmp_path, keras.optimizers.Adam(), "plain")
     model, path, wrapped = _saved_size(
@@ -422,6 +431,7 @@ def test_a_keras_file_with_the_wrapper_is_no_larger_than_the_plain_optimizers(tm
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", ["keras_wrapper", "older_tf_mixed"])
 def test_older_optimizer_layouts_still_load(writer):
     """Stores holding the inner state in the wrapper's entry (Keras's, tf_mixed's before)."""
@@ -451,6 +461,7 @@ def _fp16_model():
                              keras.layers.Dense(1), tf_mixed.Float32Output()])
 
 
+@pytest.mark.slow
 def test_a_forgotten_wrap_optimizer_is_said_by_audit_and_the_monitor():
     """compile adds Keras's own wrapper under mixed_float16; no public compile hook."""
     tf_mixed.enable("mixed_float16", quiet=True)
@@ -485,6 +496,7 @@ def test_the_monitor_reports_no_wrapper():
     assert monitor.loss_scaling == "none"
 
 
+@pytest.mark.slow
 def test_a_model_built_before_enable_is_said_once_at_its_first_step():
     keras.utils.set_random_seed(5)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
@@ -541,6 +553,7 @@ def test_loss_scale_reads_as_tf_keras_tensor():
     assert float(opt.loss_scale * 2.0) == 16.0 and float(opt.loss_scale.numpy()) == 8.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inner", [
     lambda: tf_mixed.LossScaleOptimizer(keras.optimizers.SGD()),
     lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
@@ -568,6 +581,7 @@ def test_an_unbuilt_wrapper_in_a_tf_function_under_mirrored_is_refused_naming_bu
         step()
 
 
+@pytest.mark.slow
 def test_a_wrapper_made_every_batch_and_dropped_is_said_once():
     inner = keras.optimizers.SGD(0.1)
     var = keras.Variable(1.0)

@@ -730,6 +730,7 @@ ONCE = {"check_objects": 1, "validate_communication_dtype": 1, "steps_to_take_ov
         "compensation_of": 1, "LossScaleConfig": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy, force, knobs", [
     ("mixed_float16", False, {"initial_scale": 8.0, "communication_dtype": "float16"}),
     ("float32", True, {"dynamic_growth_steps": 4, "gradient_accumulation_steps": 2}),

@@ -171,6 +171,7 @@ def test_fit_skips_when_any_replica_overflows(mirrored, bad_samples, flag):
         assert int(opt.skipped_steps.numpy()) == 1
 
 
+@pytest.mark.slow
 def test_fit_with_jit_compile_under_strategy_raises_clear_error(mirrored):
     model, _ = _fit_model(mirrored, jit_compile=True)
     x = np.ones((4, 1), np.float32)
@@ -179,6 +180,7 @@ def test_fit_with_jit_compile_under_strategy_raises_clear_error(mirrored):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
 
 
+@pytest.mark.slow
 def test_make_train_step_under_mirrored(mirrored):
     with mirrored.scope():
         model = keras.Sequential([
@@ -218,6 +220,7 @@ def test_make_train_step_refuses_jit_under_strategy(mirrored):
                         strategy=mirrored, jit_compile=True)
 
 
+@pytest.mark.slow
 def test_unscale_then_clip_under_mirrored(mirrored):
     """Unscaled gradients, clipped per replica, applied with unscaled=True."""
     var, opt = _setup(mirrored, lambda: keras.optimizers.SGD(0.5),

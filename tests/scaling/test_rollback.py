@@ -114,6 +114,7 @@ def test_fit_bad_batch_leaves_batchnorm_bit_identical(fp16):
     assert np.isfinite(model.predict(x[:2], verbose=0)).all()
 
 
+@pytest.mark.slow
 def test_without_tracking_batchnorm_is_poisoned(fp16):
     """What the rollback is for: the same run without it (the bug)."""
     x, y = _data(2, bad_batch=1)
@@ -125,6 +126,7 @@ def test_without_tracking_batchnorm_is_poisoned(fp16):
     assert not np.isfinite(stats).all()
 
 
+@pytest.mark.slow
 def test_fit_without_the_monitor_refuses_the_first_skip_naming_the_fit_fix(fp16):
     """Issue 27 item 1, for fit: never silent, and the fix for fit is named."""
     x, y = _data(2, bad_batch=1)
@@ -139,6 +141,7 @@ def test_fit_without_the_monitor_refuses_the_first_skip_naming_the_fit_fix(fp16)
     assert int(model.optimizer.iterations.numpy()) == 1  # the first batch ran
 
 
+@pytest.mark.slow
 def test_declining_the_rollback_is_not_refused(fp16):
     x, y = _data(2, bad_batch=1)
     model = _model()
@@ -152,6 +155,7 @@ def test_declining_the_rollback_is_not_refused(fp16):
         model.optimizer.track_forward_state(model, roll_back=0)
 
 
+@pytest.mark.slow
 def test_custom_loop_hands_over_the_model_once(fp16):
     x, y = _data(2, bad_batch=2)
     results = []
@@ -182,6 +186,7 @@ def test_skipped_step_restores_the_state_before_it(fp16):
     _assert_identical(_snapshot(model), before)
 
 
+@pytest.mark.slow
 def test_metric_variables_are_not_tracked(fp16):
     model = _model()
     model.compile(optimizer=_optimizer(), loss="mse", metrics=["mae"])
@@ -254,6 +259,7 @@ def _model_without_input():
     ])
 
 
+@pytest.mark.slow
 def test_make_train_step_rolls_back_a_model_built_by_its_first_call(fp16):
     """No keras.Input: the model has no variables when the step is made."""
     x, y = _data(2, bad_batch=2)
@@ -346,6 +352,7 @@ def test_resume_with_backup_and_restore_is_bit_exact(fp16, tmp_path, bad, order,
     _assert_identical(_snapshot(resumed), _snapshot(whole))
 
 
+@pytest.mark.slow
 def test_refresh_after_an_assignment_in_a_custom_loop(fp16):
     model = _model()
     opt = _optimizer()

@@ -139,6 +139,7 @@ def test_artifact_runs_in_its_own_runtime_and_matches(trained, tmp_path, policy,
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]
 
 
+@pytest.mark.slow
 def test_half_precision_saved_model_keeps_float32_layers_float32(trained):
     half = rebuild.rebuild(trained["mixed_float16"], "float16")
     policies = {layer.name: layer.dtype_policy.name for layer in half.layers}
@@ -152,6 +153,7 @@ def test_half_precision_saved_model_keeps_float32_layers_float32(trained):
     assert policies["kept"] == "bfloat16" and policies["probs"] == "float32"
 
 
+@pytest.mark.slow
 def test_keep_float32_rules_survive_every_precision(tmp_path):
     tf_mixed.enable("mixed_float16", quiet=True, keep_float32=["norm"])
     try:
@@ -178,6 +180,7 @@ def test_rebuild_copies_weights_exactly_to_float32(trained):
     assert not copy.compiled  # the LossScaleOptimizer stays behind
 
 
+@pytest.mark.slow
 def test_saved_model_does_not_carry_the_optimizer(trained, tmp_path):
     model = trained["mixed_float16"]
     tf_mixed.export(model, str(tmp_path / "m"), precision="float32")
@@ -199,6 +202,7 @@ def test_float16_weights_file_is_smaller_and_runs_without_flex(tmp_path):
     _run_litert(str(tmp_path / "b.tflite"), SAMPLE[:, :1].repeat(64, 1))
 
 
+@pytest.mark.slow
 def test_keras_own_litert_export_of_a_mixed_model_needs_flex(tmp_path):
     """Why export rebuilds in float32: Keras's own LiteRT file of a mixed model
     needs Flex ops. Fails once Keras fixes it."""
@@ -245,6 +249,7 @@ def test_dict_outputs_are_named_in_flattened_order(tmp_path):
         assert report.max_rel_error <= report.tolerance
 
 
+@pytest.mark.slow
 def test_parity_check_feeds_and_reads_litert_by_name(tmp_path):
     # Inputs not in alphabetical order, dict keys that sort as strings
     # (score_10 before score_2): LiteRT's keys sort otherwise than the model.
@@ -271,6 +276,7 @@ def test_parity_check_feeds_and_reads_litert_by_name(tmp_path):
         assert _rel_error(np.asarray(want[key]), got[key]) < 1e-5
 
 
+@pytest.mark.slow
 def test_list_of_eleven_outputs_is_read_by_position(tmp_path):
     # output_10 sorts before output_2 as a string; the check reads by key.
     inputs = keras.Input((4,), name="x")
@@ -291,6 +297,7 @@ class _TwoInputs(keras.Model):
         return self.dense(keras.ops.concatenate([inputs[1], inputs[0] * 3.0], axis=-1))
 
 
+@pytest.mark.slow
 def test_subclassed_model_inputs_get_one_name_each(tmp_path):
     model = _TwoInputs()
     rng = np.random.RandomState(0)
@@ -306,6 +313,7 @@ def test_subclassed_model_inputs_get_one_name_each(tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_sequential_with_nested_model(tmp_path):
     keras.config.set_dtype_policy("mixed_bfloat16")
     inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh")],
@@ -354,6 +362,7 @@ def _flex_model():
     return keras.Model(inputs, outputs, name="flexy")
 
 
+@pytest.mark.slow
 def test_select_ops_are_refused_by_name_and_nothing_written(tmp_path):
     path = tmp_path / "m.tflite"
     with pytest.raises(ValueError, match=r"model 'flexy' needs TensorFlow Select ops.*Cumprod"):
@@ -383,6 +392,7 @@ def test_ops_litert_cannot_convert_are_named(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_error_above_tolerance_names_the_worst_output_and_writes_nothing(trained, tmp_path):
     path = tmp_path / "sub" / "m"
     with pytest.raises(ValueError, match=r"output 'probs' has relative error .*tolerance=1e-09"):
@@ -391,6 +401,7 @@ def test_error_above_tolerance_names_the_worst_output_and_writes_nothing(trained
     assert os.listdir(tmp_path) == []  # not even the parent it created
 
 
+@pytest.mark.slow
 def test_existing_artifact_is_replaced_whole(trained, tmp_path):
     path = tmp_path / "m"
     tf_mixed.export(trained["float32"], str(path))
@@ -400,6 +411,7 @@ def test_existing_artifact_is_replaced_whole(trained, tmp_path):
     assert os.listdir(tmp_path) == ["m"]
 
 
+@pytest.mark.slow
 def test_an_existing_file_or_empty_directory_is_replaced(trained, tmp_path):
     (tmp_path / "m.tflite").write_bytes(b"old file")
     tf_mixed.export(trained["float32"], str(tmp_path / "m.tflite"), format="litert")
@@ -410,6 +422,7 @@ def test_an_existing_file_or_empty_directory_is_replaced(trained, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["empty", "m.tflite"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,target,match", [
     ("saved_model", "dir", r"replaces a directory only when it holds a SavedModel "
                            r"\(saved_model.pb\) or nothing; '.*user' holds notes.txt, "

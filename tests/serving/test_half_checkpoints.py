@@ -153,6 +153,7 @@ def _assert_same_weights(have: keras.Model, want: keras.Model) -> None:
         np.testing.assert_array_equal(h.numpy(), w.numpy(), err_msg=h.path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [lambda seed: _plain([8, 5], seed), _nested])
 def test_the_same_architecture_built_again_loads_by_default(tmp_path, build):
     saved = build(1)
@@ -353,6 +354,7 @@ def test_bad_arguments(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["junk.npz"]
 
 
+@pytest.mark.slow
 def test_checkpoint_callback_saves_half_weights_per_epoch(tmp_path):
     model = _model("mixed_float16")
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01), force=True),
@@ -403,6 +405,7 @@ def test_checkpoint_callback_best_only(monkeypatch):
         assert tf_mixed.ModelCheckpoint("x", mode="best").mode == "auto"
 
 
+@pytest.mark.slow
 def test_auto_mode_takes_the_metric_direction_as_keras(monkeypatch, tmp_path):
     # AUC goes up: "auto" maximises val_auc (a name with no "acc" in it).
     saved = _recording_saves(monkeypatch)
@@ -424,6 +427,7 @@ def test_auto_mode_takes_the_metric_direction_as_keras(monkeypatch, tmp_path):
         unknown.on_epoch_end(0, {"val_mystery": 1.0})
 
 
+@pytest.mark.slow
 def test_missing_monitor_warns_and_saves_as_keras(tmp_path):
     callback = tf_mixed.ModelCheckpoint(str(tmp_path / "e{epoch}.npz"), save_best_only=True)
     with pytest.warns(UserWarning, match="Can save best model only with val_loss available"):
@@ -431,6 +435,7 @@ def test_missing_monitor_warns_and_saves_as_keras(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["e1.npz", "e2.npz"]
 
 
+@pytest.mark.slow
 def test_checkpoint_creates_its_directory_and_saves_per_batches(tmp_path):
     callback = tf_mixed.ModelCheckpoint(str(tmp_path / "ckpt" / "deep" / "e{epoch:02d}b{batch}.npz"),
                                         save_freq=2)

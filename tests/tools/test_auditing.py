@@ -266,12 +266,14 @@ def test_to_dict_is_json_ready(fp16):
 # ---------------------------------------------------------------- bad input
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("thing", ["model.keras", 3, keras.layers.Dense(2)])
 def test_not_a_model(thing):
     with pytest.raises(TypeError, match="needs a keras.Model.*Received: model="):
         tf_mixed.audit(thing)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size, error", [(0, ValueError), (-8, ValueError),
                                                ("64", TypeError), (8.0, TypeError)])
 def test_bad_batch_size(batch_size, error):
@@ -315,6 +317,7 @@ def test_subclassed_softmax_output_is_read_from_a_traced_call(fp16):
     assert len(net.weights) == 4
 
 
+@pytest.mark.slow
 def test_subclassed_float16_logits_with_a_top_k_metric_are_an_error(fp16):
     net = _Classifier(activation=None, name="topk_net")
     net(np.zeros((2, 4), "float32"))

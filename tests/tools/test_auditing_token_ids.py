@@ -50,6 +50,7 @@ def _rows(model):
         keras.ops.cast(model(IDS)[0, :, 0], "float32")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, limit", [("bfloat16", 256), ("float16", 2048),
                                           ("float32", 2**24)])
 def test_exact_integer_limits_come_from_ml_dtypes(dtype, limit):
@@ -74,6 +75,7 @@ def test_audit_reports_the_rounding_layer():
     assert "dtype='int32'" in finding.fix and "tf_mixed.convert(model)" in finding.fix
 
 
+@pytest.mark.slow
 def test_audit_is_quiet_where_every_id_is_exact():
     keras.config.set_dtype_policy("mixed_float16")
     assert not tf_mixed.audit(_model()).by_code("rounded_ids")  # 999 <= 2048
@@ -84,6 +86,7 @@ def test_audit_is_quiet_where_every_id_is_exact():
     assert not tf_mixed.audit(model).by_code("rounded_ids")
 
 
+@pytest.mark.slow
 def test_the_monitor_warns_at_the_first_fit_step():
     keras.config.set_dtype_policy("mixed_bfloat16")
     inputs = keras.Input((4,), name="ids")
@@ -131,6 +134,7 @@ def test_convert_keeps_the_receiving_layer_and_its_embeddings_float32():
     assert tf_mixed.convert(with_head, "mixed_bfloat16").get_layer("tpe").compute_dtype == "float32"
 
 
+@pytest.mark.slow
 def test_probe_keeps_the_receiving_layer_float32_as_convert_does():
     model = _model()  # float32-built
     head = keras.layers.Dense(1, name="head")(keras.layers.GlobalAveragePooling1D()(model.output))

@@ -62,6 +62,7 @@ def _train_step(model, optimizer, x, y, loss_fn):
     return step
 
 
+@pytest.mark.slow
 def test_planted_overflow_is_named_and_keep_float32_fixes_the_step():
     x, y = _planted_batch()
     model = _planted()  # float32-built: probed as mixed_float16
@@ -98,6 +99,7 @@ def test_planted_overflow_is_named_and_keep_float32_fixes_the_step():
     assert {r.name: r.compute_dtype for r in fixed.layers}["l2norm"] == "float32"
 
 
+@pytest.mark.slow
 def test_tiny_loss_gets_a_large_recommended_scale():
     x, y = _healthy_batch()
     model = _healthy()
@@ -114,6 +116,7 @@ def test_tiny_loss_gets_a_large_recommended_scale():
     assert lost_rec < lost_now
 
 
+@pytest.mark.slow
 def test_recommended_scale_matches_dynamic_scaling_after_200_steps():
     x, y = _healthy_batch()
     model = _healthy()
@@ -140,6 +143,7 @@ def test_recommended_scale_matches_dynamic_scaling_after_200_steps():
     assert recommended / 4 <= reached <= recommended * 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("half_gradients", [True, False])
 def test_gradient_overflow_at_the_current_scale_is_named_measured_or_predicted(half_gradients):
     x, y = _healthy_batch()
@@ -184,6 +188,7 @@ def test_dense_relative_error_is_within_float16_rounding():
     assert error >= typical / 2  # it really ran in float16
 
 
+@pytest.mark.slow
 def test_report_value_object_and_model_untouched(tmp_path):
     inputs = keras.Input((6,))
     h = keras.layers.Dense(8, name="dense")(inputs)
@@ -254,6 +259,7 @@ def test_cli_writes_table_json_and_png(tmp_path, capsys):
     assert sorted(os.listdir(out)) == ["probe.json", "probe.png"]
 
 
+@pytest.mark.slow
 def test_cli_runs_on_bench_data(tmp_path, capsys):
     from tf_mixed.bench import models
 
@@ -367,6 +373,7 @@ def _random_model():
     return keras.Model(inputs, tf_mixed.Float32Output(name="out")(h), name="random")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_random_layers_draw_nothing_so_they_are_never_blamed(policy):
     rng = np.random.default_rng(3)

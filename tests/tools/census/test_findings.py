@@ -1,11 +1,13 @@
 """Census findings that link to the audit (issue 37)."""
 
+import pytest
 import keras
 import numpy as np
 
 import tf_mixed
 
 
+@pytest.mark.slow
 def test_a_plain_softmax_head_under_bfloat16_is_a_finding():
     # README: keep softmax in float32. A plain Dense(10, activation="softmax")
     # head under bfloat16 computes it in bfloat16: the census says so.

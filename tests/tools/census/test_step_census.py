@@ -35,6 +35,7 @@ def _casts(report):
     return {(r.layer, r.source, r.target): r.count for r in report.casts}
 
 
+@pytest.mark.slow
 def test_casts_counted_by_hand():
     # mixed_bfloat16 with a float32 Dense in the middle, loss mse, batch 16.
     # Forward: x f32->bf16 (into wide), wide kernel and bias f32->bf16,
@@ -67,6 +68,7 @@ def test_casts_counted_by_hand():
     assert report.cast_bytes_per_step == sum(rows.values())
 
 
+@pytest.mark.slow
 def test_flops_and_half_share_by_hand():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = _mlp(middle_dtype="float32")
@@ -81,6 +83,7 @@ def test_flops_and_half_share_by_hand():
     assert report.unknown_flops == 0
 
 
+@pytest.mark.slow
 def test_planted_float32_dense_is_an_island_with_its_fix():
     keras.config.set_dtype_policy("mixed_float16")
     model = _mlp(middle_dtype="float32")
@@ -96,6 +99,7 @@ def test_planted_float32_dense_is_an_island_with_its_fix():
     assert "explicit_float32" in str(finding)
 
 
+@pytest.mark.slow
 def test_keep_float32_rule_is_named_and_the_probe_is_the_fix():
     tf_mixed.enable("mixed_bfloat16", keep_float32=["d2"])
     model = _mlp()
@@ -124,6 +128,7 @@ def test_lambda_doing_float32_math():
     assert report.by_code("float32_island") == []  # one finding per cause
 
 
+@pytest.mark.slow
 def test_width_1001_names_the_layer_and_the_padding():
     keras.config.set_dtype_policy("mixed_float16")
     model = _mlp(width=1001)
@@ -182,6 +187,7 @@ def test_float32_model_has_no_islands_and_no_half_flops():
     assert report.findings == ()
 
 
+@pytest.mark.slow
 def test_conv_flops_by_hand():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = keras.Sequential([
@@ -215,6 +221,7 @@ def test_census_changes_no_weight_and_reads_a_compiled_model():
     assert set(report.to_dict()) >= {"half_flop_share", "casts_per_step", "findings"}
 
 
+@pytest.mark.slow
 def test_nested_model_layers_are_named_with_their_path():
     keras.config.set_dtype_policy("mixed_bfloat16")
     inner = keras.Sequential([keras.Input((32,)), keras.layers.Dense(20, name="odd")],
@@ -227,6 +234,7 @@ def test_nested_model_layers_are_named_with_their_path():
     assert finding.layer == "inner/odd"
 
 
+@pytest.mark.slow
 def test_jit_compile_reads_the_optimized_hlo():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = _mlp()
@@ -281,6 +289,7 @@ def test_hlo_parser_refuses_text_without_instructions():
         hlo_ops.read_hlo("not hlo")
 
 
+@pytest.mark.slow
 def test_mirrored_step_is_counted_per_replica(mirrored):
     keras.config.set_dtype_policy("mixed_bfloat16")
     # fit splits a global batch of 16 over the two replicas: 8 rows each.
@@ -330,6 +339,7 @@ def test_jit_compile_must_be_a_bool():
         tf_mixed.census(_mlp(), *_batch(), loss="mse", jit_compile="yes")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [0, 2.5, True])
 def test_batch_size_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match=rf"`batch_size` must be.*Received: batch_size={bad!r}"):
@@ -341,6 +351,7 @@ def test_data_the_model_cannot_take():
         tf_mixed.census(_mlp(), "not data", loss="mse")
 
 
+@pytest.mark.slow
 def test_the_layer_behind_a_float32_head_is_an_output_layer():
     keras.config.set_dtype_policy("mixed_bfloat16")
     inp = keras.Input((16,))
@@ -364,6 +375,7 @@ class _Subclassed(keras.Model):
         return self.head(self.hidden(x))
 
 
+@pytest.mark.slow
 def test_subclassed_model_layers_and_its_output_found_from_the_graph():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = _Subclassed()
@@ -375,6 +387,7 @@ def test_subclassed_model_layers_and_its_output_found_from_the_graph():
     assert _casts(report)[("hidden", "float32", "bfloat16")] == 3
 
 
+@pytest.mark.slow
 def test_run_eagerly_model_is_traced_and_says_so():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = _mlp()

@@ -64,6 +64,7 @@ def test_check_runs_every_part_and_writes_json(tmp_path, capsys):
     assert result["versions"]["keras"] == keras.__version__
 
 
+@pytest.mark.slow
 def test_an_optimizer_that_applies_nonfinite_steps_fails_the_check(
     tmp_path, capsys, monkeypatch
 ):
