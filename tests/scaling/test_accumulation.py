@@ -183,6 +183,7 @@ def test_mirrored_replicas_agree_with_one_device(mirrored, skip):
     assert int(opt.iterations.numpy()) == WINDOWS - (0 if skip is None else 1)
 
 
+@pytest.mark.slow
 def test_mirrored_with_a_half_precision_wire(mirrored):
     # bfloat16 on the wire rounds: equal across replicas, close to exact.
     copies, _ = _mirrored_run(mirrored, SKIPPED_WINDOW, communication_dtype="bfloat16")

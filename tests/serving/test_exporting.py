@@ -171,6 +171,7 @@ def test_keep_float32_rules_survive_every_precision(tmp_path):
     assert report.max_rel_error <= report.tolerance
 
 
+@pytest.mark.slow
 def test_rebuild_copies_weights_exactly_to_float32(trained):
     model = trained["mixed_float16"]
     copy = rebuild.rebuild(model, "float32")
