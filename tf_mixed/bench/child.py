@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     from tf_mixed._internal import quiet
 
     quiet.import_tensorflow(args.verbose)
+    from tf_mixed._internal.cli_errors import UsageError
     from tf_mixed.bench import run
     from tf_mixed.bench.config import BenchConfig
-    from tf_mixed._internal.cli_errors import UsageError
 
     with open(args.config) as f:
         fields = json.load(f)

@@ -62,8 +62,8 @@ def run_comm(config, command: str) -> dict[str, Any]:
         UsageError: for flags this suite cannot honour, before any work.
         RuntimeError: if a worker failed or did not finish in time.
     """
-    from tf_mixed.bench import report as bench_report
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import report as bench_report
 
     if config.workers < 2:
         raise UsageError("workers", config.workers,

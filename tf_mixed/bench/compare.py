@@ -28,11 +28,12 @@ import tempfile
 import time
 from typing import Any
 
-from tf_mixed.bench import config as config_module
-from tf_mixed.bench import report as report_module, run, schedule, serving
 from tf_mixed._internal import progress, quiet
-from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import ChildFailed
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import report as report_module
+from tf_mixed.bench import run, schedule, serving
+from tf_mixed.bench.config import BenchConfig
 
 
 def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> dict[str, Any]:

@@ -183,8 +183,8 @@ def resolve_policies(requested: tuple[str, ...], *,
     Raises:
         UsageError: For an unknown name.
     """
-    from tf_mixed.policy import hardware
     from tf_mixed.policy import global_policy as policy
+    from tf_mixed.policy import hardware
 
     auto, reason = policy.resolve_auto(hardware.detect())  # measured on CPUs
     names = []

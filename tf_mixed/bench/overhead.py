@@ -26,12 +26,13 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed.policy import global_policy as policy
-from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, report as report_module, train
-from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import models, train
+from tf_mixed.bench import report as report_module
+from tf_mixed.bench.config import BenchConfig
 from tf_mixed.callbacks.monitor import LossScaleMonitor
+from tf_mixed.policy import global_policy as policy
 
 PATHS = ("keras", "tf_mixed")
 DEFAULT_STEPS = 40

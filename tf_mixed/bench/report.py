@@ -28,13 +28,13 @@ import json
 import math
 import os
 import platform
-import socket
 import shutil
+import socket
 import tempfile
 from typing import Any
 
-from tf_mixed.bench import plan_row, schedule, serving
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import plan_row, schedule, serving
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
 

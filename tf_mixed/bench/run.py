@@ -28,11 +28,11 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed.policy import global_policy as policy
+from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import config as config_module
 from tf_mixed.bench import models, plan_row, schedule, serving, train
 from tf_mixed.bench.config import BenchConfig
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.policy import global_policy as policy
 
 # --- memory -------------------------------------------------------------------
 

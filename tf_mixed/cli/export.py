@@ -19,9 +19,8 @@ import time
 
 from absl import flags
 
-from tf_mixed.cli import model_command
-from tf_mixed.cli import model_file
 from tf_mixed._internal import progress
+from tf_mixed.cli import model_command, model_file
 
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
@@ -109,8 +108,8 @@ def main(argv: list[str]) -> int:
         return _error(f"--tolerance={fv.tolerance}: must be positive (0 for the default).")
 
     import tf_mixed
-    from tf_mixed.bench import report as report_module
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import report as report_module
 
     fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
     if fmt not in ARTIFACT_NAMES:

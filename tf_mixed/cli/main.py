@@ -136,9 +136,8 @@ def _help(fv: flags.FlagValues) -> str:
 
 
 def _config_from(fv: flags.FlagValues):
-    from tf_mixed.bench.config import BenchConfig
-
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench.config import BenchConfig
 
     policies = tuple(p.strip() for p in fv.policies if p.strip())
     single = fv.policy.strip()
@@ -198,8 +197,8 @@ def _bench(argv: list[str]) -> int:
         return _error("bench", f"unexpected argument {positionals[0]!r}; flags look like --model=cnn")
     _import_tensorflow()
 
-    from tf_mixed.bench import compare, overhead
     from tf_mixed._internal.cli_errors import ChildFailed, UsageError
+    from tf_mixed.bench import compare, overhead
 
     try:
         config = _config_from(fv)

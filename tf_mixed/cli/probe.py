@@ -16,8 +16,8 @@ import time
 
 from absl import flags
 
-from tf_mixed.cli import model_command
 from tf_mixed._internal import progress
+from tf_mixed.cli import model_command
 
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
@@ -133,8 +133,8 @@ def main(argv: list[str]) -> int:
     model_path = parsed
 
     import tf_mixed
-    from tf_mixed.cli import model_file
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.cli import model_file
 
     start = time.perf_counter()
     try:

@@ -20,13 +20,18 @@ from typing import Iterator
 import keras
 from absl import logging
 
-from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import (AUTO, BFLOAT16, FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16,
-                             POLICY_ALIASES)
-from tf_mixed.policy import autotune
-from tf_mixed.policy import hardware
-from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed._internal import tf_keras_check
+from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import (
+    AUTO,
+    BFLOAT16,
+    FLOAT32,
+    MIXED_BFLOAT16,
+    MIXED_FLOAT16,
+    POLICY_ALIASES,
+)
+from tf_mixed.policy import autotune, hardware
+from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed.policy import state as policy_state
 from tf_mixed.policy.state import ThreadState
 

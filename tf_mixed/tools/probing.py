@@ -58,23 +58,30 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed.models import cloning as _cloning
-from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import losses as _losses
-from tf_mixed._internal import validate as _validate
-from tf_mixed.float8 import reading as float8_reading
-from tf_mixed.float8 import readiness as float8_readiness
-from tf_mixed.policy import keep_float32 as keep_float32_rules
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import tf_keras_check
-from tf_mixed._internal.facts import FLOAT32_HEADS
-from tf_mixed._internal.facts import FLOAT_POLICIES
-from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
-from tf_mixed._internal.facts import check_model_kind, half_policy, is_input_layer
-from tf_mixed._internal.facts import layer_outputs
-from tf_mixed._internal.facts import keeps_float32_statistics
-from tf_mixed._internal.facts import out_of_range
-from tf_mixed._internal.facts import rounded_ids
-from tf_mixed._internal.facts import walk_layers
+from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import (
+    COMPUTE_DTYPES,
+    FLOAT32_HEADS,
+    FLOAT_POLICIES,
+    HALF_DTYPES,
+    MIXED_FLOAT16,
+    POLICY_ALIASES,
+    check_model_kind,
+    half_policy,
+    is_input_layer,
+    keeps_float32_statistics,
+    layer_outputs,
+    out_of_range,
+    rounded_ids,
+    walk_layers,
+)
+from tf_mixed.float8 import readiness as float8_readiness
+from tf_mixed.float8 import reading as float8_reading
+from tf_mixed.models import cloning as _cloning
+from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed.tools.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
 __all__ = ["probe"]
