@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             if config.strategy == "mirrored":
                 run.split_cpu_for_replicas(config.replicas)
             gate = PipeGate(args.control_fd) if args.control_fd >= 0 else None
-            result = run.run_policy(config, args.policy, verbose=bool(args.part) and not config.quiet,
-                                    gate=gate)
+            result = run.run_policy(config, args.policy,
+                                    verbose=bool(args.part) and not config.quiet, gate=gate)
     except UsageError as error:
         if args.error_file:
             with open(args.error_file, "w") as f:

@@ -168,7 +168,7 @@ def _markdown(rows, worker) -> str:
 
 
 def _run_workers(settings: dict[str, Any], output_dir: str) -> dict[str, Any]:
-    """Starts the workers with `tf_mixed.distribute.run_local_workers` and returns worker 0's record."""
+    """Starts the workers (`tf_mixed.distribute.run_local_workers`); returns worker 0's record."""
     from tf_mixed.distribute import workers as launch
 
     staging = tempfile.mkdtemp(prefix=".tf_mixed_comm.", dir=output_dir)

@@ -247,7 +247,8 @@ def _check_period(value) -> tuple[int | None, int]:
     if value is None:
         return None, DEFAULT_CHECK_EVERY_N_BATCHES
     value = _check_int("check_every_n_batches", value, 0,
-                       f" (0 checks at epoch ends only; None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
+                       " (0 checks at epoch ends only; "
+                       f"None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
     return value, value
 
 

@@ -229,7 +229,8 @@ def main(argv: list[str]) -> int:
                                      batch_size=fv.batch_size)
         except ValueError as error:
             raise _data_error(fv.dataset, model, x, y, error) from None
-        progress.update("step 3/3: timing the step (--measure)" if fv.measure else "step 3/3: report")
+        progress.update("step 3/3: timing the step (--measure)" if fv.measure
+                        else "step 3/3: report")
         measured = _measure(fv, model, report, x, y) if fv.measure else None
         if fv.plan:
             progress.update(f"the per-layer plan of {model.name} (--plan)")

@@ -702,10 +702,12 @@ def _pass_through(knobs: dict) -> dict:
     unknown = sorted(set(knobs) - set(LossScaleConfig.__dataclass_fields__)
                      - {"dynamic_growth_steps"})
     if unknown:
+        other_knobs = sorted(set(LossScaleConfig.__dataclass_fields__)
+                             - {"initial_scale", "growth_interval"})
         raise ValueError(
             f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
             "initial_scale, dynamic_growth_steps (or growth_interval), "
-            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}, "
+            f"{', '.join(other_knobs)}, "
             f"{', '.join(_WRAPPER_ARGS)}."
         )
     _scale_config(None, **knobs)

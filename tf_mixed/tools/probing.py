@@ -538,7 +538,8 @@ class _Accumulator:
         self.nonfinite[j] += np.count_nonzero(~finite)
         self.flushed[j] += np.count_nonzero((h == 0) & (r != 0))
         self.subnormal[j] += np.count_nonzero((a > 0) & (a < limits[1]))
-        self.max_abs[j] = max(self.max_abs[j], float(np.max(np.where(np.isnan(a), 0, a), initial=0)))
+        self.max_abs[j] = max(self.max_abs[j],
+                              float(np.max(np.where(np.isnan(a), 0, a), initial=0)))
         # A NaN in the float32 run must survive max() (max(0.0, nan) is 0.0).
         r_max = float(np.max(np.abs(r), initial=0)) if np.isfinite(r).all() else math.inf
         self.ref_max[j] = max(self.ref_max[j], r_max)
@@ -676,7 +677,8 @@ def _advice(layers, first, where, policy, current, recommended, half_dtype) -> s
         return (f"The gradient reaching layer '{first}' ({by_name[first].class_name}) "
                 f"overflows float16 at loss scale {_scale_text(current)}: start the "
                 f"loss scale at {_scale_text(recommended)}, e.g. "
-                f"tf_mixed.LossScaleOptimizer(optimizer, initial_scale={_scale_text(recommended)}).")
+                "tf_mixed.LossScaleOptimizer(optimizer, "
+                f"initial_scale={_scale_text(recommended)}).")
     for s in layers:
         if math.isfinite(s.rel_error) and s.rel_error > _LARGE_ERROR:
             argument = keep_float32_rules.argument([s.name.rsplit("/", 1)[-1]])
