@@ -129,35 +129,29 @@ _on_keras_import.register_when_keras_loads([f"tf_mixed.{name}" for name in _REGI
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
-    from tf_mixed import callbacks
+    from tf_mixed import (
+        callbacks,
+        distribute,
+        float8,
+        layers,
+        models,
+        policy,
+        scaling,
+        serving,
+        tools,
+        training,
+    )
     from tf_mixed.callbacks.checkpoint import ModelCheckpoint
     from tf_mixed.callbacks.monitor import LossScaleMonitor
-    from tf_mixed import distribute
-    from tf_mixed import float8
-    from tf_mixed.layers import Float32Loss
-    from tf_mixed.layers import Float32Output
-    from tf_mixed.layers import OutputActivation
-    from tf_mixed.layers import float32_loss
-    from tf_mixed import layers
-    from tf_mixed import models
+    from tf_mixed.layers import Float32Loss, Float32Output, OutputActivation, float32_loss
     from tf_mixed.models.conversion import convert
-    from tf_mixed import policy
-    from tf_mixed.policy.global_policy import Enabled
-    from tf_mixed.policy.global_policy import disable
-    from tf_mixed.policy.global_policy import enable
-    from tf_mixed.policy.global_policy import policy_scope
-    from tf_mixed import scaling
-    from tf_mixed.scaling.optimizer import LossScaleOptimizer
-    from tf_mixed.scaling.optimizer import loss_scale_state
-    from tf_mixed.scaling.optimizer import wrap_optimizer
-    from tf_mixed import serving
+    from tf_mixed.policy.global_policy import Enabled, disable, enable, policy_scope
+    from tf_mixed.scaling.optimizer import LossScaleOptimizer, loss_scale_state, wrap_optimizer
     from tf_mixed.serving.exporting import export
-    from tf_mixed import tools
     from tf_mixed.tools.auditing import audit
     from tf_mixed.tools.census.step_census import census
     from tf_mixed.tools.planning.planner import plan
     from tf_mixed.tools.probing import probe
-    from tf_mixed import training
 
 
 def __getattr__(name: str) -> Any:

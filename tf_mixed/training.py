@@ -21,9 +21,9 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
+from tf_mixed.scaling import optimizer as loss_scale_module
 
 __all__ = [
     "apply_scaled_gradients",

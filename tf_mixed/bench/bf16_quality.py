@@ -111,7 +111,9 @@ def run_quality(config, command: str) -> dict[str, Any]:
             print(f"  {path}: val accuracy {100 * rows[-1]['val_accuracy']:.1f}%", flush=True)
         reference = rows[0]
         for row in rows:
-            row["val_accuracy_diff_points"] = 100 * (row["val_accuracy"] - reference["val_accuracy"])
+            row["val_accuracy_diff_points"] = 100 * (
+                row["val_accuracy"] - reference["val_accuracy"]
+            )
             row["val_loss_ratio"] = row["val_loss"] / reference["val_loss"]
         markdown = _markdown(rows, data[4], config)
         report = {

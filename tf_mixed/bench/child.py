@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     from tf_mixed._internal import quiet
 
     quiet.import_tensorflow(args.verbose)
+    from tf_mixed._internal.cli_errors import UsageError
     from tf_mixed.bench import run
     from tf_mixed.bench.config import BenchConfig
-    from tf_mixed._internal.cli_errors import UsageError
 
     with open(args.config) as f:
         fields = json.load(f)
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             if config.strategy == "mirrored":
                 run.split_cpu_for_replicas(config.replicas)
             gate = PipeGate(args.control_fd) if args.control_fd >= 0 else None
-            result = run.run_policy(config, args.policy, verbose=bool(args.part) and not config.quiet,
-                                    gate=gate)
+            result = run.run_policy(config, args.policy,
+                                    verbose=bool(args.part) and not config.quiet, gate=gate)
     except UsageError as error:
         if args.error_file:
             with open(args.error_file, "w") as f:

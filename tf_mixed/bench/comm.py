@@ -62,8 +62,8 @@ def run_comm(config, command: str) -> dict[str, Any]:
         UsageError: for flags this suite cannot honour, before any work.
         RuntimeError: if a worker failed or did not finish in time.
     """
-    from tf_mixed.bench import report as bench_report
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import report as bench_report
 
     if config.workers < 2:
         raise UsageError("workers", config.workers,
@@ -168,7 +168,7 @@ def _markdown(rows, worker) -> str:
 
 
 def _run_workers(settings: dict[str, Any], output_dir: str) -> dict[str, Any]:
-    """Starts the workers with `tf_mixed.distribute.run_local_workers` and returns worker 0's record."""
+    """Starts the workers (`tf_mixed.distribute.run_local_workers`); returns worker 0's record."""
     from tf_mixed.distribute import workers as launch
 
     staging = tempfile.mkdtemp(prefix=".tf_mixed_comm.", dir=output_dir)

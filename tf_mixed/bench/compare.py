@@ -28,11 +28,12 @@ import tempfile
 import time
 from typing import Any
 
-from tf_mixed.bench import config as config_module
-from tf_mixed.bench import report as report_module, run, schedule, serving
 from tf_mixed._internal import progress, quiet
-from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import ChildFailed
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import report as report_module
+from tf_mixed.bench import run, schedule, serving
+from tf_mixed.bench.config import BenchConfig
 
 
 def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> dict[str, Any]:
@@ -75,7 +76,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         else:
             bench_data = bench_data if bench_data is not None or config.isolation == "subprocess" \
                 else config_module.load_data(config)
-            scheduler = make_scheduler(config, policies, bench_data, lambda: time.monotonic() - started)
+            scheduler = make_scheduler(
+                config, policies, bench_data, lambda: time.monotonic() - started)
             if config.isolation == "subprocess":
                 results = _run_interleaved(config, policies, verbose, scheduler)
             else:
@@ -94,7 +96,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         matmul = _matmul_reference(policies, config.matmul_size)
         report = {
             "suite": "compare",
-            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
             "command": command,
             "flags": config.to_json(),
             "host": report_module.host_info(),
@@ -267,14 +270,16 @@ def _run_children(config: BenchConfig, policies: tuple[str, ...], verbose: bool)
 class _ChildLane:
     """One policy's process and its control pipe (see the module docstring)."""
 
-    def __init__(self, config: BenchConfig, config_path: str, policy: str, part: str, verbose: bool):
+    def __init__(self, config: BenchConfig, config_path: str, policy: str, part: str,
+                 verbose: bool):
         self.policy, self.part = policy, part
         self.error_file = part + ".error"
         read_fd, write_fd = os.pipe()
         command = _child_command(config_path, policy, part, self.error_file, verbose)
         command.append(f"--control_fd={write_fd}")
         self.process = subprocess.Popen(
-            command, env=_child_env(verbose), stdin=subprocess.PIPE, pass_fds=(write_fd,), text=True)
+            command, env=_child_env(verbose), stdin=subprocess.PIPE, pass_fds=(write_fd,),
+            text=True)
         os.close(write_fd)
         self.messages = os.fdopen(read_fd)
 
@@ -324,7 +329,8 @@ def _run_interleaved(config: BenchConfig, policies: tuple[str, ...], verbose: bo
             for lane in list(active):
                 steps = scheduler.command(lane.policy)
                 progress.update(f"{lane.policy}: running {steps or 'no more'} steps "
-                                f"(step {scheduler.lanes[lane.policy].steps_done}/{scheduler.total_steps})")
+                                f"(step {scheduler.lanes[lane.policy].steps_done}"
+                                f"/{scheduler.total_steps})")
                 lane.send(steps)
                 message = lane.receive()
                 scheduler.record(lane.policy, message["times"], finished=message["finished"])
@@ -348,7 +354,8 @@ def _run_interleaved(config: BenchConfig, policies: tuple[str, ...], verbose: bo
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _child_command(config_path: str, policy: str, part: str, error_file: str, verbose: bool) -> list[str]:
+def _child_command(config_path: str, policy: str, part: str, error_file: str,
+                   verbose: bool) -> list[str]:
     command = [
         sys.executable, "-m", "tf_mixed.bench.child", config_path, policy,
         f"--error_file={error_file}",
@@ -395,7 +402,8 @@ def _run_one(config_path: str, policy: str, part: str, verbose: bool) -> None:
     _check(policy, code, [error_file])
 
 
-def _run_workers(config: BenchConfig, config_path: str, policy: str, part: str, verbose: bool) -> None:
+def _run_workers(config: BenchConfig, config_path: str, policy: str, part: str,
+                 verbose: bool) -> None:
     """Starts ``config.workers`` local workers; worker 0 (the chief) writes ``part``."""
     ports = _free_ports(config.workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}

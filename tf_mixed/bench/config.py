@@ -140,7 +140,8 @@ class BenchConfig:
             if number < minimum:
                 raise UsageError(flag, number, f"must be >= {minimum}", f"an integer >= {minimum}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise UsageError("learning_rate", self.learning_rate, "must be a positive number", "e.g. 0.001")
+            raise UsageError("learning_rate", self.learning_rate, "must be a positive number",
+                             "e.g. 0.001")
         if not self.output_dir:
             raise UsageError("output_dir", self.output_dir, "empty path", "a writable directory")
         model = models.check_name(self.model_name)
@@ -183,8 +184,8 @@ def resolve_policies(requested: tuple[str, ...], *,
     Raises:
         UsageError: For an unknown name.
     """
-    from tf_mixed.policy import hardware
     from tf_mixed.policy import global_policy as policy
+    from tf_mixed.policy import hardware
 
     auto, reason = policy.resolve_auto(hardware.detect())  # measured on CPUs
     names = []

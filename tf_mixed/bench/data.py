@@ -167,7 +167,8 @@ def load(
     """
     kind, name, split = parse_spec(spec)
     if image_size < 0:
-        raise UsageError("image_size", image_size, "must be >= 0", "0 (automatic) or a side in pixels")
+        raise UsageError("image_size", image_size, "must be >= 0",
+                         "0 (automatic) or a side in pixels")
     if kind == SHAPES:
         return load_shapes(
             seed=seed,
@@ -328,7 +329,8 @@ def make_tokens(num_examples: int, *, seed: int, length: int = DEFAULT_TOKENS_LE
     """
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(num_examples) % TOKEN_CLASSES).astype(np.int32)
-    tokens = rng.integers(TOKEN_CLASSES + 1, TOKEN_VOCABULARY, (num_examples, length)).astype(np.int32)
+    tokens = rng.integers(
+        TOKEN_CLASSES + 1, TOKEN_VOCABULARY, (num_examples, length)).astype(np.int32)
     places = np.argsort(rng.random((num_examples, length)), axis=1)[:, :5]
     rows = np.arange(num_examples)[:, None]
     tokens[rows, places[:, :4]] = labels[:, None] + 1
@@ -338,14 +340,16 @@ def make_tokens(num_examples: int, *, seed: int, length: int = DEFAULT_TOKENS_LE
 
 
 def load_tokens(*, seed: int, length: int = DEFAULT_TOKENS_LENGTH,
-                train_size: int = DEFAULT_SHAPES_TRAIN, val_size: int = DEFAULT_SHAPES_VAL) -> BenchData:
+                train_size: int = DEFAULT_SHAPES_TRAIN,
+                val_size: int = DEFAULT_SHAPES_VAL) -> BenchData:
     """The tokens task (see `make_tokens`) as a `BenchData` (``image_shape`` is ``(length,)``).
 
     Raises:
         UsageError: If ``length`` < 8 or a size < 1.
     """
     if length < 8:
-        raise UsageError("image_size", length, "too short for the tokens data set (the sequence length)",
+        raise UsageError("image_size", length,
+                         "too short for the tokens data set (the sequence length)",
                          f"8 or more (0 picks {DEFAULT_TOKENS_LENGTH})")
     return _generated(TOKENS, lambda n, s: make_tokens(n, seed=s, length=length),
                       seed=seed, train_size=train_size, val_size=val_size,
@@ -640,7 +644,8 @@ def _check_image_file(path: str, value: str, accepted: str) -> None:
             "dataset", value, f"cannot read {path} ({error.strerror or error})", accepted
         ) from None
     if not any(head.startswith(signature) for signature in _IMAGE_SIGNATURES):
-        kind = "is empty" if not head else f"is not a JPEG, PNG, GIF or BMP image (starts with {head[:8]!r})"
+        kind = "is empty" if not head else (
+            f"is not a JPEG, PNG, GIF or BMP image (starts with {head[:8]!r})")
         raise UsageError(
             "dataset", value, f"{path} {kind}", accepted,
             "Remove or re-encode that file.",

@@ -159,18 +159,20 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
                 keras.utils.set_random_seed(config.seed)
                 model = models.build(config.model_name, shape, 10)
                 adam = keras.optimizers.Adam(1e-3)
-                optimizer = tf_mixed.wrap_optimizer(adam) if variant.optimizer == "tf_mixed" else adam
+                optimizer = (
+                    tf_mixed.wrap_optimizer(adam) if variant.optimizer == "tf_mixed" else adam)
                 model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                               jit_compile=variant.jit_compile)
                 timer = StepTimer()
-                model.fit(data, epochs=1, steps_per_epoch=sizes.warmup_steps, verbose=0, shuffle=False,
-                          callbacks=[timer])
+                model.fit(data, epochs=1, steps_per_epoch=sizes.warmup_steps, verbose=0,
+                          shuffle=False, callbacks=[timer])
             runs.append({"name": variant.name, "model": model, "timer": timer,
                          "policy": variant.policy, "jit_compile": variant.jit_compile,
                          "optimizer": type(model.optimizer).__module__.split(".")[0] + "."
                          + type(model.optimizer).__name__})
         except Exception as error:  # noqa: BLE001 - a failed variant is a result too
-            runs.append({"name": variant.name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+            runs.append({"name": variant.name,
+                         "error": f"{type(error).__name__}: {str(error)[:300]}"})
     live = [r for r in runs if "model" in r]
     for index in range(sizes.rounds):
         if left() <= 0:
@@ -178,8 +180,8 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
         progress.update(f"round {index + 1}/{sizes.rounds} of {len(live)} variants")
         for run in live:
             run["timer"].times.clear()
-            run["model"].fit(data, epochs=1, steps_per_epoch=sizes.round_steps, verbose=0, shuffle=False,
-                             callbacks=[run["timer"]])
+            run["model"].fit(data, epochs=1, steps_per_epoch=sizes.round_steps, verbose=0,
+                             shuffle=False, callbacks=[run["timer"]])
             run.setdefault("rounds", []).append(
                 sizes.batch_size / statistics.median(run["timer"].times))
     results = []
@@ -227,7 +229,8 @@ def _allreduce(sizes: Sizes) -> dict[str, Any]:  # pragma: no cover - several GP
         times = []
         for _ in range(10):
             begin = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(reduce()))
+            tf.nest.map_structure(lambda t: t.numpy(),
+                                  strategy.experimental_local_results(reduce()))
             times.append(time.perf_counter() - begin)
         figures[dtype] = {"ms": 1000 * statistics.median(times),
                           "bytes": sizes.allreduce_elements * (4 if dtype == "float32" else 2)}
@@ -296,7 +299,8 @@ def markdown(report: dict[str, Any]) -> str:
              "| variant | samples/s | vs float32 | step ms | optimizer |", "|---|---|---|---|---|"]
     for r in report["results"]:
         if "samples_per_sec" in r:
-            lines.append(f"| {r['name']} | {r['samples_per_sec']:,.1f} | {r.get('ratio', 1.0):.2f}x "
+            lines.append(f"| {r['name']} | {r['samples_per_sec']:,.1f} "
+                         f"| {r.get('ratio', 1.0):.2f}x "
                          f"| {r['step_time_ms']:.1f} | {r.get('optimizer', '')} |")
         else:
             lines.append(f"| {r['name']} | {r['error']} | | | |")

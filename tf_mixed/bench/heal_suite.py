@@ -1,4 +1,4 @@
-"""``--suite=heal`` and ``--suite=heal_cost``: a run that heals itself, and what attribution costs."""
+"""``--suite=heal`` and ``--suite=heal_cost``: a run that heals itself; what attribution costs."""
 
 # ``heal``: one model written as a user writes it (`SelfAttention`, a
 # single-head attention block with a fixed sharpness, as a user who sets a low
@@ -164,7 +164,8 @@ def run_heal(config: BenchConfig, command: str) -> list[dict]:
             run_demo("mixed_float16", False, epochs=epochs, data=data),
             run_demo("mixed_float16", True, epochs=epochs, data=data)]
     print(f"{command}\n")
-    print("| run | stopped at step | healed (step: layer) | skipped steps | test accuracy | time (s) |")
+    print("| run | stopped at step | healed (step: layer) | skipped steps "
+          "| test accuracy | time (s) |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         healed = "; ".join(h.split(":")[0].replace("tf_mixed healing at ", "")

@@ -17,7 +17,8 @@ CPU_SIZE = 1024
 GPU_SIZE = 4096
 
 
-def measure_ratio(dtype: str, *, size: int = 0, rounds: int = 3, repeats: int = 3) -> dict[str, Any]:
+def measure_ratio(dtype: str, *, size: int = 0, rounds: int = 3,
+                  repeats: int = 3) -> dict[str, Any]:
     """Times a ``size`` x ``size`` matmul in float32 and ``dtype``, rounds alternating.
 
     Args:

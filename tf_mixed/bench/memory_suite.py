@@ -83,9 +83,9 @@ def run_memory(config, command: str) -> dict[str, Any]:
         UsageError: for flags this suite cannot honour, before any work.
         RuntimeError: if a path's process failed.
     """
-    from tf_mixed.policy import global_policy as policy
-    from tf_mixed.bench import report as bench_report
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import report as bench_report
+    from tf_mixed.policy import global_policy as policy
 
     paths = available_paths()
     if config.policies:

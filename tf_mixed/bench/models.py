@@ -60,7 +60,8 @@ def _bn(name: str):
 
 def _basic_block(x, width: int, stride: int, name: str):
     shortcut = x
-    y = layers.Conv2D(width, 3, strides=stride, padding="same", use_bias=False, name=f"{name}_conv1")(x)
+    y = layers.Conv2D(width, 3, strides=stride, padding="same", use_bias=False,
+                      name=f"{name}_conv1")(x)
     y = _bn(name=f"{name}_bn1")(y)
     y = layers.ReLU()(y)
     y = layers.Conv2D(width, 3, padding="same", use_bias=False, name=f"{name}_conv2")(y)

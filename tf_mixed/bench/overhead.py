@@ -26,12 +26,13 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed.policy import global_policy as policy
-from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, report as report_module, train
-from tf_mixed.bench.config import BenchConfig
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import config as config_module
+from tf_mixed.bench import models, train
+from tf_mixed.bench import report as report_module
+from tf_mixed.bench.config import BenchConfig
 from tf_mixed.callbacks.monitor import LossScaleMonitor
+from tf_mixed.policy import global_policy as policy
 
 PATHS = ("keras", "tf_mixed")
 DEFAULT_STEPS = 40
@@ -116,7 +117,8 @@ class _CustomPath:
             def step(x, y):
                 with tf.GradientTape() as tape:
                     loss = loss_fn(y, model(x, training=True))
-                    scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+                    scaled = (optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss")
+                              else loss)
                 optimizer.apply(tape.gradient(scaled, variables), variables)
                 return loss
 
@@ -140,9 +142,11 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
         UsageError: For bad input (before any training).
     """
     if config.strategy != "default":
-        raise UsageError("strategy", config.strategy, "the overhead suite runs without a strategy", "default")
+        raise UsageError("strategy", config.strategy,
+                         "the overhead suite runs without a strategy", "default")
     policy_name, why = _overhead_policy(config)
-    if config.model_name != "mlp" and policy_name == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+    if (config.model_name != "mlp" and policy_name == "mixed_float16"
+            and not tf.config.list_physical_devices("GPU")):
         print(f"Note: --model={config.model_name} with mixed_float16 on a CPU is very slow "
               "(TF's float16 Conv2D filter gradient); --model=mlp is the quick choice here.")
     bench_data = config_module.load_data(
@@ -160,7 +164,8 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
             paths: dict[str, Any] = {}
             for name in PATHS:
                 keras.utils.set_random_seed(config.seed)
-                model = models.build(config.model_name, bench_data.image_shape, bench_data.num_classes)
+                model = models.build(config.model_name, bench_data.image_shape,
+                                     bench_data.num_classes)
                 adam = keras.optimizers.Adam(config.learning_rate)
                 if name == "tf_mixed":
                     optimizer, callbacks = tf_mixed.wrap_optimizer(adam), [LossScaleMonitor()]
@@ -182,15 +187,18 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
                     times[name] += wall
                     cpu_times[name] += cpu
                 print(f"round {round_index + 1}/{config.rounds}: " + ", ".join(
-                    f"{n} {1000 * statistics.median(times[n]):.2f} ms/step" for n in PATHS), flush=True)
+                    f"{n} {1000 * statistics.median(times[n]):.2f} ms/step" for n in PATHS),
+                    flush=True)
         results: list[dict[str, Any]] = []
         for name in PATHS:
             median = statistics.median(times[name])
             optimizer = paths[name].optimizer
             results.append({
                 "path": name,
-                "optimizer": f"{type(optimizer).__module__.split('.')[0]}.{type(optimizer).__name__}",
-                "callbacks": ["LossScaleMonitor"] if name == "tf_mixed" and config.loop == "fit" else [],
+                "optimizer": f"{type(optimizer).__module__.split('.')[0]}."
+                             f"{type(optimizer).__name__}",
+                "callbacks": (["LossScaleMonitor"] if name == "tf_mixed" and config.loop == "fit"
+                              else []),
                 "timed_steps": len(times[name]),
                 "step_time_ms": 1000 * median,
                 "cpu_step_time_ms": 1000 * statistics.median(cpu_times[name]),
@@ -218,7 +226,8 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
         ])
         report = {
             "suite": "overhead",
-            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
             "command": command,
             "flags": config.to_json(),
             "host": report_module.host_info(),

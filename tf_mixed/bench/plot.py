@@ -79,7 +79,8 @@ def plot(report: dict[str, Any], path: str) -> bool:
     matmul = report.get("matmul")
     if matmul:
         ax.axhline(matmul["ratio"], color="k", linestyle="--", linewidth=1.2,
-                   label=f"host matmul {matmul['size']}^3 {matmul['dtype']}: {matmul['ratio']:.2f}x")
+                   label=f"host matmul {matmul['size']}^3 {matmul['dtype']}: "
+                         f"{matmul['ratio']:.2f}x")
         ax.legend(fontsize=9, loc="lower right")
     ax.set_xticks(range(len(others)), tick_labels(others), fontsize=9)
     ax.set_xlim(-0.6, max(len(others), 1) - 0.4)
@@ -125,7 +126,8 @@ def plot(report: dict[str, Any], path: str) -> bool:
     if scaled:
         ax = axes[4]
         for r in scaled:
-            trajectory = r["loss_scale"]["trajectory"] + [[r["total_steps"], r["loss_scale"]["final"]]]
+            trajectory = r["loss_scale"]["trajectory"] + [
+                [r["total_steps"], r["loss_scale"]["final"]]]
             steps, scales = zip(*trajectory)
             ax.step(steps, scales, where="post", color=colors[r["policy"]], label=r["policy"])
         ax.set_yscale("log", base=2)
@@ -170,7 +172,8 @@ def _plot_gpu(plt, report: dict[str, Any], path: str) -> bool:
     rows = [r for r in report["results"] if r.get("samples_per_sec")]
     fig, ax = plt.subplots(figsize=(8, 5))
     names = [r["name"] for r in rows]
-    bars = ax.bar(names, [r["samples_per_sec"] for r in rows], color=[f"C{i}" for i in range(len(rows))])
+    bars = ax.bar(names, [r["samples_per_sec"] for r in rows],
+                  color=[f"C{i}" for i in range(len(rows))])
     for bar, r in zip(bars, rows):
         ax.annotate(f"{r['samples_per_sec']:,.0f}\n{r.get('ratio', 1.0):.2f}x",
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()),

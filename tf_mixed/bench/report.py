@@ -28,13 +28,13 @@ import json
 import math
 import os
 import platform
-import socket
 import shutil
+import socket
 import tempfile
 from typing import Any
 
-from tf_mixed.bench import plan_row, schedule, serving
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import plan_row, schedule, serving
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
 
@@ -290,7 +290,8 @@ def results_markdown(report: dict[str, Any]) -> str:
         "gpu_peak_allocated": "peak GPU memory allocated by TensorFlow",
     }[first["memory_kind"]]
     host = report["host"]
-    device = ", ".join(g["name"] for g in host["gpus"]) or f"CPU ({host['cpu_model']}, {host['cpu_count']} cores)"
+    device = ", ".join(g["name"] for g in host["gpus"]) or (
+        f"CPU ({host['cpu_model']}, {host['cpu_count']} cores)")
     return "\n".join([
         f"# tf_mixed bench: {report['model']['name']} on {report['dataset']['name']}",
         "",
@@ -332,7 +333,8 @@ def _float8_notes(results: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"{r['policy']}: {len(chosen)} of {len(plan['choices'])} Dense layers in float8 "
             f"({', '.join(chosen) or 'none'}), margin {plan['scaling']['margin']}, "
-            f"amax {plan['scaling']['amax_compute_algo']} over {plan['amax_history_length']} steps, "
+            f"amax {plan['scaling']['amax_compute_algo']} "
+            f"over {plan['amax_history_length']} steps, "
             f"on {r['compute_dtype']} compute.")
         if plan["speed"] == "emulated":
             lines.append(
@@ -362,7 +364,8 @@ def check_output_dir(path: str) -> bool:
     except OSError as error:
         if created and os.path.isdir(path):
             _remove_if_empty(path)
-        raise UsageError("output_dir", path, f"cannot be written ({error.strerror or error})", accepted) from None
+        raise UsageError("output_dir", path, f"cannot be written ({error.strerror or error})",
+                         accepted) from None
     return created
 
 
@@ -398,7 +401,8 @@ def _finite_check(report: dict[str, Any]) -> None:
         for key in (k for k in keys if k in r):
             value = r[key]
             if not (isinstance(value, (int, float)) and math.isfinite(value)):
-                raise RuntimeError(f"{r.get('policy', r.get('path'))}: {key}={value!r} is not a finite number")
+                raise RuntimeError(f"{r.get('policy', r.get('path'))}: {key}={value!r} "
+                                   "is not a finite number")
 
 
 def _try_plot(plot, report, path) -> bool:
@@ -428,7 +432,8 @@ def write_outputs(report: dict[str, Any], output_dir: str, *, plot: bool = True)
     try:
         names = []
         with open(os.path.join(staging, "results.md"), "w") as f:
-            f.write(results_markdown(report) if report["suite"] == "compare" else report["markdown"])
+            f.write(results_markdown(report) if report["suite"] == "compare"
+                    else report["markdown"])
         names.append("results.md")
         if plot and _try_plot(plot_module.plot, report, os.path.join(staging, "bench.png")):
             names.append("bench.png")

@@ -28,11 +28,11 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed.policy import global_policy as policy
+from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import config as config_module
 from tf_mixed.bench import models, plan_row, schedule, serving, train
 from tf_mixed.bench.config import BenchConfig
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.policy import global_policy as policy
 
 # --- memory -------------------------------------------------------------------
 
@@ -155,7 +155,8 @@ def run_policy(
     gate = gate or train.FreeGate(warmup, config.round_steps)
     segments = train.Segments(gate, config.round_seconds, has_warmup=warmup > 0)
     train_set = train.batched(
-        bench_data.train, config.batch_size, train=True, seed=config.seed, size=bench_data.train_size
+        bench_data.train, config.batch_size, train=True, seed=config.seed,
+        size=bench_data.train_size
     )
     val_set = train.batched(
         bench_data.val, config.batch_size, train=False, seed=config.seed, size=bench_data.val_size
@@ -191,13 +192,15 @@ def run_policy(
                 # mirrored variables the optimizer agrees across replicas.
                 float8_plan = tf_mixed.float8.quantize(
                     model, keep_float32="auto" if config.float8_layers == "auto" else [])
-            optimizer = tf_mixed.wrap_optimizer(keras.optimizers.Adam(_schedule(config, total_steps)))
+            optimizer = tf_mixed.wrap_optimizer(
+                keras.optimizers.Adam(_schedule(config, total_steps)))
         recorder = train.Recorder(policy_name, config.epochs, config.batch_size, optimizer, verbose,
                                   segments)
         start = time.perf_counter()
         try:
             if config.loop == "fit":
-                train.train_fit(model, optimizer, train_set, val_set, steps, config.epochs, recorder)
+                train.train_fit(model, optimizer, train_set, val_set, steps, config.epochs,
+                                recorder)
             else:
                 train.train_custom(
                     model, optimizer, train_set, val_set, steps, config.epochs,
@@ -241,7 +244,8 @@ def run_policy(
         "compute_dtype": compute_dtype,
         "variable_dtype": "float32",
         "optimizer": type(optimizer).__name__
-        + (f"({type(optimizer.inner_optimizer).__name__})" if hasattr(optimizer, "inner_optimizer") else ""),
+        + (f"({type(optimizer.inner_optimizer).__name__})"
+           if hasattr(optimizer, "inner_optimizer") else ""),
         "loop": config.loop,
         "strategy": config.strategy,
         "replicas": int(strategy.num_replicas_in_sync),
@@ -254,7 +258,8 @@ def run_policy(
         "steps_run": len(recorder.step_times),
         "warmup_steps": len(segments.warmup),
         "timed_steps": len(timed),
-        "rounds": [{"steps": len(r), "samples_per_sec": rate} for r, rate in zip(segments.rounds, rates)],
+        "rounds": [{"steps": len(r), "samples_per_sec": rate}
+                   for r, rate in zip(segments.rounds, rates)],
         "samples_per_sec_spread": rate_spread,
         "accuracy_compared": compared,
         "samples_per_sec": rate_spread["median"],
@@ -352,7 +357,8 @@ def _unreadable_data(config: BenchConfig, error: Exception) -> Exception:
         return error
     first = message.strip().splitlines()[0][:300] if message.strip() else ""
     return UsageError(
-        "dataset", config.dataset, f"an image could not be decoded ({type(error).__name__}: {first})",
+        "dataset", config.dataset,
+        f"an image could not be decoded ({type(error).__name__}: {first})",
         "image files TensorFlow decodes (JPEG, PNG, GIF, BMP)",
         "Remove or re-encode the damaged file.",
     )

@@ -16,9 +16,10 @@
 # round-pair ratios still spread too wide to trust (`TRUST_SPREAD`) gets more
 # rounds, paired with float32's, until they agree, until `MAX_ROUNDS`, or until
 # the job reaches its budget plus `EXTRA_TIME_FRACTION` of it; a ratio still
-# too wide then is printed as no ratio at all (`tf_mixed.bench.report`). `Scheduler` holds the rounds and answers each policy's
-# next command; it does no I/O and reads time only from the clock it is given,
-# so tests drive it with injected timings.
+# too wide then is printed as no ratio at all (`tf_mixed.bench.report`).
+# `Scheduler` holds the rounds and answers each policy's next command; it does
+# no I/O and reads time only from the clock it is given, so tests drive it with
+# injected timings.
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def plan_run(
     committed = elapsed_s
     if BASE in step_s:
         committed += remaining(BASE)
-        plans[BASE] = Plan(BASE, True, 0, round_steps, remaining(BASE), "the baseline: always run in full")
+        plans[BASE] = Plan(BASE, True, 0, round_steps, remaining(BASE),
+                           "the baseline: always run in full")
     base_over = BASE in step_s and committed > budget_s
     for policy in step_s:
         if policy == BASE:
@@ -121,7 +123,8 @@ def plan_run(
         need = remaining(policy)
         if committed + need <= budget_s:
             committed += need
-            plans[policy] = Plan(policy, True, 0, round_steps, need, "fits the time budget: run in full")
+            plans[policy] = Plan(policy, True, 0, round_steps, need,
+                                 "fits the time budget: run in full")
             continue
         if base_over and step_s[policy] <= step_s[BASE]:
             committed += need
@@ -133,7 +136,8 @@ def plan_run(
             continue
         left = max(0.0, budget_s - committed)
         extra_rounds = max(0, TIMING_ROUNDS - measured_rounds)  # the measured rounds count
-        fit = int(left / (extra_rounds * step_s[policy] * OVERHEAD_FACTOR)) if extra_rounds else round_steps
+        fit = (int(left / (extra_rounds * step_s[policy] * OVERHEAD_FACTOR)) if extra_rounds
+               else round_steps)
         steps = max(min(MIN_ROUND_STEPS, round_steps), min(round_steps, fit))
         estimate = extra_rounds * steps * step_s[policy] * OVERHEAD_FACTOR
         committed += estimate
@@ -145,7 +149,8 @@ def plan_run(
             policy, False, max(TIMING_ROUNDS, measured_rounds), steps, estimate,
             f"{why}{policy}: {speed}, so its remaining "
             f"{max(0, total_steps - steps_done.get(policy, 0))} steps would take about "
-            f"{need:.0f} s, past the {budget_s:.0f} s budget; timed on {max(TIMING_ROUNDS, measured_rounds)} "
+            f"{need:.0f} s, past the {budget_s:.0f} s budget; "
+            f"timed on {max(TIMING_ROUNDS, measured_rounds)} "
             f"rounds of up to {steps} steps, accuracy not compared "
             f"(--time_budget=0 runs it in full)",
         )
@@ -252,7 +257,8 @@ class Scheduler:
         if self.started_s is None:
             self.started_s = self.clock()
         if not lane.warmed_up:
-            return max(1, min(self.warmup_steps, left)) if self.warmup_steps else self._round(lane, left)
+            return (max(1, min(self.warmup_steps, left)) if self.warmup_steps
+                    else self._round(lane, left))
         if len(lane.rounds) < PLAN_ROUNDS:
             return max(1, min(self.round_steps, left))
         plan = self._plan_for(policy)
@@ -340,7 +346,8 @@ class Scheduler:
         """The policy's plan (a full run where no plan was needed)."""
         if self.plans and policy in self.plans:
             return self.plans[policy]
-        reason = "no time budget (--time_budget=0)" if self.budget_s <= 0 else "the baseline: always run in full"
+        reason = ("no time budget (--time_budget=0)" if self.budget_s <= 0
+                  else "the baseline: always run in full")
         return Plan(policy, True, 0, self.round_steps, 0.0,
                     reason if policy == BASE or self.budget_s <= 0 else "run in full")
 

@@ -79,7 +79,8 @@ class Segments:
     def step(self, seconds: float) -> bool:
         """Records one step; returns True when training must stop now."""
         self._times.append(seconds)
-        if len(self._times) < self._target and time.perf_counter() - self._start < self.round_seconds:
+        if (len(self._times) < self._target
+                and time.perf_counter() - self._start < self.round_seconds):
             return False
         self._close(finished=False)
         self._target = self.gate.next()
@@ -145,7 +146,8 @@ class Recorder:
             recent = self.step_times[-max(1, len(self.step_times) // (epoch + 1)):]
             rate = self.global_batch / statistics.median(recent)
             scale = loss_scale(self.optimizer)
-            extra = f", loss scale {scale:g}, skipped {skipped_steps(self.optimizer)}" if scale else ""
+            extra = (f", loss scale {scale:g}, skipped {skipped_steps(self.optimizer)}" if scale
+                     else "")
             print(
                 f"[{self.policy}] epoch {epoch + 1}/{self.epochs}: loss {train_loss:.4f} "
                 f"acc {train_acc:.4f} val_loss {val_loss:.4f} val_acc {val_acc:.4f} "
@@ -258,13 +260,15 @@ def train_custom(
             # then gives the gradient of the global mean.
             loss = tf.reduce_sum(per_example) / global_batch
         training.apply_scaled_gradients(tape, loss, model.trainable_variables, optimizer)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
+        correct = tf.reduce_sum(
+            tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
         return loss, correct
 
     def replica_eval(x, y):
         probs = model(x, training=False)
         correct = tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32)
-        return tf.reduce_sum(loss_fn(y, probs)), tf.reduce_sum(correct), tf.cast(tf.shape(y)[0], tf.float32)
+        return (tf.reduce_sum(loss_fn(y, probs)), tf.reduce_sum(correct),
+                tf.cast(tf.shape(y)[0], tf.float32))
 
     def reduce(values):
         return [strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in values]

@@ -1,14 +1,14 @@
 """Keras callbacks: `LossScaleMonitor` and what it raises and warns; `Heal`."""
 
 from tf_mixed._internal import moved as _moved
+from tf_mixed.callbacks.heal import (  # noqa: F401
+    Heal,
+)
 from tf_mixed.callbacks.monitor import (  # noqa: F401
     DEFAULT_CHECK_EVERY_N_BATCHES,
     LossScaleFailure,
     LossScaleMonitor,
     MixedPrecisionWarning,
-)
-from tf_mixed.callbacks.heal import (  # noqa: F401
-    Heal,
 )
 
 __all__ = [

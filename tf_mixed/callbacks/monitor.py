@@ -55,14 +55,14 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_mixed._internal import validate as _validate
-from tf_mixed.policy import keep_float32
 from tf_mixed._internal import tf_keras_check
-from tf_mixed.callbacks import skip_contract, stop_rules
+from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.warning import MixedPrecisionWarning
+from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
-from tf_mixed.scaling.replicas import all_copies_finite
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
+from tf_mixed.policy import keep_float32
+from tf_mixed.scaling.replicas import all_copies_finite
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
@@ -247,7 +247,8 @@ def _check_period(value) -> tuple[int | None, int]:
     if value is None:
         return None, DEFAULT_CHECK_EVERY_N_BATCHES
     value = _check_int("check_every_n_batches", value, 0,
-                       f" (0 checks at epoch ends only; None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
+                       " (0 checks at epoch ends only; "
+                       f"None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
     return value, value
 
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import warnings
+
 from tf_mixed._internal import progress
 
 PARTS = ("tf_mixed", "keras", "throughput", "defects")

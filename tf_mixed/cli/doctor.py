@@ -30,8 +30,8 @@ import time
 
 from absl import flags
 
-from tf_mixed.cli import model_command
 from tf_mixed._internal import progress
+from tf_mixed.cli import model_command
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
        [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
@@ -86,8 +86,7 @@ def _policy(name: str) -> str:
 def _prepare(fv, path: str):
     """(model, x, y, loss or None): the model as censused, and its data."""
     import tf_mixed
-    from tf_mixed.cli import model_file
-    from tf_mixed.cli import probe
+    from tf_mixed.cli import model_file, probe
 
     model = model_file.load(path)
     if fv.policy:
@@ -211,7 +210,6 @@ def main(argv: list[str]) -> int:
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
-
     from tf_mixed.bench import report as report_module
 
     start = time.perf_counter()
@@ -231,7 +229,8 @@ def main(argv: list[str]) -> int:
                                      batch_size=fv.batch_size)
         except ValueError as error:
             raise _data_error(fv.dataset, model, x, y, error) from None
-        progress.update("step 3/3: timing the step (--measure)" if fv.measure else "step 3/3: report")
+        progress.update("step 3/3: timing the step (--measure)" if fv.measure
+                        else "step 3/3: report")
         measured = _measure(fv, model, report, x, y) if fv.measure else None
         if fv.plan:
             progress.update(f"the per-layer plan of {model.name} (--plan)")

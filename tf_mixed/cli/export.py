@@ -19,9 +19,8 @@ import time
 
 from absl import flags
 
-from tf_mixed.cli import model_command
-from tf_mixed.cli import model_file
 from tf_mixed._internal import progress
+from tf_mixed.cli import model_command, model_file
 
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
@@ -44,9 +43,10 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("format", "litert", "saved_model or litert.", flag_values=fv)
     flags.DEFINE_string("precision", "float32", "float32, float16_weights (litert), float16 or "
                         "bfloat16 (saved_model), as_trained.", flag_values=fv)
-    flags.DEFINE_string("dataset", "", f"Sample data: {config.DATA_ACCEPTED}, or npz:PATH with an array "
-                        "x. Empty: no parity check.", flag_values=fv)
-    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
+    flags.DEFINE_string("dataset", "", f"Sample data: {config.DATA_ACCEPTED}, or npz:PATH "
+                        "with an array x. Empty: no parity check.", flag_values=fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
+                        flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples in the sample batch.", flag_values=fv)
     flags.DEFINE_float("tolerance", 0.0, "Largest relative error accepted; 0: the precision's "
                        "default.", flag_values=fv)
@@ -77,10 +77,13 @@ def _sample(fv, model):
             with np.load(path) as arrays:
                 if "x" not in arrays.files:
                     raise data.UsageError("dataset", spec, "the file has no x array (it has "
-                                          f"{', '.join(arrays.files) or 'none'})", "npz:PATH with an array x")
+                                          f"{', '.join(arrays.files) or 'none'})",
+                                          "npz:PATH with an array x")
                 return arrays["x"][: fv.batch_size]
         except OSError as error:
-            raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz ({model_file.first_line(error)})",
+            raise data.UsageError("dataset", spec,
+                                  f"cannot read {path!r} as .npz "
+                                  f"({model_file.first_line(error)})",
                                   "npz:PATH with an array x") from None
     shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else ()
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
@@ -109,8 +112,8 @@ def main(argv: list[str]) -> int:
         return _error(f"--tolerance={fv.tolerance}: must be positive (0 for the default).")
 
     import tf_mixed
-    from tf_mixed.bench import report as report_module
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import report as report_module
 
     fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
     if fmt not in ARTIFACT_NAMES:
@@ -145,7 +148,8 @@ def main(argv: list[str]) -> int:
         "report": report.to_dict(),
     }
     try:
-        model_command.write_atomically(os.path.join(fv.output_dir, REPORT_NAME), json.dumps(record, indent=2).encode())
+        model_command.write_atomically(os.path.join(fv.output_dir, REPORT_NAME),
+                                       json.dumps(record, indent=2).encode())
     except OSError as error:
         _remove(artifact)
         report_module.remove_if_created(fv.output_dir, created)
@@ -162,7 +166,8 @@ def stage(step: int, model_path: str, fmt: str, precision: str, with_sample: boo
     if step == 1:
         return f"step 1/2: loading {model_path}" + (" and its sample" if with_sample else "")
     return (f"step 2/2: exporting {fmt} ({precision})"
-            + (" and checking it on the sample" if with_sample else " (no sample: no parity check)"))
+            + (" and checking it on the sample" if with_sample
+               else " (no sample: no parity check)"))
 
 
 def _remove(path: str) -> None:

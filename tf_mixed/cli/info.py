@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import platform
 
-from tf_mixed.policy import hardware
 from tf_mixed.policy import global_policy as policy
+from tf_mixed.policy import hardware
 
 REPORTED_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
 

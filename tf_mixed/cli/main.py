@@ -68,7 +68,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
     flags.DEFINE_list(
         "policies", [],
-        "Policies to compare: any name tf_mixed.enable accepts (tf_mixed.policy.POLICY_NAMES: float32, "
+        "Policies to compare: any name tf_mixed.enable accepts "
+        "(tf_mixed.policy.POLICY_NAMES: float32, "
         "mixed_float16, mixed_bfloat16, ...) or float8. Default: float32 "
         "and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
         flag_values=fv,
@@ -90,29 +91,49 @@ def _define_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_string("dataset", "shapes", f"Data set: {config.DATA_ACCEPTED}.", flag_values=fv)
-    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
-    flags.DEFINE_boolean("download", True, "Let TFDS download a data set that is not prepared.", flag_values=fv)
-    flags.DEFINE_integer("image_size", 0, "Square image side; 0: 32 for shapes, native for TFDS, 64 for folder.", flag_values=fv)
-    flags.DEFINE_integer("train_size", 0, "Training examples (shapes: generated, default 8000; else a cap).", flag_values=fv)
-    flags.DEFINE_integer("val_size", 0, "Validation examples (shapes default 2000; else a cap).", flag_values=fv)
-    flags.DEFINE_integer("batch_size", 64, "Global batch size (split across replicas).", flag_values=fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
+                        flag_values=fv)
+    flags.DEFINE_boolean("download", True, "Let TFDS download a data set that is not prepared.",
+                         flag_values=fv)
+    flags.DEFINE_integer(
+        "image_size", 0,
+        "Square image side; 0: 32 for shapes, native for TFDS, 64 for folder.", flag_values=fv)
+    flags.DEFINE_integer(
+        "train_size", 0,
+        "Training examples (shapes: generated, default 8000; else a cap).", flag_values=fv)
+    flags.DEFINE_integer("val_size", 0, "Validation examples (shapes default 2000; else a cap).",
+                         flag_values=fv)
+    flags.DEFINE_integer("batch_size", 64, "Global batch size (split across replicas).",
+                         flag_values=fv)
     flags.DEFINE_integer("epochs", 4, "Epochs per policy.", flag_values=fv)
-    flags.DEFINE_integer("steps", 0, "Steps per epoch; 0 for one pass over the training data.", flag_values=fv)
-    flags.DEFINE_integer("warmup_steps", 5, "Leading steps not timed (tracing, caches).", flag_values=fv)
-    flags.DEFINE_float("learning_rate", 1e-3, "Adam initial learning rate (cosine decay to 0 over the run).", flag_values=fv)
-    flags.DEFINE_string("strategy", "default", f"One of {', '.join(config.STRATEGIES)}.", flag_values=fv)
-    flags.DEFINE_integer("replicas", 2, "mirrored on a CPU-only host: logical CPU devices to use.", flag_values=fv)
-    flags.DEFINE_integer("workers", 2, "multiworker: local worker processes per policy.", flag_values=fv)
+    flags.DEFINE_integer("steps", 0, "Steps per epoch; 0 for one pass over the training data.",
+                         flag_values=fv)
+    flags.DEFINE_integer("warmup_steps", 5, "Leading steps not timed (tracing, caches).",
+                         flag_values=fv)
+    flags.DEFINE_float(
+        "learning_rate", 1e-3,
+        "Adam initial learning rate (cosine decay to 0 over the run).", flag_values=fv)
+    flags.DEFINE_string("strategy", "default", f"One of {', '.join(config.STRATEGIES)}.",
+                        flag_values=fv)
+    flags.DEFINE_integer("replicas", 2, "mirrored on a CPU-only host: logical CPU devices to use.",
+                         flag_values=fv)
+    flags.DEFINE_integer("workers", 2, "multiworker: local worker processes per policy.",
+                         flag_values=fv)
     flags.DEFINE_string("loop", "fit", f"Training loop: {', '.join(config.LOOPS)}.", flag_values=fv)
     flags.DEFINE_string("suite", "compare", f"One of {', '.join(config.SUITES)}.", flag_values=fv)
     flags.DEFINE_string(
         "isolation", "subprocess",
-        "subprocess: each policy in a fresh process (clean state, own peak memory); inprocess: all here.",
+        "subprocess: each policy in a fresh process (clean state, own peak memory); "
+        "inprocess: all here.",
         flag_values=fv,
     )
-    flags.DEFINE_string("output_dir", "tf_mixed_bench", "Directory for results.json, results.md, bench.png.", flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed for data, initial weights and data order.", flag_values=fv)
-    flags.DEFINE_integer("rounds", 3, "Overhead suite: alternating timing rounds per path.", flag_values=fv)
+    flags.DEFINE_string(
+        "output_dir", "tf_mixed_bench", "Directory for results.json, results.md, bench.png.",
+        flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed for data, initial weights and data order.",
+                         flag_values=fv)
+    flags.DEFINE_integer("rounds", 3, "Overhead suite: alternating timing rounds per path.",
+                         flag_values=fv)
     flags.DEFINE_integer(
         "round_steps", 20,
         "Steps per timing round; the policies' rounds alternate (A B A B ...).", flag_values=fv)
@@ -125,20 +146,21 @@ def _define_flags(fv: flags.FlagValues) -> None:
         "matmul_size", 0,
         "Side of the host's reference matmul (half vs float32); 0: 1024 on a CPU, 4096 on a GPU.",
         flag_values=fv)
-    flags.DEFINE_boolean("verbose", False, "Let TensorFlow's C++ log and its warnings through.", flag_values=fv)
+    flags.DEFINE_boolean("verbose", False, "Let TensorFlow's C++ log and its warnings through.",
+                         flag_values=fv)
 
 
 def _help(fv: flags.FlagValues) -> str:
     """The flags' help under one heading (absl heads it with a module path)."""
     lines = ["bench flags:"]
-    lines += [line for line in fv.get_help().splitlines() if not line.strip() or line.startswith(" ")]
+    lines += [line for line in fv.get_help().splitlines()
+              if not line.strip() or line.startswith(" ")]
     return "\n".join(lines)
 
 
 def _config_from(fv: flags.FlagValues):
-    from tf_mixed.bench.config import BenchConfig
-
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench.config import BenchConfig
 
     policies = tuple(p.strip() for p in fv.policies if p.strip())
     single = fv.policy.strip()
@@ -195,11 +217,12 @@ def _bench(argv: list[str]) -> int:
     except flags.Error as error:
         return _error("bench", str(error))
     if positionals:
-        return _error("bench", f"unexpected argument {positionals[0]!r}; flags look like --model=cnn")
+        return _error("bench",
+                      f"unexpected argument {positionals[0]!r}; flags look like --model=cnn")
     _import_tensorflow()
 
-    from tf_mixed.bench import compare, overhead
     from tf_mixed._internal.cli_errors import ChildFailed, UsageError
+    from tf_mixed.bench import compare, overhead
 
     try:
         config = _config_from(fv)
@@ -248,7 +271,8 @@ INFO_USAGE = """usage: python -m tf_mixed info [--verbose]
 Prints this host's CPU (its half-precision flags, AMX), GPUs and TPU, and the
 policy tf_mixed.enable("auto") picks here, with the reason."""
 
-AUDIT_USAGE = """usage: python -m tf_mixed audit PATH [--custom_modules=M,...] [--safe_mode=false] [--verbose]
+AUDIT_USAGE = """usage: python -m tf_mixed audit PATH [--custom_modules=M,...] [--safe_mode=false] \
+[--verbose]
 
 Loads the model saved at PATH (.keras) and prints tf_mixed.audit's report:
 per layer, its compute and variable dtypes and what to change."""

@@ -24,9 +24,11 @@ def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> 
     --batches, --loss, --seed."""
     from tf_mixed.bench import config
 
-    flags.DEFINE_string("dataset", "shapes", f"Data: {config.DATA_ACCEPTED}, or npz:PATH with arrays x and y.",
+    flags.DEFINE_string("dataset", "shapes",
+                        f"Data: {config.DATA_ACCEPTED}, or npz:PATH with arrays x and y.",
                         flag_values=fv)
-    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
+                        flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
     flags.DEFINE_integer("batches", batches, batches_help, flag_values=fv)
     flags.DEFINE_string("loss", "", "Keras loss name (default: the saved model's compiled loss, "

@@ -16,8 +16,8 @@ import time
 
 from absl import flags
 
-from tf_mixed.cli import model_command
 from tf_mixed._internal import progress
+from tf_mixed.cli import model_command
 
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
@@ -37,11 +37,13 @@ def _define_flags(fv: flags.FlagValues) -> None:
     from tf_mixed.bench import config
     from tf_mixed.cli import model_file
 
-    flags.DEFINE_string("dataset", "shapes", f"Data: {config.DATA_ACCEPTED}, or npz:PATH with arrays x "
-                        "and y (several inputs or outputs: x0, x1, ... and y0, y1, ...).",
+    flags.DEFINE_string("dataset", "shapes", f"Data: {config.DATA_ACCEPTED}, or npz:PATH "
+                        "with arrays x and y (several inputs or outputs: x0, x1, ... "
+                        "and y0, y1, ...).",
                         flag_values=fv)
     model_file.define_flags(fv)
-    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv)
+    flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
+                        flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
     flags.DEFINE_integer("batches", 1, "Batches to measure.", flag_values=fv)
     flags.DEFINE_string("policy", "", "mixed_float16 or mixed_bfloat16 (default: the model's own "
@@ -133,8 +135,8 @@ def main(argv: list[str]) -> int:
     model_path = parsed
 
     import tf_mixed
-    from tf_mixed.cli import model_file
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.cli import model_file
 
     start = time.perf_counter()
     try:

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from tf_mixed.distribute import keras_fix_20585 as _keras_fix_20585
 from tf_mixed._internal import validate as _validate
+from tf_mixed.distribute import keras_fix_20585 as _keras_fix_20585
 
 _TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '

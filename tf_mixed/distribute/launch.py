@@ -1,4 +1,7 @@
-"""Gone: ``python -m tf_mixed.distribute.launch`` points to ``python -m tf_mixed launch`` until 0.3.0."""
+"""Gone: ``python -m tf_mixed.distribute.launch`` points to ``python -m tf_mixed launch``.
+
+The pointer and the moved names stay until 0.3.0.
+"""
 
 import sys
 

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from tf_mixed.float8 import readiness
 from tf_mixed._internal.facts import walk_layers
+from tf_mixed.float8 import readiness
 
 __all__ = ["FLOAT8_GEMM_TARGET", "Gemm", "LayerLowering", "LoweringReport",
            "attribute", "lowering_report", "parse_gemms"]

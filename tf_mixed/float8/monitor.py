@@ -25,10 +25,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed.float8 import readiness
 from tf_mixed._internal import validate as _validate
-from tf_mixed.float8 import reading as float8_reading
 from tf_mixed._internal.facts import walk_layers
+from tf_mixed.float8 import readiness
+from tf_mixed.float8 import reading as float8_reading
 from tf_mixed.scaling.float8_sync import Float8Sync, clipping_overflow
 from tf_mixed.scaling.optimizer import LossScaleOptimizer, float8_sync_of
 

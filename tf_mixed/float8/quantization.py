@@ -36,12 +36,12 @@ from typing import Any
 import keras
 
 from tf_mixed._internal import validate as _validate
-from tf_mixed.float8 import readiness
 from tf_mixed._internal.facts import check_model_kind
-from tf_mixed.policy import keep_float32 as keep_rules
+from tf_mixed.float8 import readiness
 from tf_mixed.float8.lowering import LoweringReport, lowering_report
 from tf_mixed.float8.monitor import Float8Monitor, Float8Saturation
 from tf_mixed.float8.reading import Float8State, TensorState, state
+from tf_mixed.policy import keep_float32 as keep_rules
 from tf_mixed.scaling.float8_sync import ALGORITHMS, Float8Scaling, set_scaling
 from tf_mixed.scaling.optimizer import float8_sync_of
 

@@ -24,10 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import float8_sync
+from tf_mixed._internal.facts import check_model_kind, walk_layers
 from tf_mixed.float8 import readiness
-from tf_mixed._internal.facts import check_model_kind
-from tf_mixed._internal.facts import walk_layers
+from tf_mixed.scaling import float8_sync
 from tf_mixed.scaling.optimizer import float8_sync_of
 
 __all__ = ["Float8State", "TensorState", "fractions", "state"]

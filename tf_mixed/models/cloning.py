@@ -257,7 +257,8 @@ class _Builder:
                 outputs = self._inline_call(layer, prefix, outputs)
             return outputs
         return _internals.run_through_graph(
-            model, inputs, lambda op, *args, **kwargs: self._inline_call(op, prefix, *args, **kwargs))
+            model, inputs,
+            lambda op, *args, **kwargs: self._inline_call(op, prefix, *args, **kwargs))
 
     def _inline_call(self, op, prefix, *args, **kwargs):
         if isinstance(op, keras.Model):

@@ -62,23 +62,25 @@ import warnings
 
 import keras
 
-from tf_mixed.models import cloning as _cloning
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal.facts import FLOAT32_HEADS
-from tf_mixed._internal.facts import FLOAT_POLICIES
-from tf_mixed._internal.facts import HALF_DTYPES
-from tf_mixed._internal.facts import SQUASHING_ACTIVATIONS
-from tf_mixed._internal.facts import activation_name
-from tf_mixed._internal.facts import check_model_kind
-from tf_mixed._internal.facts import model_inputs_and_outputs
-from tf_mixed._internal.facts import is_input_layer
-from tf_mixed._internal.facts import keeps_float32_statistics
-from tf_mixed._internal.facts import rounded_ids
-from tf_mixed._internal.facts import walk_layers
-from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import (
+    FLOAT32_HEADS,
+    FLOAT_POLICIES,
+    HALF_DTYPES,
+    SQUASHING_ACTIVATIONS,
+    activation_name,
+    check_model_kind,
+    is_input_layer,
+    keeps_float32_statistics,
+    model_inputs_and_outputs,
+    rounded_ids,
+    walk_layers,
+)
+from tf_mixed.models import cloning as _cloning
 from tf_mixed.models import padding
+from tf_mixed.policy import keep_float32 as keep_float32_rules
 
 __all__ = ["ConversionNote", "compute_dtype", "convert", "is_graph_model", "rebuild"]
 

@@ -44,10 +44,9 @@ from typing import Callable, Mapping, Sequence
 from absl import logging
 
 from tf_mixed._internal import validate as _validate
-from tf_mixed.policy import hardware
-
 from tf_mixed._internal.facts import COMPUTE_DTYPES as _COMPUTE_DTYPE
 from tf_mixed._internal.facts import FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16
+from tf_mixed.policy import hardware
 
 DEFAULT_MARGIN = 1.15
 """A half policy must be at least this many times float32's speed to be chosen."""

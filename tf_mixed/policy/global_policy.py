@@ -20,13 +20,18 @@ from typing import Iterator
 import keras
 from absl import logging
 
-from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import (AUTO, BFLOAT16, FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16,
-                             POLICY_ALIASES)
-from tf_mixed.policy import autotune
-from tf_mixed.policy import hardware
-from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed._internal import tf_keras_check
+from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import (
+    AUTO,
+    BFLOAT16,
+    FLOAT32,
+    MIXED_BFLOAT16,
+    MIXED_FLOAT16,
+    POLICY_ALIASES,
+)
+from tf_mixed.policy import autotune, hardware
+from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed.policy import state as policy_state
 from tf_mixed.policy.state import ThreadState
 
@@ -99,11 +104,12 @@ def choose_auto(info: hardware.HardwareInfo) -> tuple[str, str]:
     """Chooses a policy for the given hardware by rule, without timing anything.
 
     `enable("auto")` uses these rules for GPUs and TPUs, and for CPUs only
-    when measuring is turned off (see `resolve_auto`). Rules, first match wins: a CUDA GPU with compute capability >= 7.0 gives
-    mixed_float16; any other GPU gives float32; a TPU gives mixed_bfloat16; a
-    CPU whose AMX-BF16 units the kernel enables gives mixed_bfloat16; anything
-    else gives float32, because TF's CPU half-precision kernels are slower
-    than float32 there.
+    when measuring is turned off (see `resolve_auto`). Rules, first match
+    wins: a CUDA GPU with compute capability >= 7.0 gives mixed_float16; any
+    other GPU gives float32; a TPU gives mixed_bfloat16; a CPU whose AMX-BF16
+    units the kernel enables gives mixed_bfloat16; anything else gives
+    float32, because TF's CPU half-precision kernels are slower than float32
+    there.
 
     Args:
         info: The host description, e.g. `hardware.detect()`.

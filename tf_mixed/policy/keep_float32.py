@@ -54,12 +54,14 @@ from typing import Callable, Iterable, Union
 import keras
 
 from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.facts import (
+    HALF_DTYPES,
+    is_input_layer,
+    keeps_float32_statistics,
+    rounded_ids,
+    walk_layers,
+)
 from tf_mixed.policy import state as policy_state
-from tf_mixed._internal.facts import HALF_DTYPES
-from tf_mixed._internal.facts import is_input_layer
-from tf_mixed._internal.facts import keeps_float32_statistics
-from tf_mixed._internal.facts import rounded_ids
-from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["KeepFloat32", "Spec", "activate", "active", "argument", "parse"]
 

@@ -24,8 +24,7 @@ from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed.scaling import attribution as _attribution
-from tf_mixed.scaling.attribution import (FORWARD, GRADIENT_AT_MIN_SCALE, KINDS,
-                                          LayerAttribution)
+from tf_mixed.scaling.attribution import FORWARD, GRADIENT_AT_MIN_SCALE, KINDS, LayerAttribution
 
 __all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe",
            "move_to_float32"]

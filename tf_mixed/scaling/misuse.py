@@ -39,8 +39,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.warning import MixedPrecisionWarning
 
 __all__ = ["check_step", "forward_state_guard", "note_scaled", "scales"]

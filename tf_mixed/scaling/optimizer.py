@@ -39,15 +39,17 @@ import keras
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal import validate as _validate
 from tf_mixed._internal import tf_keras_check
-from tf_mixed.scaling import accumulation
-from tf_mixed.scaling import allreduce
-from tf_mixed.scaling import compensated
-from tf_mixed.scaling import formats
-from tf_mixed.scaling import misuse
-from tf_mixed.scaling import pipeline
-from tf_mixed.scaling import scale_state
+from tf_mixed._internal import validate as _validate
+from tf_mixed.scaling import (
+    accumulation,
+    allreduce,
+    compensated,
+    formats,
+    misuse,
+    pipeline,
+    scale_state,
+)
 from tf_mixed.scaling.float8_sync import Float8Sync
 from tf_mixed.scaling.keras_compat import KerasCompat
 from tf_mixed.scaling.loss_tally import LossTally
@@ -700,10 +702,12 @@ def _pass_through(knobs: dict) -> dict:
     unknown = sorted(set(knobs) - set(LossScaleConfig.__dataclass_fields__)
                      - {"dynamic_growth_steps"})
     if unknown:
+        other_knobs = sorted(set(LossScaleConfig.__dataclass_fields__)
+                             - {"initial_scale", "growth_interval"})
         raise ValueError(
             f"wrap_optimizer() got unknown arguments {unknown}. Valid: "
             "initial_scale, dynamic_growth_steps (or growth_interval), "
-            f"{', '.join(sorted(set(LossScaleConfig.__dataclass_fields__) - {'initial_scale', 'growth_interval'}))}, "
+            f"{', '.join(other_knobs)}, "
             f"{', '.join(_WRAPPER_ARGS)}."
         )
     _scale_config(None, **knobs)

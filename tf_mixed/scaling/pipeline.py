@@ -23,10 +23,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import allreduce
-from tf_mixed.scaling import attribution
-from tf_mixed.scaling import misuse
-from tf_mixed.scaling import scale_state
+from tf_mixed.scaling import allreduce, attribution, misuse, scale_state
 from tf_mixed.scaling.scale_state import LossScaleState
 
 __all__ = ["advance_state", "apply_unscaled", "divide", "multiply", "reduce",

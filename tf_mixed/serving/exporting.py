@@ -50,9 +50,8 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import EPSILON, check_model_kind
 from tf_mixed.models import conversion as rebuild_module
-from tf_mixed._internal.facts import EPSILON
-from tf_mixed._internal.facts import check_model_kind
 from tf_mixed.serving.export_report import ExportReport
 
 __all__ = ["export"]  # FORMATS, PRECISIONS, default_tolerance: module-level reference

@@ -60,9 +60,7 @@ import keras
 import numpy as np
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal.facts import EPSILON
-from tf_mixed._internal.facts import HALF_DTYPES
-from tf_mixed._internal.facts import check_model_kind
+from tf_mixed._internal.facts import EPSILON, HALF_DTYPES, check_model_kind
 
 __all__ = ["load_weights", "save_weights"]
 

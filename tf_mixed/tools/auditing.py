@@ -79,20 +79,22 @@ import keras
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import (
+    FLOAT32_HEADS,
+    FLOAT_POLICIES,
+    HALF_DTYPES,
+    SQUASHING_ACTIVATIONS,
+    activation_name,
+    check_model_kind,
+    is_input_layer,
+    layer_outputs,
+    model_outputs,
+    out_of_range,
+    rounded_ids,
+    walk_layers,
+)
 from tf_mixed.float8 import readiness as float8_readiness
-from tf_mixed._internal.facts import FLOAT32_HEADS
-from tf_mixed._internal.facts import FLOAT_POLICIES
-from tf_mixed._internal.facts import HALF_DTYPES
-from tf_mixed._internal.facts import SQUASHING_ACTIVATIONS
-from tf_mixed._internal.facts import activation_name
-from tf_mixed._internal.facts import layer_outputs
-from tf_mixed._internal.facts import model_outputs
-from tf_mixed._internal.facts import check_model_kind
-from tf_mixed._internal.facts import is_input_layer
-from tf_mixed._internal.facts import out_of_range
-from tf_mixed._internal.facts import rounded_ids
 from tf_mixed.models.cloning import model_input
-from tf_mixed._internal.facts import walk_layers
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
 

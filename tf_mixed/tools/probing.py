@@ -58,23 +58,30 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed.models import cloning as _cloning
-from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import losses as _losses
-from tf_mixed._internal import validate as _validate
-from tf_mixed.float8 import reading as float8_reading
-from tf_mixed.float8 import readiness as float8_readiness
-from tf_mixed.policy import keep_float32 as keep_float32_rules
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import tf_keras_check
-from tf_mixed._internal.facts import FLOAT32_HEADS
-from tf_mixed._internal.facts import FLOAT_POLICIES
-from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, MIXED_FLOAT16, POLICY_ALIASES
-from tf_mixed._internal.facts import check_model_kind, half_policy, is_input_layer
-from tf_mixed._internal.facts import layer_outputs
-from tf_mixed._internal.facts import keeps_float32_statistics
-from tf_mixed._internal.facts import out_of_range
-from tf_mixed._internal.facts import rounded_ids
-from tf_mixed._internal.facts import walk_layers
+from tf_mixed._internal import validate as _validate
+from tf_mixed._internal.facts import (
+    COMPUTE_DTYPES,
+    FLOAT32_HEADS,
+    FLOAT_POLICIES,
+    HALF_DTYPES,
+    MIXED_FLOAT16,
+    POLICY_ALIASES,
+    check_model_kind,
+    half_policy,
+    is_input_layer,
+    keeps_float32_statistics,
+    layer_outputs,
+    out_of_range,
+    rounded_ids,
+    walk_layers,
+)
+from tf_mixed.float8 import readiness as float8_readiness
+from tf_mixed.float8 import reading as float8_reading
+from tf_mixed.models import cloning as _cloning
+from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed.tools.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
 __all__ = ["probe"]
@@ -531,7 +538,8 @@ class _Accumulator:
         self.nonfinite[j] += np.count_nonzero(~finite)
         self.flushed[j] += np.count_nonzero((h == 0) & (r != 0))
         self.subnormal[j] += np.count_nonzero((a > 0) & (a < limits[1]))
-        self.max_abs[j] = max(self.max_abs[j], float(np.max(np.where(np.isnan(a), 0, a), initial=0)))
+        self.max_abs[j] = max(self.max_abs[j],
+                              float(np.max(np.where(np.isnan(a), 0, a), initial=0)))
         # A NaN in the float32 run must survive max() (max(0.0, nan) is 0.0).
         r_max = float(np.max(np.abs(r), initial=0)) if np.isfinite(r).all() else math.inf
         self.ref_max[j] = max(self.ref_max[j], r_max)
@@ -669,7 +677,8 @@ def _advice(layers, first, where, policy, current, recommended, half_dtype) -> s
         return (f"The gradient reaching layer '{first}' ({by_name[first].class_name}) "
                 f"overflows float16 at loss scale {_scale_text(current)}: start the "
                 f"loss scale at {_scale_text(recommended)}, e.g. "
-                f"tf_mixed.LossScaleOptimizer(optimizer, initial_scale={_scale_text(recommended)}).")
+                "tf_mixed.LossScaleOptimizer(optimizer, "
+                f"initial_scale={_scale_text(recommended)}).")
     for s in layers:
         if math.isfinite(s.rel_error) and s.rel_error > _LARGE_ERROR:
             argument = keep_float32_rules.argument([s.name.rsplit("/", 1)[-1]])

@@ -30,8 +30,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tf_mixed.models import padding
 from tf_mixed._internal.facts import HALF_DTYPES
+from tf_mixed.models import padding
 
 __all__ = ["CODES", "Finding", "find"]
 

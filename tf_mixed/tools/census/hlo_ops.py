@@ -154,7 +154,8 @@ def read_hlo(text: str) -> list[OpRecord]:
         elif opcode == "convolution":
             flops, dims = _convolution(match["rest"], operands, shapes, shape)
         if opcode in ("dot", "convolution") and dtype == "other":
-            dtype = HLO_DTYPES.get(shapes.get(operands[0], ("", []))[0], "other") if operands else dtype
+            dtype = (HLO_DTYPES.get(shapes.get(operands[0], ("", []))[0], "other") if operands
+                     else dtype)
         records.append(OpRecord(name, opcode, dtype, flops=flops, elements=elements, dims=dims))
     return records
 

@@ -49,17 +49,16 @@ import keras
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
-from tf_mixed.tools.census import hlo_ops
-from tf_mixed.tools.census import step_ops
 from tf_mixed._internal.facts import (
-    check_model_kind,
-    is_input_layer,
     FLOAT32_HEADS,
     HALF_DTYPES,
     TILE_MULTIPLES,
+    check_model_kind,
+    is_input_layer,
     model_outputs,
     walk_layers,
 )
+from tf_mixed.tools.census import hlo_ops, step_ops
 
 __all__ = ["CastRow", "CensusReport", "Island", "Misfit", "census"]
 

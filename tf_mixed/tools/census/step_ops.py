@@ -252,8 +252,9 @@ def read_graph(graph, *, skip_scope=None) -> list[OpRecord]:
       `OpRecord`s in graph order, a called function's ops after the op that
       calls it. Dead ops are left out: TF's gradient functions build some
       results nothing reads (a convolution's input gradient for the first
-      layer, whose input is data), which the runtime prunes. The ops of both branches of a ``cond`` are included (one of
-      them runs); the body of a ``while`` loop is counted once.
+      layer, whose input is data), which the runtime prunes. The ops of both
+      branches of a ``cond`` are included (one of them runs); the body of a
+      ``while`` loop is counted once.
     """
     from tf_mixed._internal import shims as _internals
 

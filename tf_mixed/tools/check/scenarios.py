@@ -338,8 +338,7 @@ def measure_throughput(info=None, *, budget_s: float = 0.5, timer=None) -> Throu
         A `Throughput`. On GPUs and TPUs "auto" follows its rules; on CPUs it
         is the decision from these very timings.
     """
-    from tf_mixed.policy import autotune
-    from tf_mixed.policy import hardware
+    from tf_mixed.policy import autotune, hardware
     from tf_mixed.policy import global_policy as policy
 
     info = hardware.detect() if info is None else info

@@ -1,4 +1,4 @@
-"""`tf_mixed.plan`'s value (`Plan`, `LayerChoice`) and its timings (`Measurement`, `LayerTiming`)."""
+"""`tf_mixed.plan`'s value (`Plan`, `LayerChoice`) and timings (`Measurement`, `LayerTiming`)."""
 
 from tf_mixed.tools.planning.layer_timing import (  # noqa: F401
     LayerTiming,

@@ -35,8 +35,14 @@ import keras
 
 from tf_mixed._internal import progress
 from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
-from tf_mixed._internal.facts import FLOAT32_HEADS, check_model_kind, is_input_layer
+from tf_mixed._internal.facts import (
+    COMPUTE_DTYPES,
+    FLOAT32_HEADS,
+    HALF_DTYPES,
+    POLICY_ALIASES,
+    check_model_kind,
+    is_input_layer,
+)
 from tf_mixed.policy import autotune, hardware
 from tf_mixed.tools.planning import choosing, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
