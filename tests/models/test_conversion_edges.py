@@ -43,6 +43,7 @@ def _finite(model, x):
     return bool(np.isfinite(np.asarray(model(x))).all())
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # planted
 def test_nested_overflow_is_reported_and_fixed_at_the_innermost_layer():
     x, y = _overflow_batch()
     model = _nested_overflow()

@@ -22,6 +22,7 @@ def _canary(key, strategy=None):
     return defect
 
 
+@pytest.mark.filterwarnings("ignore::tf_mixed.MixedPrecisionWarning")  # the canary provokes them
 def test_canary_scale_collapse():
     defect = _canary("scale_collapse")
     keras_part, ours = defect.detail.split("; tf_mixed: ")
