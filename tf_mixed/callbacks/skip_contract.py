@@ -45,6 +45,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal.facts import check_model_kind
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 __all__ = ["SKIPPED_KEY", "install", "installed", "step_skipped"]
@@ -84,10 +85,7 @@ def install(model: keras.Model) -> bool:
     Raises:
         TypeError: if ``model`` is not a ``keras.Model``.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "skip_contract.install() needs a keras.Model. Received: "
-            f"model={model!r:.80} (of type {type(model).__name__}).")
+    check_model_kind(model, "skip_contract.install()", traced=False)
     if installed(model):
         return False
     keras_step = model.train_step

@@ -86,12 +86,12 @@ def attributed_layers(model) -> list:
     layers inside it (a ``MultiHeadAttention`` with its projections); input
     layers and layers shared by several places are listed once.
     """
-    from tf_mixed._internal.facts import walk_layers
+    from tf_mixed._internal.facts import is_input_layer, walk_layers
 
     seen: set = set()
     out = []
     for name, layer in walk_layers(model):
-        if isinstance(layer, (keras.Model, keras.layers.InputLayer)):
+        if isinstance(layer, keras.Model) or is_input_layer(layer):
             continue
         if id(layer) in seen:
             continue
