@@ -340,7 +340,9 @@ def test_the_stop_rules_import_neither_keras_nor_tensorflow():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path, name, limit", [
-    ("tf_mixed/scaling/optimizer.py", "LossScaleOptimizer", 350),
+    # 350 until issue 33 moved the class's config and file-format methods onto it (Keras keeps
+    # get_config/from_config at the foot of the class); their layouts live in formats.py.
+    ("tf_mixed/scaling/optimizer.py", "LossScaleOptimizer", 430),
     ("tf_mixed/callbacks/monitor.py", "LossScaleMonitor", 200),
 ])
 def test_the_main_classes_stay_small(path, name, limit):
