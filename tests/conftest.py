@@ -79,7 +79,7 @@ def _restore_global_state():
     # the option off for the process (tf_mixed.policy.half_kernels) until the
     # reset above, so a value saved at the test's start could be a leak.
     tf.config.optimizer.set_experimental_options({"remapping": True})
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
 
 
 @pytest.fixture(scope="session")
