@@ -517,7 +517,7 @@ def test_float8_layers_all_quantizes_every_dense(tmp_path, capsys, monkeypatch):
 def test_float8_flags_are_checked(tmp_path, capsys):
     for flags, name in ((["--policy=float8", "--policies=float32"], "--policy"),
                         (["--policy=float8", "--float8_layers=some"], "--float8_layers"),
-                        (["--policy=float9"], "--policies")):
+                        (["--policy=float9"], "--policy='float9': unknown policy")):
         code = main(["tf_mixed", "bench", *TINY, f"--output_dir={tmp_path / 'x'}", *flags])
         assert code == 2, flags
         assert name in capsys.readouterr().err

@@ -16,19 +16,42 @@ from tf_mixed._internal import quiet
 from tf_mixed.cli import main as cli_main
 
 # (arguments, exit status): every command's --help, and arguments each command
-# refuses while parsing them.
+# refuses from names, tables and numbers alone. "{model}" stands for a file that
+# exists (its content is never read: the error comes first).
 ANSWERED_AT_ONCE = [
     (["--help"], 0), (["bench", "--help"], 0), (["--nope=1"], 2), (["bench", "extra"], 2),
+    (["bench", "--model=nope"], 2), (["bench", "--policies=float32,half"], 2),
+    (["bench", "--policy=fp12"], 2), (["bench", "--suite=speed"], 2),
+    (["bench", "--dataset=imagenet"], 2), (["bench", "--epochs=0"], 2),
+    (["bench", "--strategy=tpu"], 2), (["bench", "--learning_rate=0"], 2),
+    (["bench", "--model=transformer", "--dataset=tfds:mnist"], 2),
+    (["bench", "--image_size=8"], 2), (["bench", "--batch_size=100000"], 2),
+    (["bench", "--suite=comm", "--workers=1"], 2),
+    (["bench", "--suite=overhead", "--strategy=mirrored"], 2),
     (["info", "--help"], 0), (["info", "extra"], 2),
-    (["audit", "--help"], 0), (["audit"], 2),
+    (["audit", "--help"], 0), (["audit"], 2), (["audit", "nope.keras"], 2),
     (["probe", "--help"], 0), (["probe"], 2), (["probe", "m.keras", "--batches=0"], 2),
+    (["probe", "nope.keras"], 2), (["probe", "{model}", "--dataset=nope"], 2),
     (["doctor", "--help"], 0), (["doctor", "a.keras", "b.keras"], 2),
+    (["doctor", "{model}", "--policy=fp12"], 2), (["doctor", "{model}", "--warmup_steps=-1"], 2),
     (["export", "--help"], 0), (["export", "m.keras", "--nope=1"], 2),
+    (["export", "{model}", "--format=onnx"], 2), (["export", "{model}", "--tolerance=-1"], 2),
     (["check", "--help"], 0), (["check", "--nope"], 2),
     (["rollback-cost", "--help"], 0), (["rollback-cost", "--steps=0"], 2),
     (["litert-latency", "--help"], 0), (["litert-latency", "--rounds=0"], 2),
     (["launch", "--help"], 0), (["nope"], 2),
 ]
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "m.keras"
+    path.write_bytes(b"")
+    return str(path)
+
+
+def _with(args, model_file):
+    return [model_file if a == "{model}" else a for a in args]
 
 
 class _Imported(Exception):
@@ -45,8 +68,9 @@ def no_tensorflow(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,status", ANSWERED_AT_ONCE, ids=lambda a: " ".join(a) if isinstance(a, list) else str(a))
-def test_help_and_argument_errors_answer_before_importing_tensorflow(args, status, no_tensorflow, capsys):
-    assert cli_main.main(["tf_mixed", *args]) == status
+def test_help_and_argument_errors_answer_before_importing_tensorflow(args, status, no_tensorflow,
+                                                                    model_file, capsys):
+    assert cli_main.main(["tf_mixed", *_with(args, model_file)]) == status
     out, err = capsys.readouterr()
     if status == 2:  # one line (argparse's own errors add its usage above it)
         assert ": error: " in err.strip().splitlines()[-1], err
@@ -61,11 +85,11 @@ def test_a_number_below_one_is_said_the_same_way_by_every_command(no_tensorflow,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["info"], ["bench", "--model=mlp"], ["audit", "m.keras"],
+@pytest.mark.parametrize("args", [["info"], ["bench", "--model=mlp"], ["audit", "{model}"],
                                   ["check"]])
-def test_a_command_whose_arguments_parse_imports_tensorflow_next(args, no_tensorflow):
+def test_a_command_whose_arguments_parse_imports_tensorflow_next(args, no_tensorflow, model_file):
     with pytest.raises(_Imported):
-        cli_main.main(["tf_mixed", *args])
+        cli_main.main(["tf_mixed", *_with(args, model_file)])
 
 
 _FRESH = """
@@ -82,10 +106,22 @@ print(json.dumps(seen))
 
 
 @pytest.mark.slow
-def test_in_a_fresh_process_parsing_loads_no_tensorflow():
+def test_in_a_fresh_process_parsing_loads_no_tensorflow(model_file):
     # A fresh interpreter: the test process itself has TensorFlow loaded.
-    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(ANSWERED_AT_ONCE)],
+    cases = [(_with(args, model_file), status) for args, status in ANSWERED_AT_ONCE]
+    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(cases)],
                           capture_output=True, text=True, timeout=300, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [(args, code) for args, code, _ in seen] == [tuple(c) for c in ANSWERED_AT_ONCE]
+    assert [(args, code) for args, code, _ in seen] == [tuple(c) for c in cases]
     assert [args for args, _, loaded in seen if loaded] == []
+
+
+def test_the_bench_refuses_bad_names_in_a_fresh_process_before_tensorflow():
+    # The bench's flag checks (BenchConfig.validate) read names and tables only.
+    bench = [(args, status) for args, status in ANSWERED_AT_ONCE
+             if args[0] == "bench" and status == 2][:6]
+    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(bench)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(args, code, loaded) for args, code, loaded in seen] == [
+        (args, 2, False) for args, _ in bench]

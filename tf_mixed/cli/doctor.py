@@ -73,14 +73,29 @@ def _error(message: str) -> int:
 
 
 def _policy(name: str) -> str:
-    import tf_mixed
+    """``--policy`` lower-cased, once it names a policy (no TensorFlow needed)."""
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.policy import POLICY_NAMES
 
     canonical = name.strip().lower()
-    if canonical not in tf_mixed.policy.POLICY_NAMES or canonical == "auto":
-        accepted = ", ".join(n for n in tf_mixed.policy.POLICY_NAMES if n != "auto")
+    if canonical not in POLICY_NAMES or canonical == "auto":
+        accepted = ", ".join(n for n in POLICY_NAMES if n != "auto")
         raise UsageError("policy", name, "unknown policy", accepted)
     return canonical
+
+
+def _check_flags(fv) -> None:
+    """The flags checked before TensorFlow loads: --warmup_steps, --policy.
+
+    Raises:
+        UsageError: Naming the flag.
+    """
+    from tf_mixed._internal.cli_errors import UsageError
+
+    if fv.warmup_steps < 0:
+        raise UsageError("warmup_steps", fv.warmup_steps, "must be at least 0")
+    if fv.policy:
+        _policy(fv.policy)
 
 
 def _prepare(fv, path: str):
@@ -201,12 +216,11 @@ def main(argv: list[str]) -> int:
     fv = flags.FlagValues()
     _define_flags(fv)
     parsed = model_command.parse("doctor", argv, fv, USAGE,
-                                 ("batch_size", "batches", "steps", "rounds"))
+                                 ("batch_size", "batches", "steps", "rounds"),
+                                 (_check_flags, model_command.check_dataset))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed
-    if fv.warmup_steps < 0:
-        return _error(f"--warmup_steps={fv.warmup_steps}: must be at least 0.")
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
@@ -215,8 +229,6 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
-        if fv.policy:
-            _policy(fv.policy)  # before loading anything
         # Before the work: a --output_dir that cannot be written fails now.
         created = report_module.check_output_dir(fv.output_dir)
         progress.update(f"step 1/3: loading {model_path} and its data")

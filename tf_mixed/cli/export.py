@@ -62,6 +62,21 @@ def _error(message: str) -> int:
     return model_command.error("export", message)
 
 
+def _check_flags(fv) -> None:
+    """The flags checked before TensorFlow loads: --tolerance, --format.
+
+    Raises:
+        UsageError: Naming the flag.
+    """
+    from tf_mixed._internal.cli_errors import UsageError
+
+    if fv.tolerance < 0:
+        raise UsageError("tolerance", fv.tolerance, "must be at least 0",
+                         "0 for the precision's default, or a relative error")
+    if fv.format.strip().lower() not in ARTIFACT_NAMES:
+        raise UsageError("format", fv.format, "unknown format", ", ".join(ARTIFACT_NAMES))
+
+
 def _sample(fv, model):
     """One batch of inputs for the parity check, or None without --dataset."""
     import numpy as np
@@ -104,21 +119,17 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    parsed = model_command.parse("export", argv, fv, USAGE, ("batch_size",))
+    parsed = model_command.parse("export", argv, fv, USAGE, ("batch_size",),
+                                 (_check_flags, model_command.check_dataset))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed
-    if fv.tolerance < 0:
-        return _error(f"--tolerance={fv.tolerance}: must be positive (0 for the default).")
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
     from tf_mixed.bench import report as report_module
 
     fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
-    if fmt not in ARTIFACT_NAMES:
-        return _error(f"--format={fv.format!r}: unknown format. Accepted: "
-                      f"{', '.join(ARTIFACT_NAMES)}.")
     start = time.perf_counter()
     created = False
     try:

@@ -129,7 +129,8 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"))
+    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"),
+                                 (model_command.check_dataset,))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed
