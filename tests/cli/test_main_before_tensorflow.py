@@ -76,12 +76,16 @@ def test_help_and_argument_errors_answer_before_importing_tensorflow(args, statu
         assert ": error: " in err.strip().splitlines()[-1], err
 
 
-def test_a_number_below_one_is_said_the_same_way_by_every_command(no_tensorflow, capsys):
-    for args in (["probe", "m.keras", "--batches=0"], ["rollback-cost", "--steps=0"],
-                 ["litert-latency", "--rounds=0"]):
+def test_a_number_below_its_minimum_is_said_the_same_way_by_every_command(no_tensorflow, capsys,
+                                                                         model_file):
+    for args, minimum in (
+            (["probe", "m.keras", "--batches=0"], 1), (["rollback-cost", "--steps=0"], 1),
+            (["litert-latency", "--rounds=0"], 1), (["bench", "--epochs=0"], 1),
+            (["bench", "--time_budget=-1"], 0), (["doctor", model_file, "--warmup_steps=-1"], 0)):
         assert cli_main.main(["tf_mixed", *args]) == 2
-        flag = args[-1]
-        assert capsys.readouterr().err == f"tf_mixed {args[0]}: error: {flag}: must be at least 1.\n"
+        flag = args[-1].replace("-1", "-1.0") if "budget" in args[-1] else args[-1]
+        assert capsys.readouterr().err == (
+            f"tf_mixed {args[0]}: error: {flag}: must be at least {minimum}.\n")
 
 
 @pytest.mark.slow

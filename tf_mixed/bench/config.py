@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError, below_minimum
 from tf_mixed.bench import names
 from tf_mixed.bench.names import (  # noqa: F401 (no TensorFlow)
     BENCH_POLICIES,
@@ -139,7 +139,7 @@ class BenchConfig:
             ("matmul_size", self.matmul_size, 0),
         ):
             if number < minimum:
-                raise UsageError(flag, number, f"must be >= {minimum}", f"an integer >= {minimum}")
+                raise below_minimum(flag, number, minimum)
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise UsageError("learning_rate", self.learning_rate, "must be a positive number",
                              "e.g. 0.001")
@@ -173,9 +173,8 @@ class BenchConfig:
         """
         if self.suite == "comm":
             if self.workers < 2:
-                raise UsageError("workers", self.workers,
-                                 "the comm suite needs at least 2 workers to all-reduce",
-                                 "an integer >= 2")
+                raise below_minimum("workers", self.workers, 2,
+                                    "The comm suite needs 2 workers or more to all-reduce.")
             if self.batch_size % self.workers:
                 raise UsageError("batch_size", self.batch_size,
                                  f"must split evenly over --workers={self.workers}",

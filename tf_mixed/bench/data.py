@@ -26,7 +26,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError, below_minimum
 from tf_mixed.bench import names
 from tf_mixed.bench.names import (  # noqa: F401 (their home is TensorFlow-free)
     DEFAULT_SHAPES_SIZE,
@@ -136,8 +136,7 @@ def load(
     """
     kind, name, split = parse_spec(spec)
     if image_size < 0:
-        raise UsageError("image_size", image_size, "must be >= 0",
-                         "0 (automatic) or a side in pixels")
+        raise below_minimum("image_size", image_size, 0, "0 picks the data set's own size.")
     if kind == SHAPES:
         return load_shapes(
             seed=seed,
@@ -260,7 +259,7 @@ def _generated(name: str, make, *, seed: int, train_size: int, val_size: int,
     """
     for flag, value in (("train_size", train_size), ("val_size", val_size)):
         if value < 1:
-            raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
+            raise below_minimum(flag, value, 1)
     x_train, y_train = make(train_size, seed * 2 + 1)
     x_val, y_val = make(val_size, seed * 2 + 2)
     return BenchData(

@@ -90,10 +90,10 @@ def _check_flags(fv) -> None:
     Raises:
         UsageError: Naming the flag.
     """
-    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed._internal.cli_errors import below_minimum
 
     if fv.warmup_steps < 0:
-        raise UsageError("warmup_steps", fv.warmup_steps, "must be at least 0")
+        raise below_minimum("warmup_steps", fv.warmup_steps, 0)
     if fv.policy:
         _policy(fv.policy)
 

@@ -68,11 +68,10 @@ def _check_flags(fv) -> None:
     Raises:
         UsageError: Naming the flag.
     """
-    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed._internal.cli_errors import UsageError, below_minimum
 
     if fv.tolerance < 0:
-        raise UsageError("tolerance", fv.tolerance, "must be at least 0",
-                         "0 for the precision's default, or a relative error")
+        raise below_minimum("tolerance", fv.tolerance, 0, "0 picks the precision's default.")
     if fv.format.strip().lower() not in ARTIFACT_NAMES:
         raise UsageError("format", fv.format, "unknown format", ", ".join(ARTIFACT_NAMES))
 

@@ -92,11 +92,12 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
     if len(positionals) != 1:
         return error(command, "expected exactly one MODEL argument, the path of a saved "
                      f".keras model. Received: {positionals}")
+    from tf_mixed._internal.cli_errors import UsageError, below_minimum
+    from tf_mixed.cli import model_file
+
     for name in positive:
         if getattr(fv, name) < 1:
-            return error(command, f"--{name}={getattr(fv, name)}: must be at least 1.")
-    from tf_mixed._internal.cli_errors import UsageError
-    from tf_mixed.cli import model_file
+            return error(command, str(below_minimum(name, getattr(fv, name), 1)))
 
     missing = model_file.missing(positionals[0])
     if missing:
