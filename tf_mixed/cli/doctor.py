@@ -128,11 +128,6 @@ def _example_shapes(x) -> list[tuple]:
     return [tuple(getattr(a, "shape", ())[1:]) for a in keras.tree.flatten(x)]
 
 
-def _shape_text(shape) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + \
-        ("," if len(shape) == 1 else "") + ")"
-
-
 def check_data(model, x, dataset: str) -> None:
     """Refuses inputs whose examples do not have the model's input shapes.
 
@@ -143,39 +138,25 @@ def check_data(model, x, dataset: str) -> None:
         dataset: The ``--dataset`` flag's value, for the message.
 
     Raises:
-        UsageError: A count of inputs or an example shape (rank, or a
-            dimension the model fixes) that differs, naming the input, the
-            shape expected and the shape got: "input 'x' takes examples of
-            shape (32,); the data has (7,) (width 32 expected, got 7)".
+        UsageError: A count of inputs or a shape (rank, or a dimension the
+            model fixes) that differs, in `tf_mixed.cli.npz_data.input_problem`'s
+            words: "x has shape (None, 7); model 'm' input 'x' takes (None, 32)
+            (width 32 expected, got 7)".
     """
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.cli import npz_data
 
-    expected = [(t.name, tuple(t.shape[1:])) for t in model.inputs]
-    got = _example_shapes(x)
-    accepted = "data whose x matches the model's inputs"
-    if len(got) != len(expected):
-        raise UsageError("dataset", dataset,
-                         f"model '{model.name}' takes {len(expected)} input(s); the data "
-                         f"has {len(got)} x array(s)", accepted)
-    for (name, want), have in zip(expected, got):
-        fits = len(want) == len(have) and all(
-            w is None or h is None or w == h for w, h in zip(want, have))
-        if fits:
-            continue
-        detail = (f"rank {len(want) + 1} expected, got {len(have) + 1}" if len(want) != len(have)
-                  else "; ".join(f"{'width' if i == len(want) - 1 else f'dimension {i + 1}'} "
-                                 f"{w} expected, got {h}"
-                                 for i, (w, h) in enumerate(zip(want, have))
-                                 if w is not None and h is not None and w != h))
-        raise UsageError("dataset", dataset,
-                         f"model '{model.name}' input '{name}' takes examples of shape "
-                         f"{_shape_text(want)}; the data has {_shape_text(have)} ({detail})",
-                         accepted)
+    shapes = [(None, *shape) for shape in _example_shapes(x)]
+    keys = ["x"] if len(shapes) == 1 else [f"x{i}" for i in range(len(shapes))]
+    problem = npz_data.input_problem(model, keys, shapes)
+    if problem:
+        raise UsageError("dataset", dataset, problem, "data whose x matches the model's inputs")
 
 
 def _data_error(dataset: str, model, x, y, error: BaseException):
     """A UsageError for data the step cannot take, with both sides' shapes."""
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.cli.npz_data import shape_text as _shape_text
 
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     # Keras's first line is often "Exception encountered when calling ...":

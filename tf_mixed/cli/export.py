@@ -81,24 +81,13 @@ def _sample(fv, model):
     import numpy as np
 
     from tf_mixed.bench import data
+    from tf_mixed.cli import npz_data
 
     spec = fv.dataset.strip()
     if not spec:
         return None
-    if spec.lower().startswith("npz:"):
-        path = spec[4:]
-        try:
-            with np.load(path) as arrays:
-                if "x" not in arrays.files:
-                    raise data.UsageError("dataset", spec, "the file has no x array (it has "
-                                          f"{', '.join(arrays.files) or 'none'})",
-                                          "npz:PATH with an array x")
-                return arrays["x"][: fv.batch_size]
-        except OSError as error:
-            raise data.UsageError("dataset", spec,
-                                  f"cannot read {path!r} as .npz "
-                                  f"({model_file.first_line(error)})",
-                                  "npz:PATH with an array x") from None
+    if spec.lower().startswith(npz_data.PREFIX):
+        return npz_data.load(spec, model, need_y=False, limit=fv.batch_size)[0]
     shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else ()
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
     bench = data.load(spec, seed=fv.seed, image_size=side, train_size=1,
