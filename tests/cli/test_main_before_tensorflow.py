@@ -16,30 +16,32 @@ from tf_mixed._internal import quiet
 from tf_mixed.cli import main as cli_main
 
 # (arguments, exit status): every command's --help, and arguments each command
-# refuses from names, tables and numbers alone. "{model}" stands for a file that
-# exists (its content is never read: the error comes first).
+# refuses while parsing them.
 ANSWERED_AT_ONCE = [
     (["--help"], 0), (["bench", "--help"], 0), (["--nope=1"], 2), (["bench", "extra"], 2),
-    (["bench", "--model=nope"], 2), (["bench", "--policies=float32,half"], 2),
-    (["bench", "--policy=fp12"], 2), (["bench", "--suite=speed"], 2),
-    (["bench", "--dataset=imagenet"], 2), (["bench", "--epochs=0"], 2),
-    (["bench", "--strategy=tpu"], 2), (["bench", "--learning_rate=0"], 2),
-    (["bench", "--model=transformer", "--dataset=tfds:mnist"], 2),
-    (["bench", "--image_size=8"], 2), (["bench", "--batch_size=100000"], 2),
-    (["bench", "--suite=comm", "--workers=1"], 2),
-    (["bench", "--suite=overhead", "--strategy=mirrored"], 2),
     (["info", "--help"], 0), (["info", "extra"], 2),
-    (["audit", "--help"], 0), (["audit"], 2), (["audit", "nope.keras"], 2),
+    (["audit", "--help"], 0), (["audit"], 2),
     (["probe", "--help"], 0), (["probe"], 2), (["probe", "m.keras", "--batches=0"], 2),
-    (["probe", "nope.keras"], 2), (["probe", "{model}", "--dataset=nope"], 2),
     (["doctor", "--help"], 0), (["doctor", "a.keras", "b.keras"], 2),
-    (["doctor", "{model}", "--policy=fp12"], 2), (["doctor", "{model}", "--warmup_steps=-1"], 2),
     (["export", "--help"], 0), (["export", "m.keras", "--nope=1"], 2),
-    (["export", "{model}", "--format=onnx"], 2), (["export", "{model}", "--tolerance=-1"], 2),
     (["check", "--help"], 0), (["check", "--nope"], 2),
     (["rollback-cost", "--help"], 0), (["rollback-cost", "--steps=0"], 2),
     (["litert-latency", "--help"], 0), (["litert-latency", "--rounds=0"], 2),
     (["launch", "--help"], 0), (["nope"], 2),
+]
+# Arguments refused from names, tables and numbers alone (no TensorFlow needed), each
+# with exit status 2. "{model}" stands for a file that exists (never read: the error
+# comes first).
+REFUSED_FROM_TABLES = [
+    ["bench", "--model=nope"], ["bench", "--policies=float32,half"], ["bench", "--policy=fp12"],
+    ["bench", "--suite=speed"], ["bench", "--dataset=imagenet"], ["bench", "--epochs=0"],
+    ["bench", "--strategy=tpu"], ["bench", "--learning_rate=0"],
+    ["bench", "--model=transformer", "--dataset=tfds:mnist"], ["bench", "--image_size=8"],
+    ["bench", "--batch_size=100000"], ["bench", "--suite=comm", "--workers=1"],
+    ["bench", "--suite=overhead", "--strategy=mirrored"],
+    ["audit", "nope.keras"], ["probe", "nope.keras"], ["probe", "{model}", "--dataset=nope"],
+    ["doctor", "{model}", "--policy=fp12"], ["doctor", "{model}", "--warmup_steps=-1"],
+    ["export", "{model}", "--format=onnx"], ["export", "{model}", "--tolerance=-1"],
 ]
 
 
@@ -67,13 +69,22 @@ def no_tensorflow(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,status", ANSWERED_AT_ONCE, ids=lambda a: " ".join(a) if isinstance(a, list) else str(a))
+@pytest.mark.parametrize("args,status", ANSWERED_AT_ONCE,
+                         ids=lambda a: " ".join(a) if isinstance(a, list) else str(a))
 def test_help_and_argument_errors_answer_before_importing_tensorflow(args, status, no_tensorflow,
-                                                                    model_file, capsys):
-    assert cli_main.main(["tf_mixed", *_with(args, model_file)]) == status
+                                                                    capsys):
+    assert cli_main.main(["tf_mixed", *args]) == status
     out, err = capsys.readouterr()
     if status == 2:  # one line (argparse's own errors add its usage above it)
         assert ": error: " in err.strip().splitlines()[-1], err
+
+
+def test_names_tables_and_numbers_are_checked_before_importing_tensorflow(no_tensorflow,
+                                                                         model_file, capsys):
+    for args in REFUSED_FROM_TABLES:
+        assert cli_main.main(["tf_mixed", *_with(args, model_file)]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(f"tf_mixed {args[0]}: error: ") and len(err.splitlines()) == 1, err
 
 
 def test_a_number_below_its_minimum_is_said_the_same_way_by_every_command(no_tensorflow, capsys,
@@ -112,7 +123,7 @@ print(json.dumps(seen))
 @pytest.mark.slow
 def test_in_a_fresh_process_parsing_loads_no_tensorflow(model_file):
     # A fresh interpreter: the test process itself has TensorFlow loaded.
-    cases = [(_with(args, model_file), status) for args, status in ANSWERED_AT_ONCE]
+    cases = ANSWERED_AT_ONCE + [(_with(args, model_file), 2) for args in REFUSED_FROM_TABLES]
     done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(cases)],
                           capture_output=True, text=True, timeout=300, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
@@ -122,8 +133,7 @@ def test_in_a_fresh_process_parsing_loads_no_tensorflow(model_file):
 
 def test_the_bench_refuses_bad_names_in_a_fresh_process_before_tensorflow():
     # The bench's flag checks (BenchConfig.validate) read names and tables only.
-    bench = [(args, status) for args, status in ANSWERED_AT_ONCE
-             if args[0] == "bench" and status == 2][:6]
+    bench = [(args, 2) for args in REFUSED_FROM_TABLES if args[0] == "bench"][:6]
     done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(bench)],
                           capture_output=True, text=True, timeout=60, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
