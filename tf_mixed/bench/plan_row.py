@@ -116,6 +116,7 @@ def notes(report: dict[str, Any]) -> list[str]:
                 f"{LABEL}: the plan is {same} ("
                 + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
                 + " timed layers)" + (f"; planned in {took:.1f} s" if took is not None else "")
+                + ("; timings read from the cache" if record.get("cached") else "")
                 + f". It was not trained again: its row is {same}'s, figures and verdict.")
             continue
         lines.append(
