@@ -128,13 +128,13 @@ def test_dataset_shape_mismatch(tmp_path, capsys):
     np.savez(npz, x=np.ones((32, 7), "float32"), y=np.zeros(32, "int32"))
     line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
     assert line.endswith(
-        f"--dataset='npz:{npz}': model 'planted' input 'input_layer' takes examples of "
-        "shape (32,); the data has (7,) (width 32 expected, got 7). Accepted: data whose "
-        "x matches the model's inputs.")
-    # Images where the model takes vectors: the rank.
+        f"--dataset='npz:{npz}': x has shape (32, 7); model 'planted' input 'input_layer' "
+        "takes (None, 32) (width 32 expected, got 7). Accepted: npz:PATH with arrays x and y "
+        "(or x0, x1, ... and y0, y1, ...).")
+    # Images where the model takes vectors: the rank, in the same words.
     line = _bad(tmp_path, capsys, path, "--dataset=shapes", "--batch_size=16")
-    assert ("takes examples of shape (32,); the data has (32, 32, 3) (rank 2 expected, "
-            "got 4)") in line
+    assert ("x has shape (None, 32, 32, 3); model 'planted' input 'input_layer' takes "
+            "(None, 32) (rank 2 expected, got 4)") in line
 
 
 def test_targets_that_do_not_fit_name_both_shapes(tmp_path, capsys):
@@ -142,9 +142,10 @@ def test_targets_that_do_not_fit_name_both_shapes(tmp_path, capsys):
     npz = tmp_path / "wide_y.npz"
     np.savez(npz, x=np.ones((32, 32), "float32"), y=np.zeros((32, 3), "int32"))
     line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
-    assert ("the data does not fit model 'planted' (x examples (32,), y examples (3,); "
-            "the model gives outputs (4,) per example): ") in line
-    assert "target.shape=(16, 3), output.shape=(16, 4). Accepted:" in line
+    assert line.endswith(
+        f"--dataset='npz:{npz}': y has shape (32, 3); model 'planted' gives outputs of shape "
+        "(None, 4), so y takes class indices (32,) or targets (32, 4). Accepted: npz:PATH "
+        "with arrays x and y (or x0, x1, ... and y0, y1, ...).")
 
 
 @pytest.mark.parametrize("kind", ["file", "under_a_file"])
