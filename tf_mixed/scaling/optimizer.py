@@ -275,6 +275,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
         self._scratch.float8 = _float8_sync_for(self, var_list)
+        if self._scratch.float8 is not None and self.inner_optimizer.use_ema:
+            # Keras's TF optimizer would write None over the float8 pairs.
+            _internals.overwrite_only_averaged_variables(self.inner_optimizer)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
