@@ -10,8 +10,9 @@
 #    window's last micro-step only;
 # 3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
 #    communication dtype, float8 amaxes riding along;
-# 4. **verdict**: all reduced gradients finite, the same bytes everywhere, so
-#    the same decision everywhere (BUILD_NOTES.md, "Loss scaling");
+# 4. **verdict**: all reduced gradients (and gathered float8 amaxes) finite,
+#    the same bytes everywhere, so the same decision everywhere
+#    (BUILD_NOTES.md, "Loss scaling");
 # 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
 #    optimizer applies the unscaled gradients, or the step is skipped and the
 #    tracked forward state restored; then the scale state advances
@@ -114,6 +115,8 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     as one more float32 piece when the gradients travel in float32 (a SUM
     of one-hot slots is an exact all-gather); in float16/bfloat16 they take
     one small float32 collective of their own, so they are never rounded.
+    A non-finite amax (-1 in the gathered bytes) makes the verdict
+    non-finite: the casts saturate, so the gradients would not show it.
 
     ``flags`` (a float32 vector, layer attribution's forward flags) ride
     the same buffer, summed, when there are several replicas.
@@ -154,6 +157,9 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
         reduced, flags = reduced[:-1], reduced[-1]
     if float8_step is not None and gathered is None:
         reduced, gathered = reduced[:-1], reduced[-1]
+    if float8_step is not None:
+        # A non-finite amax is an overflow the float8 casts saturated away.
+        finite = tf.logical_and(finite, float8.finite(gathered))
     if scaled:
         reduced = [g if getattr(v, "overwrite_with_gradient", False)
                    else divide(g, scale)
