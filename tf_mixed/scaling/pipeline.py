@@ -40,7 +40,7 @@ def step(optimizer, grads, trainable_variables, unscaled):
     """
     if optimizer.accumulator is not None:
         return window_step(optimizer, grads, trainable_variables, unscaled)
-    scale = tf.identity(optimizer.dynamic_scale.value)
+    scale = tf.convert_to_tensor(optimizer.dynamic_scale.value)
     # Layer attribution (`tf_mixed.scaling.attribution`): with several
     # replicas the per-layer forward flags ride the one all-reduce.
     attributing = attribution.of(optimizer)
@@ -58,23 +58,36 @@ def step(optimizer, grads, trainable_variables, unscaled):
                            else lambda: attributing.forward_flags(records))
     apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables)
     roll_back(optimizer, finite)
-    advance_state(optimizer, finite)
+    advance_state(optimizer, finite, scale)
     finish_float8(optimizer, gathered, finite, scale)
     return finite
 
 
-def advance_state(optimizer, finite):
-    """Writes `next_state` of the global verdict into the variables."""
+def advance_state(optimizer, finite, scale=None):
+    """Writes `next_state` of the global verdict into the variables.
+
+    One branch per verdict, each `next_state` of that verdict as a Python
+    bool: a step runs only its own branch's few operations (the applied
+    one: count a good step, maybe grow) and writes only the fields that
+    branch changes, instead of computing and writing both outcomes.
+    ``scale``: the scale this step already read, if any.
+    """
     variables = optimizer._state_variables()
-    before = LossScaleState(
-        *(tf.convert_to_tensor(v.value) for v in variables))
-    before = before._replace(
-        last_step_skipped=tf.cast(before.last_step_skipped, tf.bool))
-    after = scale_state.next_state(optimizer.config, before, finite)
-    after = after._replace(
-        last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
-    for variable, value in zip(variables, after):
-        variable.assign(value)
+
+    def write(verdict):
+        def branch():
+            # The variables themselves: a field is read where the rule uses it.
+            before = LossScaleState(*(
+                scale if name == "scale" and scale is not None else v.value
+                for name, v in zip(LossScaleState._fields, variables)))
+            after = scale_state.next_state(optimizer.config, before, verdict)
+            for variable, old, new in zip(variables, before, after):
+                if new is not old:
+                    variable.assign(tf.cast(new, variable.dtype) if tf.is_tensor(new)
+                                    else tf.constant(new, variable.dtype))
+        return branch
+
+    tf.cond(finite, write(True), write(False))
     if optimizer._scratch.tally is not None:
         optimizer._scratch.tally.settle(finite)
 
