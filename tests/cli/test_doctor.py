@@ -33,6 +33,21 @@ def _planted(tmp_path):
     return str(path), str(npz)
 
 
+def _small(tmp_path, model, name):
+    """``model`` saved as ``name``.keras beside 32 samples of 16 ones (d.npz):
+    (its path, the output folder `_doctor` gives)."""
+    path = tmp_path / f"{name}.keras"
+    model.save(path)
+    np.savez(tmp_path / "d.npz", x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
+    return path, tmp_path / "out"
+
+
+def _doctor(path, tmp_path, *flags) -> int:
+    """``python -m tf_mixed doctor`` on a `_small` model and its data."""
+    return main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{tmp_path / 'd.npz'}",
+                 "--batch_size=16", *flags, f"--output_dir={tmp_path / 'out'}"])
+
+
 def test_doctor_writes_the_census_and_names_each_cause(tmp_path, capsys):
     path, npz = _planted(tmp_path)
     out = tmp_path / "out"
@@ -82,15 +97,9 @@ def test_measure_times_both_models(tmp_path, capsys):
 
 def test_measure_with_nothing_to_apply(tmp_path, capsys):
     keras.config.set_dtype_policy("mixed_bfloat16")
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32),
-                              keras.layers.Dense(4)])
-    path = tmp_path / "clean.keras"
-    model.save(path)
-    npz = tmp_path / "d.npz"
-    np.savez(npz, x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
-    out = tmp_path / "out"
-    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 "--measure", f"--output_dir={out}"])
+    path, out = _small(tmp_path, keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(4)]), "clean")
+    code = _doctor(path, tmp_path, "--measure")
     assert code == 0
     assert "nothing to measure" in capsys.readouterr().out
     assert json.loads((out / "doctor.json").read_text())["measured"]["applied"] == []
@@ -124,7 +133,8 @@ def test_dataset_shape_mismatch(tmp_path, capsys):
         "x matches the model's inputs.")
     # Images where the model takes vectors: the rank.
     line = _bad(tmp_path, capsys, path, "--dataset=shapes", "--batch_size=16")
-    assert "takes examples of shape (32,); the data has (32, 32, 3) (rank 2 expected, got 4)" in line
+    assert ("takes examples of shape (32,); the data has (32, 32, 3) (rank 2 expected, "
+            "got 4)") in line
 
 
 def test_targets_that_do_not_fit_name_both_shapes(tmp_path, capsys):
@@ -171,15 +181,10 @@ def test_bad_flags(tmp_path, capsys, args, expected):
 
 
 def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys):
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="hidden"),
-                              keras.layers.Dense(4, name="head")], name="plain")
-    path = tmp_path / "plain.keras"
-    model.save(path)
-    npz = tmp_path / "d.npz"
-    np.savez(npz, x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
-    out = tmp_path / "out"
-    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 f"--output_dir={out}"])
+    path, out = _small(tmp_path, keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(32, name="hidden"),
+         keras.layers.Dense(4, name="head")], name="plain"), "plain")
+    code = _doctor(path, tmp_path)
     printed = capsys.readouterr().out
     assert code == 0
     first = printed.split("\n\n")[0]
@@ -191,8 +196,7 @@ def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys
     assert f"python -m tf_mixed doctor {path} --policy={policy}" in first
     assert json.loads((out / "doctor.json").read_text())["first_change"] == first
     # Run as it says: converted, the model starts with its census instead.
-    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 f"--policy={policy}", f"--output_dir={out}"])
+    code = _doctor(path, tmp_path, f"--policy={policy}")
     assert code == 0 and capsys.readouterr().out.startswith("Census of model 'plain'")
     assert json.loads((out / "doctor.json").read_text())["first_change"] is None
 

@@ -320,10 +320,30 @@ class Float8Sync:
         self.longest_streak.assign(tf.zeros_like(self.longest_streak))
 
     @classmethod
-    def for_variables(cls, variables) -> Float8Sync | None:
-        """A sync for the float8 pairs among ``variables``, or None if none."""
+    def for_variables(cls, variables, accumulation_steps: int | None = None
+                      ) -> Float8Sync | None:
+        """A sync for the float8 pairs among ``variables``, or None if none.
+
+        Args:
+            variables: The optimizer's trainable variables.
+            accumulation_steps: The optimizer's gradient accumulation window
+                (None: none).
+
+        Raises:
+            ValueError: if ``variables`` hold float8 pairs and
+                ``accumulation_steps`` is set (not supported yet).
+        """
         slots = find_slots(variables)
-        return cls(slots) if slots else None
+        if not slots:
+            return None
+        if accumulation_steps is not None:
+            raise ValueError(
+                "LossScaleOptimizer cannot yet accumulate gradients of a model with "
+                "float8 layers: the float8 scales would not be agreed across "
+                "replicas. Received: gradient_accumulation_steps="
+                f"{accumulation_steps} and {len(slots)} float8 "
+                "tensors. Train the float8 model without accumulation.")
+        return cls(slots)
 
     def owns(self, variable) -> bool:
         """Whether ``variable`` is a scale or history this sync writes."""
