@@ -73,7 +73,7 @@ def test_saved_model_from_npz(saved, tmp_path, capsys):
     (["{root}/missing.keras"], r"MODEL='.*missing.keras': no such file"),
     (["{root}/broken.keras"], r"cannot be loaded as a Keras model"),
     (["{root}/m.keras", "--format=onnx"], r"--format='onnx': unknown format. Accepted: saved_model, litert"),
-    (["{root}/m.keras", "--precision=half"], r"cannot write precision='half'"),
+    (["{root}/m.keras", "--precision=half"], r"--precision='half': unknown precision"),
     (["{root}/m.keras", "--format=litert", "--precision=float16"],
      r"\(it is a saved_model precision\)"),
     (["{root}/m.keras", "--dataset=npz:{root}/x.npz", "--tolerance=-1"], r"--tolerance=-1.0"),

@@ -42,7 +42,27 @@ REFUSED_FROM_TABLES = [
     ["audit", "nope.keras"], ["probe", "nope.keras"], ["probe", "{model}", "--dataset=nope"],
     ["doctor", "{model}", "--policy=fp12"], ["doctor", "{model}", "--warmup_steps=-1"],
     ["export", "{model}", "--format=onnx"], ["export", "{model}", "--tolerance=-1"],
+    ["export", "{model}", "--precision=fp8"], ["export", "{model}", "--precision=bfloat16"],
+    ["bench", "--suite=memory", "--batch_size=6"], ["bench", "--suite=memory", "--policies=fp16"],
+    ["bench", "--suite=memory", "--policies=fp8"],
+    ["bench", "--suite=overhead", "--policies=fp16,bf16"],
+    ["bench", "--suite=overhead", "--policies=float32"],
 ]
+# What some of them say (flag, value, what is wrong, what is accepted).
+SAID = {
+    "--precision=fp8": "--precision='fp8': unknown precision. Accepted: float32, float16_weights, "
+                       "as_trained.",
+    "--precision=bfloat16": "--precision='bfloat16': --format=litert cannot write it (it is a "
+                            "saved_model precision). Accepted: float32, float16_weights, "
+                            "as_trained.",
+    "--batch_size=6": "--batch_size=6: must split into 4 micro-batches. Accepted: a multiple of 4.",
+    "--policies=fp16": "--policies='fp16': no path of the memory suite uses it. Accepted: float32, "
+                       "mixed_bfloat16, bfloat16.",
+    "--policies=fp8": "--policies='fp8': unknown policy.",
+    "--policies=fp16,bf16": "--policies='fp16,bf16': the overhead suite times exactly one mixed "
+                            "policy. Accepted: mixed_float16 or mixed_bfloat16.",
+    "--policies=float32": "--policies='float32': the overhead suite times exactly one mixed",
+}
 
 
 @pytest.fixture
@@ -85,6 +105,14 @@ def test_names_tables_and_numbers_are_checked_before_importing_tensorflow(no_ten
         assert cli_main.main(["tf_mixed", *_with(args, model_file)]) == 2, args
         err = capsys.readouterr().err
         assert err.startswith(f"tf_mixed {args[0]}: error: ") and len(err.splitlines()) == 1, err
+        if args[-1] in SAID:
+            assert SAID[args[-1]] in err, err
+
+
+def test_the_overhead_suite_counts_auto_once_tensorflow_has_resolved_it(no_tensorflow):
+    # "auto" may be the one mixed policy, or float32: the count waits for TensorFlow.
+    with pytest.raises(_Imported):
+        cli_main.main(["tf_mixed", "bench", "--suite=overhead", "--policies=float32,auto"])
 
 
 def test_a_number_below_its_minimum_is_said_the_same_way_by_every_command(no_tensorflow, capsys,

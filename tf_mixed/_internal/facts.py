@@ -65,6 +65,38 @@ SQUASHING_ACTIVATIONS = ("softmax", "sigmoid", "log_softmax")
 # may switch to a mixed policy, and `probe` may compare against float32.
 FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
 
+# Serving artifacts `tf_mixed.export` writes, and format -> the precisions it
+# can write (`tf_mixed.serving.exporting`; the command line checks --format and
+# --precision against them before TensorFlow loads). A LiteRT file computes in
+# float32 (its builtin kernels); "float16_weights" stores the weights in
+# float16. A SavedModel computes in the precision written, inputs as the model
+# declares them and outputs in float32.
+EXPORT_FORMATS = ("saved_model", "litert")
+EXPORT_PRECISIONS = {
+    "saved_model": ("float32", "float16", "bfloat16", "as_trained"),
+    "litert": ("float32", "float16_weights", "as_trained"),
+}
+
+
+def export_precision_problem(format: str, precision: str) -> str:
+    """Why ``format`` cannot write ``precision`` ("" when it can).
+
+    Args:
+      format: One of `EXPORT_FORMATS`.
+      precision: A precision name as given.
+
+    Returns:
+      "" when `EXPORT_PRECISIONS` lists ``precision`` for ``format``; else a
+      clause: "it is a saved_model precision", or "the precisions are ...".
+    """
+    if precision in EXPORT_PRECISIONS[format]:
+        return ""
+    fit = [f for f in EXPORT_FORMATS if precision in EXPORT_PRECISIONS[f]]
+    if fit:
+        return f"it is a {' or '.join(fit)} precision"
+    known = sorted({p for ps in EXPORT_PRECISIONS.values() for p in ps})
+    return f"the precisions are {', '.join(known)}"
+
 
 def half_policy(compute_dtype: str) -> str | None:
     """The mixed policy computing in ``compute_dtype`` ("float16" ->
