@@ -6,8 +6,8 @@
 # tests/internal/test_facts.py fails when a module restates a table (tuple, list, set
 # or dict) instead of importing it.
 #
-# Keras is imported inside the functions that need it, so `tf_mixed.policy.autotune`
-# can read the policy table without loading TensorFlow.
+# Keras (and NumPy) are imported inside the functions that need them, so
+# `tf_mixed.policy.autotune` and the command line read the tables without loading them.
 
 from __future__ import annotations
 
@@ -296,8 +296,18 @@ def dtype_limits(dtype: str) -> DtypeLimits:
 
 
 # Machine epsilon (the gap between 1 and the next float) of each float dtype.
-# `tf_mixed.export` derives its default parity tolerances from these.
-EPSILON = {name: dtype_limits(name).eps for name in ("float32", "float16", "bfloat16")}
+# `tf_mixed.export` derives its default parity tolerances from these. Made on
+# first use (`__getattr__`): reading it imports NumPy and ml_dtypes, which the
+# command line's --help and argument checks (they read this module) do without.
+EPSILON: dict[str, float]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EPSILON":
+        table = {dtype: dtype_limits(dtype).eps for dtype in ("float32", "float16", "bfloat16")}
+        globals()["EPSILON"] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def largest_exact_integer(dtype: str) -> int:
