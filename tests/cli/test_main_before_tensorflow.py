@@ -47,11 +47,12 @@ REFUSED_FROM_TABLES = [
     ["bench", "--suite=memory", "--policies=fp8"],
     ["bench", "--suite=overhead", "--policies=fp16,bf16"],
     ["bench", "--suite=overhead", "--policies=float32"],
+    ["bench", "--epochs=zero"], ["bench", "--download=maybe"], ["probe", "{model}", "--batches=x"],
+    ["audit", "{npz}"], ["doctor", "{npz}"], ["export", "{model}", "--precision=int8"],
+    ["rollback-cost", "--steps=x"], ["litert-latency", "--model=vgg"],
 ]
 # What some of them say (flag, value, what is wrong, what is accepted).
 SAID = {
-    "--precision=fp8": "--precision='fp8': unknown precision. Accepted: float32, float16_weights, "
-                       "as_trained.",
     "--precision=bfloat16": "--precision='bfloat16': --format=litert cannot write it (it is a "
                             "saved_model precision). Accepted: float32, float16_weights, "
                             "as_trained.",
@@ -62,6 +63,19 @@ SAID = {
     "--policies=fp16,bf16": "--policies='fp16,bf16': the overhead suite times exactly one mixed "
                             "policy. Accepted: mixed_float16 or mixed_bfloat16.",
     "--policies=float32": "--policies='float32': the overhead suite times exactly one mixed",
+    "--epochs=zero": "--epochs='zero': not a whole number. Accepted: a whole number, such as "
+                     "--epochs=4 (the default).",
+    "--download=maybe": "--download='maybe': not true or false. Accepted: true or false, such as "
+                        "--download=true (the default).",
+    "--batches=x": "--batches='x': not a whole number.",
+    "{npz}": "MODEL='{npz}': not a saved Keras model (Keras loads .keras, .h5, .hdf5 files). Pass "
+             "the path of a saved .keras model",
+    "--precision=int8": "--precision='int8': unknown precision. Accepted: with --format=litert: "
+                        "float32, float16_weights, as_trained; with --format=saved_model: ",
+    "--steps=x": "argument --steps: invalid int value: 'x'; see python -m tf_mixed rollback-cost "
+                 "--help",
+    "--model=vgg": "argument --model: invalid choice: 'vgg' (choose from 'mlp', 'cnn', 'resnet18', "
+                   "'resnet50'); see python -m tf_mixed litert-latency --help",
 }
 
 
@@ -69,11 +83,13 @@ SAID = {
 def model_file(tmp_path):
     path = tmp_path / "m.keras"
     path.write_bytes(b"")
+    (tmp_path / "x.npz").write_bytes(b"")  # "{npz}": a file, not a model
     return str(path)
 
 
 def _with(args, model_file):
-    return [model_file if a == "{model}" else a for a in args]
+    npz = model_file.replace("m.keras", "x.npz")
+    return [{"{model}": model_file, "{npz}": npz}.get(a, a) for a in args]
 
 
 class _Imported(Exception):
@@ -106,7 +122,8 @@ def test_names_tables_and_numbers_are_checked_before_importing_tensorflow(no_ten
         err = capsys.readouterr().err
         assert err.startswith(f"tf_mixed {args[0]}: error: ") and len(err.splitlines()) == 1, err
         if args[-1] in SAID:
-            assert SAID[args[-1]] in err, err
+            said = SAID[args[-1]].replace("{npz}", _with(["{npz}"], model_file)[0])
+            assert said in err, err
 
 
 def test_the_overhead_suite_counts_auto_once_tensorflow_has_resolved_it(no_tensorflow):

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 
 class UsageError(ValueError):
     """A flag has a value that cannot be used.
@@ -64,3 +67,17 @@ class ChildFailed(RuntimeError):
     def __init__(self, message: str, usage: bool = False):
         super().__init__(message)
         self.usage = usage
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An `argparse.ArgumentParser` whose bad input is one line, as in every command.
+
+    ``prog`` is the command as typed (``"python -m tf_mixed rollback-cost"``); an
+    error prints ``tf_mixed rollback-cost: error: MESSAGE; see ... --help`` (no
+    usage block) and exits with status 2.
+    """
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("python -m ")
+        print(f"{command}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)

@@ -85,11 +85,13 @@ def _check_flags(fv) -> None:
         raise UsageError("format", fv.format, "unknown format", ", ".join(EXPORT_FORMATS))
     problem = export_precision_problem(fmt, precision)
     if problem:
-        known = any(precision in names for names in EXPORT_PRECISIONS.values())
-        raise UsageError("precision", fv.precision,
-                         f"--format={fmt} cannot write it ({problem})" if known
-                         else "unknown precision", ", ".join(EXPORT_PRECISIONS[fmt]),
-                         "" if known else f"(--format={fmt}; {problem}.)")
+        if any(precision in names for names in EXPORT_PRECISIONS.values()):
+            raise UsageError("precision", fv.precision,
+                             f"--format={fmt} cannot write it ({problem})",
+                             ", ".join(EXPORT_PRECISIONS[fmt]))
+        raise UsageError("precision", fv.precision, "unknown precision", "; ".join(
+            f"with --format={f}: {', '.join(EXPORT_PRECISIONS[f])}"
+            for f in sorted(EXPORT_PRECISIONS, key=lambda f: f != fmt)))
 
 
 def _sample(fv, model):

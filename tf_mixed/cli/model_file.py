@@ -48,11 +48,19 @@ def first_line(error: BaseException) -> str:
     return line[:500]
 
 
+# The file names `keras.saving.load_model` reads (a .keras archive; legacy HDF5).
+MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
 def missing(path: str) -> str | None:
-    """The one-line error for a MODEL path that is not a file, else None."""
-    if os.path.isfile(path):
-        return None
-    return f"MODEL={path!r}: no such file. Pass the path of a saved .keras model."
+    """The one-line error for a MODEL path that is not a file Keras loads by its
+    name (no such file, or a name ending in none of `MODEL_SUFFIXES`), else None."""
+    if not os.path.isfile(path):
+        return f"MODEL={path!r}: no such file. Pass the path of a saved .keras model."
+    if not path.lower().endswith(MODEL_SUFFIXES):
+        return (f"MODEL={path!r}: not a saved Keras model (Keras loads {', '.join(MODEL_SUFFIXES)} "
+                "files). Pass the path of a saved .keras model (model.save('model.keras')).")
+    return None
 
 
 def load(path: str, safe_mode: bool = True, custom_modules=()):
