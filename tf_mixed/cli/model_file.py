@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 
 from absl import flags
 
@@ -100,8 +101,12 @@ def load(path: str, safe_mode: bool = True, custom_modules=()):
         custom_objects.update((key, value) for key, value in vars(module).items()
                               if callable(value) and not key.startswith("_"))
     try:
-        model = keras.saving.load_model(path, custom_objects=custom_objects,
-                                        safe_mode=safe_mode)
+        with warnings.catch_warnings():
+            # A model compiled but never trained is saved with an unbuilt optimizer, and
+            # Keras warns that it skips loading its state: no command here uses that state.
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            model = keras.saving.load_model(path, custom_objects=custom_objects,
+                                            safe_mode=safe_mode)
     except Exception:  # a compiled state that does not load: the weights may
         try:
             model = keras.saving.load_model(path, custom_objects=custom_objects,
