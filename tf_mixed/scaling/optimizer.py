@@ -276,6 +276,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
         self._scratch.float8 = Float8Sync.for_variables(
             var_list, None if self.accumulator is None else self.accumulator.steps)
+        if self._scratch.float8 is not None and self.inner_optimizer.use_ema:
+            # Keras's TF optimizer would write None over the float8 pairs.
+            _internals.overwrite_only_averaged_variables(self.inner_optimizer)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
