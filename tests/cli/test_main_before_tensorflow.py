@@ -72,8 +72,8 @@ SAID = {
              "the path of a saved .keras model",
     "--precision=int8": "--precision='int8': unknown precision. Accepted: with --format=litert: "
                         "float32, float16_weights, as_trained; with --format=saved_model: ",
-    "--steps=x": "argument --steps: invalid int value: 'x'; see python -m tf_mixed rollback-cost "
-                 "--help",
+    "--steps=x": "tf_mixed rollback-cost: error: --steps='x': not a whole number. Accepted: a "
+                 "whole number, such as --steps=20 (the default).",
     "--model=vgg": "argument --model: invalid choice: 'vgg' (choose from 'mlp', 'cnn', 'resnet18', "
                    "'resnet50'); see python -m tf_mixed litert-latency --help",
 }

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 
@@ -79,5 +80,14 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         command = self.prog.removeprefix("python -m ")
-        print(f"{command}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        wrong_type = re.fullmatch(r"argument --(\w+): invalid (int|float) value: '(.*)'",
+                                  message, re.DOTALL)
+        if wrong_type:  # the wording of the absl commands (tf_mixed.cli.model_command)
+            name, kind, value = wrong_type.groups()
+            kind = "a whole number" if kind == "int" else "a number"
+            message = str(UsageError(name, value, f"not {kind}", f"{kind}, such as "
+                                     f"--{name}={self.get_default(name)} (the default)"))
+        else:
+            message += f"; see {self.prog} --help"
+        print(f"{command}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
