@@ -1,4 +1,4 @@
-"""``--suite=memory`` and ``--suite=bf16``: bad input, the pieces, one tiny run each.
+"""``--suite=memory`` and ``--suite=bf16``: the pieces, one tiny run each.
 
 The suites' figures (BUILD_NOTES.md, issue 21) come from runs by hand; here a
 child of the memory suite and a two-path quality run are run small.
@@ -9,23 +9,17 @@ import json
 import numpy as np
 import pytest
 
-from tf_mixed.__main__ import main
 from tf_mixed.bench import bf16_quality, memory_suite
 from tf_mixed.bench.config import BenchConfig
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("flags,expected", [
-    (["--batch_size=6"], "--batch_size=6: must split into 4 micro-batches"),
-    (["--policies=mixed_float16"], "no path of the memory suite uses it"),
-    (["--policies=fp8"], "--policies='fp8': unknown policy"),
-])
-def test_memory_suite_bad_flags_exit_2_before_any_work(tmp_path, capsys, flags, expected):
-    out = tmp_path / "out"
-    code = main(["tf_mixed", "bench", "--suite=memory", f"--output_dir={out}", *flags])
-    assert code == 2
-    assert expected in capsys.readouterr().err
-    assert not out.exists()
+def test_memory_suite_selects_its_paths_from_the_flags():
+    # Its refusals (each before TensorFlow) are in tests/cli/test_main_before_tensorflow.py.
+    assert memory_suite.selected_paths(("bf16",), 6) == ["mixed_bfloat16"]
+    assert memory_suite.selected_paths(("fp32",), 8) == ["float32", "float32 accum4"]
+    assert memory_suite.selected_paths((), 8, ["float32", "bfloat16 kahan, float32 state"]) == [
+        "float32", "bfloat16 kahan, float32 state"]
+    assert memory_suite.selected_paths(("float32",), 6, ["float32"]) == ["float32"]
 
 
 def test_every_memory_path_is_available_with_accumulation():

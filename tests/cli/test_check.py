@@ -1,5 +1,9 @@
-"""``python -m tf_mixed check`` on a pass prints its report and nothing else (issue 37)."""
+"""``python -m tf_mixed check`` on a pass prints its report and nothing else (issue 37).
 
+Neither tf_mixed's warnings nor TensorFlow's retracing log of the scenarios show then.
+"""
+
+import logging
 import warnings
 
 import pytest
@@ -22,9 +26,17 @@ class _Result:
 @pytest.mark.parametrize("passed", [True, False])
 def test_the_scenarios_own_warnings_show_only_when_the_check_fails(passed, monkeypatch, capsys):
     def run_check(**kwargs):  # a scenario that skips a step on purpose: tf_mixed warns
-        warnings.warn("a step was skipped on purpose", tf_mixed.callbacks.MixedPrecisionWarning)
-        warnings.warn("something else", UserWarning)
+        warnings.warn("a step was skipped on purpose", tf_mixed.callbacks.MixedPrecisionWarning,
+                      stacklevel=2)
+        warnings.warn("something else", UserWarning, stacklevel=2)
+        logging.getLogger("tensorflow").warning("5 out of the last 8 calls triggered retracing")
         return _Result(passed)
+
+    tf_log: list[str] = []  # what TensorFlow's logger hands its own handlers
+    seen = logging.Handler()
+    seen.emit = lambda record: tf_log.append(record.getMessage())
+    monkeypatch.setattr(logging.getLogger("tensorflow"), "handlers",
+                        [*logging.getLogger("tensorflow").handlers, seen])
 
     monkeypatch.setattr(scenarios, "run_check", run_check)
     monkeypatch.setattr(scenarios, "prepare_devices", lambda: None)
@@ -37,3 +49,4 @@ def test_the_scenarios_own_warnings_show_only_when_the_check_fails(passed, monke
     messages = [str(w.message) for w in shown]
     assert "something else" in messages  # not tf_mixed's: shown as usual
     assert ("a step was skipped on purpose" in messages) is (not passed)
+    assert tf_log == ([] if passed else ["5 out of the last 8 calls triggered retracing"])

@@ -42,18 +42,54 @@ REFUSED_FROM_TABLES = [
     ["audit", "nope.keras"], ["probe", "nope.keras"], ["probe", "{model}", "--dataset=nope"],
     ["doctor", "{model}", "--policy=fp12"], ["doctor", "{model}", "--warmup_steps=-1"],
     ["export", "{model}", "--format=onnx"], ["export", "{model}", "--tolerance=-1"],
+    ["export", "{model}", "--precision=fp8"], ["export", "{model}", "--precision=bfloat16"],
+    ["bench", "--suite=memory", "--batch_size=6"], ["bench", "--suite=memory", "--policies=fp16"],
+    ["bench", "--suite=memory", "--policies=fp8"],
+    ["bench", "--suite=overhead", "--policies=fp16,bf16"],
+    ["bench", "--suite=overhead", "--policies=float32"],
+    ["bench", "--epochs=zero"], ["bench", "--download=maybe"], ["probe", "{model}", "--batches=x"],
+    ["audit", "{npz}"], ["doctor", "{npz}"], ["export", "{model}", "--precision=int8"],
+    ["rollback-cost", "--steps=x"], ["litert-latency", "--model=vgg"],
 ]
+# What some of them say (flag, value, what is wrong, what is accepted).
+SAID = {
+    "--precision=bfloat16": "--precision='bfloat16': --format=litert cannot write it (it is a "
+                            "saved_model precision). Accepted: float32, float16_weights, "
+                            "as_trained.",
+    "--batch_size=6": "--batch_size=6: must split into 4 micro-batches. Accepted: a multiple of 4.",
+    "--policies=fp16": "--policies='fp16': no path of the memory suite uses it. Accepted: float32, "
+                       "mixed_bfloat16, bfloat16.",
+    "--policies=fp8": "--policies='fp8': unknown policy.",
+    "--policies=fp16,bf16": "--policies='fp16,bf16': the overhead suite times exactly one mixed "
+                            "policy. Accepted: mixed_float16 or mixed_bfloat16.",
+    "--policies=float32": "--policies='float32': the overhead suite times exactly one mixed",
+    "--epochs=zero": "--epochs='zero': not a whole number. Accepted: a whole number, such as "
+                     "--epochs=4 (the default).",
+    "--download=maybe": "--download='maybe': not true or false. Accepted: true or false, such as "
+                        "--download=true (the default).",
+    "--batches=x": "--batches='x': not a whole number.",
+    "{npz}": "MODEL='{npz}': not a saved Keras model (Keras loads .keras, .h5, .hdf5 files). Pass "
+             "the path of a saved .keras model",
+    "--precision=int8": "--precision='int8': unknown precision. Accepted: with --format=litert: "
+                        "float32, float16_weights, as_trained; with --format=saved_model: ",
+    "--steps=x": "tf_mixed rollback-cost: error: --steps='x': not a whole number. Accepted: a "
+                 "whole number, such as --steps=20 (the default).",
+    "--model=vgg": "argument --model: invalid choice: 'vgg' (choose from 'mlp', 'cnn', 'resnet18', "
+                   "'resnet50'); see python -m tf_mixed litert-latency --help",
+}
 
 
 @pytest.fixture
 def model_file(tmp_path):
     path = tmp_path / "m.keras"
     path.write_bytes(b"")
+    (tmp_path / "x.npz").write_bytes(b"")  # "{npz}": a file, not a model
     return str(path)
 
 
 def _with(args, model_file):
-    return [model_file if a == "{model}" else a for a in args]
+    npz = model_file.replace("m.keras", "x.npz")
+    return [{"{model}": model_file, "{npz}": npz}.get(a, a) for a in args]
 
 
 class _Imported(Exception):
@@ -85,6 +121,15 @@ def test_names_tables_and_numbers_are_checked_before_importing_tensorflow(no_ten
         assert cli_main.main(["tf_mixed", *_with(args, model_file)]) == 2, args
         err = capsys.readouterr().err
         assert err.startswith(f"tf_mixed {args[0]}: error: ") and len(err.splitlines()) == 1, err
+        if args[-1] in SAID:
+            said = SAID[args[-1]].replace("{npz}", _with(["{npz}"], model_file)[0])
+            assert said in err, err
+
+
+def test_the_overhead_suite_counts_auto_once_tensorflow_has_resolved_it(no_tensorflow):
+    # "auto" may be the one mixed policy, or float32: the count waits for TensorFlow.
+    with pytest.raises(_Imported):
+        cli_main.main(["tf_mixed", "bench", "--suite=overhead", "--policies=float32,auto"])
 
 
 def test_a_number_below_its_minimum_is_said_the_same_way_by_every_command(no_tensorflow, capsys,
@@ -115,7 +160,7 @@ seen = []
 for args, status in cases:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         code = main.main(["tf_mixed", *args])
-    seen.append([args, code, "tensorflow" in sys.modules or "keras" in sys.modules])
+    seen.append([args, code, any(m in sys.modules for m in ("tensorflow", "keras", "numpy"))])
 print(json.dumps(seen))
 """
 

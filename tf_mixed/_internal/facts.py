@@ -6,8 +6,8 @@
 # tests/internal/test_facts.py fails when a module restates a table (tuple, list, set
 # or dict) instead of importing it.
 #
-# Keras is imported inside the functions that need it, so `tf_mixed.policy.autotune`
-# can read the policy table without loading TensorFlow.
+# Keras (and NumPy) are imported inside the functions that need them, so
+# `tf_mixed.policy.autotune` and the command line read the tables without loading them.
 
 from __future__ import annotations
 
@@ -64,6 +64,38 @@ SQUASHING_ACTIVATIONS = ("softmax", "sigmoid", "log_softmax")
 # Dtype policies whose layers compute in a float type: the ones `convert`
 # may switch to a mixed policy, and `probe` may compare against float32.
 FLOAT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+
+# Serving artifacts `tf_mixed.export` writes, and format -> the precisions it
+# can write (`tf_mixed.serving.exporting`; the command line checks --format and
+# --precision against them before TensorFlow loads). A LiteRT file computes in
+# float32 (its builtin kernels); "float16_weights" stores the weights in
+# float16. A SavedModel computes in the precision written, inputs as the model
+# declares them and outputs in float32.
+EXPORT_FORMATS = ("saved_model", "litert")
+EXPORT_PRECISIONS = {
+    "saved_model": ("float32", "float16", "bfloat16", "as_trained"),
+    "litert": ("float32", "float16_weights", "as_trained"),
+}
+
+
+def export_precision_problem(format: str, precision: str) -> str:
+    """Why ``format`` cannot write ``precision`` ("" when it can).
+
+    Args:
+      format: One of `EXPORT_FORMATS`.
+      precision: A precision name as given.
+
+    Returns:
+      "" when `EXPORT_PRECISIONS` lists ``precision`` for ``format``; else a
+      clause: "it is a saved_model precision", or "the precisions are ...".
+    """
+    if precision in EXPORT_PRECISIONS[format]:
+        return ""
+    fit = [f for f in EXPORT_FORMATS if precision in EXPORT_PRECISIONS[f]]
+    if fit:
+        return f"it is a {' or '.join(fit)} precision"
+    known = sorted({p for ps in EXPORT_PRECISIONS.values() for p in ps})
+    return f"the precisions are {', '.join(known)}"
 
 
 def half_policy(compute_dtype: str) -> str | None:
@@ -264,8 +296,18 @@ def dtype_limits(dtype: str) -> DtypeLimits:
 
 
 # Machine epsilon (the gap between 1 and the next float) of each float dtype.
-# `tf_mixed.export` derives its default parity tolerances from these.
-EPSILON = {name: dtype_limits(name).eps for name in ("float32", "float16", "bfloat16")}
+# `tf_mixed.export` derives its default parity tolerances from these. Made on
+# first use (`__getattr__`): reading it imports NumPy and ml_dtypes, which the
+# command line's --help and argument checks (they read this module) do without.
+EPSILON: dict[str, float]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EPSILON":
+        table = {dtype: dtype_limits(dtype).eps for dtype in ("float32", "float16", "bfloat16")}
+        globals()["EPSILON"] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def largest_exact_integer(dtype: str) -> int:

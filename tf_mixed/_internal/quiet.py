@@ -62,6 +62,11 @@ def defer(verbose: bool) -> None:
     set_log_level(os.environ, _verbose)
 
 
+def is_verbose() -> bool:
+    """What `defer` was told: whether the command line was given ``--verbose``."""
+    return _verbose
+
+
 def import_tensorflow(verbose: bool | None = None) -> None:
     """Sets the log level, then imports TensorFlow and Keras without their C++ log lines.
 

@@ -182,9 +182,27 @@ class BenchConfig:
         if self.suite == "overhead" and self.strategy != "default":
             raise UsageError("strategy", self.strategy,
                              "the overhead suite runs without a strategy", "default")
+        if self.suite == "overhead" and self.policies:
+            # Counted from the names; "auto" is counted once resolved, after TensorFlow
+            # loads (tf_mixed.bench.overhead), unless the names alone are too many.
+            keys = {names.canonical(p) for p in self.policies}
+            mixed = keys - {"float32", "auto"}
+            if len(mixed) > 1 or ("auto" not in keys and len(mixed) != 1):
+                raise not_one_mixed_policy(self.policies)
+        if self.suite == "memory":
+            from tf_mixed.bench import memory_suite  # no TensorFlow at import
+
+            memory_suite.selected_paths(self.policies, self.batch_size)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def not_one_mixed_policy(policies: tuple[str, ...]) -> UsageError:
+    """The overhead suite's refusal of a ``--policies`` list that is not one mixed policy."""
+    return UsageError("policies", ",".join(policies),
+                      "the overhead suite times exactly one mixed policy",
+                      "mixed_float16 or mixed_bfloat16")
 
 
 def resolve_policies(requested: tuple[str, ...], *,

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 
 from tf_mixed._internal import quiet
-from tf_mixed._internal.cli_errors import below_minimum
+from tf_mixed._internal.cli_errors import OneLineParser, below_minimum
 
 __all__ = ["main", "measure"]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m tf_mixed litert-latency",
         description="Size, parity and latency of float32 vs float16-weight LiteRT files.")
     parser.add_argument("--model", default="cnn", choices=("mlp", "cnn", "resnet18", "resnet50"))

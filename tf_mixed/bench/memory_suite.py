@@ -67,6 +67,51 @@ def available_paths() -> list[str]:
     return [name for name, spec in PATHS.items() if spec[3] == 1 or accumulates]
 
 
+def selected_paths(policies: tuple[str, ...], batch_size: int,
+                   available: list[str] | None = None) -> list[str]:
+    """The paths ``--policies`` and ``--batch_size`` select, or the flag they cannot use.
+
+    Reads names and numbers only (no TensorFlow): the command line calls it
+    before TensorFlow loads, with every path of `PATHS`; `run_memory` again
+    with `available_paths`.
+
+    Args:
+        policies: ``--policies`` as given (empty: every path); names of
+            `tf_mixed.policy.POLICY_NAMES`, aliases included.
+        batch_size: ``--batch_size``: split into `ACCUMULATION` micro-batches
+            where an accumulating path is selected.
+        available: The paths to choose from; None for all of `PATHS`.
+
+    Returns:
+        The selected paths, in `PATHS` order.
+
+    Raises:
+        UsageError: For a name that is no policy, a list no path uses, or a
+            batch that does not split.
+    """
+    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed._internal.facts import POLICY_ALIASES, POLICY_NAMES
+
+    paths = list(PATHS) if available is None else list(available)
+    if policies:
+        wanted = set()
+        for name in policies:
+            key = name.strip().lower()
+            if key not in POLICY_ALIASES:
+                raise UsageError("policies", name, "unknown policy", ", ".join(POLICY_NAMES))
+            wanted.add(POLICY_ALIASES[key])
+        paths = [p for p in paths if PATHS[p][0] in wanted]
+        if not paths:
+            raise UsageError("policies", ",".join(policies),
+                             "no path of the memory suite uses it",
+                             ", ".join(dict.fromkeys(spec[0] for spec in PATHS.values())))
+    if any(PATHS[p][3] > 1 for p in paths) and batch_size % ACCUMULATION:
+        raise UsageError("batch_size", batch_size,
+                         f"must split into {ACCUMULATION} micro-batches",
+                         f"a multiple of {ACCUMULATION}")
+    return paths
+
+
 def run_memory(config, command: str) -> dict[str, Any]:
     """Runs the suite: one fresh process per path and round; files; table.
 
@@ -83,28 +128,9 @@ def run_memory(config, command: str) -> dict[str, Any]:
         UsageError: for flags this suite cannot honour, before any work.
         RuntimeError: if a path's process failed.
     """
-    from tf_mixed._internal.cli_errors import UsageError
     from tf_mixed.bench import report as bench_report
-    from tf_mixed.policy import global_policy as policy
 
-    paths = available_paths()
-    if config.policies:
-        wanted = set()
-        for name in config.policies:
-            try:
-                wanted.add(policy.canonical_name(name))
-            except (TypeError, ValueError):
-                raise UsageError("policies", name, "unknown policy",
-                                 ", ".join(policy.POLICY_NAMES)) from None
-        paths = [p for p in paths if PATHS[p][0] in wanted]
-        if not paths:
-            raise UsageError("policies", ",".join(config.policies),
-                             "no path of the memory suite uses it",
-                             "float32, mixed_bfloat16, bfloat16")
-    if any(PATHS[p][3] > 1 for p in paths) and config.batch_size % ACCUMULATION:
-        raise UsageError("batch_size", config.batch_size,
-                         f"must split into {ACCUMULATION} micro-batches",
-                         f"a multiple of {ACCUMULATION}")
+    paths = selected_paths(config.policies, config.batch_size, available_paths())
     created = bench_report.check_output_dir(config.output_dir)
     settings = {
         "batch_size": config.batch_size,

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal.facts import POLICY_ALIASES
 from tf_mixed.policy import POLICY_NAMES
 
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "transformer")
@@ -53,6 +54,13 @@ def check_policy(name: object, flag: str = "policies") -> str:
         raise UsageError(flag, name, "unknown policy",
                          ", ".join(list(POLICY_NAMES) + list(BENCH_POLICIES)))
     return key
+
+
+def canonical(name: str) -> str:
+    """``name`` (a checked policy: `check_policy`) in canonical form: an alias
+    resolved ("bf16" -> "mixed_bfloat16"), "auto" and bench-only names as given."""
+    key = name.strip().lower()
+    return POLICY_ALIASES.get(key, key)
 
 
 def parse_spec(spec: object) -> tuple[str, str, str]:

@@ -26,7 +26,6 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import config as config_module
 from tf_mixed.bench import models, train
 from tf_mixed.bench import report as report_module
@@ -49,11 +48,8 @@ def _overhead_policy(config: BenchConfig) -> tuple[str, str]:
     names, _ = config_module.resolve_policies(config.policies)
     mixed = [n for n in names if n != "float32"]
     if len(mixed) != 1:
-        raise UsageError(
-            "policies", ",".join(config.policies),
-            "the overhead suite times exactly one mixed policy",
-            "mixed_float16 or mixed_bfloat16",
-        )
+        # Only "auto" gets here: BenchConfig.validate counted the other names.
+        raise config_module.not_one_mixed_policy(config.policies)
     return mixed[0], f"{mixed[0]} (as requested)"
 
 

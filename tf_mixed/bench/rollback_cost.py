@@ -15,13 +15,13 @@ import sys
 import time
 
 from tf_mixed._internal import quiet
-from tf_mixed._internal.cli_errors import below_minimum
+from tf_mixed._internal.cli_errors import OneLineParser, below_minimum
 
 __all__ = ["main"]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m tf_mixed rollback-cost",
         description="Step time and memory of forward-state rollback on "
                     "ResNet-18.")

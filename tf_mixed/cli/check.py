@@ -11,15 +11,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import platform
 import sys
 import tempfile
 import time
 import warnings
+from typing import Iterator
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import progress, quiet
 
 PARTS = ("tf_mixed", "keras", "throughput", "defects")
 _OK, _FAIL = "ok", "FAIL"
@@ -223,8 +226,10 @@ def main(argv: list[str]) -> int:
 
     start = time.perf_counter()
     # The scenarios overflow and skip steps on purpose, so tf_mixed warns as it
-    # should: held back while they run, shown only if the check fails.
-    with warnings.catch_warnings(record=True) as raised:
+    # should, and they call the same tf.function in many set-ups, so TensorFlow
+    # logs that it retraces: both held back while they run, shown only if the
+    # check fails (TensorFlow's log also with --verbose).
+    with warnings.catch_warnings(record=True) as raised, _held_tf_log() as logged:
         warnings.simplefilter("always", tf_mixed.callbacks.MixedPrecisionWarning)
         try:
             result = _run_parts(args, selfcheck)
@@ -233,6 +238,9 @@ def main(argv: list[str]) -> int:
     info = hardware.detect()
     print(render(result, info))
     _show_warnings(raised, shown_all=not result.passed)
+    if not result.passed or quiet.is_verbose():
+        for record in logged:
+            logging.getLogger("tensorflow").handle(record)
     if args.output:
         payload = dict(
             result.to_json(),
@@ -266,6 +274,30 @@ def _run_parts(args, selfcheck):
         strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
         result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
     return result
+
+
+class _Holding(logging.Handler):
+    def __init__(self, held: list[logging.LogRecord]):
+        super().__init__(logging.WARNING)
+        self.held = held
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.held.append(record)
+
+
+@contextlib.contextmanager
+def _held_tf_log() -> Iterator[list[logging.LogRecord]]:
+    """Holds back the records of TensorFlow's Python logger (its own handlers
+    included) while the block runs; yields the list they are kept in."""
+    logger = logging.getLogger("tensorflow")
+    held: list[logging.LogRecord] = []
+    saved = (list(logger.handlers), logger.propagate)
+    logger.handlers = [_Holding(held)]
+    logger.propagate = False
+    try:
+        yield held
+    finally:
+        logger.handlers, logger.propagate = saved
 
 
 def _show_warnings(raised, *, shown_all: bool) -> None:

@@ -38,11 +38,13 @@ REPORT_NAME = "export.json"
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
+    from tf_mixed._internal.facts import EXPORT_FORMATS, EXPORT_PRECISIONS
     from tf_mixed.bench import config
 
-    flags.DEFINE_string("format", "litert", "saved_model or litert.", flag_values=fv)
-    flags.DEFINE_string("precision", "float32", "float32, float16_weights (litert), float16 or "
-                        "bfloat16 (saved_model), as_trained.", flag_values=fv)
+    flags.DEFINE_string("format", "litert", " or ".join(EXPORT_FORMATS) + ".", flag_values=fv)
+    flags.DEFINE_string("precision", "float32", "; ".join(
+        f"{fmt}: {', '.join(names)}" for fmt, names in EXPORT_PRECISIONS.items()) + ".",
+        flag_values=fv)
     flags.DEFINE_string("dataset", "", f"Sample data: {config.DATA_ACCEPTED}, or npz:PATH "
                         "with an array x. Empty: no parity check.", flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
@@ -63,17 +65,33 @@ def _error(message: str) -> int:
 
 
 def _check_flags(fv) -> None:
-    """The flags checked before TensorFlow loads: --tolerance, --format.
+    """The flags checked before TensorFlow loads: --tolerance, --format, --precision
+    (against `tf_mixed.export`'s own table, `tf_mixed._internal.facts.EXPORT_PRECISIONS`).
 
     Raises:
         UsageError: Naming the flag.
     """
     from tf_mixed._internal.cli_errors import UsageError, below_minimum
+    from tf_mixed._internal.facts import (
+        EXPORT_FORMATS,
+        EXPORT_PRECISIONS,
+        export_precision_problem,
+    )
 
     if fv.tolerance < 0:
         raise below_minimum("tolerance", fv.tolerance, 0, "0 picks the precision's default.")
-    if fv.format.strip().lower() not in ARTIFACT_NAMES:
-        raise UsageError("format", fv.format, "unknown format", ", ".join(ARTIFACT_NAMES))
+    fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError("format", fv.format, "unknown format", ", ".join(EXPORT_FORMATS))
+    problem = export_precision_problem(fmt, precision)
+    if problem:
+        if any(precision in names for names in EXPORT_PRECISIONS.values()):
+            raise UsageError("precision", fv.precision,
+                             f"--format={fmt} cannot write it ({problem})",
+                             ", ".join(EXPORT_PRECISIONS[fmt]))
+        raise UsageError("precision", fv.precision, "unknown precision", "; ".join(
+            f"with --format={f}: {', '.join(EXPORT_PRECISIONS[f])}"
+            for f in sorted(EXPORT_PRECISIONS, key=lambda f: f != fmt)))
 
 
 def _sample(fv, model):

@@ -30,6 +30,7 @@ from typing import Callable
 from absl import flags
 
 from tf_mixed._internal import progress, quiet
+from tf_mixed.cli import model_command
 from tf_mixed.cli.model_command import HELP_FLAGS as _HELP
 
 USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
@@ -217,7 +218,7 @@ def _bench(argv: list[str]) -> int:
     try:
         positionals = fv(argv)[1:]
     except flags.Error as error:
-        return _error("bench", str(error))
+        return _error("bench", model_command.flag_error(error, fv))
     if positionals:
         return _error("bench",
                       f"unexpected argument {positionals[0]!r}; flags look like --model=cnn")

@@ -8,6 +8,7 @@ file in place only once it is complete.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Callable, Sequence
 
@@ -62,6 +63,30 @@ def first_line(problem: BaseException) -> str:
     return (text.splitlines()[0] if text else type(problem).__name__)[:500]
 
 
+_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+
+
+def flag_error(problem: flags.Error, fv: flags.FlagValues) -> str:
+    """absl's refusal of a flag, in the one wording of every command.
+
+    A value of the wrong type reads ``--epochs='zero': not a whole number.
+    Accepted: a whole number, such as --epochs=4 (the default).``; other
+    refusals (an unknown flag) keep absl's words.
+    """
+    found = re.match(r"flag --(\w+)=(.*?): ", str(problem), re.DOTALL)
+    if not isinstance(problem, flags.IllegalFlagValueError) or not found:
+        return str(problem)
+    name, value = found.groups()
+    if name not in fv or fv[name].parser.flag_type() not in _KINDS:
+        return str(problem)
+    from tf_mixed._internal.cli_errors import UsageError
+
+    kind = _KINDS[fv[name].parser.flag_type()]
+    default = str(fv[name].default).lower() if kind == _KINDS["bool"] else fv[name].default
+    return str(UsageError(name, value, f"not {kind}",
+                          f"{kind}, such as --{name}={default} (the default)"))
+
+
 def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
           positive: tuple[str, ...],
           checks: Sequence[Callable[[flags.FlagValues], object]] = ()) -> str | int:
@@ -88,7 +113,7 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
     try:
         positionals = fv(argv)[1:]
     except flags.Error as problem:
-        return error(command, str(problem))
+        return error(command, flag_error(problem, fv))
     if len(positionals) != 1:
         return error(command, "expected exactly one MODEL argument, the path of a saved "
                      f".keras model. Received: {positionals}")

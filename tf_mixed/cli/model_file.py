@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 
 from absl import flags
 
@@ -48,11 +49,19 @@ def first_line(error: BaseException) -> str:
     return line[:500]
 
 
+# The file names `keras.saving.load_model` reads (a .keras archive; legacy HDF5).
+MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
 def missing(path: str) -> str | None:
-    """The one-line error for a MODEL path that is not a file, else None."""
-    if os.path.isfile(path):
-        return None
-    return f"MODEL={path!r}: no such file. Pass the path of a saved .keras model."
+    """The one-line error for a MODEL path that is not a file Keras loads by its
+    name (no such file, or a name ending in none of `MODEL_SUFFIXES`), else None."""
+    if not os.path.isfile(path):
+        return f"MODEL={path!r}: no such file. Pass the path of a saved .keras model."
+    if not path.lower().endswith(MODEL_SUFFIXES):
+        return (f"MODEL={path!r}: not a saved Keras model (Keras loads {', '.join(MODEL_SUFFIXES)} "
+                "files). Pass the path of a saved .keras model (model.save('model.keras')).")
+    return None
 
 
 def load(path: str, safe_mode: bool = True, custom_modules=()):
@@ -92,8 +101,12 @@ def load(path: str, safe_mode: bool = True, custom_modules=()):
         custom_objects.update((key, value) for key, value in vars(module).items()
                               if callable(value) and not key.startswith("_"))
     try:
-        model = keras.saving.load_model(path, custom_objects=custom_objects,
-                                        safe_mode=safe_mode)
+        with warnings.catch_warnings():
+            # A model compiled but never trained is saved with an unbuilt optimizer, and
+            # Keras warns that it skips loading its state: no command here uses that state.
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            model = keras.saving.load_model(path, custom_objects=custom_objects,
+                                            safe_mode=safe_mode)
     except Exception:  # a compiled state that does not load: the weights may
         try:
             model = keras.saving.load_model(path, custom_objects=custom_objects,

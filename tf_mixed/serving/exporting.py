@@ -50,22 +50,22 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import EPSILON, check_model_kind
+from tf_mixed._internal.facts import (
+    EPSILON,
+    EXPORT_FORMATS,
+    EXPORT_PRECISIONS,
+    check_model_kind,
+    export_precision_problem,
+)
 from tf_mixed.models import conversion as rebuild_module
 from tf_mixed.serving.export_report import ExportReport
 
 __all__ = ["export"]  # FORMATS, PRECISIONS, default_tolerance: module-level reference
 
-FORMATS = ("saved_model", "litert")
-
-# format -> the precisions it can write. A LiteRT file computes in float32
-# (its builtin kernels); "float16_weights" stores the weights in float16.
-# A SavedModel computes in the precision written, inputs as the model
-# declares them and outputs in float32.
-PRECISIONS = {
-    "saved_model": ("float32", "float16", "bfloat16", "as_trained"),
-    "litert": ("float32", "float16_weights", "as_trained"),
-}
+# format -> the precisions it can write: one table, TensorFlow-free, that the
+# command line also checks its flags against (`tf_mixed._internal.facts`).
+FORMATS = EXPORT_FORMATS
+PRECISIONS = EXPORT_PRECISIONS
 
 # precision -> (dtype the rebuilt model computes in, dtype the artifact rounds to)
 _DTYPES = {
@@ -160,11 +160,8 @@ def export(model: keras.Model, path: str | os.PathLike, *, format: str = "saved_
         raise ValueError(
             f"Unknown export format {format!r}. Use one of: {', '.join(FORMATS)}. "
             f"Received: format={format!r}")
-    if precision not in PRECISIONS[format]:
-        known = sorted({p for ps in PRECISIONS.values() for p in ps})
-        fit = [f for f in FORMATS if precision in PRECISIONS[f]]
-        hint = (f"it is a {' or '.join(fit)} precision" if fit
-                else f"the precisions are {', '.join(known)}")
+    hint = export_precision_problem(format, precision)
+    if hint:
         raise ValueError(
             f"format={format!r} cannot write precision={precision!r} ({hint}). "
             f"Use one of: {', '.join(PRECISIONS[format])}.")
