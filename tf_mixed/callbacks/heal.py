@@ -135,7 +135,7 @@ class Heal(keras.callbacks.Callback):
         if moved:
             logging.warning("tf_mixed healing: resumed with layers %s in float32 compute "
                             "(healed before); the step is retraced.", list(moved))
-            self.model.make_train_function(force=True)
+            self._retrace()
 
     def _act(self, decision: Decision) -> None:
         assert self.healer is not None
@@ -150,4 +150,12 @@ class Heal(keras.callbacks.Callback):
             message = self.healer.message(decision)
             self.healings.append(message)
             logging.warning(message)
-            self.model.make_train_function(force=True)
+            self._retrace()
+
+    def _retrace(self) -> None:
+        # Keras keeps each traced function until forced: without the last two,
+        # validation in this fit and a later evaluate/predict would run the
+        # healed layers in float16 still.
+        self.model.make_train_function(force=True)
+        self.model.make_test_function(force=True)
+        self.model.make_predict_function(force=True)
