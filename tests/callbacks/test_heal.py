@@ -43,7 +43,9 @@ def test_fit_heals_the_culprit_at_its_third_skip_and_goes_on(caplog):
     model = _model(SquaredGate(name="gate"))
     heal = tf_mixed.callbacks.Heal()
     x, y = _data()
+    assert np.isnan(model.evaluate(x, y, batch_size=8, verbose=0))     # traced in float16
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[heal])
+    assert np.isfinite(model.evaluate(x, y, batch_size=8, verbose=0))  # retraced healed
     gate = model.get_layer("gate")
     assert gate.compute_dtype == "float32"
     assert model.get_layer("d2").compute_dtype == "float16"
@@ -88,7 +90,8 @@ def test_past_the_limit_the_run_stops_with_the_evidence():
 def test_a_keras_file_keeps_the_healed_layer_and_audit_says_so(tmp_path):
     tf_mixed.enable("mixed_float16")
     model = _model(SquaredGate(name="gate"))
-    model.fit(*_data(), batch_size=8, verbose=0, shuffle=False, callbacks=[tf_mixed.callbacks.Heal()])
+    model.fit(*_data(), batch_size=8, verbose=0, shuffle=False,
+              callbacks=[tf_mixed.callbacks.Heal()])
     path = str(tmp_path / "healed.keras")
     model.save(path)
     loaded = keras.models.load_model(path)
@@ -132,16 +135,33 @@ def test_heal_knobs_are_checked():
     assert tf_mixed.callbacks.Heal(window=50).get_config()["window"] == 50
 
 
+@keras.saving.register_keras_serializable(package="test_heal")
+class Block(keras.layers.Layer):
+    """A layer that holds layers, made with the block's policy (docs/healing.md)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(4, name="inner", dtype=self.dtype_policy)
+        self.outer = keras.layers.Dense(4, name="outer", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.outer.build(tuple(input_shape[:-1]) + (4,))
+
+    def call(self, x):
+        return x + self.outer(self.inner(x))
+
+
 def test_a_healed_block_loads_with_float32_sublayers(tmp_path):
-    from tf_mixed.bench.heal_suite import demo_model
     from tf_mixed.scaling.healing import move_to_float32
 
     tf_mixed.enable("mixed_float16")
-    model = demo_model()
-    moved = move_to_float32(model.get_layer("attention"))
-    assert [layer.name for layer in moved] == ["attention", "query", "key", "value"]
+    model = _model(Block(name="block"))
+    moved = move_to_float32(model.get_layer("block"))
+    assert [layer.name for layer in moved] == ["block", "inner", "outer"]
     path = str(tmp_path / "block.keras")
     model.save(path)
-    block = keras.models.load_model(path).get_layer("attention")
-    assert [layer.compute_dtype for layer in (block, block.query, block.key, block.value)] \
-        == ["float32"] * 4
+    block = keras.models.load_model(path).get_layer("block")
+    assert [layer.compute_dtype for layer in (block, block.inner, block.outer)] \
+        == ["float32"] * 3
+
