@@ -42,8 +42,8 @@ class Heal(keras.callbacks.Callback):
     ```
 
     Args:
-        skips: Culprit skips of one layer that move it (default 3).
-        window: Steps the count looks back over (default 200).
+        skips: Culprit skips of one layer that move it (default 5).
+        window: Steps the count looks back over (default 50).
         max_fraction: Largest fraction of the attributed layers that may move
             (default 0.25; at least one layer).
         check_every_n_batches: How often the rule runs (default 1: a read of
@@ -55,7 +55,7 @@ class Heal(keras.callbacks.Callback):
         ValueError: for a knob that breaks its rule (the message names it).
     """
 
-    def __init__(self, skips: int = 3, window: int = 200, max_fraction: float = 0.25,
+    def __init__(self, skips: int = 5, window: int = 50, max_fraction: float = 0.25,
                  check_every_n_batches: int = 1, raise_on_failure: bool = False):
         super().__init__()
         self.rule = HealRule(skips=skips, window=window, max_fraction=max_fraction)
