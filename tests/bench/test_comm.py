@@ -15,7 +15,7 @@ from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flag,expected", [
-    ("--workers=1", "--workers=1: the comm suite needs at least 2 workers"),
+    ("--workers=1", "--workers=1: must be at least 2. The comm suite needs 2 workers"),
     ("--batch_size=7", "--batch_size=7: must split evenly over --workers=2"),
 ])
 def test_bad_flags_exit_2_before_any_work(tmp_path, capsys, flag, expected):

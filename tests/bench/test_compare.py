@@ -20,6 +20,8 @@ from tf_mixed.bench import report as bench_report
 from tf_mixed.cli.main import main
 from tf_mixed._internal.cli_errors import UsageError
 
+import plans
+
 TINY = [
     "--isolation=inprocess",
     "--image_size=16",
@@ -195,14 +197,16 @@ def _check_figures(report, out_text):
 
 @pytest.mark.slow
 def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
-    # The default pair follows the hardware: fake an AMX CPU (auto: bfloat16).
+    # The default pair follows the hardware: fake an AMX CPU (auto: bfloat16). The plan
+    # is injected: every layer bfloat16, i.e. mixed_bfloat16 (not trained again).
     monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo(amx_bf16_usable=True))
+    monkeypatch.setattr(plan_row, "make_plan", plans.injected(keep_first_float32=False))
     report, out_text, out = _run(tmp_path, capsys, "--model=cnn")
     assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
     assert open(out / "bench.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert report["suite"] == "compare"
     assert report["policies"][0] == "float32" and len(report["policies"]) == 3
-    assert report["policies"][2] == "plan" and "| per-layer plan |" in out_text
+    assert report["policies"][2] == "plan"
     assert report["policy_note"] in out_text
     assert report["model"] == {"name": "cnn", "params": report["results"][0]["model_params"]}
     assert report["dataset"]["image_shape"] == [16, 16, 3]
@@ -214,8 +218,16 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch):
     _check_figures(report, out_text)
     mixed = report["results"][1]
     assert mixed["compute_dtype"] == "bfloat16" and report["results"][0]["compute_dtype"] == "float32"
-    # In one process the policies run one after the other (subprocesses alternate).
-    assert report["round_order"] == ["float32"] * 2 + ["mixed_bfloat16"] * 2 + ["plan"] * 2
+    # In one process the policies run one after the other (subprocesses alternate);
+    # the plan equals mixed_bfloat16, so it does not train: its row is mixed_bfloat16's.
+    assert report["round_order"] == ["float32"] * 2 + ["mixed_bfloat16"] * 2
+    plan = report["results"][2]
+    assert plan["policy"] == "plan" and plan["same_as"] == "mixed_bfloat16"
+    assert plan["layer_plan"]["summary"] == "injected by the test"
+    for key in ("samples_per_sec", "rounds", "ratio_to_float32", "verdict", "final_val_loss"):
+        assert plan[key] == mixed[key], key
+    assert "| per-layer plan: the plan is mixed_bfloat16 |" in out_text
+    assert "The per-layer plan is mixed_bfloat16: every layer in mixed_bfloat16's" in out_text
     # Half the activation bytes in bfloat16 (the float32 softmax head aside).
     assert 0.45 < mixed["ratio_to_float32"]["activations"] < 0.6
     assert 0 < report["matmul_ratio"] == report["matmul"]["ratio"]
@@ -517,7 +529,7 @@ def test_float8_layers_all_quantizes_every_dense(tmp_path, capsys, monkeypatch):
 def test_float8_flags_are_checked(tmp_path, capsys):
     for flags, name in ((["--policy=float8", "--policies=float32"], "--policy"),
                         (["--policy=float8", "--float8_layers=some"], "--float8_layers"),
-                        (["--policy=float9"], "--policies")):
+                        (["--policy=float9"], "--policy='float9': unknown policy")):
         code = main(["tf_mixed", "bench", *TINY, f"--output_dir={tmp_path / 'x'}", *flags])
         assert code == 2, flags
         assert name in capsys.readouterr().err

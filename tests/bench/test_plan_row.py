@@ -2,7 +2,7 @@
 
 import pytest
 
-from tf_mixed.bench import config, plan_row, report
+from tf_mixed.bench import config, plan_row, report, serving
 from tf_mixed.policy import hardware
 
 
@@ -28,6 +28,8 @@ def _report(ratio):
 
 def test_the_row_is_labelled_per_layer_plan():
     assert plan_row.label({"policy": "plan"}) == "per-layer plan"
+    assert plan_row.label({"policy": "plan", "same_as": "mixed_bfloat16"}) == (
+        "per-layer plan: the plan is mixed_bfloat16")
     assert plan_row.label({"policy": "mixed_bfloat16"}) == "mixed_bfloat16"
 
 
@@ -73,10 +75,15 @@ def test_the_compare_default_adds_the_plan_as_a_third_row(monkeypatch, auto_host
 
 
 @pytest.mark.slow
-def test_the_bench_trains_the_plan_beside_float32(tmp_path, capsys):
+def test_the_bench_trains_the_plan_beside_float32(tmp_path, capsys, monkeypatch):
     import json
 
+    import plans
+
     from tf_mixed.cli.main import main
+
+    # A plan that is neither whole-model policy (its first conv float32): trained.
+    monkeypatch.setattr(plan_row, "make_plan", plans.injected(keep_first_float32=True))
 
     out = tmp_path / "out"
     code = main(["tf_mixed", "bench", "--isolation=inprocess", "--image_size=16",
@@ -88,8 +95,54 @@ def test_the_bench_trains_the_plan_beside_float32(tmp_path, capsys):
     assert code == 0
     report_data = json.loads((out / "results.json").read_text())
     row = report_data["results"][1]
-    assert row["policy"] == "plan" and row["layer_plan"]["layers"]
-    assert row["compute_dtype"] == ("float32" if row["layer_plan"]["policy"] == "float32"
-                                    else "bfloat16")
+    assert row["policy"] == "plan" and "same_as" not in row
+    assert row["layer_plan"]["keep_float32"] == ["conv2d"] and row["compute_dtype"] == "bfloat16"
+    assert report_data["round_order"].count("plan") == 1  # trained, one round
     assert "| per-layer plan |" in text and "per-layer plan: " in text
     assert "built before the policy was set" not in text  # trained under the plan's policy
+
+
+def _whole(policy="mixed_bfloat16", keep=(), float8=()):
+    layers = [{"seconds": {"float32": 1.0}, "choice": "bfloat16"}] * 3
+    return {**_record(), "policy": policy, "keep_float32": list(keep),
+            "float8_layers": list(float8), "summary": "chosen", "layers": layers}
+
+
+def test_a_plan_equals_a_whole_model_policy_only_with_every_layer_in_its_precision():
+    run = ("float32", "mixed_bfloat16", "plan")
+    assert plan_row.same_as(_whole(), run) == "mixed_bfloat16"
+    assert plan_row.same_as(_whole("float32"), run) == "float32"
+    assert plan_row.same_as(_whole(keep=["conv2d"]), run) is None  # a layer kept float32
+    assert plan_row.same_as(_whole(float8=["dense"]), run) is None
+    assert plan_row.same_as(_whole(), ("float32", "plan")) is None  # no such row to reuse
+
+
+def test_a_plan_equal_to_a_policy_takes_its_row_one_verdict_and_says_so():
+    record = _whole()
+    mixed = {"policy": "mixed_bfloat16", "samples_per_sec": 900.0, "step_time_ms": 40.0,
+             "ratio_to_float32": {"samples_per_sec": 1.8, "trusted": False,
+                                  "samples_per_sec_spread": {"median": 1.8, "n": 25, "min": 1.0,
+                                                             "max": 2.6, "q1": 1.2, "q3": 2.4}},
+             "verdict": "untrusted", "census": {}}
+    row = plan_row.reused_row(record, mixed)
+    assert row["policy"] == "plan" and row["same_as"] == "mixed_bfloat16"
+    assert row["layer_plan"] is record and row["policy_reason"] == (
+        "the plan is mixed_bfloat16 (chosen)")
+    for key in ("samples_per_sec", "ratio_to_float32", "verdict"):
+        assert row[key] == mixed[key]
+    assert row["ratio_to_float32"] is not mixed["ratio_to_float32"]  # a copy
+    assert "same_as" not in mixed
+    data = {"results": [{"policy": "float32"}, mixed, row], "load_average": [9.0],
+            "host": {"cpu_count": 2}}
+    notes = report.notes(data)
+    # One verdict line, mixed_bfloat16's; the plan's line says it is that row.
+    assert [n for n in notes if "NO RATIO" in n or " = " in n] == [
+        n for n in notes if n.startswith("mixed_bfloat16 / float32: NO RATIO")]
+    mixed["serving"] = {"float32": {"bytes": 2048, "max_rel_error": 1e-3},
+                        "float16_weights": {"bytes": 1024, "max_rel_error": 1e-3}}
+    served = serving.markdown_table([mixed, plan_row.reused_row(record, mixed)])
+    assert served.count("| mixed_bfloat16 |") == 1 and "| plan |" not in served
+    assert ("per-layer plan: the plan is mixed_bfloat16 (3 bfloat16 timed layers); planned in "
+            "12.5 s. It was not trained again: its row is mixed_bfloat16's, figures and "
+            "verdict.") in notes
+

@@ -34,8 +34,9 @@ def test_an_emulated_policy_is_timed_on_five_rounds_and_says_why():
     assert bf16.estimate_s == pytest.approx(30.0)
     assert bf16.reason == (
         "bfloat16 is emulated on this CPU: mixed_bfloat16: it runs at 0.16x float32's speed "
-        "here, so its remaining 480 steps would take about 180 s, past the 105 s budget; timed on 5 "
-        "rounds of up to 20 steps, accuracy not compared (--time_budget=0 runs it in full)")
+        "here, so its remaining 480 steps would take about 180 s, past the 105 s budget; "
+        "timed on 5 rounds of up to 20 steps, accuracy not compared (--time_budget=0 runs it "
+        "in full)")
 
 
 def test_rounds_shrink_to_what_the_budget_leaves_but_not_below_the_minimum():
@@ -129,14 +130,19 @@ def test_scheduler_interleaves_rounds_and_stops_a_policy_that_does_not_fit():
     assert scheduler.plan("float32").full
 
 
-def _drive_loaded(scheduler, step_s, load, clock_box):
-    """Like `_drive`, each round of a lane timed as step_s * load(policy, round index);
-    the clock advances by each segment's seconds."""
-    commands, active = [], list(scheduler.lanes)
+def _run_loaded(step_s, load, **schedule) -> Scheduler:
+    """A scheduler of ``step_s``'s policies on a fake clock, driven to the end.
+
+    Like `_drive`, each round of a lane timed as step_s * load(policy, round
+    index); the clock advances by each segment's seconds. ``schedule``: the
+    other `Scheduler` arguments.
+    """
+    clock = [0.0]
+    scheduler = Scheduler(tuple(step_s), clock=lambda: clock[0], **schedule)
+    active = list(scheduler.lanes)
     while active:
         for policy in list(active):
             steps = scheduler.command(policy)
-            commands.append((policy, steps))
             lane = scheduler.lanes[policy]
             if steps == 0:
                 scheduler.record(policy, [], finished=True)
@@ -145,12 +151,17 @@ def _drive_loaded(scheduler, step_s, load, clock_box):
             steps = min(steps, scheduler.total_steps - lane.steps_done)
             factor = load(policy, len(lane.rounds)) if lane.warmed_up else 1.0
             times = [step_s[policy] * factor] * steps
-            clock_box[0] += sum(times)
+            clock[0] += sum(times)
             finished = lane.steps_done + steps >= scheduler.total_steps
             scheduler.record(policy, times, finished=finished)
             if finished:
                 active.remove(policy)
-    return commands
+    return scheduler
+
+
+def _alternating(policy, i):
+    """bf16's rounds alternate fast and slow (a neighbour's job on and off)."""
+    return 3.0 if policy == "mixed_bfloat16" and i % 2 else 1.0
 
 
 def test_one_round_under_load_does_not_cut_a_policy():
@@ -158,16 +169,16 @@ def test_one_round_under_load_does_not_cut_a_policy():
     # taken while a neighbour's job runs (10x slower). Planned from that round
     # alone it would look 5x slower than float32 and be cut; the median of three
     # rounds says 2x: float32 and bf16 together fit, so both run in full.
-    clock = [0.0]
-    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=400, round_steps=20,
-                          warmup_steps=5, budget_s=100.0, clock=lambda: clock[0])
-    _drive_loaded(scheduler, {"float32": 0.1, "mixed_bfloat16": 0.05},
-                  lambda policy, i: 10.0 if (policy, i) == ("mixed_bfloat16", 0) else 1.0, clock)
+    scheduler = _run_loaded({"float32": 0.1, "mixed_bfloat16": 0.05},
+                            lambda policy, i: 10.0 if (policy, i) == ("mixed_bfloat16", 0)
+                            else 1.0,
+                            total_steps=400, round_steps=20, warmup_steps=5, budget_s=100.0)
     assert scheduler.plan("mixed_bfloat16").full
     assert scheduler.lanes["mixed_bfloat16"].steps_done == 400
     # The same timings planned from the first round alone cut it (what this guards).
-    one_round = plan_run({"float32": 0.1, "mixed_bfloat16": 0.5}, {"float32": 25, "mixed_bfloat16": 25},
-                         total_steps=400, round_steps=20, budget_s=100.0, elapsed_s=8.0)
+    one_round = plan_run({"float32": 0.1, "mixed_bfloat16": 0.5},
+                         {"float32": 25, "mixed_bfloat16": 25}, total_steps=400,
+                         round_steps=20, budget_s=100.0, elapsed_s=8.0)
     assert not one_round["mixed_bfloat16"].full
 
 
@@ -175,15 +186,13 @@ def test_a_timed_policy_with_pairs_too_wide_gets_extra_rounds_within_the_bound()
     # bf16 cannot fit (10x slower than float32); float32 runs 1000 steps. Its
     # rounds alternate fast and slow (a neighbour's job on and off), so its pairs
     # never agree: extra rounds are granted until MAX_ROUNDS.
-    clock = [0.0]
-    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=1000, round_steps=10,
-                          warmup_steps=0, budget_s=1000.0, clock=lambda: clock[0])
-    _drive_loaded(scheduler, {"float32": 0.01, "mixed_bfloat16": 1.0},
-                  lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i % 2 else 1.0, clock)
+    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 1.0}, _alternating,
+                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=1000.0)
     plan = scheduler.plan("mixed_bfloat16")
     assert not plan.full and plan.rounds == schedule.TIMING_ROUNDS
     assert len(scheduler.lanes["mixed_bfloat16"].rounds) == schedule.MAX_ROUNDS
-    assert scheduler.extra_rounds == {"mixed_bfloat16": schedule.MAX_ROUNDS - schedule.TIMING_ROUNDS}
+    assert scheduler.extra_rounds == {
+        "mixed_bfloat16": schedule.MAX_ROUNDS - schedule.TIMING_ROUNDS}
     assert not schedule.trusted(schedule.spread(scheduler.pair_ratios("mixed_bfloat16")))
 
 
@@ -191,11 +200,10 @@ def test_extra_rounds_stop_once_the_pairs_agree():
     # Two slow rounds among the first five (a load spike), then steady: pairs
     # 0.1, 0.033 (x2), 0.1 (x2) spread 67% of their median; each extra round at
     # 0.1 narrows the interquartile range: 50%, 33%, then 17% after the third.
-    clock = [0.0]
-    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=1000, round_steps=10,
-                          warmup_steps=0, budget_s=100.0, clock=lambda: clock[0])
-    _drive_loaded(scheduler, {"float32": 0.01, "mixed_bfloat16": 0.1},
-                  lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i in (1, 2) else 1.0, clock)
+    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 0.1},
+                            lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i in (1, 2)
+                            else 1.0,
+                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=100.0)
     assert not scheduler.plan("mixed_bfloat16").full
     ratios = scheduler.pair_ratios("mixed_bfloat16")
     assert schedule.trusted(schedule.spread(ratios))
@@ -204,11 +212,8 @@ def test_extra_rounds_stop_once_the_pairs_agree():
 
 def test_extra_rounds_stop_at_the_time_bound():
     # The clock already past budget * (1 + EXTRA_TIME_FRACTION): no extra round.
-    clock = [0.0]
-    scheduler = Scheduler(("float32", "mixed_bfloat16"), total_steps=1000, round_steps=10,
-                          warmup_steps=0, budget_s=20.0, clock=lambda: clock[0])
-    _drive_loaded(scheduler, {"float32": 0.01, "mixed_bfloat16": 1.0},
-                  lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i % 2 else 1.0, clock)
+    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 1.0}, _alternating,
+                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=20.0)
     assert len(scheduler.lanes["mixed_bfloat16"].rounds) == schedule.TIMING_ROUNDS
     assert scheduler.extra_rounds == {}
 

@@ -11,15 +11,14 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed.callbacks.monitor import LossScaleFailure
-from tf_mixed.callbacks.monitor import LossScaleMonitor
-from tf_mixed.callbacks.monitor import MixedPrecisionWarning
+from tf_mixed.callbacks.monitor import LossScaleFailure, LossScaleMonitor, MixedPrecisionWarning
 
 # Many tests here compile under mixed_float16 with a plain optimizer, which
 # Keras wraps in its own LossScaleOptimizer; the monitor warns about that
 # (its own test catches the warning with pytest.warns); elsewhere it is expected.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*compiled\ with\ Keras's\ own\ keras\.optimizers\.LossScaleOptimizer:tf_mixed._internal.warning.MixedPrecisionWarning")
+    r"ignore:.*compiled\ with\ Keras's\ own\ keras\.optimizers\.LossScaleOptimizer"
+    ":tf_mixed._internal.warning.MixedPrecisionWarning")
 
 
 class InfGradOn(keras.layers.Layer):
@@ -569,6 +568,38 @@ def test_epoch_loss_is_the_mean_of_applied_steps(fp16):
     assert history.history["skipped_steps"] == [1.0]
     assert history.history["loss"][0] == pytest.approx(np.mean(per_step),
                                                        rel=1e-6)
+
+
+class _UndoSkipContract(keras.callbacks.Callback):
+    """Put after the monitor: gives the model Keras's own train step back."""
+
+    def on_train_begin(self, logs=None):
+        self.model.train_step = type(self.model).train_step.__get__(self.model)
+        self.model.make_train_function(force=True)
+
+
+@pytest.mark.slow
+def test_epoch_loss_without_the_skip_contract_comes_from_the_tally(fp16):
+    """The one way to the monitor's own epoch-loss correction: a later
+    callback replaces the train step the monitor wrapped (then Keras's loss
+    takes the skipped window's NaN); with accumulation the monitor's tally
+    still gives the mean of the applied windows' micro-batch losses."""
+    from tf_mixed.callbacks import skip_contract
+
+    model = _model()
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=2.0**10,
+                                      gradient_accumulation_steps=2)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(16)
+    y[5] = np.nan  # micro-batch 2 of 8 (batch size 2): window 1 of 4 discarded
+    history = model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0,
+                        callbacks=[LossScaleMonitor(), _UndoSkipContract()])
+    assert not skip_contract.installed(model)
+    # lr 0: the weights never move, so each micro-batch's loss is the prediction's.
+    squared = np.square(model.predict(x, verbose=0) - y)
+    per_batch = [squared[i:i + 2].mean() for i in (0, 2, 8, 10, 12, 14)]
+    assert history.history["skipped_steps"] == [1.0]
+    assert history.history["loss"][0] == pytest.approx(np.mean(per_batch), rel=1e-6)
 
 
 def test_nan_loss_on_applied_step_stops_at_epoch_end_by_default():

@@ -23,6 +23,7 @@ from tf_mixed.callbacks import skip_contract
 
 ALL_ROWS = sm.ALL_ROWS
 KERAS_ONE_DEVICE = sm.KERAS_ONE_DEVICE
+KERAS_FLOAT8 = sm.KERAS_FLOAT8
 
 
 def _pair(wrapper="tf_mixed", strategy=None, replica=0, removed=(sm.BAD_STEP,),
@@ -74,14 +75,26 @@ def test_a_discarded_accumulation_window_leaves_everything_as_if_never_run():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "Found by this matrix, open: after a skipped step the float8 amax "
-    "histories and scales differ from the run without the batch, with "
-    "tf_mixed's wrapper and Keras's alike (docs/skipped-step.md)."))
-@pytest.mark.parametrize("wrapper", ["tf_mixed", "keras"])
-def test_float8_histories_and_scales_hold_on_a_skip(wrapper):
-    _, _, rows = _pair(wrapper, float8=True)
-    assert rows["float8"]
+def test_float8_histories_and_scales_hold_on_a_skip():
+    # The inf enters a float8 layer's inputs; the e4m3 cast saturates it, so
+    # every gradient is finite: the gathered non-finite amax makes the one
+    # verdict non-finite (tf_mixed.scaling.float8_sync; the same verdict on
+    # every replica: tests/scaling/test_float8_sync.py). EMA is on (Keras's
+    # optimizers alone cannot end this fit). The output-gradient scale is
+    # compared without the loss scale, which the skip halved.
+    bad, _, rows = _pair(float8=True)
+    assert rows == ALL_ROWS
+    assert [r["skipped"] for r in bad["batch_logs"]] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_keras_column_float8_as_measured():
+    # Keras's wrapper skips the step and writes nothing then (its finite check
+    # reads the history "gradients"), but its output-gradient histories hold
+    # loss-scaled amaxes: after the halved scale, every later output-gradient
+    # scale, quantized gradient, and so the weights, differ.
+    _, _, rows = _pair("keras", float8=True)
+    assert rows == KERAS_FLOAT8
 
 
 @pytest.mark.slow

@@ -33,6 +33,21 @@ def _planted(tmp_path):
     return str(path), str(npz)
 
 
+def _small(tmp_path, model, name):
+    """``model`` saved as ``name``.keras beside 32 samples of 16 ones (d.npz):
+    (its path, the output folder `_doctor` gives)."""
+    path = tmp_path / f"{name}.keras"
+    model.save(path)
+    np.savez(tmp_path / "d.npz", x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
+    return path, tmp_path / "out"
+
+
+def _doctor(path, tmp_path, *flags) -> int:
+    """``python -m tf_mixed doctor`` on a `_small` model and its data."""
+    return main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{tmp_path / 'd.npz'}",
+                 "--batch_size=16", *flags, f"--output_dir={tmp_path / 'out'}"])
+
+
 def test_doctor_writes_the_census_and_names_each_cause(tmp_path, capsys):
     path, npz = _planted(tmp_path)
     out = tmp_path / "out"
@@ -82,15 +97,9 @@ def test_measure_times_both_models(tmp_path, capsys):
 
 def test_measure_with_nothing_to_apply(tmp_path, capsys):
     keras.config.set_dtype_policy("mixed_bfloat16")
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32),
-                              keras.layers.Dense(4)])
-    path = tmp_path / "clean.keras"
-    model.save(path)
-    npz = tmp_path / "d.npz"
-    np.savez(npz, x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
-    out = tmp_path / "out"
-    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 "--measure", f"--output_dir={out}"])
+    path, out = _small(tmp_path, keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(4)]), "clean")
+    code = _doctor(path, tmp_path, "--measure")
     assert code == 0
     assert "nothing to measure" in capsys.readouterr().out
     assert json.loads((out / "doctor.json").read_text())["measured"]["applied"] == []
@@ -119,12 +128,13 @@ def test_dataset_shape_mismatch(tmp_path, capsys):
     np.savez(npz, x=np.ones((32, 7), "float32"), y=np.zeros(32, "int32"))
     line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
     assert line.endswith(
-        f"--dataset='npz:{npz}': model 'planted' input 'input_layer' takes examples of "
-        "shape (32,); the data has (7,) (width 32 expected, got 7). Accepted: data whose "
-        "x matches the model's inputs.")
-    # Images where the model takes vectors: the rank.
+        f"--dataset='npz:{npz}': x has shape (32, 7); model 'planted' input 'input_layer' "
+        "takes (None, 32) (width 32 expected, got 7). Accepted: npz:PATH with arrays x and y "
+        "(or x0, x1, ... and y0, y1, ...).")
+    # Images where the model takes vectors: the rank, in the same words.
     line = _bad(tmp_path, capsys, path, "--dataset=shapes", "--batch_size=16")
-    assert "takes examples of shape (32,); the data has (32, 32, 3) (rank 2 expected, got 4)" in line
+    assert ("x has shape (None, 32, 32, 3); model 'planted' input 'input_layer' takes "
+            "(None, 32) (rank 2 expected, got 4)") in line
 
 
 def test_targets_that_do_not_fit_name_both_shapes(tmp_path, capsys):
@@ -132,9 +142,10 @@ def test_targets_that_do_not_fit_name_both_shapes(tmp_path, capsys):
     npz = tmp_path / "wide_y.npz"
     np.savez(npz, x=np.ones((32, 32), "float32"), y=np.zeros((32, 3), "int32"))
     line = _bad(tmp_path, capsys, path, f"--dataset=npz:{npz}", "--batch_size=16")
-    assert ("the data does not fit model 'planted' (x examples (32,), y examples (3,); "
-            "the model gives outputs (4,) per example): ") in line
-    assert "target.shape=(16, 3), output.shape=(16, 4). Accepted:" in line
+    assert line.endswith(
+        f"--dataset='npz:{npz}': y has shape (32, 3); model 'planted' gives outputs of shape "
+        "(None, 4), so y takes class indices (32,) or targets (32, 4). Accepted: npz:PATH "
+        "with arrays x and y (or x0, x1, ... and y0, y1, ...).")
 
 
 @pytest.mark.parametrize("kind", ["file", "under_a_file"])
@@ -171,15 +182,10 @@ def test_bad_flags(tmp_path, capsys, args, expected):
 
 
 def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys):
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="hidden"),
-                              keras.layers.Dense(4, name="head")], name="plain")
-    path = tmp_path / "plain.keras"
-    model.save(path)
-    npz = tmp_path / "d.npz"
-    np.savez(npz, x=np.ones((32, 16), "float32"), y=np.zeros(32, "int32"))
-    out = tmp_path / "out"
-    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 f"--output_dir={out}"])
+    path, out = _small(tmp_path, keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(32, name="hidden"),
+         keras.layers.Dense(4, name="head")], name="plain"), "plain")
+    code = _doctor(path, tmp_path)
     printed = capsys.readouterr().out
     assert code == 0
     first = printed.split("\n\n")[0]
@@ -191,8 +197,7 @@ def test_a_float32_model_starts_with_turning_mixed_precision_on(tmp_path, capsys
     assert f"python -m tf_mixed doctor {path} --policy={policy}" in first
     assert json.loads((out / "doctor.json").read_text())["first_change"] == first
     # Run as it says: converted, the model starts with its census instead.
-    code = main(["tf_mixed", "doctor", str(path), f"--dataset=npz:{npz}", "--batch_size=16",
-                 f"--policy={policy}", f"--output_dir={out}"])
+    code = _doctor(path, tmp_path, f"--policy={policy}")
     assert code == 0 and capsys.readouterr().out.startswith("Census of model 'plain'")
     assert json.loads((out / "doctor.json").read_text())["first_change"] is None
 

@@ -29,6 +29,31 @@ ANSWERED_AT_ONCE = [
     (["litert-latency", "--help"], 0), (["litert-latency", "--rounds=0"], 2),
     (["launch", "--help"], 0), (["nope"], 2),
 ]
+# Arguments refused from names, tables and numbers alone (no TensorFlow needed), each
+# with exit status 2. "{model}" stands for a file that exists (never read: the error
+# comes first).
+REFUSED_FROM_TABLES = [
+    ["bench", "--model=nope"], ["bench", "--policies=float32,half"], ["bench", "--policy=fp12"],
+    ["bench", "--suite=speed"], ["bench", "--dataset=imagenet"], ["bench", "--epochs=0"],
+    ["bench", "--strategy=tpu"], ["bench", "--learning_rate=0"],
+    ["bench", "--model=transformer", "--dataset=tfds:mnist"], ["bench", "--image_size=8"],
+    ["bench", "--batch_size=100000"], ["bench", "--suite=comm", "--workers=1"],
+    ["bench", "--suite=overhead", "--strategy=mirrored"],
+    ["audit", "nope.keras"], ["probe", "nope.keras"], ["probe", "{model}", "--dataset=nope"],
+    ["doctor", "{model}", "--policy=fp12"], ["doctor", "{model}", "--warmup_steps=-1"],
+    ["export", "{model}", "--format=onnx"], ["export", "{model}", "--tolerance=-1"],
+]
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "m.keras"
+    path.write_bytes(b"")
+    return str(path)
+
+
+def _with(args, model_file):
+    return [model_file if a == "{model}" else a for a in args]
 
 
 class _Imported(Exception):
@@ -44,28 +69,42 @@ def no_tensorflow(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,status", ANSWERED_AT_ONCE, ids=lambda a: " ".join(a) if isinstance(a, list) else str(a))
-def test_help_and_argument_errors_answer_before_importing_tensorflow(args, status, no_tensorflow, capsys):
+@pytest.mark.parametrize("args,status", ANSWERED_AT_ONCE,
+                         ids=lambda a: " ".join(a) if isinstance(a, list) else str(a))
+def test_help_and_argument_errors_answer_before_importing_tensorflow(args, status, no_tensorflow,
+                                                                    capsys):
     assert cli_main.main(["tf_mixed", *args]) == status
     out, err = capsys.readouterr()
     if status == 2:  # one line (argparse's own errors add its usage above it)
         assert ": error: " in err.strip().splitlines()[-1], err
 
 
-def test_a_number_below_one_is_said_the_same_way_by_every_command(no_tensorflow, capsys):
-    for args in (["probe", "m.keras", "--batches=0"], ["rollback-cost", "--steps=0"],
-                 ["litert-latency", "--rounds=0"]):
+def test_names_tables_and_numbers_are_checked_before_importing_tensorflow(no_tensorflow,
+                                                                         model_file, capsys):
+    for args in REFUSED_FROM_TABLES:
+        assert cli_main.main(["tf_mixed", *_with(args, model_file)]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(f"tf_mixed {args[0]}: error: ") and len(err.splitlines()) == 1, err
+
+
+def test_a_number_below_its_minimum_is_said_the_same_way_by_every_command(no_tensorflow, capsys,
+                                                                         model_file):
+    for args, minimum in (
+            (["probe", "m.keras", "--batches=0"], 1), (["rollback-cost", "--steps=0"], 1),
+            (["litert-latency", "--rounds=0"], 1), (["bench", "--epochs=0"], 1),
+            (["bench", "--time_budget=-1"], 0), (["doctor", model_file, "--warmup_steps=-1"], 0)):
         assert cli_main.main(["tf_mixed", *args]) == 2
-        flag = args[-1]
-        assert capsys.readouterr().err == f"tf_mixed {args[0]}: error: {flag}: must be at least 1.\n"
+        flag = args[-1].replace("-1", "-1.0") if "budget" in args[-1] else args[-1]
+        assert capsys.readouterr().err == (
+            f"tf_mixed {args[0]}: error: {flag}: must be at least {minimum}.\n")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["info"], ["bench", "--model=mlp"], ["audit", "m.keras"],
+@pytest.mark.parametrize("args", [["info"], ["bench", "--model=mlp"], ["audit", "{model}"],
                                   ["check"]])
-def test_a_command_whose_arguments_parse_imports_tensorflow_next(args, no_tensorflow):
+def test_a_command_whose_arguments_parse_imports_tensorflow_next(args, no_tensorflow, model_file):
     with pytest.raises(_Imported):
-        cli_main.main(["tf_mixed", *args])
+        cli_main.main(["tf_mixed", *_with(args, model_file)])
 
 
 _FRESH = """
@@ -82,10 +121,21 @@ print(json.dumps(seen))
 
 
 @pytest.mark.slow
-def test_in_a_fresh_process_parsing_loads_no_tensorflow():
+def test_in_a_fresh_process_parsing_loads_no_tensorflow(model_file):
     # A fresh interpreter: the test process itself has TensorFlow loaded.
-    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(ANSWERED_AT_ONCE)],
+    cases = ANSWERED_AT_ONCE + [(_with(args, model_file), 2) for args in REFUSED_FROM_TABLES]
+    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(cases)],
                           capture_output=True, text=True, timeout=300, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [(args, code) for args, code, _ in seen] == [tuple(c) for c in ANSWERED_AT_ONCE]
+    assert [(args, code) for args, code, _ in seen] == [tuple(c) for c in cases]
     assert [args for args, _, loaded in seen if loaded] == []
+
+
+def test_the_bench_refuses_bad_names_in_a_fresh_process_before_tensorflow():
+    # The bench's flag checks (BenchConfig.validate) read names and tables only.
+    bench = [(args, 2) for args in REFUSED_FROM_TABLES if args[0] == "bench"][:6]
+    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(bench)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(args, code, loaded) for args, code, loaded in seen] == [
+        (args, 2, False) for args, _ in bench]

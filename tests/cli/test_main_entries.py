@@ -106,7 +106,7 @@ def test_a_writable_output_dir_is_left_as_it_was(saved_model, tmp_path, monkeypa
 @pytest.mark.parametrize("args, message", [
     ([], "expected N and SCRIPT"),
     (["2"], "expected N and SCRIPT"),
-    (["0", "train.py"], "N='0': the number of workers must be an integer >= 1"),
+    (["0", "train.py"], "N=0: must be at least 1, the number of workers"),
     (["two", "train.py"], "N='two'"),
     (["2", "no_such_script.py"], "SCRIPT='no_such_script.py': no such file"),
     (["2", "-m"], "-m needs a MODULE"),

@@ -402,6 +402,29 @@ def test_float8_history_gradient_holds_the_newest_amax_at_index_0():
     np.testing.assert_array_equal(gradient[1:], np.roll(history.numpy(), -1)[1:])
 
 
+def test_keras_ema_overwrite_writes_none_over_float8_pairs_until_skipped():
+    # TFOptimizer._overwrite_model_variables_with_average_value,
+    # BaseOptimizer._model_variables_moving_average. When a Keras release
+    # no longer raises here, tf_mixed's workaround can go.
+    model, layer = _float8_dense()
+    variables = model.trainable_variables
+    opt = keras.optimizers.SGD(0.1, use_ema=True)
+    opt.build(variables)
+    averages = opt._model_variables_moving_average
+    assert [a is None for a in averages] == [
+        bool(getattr(v, "overwrite_with_gradient", False)) for v in variables]
+    with pytest.raises(ValueError, match="None"):
+        opt.finalize_variable_values(variables)
+    _internals.overwrite_only_averaged_variables(opt)
+    for average in averages:
+        if average is not None:
+            average.assign(np.full(average.shape, 0.5, "float32"))
+    scale = float(layer.inputs_scale.numpy())
+    opt.finalize_variable_values(variables)
+    np.testing.assert_array_equal(layer._kernel.numpy(), 0.5)
+    assert float(layer.inputs_scale.numpy()) == scale
+
+
 def test_quantized_layers_are_called_through_quantized_call():
     import numpy as np
 

@@ -189,7 +189,8 @@ def test_cli_classifier_labels_that_do_not_fit_are_one_line(tmp_path, capsys):
                              f"--output_dir={out}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "pass --loss=NAME" in err and "Traceback" not in err
+    assert f"--dataset='npz:{npz}': y has shape (8, 2); model " in err, err
+    assert "so y takes class indices (8,) or targets (8, 3)" in err and "Traceback" not in err
     assert not out.exists()
 
 

@@ -8,9 +8,8 @@ A "skipped window" has a NaN (or inf) in one micro-step on one replica: the
 whole window must leave no trace and the scale must back off once.
 """
 
-import pathlib
-
 import keras
+import mirrored_windows
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -25,7 +24,7 @@ from tf_mixed.scaling import formats
 # known values), not a scaled loss's: tf_mixed's misuse check warns about that
 # (tested in tests/scaling/test_optimizer.py); here it is expected, not news.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
+    r"ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
 
 WINDOWS = 3
 STEPS = 4  # micro-steps per window
@@ -362,73 +361,38 @@ def test_fit_under_mirrored_equals_one_device(mirrored):
 # ------------------------------------------------ issue 28: per replica, end of fit
 
 
-def _replica_grads():
-    """Per micro-step, a different gradient on each replica (not sums of
-    powers of two: a resumed window must round as the uninterrupted one)."""
-    rng = np.random.default_rng(1)
-    return rng.normal(size=(2 * STEPS, 2, FEATURES)).astype(np.float32)
-
-
-def _mirrored_micro_steps(mirrored, w, opt, grads):
-    @tf.function
-    def step(both):
-        def replica_fn():
-            i = tf.distribute.get_replica_context().replica_id_in_sync_group
-            return opt.apply([tf.gather(both, i)], [w])
-
-        mirrored.run(replica_fn)
-
-    for both in grads:
-        step(tf.constant(both))
-
-
-def _fresh_mirrored(mirrored):
-    with mirrored.scope():
-        w = keras.Variable(np.zeros(FEATURES, np.float32))
-        opt = tf_mixed.LossScaleOptimizer(keras.optimizers.Adam(2.0**-4), initial_scale=1.0,
-                                          dynamic=False, gradient_accumulation_steps=STEPS)
-        opt.build([w])
-    return w, opt
-
-
 @pytest.mark.slow
 def test_mirrored_resume_inside_a_window_equals_the_uninterrupted_run(mirrored):
-    grads = _replica_grads()  # two windows of STEPS micro-steps
-    w, opt = _fresh_mirrored(mirrored)
-    _mirrored_micro_steps(mirrored, w, opt, grads)
-    uninterrupted = [c.numpy() for c in w.value.values]
+    def carry(first, w1):
+        # As a .keras file does: the wrapper's own entry and the inner optimizer's.
+        store, inner_store = {}, {}
+        first.save_own_variables(store)
+        first.inner_optimizer.save_own_variables(inner_store)
+        buffer_key = formats._entries(first)[id(first.accumulator.buffers[0])]
+        assert store[buffer_key].shape == (2, mirrored_windows.FEATURES)  # one row per replica
+        w2, resumed = mirrored_windows.fresh(mirrored)
+        w2.assign(w1.numpy())
+        resumed.load_own_variables(store)
+        resumed.inner_optimizer.load_own_variables(inner_store)
+        return w2, resumed
 
-    w1, first = _fresh_mirrored(mirrored)
-    _mirrored_micro_steps(mirrored, w1, first, grads[:STEPS + 2])  # inside window 2
-    # As a .keras file does: the wrapper's own entry and the inner optimizer's.
-    store, inner_store = {}, {}
-    first.save_own_variables(store)
-    first.inner_optimizer.save_own_variables(inner_store)
-    w2, resumed = _fresh_mirrored(mirrored)
-    w2.assign(w1.numpy())
-    resumed.load_own_variables(store)
-    resumed.inner_optimizer.load_own_variables(inner_store)
-    _mirrored_micro_steps(mirrored, w2, resumed, grads[STEPS + 2:])
-    for copy, expected in zip(w2.value.values, uninterrupted):
-        np.testing.assert_array_equal(copy.numpy(), expected)  # exactly
-    buffer_key = formats._entries(first)[id(first.accumulator.buffers[0])]
-    assert store[buffer_key].shape == (2, FEATURES)  # one row per replica
+    uninterrupted, resumed = mirrored_windows.resume_inside_a_window(mirrored, carry)
+    for copy, expected in zip(resumed, uninterrupted):
+        np.testing.assert_array_equal(copy, expected)  # exactly
 
 
 @pytest.mark.slow
 def test_a_window_saved_on_two_replicas_resumes_on_one_with_its_sum(mirrored):
-    w1, first = _fresh_mirrored(mirrored)
-    _mirrored_micro_steps(mirrored, w1, first, np.ones((2, 2, FEATURES), np.float32))
+    w1, first = mirrored_windows.fresh(mirrored)
+    features = mirrored_windows.FEATURES
+    mirrored_windows.micro_steps(mirrored, w1, first, np.ones((2, 2, features), np.float32))
     store = {}
     first.save_own_variables(store)
-    w = keras.Variable(np.zeros(FEATURES, np.float32))
-    one = tf_mixed.LossScaleOptimizer(keras.optimizers.Adam(2.0**-4), initial_scale=1.0,
-                                      dynamic=False, gradient_accumulation_steps=STEPS)
-    one.build([w])
+    _, one = mirrored_windows.fresh(tf.distribute.get_strategy())  # one device
     with pytest.warns(RuntimeWarning, match="saved on 2 replicas and are restored onto 1"):
         one.load_own_variables(store)
     # Two micro-steps of ones on two replicas: the window's sum is 4.
-    np.testing.assert_array_equal(one.accumulator.buffers[0].numpy(), [4.0] * FEATURES)
+    np.testing.assert_array_equal(one.accumulator.buffers[0].numpy(), [4.0] * features)
     assert int(one.accumulator.micro_step.numpy()) == 2
 
 
@@ -479,7 +443,8 @@ def test_the_end_of_fit_drops_an_unfinished_window_with_a_warning():
     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(2.0**-4),
                                   gradient_accumulation_steps=STEPS)
     model.compile(optimizer=opt, loss="mse")
-    with pytest.warns(RuntimeWarning, match="fit ended 2 micro-step.*window of 4: they are dropped"):
+    with pytest.warns(RuntimeWarning,
+                      match="fit ended 2 micro-step.*window of 4: they are dropped"):
         model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
     assert int(opt.iterations.numpy()) == 2
     assert int(opt.accumulator.micro_step.numpy()) == 0

@@ -3,9 +3,10 @@
 Under MirroredStrategy (2 logical CPUs) with replica 1's shard 10x larger:
 every replica holds the same scales and histories, equal to one device fed
 the global batch; the checkpoint restores that state and training continues
-bit-exact; an inf in one replica's activations freezes no scale; under
-mixed_float16 loss-scale changes leave the output-gradient history in
-unscaled units. Keras alone fails each of these (the contrast runs show it).
+bit-exact; an inf in one replica's activations skips the step on every
+replica and freezes no scale; under mixed_float16 loss-scale changes leave
+the output-gradient history in unscaled units. Keras alone fails each of
+these (the contrast runs show it).
 """
 
 import pathlib
@@ -149,7 +150,7 @@ def test_checkpoint_holds_agreed_state_and_resumes_bit_exact(mirrored, tmp_path)
 
 
 @pytest.mark.slow
-def test_inf_in_one_replica_freezes_no_scale(mirrored):
+def test_inf_in_one_replica_skips_the_step_everywhere_and_freezes_no_scale(mirrored):
     x, y = batches(6)
     x[1, -1, 0] = np.inf  # replica 1's shard, step 2, first layer's input
     model, optimizer = _mirrored_run(
@@ -160,9 +161,11 @@ def test_inf_in_one_replica_freezes_no_scale(mirrored):
     assert np.isfinite(history).all()
     # Five finite amaxes entered (steps 1, 3-6), the inf did not.
     assert np.count_nonzero(history) == 5
-    # The step itself was applied (Keras's quantization clips the inf, so
-    # the gradients are finite) and the scale kept following the history.
-    assert tf_mixed.loss_scale_state(optimizer).skipped_steps == 0
+    # Keras's quantization clips the inf, so the gradients are finite; the
+    # gathered inf amax skipped the step on both replicas (replica 0's own
+    # amaxes were finite), and the scale kept following the history.
+    state = tf_mixed.loss_scale_state(optimizer)
+    assert state.skipped_steps == 1 and int(optimizer.iterations.numpy()) == 5
     scale = values["a/inputs_scale"][0][0]
     before_last = history[1:]  # the history step 6 computed its scale from
     expected = keras.quantizers.compute_float8_scale(

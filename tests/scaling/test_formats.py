@@ -6,6 +6,7 @@ replica's buffer, so the resumed run equals the uninterrupted one, exactly.
 """
 
 import keras
+import mirrored_windows
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,7 +14,6 @@ import tensorflow as tf
 import tf_mixed
 
 STEPS = 4
-FEATURES = 3
 
 
 def _fresh(inner=None):
@@ -80,48 +80,17 @@ def test_a_plain_optimizer_checkpoint_still_restores_into_the_wrapper(tmp_path):
 # ------------------------------------------------------------ two replicas
 
 
-def _replica_grads():
-    rng = np.random.default_rng(1)
-    return rng.normal(size=(2 * STEPS, 2, FEATURES)).astype(np.float32)
-
-
-def _fresh_mirrored(mirrored):
-    with mirrored.scope():
-        w = keras.Variable(np.zeros(FEATURES, np.float32))
-        opt = tf_mixed.LossScaleOptimizer(keras.optimizers.Adam(2.0**-4), initial_scale=1.0,
-                                          dynamic=False, gradient_accumulation_steps=STEPS)
-        opt.build([w])
-    return w, opt
-
-
-def _micro_steps(mirrored, w, opt, grads):
-    @tf.function
-    def step(both):
-        def replica_fn():
-            i = tf.distribute.get_replica_context().replica_id_in_sync_group
-            return opt.apply([tf.gather(both, i)], [w])
-
-        mirrored.run(replica_fn)
-
-    for both in grads:
-        step(tf.constant(both))
-
-
 @pytest.mark.slow
 def test_mirrored_checkpoint_inside_a_window_equals_the_uninterrupted_run(mirrored, tmp_path):
-    grads = _replica_grads()  # two windows, a different gradient per replica
-    w, opt = _fresh_mirrored(mirrored)
-    _micro_steps(mirrored, w, opt, grads)
-    uninterrupted = [c.numpy() for c in w.value.values]
+    def carry(first, w1):
+        path = tf.train.Checkpoint(optimizer=first, w=w1).write(str(tmp_path / "ckpt"))
+        w2, resumed = mirrored_windows.fresh(mirrored)
+        tf.train.Checkpoint(optimizer=resumed, w=w2).read(path).assert_consumed()
+        for mine, theirs in zip(resumed.accumulator.buffers[0].value.values,
+                                first.accumulator.buffers[0].value.values):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy())  # each replica its own
+        return w2, resumed
 
-    w1, first = _fresh_mirrored(mirrored)
-    _micro_steps(mirrored, w1, first, grads[:STEPS + 2])  # inside window 2
-    path = tf.train.Checkpoint(optimizer=first, w=w1).write(str(tmp_path / "ckpt"))
-    w2, resumed = _fresh_mirrored(mirrored)
-    tf.train.Checkpoint(optimizer=resumed, w=w2).read(path).assert_consumed()
-    for mine, theirs in zip(resumed.accumulator.buffers[0].value.values,
-                            first.accumulator.buffers[0].value.values):
-        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())  # each replica its own
-    _micro_steps(mirrored, w2, resumed, grads[STEPS + 2:])
-    for copy, expected in zip(w2.value.values, uninterrupted):
-        np.testing.assert_array_equal(copy.numpy(), expected)  # exactly
+    uninterrupted, resumed = mirrored_windows.resume_inside_a_window(mirrored, carry)
+    for copy, expected in zip(resumed, uninterrupted):
+        np.testing.assert_array_equal(copy, expected)  # exactly

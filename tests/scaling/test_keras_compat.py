@@ -192,8 +192,9 @@ def test_a_checkpoint_in_the_older_wrapper_layout_restores_the_real_values(
     else:
         path = OLDER_WRAPPER_CHECKPOINT
     # The unused top-level copies really are 0 in both files.
-    assert int(tf.train.load_variable(path, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == 0
-    assert float(tf.train.load_variable(path, "optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE")) == 0.0
+    top = "optimizer/{}/.ATTRIBUTES/VARIABLE_VALUE"
+    assert int(tf.train.load_variable(path, top.format("_iterations"))) == 0
+    assert float(tf.train.load_variable(path, top.format("_learning_rate"))) == 0.0
     var2 = keras.Variable([0.0])
     opt = _lso(keras.optimizers.SGD(0.125, momentum=0.5), initial_scale=4.0,
                dynamic_growth_steps=1)
@@ -229,7 +230,8 @@ def test_an_unbuilt_optimizer_under_a_strategy_in_a_function_says_build(mirrored
             opt.apply(tape.gradient(scaled, [var]), [var])
         mirrored.run(replica)
 
-    with pytest.raises(ValueError, match=r"must be built.*optimizer\.build\(model\.trainable_variables\)"):
+    with pytest.raises(ValueError,
+                       match=r"must be built.*optimizer\.build\(model\.trainable_variables\)"):
         step()
     with mirrored.scope():
         opt.build([var])
@@ -321,20 +323,27 @@ def _bn_model():
                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
 
 
-@pytest.mark.slow
-def test_the_readme_loop_refuses_the_first_skip_with_untracked_forward_state():
+def _readme_loop(*, track: bool, graph: bool = True):
+    """The README's loop over `_bn_model`: (x, y with a NaN batch, model, train_step)."""
     x, y = _nan_data()
     model = _bn_model()
     opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**10)
+    if track:
+        opt.track_forward_state(model)
     loss_fn = keras.losses.MeanSquaredError()
 
-    @tf.function
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
         return tf_mixed.training.apply_scaled_gradients(
             tape, loss, model.trainable_variables, opt)
 
+    return x, y, model, tf.function(train_step) if graph else train_step
+
+
+@pytest.mark.slow
+def test_the_readme_loop_refuses_the_first_skip_with_untracked_forward_state():
+    x, y, _, train_step = _readme_loop(track=False)
     assert bool(train_step(x[0], y[0]))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"moving_mean.*opt\.track_forward_state\(model\)"):
@@ -343,19 +352,7 @@ def test_the_readme_loop_refuses_the_first_skip_with_untracked_forward_state():
 
 @pytest.mark.slow
 def test_tracked_forward_state_is_rolled_back_and_nothing_is_said():
-    x, y = _nan_data()
-    model = _bn_model()
-    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**10)
-    opt.track_forward_state(model)
-    loss_fn = keras.losses.MeanSquaredError()
-
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        return tf_mixed.training.apply_scaled_gradients(
-            tape, loss, model.trainable_variables, opt)
-
+    x, y, model, train_step = _readme_loop(track=True)
     train_step(x[0], y[0])
     before = [w.copy() for w in model.get_weights()]
     assert not bool(train_step(x[2], y[2]))
@@ -364,17 +361,7 @@ def test_tracked_forward_state_is_rolled_back_and_nothing_is_said():
 
 
 def test_eager_skip_without_tracked_state_warns_once():
-    x, y = _nan_data()
-    model = _bn_model()
-    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**10)
-    loss_fn = keras.losses.MeanSquaredError()
-
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        return tf_mixed.training.apply_scaled_gradients(
-            tape, loss, model.trainable_variables, opt)
-
+    x, y, _, train_step = _readme_loop(track=False, graph=False)
     with pytest.warns(MixedPrecisionWarning, match=r"track_forward_state\(model\)"):
         train_step(x[2], y[2])
 
@@ -473,7 +460,8 @@ def test_a_forgotten_wrap_optimizer_is_said_by_audit_and_the_monitor():
     assert codes.count("keras_loss_scale_optimizer") == 1
     monitor = tf_mixed.LossScaleMonitor()
     assert monitor.loss_scaling is None
-    with pytest.warns(MixedPrecisionWarning, match=r"Keras's own.*wrap_optimizer\(optimizer\)") as record:
+    with pytest.warns(MixedPrecisionWarning,
+                      match=r"Keras's own.*wrap_optimizer\(optimizer\)") as record:
         model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[monitor])
     assert sum("Keras's own" in str(w.message) for w in record) == 1  # said once
     assert monitor.loss_scaling == "keras"

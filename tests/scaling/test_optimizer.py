@@ -754,13 +754,40 @@ def test_the_constructor_checks_once_too(calls):
     assert dict(calls) == ONCE
 
 
-def test_a_keras_wrapper_is_converted_in_one_pass(calls):
+def test_a_keras_wrapper_is_converted_in_one_pass(calls, monkeypatch):
     keras_lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5),
                                                     initial_scale=64.0)
     calls.clear()
     opt = tf_mixed.wrap_optimizer(keras_lso)
     assert dict(calls) == ONCE
-    assert opt.config.initial_scale == 64.0
+    assert opt.config.initial_scale == 64.0 and not opt.built
+    # A built one: the constructor's one pass, then one build, and the run
+    # continues from the Keras wrapper's scale and step counter.
+    var = keras.Variable([1.0])
+    keras_lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                                    initial_scale=64.0)
+    keras_lso.build([var])
+    keras_lso.dynamic_scale.assign(16.0)
+    keras_lso.step_counter.assign(3)
+    real_build = optimizer.LossScaleOptimizer.build
+
+    def build(self, var_list):
+        calls["build"] += 1
+        real_build(self, var_list)
+
+    monkeypatch.setattr(optimizer.LossScaleOptimizer, "build", build)
+    calls.clear()
+    opt = tf_mixed.wrap_optimizer(keras_lso)
+    assert dict(calls) == {**ONCE, "build": 1}
+    assert opt.built and opt.inner_optimizer is keras_lso.inner_optimizer
+    state = opt.loss_scale_state()
+    assert (state.scale, state.good_steps, opt.config.initial_scale) == (16.0, 3, 64.0)
+
+
+def test_a_non_optimizer_is_refused_before_any_config(calls):
+    with pytest.raises(TypeError, match=r"wrap_optimizer\(\) needs .* optimizer=3 "):
+        tf_mixed.wrap_optimizer(3, initial_scale=8.0)
+    assert dict(calls) == {"check_objects": 1}
 
 
 def test_pass_through_knobs_are_still_validated_once(calls):

@@ -146,6 +146,32 @@ def test_tensor_transition_equals_python_transition(name):
         assert got == want
 
 
+def test_a_python_verdict_on_tensors_builds_only_its_own_operations():
+    # What the optimizer's two state branches run (pipeline.advance_state).
+    config = LossScaleConfig(**KNOB_SETS["hysteresis"])
+    python = initial_state(config)._replace(good_steps=1, overflow_streak=2,
+                                            skipped_steps=5, min_scale_skips=0)
+    graph = tf.Graph()
+    with graph.as_default():
+        tensors = LossScaleState(*(tf.constant(v) for v in python))
+        built = {}
+        for finite in (True, False):
+            start = len(graph.get_operations())
+            after = next_state(config, tensors, finite)
+            built[finite] = sorted(op.type for op in graph.get_operations()[start:]
+                                   if op.type != "Const")
+            # A field this verdict leaves alone comes back as given: not written.
+            assert (after.skipped_steps is tensors.skipped_steps) is finite
+            with tf.compat.v1.Session() as session:
+                values = session.run([v for v in after if tf.is_tensor(v)])
+            got = iter(values)
+            expected = next_state(config, python, finite)
+            assert tuple(next(got) if tf.is_tensor(v) else v for v in after) == expected
+    # Applied: count a good step and maybe grow; nothing of the skipped path.
+    assert built[True] == ["AddV2", "GreaterEqual", "Minimum", "Mul", "SelectV2", "SelectV2"]
+    assert "Minimum" not in built[False] and "Maximum" in built[False]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KNOB_SETS))
 def test_optimizer_follows_the_pure_transition(name):

@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import stat
 import subprocess
 import sys
@@ -97,16 +96,23 @@ def test_out_of_float16_range_is_refused_naming_variables_and_nothing_written(tm
     tf_mixed.serving.save_weights(model, path, dtype="bfloat16")
 
 
+def _assert_refused_unchanged(model, path, message, case="") -> None:
+    """``load_weights(model, path)`` raises a ValueError matching ``message``
+    and leaves every weight of ``model`` as it was."""
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=message):
+        tf_mixed.serving.load_weights(model, path)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b, err_msg=case)
+
+
 def test_load_refuses_values_half_variables_cannot_hold(tmp_path):
     saved, loaded = _model("float32", 0), _model("float16", 1)
     kernel = saved.get_layer("out").kernel
     kernel.assign(np.full(kernel.shape, 1e6, np.float32))
     tf_mixed.serving.save_weights(saved, tmp_path / "w.npz", dtype="float32")
-    before = loaded.get_weights()
-    with pytest.raises(ValueError, match=r"out/kernel \(max \|value\| 1e\+06\).*unchanged"):
-        tf_mixed.serving.load_weights(loaded, tmp_path / "w.npz")
-    for a, b in zip(before, loaded.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    _assert_refused_unchanged(loaded, tmp_path / "w.npz",
+                              r"out/kernel \(max \|value\| 1e\+06\).*unchanged")
 
 
 def test_mismatched_architecture_is_refused_and_model_unchanged(tmp_path):
@@ -114,14 +120,10 @@ def test_mismatched_architecture_is_refused_and_model_unchanged(tmp_path):
     other = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, name="wide"),
                               keras.layers.BatchNormalization(name="norm"),
                               keras.layers.Dense(11, name="out")])
-    before = other.get_weights()
-    with pytest.raises(ValueError, match=(
-            r"does not match model '.*': layers/dense_1/vars/0 is \[256, 10\] in the file, "
-            r"\[256, 11\] in the model; layers/dense_1/vars/1 is \[10\] in the file, "
-            r"\[11\] in the model\. The model is unchanged")):
-        tf_mixed.serving.load_weights(other, tmp_path / "w.npz")
-    for a, b in zip(before, other.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    _assert_refused_unchanged(other, tmp_path / "w.npz", (
+        r"does not match model '.*': layers/dense_1/vars/0 is \[256, 10\] in the file, "
+        r"\[256, 11\] in the model; layers/dense_1/vars/1 is \[10\] in the file, "
+        r"\[11\] in the model\. The model is unchanged"))
 
 
 def _two_dense(first: str, second: str, name: str) -> keras.Model:
@@ -190,11 +192,7 @@ def test_a_changed_architecture_is_refused_naming_keys_and_model_unchanged(tmp_p
             r"layers/dense_1/vars/0 is \[8, 5\] in the file, \[5, 8\] in the model")),
     }
     for case, (model, message) in cases.items():
-        before = model.get_weights()
-        with pytest.raises(ValueError, match=message):
-            tf_mixed.serving.load_weights(model, tmp_path / "w.npz")
-        for a, b in zip(before, model.get_weights()):
-            np.testing.assert_array_equal(a, b, err_msg=case)
+        _assert_refused_unchanged(model, tmp_path / "w.npz", message, case)
 
 
 def test_a_subclassed_model_matches_by_attribute(tmp_path):
@@ -259,15 +257,11 @@ def test_a_version_1_file_still_loads(tmp_path):
     # A changed architecture is refused, naming the paths each side lacks.
     wider = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="a"),
                               keras.layers.Dense(5, name="e")], name="wider")
-    before = wider.get_weights()
-    with pytest.raises(ValueError, match=(
-            r"by each variable's path without the model's name \(tf_mixed\.weights/1 "
-            r"file; by position the count or a shape differs too\): model 'wider' has "
-            r"e/kernel, e/bias, which the file lacks; the file \(model 'saved'\) has "
-            r"b/kernel, b/bias, which the model lacks\. The model is unchanged")):
-        tf_mixed.serving.load_weights(wider, tmp_path / "w.npz")
-    for a, b in zip(before, wider.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    _assert_refused_unchanged(wider, tmp_path / "w.npz", (
+        r"by each variable's path without the model's name \(tf_mixed\.weights/1 "
+        r"file; by position the count or a shape differs too\): model 'wider' has "
+        r"e/kernel, e/bias, which the file lacks; the file \(model 'saved'\) has "
+        r"b/kernel, b/bias, which the model lacks\. The model is unchanged"))
 
 
 _SAVE_IN_A_FRESH_PROCESS = """
@@ -344,7 +338,8 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(TypeError, match="needs a keras.Model"):
         tf_mixed.serving.save_weights("model", tmp_path / "w.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="not a weights file written by tf_mixed.serving.save_weights"):
+    with pytest.raises(ValueError,
+                       match="not a weights file written by tf_mixed.serving.save_weights"):
         tf_mixed.serving.load_weights(model, tmp_path / "junk.npz")
     with pytest.raises(ValueError, match="not a weights file"):
         tf_mixed.serving.load_weights(model, tmp_path / "missing.npz")
@@ -437,8 +432,8 @@ def test_missing_monitor_warns_and_saves_as_keras(tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_creates_its_directory_and_saves_per_batches(tmp_path):
-    callback = tf_mixed.ModelCheckpoint(str(tmp_path / "ckpt" / "deep" / "e{epoch:02d}b{batch}.npz"),
-                                        save_freq=2)
+    callback = tf_mixed.ModelCheckpoint(
+        str(tmp_path / "ckpt" / "deep" / "e{epoch:02d}b{batch}.npz"), save_freq=2)
     _fit(_model("float32"), callback, epochs=2, validation=False)  # 2 batches an epoch
     assert sorted(os.listdir(tmp_path / "ckpt" / "deep")) == ["e01b2.npz", "e02b2.npz"]
     mode = stat.S_IMODE(os.stat(tmp_path / "ckpt" / "deep" / "e01b2.npz").st_mode)

@@ -38,6 +38,21 @@ class UsageError(ValueError):
         return message
 
 
+def below_minimum(flag: str, value: object, minimum: object, fix: str = "") -> UsageError:
+    """The one wording, in every command, for a number under its minimum.
+
+    Args:
+        flag: The flag without dashes (or a positional's name, such as ``"N"``).
+        value: The value received.
+        minimum: The smallest value accepted.
+        fix: Optional hint, e.g. what 0 means.
+
+    Returns:
+        ``UsageError`` reading ``--steps=0: must be at least 1.`` (then ``fix``).
+    """
+    return UsageError(flag, value, f"must be at least {minimum}", fix=fix)
+
+
 class ChildFailed(RuntimeError):
     """A policy's process failed.
 

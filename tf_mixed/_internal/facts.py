@@ -36,6 +36,8 @@ POLICY_ALIASES = {
     "bf16": MIXED_BFLOAT16,
     "fp32": FLOAT32,
 }
+# Every name `tf_mixed.enable` accepts: canonical names first, then short aliases.
+POLICY_NAMES: tuple[str, ...] = tuple(POLICY_ALIASES)
 
 # The dtype each concrete policy computes in.
 COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",

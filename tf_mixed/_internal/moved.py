@@ -30,7 +30,8 @@ def resolve(old: str, module: str, attribute: str | None) -> Any:
     return getattr(found, attribute) if attribute else found
 
 
-def face_getattr(face: str, moved: dict[str, str]) -> Callable[[str], Any]:
+def face_getattr(face: str, moved: dict[str, str],
+                 lazy: dict[str, str | None] | None = None) -> Callable[[str], Any]:
     """A module ``__getattr__`` (PEP 562) for a folder's face.
 
     Args:
@@ -38,12 +39,23 @@ def face_getattr(face: str, moved: dict[str, str]) -> Callable[[str], Any]:
         moved: Each name the face no longer hands on -> the module that hands
             it on now (the defining module's name; ``"tf_mixed"`` for a
             name of the top level).
+        lazy: Names the face hands on, imported only when first asked for
+            (they load TensorFlow): name -> its module, or None for a
+            submodule of the face of that name. No warning.
 
     Returns:
-        A ``__getattr__`` that resolves those names with a DeprecationWarning
-        naming the new spelling, and raises AttributeError for any other.
+        A ``__getattr__`` that resolves the lazy names, resolves the moved
+        ones with a DeprecationWarning naming the new spelling, and raises
+        AttributeError for any other.
     """
+    lazy = dict(lazy or {})
+
     def __getattr__(name: str) -> Any:
+        if name in lazy:
+            module = lazy[name]
+            if module is None:
+                return importlib.import_module(f"{face}.{name}")
+            return getattr(importlib.import_module(module), name)
         module = moved.get(name)
         if module is None:
             raise AttributeError(f"module {face!r} has no attribute {name!r}")

@@ -875,6 +875,37 @@ def route_weight_decay_through_assign(optimizer) -> None:
     optimizer._apply_weight_decay = apply_weight_decay
 
 
+def overwrite_only_averaged_variables(optimizer) -> None:
+    """Makes EMA's overwrite skip the variables that have no moving average.
+
+    Reaches: ``TFOptimizer._overwrite_model_variables_with_average_value`` and
+    ``BaseOptimizer._model_variables_moving_average`` (Keras 3.15.1,
+    keras/src/backend/tensorflow/optimizer.py). ``build`` keeps ``None`` as the
+    average of a variable Keras overwrites with its gradient (float8 scales
+    and amax histories); the base class's version skips those, the TF
+    backend's assigns ``None`` and fails ("Attempt to convert a value (None)")
+    at the end of ``fit`` (``finalize_variable_values``) and at every
+    ``ema_overwrite_frequency``: with ``use_ema=True`` no float8 model can
+    finish ``fit``, with Keras's wrapper or without one.
+
+    Why: the fix is one skip in Keras's own code; nothing public reaches it.
+    The replacement is Keras's TF version with that skip added.
+    """
+    import keras
+
+    def overwrite(trainable_variables):
+        for variable, average in zip(trainable_variables,
+                                     optimizer._model_variables_moving_average):
+            if average is None:
+                continue
+            if isinstance(variable, keras.Variable):
+                variable = variable.value
+            optimizer._distribution_strategy.extended.update(
+                variable, lambda a, b: a.assign(b), args=(average,))
+
+    optimizer._overwrite_model_variables_with_average_value = overwrite
+
+
 # ------------------------------------------------------------ ModelCheckpoint
 
 

@@ -8,6 +8,9 @@
 # written as one line to ``--error_file`` for the parent to print, with exit
 # status 2; any other failure prints its traceback and exits 1.
 #
+# ``--plan_file`` holds the job's per-layer plan for the "plan" policy (made once
+# by the parent, so every process and worker trains the same plan).
+#
 # With ``--control_fd`` the parent paces the training (`PipeGate`): the child
 # writes one JSON line per segment to that file descriptor (``{"ready": true}``
 # once built, then ``{"times": [...], "finished": bool}``) and reads from stdin
@@ -37,6 +40,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", help="TensorFlow's C++ log too")
     parser.add_argument("--control_fd", type=int, default=-1,
                         help="file descriptor for segment reports; steps are read from stdin")
+    parser.add_argument("--plan_file", default="",
+                        help="the job's per-layer plan (JSON) for the 'plan' policy")
     return parser.parse_args(argv)
 
 
@@ -95,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             if config.strategy == "mirrored":
                 run.split_cpu_for_replicas(config.replicas)
             gate = PipeGate(args.control_fd) if args.control_fd >= 0 else None
+            plan_record = None
+            if args.plan_file:
+                with open(args.plan_file) as f:
+                    plan_record = json.load(f)
             result = run.run_policy(config, args.policy,
-                                    verbose=bool(args.part) and not config.quiet, gate=gate)
+                                    verbose=bool(args.part) and not config.quiet, gate=gate,
+                                    plan_record=plan_record)
     except UsageError as error:
         if args.error_file:
             with open(args.error_file, "w") as f:

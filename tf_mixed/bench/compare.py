@@ -31,8 +31,8 @@ from typing import Any
 from tf_mixed._internal import progress, quiet
 from tf_mixed._internal.cli_errors import ChildFailed
 from tf_mixed.bench import config as config_module
+from tf_mixed.bench import plan_row, run, schedule, serving
 from tf_mixed.bench import report as report_module
-from tf_mixed.bench import run, schedule, serving
 from tf_mixed.bench.config import BenchConfig
 
 
@@ -55,6 +55,24 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     bench_data = config_module.check_data(config)
     created = report_module.check_output_dir(config.output_dir)
     print(note, flush=True)
+    plan_record, trained = None, policies
+    if plan_row.PLAN in policies:
+        # Planned once, here, before any policy trains (every process, every
+        # worker trains this plan); a plan equal to a whole-model policy of the
+        # run is not trained again (plan_row.same_as).
+        progress.update(f"planning {config.model_name} per layer (tf_mixed.plan)")
+        if bench_data is None and config.isolation == "inprocess":
+            bench_data = config_module.load_data(config)
+        try:
+            plan_record = run.plan_layers(config, bench_data)
+        except BaseException:
+            report_module.remove_if_created(config.output_dir, created)
+            raise
+        same = plan_row.same_as(plan_record, policies)
+        if same:
+            trained = tuple(p for p in policies if p != plan_row.PLAN)
+            print(f"The per-layer plan is {same}: every layer in {same}'s precision, so it "
+                  f"is not trained again; its row is {same}'s.", flush=True)
     if _slow_float16_convs(config, policies):
         print(
             f"Warning: mixed_float16 with --model={config.model_name} on a host without a "
@@ -72,26 +90,31 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     try:
         round_order: list[str] = []
         if config.strategy == "multiworker":
-            results = _run_children(config, policies, verbose)
+            results = _run_children(config, trained, verbose, plan_record)
         else:
             bench_data = bench_data if bench_data is not None or config.isolation == "subprocess" \
                 else config_module.load_data(config)
             scheduler = make_scheduler(
-                config, policies, bench_data, lambda: time.monotonic() - started)
+                config, trained, bench_data, lambda: time.monotonic() - started)
             if config.isolation == "subprocess":
-                results = _run_interleaved(config, policies, verbose, scheduler)
+                results = _run_interleaved(config, trained, verbose, scheduler, plan_record)
             else:
                 strategy = run.make_strategy(config)
                 results = [
                     run.run_policy(config, p, bench_data=bench_data, strategy=strategy,
-                                   verbose=not config.quiet, gate=LocalGate(scheduler, p, config))
-                    for p in policies
+                                   verbose=not config.quiet, gate=LocalGate(scheduler, p, config),
+                                   plan_record=plan_record if p == plan_row.PLAN else None)
+                    for p in trained
                 ]
             for result in results:
                 result["plan"] = {**scheduler.plan(result["policy"]).to_dict(),
                                   "extra_rounds": scheduler.extra_rounds.get(result["policy"], 0)}
             round_order = scheduler.order
         report_module.add_ratios(results)
+        if plan_record is not None and trained != policies:
+            equal = plan_row.same_as(plan_record, policies)
+            row = next(r for r in results if r["policy"] == equal)
+            results.insert(policies.index(plan_row.PLAN), plan_row.reused_row(plan_record, row))
         progress.update("measuring the host's large matmul, float32 against half precision")
         matmul = _matmul_reference(policies, config.matmul_size)
         report = {
@@ -247,12 +270,28 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _run_children(config: BenchConfig, policies: tuple[str, ...], verbose: bool) -> list[dict]:
+def _write_inputs(config: BenchConfig, staging: str, plan_record) -> str:
+    """Writes the config (and the plan, `_plan_path`) the children read; returns the
+    config's path."""
+    config_path = os.path.join(staging, "config.json")
+    with open(config_path, "w") as f:
+        json.dump(config.to_json(), f)
+    if plan_record is not None:
+        with open(_plan_path(config_path), "w") as f:
+            json.dump(plan_record, f)
+    return config_path
+
+
+def _plan_path(config_path: str) -> str:
+    """Where the job's per-layer plan lies for the children, beside their config."""
+    return os.path.join(os.path.dirname(config_path), "plan.json")
+
+
+def _run_children(config: BenchConfig, policies: tuple[str, ...], verbose: bool,
+                  plan_record=None) -> list[dict]:
     staging = tempfile.mkdtemp(prefix=".tf_mixed_parts.", dir=config.output_dir)
     try:
-        config_path = os.path.join(staging, "config.json")
-        with open(config_path, "w") as f:
-            json.dump(config.to_json(), f)
+        config_path = _write_inputs(config, staging, plan_record)
         results = []
         for policy in policies:
             part = os.path.join(staging, f"{policy}.json")
@@ -310,14 +349,12 @@ class _ChildLane:
 
 
 def _run_interleaved(config: BenchConfig, policies: tuple[str, ...], verbose: bool,
-                     scheduler: schedule.Scheduler) -> list[dict]:
+                     scheduler: schedule.Scheduler, plan_record=None) -> list[dict]:
     """Every policy in its own process, their rounds alternating (module docstring)."""
     staging = tempfile.mkdtemp(prefix=".tf_mixed_parts.", dir=config.output_dir)
     lanes: list[_ChildLane] = []
     try:
-        config_path = os.path.join(staging, "config.json")
-        with open(config_path, "w") as f:
-            json.dump(config.to_json(), f)
+        config_path = _write_inputs(config, staging, plan_record)
         progress.update(f"starting {len(policies)} training processes (TensorFlow, data, "
                         f"{config.model_name})")
         lanes = [_ChildLane(config, config_path, p, os.path.join(staging, f"{p}.json"), verbose)
@@ -364,6 +401,8 @@ def _child_command(config_path: str, policy: str, part: str, error_file: str,
         command.append(f"--part={part}")
     if verbose:
         command.append("--verbose")
+    if policy == plan_row.PLAN and os.path.exists(_plan_path(config_path)):
+        command.append(f"--plan_file={_plan_path(config_path)}")
     return command
 
 

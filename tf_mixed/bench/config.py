@@ -12,8 +12,13 @@ import dataclasses
 import math
 from typing import Any
 
-from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench.names import DATA_ACCEPTED, MODEL_NAMES  # noqa: F401 (no TensorFlow)
+from tf_mixed._internal.cli_errors import UsageError, below_minimum
+from tf_mixed.bench import names
+from tf_mixed.bench.names import (  # noqa: F401 (no TensorFlow)
+    BENCH_POLICIES,
+    DATA_ACCEPTED,
+    MODEL_NAMES,
+)
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 LOOPS = ("fit", "custom")
@@ -21,11 +26,6 @@ SUITES = ("compare", "overhead", "comm", "memory", "bf16", "gpu", "heal", "heal_
 ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
                  "bf16": "mlp", "gpu": "resnet50", "heal": "mlp", "heal_cost": "cnn"}
-# Bench-only policy names: what the run computes in, and what it adds.
-# "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
-# "plan": tf_mixed.plan's per-layer precisions on the float32 model
-# (tf_mixed.bench.plan_row), applied with tf_mixed.convert.
-BENCH_POLICIES = {"float8": "mixed_bfloat16", "plan": "float32"}
 # --float8_layers: which Dense layers the float8 run quantizes.
 FLOAT8_LAYERS = ("auto", "all")
 
@@ -105,14 +105,15 @@ class BenchConfig:
     def validate(self) -> "BenchConfig":
         """Checks every field that can be checked without loading anything.
 
+        Imports no TensorFlow: the command line calls it before TensorFlow loads,
+        so a bad flag is answered at once.
+
         Returns:
             A copy with canonical model name.
 
         Raises:
             UsageError: Naming the first bad flag.
         """
-        from tf_mixed.bench import models
-
         for flag, value, choices in (
             ("strategy", self.strategy, STRATEGIES),
             ("loop", self.loop, LOOPS),
@@ -138,26 +139,49 @@ class BenchConfig:
             ("matmul_size", self.matmul_size, 0),
         ):
             if number < minimum:
-                raise UsageError(flag, number, f"must be >= {minimum}", f"an integer >= {minimum}")
+                raise below_minimum(flag, number, minimum)
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise UsageError("learning_rate", self.learning_rate, "must be a positive number",
                              "e.g. 0.001")
         if not self.output_dir:
             raise UsageError("output_dir", self.output_dir, "empty path", "a writable directory")
-        model = models.check_name(self.model_name)
+        for name in self.policies:
+            names.check_policy(name)
+        self._check_suite()
+        model = names.check_model(self.model_name)
         dataset = self.dataset
-        sequence_model = model in models.SEQUENCE_MODELS
-        if sequence_model and dataset == "shapes":
-            dataset = "tokens"  # the default data set, made for this model
-        from tf_mixed.bench import data
-
-        if sequence_model != (dataset == data.TOKENS):
+        sequence_model = model in names.SEQUENCE_MODELS
+        if sequence_model and dataset == names.SHAPES:
+            dataset = names.TOKENS  # the default data set, made for this model
+        kind, _, _ = names.parse_spec(dataset)
+        if sequence_model != (kind == names.TOKENS):
             raise UsageError(
                 "dataset", self.dataset,
                 f"--model={model} needs " + ("token sequences" if sequence_model else "images"),
                 "tokens (generated in process) for --model=transformer; shapes, tfds:NAME or "
                 "folder:PATH for the image models")
-        return dataclasses.replace(self, model=model, dataset=dataset)
+        checked = dataclasses.replace(self, model=model, dataset=dataset)
+        if checked.suite == "compare" and kind == names.SHAPES:
+            check_shapes(checked)
+        return checked
+
+    def _check_suite(self) -> None:
+        """The flags a suite cannot honour, told before any work.
+
+        Raises:
+            UsageError: Naming the flag.
+        """
+        if self.suite == "comm":
+            if self.workers < 2:
+                raise below_minimum("workers", self.workers, 2,
+                                    "The comm suite needs 2 workers or more to all-reduce.")
+            if self.batch_size % self.workers:
+                raise UsageError("batch_size", self.batch_size,
+                                 f"must split evenly over --workers={self.workers}",
+                                 f"a multiple of {self.workers}")
+        if self.suite == "overhead" and self.strategy != "default":
+            raise UsageError("strategy", self.strategy,
+                             "the overhead suite runs without a strategy", "default")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -187,27 +211,21 @@ def resolve_policies(requested: tuple[str, ...], *,
     from tf_mixed.policy import global_policy as policy
     from tf_mixed.policy import hardware
 
+    keys = [names.check_policy(name) for name in requested or ("float32", "auto")]
     auto, reason = policy.resolve_auto(hardware.detect())  # measured on CPUs
-    names = []
-    for name in requested or ("float32", "auto"):
-        key = name.strip().lower() if isinstance(name, str) else name
+    chosen: list[str] = []
+    for key in keys:
         if key in BENCH_POLICIES:
-            if key not in names:
-                names.append(key)
+            if key not in chosen:
+                chosen.append(key)
             continue
-        try:
-            canonical = policy.canonical_name(name)
-        except (TypeError, ValueError):
-            raise UsageError(
-                "policies", name, "unknown policy",
-                ", ".join(list(policy.POLICY_NAMES) + list(BENCH_POLICIES))
-            ) from None
+        canonical = policy.canonical_name(key)
         canonical = auto if canonical == "auto" else canonical
-        if canonical not in names:
-            names.append(canonical)
+        if canonical not in chosen:
+            chosen.append(canonical)
     if not requested:
         if auto == "float32":
-            names.append("mixed_bfloat16")
+            chosen.append("mixed_bfloat16")
             note = (
                 f"Default policies: float32 and enable('auto'), which picks float32 here "
                 f"({reason}); mixed_bfloat16 was added so two policies are compared"
@@ -215,13 +233,13 @@ def resolve_policies(requested: tuple[str, ...], *,
         else:
             note = f"Default policies: float32 and enable('auto') = {auto} ({reason})"
         if with_plan:
-            names.append("plan")
+            chosen.append("plan")
             note += "; and the per-layer plan (tf_mixed.plan) as a third row"
         note += "."
     else:
         note = f"Policies as requested (--policies); enable('auto') would pick {auto} ({reason})."
-    names.sort(key=lambda n: n != "float32")
-    return tuple(names), note
+    chosen.sort(key=lambda n: n != "float32")
+    return tuple(chosen), note
 
 
 
@@ -268,19 +286,28 @@ def check_data(config: BenchConfig):
     Raises:
         UsageError: As `load_data`.
     """
-    from tf_mixed.bench import data
-
-    kind, _, _ = data.parse_spec(config.dataset)
-    if kind != data.SHAPES:
+    kind, _, _ = names.parse_spec(config.dataset)
+    if kind != names.SHAPES:
         return load_data(config)
-    size = config.image_size or data.DEFAULT_SHAPES_SIZE
-    if size < data.MIN_SHAPES_SIZE:
+    check_shapes(config)
+    return None
+
+
+def check_shapes(config: BenchConfig) -> None:
+    """Checks ``--image_size`` and ``--batch_size`` against the generated shapes set.
+
+    Imports no TensorFlow (`BenchConfig.validate` calls it for the compare suite).
+
+    Raises:
+        UsageError: For images too small or a batch larger than the set.
+    """
+    size = config.image_size or names.DEFAULT_SHAPES_SIZE
+    if size < names.MIN_SHAPES_SIZE:
         raise UsageError(
             "image_size", config.image_size, "too small for the shapes data set",
-            f"{data.MIN_SHAPES_SIZE} or more (0 picks {data.DEFAULT_SHAPES_SIZE})",
+            f"{names.MIN_SHAPES_SIZE} or more (0 picks {names.DEFAULT_SHAPES_SIZE})",
         )
-    check_batch(config, config.train_size or data.DEFAULT_SHAPES_TRAIN, data.SHAPES)
-    return None
+    check_batch(config, config.train_size or names.DEFAULT_SHAPES_TRAIN, names.SHAPES)
 
 
 def check_batch(config: BenchConfig, train_size: int, name: str) -> None:

@@ -26,11 +26,17 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError, below_minimum
 from tf_mixed.bench import names
+from tf_mixed.bench.names import (  # noqa: F401 (their home is TensorFlow-free)
+    DEFAULT_SHAPES_SIZE,
+    DEFAULT_SHAPES_TRAIN,
+    MIN_SHAPES_SIZE,
+    SHAPES,
+    TOKENS,
+    parse_spec,
+)
 
-SHAPES = "shapes"
-TOKENS = "tokens"
 TOKEN_VOCABULARY = 256
 TOKEN_CLASSES = 10
 DEFAULT_TOKENS_LENGTH = 64
@@ -46,9 +52,6 @@ SHAPE_CLASSES = (
     "diag_stripes",
     "checker",
 )
-DEFAULT_SHAPES_SIZE = 32
-MIN_SHAPES_SIZE = 16
-DEFAULT_SHAPES_TRAIN = 8000
 DEFAULT_SHAPES_VAL = 2000
 DEFAULT_FILE_IMAGE_SIZE = 64  # folder: and variable-size tfds sets
 _CACHE_BYTES = 1 << 30
@@ -102,40 +105,6 @@ class BenchData:
         }
 
 
-def parse_spec(spec: str) -> tuple[str, str, str]:
-    """Splits a ``--dataset`` value into ``(kind, name_or_path, split)``.
-
-    Args:
-        spec: ``"shapes"``, ``"tfds:NAME[:SPLIT]"`` or ``"folder:PATH"``.
-
-    Returns:
-        ``("shapes", "", "")``, ``("tfds", NAME, SPLIT or "train")`` or
-        ``("folder", PATH, "")``.
-
-    Raises:
-        UsageError: For any other form.
-    """
-    if not isinstance(spec, str) or not spec.strip():
-        raise UsageError("dataset", spec, "empty data set name", ACCEPTED)
-    spec = spec.strip()
-    if spec.lower() in (SHAPES, "synthetic"):
-        return SHAPES, "", ""
-    if spec.lower() == TOKENS:
-        return TOKENS, "", ""
-    kind, sep, rest = spec.partition(":")
-    kind = kind.lower()
-    if sep and kind == "tfds":
-        name, _, split = rest.partition(":")
-        if not name:
-            raise UsageError("dataset", spec, "no TFDS name after 'tfds:'", ACCEPTED)
-        return "tfds", name, split or "train"
-    if sep and kind == "folder":
-        if not rest:
-            raise UsageError("dataset", spec, "no path after 'folder:'", ACCEPTED)
-        return "folder", rest, ""
-    raise UsageError("dataset", spec, "unknown data set", ACCEPTED)
-
-
 def load(
     spec: str,
     *,
@@ -167,8 +136,7 @@ def load(
     """
     kind, name, split = parse_spec(spec)
     if image_size < 0:
-        raise UsageError("image_size", image_size, "must be >= 0",
-                         "0 (automatic) or a side in pixels")
+        raise below_minimum("image_size", image_size, 0, "0 picks the data set's own size.")
     if kind == SHAPES:
         return load_shapes(
             seed=seed,
@@ -291,7 +259,7 @@ def _generated(name: str, make, *, seed: int, train_size: int, val_size: int,
     """
     for flag, value in (("train_size", train_size), ("val_size", val_size)):
         if value < 1:
-            raise UsageError(flag, value, "must be >= 1", "a positive number of examples")
+            raise below_minimum(flag, value, 1)
     x_train, y_train = make(train_size, seed * 2 + 1)
     x_val, y_val = make(val_size, seed * 2 + 2)
     return BenchData(

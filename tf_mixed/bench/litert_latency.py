@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from tf_mixed._internal import quiet
+from tf_mixed._internal.cli_errors import below_minimum
 
 __all__ = ["main", "measure"]
 
@@ -43,9 +44,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "iterations", "rounds", "threads"):
         if getattr(args, name) < 1:
-            # The wording every command uses for this fact (cli/model_command.parse).
-            print(f"tf_mixed litert-latency: error: --{name}={getattr(args, name)}: must be "
-                  "at least 1.", file=sys.stderr)
+            # The wording every command uses for this fact.
+            print(f"tf_mixed litert-latency: error: {below_minimum(name, getattr(args, name), 1)}",
+                  file=sys.stderr)
             raise SystemExit(2)
     return args
 

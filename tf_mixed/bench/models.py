@@ -138,22 +138,19 @@ _BUILDERS: dict[str, Callable] = {
     "resnet50": build_resnet50,
     "transformer": build_transformer,
 }
-SEQUENCE_MODELS = ("transformer",)  # take token sequences, not images
+SEQUENCE_MODELS = names.SEQUENCE_MODELS  # take token sequences, not images
 MODEL_NAMES: tuple[str, ...] = names.MODEL_NAMES
 assert tuple(_BUILDERS) == MODEL_NAMES, "names.MODEL_NAMES names every builder"
 _MIN_SIDE = {"resnet50": 32}
 
 
 def check_name(name: str) -> str:
-    """Returns the canonical model name.
+    """Returns the canonical model name (`tf_mixed.bench.names.check_model`).
 
     Raises:
         UsageError: If ``name`` is not one of `MODEL_NAMES`.
     """
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key not in _BUILDERS:
-        raise UsageError("model", name, "unknown model", ", ".join(MODEL_NAMES))
-    return key
+    return names.check_model(name)
 
 
 def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:

@@ -141,9 +141,6 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
     Raises:
         UsageError: For bad input (before any training).
     """
-    if config.strategy != "default":
-        raise UsageError("strategy", config.strategy,
-                         "the overhead suite runs without a strategy", "default")
     policy_name, why = _overhead_policy(config)
     if (config.model_name != "mlp" and policy_name == "mixed_float16"
             and not tf.config.list_physical_devices("GPU")):

@@ -2,15 +2,20 @@
 
 # `make_plan` plans the float32 bench model on one training batch (timed on
 # this host, cached per host and model like ``enable("auto")``'s measurement);
-# `tf_mixed.bench.run` applies it (`Plan.apply`, i.e. `tf_mixed.convert`) and
-# trains the result as any other policy. `plan_record` is what the result
-# file keeps; `label` names the row; `notes` says what the plan chose, how
+# the compare job plans once, before any policy trains (`tf_mixed.bench.run.plan_layers`).
+# Where the plan equals a whole-model policy the job also runs (`same_as`: every
+# layer in that policy's precision), the plan is not trained again: its row is that
+# policy's, figures and verdict (`reused_row`), so one set of precisions never gets
+# two verdicts. Otherwise `tf_mixed.bench.run` applies it (`Plan.apply`, i.e.
+# `tf_mixed.convert`) and trains the result as any other policy. `plan_record` is
+# what the result file keeps; `label` names the row; `notes` says what the plan chose, how
 # long planning took, and, where the row falls short of the host's large
 # matmul ratio, where the rest of its step goes, in numbers (the census of
 # its step and the plan's own per-layer times).
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -49,9 +54,47 @@ def plan_record(plan) -> dict[str, Any]:
     return record
 
 
+def same_as(record: dict[str, Any], policies) -> str | None:
+    """The whole-model policy among ``policies`` that the plan equals, or None.
+
+    The plan equals its carrying policy when no layer is kept in float32
+    under it (float32 heads aside: every policy keeps them) and none is in
+    float8: an all-float32 plan is float32, an all-bfloat16 plan mixed_bfloat16.
+
+    Args:
+        record: The plan's record (`plan_record`).
+        policies: The policies of the run.
+    """
+    whole = record["policy"]
+    if record["keep_float32"] or record.get("float8_layers") or whole not in policies:
+        return None
+    return whole
+
+
+def reused_row(record: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The plan's row when it equals ``row``'s policy: ``row``'s figures, not trained again.
+
+    Args:
+        record: The plan's record (`plan_record`).
+        row: The result of the whole-model policy the plan equals (`same_as`).
+
+    Returns:
+        A copy of ``row`` as the "plan" policy, with ``same_as`` naming ``row``'s
+        policy and the plan's record and reason.
+    """
+    reused = copy.deepcopy(row)
+    reused.update(policy=PLAN, same_as=row["policy"], layer_plan=record,
+                  policy_reason=f"the plan is {row['policy']} ({record['summary']})")
+    return reused
+
+
 def label(result: dict[str, Any]) -> str:
-    """The row's name in the table: the policy, or "per-layer plan"."""
-    return LABEL if result["policy"] == PLAN else result["policy"]
+    """The row's name in the table: the policy, "per-layer plan", or, for a plan
+    equal to a whole-model policy, "per-layer plan: the plan is POLICY"."""
+    if result["policy"] != PLAN:
+        return result["policy"]
+    same = result.get("same_as")
+    return f"{LABEL}: the plan is {same}" if same else LABEL
 
 
 def notes(report: dict[str, Any]) -> list[str]:
@@ -67,6 +110,15 @@ def notes(report: dict[str, Any]) -> list[str]:
             if row["seconds"]:
                 counts[row["choice"]] = counts.get(row["choice"], 0) + 1
         took = record.get("plan_seconds")
+        same = r.get("same_as")
+        if same:
+            lines.append(
+                f"{LABEL}: the plan is {same} ("
+                + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
+                + " timed layers)" + (f"; planned in {took:.1f} s" if took is not None else "")
+                + ("; timings read from the cache" if record.get("cached") else "")
+                + f". It was not trained again: its row is {same}'s, figures and verdict.")
+            continue
         lines.append(
             f"{LABEL}: {record['policy']} with "
             + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))

@@ -155,8 +155,10 @@ def headline(results: list[dict[str, Any]]) -> list[str]:
 
 
 def tick_labels(results: list[dict[str, Any]]) -> list[str]:
-    """Policy names, a cut run's (``cut``, set by `report.add_ratios`) marked as in the table."""
-    return [r["policy"] + ("\n(cut)" if r.get("cut") else "") for r in results]
+    """Policy names, a cut run's (``cut``, set by `report.add_ratios`) marked as in the table,
+    a plan equal to a whole-model policy (``same_as``) followed by that policy."""
+    return [r["policy"] + (f"\n(= {r['same_as']})" if r.get("same_as") else "")
+            + ("\n(cut)" if r.get("cut") else "") for r in results]
 
 
 def _memory_mb(result: dict[str, Any], kind: str) -> float:

@@ -230,8 +230,8 @@ def notes(report: dict[str, Any]) -> list[str]:
     cores = (report.get("host") or {}).get("cpu_count") or 1
     for r in report["results"]:
         ratios = r.get("ratio_to_float32")
-        if r["policy"] == "float32" or not ratios:
-            continue
+        if r["policy"] == "float32" or not ratios or r.get("same_as"):
+            continue  # a plan equal to a policy: that policy's notes are its own
         pairs = ratios["samples_per_sec_spread"]
         width = schedule.relative_spread(pairs)
         if not untrusted(r):

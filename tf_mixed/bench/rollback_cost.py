@@ -15,6 +15,7 @@ import sys
 import time
 
 from tf_mixed._internal import quiet
+from tf_mixed._internal.cli_errors import below_minimum
 
 __all__ = ["main"]
 
@@ -33,9 +34,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps", "rounds"):
         if getattr(args, name) < 1:
-            # The wording every command uses for this fact (cli/model_command.parse).
-            print(f"tf_mixed rollback-cost: error: --{name}={getattr(args, name)}: must be "
-                  "at least 1.", file=sys.stderr)
+            # The wording every command uses for this fact.
+            print(f"tf_mixed rollback-cost: error: {below_minimum(name, getattr(args, name), 1)}",
+                  file=sys.stderr)
             raise SystemExit(2)
     return args
 

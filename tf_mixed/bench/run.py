@@ -33,6 +33,7 @@ from tf_mixed.bench import config as config_module
 from tf_mixed.bench import models, plan_row, schedule, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.policy import global_policy as policy
+from tf_mixed.tools.planning.plan_table import Plan
 
 # --- memory -------------------------------------------------------------------
 
@@ -116,6 +117,33 @@ def make_strategy(config: BenchConfig) -> tf.distribute.Strategy:
 # --- one policy -------------------------------------------------------------------
 
 
+def plan_layers(config: BenchConfig, bench_data=None, train_set=None) -> dict[str, Any]:
+    """The per-layer plan (`tf_mixed.plan`) of the float32 bench model, as a record.
+
+    Args:
+        config: A validated `BenchConfig`.
+        bench_data: Its loaded data (loaded from ``config`` when None).
+        train_set: Its batched training set (made from ``bench_data`` when None);
+            the plan is timed on the first batch.
+
+    Returns:
+        `tf_mixed.bench.plan_row.plan_record` of the plan.
+    """
+    if bench_data is None:
+        bench_data = config_module.load_data(config)
+    if train_set is None:
+        train_set = train.batched(bench_data.train, config.batch_size, train=True,
+                                  seed=config.seed, size=bench_data.train_size)
+    # Fresh layer names, as each policy's run builds its model with: the plan
+    # names the layers it keeps in float32.
+    keras.backend.clear_session()
+    with policy.policy_scope("float32"):
+        keras.utils.set_random_seed(config.seed)
+        planned = models.build(config.model_name, bench_data.image_shape,
+                               bench_data.num_classes)
+        return plan_row.plan_record(plan_row.make_plan(planned, train_set))
+
+
 def run_policy(
     config: BenchConfig,
     policy_name: str,
@@ -124,6 +152,7 @@ def run_policy(
     strategy: tf.distribute.Strategy | None = None,
     verbose: bool = True,
     gate: train.Gate | None = None,
+    plan_record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Trains ``config.model`` under one policy in this process and measures it.
 
@@ -136,6 +165,8 @@ def run_policy(
         verbose: Print one line per epoch.
         gate: Hands out the warm-up and each round (`tf_mixed.bench.train`);
             None: rounds of ``config.round_steps`` without waiting.
+        plan_record: For the "plan" policy, the plan to train (`plan_layers`'s
+            record, made once by the job); None: plan here.
 
     Returns:
         The run's figures as a JSON-ready dict (see the module docstring of
@@ -167,14 +198,11 @@ def run_policy(
     compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
     float8_plan = None
     layer_plan = None
-    if policy_name == "plan":
-        # The per-layer plan (tf_mixed.plan) of the float32 model on one
-        # training batch; its policy is the run's (the float32 layers kept).
-        with policy.policy_scope("float32"):
-            keras.utils.set_random_seed(config.seed)
-            planned = models.build(config.model_name, bench_data.image_shape,
-                                   bench_data.num_classes)
-            layer_plan = plan_row.make_plan(planned, train_set)
+    if policy_name == plan_row.PLAN:
+        # The per-layer plan (tf_mixed.plan) the job made before training
+        # (`plan_layers`); its policy is the run's (the float32 layers kept).
+        plan_record = plan_record or plan_layers(config, bench_data, train_set)
+        layer_plan = Plan.from_dict(plan_record)
         compute_policy = layer_plan.policy
     with policy.policy_scope(compute_policy) as enabled:
         keras.utils.set_random_seed(config.seed)  # same initial weights for every policy
@@ -234,7 +262,7 @@ def run_policy(
     result = {
         "policy": policy_name,
         "policy_reason": layer_plan.summary if layer_plan is not None else enabled.reason,
-        "layer_plan": None if layer_plan is None else plan_row.plan_record(layer_plan),
+        "layer_plan": None if layer_plan is None else plan_record,
         # float8 on a host without a GPU is quantize-dequantize emulation:
         # its speed says nothing about float8 GEMMs, so none is claimed.
         "float8": None if float8_plan is None else {

@@ -56,8 +56,9 @@ def measure(model, sample) -> dict[str, Any]:
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    """One row per run that has serving figures; "" when none has."""
-    rows = [r for r in results if r.get("serving")]
+    """One row per run that has serving figures; "" when none has. A plan equal to a
+    whole-model policy (``same_as``) is that policy's run: not listed twice."""
+    rows = [r for r in results if r.get("serving") and not r.get("same_as")]
     if not rows:
         return ""
     header = ("| policy | LiteRT float32 KB | float16 weights KB | size ratio "

@@ -151,6 +151,9 @@ class TfMixedView(KerasWrapperView):
 
     def corrects_epoch_loss(self, model) -> bool:
         # With the skip contract Keras's loss already leaves skipped steps out.
+        # It is missing only where something replaced the train step that
+        # `prepare` wrapped (a later callback); the tally, where there is one
+        # (accumulation), then gives the epoch loss.
         return not skip_contract.installed(model)
 
     def judges_loss_by_tally(self) -> bool:

@@ -109,8 +109,11 @@ def install(model: keras.Model) -> bool:
         # made just now held zeros before it (Keras's Metric.reset_state).
         variables = [v for metric in model.metrics for v in metric.variables]
         for variable in variables:
-            value = (windows.start(variable) if accumulating
-                     else before.get(id(variable), _zeros(variable)))
+            if accumulating:
+                value = windows.start(variable)
+            else:
+                value = before.get(id(variable))
+                value = _zeros(variable) if value is None else value
             variable.assign(tf.where(skipped, value, variable.value))
         if isinstance(logs, dict):
             logs = dict(logs)

@@ -73,14 +73,29 @@ def _error(message: str) -> int:
 
 
 def _policy(name: str) -> str:
-    import tf_mixed
+    """``--policy`` lower-cased, once it names a policy (no TensorFlow needed)."""
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.policy import POLICY_NAMES
 
     canonical = name.strip().lower()
-    if canonical not in tf_mixed.policy.POLICY_NAMES or canonical == "auto":
-        accepted = ", ".join(n for n in tf_mixed.policy.POLICY_NAMES if n != "auto")
+    if canonical not in POLICY_NAMES or canonical == "auto":
+        accepted = ", ".join(n for n in POLICY_NAMES if n != "auto")
         raise UsageError("policy", name, "unknown policy", accepted)
     return canonical
+
+
+def _check_flags(fv) -> None:
+    """The flags checked before TensorFlow loads: --warmup_steps, --policy.
+
+    Raises:
+        UsageError: Naming the flag.
+    """
+    from tf_mixed._internal.cli_errors import below_minimum
+
+    if fv.warmup_steps < 0:
+        raise below_minimum("warmup_steps", fv.warmup_steps, 0)
+    if fv.policy:
+        _policy(fv.policy)
 
 
 def _prepare(fv, path: str):
@@ -113,11 +128,6 @@ def _example_shapes(x) -> list[tuple]:
     return [tuple(getattr(a, "shape", ())[1:]) for a in keras.tree.flatten(x)]
 
 
-def _shape_text(shape) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + \
-        ("," if len(shape) == 1 else "") + ")"
-
-
 def check_data(model, x, dataset: str) -> None:
     """Refuses inputs whose examples do not have the model's input shapes.
 
@@ -128,39 +138,25 @@ def check_data(model, x, dataset: str) -> None:
         dataset: The ``--dataset`` flag's value, for the message.
 
     Raises:
-        UsageError: A count of inputs or an example shape (rank, or a
-            dimension the model fixes) that differs, naming the input, the
-            shape expected and the shape got: "input 'x' takes examples of
-            shape (32,); the data has (7,) (width 32 expected, got 7)".
+        UsageError: A count of inputs or a shape (rank, or a dimension the
+            model fixes) that differs, in `tf_mixed.cli.npz_data.input_problem`'s
+            words: "x has shape (None, 7); model 'm' input 'x' takes (None, 32)
+            (width 32 expected, got 7)".
     """
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.cli import npz_data
 
-    expected = [(t.name, tuple(t.shape[1:])) for t in model.inputs]
-    got = _example_shapes(x)
-    accepted = "data whose x matches the model's inputs"
-    if len(got) != len(expected):
-        raise UsageError("dataset", dataset,
-                         f"model '{model.name}' takes {len(expected)} input(s); the data "
-                         f"has {len(got)} x array(s)", accepted)
-    for (name, want), have in zip(expected, got):
-        fits = len(want) == len(have) and all(
-            w is None or h is None or w == h for w, h in zip(want, have))
-        if fits:
-            continue
-        detail = (f"rank {len(want) + 1} expected, got {len(have) + 1}" if len(want) != len(have)
-                  else "; ".join(f"{'width' if i == len(want) - 1 else f'dimension {i + 1}'} "
-                                 f"{w} expected, got {h}"
-                                 for i, (w, h) in enumerate(zip(want, have))
-                                 if w is not None and h is not None and w != h))
-        raise UsageError("dataset", dataset,
-                         f"model '{model.name}' input '{name}' takes examples of shape "
-                         f"{_shape_text(want)}; the data has {_shape_text(have)} ({detail})",
-                         accepted)
+    shapes = [(None, *shape) for shape in _example_shapes(x)]
+    keys = ["x"] if len(shapes) == 1 else [f"x{i}" for i in range(len(shapes))]
+    problem = npz_data.input_problem(model, keys, shapes)
+    if problem:
+        raise UsageError("dataset", dataset, problem, "data whose x matches the model's inputs")
 
 
 def _data_error(dataset: str, model, x, y, error: BaseException):
     """A UsageError for data the step cannot take, with both sides' shapes."""
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.cli.npz_data import shape_text as _shape_text
 
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     # Keras's first line is often "Exception encountered when calling ...":
@@ -201,12 +197,11 @@ def main(argv: list[str]) -> int:
     fv = flags.FlagValues()
     _define_flags(fv)
     parsed = model_command.parse("doctor", argv, fv, USAGE,
-                                 ("batch_size", "batches", "steps", "rounds"))
+                                 ("batch_size", "batches", "steps", "rounds"),
+                                 (_check_flags, model_command.check_dataset))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed
-    if fv.warmup_steps < 0:
-        return _error(f"--warmup_steps={fv.warmup_steps}: must be at least 0.")
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
@@ -215,8 +210,6 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     created = False
     try:
-        if fv.policy:
-            _policy(fv.policy)  # before loading anything
         # Before the work: a --output_dir that cannot be written fails now.
         created = report_module.check_output_dir(fv.output_dir)
         progress.update(f"step 1/3: loading {model_path} and its data")

@@ -62,29 +62,32 @@ def _error(message: str) -> int:
     return model_command.error("export", message)
 
 
+def _check_flags(fv) -> None:
+    """The flags checked before TensorFlow loads: --tolerance, --format.
+
+    Raises:
+        UsageError: Naming the flag.
+    """
+    from tf_mixed._internal.cli_errors import UsageError, below_minimum
+
+    if fv.tolerance < 0:
+        raise below_minimum("tolerance", fv.tolerance, 0, "0 picks the precision's default.")
+    if fv.format.strip().lower() not in ARTIFACT_NAMES:
+        raise UsageError("format", fv.format, "unknown format", ", ".join(ARTIFACT_NAMES))
+
+
 def _sample(fv, model):
     """One batch of inputs for the parity check, or None without --dataset."""
     import numpy as np
 
     from tf_mixed.bench import data
+    from tf_mixed.cli import npz_data
 
     spec = fv.dataset.strip()
     if not spec:
         return None
-    if spec.lower().startswith("npz:"):
-        path = spec[4:]
-        try:
-            with np.load(path) as arrays:
-                if "x" not in arrays.files:
-                    raise data.UsageError("dataset", spec, "the file has no x array (it has "
-                                          f"{', '.join(arrays.files) or 'none'})",
-                                          "npz:PATH with an array x")
-                return arrays["x"][: fv.batch_size]
-        except OSError as error:
-            raise data.UsageError("dataset", spec,
-                                  f"cannot read {path!r} as .npz "
-                                  f"({model_file.first_line(error)})",
-                                  "npz:PATH with an array x") from None
+    if spec.lower().startswith(npz_data.PREFIX):
+        return npz_data.load(spec, model, need_y=False, limit=fv.batch_size)[0]
     shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else ()
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
     bench = data.load(spec, seed=fv.seed, image_size=side, train_size=1,
@@ -104,21 +107,17 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    parsed = model_command.parse("export", argv, fv, USAGE, ("batch_size",))
+    parsed = model_command.parse("export", argv, fv, USAGE, ("batch_size",),
+                                 (_check_flags, model_command.check_dataset))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed
-    if fv.tolerance < 0:
-        return _error(f"--tolerance={fv.tolerance}: must be positive (0 for the default).")
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
     from tf_mixed.bench import report as report_module
 
     fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
-    if fmt not in ARTIFACT_NAMES:
-        return _error(f"--format={fv.format!r}: unknown format. Accepted: "
-                      f"{', '.join(ARTIFACT_NAMES)}.")
     start = time.perf_counter()
     created = False
     try:

@@ -49,7 +49,7 @@ def _seconds(name: str, text: str) -> float:
     except ValueError:
         raise _Usage(f"--{name}={text!r}: not a number of seconds") from None
     if not value >= 0 or value == math.inf:
-        raise _Usage(f"--{name}={text!r}: must be a finite number of seconds >= 0")
+        raise _Usage(f"--{name}={text!r}: must be a finite number of seconds, at least 0")
     return value
 
 
@@ -84,8 +84,11 @@ def parse(args: list[str]) -> tuple[int, list[str], dict[str, float | None]]:
     if len(rest) < 2:
         raise _Usage("expected N and SCRIPT: python -m tf_mixed launch N SCRIPT.py [ARGS ...]")
     count, script, script_args = rest[0], rest[1], rest[2:]
-    if not count.isdigit() or int(count) < 1:
-        raise _Usage(f"N={count!r}: the number of workers must be an integer >= 1 "
+    if not count.isdigit():
+        raise _Usage(f"N={count!r}: the number of workers must be a whole number "
+                     "(python -m tf_mixed launch 2 train.py)")
+    if int(count) < 1:
+        raise _Usage(f"N={int(count)}: must be at least 1, the number of workers "
                      "(python -m tf_mixed launch 2 train.py)")
     if script == "-m":
         if not script_args:

@@ -160,6 +160,7 @@ def _help(fv: flags.FlagValues) -> str:
 
 def _config_from(fv: flags.FlagValues):
     from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed.bench import names
     from tf_mixed.bench.config import BenchConfig
 
     policies = tuple(p.strip() for p in fv.policies if p.strip())
@@ -168,6 +169,7 @@ def _config_from(fv: flags.FlagValues):
         raise UsageError("policy", single, "given together with --policies",
                          "one of them: --policy=X compares X with float32 and mixed_bfloat16")
     if single:
+        names.check_policy(single, flag="policy")
         policies = ("float32", "mixed_bfloat16", single)
     return BenchConfig(
         policies=policies,
@@ -219,13 +221,17 @@ def _bench(argv: list[str]) -> int:
     if positionals:
         return _error("bench",
                       f"unexpected argument {positionals[0]!r}; flags look like --model=cnn")
+    from tf_mixed._internal.cli_errors import ChildFailed, UsageError
+
+    try:  # every check that needs only names and numbers, before TensorFlow
+        config = _config_from(fv)
+    except UsageError as error:
+        return _error("bench", str(error))
     _import_tensorflow()
 
-    from tf_mixed._internal.cli_errors import ChildFailed, UsageError
     from tf_mixed.bench import compare, overhead
 
     try:
-        config = _config_from(fv)
         command = "python -m tf_mixed bench " + " ".join(shlex.quote(a) for a in argv[1:])
         if config.quiet:
             progress.set_enabled(False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable, Sequence
 
 from absl import flags
 
@@ -36,6 +37,19 @@ def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> 
     flags.DEFINE_integer("seed", 0, "Seed for generated data.", flag_values=fv)
 
 
+def check_dataset(fv: flags.FlagValues) -> None:
+    """Refuses a ``--dataset`` of no known form (an empty one means none, where allowed).
+
+    Raises:
+        tf_mixed._internal.cli_errors.UsageError: As `tf_mixed.bench.names.parse_spec`.
+    """
+    from tf_mixed.bench import names
+
+    spec = fv.dataset.strip()
+    if spec and not spec.lower().startswith("npz:"):
+        names.parse_spec(spec)
+
+
 def error(command: str, message: str) -> int:
     """Prints ``tf_mixed COMMAND: error: MESSAGE`` on stderr; returns status 2."""
     print(f"tf_mixed {command}: error: {message}", file=sys.stderr)
@@ -49,8 +63,9 @@ def first_line(problem: BaseException) -> str:
 
 
 def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
-          positive: tuple[str, ...]) -> str | int:
-    """Parses ``MODEL [flags]`` into `fv`.
+          positive: tuple[str, ...],
+          checks: Sequence[Callable[[flags.FlagValues], object]] = ()) -> str | int:
+    """Parses ``MODEL [flags]`` into `fv`, and checks all it can before TensorFlow loads.
 
     Args:
         command: The subcommand's name, for messages.
@@ -58,6 +73,9 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
         fv: Flag values with the subcommand's flags defined.
         usage: Printed, with the flags' help, for ``--help``.
         positive: Integer flags that must be at least 1.
+        checks: Functions of the parsed flags that raise
+            `tf_mixed._internal.cli_errors.UsageError` for a bad value; they
+            read names and tables only (no TensorFlow).
 
     Returns:
         The MODEL path, or the exit status to return at once (0 after
@@ -74,9 +92,21 @@ def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
     if len(positionals) != 1:
         return error(command, "expected exactly one MODEL argument, the path of a saved "
                      f".keras model. Received: {positionals}")
+    from tf_mixed._internal.cli_errors import UsageError, below_minimum
+    from tf_mixed.cli import model_file
+
     for name in positive:
         if getattr(fv, name) < 1:
-            return error(command, f"--{name}={getattr(fv, name)}: must be at least 1.")
+            return error(command, str(below_minimum(name, getattr(fv, name), 1)))
+
+    missing = model_file.missing(positionals[0])
+    if missing:
+        return error(command, missing)
+    try:
+        for check in checks:
+            check(fv)
+    except UsageError as problem:
+        return error(command, str(problem))
     import_tensorflow()
     return positionals[0]
 

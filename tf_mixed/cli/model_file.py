@@ -21,7 +21,7 @@ import os
 
 from absl import flags
 
-__all__ = ["define_flags", "first_line", "load"]
+__all__ = ["define_flags", "first_line", "load", "missing"]
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -48,6 +48,13 @@ def first_line(error: BaseException) -> str:
     return line[:500]
 
 
+def missing(path: str) -> str | None:
+    """The one-line error for a MODEL path that is not a file, else None."""
+    if os.path.isfile(path):
+        return None
+    return f"MODEL={path!r}: no such file. Pass the path of a saved .keras model."
+
+
 def load(path: str, safe_mode: bool = True, custom_modules=()):
     """Loads the model saved at ``path``.
 
@@ -70,8 +77,9 @@ def load(path: str, safe_mode: bool = True, custom_modules=()):
 
     import tf_mixed.layers  # noqa: F401  registers tf_mixed's layers for loading
 
-    if not os.path.isfile(path):
-        raise ValueError(f"MODEL={path!r}: no such file. Pass the path of a saved .keras model.")
+    problem = missing(path)
+    if problem:
+        raise ValueError(problem)
     custom_objects: dict[str, object] = {}
     for name in custom_modules:
         try:

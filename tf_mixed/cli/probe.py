@@ -66,56 +66,26 @@ def _error(message: str) -> int:
     return model_command.error("probe", message)
 
 
-def _npz_arrays(arrays, key: str):
-    """``key`` (one array) or ``key0, key1, ...`` (a list) from an npz file; None if absent."""
-    if key in arrays.files:
-        return arrays[key]
-    numbered: list = []
-    while f"{key}{len(numbered)}" in arrays.files:
-        numbered.append(arrays[f"{key}{len(numbered)}"])
-    return numbered or None
-
-
 def _batches(fv, model):
     """``(x, y)`` for `tf_mixed.probe`: arrays, or a dataset of batches."""
-    import numpy as np
     import tensorflow as tf
 
     from tf_mixed.bench import data
-    from tf_mixed.cli import model_file
+    from tf_mixed.cli import npz_data
 
     n = fv.batch_size * fv.batches
     spec = fv.dataset.strip()
-    if spec.lower().startswith("npz:"):
-        path = spec[4:]
-        try:
-            arrays = np.load(path)
-        except Exception as error:  # missing or not an npz file
-            raise data.UsageError("dataset", spec, f"cannot read {path!r} as .npz "
-                                  f"({type(error).__name__}: {model_file.first_line(error)})",
-                                  "npz:PATH with arrays x and y") from None
-        x, y = _npz_arrays(arrays, "x"), _npz_arrays(arrays, "y")
-        missing = [k for k, v in (("x", x), ("y", y)) if v is None]
-        if missing:
-            raise data.UsageError("dataset", spec, f"the file has no {' or '.join(missing)} array "
-                                  f"(it has {', '.join(arrays.files) or 'none'})",
-                                  "npz:PATH with arrays x and y (or x0, x1, ... and y0, y1, ...)")
-        return keras_tree_slice(x, n), keras_tree_slice(y, n)
+    if spec.lower().startswith(npz_data.PREFIX):
+        return npz_data.load(spec, model, need_y=True, limit=n)
     if len(model.inputs) != 1:
         raise data.UsageError("dataset", spec, f"model '{model.name}' takes {len(model.inputs)} "
-                              "inputs; generated data sets have one",
-                              "npz:PATH with arrays x0, x1, ... and y")
+                              "inputs; generated data sets have one", npz_data.ACCEPTED_XY)
     shape = tuple(model.inputs[0].shape[1:])
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
     bench = data.load(spec, seed=fv.seed, image_size=side or 0, train_size=n,
                       val_size=1, data_dir=fv.data_dir or None, download=False)
     return bench.train.batch(fv.batch_size).map(
         lambda x, y: (tf.cast(x, "float32"), y)), None
-
-
-def keras_tree_slice(value, n: int):
-    """The first ``n`` examples of an array or a list of arrays."""
-    return [a[:n] for a in value] if isinstance(value, list) else value[:n]
 
 
 def main(argv: list[str]) -> int:
@@ -129,7 +99,8 @@ def main(argv: list[str]) -> int:
     """
     fv = flags.FlagValues()
     _define_flags(fv)
-    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"))
+    parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"),
+                                 (model_command.check_dataset,))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed

@@ -1,8 +1,8 @@
 """The dtype policy (`tf_mixed.enable`): its names, its status, the tf-keras error."""
 
 from tf_mixed._internal import moved as _moved
+from tf_mixed._internal.facts import POLICY_NAMES  # noqa: F401
 from tf_mixed._internal.tf_keras_check import TfKerasError  # noqa: F401
-from tf_mixed.policy.global_policy import POLICY_NAMES, status  # noqa: F401
 
 __all__ = [
     "POLICY_NAMES",
@@ -10,7 +10,9 @@ __all__ = [
     "status",
 ]
 
-# Names this face handed on before it kept only the documented ones.
+# Names this face handed on before it kept only the documented ones; and, lazily,
+# `status` and the submodules, which load Keras: the policy names load no TensorFlow
+# (the command line checks its arguments with them before TensorFlow loads).
 __getattr__ = _moved.face_getattr(__name__, {
     "Enabled": "tf_mixed",
     "GpuInfo": "tf_mixed.policy.hardware",
@@ -42,4 +44,8 @@ __getattr__ = _moved.face_getattr(__name__, {
     "set_keep_rules": "tf_mixed.policy.state",
     "set_remapping_hold": "tf_mixed.policy.state",
     "thread_state": "tf_mixed.policy.state",
+}, lazy={
+    "status": "tf_mixed.policy.global_policy",
+    **dict.fromkeys(("autotune", "global_policy", "half_kernels", "hardware", "keep_float32",
+                     "state")),
 })

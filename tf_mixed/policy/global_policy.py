@@ -29,14 +29,12 @@ from tf_mixed._internal.facts import (
     MIXED_BFLOAT16,
     MIXED_FLOAT16,
     POLICY_ALIASES,
+    POLICY_NAMES,
 )
 from tf_mixed.policy import autotune, hardware
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 from tf_mixed.policy import state as policy_state
 from tf_mixed.policy.state import ThreadState
-
-POLICY_NAMES: tuple[str, ...] = tuple(POLICY_ALIASES)
-"""Every name `enable` accepts: canonical names first, then short aliases."""
 
 _CPU_FLOAT16_WARNING = (
     "tf_mixed: mixed_float16 was requested on a host with no GPU. TensorFlow's "

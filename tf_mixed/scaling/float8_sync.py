@@ -21,12 +21,18 @@
 #    single gradient all-reduce as one more float32 piece of the buffer; when
 #    the gradients travel in float16/bfloat16 it takes one small float32
 #    collective of its own (amaxes must not be rounded).
-# 3. ``finish``: every replica reads the same gathered bytes, takes the MAX
+# 3. ``finite``: a non-finite amax anywhere makes the step's verdict
+#    non-finite, read from the same gathered bytes on every replica. The
+#    casts saturate (an inf becomes the format's largest value times the
+#    scale), so the gradients alone would hide it: an inf input would be
+#    trained on, clipped, and an output gradient that overflowed in a layer
+#    without bias would never back the loss scale off. Keras's wrapper skips
+#    such a step too (its finite check reads the history "gradients").
+# 4. ``finish``: every replica reads the same gathered bytes, takes the MAX
 #    per tensor (the amax of the global batch), and writes, in its own replica
-#    context, the same new history and scale into its own copy. A tensor
-#    whose global amax is non-finite is counted and its history left as it
-#    was (the step itself is judged by the loss-scale verdict on the
-#    gradients); a skipped step advances nothing.
+#    context, the same new history and scale into its own copy. A skipped
+#    step writes nothing but the loss scale's change into the output-gradient
+#    scale (below); a non-finite amax is counted, never entered.
 #
 # The scale follows Keras's rule and timing exactly (the scale written at step
 # ``t`` comes from the history *before* step ``t``'s amax), with the margin
@@ -314,10 +320,30 @@ class Float8Sync:
         self.longest_streak.assign(tf.zeros_like(self.longest_streak))
 
     @classmethod
-    def for_variables(cls, variables) -> Float8Sync | None:
-        """A sync for the float8 pairs among ``variables``, or None if none."""
+    def for_variables(cls, variables, accumulation_steps: int | None = None
+                      ) -> Float8Sync | None:
+        """A sync for the float8 pairs among ``variables``, or None if none.
+
+        Args:
+            variables: The optimizer's trainable variables.
+            accumulation_steps: The optimizer's gradient accumulation window
+                (None: none).
+
+        Raises:
+            ValueError: if ``variables`` hold float8 pairs and
+                ``accumulation_steps`` is set (not supported yet).
+        """
         slots = find_slots(variables)
-        return cls(slots) if slots else None
+        if not slots:
+            return None
+        if accumulation_steps is not None:
+            raise ValueError(
+                "LossScaleOptimizer cannot yet accumulate gradients of a model with "
+                "float8 layers: the float8 scales would not be agreed across "
+                "replicas. Received: gradient_accumulation_steps="
+                f"{accumulation_steps} and {len(slots)} float8 "
+                "tensors. Train the float8 model without accumulation.")
+        return cls(slots)
 
     def owns(self, variable) -> bool:
         """Whether ``variable`` is a scale or history this sync writes."""
@@ -382,6 +408,17 @@ class Float8Sync:
         if _replicas(replica_context) == 1:
             return buffer
         return replica_context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+
+    def finite(self, gathered) -> tf.Tensor:
+        """True when every gathered amax is finite (non-finite ones are -1).
+
+        Args:
+            gathered: The all-reduced payload (identical on every replica).
+
+        Returns:
+            A scalar bool tensor, the same on every replica and worker.
+        """
+        return tf.reduce_all(tf.cast(gathered, tf.float32) >= 0.0)
 
     def finish(self, gathered, applied, loss_scale, next_loss_scale) -> None:
         """Writes the agreed histories and scales into this replica's copies.

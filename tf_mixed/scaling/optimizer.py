@@ -207,7 +207,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         **kwargs: Any,
     ):
         # One pass: each concern is checked once, before anything changes.
-        _check_inner(inner_optimizer, "tf_mixed.LossScaleOptimizer")
+        _check_inner(inner_optimizer)
         config = _scale_config(config, initial_scale=initial_scale,
                                dynamic_growth_steps=dynamic_growth_steps,
                                growth_interval=growth_interval,
@@ -274,7 +274,11 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
-        self._scratch.float8 = _float8_sync_for(self, var_list)
+        self._scratch.float8 = Float8Sync.for_variables(
+            var_list, None if self.accumulator is None else self.accumulator.steps)
+        if self._scratch.float8 is not None and self.inner_optimizer.use_ema:
+            # Keras's TF optimizer would write None over the float8 pairs.
+            _internals.overwrite_only_averaged_variables(self.inner_optimizer)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
         self.inner_optimizer.build(var_list)
@@ -502,34 +506,39 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         return cls(inner, **config)
 
     @classmethod
-    def from_keras(cls, optimizer: keras.optimizers.LossScaleOptimizer,
+    def from_keras(cls, optimizer: keras.optimizers.Optimizer,
                    **knobs: Any) -> "LossScaleOptimizer":
-        """A tf_mixed wrapper around a Keras wrapper's inner optimizer.
+        """A tf_mixed wrapper for a Keras optimizer, a Keras wrapper included.
 
-        Keeps its initial scale and growth steps (unless ``knobs`` override
-        them) and, if it is built, its current scale and step counter, so
-        training continues from where it stands.
+        A ``keras.optimizers.LossScaleOptimizer`` is replaced: the new wrapper
+        goes around its inner optimizer, keeps its initial scale and growth
+        steps (unless ``knobs`` override them) and, if it is built, its
+        current scale and step counter, so training continues from where it
+        stands. Any other optimizer is wrapped as the constructor wraps it.
 
         Args:
-            optimizer: A ``keras.optimizers.LossScaleOptimizer``.
+            optimizer: A Keras optimizer or ``keras.optimizers.LossScaleOptimizer``.
             **knobs: Other ``LossScaleOptimizer`` arguments.
 
         Returns:
             A new ``tf_mixed.LossScaleOptimizer`` (built if ``optimizer``
-            was), sharing ``optimizer.inner_optimizer``.
+            was a built Keras wrapper), sharing the inner optimizer.
         """
-        knobs.setdefault("initial_scale", float(optimizer.initial_scale))
-        if "growth_interval" not in knobs:
-            knobs.setdefault("dynamic_growth_steps",
-                             int(optimizer.dynamic_growth_steps))
-        wrapper = cls(optimizer.inner_optimizer, **knobs)
-        if optimizer.built:
-            saved = read_keras_state(optimizer)
-            wrapper.build(_internals.optimizer_trainable_variables(optimizer))
+        keras_wrapper, saved = None, None
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            keras_wrapper, optimizer = optimizer, optimizer.inner_optimizer
+            knobs.setdefault("initial_scale", float(keras_wrapper.initial_scale))
+            if "growth_interval" not in knobs:
+                knobs.setdefault("dynamic_growth_steps",
+                                 int(keras_wrapper.dynamic_growth_steps))
+            if keras_wrapper.built:
+                saved = read_keras_state(keras_wrapper)
+        wrapper = cls(optimizer, **knobs)
+        if saved is not None:
+            wrapper.build(_internals.optimizer_trainable_variables(keras_wrapper))
             wrapper.dynamic_scale.assign(saved.scale)
             wrapper.step_counter.assign(saved.good_steps)
         return wrapper
-
 
 
 def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
@@ -647,23 +656,28 @@ def wrap_optimizer(optimizer, *, force: bool = False, **knobs: Any):
             known ones), is already a ``tf_mixed`` wrapper and ``knobs`` ask
             for different settings, or a knob is invalid.
     """
-    # Chooses a config and calls the constructor, which checks everything once.
+    # Chooses a config; `LossScaleOptimizer.from_keras` calls the constructor,
+    # which checks everything once.
     if isinstance(optimizer, str):
         optimizer = _optimizer_by_name(optimizer)
     if isinstance(optimizer, LossScaleOptimizer):
         return _unchanged(optimizer, knobs)
-    if (isinstance(optimizer, keras.optimizers.Optimizer)
-            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
-        policy = keras.config.dtype_policy().name
-        if policy == "bfloat16":
-            knobs.setdefault("compensation", "auto")
-        if not (force or policy == "mixed_float16"):
-            knobs = _pass_through(knobs)
-        return LossScaleOptimizer(optimizer, **knobs)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        # A Keras wrapper keeps its knobs whatever the policy: loss scaling
+        # was asked for explicitly.
+        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            policy = keras.config.dtype_policy().name
+            if policy == "bfloat16":
+                knobs.setdefault("compensation", "auto")
+            if not (force or policy == "mixed_float16"):
+                knobs = _pass_through(knobs)
         return LossScaleOptimizer.from_keras(optimizer, **knobs)
-    _check_inner(optimizer, "tf_mixed.wrap_optimizer")  # raises: not an optimizer
-    raise AssertionError("unreachable")
+    tf_keras_check.check_objects("tf_mixed.wrap_optimizer", optimizer=optimizer)
+    raise TypeError(
+        "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
+        f"such as 'adam'. Received: optimizer={optimizer!r} (of type "
+        f"{type(optimizer).__name__})."
+    )
 
 
 # Constructor arguments that are not loss-scale knobs (valid in every mode).
@@ -871,21 +885,19 @@ def _refuse_jit_under_strategy(strategy):
         ))
 
 
-def _check_inner(inner_optimizer, entry: str) -> None:
+def _check_inner(inner_optimizer) -> None:
     """The wrapped optimizer's one check: Keras 3, an optimizer, not a wrapper.
 
     Args:
-        inner_optimizer: What the caller received.
-        entry: The public name called (``"tf_mixed.wrap_optimizer"`` names
-            its argument ``optimizer``).
+        inner_optimizer: What the constructor received.
 
     Raises:
         TfKerasError: a tf-keras object.
         TypeError: not a Keras optimizer, or a loss-scale optimizer (as
             tf-keras; it is also a ValueError, as tf_mixed raised before).
     """
-    argument = "optimizer" if entry == "tf_mixed.wrap_optimizer" else "inner_optimizer"
-    tf_keras_check.check_objects(entry, **{argument: inner_optimizer})
+    tf_keras_check.check_objects("tf_mixed.LossScaleOptimizer",
+                                 inner_optimizer=inner_optimizer)
     if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
         raise _validate.ArgumentTypeError(
             "LossScaleOptimizer cannot wrap another loss-scale optimizer "
@@ -895,12 +907,6 @@ def _check_inner(inner_optimizer, entry: str) -> None:
             "this for you."
         )
     if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-        if argument == "optimizer":
-            raise TypeError(
-                "wrap_optimizer() needs a keras.optimizers.Optimizer or its name, "
-                f"such as 'adam'. Received: optimizer={inner_optimizer!r} (of type "
-                f"{type(inner_optimizer).__name__})."
-            )
         raise TypeError(
             "LossScaleOptimizer needs a keras.optimizers.Optimizer instance "
             f"as inner_optimizer. Received: inner_optimizer={inner_optimizer!r}"
@@ -926,19 +932,6 @@ def float8_sync_of(optimizer) -> Float8Sync | None:
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer._scratch.float8
     return None
-
-
-def _float8_sync_for(optimizer, var_list) -> Float8Sync | None:
-    """The sync for ``var_list``'s float8 pairs (None without any)."""
-    sync = Float8Sync.for_variables(var_list)
-    if sync is not None and optimizer.accumulator is not None:
-        raise ValueError(
-            "LossScaleOptimizer cannot yet accumulate gradients of a model with "
-            "float8 layers: the float8 scales would not be agreed across "
-            "replicas. Received: gradient_accumulation_steps="
-            f"{optimizer.accumulator.steps} and {len(sync.slots)} float8 "
-            "tensors. Train the float8 model without accumulation.")
-    return sync
 
 
 def _check_variables_in_scope(optimizer, strategy):

@@ -10,8 +10,9 @@
 #    window's last micro-step only;
 # 3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
 #    communication dtype, float8 amaxes riding along;
-# 4. **verdict**: all reduced gradients finite, the same bytes everywhere, so
-#    the same decision everywhere (BUILD_NOTES.md, "Loss scaling");
+# 4. **verdict**: all reduced gradients (and gathered float8 amaxes) finite,
+#    the same bytes everywhere, so the same decision everywhere
+#    (BUILD_NOTES.md, "Loss scaling");
 # 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
 #    optimizer applies the unscaled gradients, or the step is skipped and the
 #    tracked forward state restored; then the scale state advances
@@ -39,7 +40,7 @@ def step(optimizer, grads, trainable_variables, unscaled):
     """
     if optimizer.accumulator is not None:
         return window_step(optimizer, grads, trainable_variables, unscaled)
-    scale = tf.identity(optimizer.dynamic_scale.value)
+    scale = tf.convert_to_tensor(optimizer.dynamic_scale.value)
     # Layer attribution (`tf_mixed.scaling.attribution`): with several
     # replicas the per-layer forward flags ride the one all-reduce.
     attributing = attribution.of(optimizer)
@@ -57,23 +58,36 @@ def step(optimizer, grads, trainable_variables, unscaled):
                            else lambda: attributing.forward_flags(records))
     apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables)
     roll_back(optimizer, finite)
-    advance_state(optimizer, finite)
+    advance_state(optimizer, finite, scale)
     finish_float8(optimizer, gathered, finite, scale)
     return finite
 
 
-def advance_state(optimizer, finite):
-    """Writes `next_state` of the global verdict into the variables."""
+def advance_state(optimizer, finite, scale=None):
+    """Writes `next_state` of the global verdict into the variables.
+
+    One branch per verdict, each `next_state` of that verdict as a Python
+    bool: a step runs only its own branch's few operations (the applied
+    one: count a good step, maybe grow) and writes only the fields that
+    branch changes, instead of computing and writing both outcomes.
+    ``scale``: the scale this step already read, if any.
+    """
     variables = optimizer._state_variables()
-    before = LossScaleState(
-        *(tf.convert_to_tensor(v.value) for v in variables))
-    before = before._replace(
-        last_step_skipped=tf.cast(before.last_step_skipped, tf.bool))
-    after = scale_state.next_state(optimizer.config, before, finite)
-    after = after._replace(
-        last_step_skipped=tf.cast(after.last_step_skipped, tf.int64))
-    for variable, value in zip(variables, after):
-        variable.assign(value)
+
+    def write(verdict):
+        def branch():
+            # The variables themselves: a field is read where the rule uses it.
+            before = LossScaleState(*(
+                scale if name == "scale" and scale is not None else v.value
+                for name, v in zip(LossScaleState._fields, variables)))
+            after = scale_state.next_state(optimizer.config, before, verdict)
+            for variable, old, new in zip(variables, before, after):
+                if new is not old:
+                    variable.assign(tf.cast(new, variable.dtype) if tf.is_tensor(new)
+                                    else tf.constant(new, variable.dtype))
+        return branch
+
+    tf.cond(finite, write(True), write(False))
     if optimizer._scratch.tally is not None:
         optimizer._scratch.tally.settle(finite)
 
@@ -114,6 +128,8 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     as one more float32 piece when the gradients travel in float32 (a SUM
     of one-hot slots is an exact all-gather); in float16/bfloat16 they take
     one small float32 collective of their own, so they are never rounded.
+    A non-finite amax (-1 in the gathered bytes) makes the verdict
+    non-finite: the casts saturate, so the gradients would not show it.
 
     ``flags`` (a float32 vector, layer attribution's forward flags) ride
     the same buffer, summed, when there are several replicas.
@@ -154,6 +170,9 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
         reduced, flags = reduced[:-1], reduced[-1]
     if float8_step is not None and gathered is None:
         reduced, gathered = reduced[:-1], reduced[-1]
+    if float8_step is not None:
+        # A non-finite amax is an overflow the float8 casts saturated away.
+        finite = tf.logical_and(finite, float8.finite(gathered))
     if scaled:
         reduced = [g if getattr(v, "overwrite_with_gradient", False)
                    else divide(g, scale)

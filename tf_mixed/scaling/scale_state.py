@@ -208,22 +208,34 @@ def initial_state(config: LossScaleConfig) -> LossScaleState:
     )
 
 
+def _value(x):
+    """``x``, or what it computes when it is a function (a lazy value)."""
+    return x() if callable(x) else x
+
+
 class _PythonOps:
     """The few operations `next_state` needs, on Python values."""
 
     @staticmethod
     def where(condition, a, b):
-        return a if condition else b
+        return _value(a) if condition else _value(b)
 
-    and_ = staticmethod(lambda a, b: bool(a) and bool(b))
-    or_ = staticmethod(lambda a, b: bool(a) or bool(b))
+    and_ = staticmethod(lambda a, b: bool(a) and bool(_value(b)))
+    or_ = staticmethod(lambda a, b: bool(a) or bool(_value(b)))
     not_ = staticmethod(lambda a: not a)
     maximum = staticmethod(max)
     minimum = staticmethod(min)
 
 
+def _is_python(value) -> bool:
+    return isinstance(value, (bool, int, float, np.generic))
+
+
 class _TensorOps:
-    """The same operations on TensorFlow tensors (imported lazily)."""
+    """The same operations on TensorFlow tensors (imported lazily).
+
+    A Python bool condition is decided here, in Python: no operation is built.
+    """
 
     def __init__(self):
         import tensorflow as tf
@@ -231,6 +243,9 @@ class _TensorOps:
         self.tf = tf
 
     def where(self, condition, a, b):
+        if _is_python(condition):
+            return _value(a) if condition else _value(b)
+        a, b = _value(a), _value(b)
         tf = self.tf
         reference = a if tf.is_tensor(a) else b
         dtype = reference.dtype if tf.is_tensor(reference) else None
@@ -239,13 +254,18 @@ class _TensorOps:
         return tf.where(condition, a, b)
 
     def and_(self, a, b):
+        if _is_python(a):
+            return _value(b) if a else False
+        b = _value(b)
+        if _is_python(b):
+            return a if b else False
         return self.tf.logical_and(a, b)
 
     def or_(self, a, b):
-        return self.tf.logical_or(a, b)
+        return self.tf.logical_or(a, _value(b))
 
     def not_(self, a):
-        return self.tf.logical_not(a)
+        return (not a) if _is_python(a) else self.tf.logical_not(a)
 
     def maximum(self, a, b):
         return self.tf.maximum(a, self.tf.cast(b, a.dtype))
@@ -266,40 +286,43 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
         config: The knobs.
         state: The state before the step.
         finite: Whether every gradient on every replica was finite, i.e.
-            whether the step is applied.
+            whether the step is applied. A Python bool with tensor fields
+            builds only that verdict's operations (the optimizer's two
+            branches); a field the verdict leaves alone is returned as given.
 
     Returns:
         The `LossScaleState` after the step.
     """
-    ops = (_PythonOps if isinstance(finite, (bool, np.bool_))
+    ops = (_PythonOps if _is_python(finite) and all(map(_is_python, state))
            else _TensorOps())
+    # A `lambda` is a value `ops.where` computes only when it may be chosen.
     skipped = ops.not_(finite)
-    good_steps = ops.where(finite, state.good_steps + 1, 0)
-    overflow_streak = ops.where(finite, 0, state.overflow_streak + 1)
+    good_steps = ops.where(finite, lambda: state.good_steps + 1, 0)
+    overflow_streak = ops.where(finite, 0, lambda: state.overflow_streak + 1)
     scale = state.scale
     if config.dynamic:
-        grow = ops.and_(finite, good_steps >= config.growth_interval)
-        back_off = ops.and_(skipped, overflow_streak >= config.hysteresis)
+        grow = ops.and_(finite, lambda: good_steps >= config.growth_interval)
+        back_off = ops.and_(skipped, lambda: overflow_streak >= config.hysteresis)
         scale = ops.where(
             back_off,
-            ops.maximum(scale * config.backoff_factor, config.min_scale),
-            ops.where(grow,
-                      ops.minimum(scale * config.growth_factor,
-                                  config.max_scale),
-                      scale),
+            lambda: ops.maximum(scale * config.backoff_factor, config.min_scale),
+            lambda: ops.where(grow,
+                              lambda: ops.minimum(scale * config.growth_factor,
+                                                  config.max_scale),
+                              scale),
         )
         good_steps = ops.where(grow, 0, good_steps)
         overflow_streak = ops.where(back_off, 0, overflow_streak)
-        at_min = state.scale <= config.min_scale
+        at_min: Any = lambda: state.scale <= config.min_scale  # noqa: E731
     else:
         at_min = True  # a fixed scale is its own minimum
     min_scale_skips = ops.where(
-        ops.and_(skipped, at_min), state.min_scale_skips + 1, 0)
+        ops.and_(skipped, at_min), lambda: state.min_scale_skips + 1, 0)
     return LossScaleState(
         scale=scale,
         good_steps=good_steps,
         overflow_streak=overflow_streak,
-        skipped_steps=ops.where(skipped, state.skipped_steps + 1,
+        skipped_steps=ops.where(skipped, lambda: state.skipped_steps + 1,
                                 state.skipped_steps),
         last_step_skipped=skipped,
         min_scale_skips=min_scale_skips,

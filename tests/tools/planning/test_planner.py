@@ -1,5 +1,6 @@
 """tf_mixed.plan: choices from injected timings, the emulated host, float8 on a GPU, the cache."""
 
+import dataclasses
 import json
 import os
 
@@ -10,6 +11,7 @@ import pytest
 import tf_mixed
 from tf_mixed.policy import autotune, hardware
 from tf_mixed.tools.planning import LayerTiming, Measurement
+from tf_mixed.tools.planning.plan_table import Plan
 from tf_mixed.tools.planning.planner import plan
 from zoo import ZOO
 
@@ -77,6 +79,10 @@ def test_injected_timings_give_exact_choices_that_convert_applies():
     assert [layer.dtype_policy.name for layer in same.layers] == [
         layer.dtype_policy.name for layer in converted.layers]
     assert json.loads(json.dumps(p.to_dict()))["keep_float32"] == ["last"]
+    # The record reads back as the same plan (the timings' rounds are not kept).
+    back = Plan.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert back == dataclasses.replace(p, measurement=None)
+    assert back.apply(model).layers[-1].dtype_policy.name == "float32"
 
 
 def _steps(plan_s, f32_s, half_s):

@@ -140,6 +140,22 @@ class Plan:
             "layers": [dataclasses.asdict(row) for row in self.layers],
         }
 
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> "Plan":
+        """The plan `to_dict` wrote (its timings' rounds, ``measurement``, are not kept).
+
+        Args:
+            record: What `to_dict` returned (extra keys are ignored).
+
+        Returns:
+            A `Plan` equal to the one written, but for ``measurement`` (None).
+        """
+        return cls(
+            record["model_name"], record["policy"], record["half_dtype"],
+            tuple(record["precisions"]), tuple(LayerChoice(**row) for row in record["layers"]),
+            dict(record["step_seconds"]), record["summary"], record.get("host", ""),
+            bool(record.get("cached", False)), record.get("cache_path", ""))
+
     def __str__(self) -> str:
         out = io.StringIO()
         out.write(f"Plan for model '{self.model_name}'"
