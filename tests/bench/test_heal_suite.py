@@ -10,12 +10,15 @@ def _check(rows):
     assert float32["stopped_at"] is None and float32["skipped_steps"] == 0
     # Without healing the monitor stops the run.
     assert unhealed["stopped_at"] is not None and unhealed["healed_layers"] == []
-    # With healing the attention block moves once and the run goes to its end,
-    # within 0.5 point of float32's test accuracy or above it.
+    # With healing the smooth-ReLU layer moves once and the run goes to its end,
+    # within 0.5 point of float32's test accuracy, which has reached its plateau
+    # (the task has a margin: a model that learns the rule scores 1.0).
     assert healed["stopped_at"] is None
-    assert healed["healed_layers"] == ["attention"]
+    assert healed["healed_layers"] == ["hidden"]
     assert len(healed["healings"]) == 1 and "forward output" in healed["healings"][0]
-    assert healed["accuracy"] >= float32["accuracy"] - 0.005, rows
+    assert float32["accuracy"] >= 0.995, rows
+    assert abs(healed["accuracy"] - float32["accuracy"]) <= 0.005, rows
+    assert unhealed["accuracy"] < float32["accuracy"] - 0.005, rows
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ NAMES = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 def test_three_forward_culprits_in_the_window_move_the_layer():
     skips = [S(10, "c", FORWARD), S(11, "c", FORWARD), S(12, "c", FORWARD)]
-    decision = decide(HealRule(), skips, (), NAMES, now=12)
+    decision = decide(HealRule(skips=3, window=200), skips, (), NAMES, now=12)
     assert decision == Decision(move=("c",), evidence={"c": tuple(skips)}, step=12)
 
 

@@ -42,8 +42,8 @@ class Heal(keras.callbacks.Callback):
     ```
 
     Args:
-        skips: Culprit skips of one layer that move it (default 3).
-        window: Steps the count looks back over (default 200).
+        skips: Culprit skips of one layer that move it (default 5).
+        window: Steps the count looks back over (default 50).
         max_fraction: Largest fraction of the attributed layers that may move
             (default 0.25; at least one layer).
         check_every_n_batches: How often the rule runs (default 1: a read of
@@ -55,7 +55,7 @@ class Heal(keras.callbacks.Callback):
         ValueError: for a knob that breaks its rule (the message names it).
     """
 
-    def __init__(self, skips: int = 3, window: int = 200, max_fraction: float = 0.25,
+    def __init__(self, skips: int = 5, window: int = 50, max_fraction: float = 0.25,
                  check_every_n_batches: int = 1, raise_on_failure: bool = False):
         super().__init__()
         self.rule = HealRule(skips=skips, window=window, max_fraction=max_fraction)
@@ -135,7 +135,7 @@ class Heal(keras.callbacks.Callback):
         if moved:
             logging.warning("tf_mixed healing: resumed with layers %s in float32 compute "
                             "(healed before); the step is retraced.", list(moved))
-            self.model.make_train_function(force=True)
+            self._retrace()
 
     def _act(self, decision: Decision) -> None:
         assert self.healer is not None
@@ -150,4 +150,12 @@ class Heal(keras.callbacks.Callback):
             message = self.healer.message(decision)
             self.healings.append(message)
             logging.warning(message)
-            self.model.make_train_function(force=True)
+            self._retrace()
+
+    def _retrace(self) -> None:
+        # Keras keeps each traced function until forced: without the last two,
+        # validation in this fit and a later evaluate/predict would run the
+        # healed layers in float16 still.
+        self.model.make_train_function(force=True)
+        self.model.make_test_function(force=True)
+        self.model.make_predict_function(force=True)

@@ -287,13 +287,15 @@ class LayerAttribution:
         """
         optimizer = self.optimizer
         groups = len(self.layers)
-        at_min = tf.less_equal(optimizer.dynamic_scale.value,
-                               tf.cast(optimizer.config.min_scale, tf.float32))
 
+        # Everything but the cond runs on a skipped step only: an applied
+        # step (the good path) pays for the cond and nothing else.
         def culprit():
             flags = forward() if callable(forward) else forward
             forward_bad = tf.greater(flags, 0.0)
             grad_bad = self._gradient_flags(grads, variables)
+            at_min = tf.less_equal(optimizer.dynamic_scale.value,
+                                   tf.cast(optimizer.config.min_scale, tf.float32))
             index = tf.range(groups, dtype=tf.int64)
             first_forward = tf.reduce_min(tf.where(forward_bad, index, groups))
             last_grad = tf.reduce_max(tf.where(grad_bad, index, -1))
@@ -302,17 +304,19 @@ class LayerAttribution:
             kind = tf.where(is_forward, tf.constant(FORWARD, tf.int64),
                             tf.where(at_min, tf.constant(GRADIENT_AT_MIN_SCALE, tf.int64),
                                      tf.constant(GRADIENT, tf.int64)))
-            return group, kind
+            self._write(group, kind)
+            return tf.constant(True)
 
-        def nothing():
-            return tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)
+        tf.cond(finite, lambda: tf.constant(False), culprit)
 
-        group, kind = tf.cond(finite, nothing, culprit)
+    def _write(self, group, kind) -> None:
+        """Counts a skip of culprit ``group`` (-1: none named) and logs it."""
+        optimizer = self.optimizer
         named = tf.greater_equal(group, 0)
         state = self.state
         steps = tf.cast(optimizer.iterations, tf.int64) + tf.cast(
             optimizer.skipped_steps.value, tf.int64) + 1
-        state.counts.assign_add(tf.one_hot(group, groups, dtype=tf.int64))
+        state.counts.assign_add(tf.one_hot(group, len(self.layers), dtype=tf.int64))
         size = state.log_size.value[0]
         entry = tf.stack([steps, group, kind])
         row = tf.one_hot(size % LOG_SIZE, LOG_SIZE, dtype=tf.int64)[:, None]

@@ -51,8 +51,8 @@ class HealRule:
             the run instead, with the evidence.
     """
 
-    skips: int = 3
-    window: int = 200
+    skips: int = 5
+    window: int = 50
     max_fraction: float = 0.25
 
     def __post_init__(self):
@@ -60,8 +60,8 @@ class HealRule:
             object.__setattr__(self, name, _validate.number(
                 value, name, valid=valid, rule=rule, integer=integer, owner="HealRule"))
 
-        check("skips", self.skips, "an integer >= 1, such as 3", lambda v: v >= 1, True)
-        check("window", self.window, "an integer >= 1, such as 200", lambda v: v >= 1, True)
+        check("skips", self.skips, "an integer >= 1, such as 5", lambda v: v >= 1, True)
+        check("window", self.window, "an integer >= 1, such as 50", lambda v: v >= 1, True)
         check("max_fraction", self.max_fraction, "a number in (0, 1], such as 0.25",
               lambda v: 0.0 < v <= 1.0, False)
         if self.window < self.skips:
