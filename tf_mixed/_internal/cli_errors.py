@@ -7,10 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
-import re
-import sys
-
 
 class UsageError(ValueError):
     """A flag has a value that cannot be used.
@@ -68,26 +64,3 @@ class ChildFailed(RuntimeError):
     def __init__(self, message: str, usage: bool = False):
         super().__init__(message)
         self.usage = usage
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An `argparse.ArgumentParser` whose bad input is one line, as in every command.
-
-    ``prog`` is the command as typed (``"python -m tf_mixed rollback-cost"``); an
-    error prints ``tf_mixed rollback-cost: error: MESSAGE; see ... --help`` (no
-    usage block) and exits with status 2.
-    """
-
-    def error(self, message: str):
-        command = self.prog.removeprefix("python -m ")
-        wrong_type = re.fullmatch(r"argument --(\w+): invalid (int|float) value: '(.*)'",
-                                  message, re.DOTALL)
-        if wrong_type:  # the wording of the absl commands (tf_mixed.cli.model_command)
-            name, kind, value = wrong_type.groups()
-            kind = "a whole number" if kind == "int" else "a number"
-            message = str(UsageError(name, value, f"not {kind}", f"{kind}, such as "
-                                     f"--{name}={self.get_default(name)} (the default)"))
-        else:
-            message += f"; see {self.prog} --help"
-        print(f"{command}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)

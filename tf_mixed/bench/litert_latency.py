@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 
 from tf_mixed._internal import quiet
-from tf_mixed._internal.cli_errors import OneLineParser, below_minimum
+from tf_mixed._internal.cli_errors import below_minimum
+from tf_mixed.bench.one_line_parser import OneLineParser
 
 __all__ = ["main", "measure"]
 

@@ -251,7 +251,7 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
     import tensorflow as tf
 
     import tf_mixed
-    from tf_mixed.bench.run import _peak_rss_mb, _reset_peak_memory
+    from tf_mixed.bench import peak_memory
 
     policy, compensation, state_dtype, accumulation = PATHS[path]
     tf_mixed.enable(policy, quiet=True)
@@ -290,7 +290,7 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
 
     for _ in range(settings["warmup_steps"]):
         update()
-    _reset_peak_memory()
+    peak_memory.reset()
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     for _ in range(settings["steps"]):
@@ -302,7 +302,7 @@ def _child(path: str, settings: dict[str, Any], out: str) -> None:
         "path": path,
         "parameters": report.parameters,
         "bytes_per_parameter": report.per_parameter(),
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_memory.peak_rss_mb(),
         "peak_tensor_mb": tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20,
         "updates_per_sec": settings["steps"] / elapsed,
         "batch_size": settings["batch_size"],

@@ -15,7 +15,8 @@ import sys
 import time
 
 from tf_mixed._internal import quiet
-from tf_mixed._internal.cli_errors import OneLineParser, below_minimum
+from tf_mixed._internal.cli_errors import below_minimum
+from tf_mixed.bench.one_line_parser import OneLineParser
 
 __all__ = ["main"]
 

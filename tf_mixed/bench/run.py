@@ -30,51 +30,10 @@ import tf_mixed
 from tf_mixed import training
 from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, plan_row, schedule, serving, train
+from tf_mixed.bench import models, peak_memory, plan_row, schedule, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.policy import global_policy as policy
 from tf_mixed.tools.planning.plan_table import Plan
-
-# --- memory -------------------------------------------------------------------
-
-
-def _reset_peak_memory() -> bool:
-    """Resets the peak-memory counters this process can reset."""
-    for gpu in tf.config.list_logical_devices("GPU"):
-        try:
-            tf.config.experimental.reset_memory_stats(gpu.name)
-        except (ValueError, RuntimeError):
-            pass
-    try:  # Linux: "5" resets VmHWM (peak RSS) to the current RSS.
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    import resource  # fallback: lifetime peak (cannot be reset)
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _peak_gpu_mb() -> float | None:
-    peaks = []
-    for gpu in tf.config.list_logical_devices("GPU"):
-        try:
-            peaks.append(tf.config.experimental.get_memory_info(gpu.name)["peak"])
-        except (ValueError, RuntimeError):
-            pass
-    return sum(peaks) / 2**20 if peaks else None
-
 
 # --- strategy -------------------------------------------------------------------
 
@@ -194,7 +153,7 @@ def run_policy(
     )
 
     keras.backend.clear_session()
-    memory_reset = _reset_peak_memory()
+    memory_reset = peak_memory.reset()
     compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
     float8_plan = None
     layer_plan = None
@@ -237,8 +196,8 @@ def run_policy(
         except tf.errors.InvalidArgumentError as error:
             raise _unreadable_data(config, error) from None
         train_time = time.perf_counter() - start
-        peak_rss = _peak_rss_mb()
-        peak_gpu = _peak_gpu_mb()
+        peak_rss = peak_memory.peak_rss_mb()
+        peak_gpu = peak_memory.peak_gpu_mb()
         compute_dtype = model.dtype_policy.compute_dtype
         jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
         census = _census(config, model, train_set)
