@@ -17,16 +17,26 @@ class OneLineParser(argparse.ArgumentParser):
     usage block) and exits with status 2.
     """
 
-    def error(self, message: str):
-        command = self.prog.removeprefix("python -m ")
+    def one_line(self, message: str) -> str:
+        """argparse's ``message`` in the words of every command.
+
+        Args:
+            message: What argparse passes to `error`.
+
+        Returns:
+            A wrong type as ``--name='x': not a number. Accepted: ...``; anything
+            else as argparse says it, with where to read the flags.
+        """
         wrong_type = re.fullmatch(r"argument --(\w+): invalid (int|float) value: '(.*)'",
                                   message, re.DOTALL)
         if wrong_type:  # the wording of the absl commands (tf_mixed.cli.model_command)
             name, kind, value = wrong_type.groups()
             kind = "a whole number" if kind == "int" else "a number"
-            message = str(UsageError(name, value, f"not {kind}", f"{kind}, such as "
-                                     f"--{name}={self.get_default(name)} (the default)"))
-        else:
-            message += f"; see {self.prog} --help"
-        print(f"{command}: error: {message}", file=sys.stderr)
+            return str(UsageError(name, value, f"not {kind}", f"{kind}, such as "
+                                  f"--{name}={self.get_default(name)} (the default)"))
+        return f"{message}; see {self.prog} --help"
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("python -m ")
+        print(f"{command}: error: {self.one_line(message)}", file=sys.stderr)
         raise SystemExit(2)

@@ -23,6 +23,8 @@ import warnings
 from typing import Iterator
 
 from tf_mixed._internal import progress, quiet
+from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench.one_line_parser import OneLineParser
 
 PARTS = ("tf_mixed", "keras", "throughput", "defects")
 _OK, _FAIL = "ok", "FAIL"
@@ -32,9 +34,9 @@ class _UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(OneLineParser):
     def error(self, message):  # one line and exit 2, from main, not SystemExit here
-        raise _UsageError(message)
+        raise _UsageError(self.one_line(message))
 
 
 def _parser() -> _Parser:
@@ -61,28 +63,28 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
-        raise _UsageError(
-            f"--parts={args.parts!r}: unknown part {unknown[0]!r}; accepted: {', '.join(PARTS)}"
-        )
+        raise _UsageError(str(UsageError("parts", args.parts, f"unknown part {unknown[0]!r}",
+                                         ", ".join(PARTS))))
     args.parts = parts
     if not args.budget > 0 or args.budget > 60:
-        raise _UsageError(f"--budget={args.budget!r}: must be a number of seconds in (0, 60]")
+        raise _UsageError(str(UsageError("budget", args.budget,
+                                         "must be a number of seconds in (0, 60]")))
     if args.output:
         directory = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(directory):
-            raise _UsageError(
-                f"--output={args.output!r}: directory {directory!r} does not exist"
-            )
+            raise _UsageError(str(UsageError("output", args.output,
+                                             f"directory {directory!r} does not exist")))
         if os.path.isdir(args.output):
-            raise _UsageError(f"--output={args.output!r} is a directory; pass a file path "
-                              "such as check.json")
+            raise _UsageError(str(UsageError("output", args.output, "is a directory",
+                                             fix="Pass a file path such as check.json.")))
         try:  # a real write: os.access answers yes to root even where it cannot write
             fd, trial = tempfile.mkstemp(dir=directory, prefix=".check-", suffix=".tmp")
             os.close(fd)
             os.unlink(trial)
         except OSError as error:
-            raise _UsageError(f"--output={args.output!r}: directory {directory!r} is not "
-                              f"writable ({error.strerror or error})") from None
+            raise _UsageError(str(UsageError(
+                "output", args.output,
+                f"directory {directory!r} is not writable ({error.strerror or error})"))) from None
     return args
 
 
