@@ -55,7 +55,8 @@ class Heal(keras.callbacks.Callback):
         ValueError: for a knob that breaks its rule (the message names it).
     """
 
-    def __init__(self, skips: int = 5, window: int = 50, max_fraction: float = 0.25,
+    def __init__(self, skips: int = HealRule.skips, window: int = HealRule.window,
+                 max_fraction: float = HealRule.max_fraction,
                  check_every_n_batches: int = 1, raise_on_failure: bool = False):
         super().__init__()
         self.rule = HealRule(skips=skips, window=window, max_fraction=max_fraction)
