@@ -42,7 +42,7 @@ def below_minimum(flag: str, value: object, minimum: object, fix: str = "") -> U
     """The one wording, in every command, for a number under its minimum.
 
     Args:
-        flag: The flag without dashes (or a positional's name, such as ``"N"``).
+        flag: The flag without dashes.
         value: The value received.
         minimum: The smallest value accepted.
         fix: Optional hint, e.g. what 0 means.
@@ -51,6 +51,28 @@ def below_minimum(flag: str, value: object, minimum: object, fix: str = "") -> U
         ``UsageError`` reading ``--steps=0: must be at least 1.`` (then ``fix``).
     """
     return UsageError(flag, value, f"must be at least {minimum}", fix=fix)
+
+
+# A flag's type -> how a message names what it takes.
+KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+
+
+def wrong_type(flag: str, value: object, kind: str, default: object) -> UsageError:
+    """The one wording, in every command, for a value of the wrong type.
+
+    Args:
+        flag: The flag without dashes.
+        value: The text received.
+        kind: The flag's type, a key of `KINDS` (``"int"``, ``"float"``, ``"bool"``).
+        default: The flag's default, shown as an example.
+
+    Returns:
+        ``UsageError`` reading ``--epochs='zero': not a whole number. Accepted:
+        a whole number, such as --epochs=4 (the default).``
+    """
+    taken = KINDS[kind]
+    return UsageError(flag, value, f"not {taken}", f"{taken}, such as --{flag}={default} "
+                      "(the default)")
 
 
 class ChildFailed(RuntimeError):

@@ -55,7 +55,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     bench_data = config_module.check_data(config)
     created = report_module.check_output_dir(config.output_dir)
     print(note, flush=True)
-    plan_record, trained = None, policies
+    plan_record, trained, same = None, policies, None
     if plan_row.PLAN in policies:
         # Planned once, here, before any policy trains (every process, every
         # worker trains this plan); a plan equal to a whole-model policy of the
@@ -111,9 +111,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
                                   "extra_rounds": scheduler.extra_rounds.get(result["policy"], 0)}
             round_order = scheduler.order
         report_module.add_ratios(results)
-        if plan_record is not None and trained != policies:
-            equal = plan_row.same_as(plan_record, policies)
-            row = next(r for r in results if r["policy"] == equal)
+        if same and plan_record is not None:
+            row = next(r for r in results if r["policy"] == same)
             results.insert(policies.index(plan_row.PLAN), plan_row.reused_row(plan_record, row))
         progress.update("measuring the host's large matmul, float32 against half precision")
         matmul = _matmul_reference(policies, config.matmul_size)

@@ -27,7 +27,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal.cli_errors import UsageError, below_minimum
-from tf_mixed.bench import names
 from tf_mixed.bench.names import (  # noqa: F401 (their home is TensorFlow-free)
     DEFAULT_SHAPES_SIZE,
     DEFAULT_SHAPES_TRAIN,
@@ -65,7 +64,6 @@ _IMAGE_SIGNATURES = {
     b"GIF89a": "GIF",
     b"BM": "BMP",
 }
-ACCEPTED = names.DATA_ACCEPTED
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,15 +144,6 @@ assert tuple(_BUILDERS) == MODEL_NAMES, "names.MODEL_NAMES names every builder"
 _MIN_SIDE = {"resnet50": 32}
 
 
-def check_name(name: str) -> str:
-    """Returns the canonical model name (`tf_mixed.bench.names.check_model`).
-
-    Raises:
-        UsageError: If ``name`` is not one of `MODEL_NAMES`.
-    """
-    return names.check_model(name)
-
-
 def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Builds a model under the current global dtype policy.
 
@@ -167,7 +158,7 @@ def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Mo
     Raises:
         UsageError: For an unknown name or images too small for the model.
     """
-    name = check_name(name)
+    name = names.check_model(name)
     if name in SEQUENCE_MODELS:
         inputs = keras.Input(shape=tuple(input_shape), name="tokens_in")
         return keras.Model(inputs, _BUILDERS[name](inputs, num_classes), name=name)

@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal import cli_errors
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,9 +31,7 @@ class OneLineParser(argparse.ArgumentParser):
                                   message, re.DOTALL)
         if wrong_type:  # the wording of the absl commands (tf_mixed.cli.model_command)
             name, kind, value = wrong_type.groups()
-            kind = "a whole number" if kind == "int" else "a number"
-            return str(UsageError(name, value, f"not {kind}", f"{kind}, such as "
-                                  f"--{name}={self.get_default(name)} (the default)"))
+            return str(cli_errors.wrong_type(name, value, kind, self.get_default(name)))
         return f"{message}; see {self.prog} --help"
 
     def error(self, message: str):

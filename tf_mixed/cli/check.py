@@ -63,28 +63,25 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
-        raise _UsageError(str(UsageError("parts", args.parts, f"unknown part {unknown[0]!r}",
-                                         ", ".join(PARTS))))
+        raise UsageError("parts", args.parts, f"unknown part {unknown[0]!r}", ", ".join(PARTS))
     args.parts = parts
     if not args.budget > 0 or args.budget > 60:
-        raise _UsageError(str(UsageError("budget", args.budget,
-                                         "must be a number of seconds in (0, 60]")))
+        raise UsageError("budget", args.budget, "must be a number of seconds in (0, 60]")
     if args.output:
         directory = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(directory):
-            raise _UsageError(str(UsageError("output", args.output,
-                                             f"directory {directory!r} does not exist")))
+            raise UsageError("output", args.output, f"directory {directory!r} does not exist")
         if os.path.isdir(args.output):
-            raise _UsageError(str(UsageError("output", args.output, "is a directory",
-                                             fix="Pass a file path such as check.json.")))
+            raise UsageError("output", args.output, "is a directory",
+                             fix="Pass a file path such as check.json.")
         try:  # a real write: os.access answers yes to root even where it cannot write
             fd, trial = tempfile.mkstemp(dir=directory, prefix=".check-", suffix=".tmp")
             os.close(fd)
             os.unlink(trial)
         except OSError as error:
-            raise _UsageError(str(UsageError(
+            raise UsageError(
                 "output", args.output,
-                f"directory {directory!r} is not writable ({error.strerror or error})"))) from None
+                f"directory {directory!r} is not writable ({error.strerror or error})") from None
     return args
 
 
@@ -208,7 +205,7 @@ def main(argv: list[str]) -> int:
     """
     try:
         args = _parse(list(argv))
-    except _UsageError as error:
+    except (_UsageError, UsageError) as error:
         return _error(str(error))
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)

@@ -63,9 +63,6 @@ def first_line(problem: BaseException) -> str:
     return (text.splitlines()[0] if text else type(problem).__name__)[:500]
 
 
-_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
-
-
 def flag_error(problem: flags.Error, fv: flags.FlagValues) -> str:
     """absl's refusal of a flag, in the one wording of every command.
 
@@ -77,14 +74,13 @@ def flag_error(problem: flags.Error, fv: flags.FlagValues) -> str:
     if not isinstance(problem, flags.IllegalFlagValueError) or not found:
         return str(problem)
     name, value = found.groups()
-    if name not in fv or fv[name].parser.flag_type() not in _KINDS:
-        return str(problem)
-    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed._internal.cli_errors import KINDS, wrong_type
 
-    kind = _KINDS[fv[name].parser.flag_type()]
-    default = str(fv[name].default).lower() if kind == _KINDS["bool"] else fv[name].default
-    return str(UsageError(name, value, f"not {kind}",
-                          f"{kind}, such as --{name}={default} (the default)"))
+    if name not in fv or fv[name].parser.flag_type() not in KINDS:
+        return str(problem)
+    kind = fv[name].parser.flag_type()
+    default = str(fv[name].default).lower() if kind == "bool" else fv[name].default
+    return str(wrong_type(name, value, kind, default))
 
 
 def parse(command: str, argv: list[str], fv: flags.FlagValues, usage: str,
