@@ -110,23 +110,17 @@ def notes(report: dict[str, Any]) -> list[str]:
             if row["seconds"]:
                 counts[row["choice"]] = counts.get(row["choice"], 0) + 1
         took = record.get("plan_seconds")
+        layers = ", ".join(f"{n} {p}" for p, n in sorted(counts.items())) + " timed layers"
+        timing = ((f"; planned in {took:.1f} s" if took is not None else "")
+                  + ("; timings read from the cache" if record.get("cached") else ""))
         same = r.get("same_as")
         if same:
-            lines.append(
-                f"{LABEL}: the plan is {same} ("
-                + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
-                + " timed layers)" + (f"; planned in {took:.1f} s" if took is not None else "")
-                + ("; timings read from the cache" if record.get("cached") else "")
-                + f". It was not trained again: its row is {same}'s, figures and verdict.")
+            lines.append(f"{LABEL}: the plan is {same} ({layers}){timing}. It was not trained "
+                         f"again: its row is {same}'s, figures and verdict.")
             continue
-        lines.append(
-            f"{LABEL}: {record['policy']} with "
-            + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
-            + " timed layers"
-            + (f" (kept float32: {', '.join(record['keep_float32'])})"
-               if record["keep_float32"] else "")
-            + (f"; planned in {took:.1f} s" if took is not None else "")
-            + ("; timings read from the cache" if record["cached"] else "") + ".")
+        kept = (f" (kept float32: {', '.join(record['keep_float32'])})"
+                if record["keep_float32"] else "")
+        lines.append(f"{LABEL}: {record['policy']} with {layers}{kept}{timing}.")
         ratio = (r.get("ratio_to_float32") or {}).get("samples_per_sec")
         if not (ratio and matmul.get("ratio", 0) > 0 and ratio < matmul["ratio"]):
             continue
