@@ -241,3 +241,65 @@ def test_sequential_lanes_plan_when_the_later_policy_is_measured():
     # 19 s gone, 1 s left: two more rounds of the minimum 5 steps.
     assert scheduler.command("mixed_float16") == 5
     assert not scheduler.plan("mixed_float16").full
+
+
+# --- the overhead suite's round order and ratio interval ---------------------------
+
+
+def test_rotated_lets_each_name_lead_and_runs_every_other_cycle_backwards():
+    names = ["keras", "tf_mixed", "control"]
+    orders = [schedule.rotated(names, r) for r in range(6)]
+    assert orders == [
+        ["keras", "tf_mixed", "control"], ["tf_mixed", "control", "keras"],
+        ["control", "keras", "tf_mixed"],
+        ["control", "tf_mixed", "keras"], ["keras", "control", "tf_mixed"],
+        ["tf_mixed", "keras", "control"],
+    ]
+    # Over two cycles every name runs right after every other name equally often.
+    follows = {}
+    for order in orders:
+        for before, after in zip(order, order[1:]):
+            follows[(before, after)] = follows.get((before, after), 0) + 1
+    assert set(follows.values()) == {2} and len(follows) == 6
+
+
+@pytest.mark.parametrize("names, index", [([], 0), (["a"], -1)])
+def test_rotated_refuses_no_names_or_a_negative_round(names, index):
+    with pytest.raises(ValueError, match="rotated\\(\\) needs names"):
+        schedule.rotated(names, index)
+
+
+def test_pooled_ratio_is_the_median_of_all_steps_over_the_baselines():
+    base = [[1.0, 2.0, 3.0], [4.0, 5.0]]  # median of all five: 3.0
+    other = [[3.0, 6.0], [9.0, 12.0, 15.0]]  # median of all five: 9.0
+    assert schedule.pooled_ratio(base, other) == 3.0
+
+
+def test_ratio_interval_of_steady_rounds_is_the_ratio_itself():
+    base = [[0.020, 0.020], [0.020, 0.020], [0.020, 0.020]]
+    other = [[0.021, 0.021], [0.021, 0.021], [0.021, 0.021]]
+    low, high = schedule.ratio_interval(base, other)
+    assert low == high == pytest.approx(1.05)
+
+
+def test_ratio_interval_is_seeded_and_holds_the_middle_of_the_round_pairs():
+    base = [[1.0]] * 8
+    other = [[r] for r in (0.90, 0.95, 1.00, 1.00, 1.05, 1.10, 1.20, 1.30)]
+    first = schedule.ratio_interval(base, other, resamples=500)
+    assert first == schedule.ratio_interval(base, other, resamples=500)  # the same draws
+    low, high = first
+    assert 0.90 <= low < schedule.pooled_ratio(base, other) < high <= 1.30
+    # A narrower confidence gives a narrower interval from the same draws.
+    narrow = schedule.ratio_interval(base, other, resamples=500, confidence=0.5)
+    assert low <= narrow[0] <= narrow[1] <= high
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"base_rounds": [], "rounds": []}, "at least one pair"),
+    ({"base_rounds": [[1.0], []], "rounds": [[1.0], [1.0]]}, "at least one pair"),
+    ({"base_rounds": [[1.0]], "rounds": [[1.0]], "confidence": 1.0}, "confidence=1.0"),
+    ({"base_rounds": [[1.0]], "rounds": [[1.0]], "resamples": 0}, "resamples=0"),
+])
+def test_ratio_interval_refuses_what_it_cannot_bootstrap(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        schedule.ratio_interval(**kwargs)

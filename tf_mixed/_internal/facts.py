@@ -411,7 +411,6 @@ def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, f
         or None when all fit or the dtype is not a half dtype.
     """
     import keras
-    import numpy as np
 
     dtype = keras.backend.standardize_dtype(compute_dtype or layer.compute_dtype)
     if dtype not in HALF_DTYPES or type(layer).__name__ in FLOAT32_STATISTICS_NORMS:
@@ -424,9 +423,27 @@ def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, f
     for what, value in values:
         if value is None:
             continue
-        array = np.asarray(keras.ops.convert_to_numpy(value), dtype="float64")
-        finite = array[np.isfinite(array)]
-        largest = float(np.abs(finite).max()) if finite.size else 0.0
+        largest = _largest_finite(value)
         if largest > limit:
             return what, largest, limit
     return None
+
+
+def _largest_finite(value) -> float:
+    """The largest finite magnitude in ``value`` (0.0 for none), reduced where it lives.
+
+    One scalar comes to the host: `LossScaleMonitor` runs this check over
+    every weight at each ``fit``'s start, and a host copy of every weight
+    (in float64) cost ~60 ms and ~75 MB of allocations per ``fit`` on the
+    overhead suite's mlp.
+    """
+    import keras
+
+    x = keras.ops.convert_to_tensor(value)
+    if not keras.backend.is_float_dtype(x.dtype):
+        x = keras.ops.cast(x, "float64")
+    if not keras.ops.size(x):
+        return 0.0
+    x = keras.ops.abs(x)
+    return float(keras.ops.max(keras.ops.where(keras.ops.isfinite(x), x,
+                                               keras.ops.zeros_like(x))))

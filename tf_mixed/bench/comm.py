@@ -70,7 +70,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
         "workers": config.workers,
         "batch_size": config.batch_size,
         "steps": config.steps or DEFAULT_STEPS,
-        "rounds": config.rounds,
+        "rounds": config.timing_rounds,
         "warmup_steps": max(1, config.warmup_steps),
         "learning_rate": config.learning_rate,
         "seed": config.seed,

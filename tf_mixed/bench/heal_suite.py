@@ -255,7 +255,7 @@ def run_heal_cost(config: BenchConfig, command: str) -> list[dict]:
             _timed_round(model, x, y, steps)                      # warm-up, trace
             paths[with_heal] = model
         pairs = []
-        for _ in range(config.rounds):                            # alternating rounds
+        for _ in range(config.timing_rounds):                     # alternating rounds
             pairs.append((_timed_round(paths[False], x, y, steps),
                           _timed_round(paths[True], x, y, steps)))
         rows.append({

@@ -140,14 +140,14 @@ def run_memory(config, command: str) -> dict[str, Any]:
         "seed": config.seed,
     }
     print(f"Memory suite: Dense {INPUT_DIM}->{WIDTH}x{DEPTH}->{CLASSES}, "
-          f"batch {config.batch_size} per update, {config.rounds} rounds x "
+          f"batch {config.batch_size} per update, {config.timing_rounds} rounds x "
           f"{settings['steps']} updates per path, a fresh process each.",
           flush=True)
     try:
         runs: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
         staging = tempfile.mkdtemp(prefix=".tf_mixed_memory.", dir=config.output_dir)
         try:
-            for round_index in range(config.rounds):
+            for round_index in range(config.timing_rounds):
                 for path in paths:
                     runs[path].append(_run_child(path, settings, staging))
                     print(f"  round {round_index + 1}: {path} done", flush=True)

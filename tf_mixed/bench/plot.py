@@ -194,9 +194,11 @@ def _plot_overhead(plt, report: dict[str, Any], path: str) -> bool:
     fig, ax = plt.subplots(figsize=(5, 4))
     rows = report["results"]
     names = [r["path"] for r in rows]
-    ax.bar(names, [r["step_time_ms"] for r in rows], color=["C0", "C1"][: len(rows)])
+    ax.bar(names, [r["step_time_ms"] for r in rows], color=["C0", "C1", "C7"][: len(rows)])
     ax.set_ylabel("median step time (ms)")
-    ax.set_title(f"tf_mixed / Keras = {report['overhead_ratio']:.3f}x")
+    low, high = report.get("overhead_interval") or (None, None)
+    interval = "" if low is None else f" ({low:.3f}-{high:.3f})"
+    ax.set_title(f"tf_mixed / Keras = {report['overhead_ratio']:.3f}x{interval}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,4 +1,8 @@
-"""The main job's timing plan: interleaved rounds, a time budget, spreads."""
+"""The main job's timing plan: interleaved rounds, a time budget, spreads.
+
+Also the timing suites' round order (`rotated`) and the overhead suite's
+ratio with its interval (`pooled_ratio`, `ratio_interval`).
+"""
 
 # Every policy trains in rounds of steps, and the rounds alternate between the
 # policies (float32 round 1, mixed round 1, float32 round 2, ...), so a change
@@ -24,6 +28,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 from typing import Callable, Sequence
 
@@ -190,6 +195,71 @@ def relative_spread(summary: dict[str, float]) -> float:
 def pair_ratios(base_rounds: Sequence[float], rounds: Sequence[float]) -> list[float]:
     """Round i of a policy over round i of the baseline, for every pair both have."""
     return [r / b for r, b in zip(rounds, base_rounds)]
+
+
+def rotated(names: Sequence[str], round_index: int) -> list[str]:
+    """The order ``names`` run in round ``round_index``: each name leads in turn.
+
+    Round r starts at name ``r % len(names)``; every other cycle of
+    ``len(names)`` rounds runs backwards, so over two cycles every name runs
+    before and after every other equally often (a path that always ran
+    first, right after another's data pipeline, would carry that alone).
+
+    Raises:
+        ValueError: For no names or a negative ``round_index``.
+    """
+    if not names or round_index < 0:
+        raise ValueError(f"rotated() needs names and a round index >= 0. Received: "
+                         f"names={list(names)!r}, round_index={round_index!r}.")
+    start = round_index % len(names)
+    order = [*names[start:], *names[:start]]
+    return order[::-1] if (round_index // len(names)) % 2 else order
+
+
+def pooled_ratio(base_rounds: Sequence[Sequence[float]],
+                 rounds: Sequence[Sequence[float]]) -> float:
+    """The median of all of ``rounds``' values over the median of all of ``base_rounds``'."""
+    return (statistics.median(v for r in rounds for v in r)
+            / statistics.median(v for r in base_rounds for v in r))
+
+
+def ratio_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]],
+                   *, confidence: float = 0.9, resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """A percentile-bootstrap interval for `pooled_ratio`, resampling round pairs.
+
+    Round i of both sides is drawn together (the pair shares the host's
+    load at that moment), ``resamples`` times with replacement; the
+    interval holds the middle ``confidence`` of the resampled ratios. The
+    draw is seeded, so the same timings always give the same interval.
+
+    Args:
+        base_rounds: The baseline's step times, one list per round.
+        rounds: The other side's, round i paired with ``base_rounds[i]``.
+        confidence: The interval's coverage, in (0, 1).
+        resamples: Bootstrap draws, at least 1.
+        seed: The draws' seed.
+
+    Returns:
+        ``(low, high)``.
+
+    Raises:
+        ValueError: For no round pairs, an empty round, or a bad
+            ``confidence`` or ``resamples``.
+    """
+    pairs = list(zip(base_rounds, rounds))
+    if not pairs or not all(a and b for a, b in pairs):
+        raise ValueError("ratio_interval() needs at least one pair of non-empty rounds.")
+    if not 0.0 < confidence < 1.0 or resamples < 1:
+        raise ValueError("ratio_interval() needs 0 < confidence < 1 and resamples >= 1. "
+                         f"Received: confidence={confidence!r}, resamples={resamples!r}.")
+    draw = random.Random(seed)
+    ratios = sorted(
+        pooled_ratio(*zip(*(pairs[draw.randrange(len(pairs))] for _ in pairs)))
+        for _ in range(resamples))
+    tail = (1.0 - confidence) / 2.0
+    return (ratios[int(tail * resamples)],
+            ratios[min(resamples - 1, int((1.0 - tail) * resamples))])
 
 
 def trusted(summary: dict[str, float]) -> bool:

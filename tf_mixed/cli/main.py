@@ -133,8 +133,13 @@ def _define_flags(fv: flags.FlagValues) -> None:
         flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed for data, initial weights and data order.",
                          flag_values=fv)
-    flags.DEFINE_integer("rounds", 3, "Overhead suite: alternating timing rounds per path.",
-                         flag_values=fv)
+    from tf_mixed.bench.config import DEFAULT_ROUNDS, OTHER_ROUNDS  # no TensorFlow
+
+    flags.DEFINE_integer(
+        "rounds", 0, "Overhead, comm, memory and heal_cost suites: alternating timing rounds "
+        "per path; 0: the suite's default ("
+        + ", ".join(f"{suite} {n}" for suite, n in DEFAULT_ROUNDS.items())
+        + f", the others {OTHER_ROUNDS}).", flag_values=fv)
     flags.DEFINE_integer(
         "round_steps", 20,
         "Steps per timing round; the policies' rounds alternate (A B A B ...).", flag_values=fv)
