@@ -295,11 +295,17 @@ def test_ratio_interval_is_seeded_and_holds_the_middle_of_the_round_pairs():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"base_rounds": [], "rounds": []}, "at least one pair"),
-    ({"base_rounds": [[1.0], []], "rounds": [[1.0], [1.0]]}, "at least one pair"),
+    ({"base_rounds": [], "rounds": []}, "Received: 0 and 0 rounds"),
+    ({"base_rounds": [[1.0]], "rounds": [[1.0], [2.0]]}, "Received: 1 and 2 rounds"),
+    ({"base_rounds": [[1.0], []], "rounds": [[1.0], [1.0]]}, r"base_rounds\[1\] is an empty"),
     ({"base_rounds": [[1.0]], "rounds": [[1.0]], "confidence": 1.0}, "confidence=1.0"),
     ({"base_rounds": [[1.0]], "rounds": [[1.0]], "resamples": 0}, "resamples=0"),
 ])
 def test_ratio_interval_refuses_what_it_cannot_bootstrap(kwargs, match):
     with pytest.raises(ValueError, match=match):
         schedule.ratio_interval(**kwargs)
+
+
+def test_pooled_ratio_refuses_unpaired_rounds():
+    with pytest.raises(ValueError, match="Received: 2 and 1 rounds"):
+        schedule.pooled_ratio([[1.0], [1.0]], [[1.0]])

@@ -4,6 +4,7 @@ import ast
 import pathlib
 
 import keras
+import numpy as np
 import pytest
 
 import tf_mixed
@@ -206,3 +207,15 @@ def test_no_module_writes_a_dtype_limit_by_hand():
         if found:
             offenders[str(path.relative_to(PACKAGE_DIR))] = found
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("value, largest", [
+    (np.array([1.0, np.inf, -3.0, np.nan]), 3.0),  # finite values only
+    (np.array([], "float32"), 0.0),
+    (np.array([5, -7]), 7.0),  # integers
+    (np.array([-70000.0], "float32"), 70000.0),
+])
+def test_largest_finite_reduces_on_the_device(value, largest):
+    from tf_mixed._internal.facts import _largest_finite
+
+    assert _largest_finite(value) == largest

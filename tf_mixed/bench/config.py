@@ -26,9 +26,10 @@ SUITES = ("compare", "overhead", "comm", "memory", "bf16", "gpu", "heal", "heal_
 ISOLATIONS = ("subprocess", "inprocess")
 DEFAULT_MODEL = {"compare": "cnn", "overhead": "mlp", "comm": "mlp", "memory": "mlp",
                  "bf16": "mlp", "gpu": "resnet50", "heal": "mlp", "heal_cost": "cnn"}
-# --rounds=0: timing rounds per path by suite (others: 3). The overhead suite
-# resolves a 1% difference only from many short rounds (tf_mixed.bench.overhead).
-DEFAULT_ROUNDS = {"overhead": 16}
+# --rounds=0: timing rounds per path by suite (else OTHER_ROUNDS). The overhead
+# suite needs many short rounds to judge 1% (tf_mixed.bench.overhead), a
+# multiple of twice its paths so that its rotation is balanced.
+DEFAULT_ROUNDS = {"overhead": 18}
 OTHER_ROUNDS = 3
 # --float8_layers: which Dense layers the float8 run quantizes.
 FLOAT8_LAYERS = ("auto", "all")
@@ -61,8 +62,9 @@ class BenchConfig:
         isolation: One of `ISOLATIONS`: a fresh process per policy, or all in this one.
         output_dir: Where results.json, results.md and bench.png go.
         seed: Seed for data, initial weights and data order.
-        rounds: Overhead, comm, memory and heal_cost suites: alternating timing
-            rounds per path; 0 for the suite's default (`DEFAULT_ROUNDS`, else `OTHER_ROUNDS`).
+        rounds: Overhead, comm, memory and heal_cost suites: timing rounds per
+            path (their order alternates or rotates); 0 for the suite's default
+            (`DEFAULT_ROUNDS`, else `OTHER_ROUNDS`).
         round_steps: Compare suite: steps per timing round (the policies' rounds alternate).
         round_seconds: Compare suite: a round also ends after this many seconds.
         time_budget: Compare suite: seconds the job plans to keep to (0: no budget,

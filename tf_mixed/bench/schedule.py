@@ -218,9 +218,25 @@ def rotated(names: Sequence[str], round_index: int) -> list[str]:
 
 def pooled_ratio(base_rounds: Sequence[Sequence[float]],
                  rounds: Sequence[Sequence[float]]) -> float:
-    """The median of all of ``rounds``' values over the median of all of ``base_rounds``'."""
+    """The median of all of ``rounds``' values over the median of all of ``base_rounds``'.
+
+    Raises:
+        ValueError: For round lists of different lengths or an empty round.
+    """
+    _check_pairs(base_rounds, rounds)
     return (statistics.median(v for r in rounds for v in r)
             / statistics.median(v for r in base_rounds for v in r))
+
+
+def _check_pairs(base_rounds, rounds) -> None:
+    if len(base_rounds) != len(rounds) or not rounds:
+        raise ValueError("base_rounds and rounds must hold the same number of rounds, at "
+                         f"least one. Received: {len(base_rounds)} and {len(rounds)} rounds.")
+    for name, side in (("base_rounds", base_rounds), ("rounds", rounds)):
+        empty = [i for i, r in enumerate(side) if not len(r)]
+        if empty:
+            raise ValueError(f"{name}[{empty[0]}] is an empty round: every round needs at "
+                             "least one time.")
 
 
 def ratio_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]],
@@ -244,12 +260,11 @@ def ratio_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequ
         ``(low, high)``.
 
     Raises:
-        ValueError: For no round pairs, an empty round, or a bad
-            ``confidence`` or ``resamples``.
+        ValueError: For round lists of different lengths or none, an empty
+            round, or a bad ``confidence`` or ``resamples``.
     """
+    _check_pairs(base_rounds, rounds)
     pairs = list(zip(base_rounds, rounds))
-    if not pairs or not all(a and b for a, b in pairs):
-        raise ValueError("ratio_interval() needs at least one pair of non-empty rounds.")
     if not 0.0 < confidence < 1.0 or resamples < 1:
         raise ValueError("ratio_interval() needs 0 < confidence < 1 and resamples >= 1. "
                          f"Received: confidence={confidence!r}, resamples={resamples!r}.")

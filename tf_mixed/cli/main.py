@@ -136,7 +136,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
     from tf_mixed.bench.config import DEFAULT_ROUNDS, OTHER_ROUNDS  # no TensorFlow
 
     flags.DEFINE_integer(
-        "rounds", 0, "Overhead, comm, memory and heal_cost suites: alternating timing rounds "
+        "rounds", 0, "Overhead, comm, memory and heal_cost suites: timing rounds "
         "per path; 0: the suite's default ("
         + ", ".join(f"{suite} {n}" for suite, n in DEFAULT_ROUNDS.items())
         + f", the others {OTHER_ROUNDS}).", flag_values=fv)

@@ -14,7 +14,9 @@
 #    the same bytes everywhere, so the same decision everywhere
 #    (BUILD_NOTES.md, "Loss scaling");
 # 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
-#    optimizer applies the unscaled gradients, or the step is skipped and the
+#    optimizer applies the unscaled gradients (divided by the scale inside
+#    that branch, unless layer attribution needed them unscaled before the
+#    verdict), or the step is skipped and the
 #    tracked forward state restored; then the scale state advances
 #    (`advance_state`, `tf_mixed.scaling.scale_state.next_state`) and the
 #    agreed float8 scales are written (`finish_float8`).
@@ -27,7 +29,7 @@ from tf_mixed._internal import shims as _internals
 from tf_mixed.scaling import allreduce, attribution, misuse, scale_state
 from tf_mixed.scaling.scale_state import LossScaleState
 
-__all__ = ["advance_state", "apply_unscaled", "divide", "multiply", "reduce",
+__all__ = ["advance_state", "apply_unscaled", "divide", "divide_all", "multiply", "reduce",
            "reduce_with_flags", "roll_back", "step", "window_step"]
 
 
@@ -49,14 +51,19 @@ def step(optimizer, grads, trainable_variables, unscaled):
         records = attributing.local_outputs()
         if _several_replicas():
             flags = attributing.forward_flags(records)
-    grads, trainable_variables, finite, gathered, flags = reduce_with_flags(
+    # Without attribution (which reads the unscaled gradients) the division
+    # waits for the applied branch, as in Keras's wrapper: a skipped step
+    # does not divide at all.
+    grads, trainable_variables, finite, gathered, flags, divisor = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
-        optimizer.communication_dtype, optimizer._scratch.float8, flags=flags)
+        optimizer.communication_dtype, optimizer._scratch.float8, flags=flags,
+        defer_division=attributing is None)
     if attributing is not None:
         attributing.record(finite, grads, trainable_variables,
                            flags if flags is not None
                            else lambda: attributing.forward_flags(records))
-    apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables)
+    apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables,
+                   divisor=divisor)
     roll_back(optimizer, finite)
     advance_state(optimizer, finite, scale)
     finish_float8(optimizer, gathered, finite, scale)
@@ -105,7 +112,7 @@ def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
 
 
 def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication_dtype,
-                      float8=None, when=None, flags=None):
+                      float8=None, when=None, flags=None, defer_division=False):
     """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -134,12 +141,17 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     ``flags`` (a float32 vector, layer attribution's forward flags) ride
     the same buffer, summed, when there are several replicas.
 
+    ``defer_division=True`` leaves the division to the caller: the gradients
+    come back as reduced, with the scale to divide them by (`divide_all`).
+
     Returns:
-        ``(unscaled, variables, finite, gathered, flags)``: the reduced
-        gradients divided by the loss scale and their variables (float8
-        pairs taken out); ``gathered`` is the all-reduced float8 payload
-        (None without float8 layers); ``flags`` summed over replicas (as
-        given with one replica).
+        ``(unscaled, variables, finite, gathered, flags, divisor)``: the
+        reduced gradients divided by the loss scale (``defer_division``:
+        still scaled where ``divisor`` is not None) and their variables
+        (float8 pairs taken out); ``gathered`` is the all-reduced float8
+        payload (None without float8 layers); ``flags`` summed over
+        replicas (as given with one replica); ``divisor`` the scale still to
+        divide by, or None.
     """
     float8_step = None
     if float8 is not None:
@@ -173,11 +185,15 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     if float8_step is not None:
         # A non-finite amax is an overflow the float8 casts saturated away.
         finite = tf.logical_and(finite, float8.finite(gathered))
-    if scaled:
-        reduced = [g if getattr(v, "overwrite_with_gradient", False)
-                   else divide(g, scale)
-                   for g, v in zip(reduced, trainable_variables)]
-    return reduced, trainable_variables, finite, gathered, flags
+    if scaled and not defer_division:
+        reduced, scaled = divide_all(reduced, trainable_variables, scale), False
+    return reduced, trainable_variables, finite, gathered, flags, scale if scaled else None
+
+
+def divide_all(grads, trainable_variables, scale):
+    """Every gradient divided by ``scale``, but those Keras overwrites a variable with."""
+    return [g if getattr(v, "overwrite_with_gradient", False) else divide(g, scale)
+            for g, v in zip(grads, trainable_variables)]
 
 def window_step(optimizer, grads, trainable_variables, unscaled):
     """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
@@ -191,9 +207,7 @@ def window_step(optimizer, grads, trainable_variables, unscaled):
     accumulator = optimizer.accumulator
     scale = tf.identity(optimizer.dynamic_scale.value)
     if not unscaled:
-        grads = [g if getattr(v, "overwrite_with_gradient", False)
-                 else divide(g, scale)
-                 for g, v in zip(grads, trainable_variables)]
+        grads = divide_all(grads, trainable_variables, scale)
     sums = accumulator.add(grads)
     is_last = accumulator.is_last()
     # The one collective of the window, on its last micro-step only.
@@ -214,16 +228,18 @@ def window_step(optimizer, grads, trainable_variables, unscaled):
     accumulator.end_micro_step(is_last)
     return tf.logical_or(tf.logical_not(is_last), finite)
 
-def apply_unscaled(inner, finite, grads, trainable_variables):
-    """(b) Hands unscaled gradients to the inner optimizer when ``finite``.
+def apply_unscaled(inner, finite, grads, trainable_variables, divisor=None):
+    """(b) Hands the gradients, unscaled, to the inner optimizer when ``finite``.
 
     ``finite`` is already global and the gradients already reduced, so
     the inner optimizer applies them without its own all-reduce
-    (`tf_mixed._internal.shims.apply_reduced_gradients`).
+    (`tf_mixed._internal.shims.apply_reduced_gradients`). With a
+    ``divisor`` (the loss scale) the gradients arrive scaled and are
+    divided inside the applied branch only.
     """
 
     def apply_inner():
-        _apply_inner(inner, grads, trainable_variables)
+        _apply_inner(inner, grads, trainable_variables, divisor)
 
     if _internals.strategy_supports_no_merge_call():
         # No merge_call in the inner update (XLA on GPUs): the cond can
@@ -233,7 +249,7 @@ def apply_unscaled(inner, finite, grads, trainable_variables):
         tf.cond(finite, apply_inner, lambda: None)
         return
 
-    def cross_replica(strategy, finite, grads, trainable_variables):
+    def cross_replica(strategy, finite, grads, trainable_variables, divisor):
         # The inner update calls merge_call, which cannot sit in a cond
         # branch built in the replica context, so the cond is built here.
         # `finite` was computed from all-reduced gradients before the
@@ -244,17 +260,19 @@ def apply_unscaled(inner, finite, grads, trainable_variables):
 
         def apply_all():
             strategy.extended.call_for_each_replica(
-                _apply_inner, args=(inner, grads, trainable_variables),
+                _apply_inner, args=(inner, grads, trainable_variables, divisor),
             )
 
         tf.cond(verdict, apply_all, lambda: None)
 
     tf.distribute.get_replica_context().merge_call(
-        cross_replica, args=(finite, grads, trainable_variables)
+        cross_replica, args=(finite, grads, trainable_variables, divisor)
     )
 
-def _apply_inner(inner, grads, trainable_variables):
+def _apply_inner(inner, grads, trainable_variables, divisor=None):
     """The inner update without its own (second) gradient all-reduce."""
+    if divisor is not None:
+        grads = divide_all(grads, trainable_variables, divisor)
     _internals.apply_reduced_gradients(inner, grads, trainable_variables)
 
 def roll_back(optimizer, finite):
