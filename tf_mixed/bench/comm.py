@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -87,12 +86,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
         rows = _rows(worker)
         markdown = _markdown(rows, worker)
         report = {
-            "suite": "comm",
-            "created_utc": datetime.datetime.now(
-                datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": command,
-            "flags": config.to_json(),
-            "host": bench_report.host_info(),
+            **bench_report.suite_header("comm", config, command),
             "model": {"name": f"dense_{settings['width']}x{settings['depth']}",
                       "params": worker["params"]},
             "settings": settings,

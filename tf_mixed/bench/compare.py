@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -117,12 +116,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         progress.update("measuring the host's large matmul, float32 against half precision")
         matmul = _matmul_reference(policies, config.matmul_size)
         report = {
-            "suite": "compare",
-            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"),
-            "command": command,
-            "flags": config.to_json(),
-            "host": report_module.host_info(),
+            **report_module.suite_header("compare", config, command),
             "policies": list(policies),
             "policy_note": note,
             "model": {"name": config.model_name, "params": results[0]["model_params"]},
@@ -130,7 +124,6 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
             "round_order": round_order,
             "matmul_ratio": None if matmul is None else matmul["ratio"],
             "matmul": matmul,
-            "load_average": list(os.getloadavg()),
             "wall_time_s": time.monotonic() - started,
             "results": results,
         }

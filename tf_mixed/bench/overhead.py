@@ -32,7 +32,6 @@
 
 from __future__ import annotations
 
-import datetime
 import statistics
 import time
 from typing import Any
@@ -330,12 +329,7 @@ def _report(config, command, policy_name, bench_data, paths, wall, cpu, order) -
         "",
     ])
     return {
-        "suite": "overhead",
-        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"),
-        "command": command,
-        "flags": config.to_json(),
-        "host": report_module.host_info(),
+        **report_module.suite_header("overhead", config, command),
         "policy": policy_name,
         "model": {"name": config.model_name},
         "dataset": bench_data.describe(),

@@ -224,6 +224,10 @@ def pooled_ratio(base_rounds: Sequence[Sequence[float]],
         ValueError: For round lists of different lengths or an empty round.
     """
     _check_pairs(base_rounds, rounds)
+    return _pooled(base_rounds, rounds)
+
+
+def _pooled(base_rounds, rounds) -> float:
     return (statistics.median(v for r in rounds for v in r)
             / statistics.median(v for r in base_rounds for v in r))
 
@@ -270,7 +274,7 @@ def ratio_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequ
                          f"Received: confidence={confidence!r}, resamples={resamples!r}.")
     draw = random.Random(seed)
     ratios = sorted(
-        pooled_ratio(*zip(*(pairs[draw.randrange(len(pairs))] for _ in pairs)))
+        _pooled(*zip(*(pairs[draw.randrange(len(pairs))] for _ in pairs)))  # checked above
         for _ in range(resamples))
     tail = (1.0 - confidence) / 2.0
     return (ratios[int(tail * resamples)],
