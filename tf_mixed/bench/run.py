@@ -35,6 +35,9 @@ from tf_mixed.bench.config import BenchConfig
 from tf_mixed.policy import global_policy as policy
 from tf_mixed.tools.planning.plan_table import Plan
 
+AUTO_CHECKED = "auto-checked"
+"""The bench row of enable("auto") checked on the model's own first steps."""
+
 # --- strategy -------------------------------------------------------------------
 
 
@@ -157,6 +160,7 @@ def run_policy(
     compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
     float8_plan = None
     layer_plan = None
+    checked = None
     if policy_name == plan_row.PLAN:
         # The per-layer plan (tf_mixed.plan) the job made before training
         # (`plan_layers`); its policy is the run's (the float32 layers kept).
@@ -186,8 +190,11 @@ def run_policy(
         start = time.perf_counter()
         try:
             if config.loop == "fit":
-                train.train_fit(model, optimizer, train_set, val_set, steps, config.epochs,
-                                recorder)
+                # Only the auto-checked row checks its policy on its first steps:
+                # the others train exactly the policy they name.
+                checked = train.train_fit(model, optimizer, train_set, val_set, steps,
+                                          config.epochs, recorder,
+                                          check_policy=policy_name == AUTO_CHECKED)
             else:
                 train.train_custom(
                     model, optimizer, train_set, val_set, steps, config.epochs,
@@ -220,7 +227,11 @@ def run_policy(
     scale_changes = recorder.scale_changes
     result = {
         "policy": policy_name,
-        "policy_reason": layer_plan.summary if layer_plan is not None else enabled.reason,
+        "policy_reason": (layer_plan.summary if layer_plan is not None
+                          else checked.message if checked is not None else enabled.reason),
+        # The auto-checked row: auto's choice checked on the model's own first
+        # steps (tf_mixed.policy.model_check), its figures and cost.
+        "model_check": None if checked is None else checked.to_dict(),
         "layer_plan": None if layer_plan is None else plan_record,
         # float8 on a host without a GPU is quantize-dequantize emulation:
         # its speed says nothing about float8 GEMMs, so none is claimed.

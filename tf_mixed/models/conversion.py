@@ -164,7 +164,11 @@ def convert(model: keras.Model, policy: str | None = None, *,
       outputs were softmax/sigmoid/log_softmax, compiled like the original
       if it was compiled (fresh optimizer state).
       ``new_model.conversion_notes`` is a tuple of notes, each also issued
-      as a `ConversionNote` warning.
+      as a `ConversionNote` warning. With ``policy="auto"`` the copy's
+      policy counts as auto's: its own training step is checked against
+      float32 when it trains (`LossScaleMonitor` in ``fit``,
+      `tf_mixed.training.make_train_step`), which moves it to float32
+      where that is faster (docs/policies.md).
 
     Raises:
       TypeError: `model` is not a Keras model, or is a subclassed model.
@@ -296,6 +300,12 @@ def convert(model: keras.Model, policy: str | None = None, *,
             f"'{name}' to units={units}" for name, units in widths.items())
             + " with zero weights; the outputs are unchanged.")
     new.conversion_notes = tuple(notes)
+    if isinstance(policy, str) and policy.strip().lower() == "auto":
+        # Auto chose for the host: the model's own step is checked when it
+        # trains, and may move it to float32 (tf_mixed.policy.model_check).
+        from tf_mixed.policy import model_check
+
+        model_check.mark_auto(new)
     for note in notes:
         warnings.warn(note, ConversionNote, stacklevel=2)
     return new
