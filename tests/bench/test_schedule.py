@@ -5,6 +5,7 @@ No test here times this host: every step time and clock reading is given.
 
 import pytest
 
+from tf_mixed._internal import measuring
 from tf_mixed.bench import schedule
 from tf_mixed.bench.schedule import Scheduler, plan_run
 
@@ -67,20 +68,20 @@ def test_where_float32_alone_overruns_a_policy_no_slower_still_runs_in_full():
 
 
 def test_spread_pairs_and_trust():
-    summary = schedule.spread([4.0, 1.0, 3.0, 2.0, 5.0])
+    summary = measuring.spread([4.0, 1.0, 3.0, 2.0, 5.0])
     assert summary == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0, "n": 5}
-    assert schedule.relative_spread(summary) == pytest.approx(2.0 / 3.0)
-    assert schedule.pair_ratios([100.0, 200.0, 50.0], [250.0, 400.0]) == [2.5, 2.0]
-    steady = schedule.spread([2.0, 2.1, 1.9, 2.0])
+    assert measuring.relative_spread(summary) == pytest.approx(2.0 / 3.0)
+    assert measuring.pair_ratios([100.0, 200.0, 50.0], [250.0, 400.0]) == [2.5, 2.0]
+    steady = measuring.spread([2.0, 2.1, 1.9, 2.0])
     assert schedule.trusted(steady)
     # Under 4 values the spread is max - min: 1.8 to 2.4 around 2.0 is 30%.
-    assert not schedule.trusted(schedule.spread([1.8, 2.0, 2.4]))
+    assert not schedule.trusted(measuring.spread([1.8, 2.0, 2.4]))
     # Fewer than 3 pairs are never a verdict, however close.
-    assert not schedule.trusted(schedule.spread([2.0, 2.0]))
-    assert schedule.trusted(schedule.spread([2.0, 2.0, 2.0]))
-    assert schedule.spread([3.0])["q1"] == 3.0
+    assert not schedule.trusted(measuring.spread([2.0, 2.0]))
+    assert schedule.trusted(measuring.spread([2.0, 2.0, 2.0]))
+    assert measuring.spread([3.0])["q1"] == 3.0
     with pytest.raises(ValueError, match="at least one round"):
-        schedule.spread([])
+        measuring.spread([])
 
 
 def _drive(scheduler, step_s, finish_at):
@@ -193,7 +194,7 @@ def test_a_timed_policy_with_pairs_too_wide_gets_extra_rounds_within_the_bound()
     assert len(scheduler.lanes["mixed_bfloat16"].rounds) == schedule.MAX_ROUNDS
     assert scheduler.extra_rounds == {
         "mixed_bfloat16": schedule.MAX_ROUNDS - schedule.TIMING_ROUNDS}
-    assert not schedule.trusted(schedule.spread(scheduler.pair_ratios("mixed_bfloat16")))
+    assert not schedule.trusted(measuring.spread(scheduler.pair_ratios("mixed_bfloat16")))
 
 
 def test_extra_rounds_stop_once_the_pairs_agree():
@@ -206,7 +207,7 @@ def test_extra_rounds_stop_once_the_pairs_agree():
                             total_steps=1000, round_steps=10, warmup_steps=0, budget_s=100.0)
     assert not scheduler.plan("mixed_bfloat16").full
     ratios = scheduler.pair_ratios("mixed_bfloat16")
-    assert schedule.trusted(schedule.spread(ratios))
+    assert schedule.trusted(measuring.spread(ratios))
     assert scheduler.extra_rounds == {"mixed_bfloat16": 3}
 
 
@@ -248,7 +249,7 @@ def test_sequential_lanes_plan_when_the_later_policy_is_measured():
 
 def test_rotated_lets_each_name_lead_and_runs_every_other_cycle_backwards():
     names = ["keras", "tf_mixed", "control"]
-    orders = [schedule.rotated(names, r) for r in range(6)]
+    orders = [measuring.rotated(names, r) for r in range(6)]
     assert orders == [
         ["keras", "tf_mixed", "control"], ["tf_mixed", "control", "keras"],
         ["control", "keras", "tf_mixed"],
@@ -266,31 +267,31 @@ def test_rotated_lets_each_name_lead_and_runs_every_other_cycle_backwards():
 @pytest.mark.parametrize("names, index", [([], 0), (["a"], -1)])
 def test_rotated_refuses_no_names_or_a_negative_round(names, index):
     with pytest.raises(ValueError, match="rotated\\(\\) needs names"):
-        schedule.rotated(names, index)
+        measuring.rotated(names, index)
 
 
 def test_pooled_ratio_is_the_median_of_all_steps_over_the_baselines():
     base = [[1.0, 2.0, 3.0], [4.0, 5.0]]  # median of all five: 3.0
     other = [[3.0, 6.0], [9.0, 12.0, 15.0]]  # median of all five: 9.0
-    assert schedule.pooled_ratio(base, other) == 3.0
+    assert measuring.pooled_ratio(base, other) == 3.0
 
 
 def test_ratio_interval_of_steady_rounds_is_the_ratio_itself():
     base = [[0.020, 0.020], [0.020, 0.020], [0.020, 0.020]]
     other = [[0.021, 0.021], [0.021, 0.021], [0.021, 0.021]]
-    low, high = schedule.ratio_interval(base, other)
+    low, high = measuring.ratio_interval(base, other)
     assert low == high == pytest.approx(1.05)
 
 
 def test_ratio_interval_is_seeded_and_holds_the_middle_of_the_round_pairs():
     base = [[1.0]] * 8
     other = [[r] for r in (0.90, 0.95, 1.00, 1.00, 1.05, 1.10, 1.20, 1.30)]
-    first = schedule.ratio_interval(base, other, resamples=500)
-    assert first == schedule.ratio_interval(base, other, resamples=500)  # the same draws
+    first = measuring.ratio_interval(base, other, resamples=500)
+    assert first == measuring.ratio_interval(base, other, resamples=500)  # the same draws
     low, high = first
-    assert 0.90 <= low < schedule.pooled_ratio(base, other) < high <= 1.30
+    assert 0.90 <= low < measuring.pooled_ratio(base, other) < high <= 1.30
     # A narrower confidence gives a narrower interval from the same draws.
-    narrow = schedule.ratio_interval(base, other, resamples=500, confidence=0.5)
+    narrow = measuring.ratio_interval(base, other, resamples=500, confidence=0.5)
     assert low <= narrow[0] <= narrow[1] <= high
 
 
@@ -303,9 +304,9 @@ def test_ratio_interval_is_seeded_and_holds_the_middle_of_the_round_pairs():
 ])
 def test_ratio_interval_refuses_what_it_cannot_bootstrap(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        schedule.ratio_interval(**kwargs)
+        measuring.ratio_interval(**kwargs)
 
 
 def test_pooled_ratio_refuses_unpaired_rounds():
     with pytest.raises(ValueError, match="Received: 2 and 1 rounds"):
-        schedule.pooled_ratio([[1.0], [1.0]], [[1.0]])
+        measuring.pooled_ratio([[1.0], [1.0]], [[1.0]])

@@ -11,8 +11,8 @@ import keras
 import pytest
 
 import tf_mixed
-from tf_mixed.policy import autotune
-from tf_mixed.policy import hardware
+from tf_mixed._internal import measuring
+from tf_mixed.policy import autotune, hardware
 
 CPU = hardware.HardwareInfo(
     cpu_model="Test EPYC 9999", cpu_flags=frozenset({"avx2", "avx512_bf16"})
@@ -40,7 +40,7 @@ class FakeTimer:
 @pytest.fixture(autouse=True)
 def idle_machine(monkeypatch):
     """The machine's real load never decides whether a result is cached here."""
-    monkeypatch.setattr(autotune, "machine_load", lambda: (0.5, 2))
+    monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
 
 
 def no_timing(policies):
@@ -129,7 +129,7 @@ def test_measures_once_then_reads_the_cache(tmp_path):
 
 
 def test_a_measurement_on_a_busy_machine_is_used_but_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(autotune, "machine_load", lambda: (7.5, 2))
+    monkeypatch.setattr(measuring, "machine_load", lambda: (7.5, 2))
     timer = FakeTimer(float32=1.9, mixed_bfloat16=1.0)
     first = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert first.policy == "mixed_bfloat16" and first.cache_path == ""
@@ -183,7 +183,7 @@ def _valid_record(**key_changes):
     ],
 )
 def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     if content == "OTHER_TF":
         content = json.dumps(_valid_record(tensorflow="2.0.0"))
     elif content == "BAD_TIMINGS":
@@ -204,14 +204,14 @@ def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
 
 
 def test_a_valid_record_is_used_as_is(tmp_path):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     _write(path, json.dumps(_valid_record()))
     choice = autotune.measured_choice(CPU, timer=no_timing, directory=str(tmp_path))
     assert choice.cached and choice.policy == "float32"  # bfloat16 0.25x in the record
 
 
 def test_unreadable_cache_is_ignored(tmp_path, caplog):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     os.mkdir(path)  # a directory where the file should be: open() fails
     timer = FakeTimer(float32=2.0, mixed_bfloat16=1.0)
     with caplog.at_level(logging.DEBUG, logger="absl"):
@@ -245,21 +245,10 @@ def test_read_only_directory_leaves_no_partial_file(tmp_path, monkeypatch, caplo
     assert any("Read-only file system" in r.getMessage() for r in caplog.records)
 
 
-def test_cache_dir_resolution(monkeypatch, tmp_path):
-    monkeypatch.setenv("TF_MIXED_CACHE_DIR", str(tmp_path / "explicit"))
-    assert autotune.cache_dir() == str(tmp_path / "explicit")
-    monkeypatch.delenv("TF_MIXED_CACHE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert autotune.cache_dir() == str(tmp_path / "xdg" / "tf_mixed")
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert autotune.cache_dir() == str(tmp_path / "home" / ".cache" / "tf_mixed")
-
-
 def test_the_suite_uses_a_private_cache_and_no_timing():
     """conftest.py's promise: no test times this machine or writes ~/.cache."""
     assert os.environ["TF_MIXED_AUTO_MEASURE"] == "0"
-    assert "tf_mixed_test_cache_" in autotune.cache_dir()
+    assert "tf_mixed_test_cache_" in measuring.cache_dir()
     assert not autotune.measure_by_default()
 
 
@@ -442,7 +431,7 @@ def test_the_reason_quotes_measurement_and_spread(tmp_path):
 
 
 def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     record = _valid_record()
     record["rounds_s"] = {"float32": [1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
                           "mixed_bfloat16": [1.0] * 7}
@@ -455,7 +444,7 @@ def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):
 def test_a_version_1_cache_from_the_small_probe_is_not_read(tmp_path):
     """The 1.01x cached by the old ~2 ms probe must not decide any more."""
     key = dict(autotune.cache_key(CPU), probe=1)
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     _write(path, json.dumps({"format": 1, "key": key, "measured_at": "then",
                              "timings_s": {"float32": 1.01, "mixed_bfloat16": 1.0}}))
     assert autotune.read_cache(path, autotune.cache_key(CPU)) is None
@@ -506,7 +495,9 @@ def test_time_rounds_screens_then_interleaves_on_the_probe(monkeypatch):
                       "mixed_float16": [2.5]}
     assert probe.timed == [("screen", "float32"), ("screen", "bfloat16"),
                            ("screen", "float16")] + [
-        ("probe", "float32"), ("probe", "bfloat16")] * 3
+        # measuring.interleaved_rounds: the order rotates (each policy leads in turn).
+        ("probe", "float32"), ("probe", "bfloat16"), ("probe", "bfloat16"), ("probe", "float32"),
+        ("probe", "bfloat16"), ("probe", "float32")]
     decision = autotune.choose_from_rounds(rounds)
     assert decision.policy == "mixed_bfloat16" and decision.speedups["mixed_bfloat16"] == 2.0
     assert decision.speedups["mixed_float16"] == pytest.approx(0.025)

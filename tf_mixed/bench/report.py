@@ -33,6 +33,7 @@ import socket
 import tempfile
 from typing import Any
 
+from tf_mixed._internal import measuring
 from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import plan_row, schedule, serving
 
@@ -54,11 +55,11 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
         if base is None:
             result["ratio_to_float32"] = None
             continue
-        pairs = schedule.pair_ratios(
+        pairs = measuring.pair_ratios(
             [r["samples_per_sec"] for r in base.get("rounds") or []],
             [r["samples_per_sec"] for r in result.get("rounds") or []])
         pairs = pairs or [result["samples_per_sec"] / base["samples_per_sec"]]
-        pair_spread = schedule.spread(pairs)
+        pair_spread = measuring.spread(pairs)
         accuracies = (result["final_val_accuracy"], base["final_val_accuracy"])
         ours, theirs = ((result.get("activation_bytes") or {}).get("activations"),
                         (base.get("activation_bytes") or {}).get("activations"))
@@ -183,7 +184,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         pair_cell = _range(pairs, '.2f', 'x')
         if pairs and untrusted(r):
             pair_cell = (f"{pairs['n']} pair(s)" if pairs["n"] < schedule.MIN_TRUSTED_PAIRS
-                         else f"spread {100 * schedule.relative_spread(pairs):.0f}%")
+                         else f"spread {100 * measuring.relative_spread(pairs):.0f}%")
         cut = is_cut(r)
         speed = (f"emulated | emulated | emulated | emulated | {_census_cells(r)} | emulated"
                  if emulated else
@@ -233,7 +234,7 @@ def notes(report: dict[str, Any]) -> list[str]:
         if r["policy"] == "float32" or not ratios or r.get("same_as"):
             continue  # a plan equal to a policy: that policy's notes are its own
         pairs = ratios["samples_per_sec_spread"]
-        width = schedule.relative_spread(pairs)
+        width = measuring.relative_spread(pairs)
         if not untrusted(r):
             lines.append(
                 f"{plan_row.label(r)} / float32 = {pairs['median']:.2f}x, the median of "
@@ -470,7 +471,7 @@ def suite_header(suite: str, config, command: str) -> dict[str, Any]:
         "command": command,
         "flags": config.to_json(),
         "host": host_info(),
-        "load_average": list(os.getloadavg()),
+        "load_average": measuring.load_averages(),
     }
 
 

@@ -1,7 +1,7 @@
-"""The main job's timing plan: interleaved rounds, a time budget, spreads.
+"""The main job's timing plan: interleaved rounds and a time budget.
 
-Also the timing suites' round order (`rotated`) and the overhead suite's
-ratio with its interval (`pooled_ratio`, `ratio_interval`).
+The primitives (quartiles, pair ratios, intervals, round order) are
+`tf_mixed._internal.measuring`'s.
 """
 
 # Every policy trains in rounds of steps, and the rounds alternate between the
@@ -28,9 +28,10 @@ ratio with its interval (`pooled_ratio`, `ratio_interval`).
 from __future__ import annotations
 
 import dataclasses
-import random
 import statistics
 from typing import Callable, Sequence
+
+from tf_mixed._internal.measuring import pair_ratios, relative_spread, spread
 
 BASE = "float32"
 # Validation and the per-round hand-over cost a little beyond the training
@@ -167,118 +168,6 @@ def _half_name(policy: str) -> str:
 
 
 # --- statistics -------------------------------------------------------------------
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Median, quartiles, min and max of ``values`` (quartiles: inclusive method).
-
-    Raises:
-        ValueError: For an empty ``values``.
-    """
-    if not values:
-        raise ValueError("spread of no values: at least one round must be timed")
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        q1 = q3 = ordered[0]
-    else:
-        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    return {"median": statistics.median(ordered), "q1": q1, "q3": q3,
-            "min": ordered[0], "max": ordered[-1], "n": len(ordered)}
-
-
-def relative_spread(summary: dict[str, float]) -> float:
-    """The spread as a fraction of the median: IQR from 4 values on, else max - min."""
-    width = summary["q3"] - summary["q1"] if summary["n"] >= 4 else summary["max"] - summary["min"]
-    return width / summary["median"] if summary["median"] else float("inf")
-
-
-def pair_ratios(base_rounds: Sequence[float], rounds: Sequence[float]) -> list[float]:
-    """Round i of a policy over round i of the baseline, for every pair both have."""
-    return [r / b for r, b in zip(rounds, base_rounds)]
-
-
-def rotated(names: Sequence[str], round_index: int) -> list[str]:
-    """The order ``names`` run in round ``round_index``: each name leads in turn.
-
-    Round r starts at name ``r % len(names)``; every other cycle of
-    ``len(names)`` rounds runs backwards, so over two cycles every name runs
-    before and after every other equally often (a path that always ran
-    first, right after another's data pipeline, would carry that alone).
-
-    Raises:
-        ValueError: For no names or a negative ``round_index``.
-    """
-    if not names or round_index < 0:
-        raise ValueError(f"rotated() needs names and a round index >= 0. Received: "
-                         f"names={list(names)!r}, round_index={round_index!r}.")
-    start = round_index % len(names)
-    order = [*names[start:], *names[:start]]
-    return order[::-1] if (round_index // len(names)) % 2 else order
-
-
-def pooled_ratio(base_rounds: Sequence[Sequence[float]],
-                 rounds: Sequence[Sequence[float]]) -> float:
-    """The median of all of ``rounds``' values over the median of all of ``base_rounds``'.
-
-    Raises:
-        ValueError: For round lists of different lengths or an empty round.
-    """
-    _check_pairs(base_rounds, rounds)
-    return _pooled(base_rounds, rounds)
-
-
-def _pooled(base_rounds, rounds) -> float:
-    return (statistics.median(v for r in rounds for v in r)
-            / statistics.median(v for r in base_rounds for v in r))
-
-
-def _check_pairs(base_rounds, rounds) -> None:
-    if len(base_rounds) != len(rounds) or not rounds:
-        raise ValueError("base_rounds and rounds must hold the same number of rounds, at "
-                         f"least one. Received: {len(base_rounds)} and {len(rounds)} rounds.")
-    for name, side in (("base_rounds", base_rounds), ("rounds", rounds)):
-        empty = [i for i, r in enumerate(side) if not len(r)]
-        if empty:
-            raise ValueError(f"{name}[{empty[0]}] is an empty round: every round needs at "
-                             "least one time.")
-
-
-def ratio_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]],
-                   *, confidence: float = 0.9, resamples: int = 2000,
-                   seed: int = 0) -> tuple[float, float]:
-    """A percentile-bootstrap interval for `pooled_ratio`, resampling round pairs.
-
-    Round i of both sides is drawn together (the pair shares the host's
-    load at that moment), ``resamples`` times with replacement; the
-    interval holds the middle ``confidence`` of the resampled ratios. The
-    draw is seeded, so the same timings always give the same interval.
-
-    Args:
-        base_rounds: The baseline's step times, one list per round.
-        rounds: The other side's, round i paired with ``base_rounds[i]``.
-        confidence: The interval's coverage, in (0, 1).
-        resamples: Bootstrap draws, at least 1.
-        seed: The draws' seed.
-
-    Returns:
-        ``(low, high)``.
-
-    Raises:
-        ValueError: For round lists of different lengths or none, an empty
-            round, or a bad ``confidence`` or ``resamples``.
-    """
-    _check_pairs(base_rounds, rounds)
-    pairs = list(zip(base_rounds, rounds))
-    if not 0.0 < confidence < 1.0 or resamples < 1:
-        raise ValueError("ratio_interval() needs 0 < confidence < 1 and resamples >= 1. "
-                         f"Received: confidence={confidence!r}, resamples={resamples!r}.")
-    draw = random.Random(seed)
-    ratios = sorted(
-        _pooled(*zip(*(pairs[draw.randrange(len(pairs))] for _ in pairs)))  # checked above
-        for _ in range(resamples))
-    tail = (1.0 - confidence) / 2.0
-    return (ratios[int(tail * resamples)],
-            ratios[min(resamples - 1, int((1.0 - tail) * resamples))])
 
 
 def trusted(summary: dict[str, float]) -> bool:

@@ -30,7 +30,7 @@ import time
 
 from absl import flags
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed.cli import model_command
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
@@ -429,7 +429,7 @@ def _measure(fv, model, report, x, y) -> dict:
         # ratios cancels load that drifts between rounds.
         "round_speedup_median": statistics.median(
             b / a for b, a in zip(rounds["before"], rounds["after"])),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average": measuring.machine_load()[0],
     }
 
 
