@@ -240,7 +240,7 @@ def make_train_step(
         return _healing_step(healer, lambda: tf.function(
             distributed_step, jit_compile=jit_compile), step)
     if not ours or model.built:
-        return _checking_step(model, strategy, lambda: tf.function(
+        return _checking_step(model, optimizer, strategy, lambda: tf.function(
             distributed_step, jit_compile=jit_compile), step)
 
     def first_step(x, y):
@@ -259,11 +259,11 @@ def make_train_step(
 
     handed_over: list[bool] = []
 
-    return _checking_step(model, strategy, lambda: tf.function(
+    return _checking_step(model, optimizer, strategy, lambda: tf.function(
         distributed_step, jit_compile=jit_compile), first_step)
 
 
-def _checking_step(model, strategy, build, first):
+def _checking_step(model, optimizer, strategy, build, first):
     """The step, whose first calls check the model's half policy against float32.
 
     `tf_mixed.policy.model_check.Check` runs its rounds on these calls (each
@@ -272,6 +272,7 @@ def _checking_step(model, strategy, build, first):
     not built yet is checked from its second call.
     """
     from tf_mixed.policy import model_check
+    from tf_mixed.scaling import misuse
 
     if not model_check.enabled():
         return first
@@ -284,12 +285,17 @@ def _checking_step(model, strategy, build, first):
             functions[name] = build()
         current[0] = functions[name]
 
+    def on_verdict(verdict) -> None:
+        if verdict.action == "moved":
+            misuse.float32_on_purpose(optimizer)
+
     def step(x, y):
         if not checks and model.built:
             local = tf.nest.map_structure(
                 lambda v: strategy.experimental_local_results(v)[0], x)
-            check = model_check.Check(model, "make_train_step's first calls", switch,
-                                      strategy=strategy, batch=local)
+            check = model_check.Check(
+                model, "make_train_step's first calls", switch, strategy=strategy,
+                batch=local, on_verdict=on_verdict)
             if check.active:
                 functions[check.half] = current[0]
             checks.append(check)

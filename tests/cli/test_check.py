@@ -50,3 +50,20 @@ def test_the_scenarios_own_warnings_show_only_when_the_check_fails(passed, monke
     assert "something else" in messages  # not tf_mixed's: shown as usual
     assert ("a step was skipped on purpose" in messages) is (not passed)
     assert tf_log == ([] if passed else ["5 out of the last 8 calls triggered retracing"])
+
+
+def test_the_throughput_part_says_auto_measured_the_probe_not_a_model():
+    from tf_mixed.policy import hardware
+
+    throughput = scenarios.measure_throughput(
+        hardware.HardwareInfo(cpu_model="Test CPU"),
+        timer=lambda names: {name: 0.01 for name in names})
+
+    class Result:
+        devices, tf_mixed, keras, defects, passed = ("CPU:0",), [], [], [], True
+
+    Result.throughput = throughput
+    text = check_command.render(Result(), hardware.HardwareInfo(cpu_model="Test CPU"))
+    assert "=> enable('auto') picks float32" in text
+    assert ("   measured on: the probe above (one Dense, one Conv2D), not a model of yours; "
+            "each model's own training step is checked against float32 when it trains") in text

@@ -7,6 +7,7 @@ with exact values.
 """
 
 import logging as std_logging
+import warnings
 
 import keras
 import numpy as np
@@ -15,7 +16,8 @@ from zoo import ZOO
 
 import tf_mixed
 from tf_mixed import training
-from tf_mixed.policy import autotune, global_policy, model_check
+from tf_mixed._internal import measuring
+from tf_mixed.policy import global_policy, model_check
 from tf_mixed.policy.model_check import Figures, StepRounds
 
 HALF = "mixed_bfloat16"
@@ -28,7 +30,7 @@ def check_on(monkeypatch, tmp_path):
     monkeypatch.setenv("TF_MIXED_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(global_policy, "resolve_auto",
                         lambda info=None, measure=None: (HALF, "host probe (faked)"))
-    monkeypatch.setattr(autotune, "machine_load", lambda: (0.0, 2))  # an idle host
+    monkeypatch.setattr(measuring, "machine_load", lambda: (0.0, 2))  # an idle host
     model_check._WARNED.clear()
     return tmp_path
 
@@ -76,11 +78,13 @@ def _fit(model, clock, monkeypatch, *, epochs=1, batch=16, n=256):
 # ---------------------------------------------------------------- pure parts
 
 
-def test_figures_are_the_median_and_quartiles_of_per_round_ratios():
-    fig = model_check.figures({"float32": [2.0, 2.0, 2.0, 2.0, 2.0],
-                               HALF: [4.0, 2.0, 8.0, 4.0, 1.0]}, HALF)
-    # ratios 0.5, 1.0, 0.25, 0.5, 2.0 -> sorted 0.25 0.5 0.5 1.0 2.0
-    assert (fig.ratio, fig.low, fig.high) == (0.5, 0.5, 1.0)
+def test_figures_are_the_median_of_per_round_ratios_with_its_interval():
+    rounds = {"float32": [2.0, 2.0, 2.0, 2.0, 2.0], HALF: [4.0, 2.0, 8.0, 4.0, 1.0]}
+    fig = model_check.figures(rounds, HALF)
+    # ratios float32 / half: 0.5, 1.0, 0.25, 0.5, 2.0; the interval is measuring's.
+    found = measuring.estimate([0.5, 1.0, 0.25, 0.5, 2.0])
+    assert (fig.ratio, fig.low, fig.high) == (0.5, found.low, found.high)
+    assert fig.low <= 0.5 <= fig.high
     assert (fig.float32_s, fig.half_s, fig.rounds) == (2.0, 4.0, 5)
     assert Figures.from_list(fig.as_list()) == fig
 
@@ -101,7 +105,7 @@ def test_auto_moves_a_slower_half_policy_to_float32_with_the_figures():
                                  cost_s=1.25)
     assert (verdict.policy, verdict.action) == ("float32", "moved")
     for text in ("0.50x float32", "mixed_bfloat16 200.0 ms", "float32 100.0 ms",
-                 "median of 5 interleaved rounds", "interquartile 0.45-0.55x",
+                 "median of 5 interleaved rounds", "90% interval 0.45-0.55x",
                  "check cost 1.2 s", "now trains in float32", "tf_mixed.plan"):
         assert text in verdict.message
 
@@ -125,7 +129,7 @@ def test_a_ratio_the_rounds_do_not_resolve_from_one_says_so():
     fig = Figures(0.97, 0.9, 1.05, 0.1, 0.103, 5)
     verdict = model_check.decide(fig, HALF, "auto", model_name="m", where="w")
     assert verdict.action == "moved"
-    assert "not resolved from 1.00x by the rounds" in verdict.message
+    assert "the interval holds 1.00x" in verdict.message
 
 
 def _drive(rounds: StepRounds, seconds):
@@ -140,7 +144,9 @@ def test_the_schedule_warms_each_policy_then_alternates_the_order_of_rounds():
     rounds = StepRounds(HALF, budget_s=0.0)  # a spent budget: the minimum rounds
     order = _drive(rounds, {HALF: 2.0, "float32": 1.0})
     f, h = "float32", HALF
-    assert order == [h, f] + [f, h, h, f, f, h, h, f, f, h]
+    # Two half steps (its trace, then its step), float32's trace, then
+    # rounds in measuring.rotated's order.
+    assert order == [h, h, f] + [f, h, h, f, h, f, f, h, f, h]
     assert len(rounds.rounds()["float32"]) == model_check.MIN_ROUNDS
 
 
@@ -161,6 +167,24 @@ def test_the_cost_is_the_second_trace_and_the_slower_policy_excess():
                         seconds={"float32": [1.0, 1.0, 1.0], HALF: [2.0, 3.0, 2.0]})
     # float32's warm-up step beyond its median step (5 - 1), then 1 + 2 + 1.
     assert rounds.cost() == 8.0
+
+
+def test_a_float32_trace_predicted_over_the_budget_is_not_run():
+    rounds = StepRounds(HALF, budget_s=5.0)
+    rounds.record(HALF, 8.0)   # trace + step
+    rounds.record(HALF, 1.0)   # a step: the trace took 7 s
+    assert rounds.trace() == 7.0 and rounds.trace_too_costly()
+    assert rounds.next_policy() is None
+    fixed = StepRounds(HALF, fixed=True, budget_s=5.0, warm={HALF: 8.0}, first=1.0)
+    assert fixed.next_policy() == "float32"  # every worker runs the same rounds
+
+
+def test_the_budget_environment_variable_replaces_both_bounds(monkeypatch):
+    monkeypatch.setenv(model_check.SECONDS_ENV, "90")
+    assert model_check.budget_s(10, 0.1) == 90.0
+    monkeypatch.setenv(model_check.SECONDS_ENV, "soon")
+    with pytest.raises(ValueError, match="TF_MIXED_MODEL_CHECK_SECONDS=.soon."):
+        model_check.budget_s(10, 0.1)
 
 
 def test_the_budget_is_the_smaller_of_its_seconds_and_its_share_of_an_epoch():
@@ -211,13 +235,13 @@ def test_fit_under_auto_moves_a_slower_model_to_float32_before_training_on(
     verdict = monitor.model_check.verdict
     assert (verdict.requested, verdict.action, verdict.policy) == ("auto", "moved", "float32")
     assert verdict.figures.ratio == pytest.approx(0.5)
-    # 5% of a 16-step epoch is spent within the first rounds: the minimum ran.
+    # 5% of a 16-step run is spent within the first rounds: the minimum ran.
     assert verdict.figures.rounds == model_check.MIN_ROUNDS
     assert model.get_layer("hidden").compute_dtype == "float32"
     assert model.compute_dtype == "float32"
     assert "now trains in float32" in caplog.text
     # The steps after the check are not timed: the clock was read in the rounds only.
-    assert clock.reads == 2 * (2 + 2 * model_check.MIN_ROUNDS)
+    assert clock.reads == 2 * (3 + 2 * model_check.MIN_ROUNDS)
     assert model.predict(_data(4)[0], verbose=0).dtype == np.float32
 
 
@@ -253,14 +277,16 @@ def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monke
     tf_mixed.enable("auto")
     again = _model()  # the same config: the same cache entry
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01})
-    monitor = _fit(again, clock, monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tf_mixed.callbacks.MixedPrecisionWarning)
+        monitor = _fit(again, clock, monkeypatch)  # float32 on purpose: not "built before"
     assert monitor.model_check.verdict.cached
     assert clock.reads == 0
     assert again.get_layer("hidden").compute_dtype == "float32"
 
 
 def test_a_busy_machine_decides_but_does_not_cache(check_on, monkeypatch):
-    monkeypatch.setattr(autotune, "machine_load", lambda: (9.0, 2))
+    monkeypatch.setattr(measuring, "machine_load", lambda: (9.0, 2))
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, FakeClock({"bfloat16": 0.02, "float32": 0.01}), monkeypatch)
@@ -268,7 +294,32 @@ def test_a_busy_machine_decides_but_does_not_cache(check_on, monkeypatch):
     assert model_check.read_cached(monitor.model_check.key) is None
 
 
-def test_an_epoch_too_short_for_the_check_is_not_checked_and_says_why(check_on, monkeypatch):
+def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
+        check_on, monkeypatch, caplog):
+    tf_mixed.enable("auto")
+    model = _model()
+    clock = FakeClock({"bfloat16": 0.02, "float32": 0.01})
+    calls = []
+    real = clock.__call__
+
+    def slow_first_step():  # the first step's two readings: a 30 s trace
+        calls.append(1)
+        return real() + (30.0 if len(calls) >= 2 else 0.0)
+
+    monkeypatch.setattr(model_check, "clock", slow_first_step)
+    clock.watch(model.get_layer("hidden"))
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)),
+                  loss="sparse_categorical_crossentropy")
+    monitor = tf_mixed.LossScaleMonitor()
+    with caplog.at_level(std_logging.WARNING):
+        model.fit(*_data(), batch_size=16, verbose=0, callbacks=[monitor])
+    assert monitor.model_check.verdict is None
+    assert "NOT checked against float32" in monitor.model_check.skipped
+    assert "its trace took 30.0 s" in caplog.text
+    assert model.get_layer("hidden").compute_dtype == "bfloat16"
+
+
+def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(check_on, monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, FakeClock({"bfloat16": 0.02, "float32": 0.01}), monkeypatch, n=64)
@@ -345,7 +396,7 @@ def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
     optimizer.build(model.trainable_variables)
     step = training.make_train_step(model, "sparse_categorical_crossentropy", optimizer)
     x, y = _data(16)
-    for _ in range(2 + 2 * model_check.MAX_ROUNDS + 2):
+    for _ in range(3 + 2 * model_check.MAX_ROUNDS + 2):
         out = step(x, y)
     assert np.isfinite(float(out["loss"]))
     verdict = step.model_check[0].verdict
@@ -363,7 +414,7 @@ def test_make_train_step_under_an_explicit_policy_keeps_it(check_on, monkeypatch
     optimizer.build(model.trainable_variables)
     step = training.make_train_step(model, "sparse_categorical_crossentropy", optimizer)
     x, y = _data(16)
-    for _ in range(2 + 2 * model_check.MAX_ROUNDS):
+    for _ in range(3 + 2 * model_check.MAX_ROUNDS):
         step(x, y)
     assert step.model_check[0].verdict.action == "warned"
     assert model.get_layer("hidden").compute_dtype == "bfloat16"

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from tf_mixed.policy import model_check
+from tf_mixed.scaling import misuse
 
 __all__ = ["attach"]
 
@@ -28,7 +29,7 @@ def attach(callback) -> model_check.Check | None:
         model is not checked (see the `Check`'s ``skipped``, logged).
     """
     model = callback.model
-    functions = {}
+    functions: dict = {}
 
     def switch(name: str) -> None:
         function = functions.get(name)
@@ -40,13 +41,15 @@ def attach(callback) -> model_check.Check | None:
 
     def on_verdict(verdict) -> None:
         if verdict.action == "moved":
+            misuse.float32_on_purpose(getattr(model, "optimizer", None))
             model.make_test_function(force=True)
             model.make_predict_function(force=True)
 
-    steps = (callback.params or {}).get("steps")
+    params = callback.params or {}
+    steps, epochs = params.get("steps"), params.get("epochs") or 1
     check = model_check.Check(
         model, "fit's first steps", switch, strategy=model.distribute_strategy,
-        steps_per_epoch=steps, on_verdict=on_verdict)
+        planned_steps=steps * epochs if steps else None, on_verdict=on_verdict)
     if not check.active:
         return check if check.verdict is not None else None
     assert check.rounds is not None

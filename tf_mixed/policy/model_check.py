@@ -17,10 +17,12 @@
 # * `StepRounds` schedules them (a warm-up step each, which traces, then
 #   rounds in alternating order) and stops starting rounds at `MAX_ROUNDS`,
 #   or from `MIN_ROUNDS` on once the cost reaches `budget_s` (the smaller of
-#   `CHECK_SECONDS` and `CHECK_FRACTION` of the first epoch);
-# * `figures` is the statistic (the one function to swap for the library's
-#   measuring module): the median of the per-round ratios float32 / half
-#   with their interquartile range;
+#   `CHECK_SECONDS` and `CHECK_FRACTION` of the training fit plans); the
+#   float32 trace is not started when the half policy's trace, which it
+#   would match, is over that budget (the log says so);
+# * `figures` is the statistic, `tf_mixed._internal.measuring`'s: the median
+#   of the per-round ratios float32 / half with its seeded bootstrap
+#   interval (90%);
 # * `decide` is pure: under "auto" a half policy slower than float32 (median
 #   below 1) is replaced by float32; under an explicit policy it is kept and
 #   warned about once; the message carries the figures;
@@ -49,6 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 import keras
 from absl import logging
 
+from tf_mixed._internal import measuring
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import AUTO, FLOAT32, HALF_DTYPES, half_policy
 from tf_mixed.policy import autotune, hardware
@@ -59,15 +62,16 @@ __all__ = ["CHECK_FRACTION", "CHECK_SECONDS", "Figures", "StepRounds", "Verdict"
            "provenance", "set_policies"]
 
 CHECK_FRACTION = 0.05
-"""The check's cost stops new rounds at this fraction of the first epoch."""
-CHECK_SECONDS = 20.0
-"""...and at this many seconds, whichever is smaller."""
+"""The check's budget: this fraction of the training the loop plans (fit's
+epochs x steps; a half policy slower than float32 costs every step alike)..."""
+CHECK_SECONDS = 30.0
+"""...and at most this many seconds."""
 MIN_ROUNDS = 5
 """Rounds always run (one step of each policy a round), whatever the cost."""
 MAX_ROUNDS = 9
 """Rounds at most."""
-MIN_STEPS = 2 + 2 * MIN_ROUNDS + 2
-"""An epoch shorter than this is not checked (the check would be most of it)."""
+MIN_STEPS = 3 + 2 * MIN_ROUNDS + 2
+"""A run shorter than this is not checked (the check would be most of it)."""
 CHECK_VERSION = 1
 """Bump when the check changes: older cached verdicts then no longer match."""
 
@@ -76,6 +80,8 @@ clock = time.perf_counter
 
 ENV = "TF_MIXED_MODEL_CHECK"
 """Environment variable: "0"/"false"/"no"/"off" turns the check off."""
+SECONDS_ENV = "TF_MIXED_MODEL_CHECK_SECONDS"
+"""Environment variable: the check's budget in seconds, replacing both bounds."""
 
 Policies = dict[str, str]
 """Layer path -> policy name: where each layer of a model computes (a
@@ -135,7 +141,7 @@ def half_of(policies: Mapping[str, str]) -> tuple[str | None, str]:
     Returns:
         ``(half policy or None, reason when None)``.
     """
-    halves = {}
+    halves: dict[str, int] = {}
     for name in policies.values():
         policy = keras.DTypePolicy(name)
         if policy.compute_dtype in HALF_DTYPES:
@@ -215,16 +221,19 @@ def describe(model) -> str:
 class StepRounds:
     """Which policy the next training step runs in, and the seconds seen.
 
-    Order: a warm-up step in the half policy, then one in float32 (each
-    traces its step), then rounds of one step each, float32 first in even
-    rounds and the half policy first in odd ones, so a drift in the
-    machine's speed hits both alike.
+    Order: two steps in the half policy (the first traces it; the second
+    gives its step time), then, unless the float32 trace would cost more
+    than the budget (`trace_too_costly`), one in float32 (its trace), then
+    rounds of one step each in `tf_mixed._internal.measuring.rotated` order
+    (each policy runs before and after the other equally often), so a drift
+    in the machine's speed hits both alike.
 
     Attributes:
         half: The half policy's name.
-        fixed: Run exactly `MIN_ROUNDS` rounds (multi-worker: every worker
-            must stop at the same step).
-        warm: Seconds of each policy's warm-up (tracing) step.
+        fixed: Run exactly `MIN_ROUNDS` rounds, whatever they cost
+            (multi-worker: every worker must stop at the same step).
+        warm: Seconds of each policy's first (tracing) step.
+        first: Seconds of the half policy's second step (None before it).
         seconds: Seconds of each policy's step, one per round.
         budget_s: The cost after which no round starts (after `MIN_ROUNDS`).
     """
@@ -232,38 +241,54 @@ class StepRounds:
     half: str
     fixed: bool = False
     warm: dict = dataclasses.field(default_factory=dict)
+    first: float | None = None
     seconds: dict = dataclasses.field(default_factory=dict)
     budget_s: float = CHECK_SECONDS
 
     def next_policy(self) -> str | None:
-        """The policy of the next step; None when the check is done."""
-        for name in (self.half, FLOAT32):
-            if name not in self.warm:
-                return name
+        """The policy of the next step; None when the check is done (or not run)."""
+        if self.half not in self.warm or self.first is None:
+            return self.half
+        if FLOAT32 not in self.warm:
+            return None if self.trace_too_costly() else FLOAT32
         f32, hal = self.seconds.get(FLOAT32, []), self.seconds.get(self.half, [])
         if len(f32) != len(hal):
             return FLOAT32 if len(f32) < len(hal) else self.half
         done = len(f32)
-        if done >= MAX_ROUNDS or (done >= MIN_ROUNDS and (self.fixed or self.cost() >= self.budget_s)):
+        spent = self.fixed or self.cost() >= self.budget_s
+        if done >= MAX_ROUNDS or (done >= MIN_ROUNDS and spent):
             return None
-        return FLOAT32 if done % 2 == 0 else self.half
+        return measuring.rotated([FLOAT32, self.half], done)[0]
 
     def record(self, name: str, seconds: float) -> None:
         """Notes the seconds of the step `next_policy` named."""
         if name not in self.warm:
             self.warm[name] = float(seconds)
+        elif name == self.half and self.first is None:
+            self.first = float(seconds)
         else:
             self.seconds.setdefault(name, []).append(float(seconds))
 
+    def trace(self) -> float:
+        """The half policy's trace: its first step beyond its second (0 before)."""
+        if self.half not in self.warm or self.first is None:
+            return 0.0
+        return max(self.warm[self.half] - self.first, 0.0)
+
+    def trace_too_costly(self) -> bool:
+        """Whether a float32 trace, predicted to cost what the half policy's did,
+        is over the budget (never with `fixed` rounds)."""
+        return not self.fixed and self.trace() > self.budget_s
+
     def cost(self) -> float:
         """Seconds spent beyond training in the faster policy throughout: the
-        second policy's trace (its warm-up step beyond a step) and the slower
+        float32 trace (its first step beyond its median step) and the slower
         policy's excess in every round."""
         f32, hal = self.seconds.get(FLOAT32, []), self.seconds.get(self.half, [])
         n = min(len(f32), len(hal))
         if not n:
-            return sum(self.warm.values()) - (self.warm.get(self.half, 0.0))
-        m32, mhal = autotune.quartiles(f32[:n])[1], autotune.quartiles(hal[:n])[1]
+            return self.warm.get(FLOAT32, 0.0)
+        m32 = measuring.quartiles(f32[:n])[1]
         trace = max(self.warm.get(FLOAT32, 0.0) - m32, 0.0)
         return trace + sum(abs(a - b) for a, b in zip(f32[:n], hal[:n]))
 
@@ -274,12 +299,29 @@ class StepRounds:
         return {FLOAT32: list(f32[:n]), self.half: list(hal[:n])}
 
 
-def budget_s(steps_per_epoch: int | None, step_s: float) -> float:
-    """The check's budget: `CHECK_SECONDS`, or `CHECK_FRACTION` of an epoch of
-    ``steps_per_epoch`` steps of ``step_s`` seconds if smaller."""
-    if not steps_per_epoch:
+def budget_s(planned_steps: int | None, step_s: float) -> float:
+    """The check's budget in seconds.
+
+    `CHECK_SECONDS`, or `CHECK_FRACTION` of ``planned_steps`` steps of
+    ``step_s`` seconds (the training the loop plans) if smaller;
+    `SECONDS_ENV`, when set, replaces both.
+
+    Raises:
+        ValueError: `SECONDS_ENV` is not a number of seconds >= 0.
+    """
+    explicit = os.environ.get(SECONDS_ENV, "").strip()
+    if explicit:
+        try:
+            value = float(explicit)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:
+            raise ValueError(f"The environment variable {SECONDS_ENV} must be a number of "
+                             f"seconds >= 0, such as 60. Received: {SECONDS_ENV}={explicit!r}.")
+        return value
+    if not planned_steps:
         return CHECK_SECONDS
-    return min(CHECK_SECONDS, CHECK_FRACTION * steps_per_epoch * step_s)
+    return min(CHECK_SECONDS, CHECK_FRACTION * planned_steps * step_s)
 
 
 # ---------------------------------------------------------------- figures and verdict
@@ -292,8 +334,9 @@ class Figures:
     Attributes:
         ratio: Median over rounds of float32's step seconds / the half
             policy's in the same round (above 1: half is faster).
-        low: Its first quartile.
-        high: Its third quartile.
+        low: The low end of its bootstrap interval
+            (`tf_mixed._internal.measuring.estimate`, 90%).
+        high: The high end.
         float32_s: float32's median step seconds.
         half_s: The half policy's median step seconds.
         rounds: Rounds paired.
@@ -316,7 +359,7 @@ class Figures:
 
 
 def figures(rounds: Mapping[str, Sequence[float]], half: str) -> Figures:
-    """The median and interquartile range of the per-round ratios float32 / half.
+    """The median of the per-round ratios float32 / half, with its interval.
 
     Args:
         rounds: {"float32": seconds per round, half: seconds per round},
@@ -324,7 +367,7 @@ def figures(rounds: Mapping[str, Sequence[float]], half: str) -> Figures:
         half: The half policy's name.
 
     Returns:
-        `Figures`.
+        `Figures` (`tf_mixed._internal.measuring.estimate` of the ratios).
 
     Raises:
         ValueError: No round, or a figure that is not positive.
@@ -334,9 +377,9 @@ def figures(rounds: Mapping[str, Sequence[float]], half: str) -> Figures:
     if not n or any(not v > 0 for v in f32[:n] + hal[:n]):
         raise ValueError(f"The check needs at least one round of positive seconds. "
                          f"Received: rounds={dict(rounds)!r}.")
-    low, median, high = autotune.quartiles([a / b for a, b in zip(f32[:n], hal[:n])])
-    return Figures(median, low, high, autotune.quartiles(f32[:n])[1],
-                   autotune.quartiles(hal[:n])[1], n)
+    found = measuring.estimate(measuring.pair_ratios(hal[:n], f32[:n]))
+    return Figures(found.median, found.low, found.high, measuring.quartiles(f32[:n])[1],
+                   measuring.quartiles(hal[:n])[1], n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,9 +434,10 @@ def decide(fig: Figures, half: str, requested: str, *, model_name: str, where: s
     """
     slower = fig.ratio < 1.0
     spread = ("1 round" if fig.rounds == 1 else
-              f"median of {fig.rounds} interleaved rounds, interquartile "
-              f"{fig.low:.2f}-{fig.high:.2f}x")
-    resolved = "" if fig.high < 1.0 or fig.low > 1.0 else "; not resolved from 1.00x by the rounds"
+              f"median of {fig.rounds} interleaved rounds, "
+              f"{100 * measuring.CONFIDENCE:.0f}% interval {fig.low:.2f}-{fig.high:.2f}x")
+    resolved = ("" if fig.high < 1.0 or fig.low > 1.0
+                else "; the interval holds 1.00x: about float32's speed")
     source = ("read from the cache of an earlier check on this host" if cached
               else f"{where}, check cost {cost_s:.1f} s")
     measured = (f"{half} measured {fig.ratio:.2f}x float32 on model '{model_name}' itself "
@@ -454,28 +498,27 @@ def cache_key(digest: str, half: str, info: hardware.HardwareInfo | None = None)
 
 def read_cached(key: Mapping, directory: str | None = None) -> Figures | None:
     """The cached `Figures` for `key`, or None (never raises)."""
-    path = autotune.cache_path(key, directory, prefix="model-check")
+    path = measuring.cache_path(key, directory, prefix="model-check")
 
     def problem(record: dict) -> str:
         fig = Figures(**record["figures"])
         return "" if fig.rounds >= MIN_ROUNDS else "fewer rounds than the check runs"
 
-    record = autotune.read_cache(path, key, problem)
+    record = measuring.read_cache(path, key, problem)
     return None if record is None else Figures(**record["figures"])
 
 
 def write_cached(key: Mapping, fig: Figures, cost_s: float,
                  directory: str | None = None) -> str:
     """Caches `fig` for `key` unless the machine is busy; the path written, or ""."""
-    load, cpus = autotune.machine_load()
-    if load is not None and load > 1.5 * cpus:
+    if measuring.busy(*measuring.machine_load()):
         return ""
-    path = autotune.cache_path(key, directory, prefix="model-check")
-    record = {"format": autotune.CACHE_FORMAT, "key": dict(key),
+    path = measuring.cache_path(key, directory, prefix="model-check")
+    record = {"format": measuring.CACHE_FORMAT, "key": dict(key),
               "figures": dataclasses.asdict(fig), "check_seconds": round(cost_s, 3),
               "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds")}
-    return path if autotune.write_cache(path, record) else ""
+    return path if measuring.write_cache(path, record) else ""
 
 
 # ---------------------------------------------------------------- strategies
@@ -547,10 +590,11 @@ class Check:
         switch: ``switch(policy_name)``, see above.
         strategy: The model's strategy (multi-worker: fixed rounds, shared
             figures, no cache read).
-        steps_per_epoch: For the budget (None: `CHECK_SECONDS` only).
+        planned_steps: The training steps the loop plans (fit: epochs x
+            steps), for the budget (None: `CHECK_SECONDS` only).
         batch: A batch (its shapes key the cache with the model); None: the
             model alone.
-        directory: The cache directory (default `autotune.cache_dir()`).
+        directory: The cache directory (default `measuring.cache_dir()`).
         info: The host (default `hardware.detect()`).
         reduce: Replaces the all-reduce of `shared_means` (tests).
         on_verdict: Called with the `Verdict` once it is applied.
@@ -561,11 +605,11 @@ class Check:
     """
 
     def __init__(self, model, where: str, switch: Callable[[str], None], *, strategy=None,
-                 steps_per_epoch: int | None = None, batch=None, directory: str | None = None,
+                 planned_steps: int | None = None, batch=None, directory: str | None = None,
                  info: hardware.HardwareInfo | None = None, reduce=None,
                  on_verdict: Callable[[Verdict], None] | None = None):
         self.model, self.where, self.switch = model, where, switch
-        self.strategy, self.steps_per_epoch = strategy, steps_per_epoch
+        self.strategy, self.planned_steps = strategy, planned_steps
         self.directory, self._reduce, self._on_verdict = directory, reduce, on_verdict
         self.verdict: Verdict | None = None
         self.rounds: StepRounds | None = None
@@ -576,8 +620,8 @@ class Check:
         half, why = half_of(self.original) if model.built else (None, "it is not built yet")
         if not enabled():
             half, why = None, f"{ENV} turns the check off"
-        elif half is not None and steps_per_epoch is not None and steps_per_epoch < MIN_STEPS:
-            half, why = None, (f"an epoch of {steps_per_epoch} steps is shorter than the "
+        elif half is not None and planned_steps is not None and planned_steps < MIN_STEPS:
+            half, why = None, (f"a run of {planned_steps} steps is shorter than the "
                                f"check's {MIN_STEPS}")
         if half is None:
             self.skipped = why
@@ -596,11 +640,11 @@ class Check:
         self.rounds = StepRounds(half, fixed=shared)
         logging.info(
             "tf_mixed: model '%s' computes in %s (%s); checking it against float32 on "
-            "its own training step in %s (at most %d rounds; cost at most %.0f s or %.0f%% "
-            "of the first epoch after %d rounds).", model.name, half,
+            "its own training step in %s: %d to %d rounds, each a real step, new rounds "
+            "while the cost is under %.0f s and %.0f%% of the planned training.", model.name, half,
             "chosen by auto from the host probe" if self.requested == AUTO
-            else "requested explicitly", where, MAX_ROUNDS, CHECK_SECONDS,
-            100 * CHECK_FRACTION, MIN_ROUNDS)
+            else "requested explicitly", where, MIN_ROUNDS, MAX_ROUNDS, CHECK_SECONDS,
+            100 * CHECK_FRACTION)
 
     @property
     def active(self) -> bool:
@@ -637,13 +681,33 @@ class Check:
         self.rounds.record(self._current, seconds)
         paired = self.rounds.rounds()
         if paired[FLOAT32]:
-            fastest = min(autotune.quartiles(v)[1] for v in paired.values())
-            self.rounds.budget_s = budget_s(self.steps_per_epoch, fastest)
-        if self.rounds.next_policy() is None:
+            fastest = min(measuring.quartiles(v)[1] for v in paired.values())
+            self.rounds.budget_s = budget_s(self.planned_steps, fastest)
+        elif self.rounds.first is not None:
+            self.rounds.budget_s = budget_s(self.planned_steps, self.rounds.first)
+        if self.rounds.next_policy() is None and not paired[FLOAT32]:
+            self._not_run()
+        elif self.rounds.next_policy() is None:
             cost = self.rounds.cost()
             fig = figures(paired, self.half)
             shared = shared_means(self.strategy, fig.as_list() + [cost], self._reduce)
             self._finish(Figures.from_list(shared[:-1]), shared[-1], cached=False)
+
+    def _not_run(self) -> None:
+        """The float32 trace would cost more than the budget: said, nothing moved."""
+        assert self.rounds is not None
+        trace, budget = self.rounds.trace(), self.rounds.budget_s
+        self.rounds = None
+        self.skipped = (
+            f"model '{self.model.name}' computes in {self.half} ("
+            + ("chosen by auto from the host probe" if self.requested == AUTO
+               else "requested explicitly")
+            + f") and is NOT checked against float32 on its own step: its trace took "
+            f"{trace:.1f} s, so tracing it in float32 would cost about as much again, over "
+            f"the check's budget of {budget:.1f} s (the smaller of {CHECK_SECONDS:.0f} s and "
+            f"{100 * CHECK_FRACTION:.0f}% of the planned training; {SECONDS_ENV} sets it). "
+            "tf_mixed.plan(model, x, y) compares the policies on this model")
+        logging.warning("tf_mixed: %s.", self.skipped)
 
     def _restore_global(self) -> None:
         if self._global is not None:
