@@ -156,6 +156,16 @@ def test_the_schedule_runs_up_to_the_most_rounds_within_its_budget():
     assert len(rounds.rounds()[HALF]) == model_check.MAX_ROUNDS
 
 
+def test_a_short_run_gets_the_rounds_that_end_before_it():
+    assert model_check.rounds_within(None) == model_check.MAX_ROUNDS
+    assert model_check.rounds_within(20) == 7    # 3 + 14 steps, 2 to spare
+    assert model_check.rounds_within(15) == model_check.MIN_ROUNDS
+    assert model_check.rounds_within(10**6) == model_check.MAX_ROUNDS
+    rounds = StepRounds(HALF, budget_s=1e9, max_rounds=7)
+    _drive(rounds, {HALF: 2.0, "float32": 1.0})
+    assert len(rounds.rounds()[HALF]) == 7
+
+
 def test_fixed_rounds_stop_at_the_minimum_whatever_the_budget():
     rounds = StepRounds(HALF, fixed=True, budget_s=1e9)
     _drive(rounds, {HALF: 2.0, "float32": 1.0})

@@ -13,7 +13,7 @@
 #     resnet50  keras.applications.ResNet50(weights=None), no download
 #     mobilenetv2, efficientnetb0  keras.applications.MobileNetV2 / EfficientNetB0
 #               (weights=None): depthwise convolutions, where half precision on a CPU
-#               can be slower than float32 (design fact 40)
+#               can be slower than float32 (docs/policies.md)
 #     transformer  a small encoder on token sequences: token + position embedding
 #               (width 64), 2 x [MultiHeadAttention (4 heads), LayerNorm, Dense 128-64,
 #               LayerNorm], mean over the sequence (no Rescaling: its input is token ids)

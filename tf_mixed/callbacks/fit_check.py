@@ -3,8 +3,8 @@
 # `attach(callback)` is the monitor's one call (at ``on_train_begin``, after
 # Keras made the train function and the monitor prepared the optimizer). It
 # hands `tf_mixed.policy.model_check.Check` a `switch` that swaps
-# ``model.train_function`` (Keras's TF trainer reads it at every step, design
-# fact 27: each policy's function traced once, then swapped), and wraps the
+# ``model.train_function`` (Keras 3.15's TF trainer reads it at every step:
+# each policy's function traced once, then swapped), and wraps the
 # callback's batch hooks to time each step (the time between them: the step
 # and the conversion of its logs to floats, which waits for it). Once the
 # verdict is in, the hooks are put back and, where the model moved, the test

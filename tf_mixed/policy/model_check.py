@@ -1,7 +1,7 @@
 """Auto's choice checked on the model's own training step: rounds, verdict, cache, move."""
 
 # `enable("auto")` picks a policy for the host from a Dense+Conv2D probe; a
-# model's own mix of layers can disagree (design fact 40: MobileNetV2 and
+# model's own mix of layers can disagree (docs/policies.md: MobileNetV2 and
 # EfficientNetB0 trained 0.57-0.74x float32 in bfloat16 on a host whose probe
 # read 2.38x). So where tf_mixed sees the model train (`LossScaleMonitor` in
 # `fit`, `tf_mixed.training.make_train_step`), the first steps of training
@@ -11,7 +11,7 @@
 # * the rounds are real training steps: each is the model's own train step
 #   (Keras's ``train_function``, or the custom loop's step) on the batch it
 #   would train on anyway, with its layers in one policy or the other. A
-#   built layer's policy can change mid-run (design fact 27); both traced
+#   built layer's policy can change mid-run (Keras 3.15); both traced
 #   steps are kept, so alternating costs no retrace. Nothing is thrown away:
 #   the cost is the float32 trace plus the slower policy's excess;
 # * `StepRounds` schedules them (a warm-up step each, which traces, then
@@ -33,8 +33,7 @@
 # Under a multi-worker strategy every worker runs the same fixed number of
 # rounds and the figures are averaged across workers (`shared_means`) before
 # the decision, so every worker keeps the same policy at the same step (a
-# worker that retraced alone would leave its peers in a collective, design
-# fact 27); the cache is not read there (a worker with a cache would skip the
+# worker that retraced alone would leave its peers in a collective); the cache is not read there (a worker with a cache would skip the
 # rounds its peers run). Under MirroredStrategy on one machine one process
 # times the step of every replica: its decision is the only one.
 
@@ -107,7 +106,7 @@ def set_policies(model, policies: Mapping[str, str]) -> list[str]:
     """Moves the model's layers to the given policies (no retrace: the caller's).
 
     The one "move the model to policy P" step of the check; Keras 3.15's
-    ``Layer.dtype_policy`` setter works on a built layer (design fact 27).
+    ``Layer.dtype_policy`` setter works on a built layer.
 
     Args:
         model: A built Keras model.
@@ -236,6 +235,7 @@ class StepRounds:
         first: Seconds of the half policy's second step (None before it).
         seconds: Seconds of each policy's step, one per round.
         budget_s: The cost after which no round starts (after `MIN_ROUNDS`).
+        max_rounds: The most rounds (`MAX_ROUNDS`, fewer in a short run).
     """
 
     half: str
@@ -244,6 +244,7 @@ class StepRounds:
     first: float | None = None
     seconds: dict = dataclasses.field(default_factory=dict)
     budget_s: float = CHECK_SECONDS
+    max_rounds: int = MAX_ROUNDS
 
     def next_policy(self) -> str | None:
         """The policy of the next step; None when the check is done (or not run)."""
@@ -256,7 +257,7 @@ class StepRounds:
             return FLOAT32 if len(f32) < len(hal) else self.half
         done = len(f32)
         spent = self.fixed or self.cost() >= self.budget_s
-        if done >= MAX_ROUNDS or (done >= MIN_ROUNDS and spent):
+        if done >= self.max_rounds or (done >= MIN_ROUNDS and spent):
             return None
         return measuring.rotated([FLOAT32, self.half], done)[0]
 
@@ -297,6 +298,13 @@ class StepRounds:
         f32, hal = self.seconds.get(FLOAT32, []), self.seconds.get(self.half, [])
         n = min(len(f32), len(hal))
         return {FLOAT32: list(f32[:n]), self.half: list(hal[:n])}
+
+
+def rounds_within(planned_steps: int | None) -> int:
+    """The most rounds that end two steps before a run of ``planned_steps`` does."""
+    if not planned_steps:
+        return MAX_ROUNDS
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, (planned_steps - 3 - 2) // 2))
 
 
 def budget_s(planned_steps: int | None, step_s: float) -> float:
@@ -637,7 +645,7 @@ class Check:
         if cached is not None:
             self._finish(cached, 0.0, cached=True)
             return
-        self.rounds = StepRounds(half, fixed=shared)
+        self.rounds = StepRounds(half, fixed=shared, max_rounds=rounds_within(planned_steps))
         logging.info(
             "tf_mixed: model '%s' computes in %s (%s); checking it against float32 on "
             "its own training step in %s: %d to %d rounds, each a real step, new rounds "
