@@ -220,6 +220,27 @@ def test_policies_move_to_float32_and_back_over_the_zoo(name):
     assert model_check.half_of(before) == (HALF, "")
 
 
+@pytest.mark.slow  # a fit of 16 steps and two traces per zoo model
+@pytest.mark.parametrize("name", ZOO)
+def test_fit_moves_every_zoo_model_auto_chose_when_float32_is_faster(
+        name, check_on, monkeypatch):
+    spec = ZOO[name]
+    tf_mixed.enable("auto")
+    model = spec.ready()
+    record = model_check.Check.record
+    fake = {"float32": 0.01, HALF: 0.02}
+    monkeypatch.setattr(model_check.Check, "record",
+                        lambda self, seconds: record(self, fake[self._current]))
+    model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)),
+                  loss=spec.loss)
+    monitor = tf_mixed.LossScaleMonitor()
+    x, y = spec.data(256)
+    history = model.fit(x, y, batch_size=16, verbose=0, callbacks=[monitor])
+    assert monitor.model_check.verdict.action == "moved"
+    assert {layer.compute_dtype for layer in _sublayers(model)} == {"float32"}
+    assert all(np.isfinite(v) for v in history.history["loss"])
+
+
 def _sublayers(model):
     from tf_mixed._internal import shims
 
