@@ -291,13 +291,17 @@ def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(check_on, monkeypa
     clock = FakeClock({"bfloat16": 0.03, "float32": 0.01})
     with caplog.at_level(std_logging.WARNING):
         first = _fit(model, clock, monkeypatch)
+        traced = model.train_function
         second = _fit(model, clock, monkeypatch)
+    assert model.train_function is traced  # kept from the cache: no new trace
     assert first.model_check.verdict.action == "warned"
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
     assert caplog.text.count("requested explicitly, and") == 1
     assert "3.00x slower than in float32" in caplog.text
     # The second fit decided from the cache, before its first step.
     assert second.model_check.verdict.cached and second.model_check.verdict.cost_s == 0.0
+    # Kept from the cache: the half step Keras traced in the first fit is kept too.
+    assert second.model_check.verdict.action == "warned"
 
 
 def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monkeypatch):
@@ -517,6 +521,7 @@ def test_under_several_workers_the_rounds_are_fixed_and_the_cache_unread(
     check = model_check.Check(model, "w", switched.append, strategy=_FakeMultiWorker(),
                               reduce=lambda s, v: [2 * a for a in v])
     assert check.active and check.rounds.fixed  # the cached verdict was not read
+    assert check.next_policy() == HALF and switched == []  # already in its own policy
     while (name := check.next_policy()) is not None:
         check.record({"float32": 0.01, HALF: 0.02}[name])
     assert check.verdict.action == "moved" and switched[-1] == "float32"

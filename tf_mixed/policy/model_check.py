@@ -637,6 +637,7 @@ class Check:
             log("tf_mixed: model '%s' is not checked on its own step: %s.", model.name, why)
             return
         self.half = half
+        self._current = half  # the model is in its own policy, the loop's step traced for it
         self.requested = provenance(model)
         self.key = cache_key(model_digest(model, batch), half, info)
         self._digest = self.key["model"]
