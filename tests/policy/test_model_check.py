@@ -291,17 +291,25 @@ def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(check_on, monkeypa
     clock = FakeClock({"bfloat16": 0.03, "float32": 0.01})
     with caplog.at_level(std_logging.WARNING):
         first = _fit(model, clock, monkeypatch)
-        traced = model.train_function
         second = _fit(model, clock, monkeypatch)
-    assert model.train_function is traced  # kept from the cache: no new trace
     assert first.model_check.verdict.action == "warned"
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
     assert caplog.text.count("requested explicitly, and") == 1
     assert "3.00x slower than in float32" in caplog.text
     # The second fit decided from the cache, before its first step.
     assert second.model_check.verdict.cached and second.model_check.verdict.cost_s == 0.0
-    # Kept from the cache: the half step Keras traced in the first fit is kept too.
     assert second.model_check.verdict.action == "warned"
+
+
+def test_a_policy_kept_from_the_cache_switches_no_step(check_on):
+    tf_mixed.enable(HALF)
+    model = _model()
+    model_check.write_cached(model_check.cache_key(model_check.model_digest(model, None), HALF),
+                             FAST, 1.0)
+    switched = []
+    check = model_check.Check(model, "w", switched.append)
+    assert check.verdict.cached and check.verdict.action == "kept"
+    assert switched == []  # the loop's half step, traced or not, stays
 
 
 def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monkeypatch):
