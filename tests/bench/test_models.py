@@ -52,6 +52,9 @@ def test_the_auto_checked_row_moves_a_slower_model_and_says_so(tmp_path, capsys,
     row = results["auto-checked"]
     assert row["model_check"]["action"] == "moved" and row["compute_dtype"] == "float32"
     assert row["model_check"]["figures"]["ratio"] == pytest.approx(0.5)
+    memory = row["activation_bytes"]
+    assert memory["activations"] == memory["activations_if_float32"] == (
+        results["float32"]["activation_bytes"]["activations"])
     # The explicit rows train the policy they name, unchecked.
     assert results["mixed_bfloat16"]["model_check"] is None
     assert results["mixed_bfloat16"]["compute_dtype"] == "bfloat16"

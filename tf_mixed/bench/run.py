@@ -218,6 +218,11 @@ def run_policy(
         jit = bool(getattr(model, "jit_compile", False)) if config.loop == "fit" else False
         census = _census(config, model, train_set)
         memory = _memory(model, optimizer, config.batch_size, peak_gpu, peak_rss)
+        if checked is not None and checked.action == "moved":
+            # tf_mixed.audit reads the dtypes the graph was built with; every
+            # layer computes in float32 since the check moved the model.
+            memory["activations"] = memory["activations_if_float32"]
+            memory["activations_source"] += "; the model was moved to float32: its float32 size"
     # What the mixed run leaves to serve (tf_mixed.bench.serving); measured
     # after the timings, so it costs none of them.
     servable = compute_dtype != "float32" and config.strategy != "multiworker"
