@@ -359,10 +359,8 @@ def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
     """
     if isinstance(devices, str):  # one device, not its characters
         devices = [devices]
-    key: tuple[str, ...]
-    if devices is None:
-        key = ()
-    else:
+    key: tuple[str, ...] = ()
+    if devices is not None:
         specs = [tf.DeviceSpec.from_string(d) for d in devices]
         key = tuple(f"{s.device_type}:{s.device_index}" for s in specs)
     if key not in _MIRRORED_STRATEGIES:
