@@ -419,7 +419,11 @@ def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, f
     values = [(w.path.rsplit("/", 1)[-1], w) for w in layer.weights
               if "float" in keras.backend.standardize_dtype(w.dtype)]
     if isinstance(layer, keras.layers.Normalization):
-        values += [(name, getattr(layer, name, None)) for name in ("mean", "variance")]
+        # Given to the constructor: read as given (``layer.mean`` is already
+        # cast to the compute dtype, where a value out of range is inf).
+        given = layer.input_mean is not None
+        values += [(name, getattr(layer, f"input_{name}" if given else name, None))
+                   for name in ("mean", "variance")]
     for what, value in values:
         if value is None:
             continue

@@ -23,6 +23,11 @@
 #   above float16's 65504): cast to the compute dtype at each call, it is inf
 #   there, and an adapted Normalization outputs 0 for that feature
 #   (`tf_mixed._internal.facts.out_of_range`).
+# * ``half_resolution`` (error from a quarter of a standard deviation, else
+#   warning): a layer computing in float16/bfloat16 whose statistics its dtype
+#   cannot resolve (an adapted ``Normalization`` of a feature whose mean is large
+#   against its spread: float16's spacing at 1e4 is 8), the error measured on
+#   the layer's own statistics against float32 (`tf_mixed.tools.half_resolution`).
 # * ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
 #   holds an ``Embedding`` takes its ids as floats straight from a model input:
 #   Keras casts them to the half dtype first, which represents integers exactly
@@ -95,6 +100,7 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed.models.cloning import model_input
+from tf_mixed.tools import half_resolution
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
 
@@ -431,6 +437,7 @@ def audit(model, batch_size: int | None = None, *,
     for name, layer in layers:
         findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
         findings.extend(_ids_findings(name, layer))
+    findings.extend(Finding(*found) for found in half_resolution.findings(layers))
     if batch_size is not None and batch_size % 8:
         findings.append(Finding(
             "warning", "batch_not_multiple_of_8", None,
