@@ -77,3 +77,88 @@ def test_the_rule_matches_what_autograph_does(source, lines, tmp_path):
             tf.autograph.to_graph(namespace["f"])
     else:
         tf.autograph.to_graph(namespace["f"])
+
+
+# ------------------------------------------------ the documented paths, in fresh processes
+#
+# Each runs from a script file (AutoGraph converts only code whose source it
+# reads: `python -c` hides exactly this alarm) in a fresh process with Python
+# showing every DeprecationWarning, and its output is read by
+# `alarms.alarms`. The README's and docs' blocks run the same way in
+# tests/test_doc_snippets.py. Small-default flags keep each example short.
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import alarms  # noqa: E402
+
+EXAMPLES = {
+    "auto_agreement.py": ["--runs=1"],
+    "auto_probe_time.py": [],
+    "cpu_float16_remapping.py": ["--samples=256", "--slow_samples=32", "--width=32",
+                                 "--batch_size=32"],
+    "cpu_matmul_dtypes.py": ["--size=128", "--repeats=2"],
+    "custom_loop.py": ["--steps=6", "--overflow_at=3"],
+    "fit_callback.py": ["--epochs=1", "--logdir={tmp}/logs"],
+    "mirrored_custom_loop.py": ["--steps=6", "--overflow_at=3"],
+    "multi_worker.py": ["--steps=4", "--overflow_at=2"],
+    "multi_worker_fit.py": ["--epochs=1", "--steps=2", "--overflow_at=1"],
+    "save_bench_model.py": ["--out={tmp}/model.keras"],
+}
+_FIRST_ENABLE = "import tf_mixed\n\ntf_mixed.enable()\n"
+
+
+def test_every_example_is_swept():
+    assert sorted(EXAMPLES) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+
+
+def _run(argv, tmp_path, **env) -> str:
+    environment = {**os.environ, **alarms.WARNINGS_ENV, "PYTHONPATH": str(ROOT), **env}
+    environment.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it
+    environment.pop("TF_MIXED_AUTO_MEASURE", None)  # measured, as on a first enable()
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                          cwd=tmp_path, env=environment, timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+PATHS = [f"examples/{name}" for name in EXAMPLES] + ["first_enable", "fit_and_make_train_step"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
+def test_documented_paths_print_no_alarm(path, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()  # empty: the first enable() on this host measures
+    if path == "first_enable":
+        script = tmp_path / "first_enable.py"
+        script.write_text(_FIRST_ENABLE)
+        argv = [str(script)]
+    elif path == "fit_and_make_train_step":
+        script = ROOT / "tests" / "integration" / "_alarm_paths.py"
+        argv = [str(script), "mixed_float16"]
+    else:
+        script = ROOT / path
+        argv = [str(script), *(a.format(tmp=tmp_path) for a in EXAMPLES[script.name])]
+    output = _run(argv, tmp_path, TF_MIXED_CACHE_DIR=str(cache))
+    assert alarms.alarms(output, [ROOT / "tf_mixed", script]) == []
+
+
+def test_the_alarm_reader_finds_each_kind_and_only_ours(tmp_path):
+    ours = ROOT / "tf_mixed" / "scaling" / "scale_state.py"
+    theirs = "/usr/lib/python3/site-packages/keras/src/backend/tensorflow/core.py"
+    output = "\n".join([
+        "WARNING:tensorflow:AutoGraph could not transform <function next_state> and will run it",
+        "WARNING:tensorflow:5 out of the last 5 calls to <function step> triggered tf.function "
+        "retracing. Tracing is expensive",
+        f"WARNING:tensorflow:From {ours}:12: experimental_run_functions_eagerly (from "
+        "tensorflow.python.eager.polymorphic_function) is deprecated and will be removed",
+        f"{ours}:30: DeprecationWarning: tf_mixed.old is deprecated",
+        f"{theirs}:172: DeprecationWarning: __array__ implementation doesn't accept a copy",
+        f"WARNING:tensorflow:From {theirs}:9: x (from tensorflow) is deprecated and will be "
+        "removed",
+    ])
+    found = alarms.alarms(output, [ROOT / "tf_mixed"])
+    assert [line[:40] for line in found] == [line[:40] for line in output.splitlines()[:4]]
