@@ -117,7 +117,7 @@ def apply_scaled_gradients(
     """
     clip_norm = _check_clip_norm(clip_norm, "apply_scaled_gradients()")
     variables = list(variables)
-    if not unscaled_loop.scales_loss(optimizer):  # a forgotten wrapper, said once
+    if unscaled_loop.untold(optimizer):  # a forgotten wrapper, said once
         unscaled_loop.check(optimizer, "apply_scaled_gradients",
                             unscaled_loop.float16_in_step(variables), variables)
     with tape:

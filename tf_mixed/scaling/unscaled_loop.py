@@ -29,7 +29,7 @@ from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling import misuse
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
-__all__ = ["check", "float16_in_model", "float16_in_step", "scales_loss"]
+__all__ = ["check", "float16_in_model", "float16_in_step", "scales_loss", "untold"]
 
 # Optimizers already told (each is told once).
 _TOLD: "weakref.WeakSet" = weakref.WeakSet()
@@ -48,6 +48,11 @@ def scales_loss(optimizer) -> bool:
         return True
     factor = getattr(optimizer, "loss_scale_factor", None)
     return factor is not None and factor != 1
+
+
+def untold(optimizer) -> bool:
+    """Whether ``optimizer`` does not scale the loss and was not told yet."""
+    return optimizer not in _TOLD and not scales_loss(optimizer)
 
 
 def float16_in_model(model) -> str | None:
