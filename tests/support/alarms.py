@@ -23,9 +23,14 @@ _ALWAYS = re.compile(r"AutoGraph could not transform|triggered tf\.function retr
 # TF's deprecation logger: "From /path/file.py:12: name (from module) is deprecated ..."
 _TF_DEPRECATION = re.compile(r"From (?P<file>[^\s:]+\.py):\d+: .*(?:is deprecated|deprecated "
                              r"and will be removed)")
-# Python's warning line: "/path/file.py:12: DeprecationWarning: ..."
+# Python's warning line: "/path/file.py:12: DeprecationWarning: ...", or any
+# warning class saying "deprecated" (Keras warns with a UserWarning).
 _PY_DEPRECATION = re.compile(
-    r"^(?P<file>[^\s:]+\.py):\d+: (?:\w*DeprecationWarning|FutureWarning): ", re.M)
+    r"^(?P<file>[^\s:]+\.py):\d+: (?:\w*DeprecationWarning|FutureWarning"
+    r"|\w+Warning(?=: .*[Dd]eprecat)): ", re.M)
+# Keras's logged deprecations ("WARNING:absl:The `save_format` argument is
+# deprecated"): no file named, and no package but the caller's makes Keras say it.
+_KERAS_LOGGED = re.compile(r"^WARNING:absl:.*\bdeprecated\b")
 
 
 def _ours(file: str, roots: tuple[pathlib.Path, ...]) -> bool:
@@ -47,7 +52,7 @@ def alarms(output: str, roots) -> list[str]:
     roots = tuple(pathlib.Path(r).resolve() for r in roots)
     found = []
     for line in output.splitlines():
-        if _ALWAYS.search(line):
+        if _ALWAYS.search(line) or _KERAS_LOGGED.search(line):
             found.append(line)
             continue
         for pattern in (_TF_DEPRECATION, _PY_DEPRECATION):
