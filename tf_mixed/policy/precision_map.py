@@ -231,7 +231,8 @@ def _output_layers(model) -> list:
     return found
 
 
-def decide(model: keras.Model, target: str, *, keep_float32: keep_float32_rules.Spec = (),
+def decide(model: keras.Model, target: str, *,
+           keep_float32: keep_float32_rules.Spec | keep_float32_rules.KeepFloat32 = (),
            plan: Mapping[str, str] | None = None, healed: Iterable[str] = (),
            outputs: bool = True, check_names: bool = True,
            ) -> tuple[PrecisionMap, dict[int, str]]:

@@ -220,10 +220,12 @@ def rows_map(policy: str, rows) -> PrecisionMap:
                         {row.name: "plan" for row in rows})
 
 
-_FIELDS = {"model_name": str, "policy": str, "half_dtype": str, "precisions": list,
-           "layers": list, "step_seconds": dict, "summary": str}
-_ROW_FIELDS = {"name": str, "class_name": str, "seconds": dict, "cast_seconds": (int, float),
-               "error": (int, float, type(None)), "choice": str, "why": str}
+_FIELDS: dict[str, Any] = {
+    "model_name": str, "policy": str, "half_dtype": str, "precisions": list, "layers": list,
+    "step_seconds": dict, "summary": str}
+_ROW_FIELDS: dict[str, Any] = {
+    "name": str, "class_name": str, "seconds": dict, "cast_seconds": (int, float),
+    "error": (int, float, type(None)), "choice": str, "why": str}
 
 
 def _problem(where: str, value: Any, valid: str) -> ValueError:
