@@ -197,3 +197,23 @@ def test_every_value_a_plan_loads_from_is_checked_with_a_clear_error(change, mes
         Plan.from_dict(record)
     with pytest.raises(ValueError, match="must be a dict"):
         Plan.from_dict("plan.json")
+
+
+def _chain():
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, name="first")(inputs)
+    h = keras.layers.Dense(16, name="second")(h)
+    return keras.Model(inputs, keras.layers.Dense(1, name="last")(h), name="chain")
+
+
+def test_enable_with_a_plan_builds_what_the_plan_shows_and_apply_builds():
+    x, y = np.ones((8, 8), "float32"), np.ones((8, 1), "float32")
+    p = plan(_chain(), x, y, loss="mse", info=AMX_CPU, timer=_fake_timer, probe_report={},
+             step_check=False, cache=False)
+    # 'last' is the regression output: float32 as convert keeps it, though half was faster.
+    assert p.choices == {"first": "bfloat16", "second": "bfloat16", "last": "float32"}
+    applied = _built(p.apply(_chain()))
+    assert {k: applied[k] for k in p.choices} == p.choices
+    tf_mixed.enable("auto", plan=p, quiet=True)
+    built = _built(_chain())
+    assert {k: built[k] for k in p.choices} == p.choices
