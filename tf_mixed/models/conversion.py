@@ -31,10 +31,13 @@
 #   moments) cannot be carried to new variables; a `ConversionNote` warning
 #   says so, and the notes are kept in ``new_model.conversion_notes``.
 #
-# Which layers stay float32: a model built under float32 has no record of which
-# layers were made float32 on purpose (every layer says "float32"), so all are
-# converted except input layers, layers whose policy is not a float policy,
-# tf_mixed's float32 heads, the layers named in ``keep_float32``, Keras's
+# Which layers stay float32 is one decision, `tf_mixed.policy.precision_map.decide`
+# (one walk of the model, its rules in one stated order: float32 heads,
+# statistics layers, token ids, ``keep_float32``, a plan, the healed set).
+# A model built under float32 has no record of which layers were made float32
+# on purpose (every layer says "float32"), so all are converted except input
+# layers, layers whose policy is not a float policy, tf_mixed's float32
+# heads, output layers, the layers named in ``keep_float32``, Keras's
 # ``Normalization`` and ``Discretization`` (they compute with statistics
 # adapted to data, which can exceed the half dtype's range or round across a
 # bin boundary: `tf_mixed._internal.facts.keeps_float32_statistics`), and layers
@@ -43,6 +46,8 @@
 # float32 when the target dtype cannot represent its largest id exactly
 # (bfloat16: above 256; float16: above 2048), so the ids stay exact. A layer
 # kept in float32 keeps the layers its constructor creates in float32 too.
+# `convert` decides the map and builds it (`apply`, which `Plan.apply` calls
+# with the map its plan holds).
 #
 # `rebuild` is the same copy for serving (`tf_mixed.export`): a trained
 # model in the precision asked for, its float32-on-purpose layers kept, no
