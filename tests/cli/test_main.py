@@ -224,7 +224,9 @@ def test_audit_prints_the_saved_models_report(tmp_path, capsys):
     keras.config.set_dtype_policy("float32")  # as in a fresh CLI process
     assert main(["tf_mixed", "audit", path]) == 0
     out = capsys.readouterr().out
-    assert "OutputActivation" in out and "units=100" in out
+    # The float32 head loads as what it saves as: Keras's Activation, float32.
+    assert "probs        Activation  float32" in out and "units=100" in out
+    assert "explicit_float32" not in out and "float32 policy in a mixed" not in out
     assert "policy mixed_bfloat16" in out
     assert "global policy" not in out  # a loaded model is not compared with the global policy
 

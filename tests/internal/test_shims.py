@@ -98,6 +98,25 @@ def test_disable_input_casting():  # Layer._convert_input_args
     assert layer(half, half).numpy().decode() == "float16,float16"
 
 
+def test_serialize_as_keras_class():  # api_export.REGISTERED_OBJS_TO_NAMES
+    @keras.saving.register_keras_serializable(package="tf_mixed_test")
+    class LikeActivation(keras.layers.Activation):
+        pass
+
+    assert keras.saving.serialize_keras_object(LikeActivation("relu"))["class_name"] == (
+        "LikeActivation")
+    _internals.serialize_as_keras_class(LikeActivation, "keras.layers.Activation")
+    config = keras.saving.serialize_keras_object(LikeActivation("relu", dtype="float32"))
+    assert (config["module"], config["class_name"], config["registered_name"]) == (
+        "keras.layers", "Activation", None)
+    back = keras.saving.deserialize_keras_object(config)
+    assert type(back) is keras.layers.Activation and back.dtype_policy.name == "float32"
+    # The name still resolves to Keras's own class.
+    assert keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(keras.layers.Activation("relu"))).__class__ is (
+        keras.layers.Activation)
+
+
 def test_optimizer_trainable_variables():  # Optimizer._trainable_variables
     variables = [keras.Variable(np.ones(2)), keras.Variable(np.ones(3))]
     optimizer = keras.optimizers.SGD(0.5)

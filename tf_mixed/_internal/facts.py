@@ -55,6 +55,20 @@ TILE_MULTIPLES = {"float16": 8, "bfloat16": 16}
 # Class names of tf_mixed's float32 heads (tf_mixed.layers): float32 by
 # design, so they are neither converted nor reported as explicit float32.
 FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+# What they save as (`tf_mixed.layers`): a `.keras` file loads them as Keras's
+# own Activation / Identity with a float32 policy.
+SAVED_FLOAT32_HEADS = ("Activation", "Identity")
+
+
+def is_float32_head(layer: Any, *, output: bool) -> bool:
+    """Whether ``layer`` is a float32 head: one of tf_mixed's (`FLOAT32_HEADS`),
+    or, where it produces a model output (``output``), a Keras ``Activation``
+    or ``Identity`` computing in float32 (what tf_mixed's heads load as)."""
+    cls = type(layer).__name__
+    if cls in FLOAT32_HEADS:
+        return True
+    return (output and cls in SAVED_FLOAT32_HEADS
+            and getattr(getattr(layer, "dtype_policy", None), "name", None) == "float32")
 
 # Activations that squash logits into probabilities (or their log). Computed
 # in half precision as a model output they saturate and hide the logits from

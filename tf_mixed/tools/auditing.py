@@ -91,6 +91,7 @@ from tf_mixed._internal.facts import (
     SQUASHING_ACTIVATIONS,
     activation_name,
     check_model_kind,
+    is_float32_head,
     is_input_layer,
     layer_outputs,
     model_outputs,
@@ -372,7 +373,7 @@ def audit(model, batch_size: int | None = None, *,
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
         findings.extend(_output_findings(dtype, name, layer, top_k))
-        if type(layer).__name__ in FLOAT32_HEADS:
+        if is_float32_head(layer, output=True):
             # The layer feeding a float32 head is the real output layer.
             for inner in _internals.call_inputs(layer):
                 output_layers.add(_producer(inner, layers)[0])
@@ -708,7 +709,7 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             f"use {attribute}={_round8(value)}."))
     explicit32 = (
         mixed and compute == "float32" and not is_input_layer(layer)
-        and cls not in FLOAT32_HEADS
+        and not is_float32_head(layer, output=is_output)
         and getattr(layer.dtype_policy, "name", None) == "float32")
     if explicit32:
         found.append(Finding(
