@@ -12,7 +12,10 @@
 #    communication dtype, float8 amaxes riding along;
 # 4. **verdict**: all reduced gradients (and gathered float8 amaxes) finite,
 #    the same bytes everywhere, so the same decision everywhere
-#    (BUILD_NOTES.md, "Loss scaling");
+#    (BUILD_NOTES.md, "Loss scaling"); and every write of the step would be
+#    finite: the batch's inputs and the forward state (each replica's flags
+#    riding the same all-reduce), the update within its bound, the optional
+#    spike rule (`tf_mixed.scaling.write_guard`: one reason code per step);
 # 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
 #    optimizer applies the unscaled gradients (divided by the scale inside
 #    that branch, unless layer attribution needed them unscaled before the
@@ -26,48 +29,59 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import allreduce, attribution, misuse, scale_state
+from tf_mixed.scaling import allreduce, attribution, misuse, scale_state, write_guard
 from tf_mixed.scaling.scale_state import LossScaleState
 
 __all__ = ["advance_state", "apply_unscaled", "divide", "divide_all", "multiply", "reduce",
            "reduce_with_flags", "roll_back", "step", "window_step"]
 
 
-def step(optimizer, grads, trainable_variables, unscaled):
+def step(optimizer, grads, trainable_variables, unscaled, guard):
     """Runs the stages on one built optimizer; returns the global verdict.
+
+    Args:
+        guard: The optimizer's `tf_mixed.scaling.write_guard.StepGuard`:
+            its input and forward flags ride the all-reduce, and the verdict
+            is its reason code (applied: 0).
 
     Returns:
         A scalar bool tensor, the same on every replica and worker: True when
         the step was applied (accumulating: unless the window was discarded).
     """
     if optimizer.accumulator is not None:
-        return window_step(optimizer, grads, trainable_variables, unscaled)
+        return window_step(optimizer, grads, trainable_variables, unscaled, guard)
     scale = tf.convert_to_tensor(optimizer.dynamic_scale.value)
+    riders = guard.local_flags()
     # Layer attribution (`tf_mixed.scaling.attribution`): with several
-    # replicas the per-layer forward flags ride the one all-reduce.
+    # replicas the per-layer forward flags ride the one all-reduce too.
     attributing = attribution.of(optimizer)
-    records = flags = None
+    records = None
     if attributing is not None:
         records = attributing.local_outputs()
         if _several_replicas():
-            flags = attributing.forward_flags(records)
+            riders = tf.concat([riders, attributing.forward_flags(records)], 0)
     # Without attribution (which reads the unscaled gradients) the division
     # waits for the applied branch, as in Keras's wrapper: a skipped step
     # does not divide at all.
-    grads, trainable_variables, finite, gathered, flags, divisor = reduce_with_flags(
+    grads, trainable_variables, finite, gathered, riders, divisor = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
-        optimizer.communication_dtype, optimizer._scratch.float8, flags=flags,
+        optimizer.communication_dtype, optimizer._scratch.float8, flags=riders,
         defer_division=attributing is None)
+    code = guard.reason(riders[:2], finite, grads, trainable_variables,
+                        optimizer.inner_optimizer, divisor)
+    applied = tf.equal(code, write_guard.APPLIED)
     if attributing is not None:
-        attributing.record(finite, grads, trainable_variables,
+        flags = riders[2:] if _several_replicas() else None
+        attributing.record(write_guard.attributable(code), grads, trainable_variables,
                            flags if flags is not None
                            else lambda: attributing.forward_flags(records))
-    apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables,
+    apply_unscaled(optimizer.inner_optimizer, applied, grads, trainable_variables,
                    divisor=divisor)
-    roll_back(optimizer, finite)
-    advance_state(optimizer, finite, scale)
-    finish_float8(optimizer, gathered, finite, scale)
-    return finite
+    roll_back(optimizer, applied)
+    advance_state(optimizer, applied, scale)
+    finish_float8(optimizer, gathered, applied, scale)
+    guard.record(code)
+    return applied
 
 
 def advance_state(optimizer, finite, scale=None):
@@ -86,7 +100,8 @@ def advance_state(optimizer, finite, scale=None):
             # The variables themselves: a field is read where the rule uses it.
             before = LossScaleState(*(
                 scale if name == "scale" and scale is not None else v.value
-                for name, v in zip(LossScaleState._fields, variables)))
+                for name, v in zip(LossScaleState._fields[:scale_state.RULE_FIELDS],
+                                   variables)))
             after = scale_state.next_state(optimizer.config, before, verdict)
             for variable, old, new in zip(variables, before, after):
                 if new is not old:
@@ -195,14 +210,15 @@ def divide_all(grads, trainable_variables, scale):
     return [g if getattr(v, "overwrite_with_gradient", False) else divide(g, scale)
             for g, v in zip(grads, trainable_variables)]
 
-def window_step(optimizer, grads, trainable_variables, unscaled):
+def window_step(optimizer, grads, trainable_variables, unscaled, guard):
     """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
 
     Adds the unscaled gradients to the float32 buffers; on the window's last
-    micro-step only, all-reduces the buffers once, applies their mean if the
-    verdict (taken from the reduced sums) is finite, and advances the scale
-    state, rollback and tally once. Returns False only on the last micro-step
-    of a discarded window.
+    micro-step only, all-reduces the buffers once (the window's input and
+    forward flags riding along), applies their mean if the verdict (taken
+    from the reduced sums and the flags) is applied, and advances the
+    scale state, rollback and tally once. Returns False only on the last
+    micro-step of a discarded window.
     """
     accumulator = optimizer.accumulator
     scale = tf.identity(optimizer.dynamic_scale.value)
@@ -210,23 +226,29 @@ def window_step(optimizer, grads, trainable_variables, unscaled):
         grads = divide_all(grads, trainable_variables, scale)
     sums = accumulator.add(grads)
     is_last = accumulator.is_last()
+    riders = guard.local_flags()
     # The one collective of the window, on its last micro-step only.
-    # `reduce` returns the sums unscaled (no float8 pairs: refused at build).
-    reduced, _, finite, _ = reduce(
+    # The sums come back unscaled (no float8 pairs: refused at build).
+    reduced, _, finite, _, riders, _ = reduce_with_flags(
         sums, trainable_variables, scale, True, optimizer.communication_dtype,
-        when=is_last)
+        when=is_last, flags=riders)
     steps = float(accumulator.steps)
     reduced = [None if g is None else g / steps for g in reduced]
-    apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
+    code = guard.reason(riders, finite, reduced, trainable_variables,
+                        optimizer.inner_optimizer)
+    applied = tf.equal(code, write_guard.APPLIED)
+    apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, applied),
                     reduced, trainable_variables)
 
     def end_window():
-        roll_back(optimizer, finite)
-        advance_state(optimizer, finite)
+        roll_back(optimizer, applied)
+        advance_state(optimizer, applied)
+        guard.record(code)
+        guard.end_window()
 
     tf.cond(is_last, end_window, lambda: None)
     accumulator.end_micro_step(is_last)
-    return tf.logical_or(tf.logical_not(is_last), finite)
+    return tf.logical_or(tf.logical_not(is_last), applied)
 
 def apply_unscaled(inner, finite, grads, trainable_variables, divisor=None):
     """(b) Hands the gradients, unscaled, to the inner optimizer when ``finite``.
