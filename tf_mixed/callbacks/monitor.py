@@ -62,7 +62,9 @@ from tf_mixed.callbacks import skip_contract, stop_rules
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
 from tf_mixed.policy import keep_float32
+from tf_mixed.scaling.optimizer import loss_scale_state
 from tf_mixed.scaling.replicas import all_copies_finite
+from tf_mixed.scaling.write_guard import REASONS
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
@@ -252,6 +254,38 @@ def _check_period(value) -> tuple[int | None, int]:
     return value, value
 
 
+class EpochReasons:
+    """Skipped steps per reason in one epoch, for the epoch logs.
+
+    ``logs["skipped_<reason>"]`` for each of
+    `tf_mixed.scaling.write_guard.REASONS`, read from the optimizer's counts
+    (`tf_mixed.loss_scale_state`, field ``skip_reasons``) at the epoch's
+    start and end: two host reads an epoch. Nothing is written for an
+    optimizer that does not count them (Keras's wrapper).
+    """
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer = optimizer
+        self.start = self._read()
+
+    def _read(self):
+        if self.optimizer is None:
+            return None
+        return loss_scale_state(self.optimizer).skip_reasons
+
+    def write(self, logs: dict) -> None:
+        """Adds this epoch's counts to ``logs`` as Python floats.
+
+        The last batch's ``skip_reason`` code is not the epoch's: dropped.
+        """
+        logs.pop(skip_contract.REASON_KEY, None)
+        now = self._read()
+        if now is None or self.start is None:
+            return
+        for reason, before, after in zip(REASONS, self.start, now):
+            logs[f"skipped_{reason}"] = float(after - before)
+
+
 def _nonfinite_weights(model) -> list[str]:
     """Paths of the model's float weights with NaN/inf in any local copy."""
     return [weight.path for weight in model.weights
@@ -368,6 +402,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._view.refresh(self.rollback_forward_state)
+        self._reasons = EpochReasons(self._view.optimizer)
         self._progress = stop_rules.start_epoch(self._progress)
         self._batches = self._logged_at = self._checked_at = 0
 
@@ -392,6 +427,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logs = logs if logs is not None else {}
         self._advance()
         logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
+        getattr(self, "_reasons", EpochReasons(None)).write(logs)
         self._write(logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 

@@ -608,7 +608,7 @@ def loss_scale_state(optimizer) -> LossScaleState:
     return LossScaleState(
         scale=1.0 if factor is None else float(factor), good_steps=0,
         overflow_streak=0, skipped_steps=0, last_step_skipped=False,
-        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0, 0))
+        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0))
 
 
 def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:

@@ -24,13 +24,11 @@
 #   squares gradients into a slot, ``|g|`` whose square overflows the slot's
 #   dtype; a bound, checked on the reduced gradients before the inner
 #   optimizer runs, not the candidate values after it);
-# * **spike** (only with a `SpikeRule`): the gradient norm is far above its
-#   recent history (`tf_mixed.scaling.spike`).
 #
 # One verdict everywhere, no extra collective: the input and forward flags are
 # each replica's own, so they ride the step's one gradient all-reduce as two
 # more floats of its buffer (summed: > 0 on any replica means bad); the
-# update bound and the spike rule read the reduced gradients, the same bytes
+# update bound reads the reduced gradients, the same bytes
 # on every replica. The first reason that holds, in `REASONS` order, is the
 # step's reason; its code (`REASONS` index + 1, 0 for an applied step) is
 # written to ``last_reason`` and counted per reason in ``counts``.
@@ -46,11 +44,11 @@ import tensorflow as tf
 
 __all__ = ["REASONS", "SkipReasons", "StepGuard", "inputs_flag", "update_bound"]
 
-REASONS = ("input", "forward", "gradients", "update", "spike")
+REASONS = ("input", "forward", "gradients", "update")
 """Why a step was skipped; a reason's code is its index + 1 (0: applied)."""
 
 APPLIED = 0
-INPUT, FORWARD, GRADIENTS, UPDATE, SPIKE = range(1, len(REASONS) + 1)
+INPUT, FORWARD, GRADIENTS, UPDATE = range(1, len(REASONS) + 1)
 
 
 class SkipReasons(NamedTuple):
@@ -63,20 +61,19 @@ class SkipReasons(NamedTuple):
         gradients: A reduced gradient was not finite.
         update: Every gradient was finite but the update would overflow
             (design fact 34).
-        spike: The gradient norm broke the spike rule (`SpikeRule`).
     """
 
     input: int
     forward: int
     gradients: int
     update: int
-    spike: int
 
 
 # Keras optimizers whose writes are linear in the gradient (or in |g|): no
 # square to overflow, so only a non-finite gradient can make them write one.
-# Any other optimizer, Keras's or a user's, gets the square bound (the safe
-# side: it may skip a step of |g| > ~1.8e19 that it could have taken).
+# Any other optimizer, Keras's, a user's or a subclass of these, gets the
+# square bound (the safe side: it may skip a step of |g| > ~1.8e19 that it
+# could have taken).
 _LINEAR = frozenset({"SGD", "Lion", "Adamax"})
 
 
@@ -97,8 +94,8 @@ def update_bound(inner, variable) -> float:
     Returns:
         The bound, a Python float.
     """
-    if any(cls.__name__ in _LINEAR and cls.__module__.startswith("keras")
-           for cls in type(inner).__mro__):
+    kind = type(inner)  # a subclass may override the update: not known linear
+    if kind.__name__ in _LINEAR and kind.__module__.startswith("keras."):
         return math.inf
     dtype = np.float16 if _dtype_name(variable) == "float16" else np.float32
     return _largest_square_root(dtype)
@@ -152,31 +149,26 @@ class StepGuard:
 
     The optimizer creates it with its forward state and hands it to each
     stage of `tf_mixed.scaling.pipeline` as an argument. Not a Trackable:
-    its variables are in no ``.keras`` layout (the optimizer's stays as it
-    was); ``tf.train.Checkpoint`` holds them as the optimizer's child
-    ``write_guard`` (`tf_mixed.scaling.formats.checkpoint_children`).
+    its variables are in no checkpoint or ``.keras`` layout (the
+    optimizer's stays as it was), so the per-reason counts start at 0 in a
+    resumed run.
 
     Attributes:
         forward: The optimizer's `tf_mixed.scaling.rollback.ForwardState`
             (its tracked variables are checked after the forward pass).
-        spike: The `tf_mixed.scaling.spike.SpikeRule`, or None (off).
         counts: int64 ``[len(REASONS)]`` variable, skipped steps per reason
             (after `build`).
         last_reason: int64 scalar variable, the reason code of the latest
             step (0: applied).
         window: float32 ``[2]`` variable when accumulating: this replica's
             input and forward flags since its window opened.
-        spike_state: the spike rule's variables (`tf_mixed.scaling.spike`),
-            or None.
     """
 
-    def __init__(self, forward, spike=None) -> None:
+    def __init__(self, forward) -> None:
         self.forward = forward
-        self.spike = spike
         self.counts: Any = None
         self.last_reason: Any = None
         self.window: Any = None
-        self.spike_state: Any = None
         self._noted = threading.local()
 
     def build(self, accumulating: bool) -> None:
@@ -190,19 +182,6 @@ class StepGuard:
         self.last_reason = variable(0, tf.int64)
         if accumulating:
             self.window = variable([0.0, 0.0], tf.float32)
-        if self.spike is not None:
-            from tf_mixed.scaling import spike
-
-            self.spike_state = spike.SpikeState.create(self.spike, variable)
-
-    def variables(self) -> dict:
-        """The variables to checkpoint, name to variable (empty before `build`)."""
-        if self.counts is None:
-            return {}
-        out = {"counts": self.counts, "last_reason": self.last_reason}
-        if self.spike_state is not None:
-            out.update(self.spike_state.variables())
-        return out
 
     # ------------------------------------------------------- inputs, noted
 
@@ -258,13 +237,6 @@ class StepGuard:
         bounded = self._bounded(grads, variables, inner, scale)
         code = tf.where(bounded, tf.constant(APPLIED, tf.int64),
                         tf.constant(UPDATE, tf.int64))
-        if self.spike is not None:
-            from tf_mixed.scaling import spike
-
-            spiking = spike.breaks(self.spike, self.spike_state, grads, variables,
-                                   scale)
-            code = tf.where(tf.logical_and(tf.equal(code, APPLIED), spiking),
-                            tf.constant(SPIKE, tf.int64), code)
         code = tf.where(finite, code, tf.constant(GRADIENTS, tf.int64))
         code = tf.where(flags[1] > 0, tf.constant(FORWARD, tf.int64), code)
         return tf.where(flags[0] > 0, tf.constant(INPUT, tf.int64), code)
@@ -290,17 +262,10 @@ class StepGuard:
             return tf.constant(True)
         return tf.reduce_all(tf.stack(checks))
 
-    def record(self, code, grads=None, variables=None, scale=None) -> None:
-        """Writes the step's reason: ``last_reason`` and its count.
-
-        With a spike rule, an applied step's gradient norm joins its window.
-        """
+    def record(self, code) -> None:
+        """Writes the step's reason: ``last_reason`` and its count."""
         self.last_reason.assign(code)
         self.counts.assign_add(tf.one_hot(code - 1, len(REASONS), dtype=tf.int64))
-        if self.spike is not None:
-            from tf_mixed.scaling import spike
-
-            spike.observe(self.spike, self.spike_state, tf.equal(code, APPLIED))
 
     def read(self) -> SkipReasons:
         """The counts in Python ints (one host read; zeros before `build`)."""
@@ -313,7 +278,7 @@ def attributable(code) -> tf.Tensor:
     """True when layer attribution should *not* look for a culprit.
 
     Only a skip for non-finite forward state or gradients has a layer to
-    name; bad input, an update bound or a spike has none.
+    name; bad input or an update bound has none.
     """
     return tf.logical_not(tf.logical_or(tf.equal(code, FORWARD),
                                         tf.equal(code, GRADIENTS)))
