@@ -55,7 +55,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_mixed._internal import tf_keras_check
+from tf_mixed._internal import facts, tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.callbacks import skip_contract, stop_rules
@@ -286,6 +286,20 @@ class EpochReasons:
             logs[f"skipped_{reason}"] = float(after - before)
 
 
+def run_advice(model, view) -> stop_rules.Advice:
+    """The stop messages' fixes for ``model``'s compute dtype and optimizer.
+
+    From `tf_mixed._internal.facts.POLICY_FIXES`, for the narrowest dtype
+    any layer computes in; ``scaled``: whether ``view``'s optimizer scales
+    the loss.
+    """
+    dtype = facts.narrowest_compute_dtype(model)
+    return stop_rules.Advice(
+        overflow=f" Fix: {facts.policy_fix(dtype, 'overflow')}.",
+        no_scale=f" Fix: {facts.policy_fix(dtype, 'no_scale')}.",
+        scaled=view.scales_loss())
+
+
 def _nonfinite_weights(model) -> list[str]:
     """Paths of the model's float weights with NaN/inf in any local copy."""
     return [weight.path for weight in model.weights
@@ -459,8 +473,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def _check(self, logs, epoch) -> None:
         if self.stop_reason is not None:
             return
-        logged = logs.get("loss")
-        logged = None if logged is None else float(logged)
+        logged = None if logs.get("loss") is None else float(logs["loss"])
         problem = stop_rules.loss_problem(
             self._view.kind, self._progress,
             None if self._view.judges_loss_by_tally() else logged)
@@ -482,7 +495,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
             kind=self._view.kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
             bad_weights=tuple(bad), epoch=epoch,
-            cause=self._view.wire_cause(self.model)))
+            cause=self._view.wire_cause(self.model),
+            advice=run_advice(self.model, self._view)))
         if reason is not None:
             self._fail(reason)
 
