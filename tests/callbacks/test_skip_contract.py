@@ -288,3 +288,34 @@ def test_every_policy_custom_loops_with_forward_and_update_overflows(policy, rea
         keras.backend.clear_session()
         assert applied == [True, True, False, True, True, True], kind
         assert all(np.array_equal(a, b) for a, b in zip(bad, reference)), kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "float32"])
+def test_keras_plain_optimizer_column_as_measured(policy):
+    # What `model.compile` gives a bfloat16 or float32 user without tf_mixed:
+    # a plain optimizer, no guard (docs/skipped-step.md's Keras columns).
+    x, y = sm.data()
+    finite = {}
+    for kind in sorted(sm.KINDS):
+        keras.config.set_dtype_policy(policy)
+        keras.utils.set_random_seed(1)
+        args = sm.kind_args(kind)
+        layers = [keras.Input((sm.FEATURES,)), keras.layers.Dense(8, activation="relu")]
+        if args.get("batchnorm", True):
+            layers.append(keras.layers.BatchNormalization())
+        model = keras.Sequential([*layers, keras.layers.Dense(sm.CLASSES)])
+        optimizer = (keras.optimizers.Adam(0.01) if args.get("inner") == "adam"
+                     else keras.optimizers.SGD(0.01, momentum=0.5))
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(sm.spoil(x, sm.BAD_STEP, value=sm.KINDS[kind]["value"]), y,
+                  batch_size=sm.BATCH, shuffle=False, verbose=0)
+        finite[kind] = tuple(
+            all(np.isfinite(np.asarray(v, "float32")).all() for v in group)
+            for group in (model.trainable_weights, optimizer.variables,
+                          model.non_trainable_weights))
+        keras.backend.clear_session()
+    # (weights, slots, forward state) finite after the epoch
+    assert finite == {"inf": (False, False, False), "forward": (True, True, False),
+                      "update": (False, False, True)}

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tf_mixed
 from tf_mixed.scaling import write_guard
 from tf_mixed.scaling.optimizer import step_guard
+from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.write_guard import REASONS, SkipReasons
 
 POLICIES = ["float32", "mixed_bfloat16", "mixed_float16"]
@@ -157,24 +158,40 @@ def test_a_forward_state_that_overflows_is_rolled_back_and_the_step_skipped(poli
 
 
 def test_the_first_reason_that_holds_is_the_steps_reason():
-    guard = write_guard.StepGuard(forward=None)
-    adam = keras.optimizers.Adam()
-    v = keras.Variable(1.0)
-    big, small = [tf.constant(1e20)], [tf.constant(1.0)]
+    guard = write_guard.StepGuard(forward=ForwardState())
+    guard.build(accumulating=False)
+    big, bad = [tf.constant(1e20)], [tf.constant(INF)]
 
-    def code(flags, finite, grads):
-        return int(guard.reason(tf.constant(flags, tf.float32), tf.constant(finite),
-                                grads, [v], adam))
+    def code(flags, grads, applied=False):
+        flags = None if flags is None else tf.constant(flags, tf.float32)
+        return int(guard.settle(tf.constant(applied), flags, grads))
 
-    assert code([1.0, 1.0], False, big) == REASONS.index("input") + 1
-    assert code([0.0, 2.0], False, big) == REASONS.index("forward") + 1
-    assert code([0.0, 0.0], False, big) == REASONS.index("gradients") + 1
-    assert code([0.0, 0.0], True, big) == REASONS.index("update") + 1
-    assert code([0.0, 0.0], True, small) == 0
+    assert code([1.0, 1.0], bad) == REASONS.index("input") + 1
+    assert code([0.0, 2.0], bad) == REASONS.index("forward") + 1
+    assert code([0.0, 0.0], bad) == REASONS.index("gradients") + 1
+    assert code(None, big) == REASONS.index("update") + 1
+    assert guard.read() == SkipReasons(1, 1, 1, 1)
+    assert int(guard.last_reason.numpy()) == REASONS.index("update") + 1
+    # An applied step writes nothing.
+    assert code(None, big, applied=True) == 0
+    assert guard.read() == SkipReasons(1, 1, 1, 1)
+    assert int(guard.last_reason.numpy()) == REASONS.index("update") + 1
+
+
+def test_the_verdict_reads_the_bounds_in_the_finite_check():
+    from tf_mixed.scaling import allreduce
+
+    bounds = [write_guard.update_bound(keras.optimizers.Adam(), keras.Variable(1.0))]
+    _, within = allreduce.reduce_gradients([tf.constant([1e19, 1.0])], bounds=bounds)
+    assert bool(within)
+    _, within = allreduce.reduce_gradients([tf.constant([1e20, 1.0])], bounds=bounds)
+    assert not bool(within)
     # Still scaled: the bound is multiplied by the scale they carry.
-    assert int(guard.reason(tf.constant([0.0, 0.0]), tf.constant(True),
-                            [tf.constant(1e19 * 4.0)], [v], adam,
-                            scale=tf.constant(4.0))) == 0
+    _, within = allreduce.reduce_gradients([tf.constant([4e19])], bounds=bounds,
+                                           bound_scale=tf.constant(4.0))
+    assert bool(within)
+    _, within = allreduce.reduce_gradients([tf.constant([np.nan])], bounds=[None])
+    assert not bool(within)
 
 
 def test_loss_scale_state_counts_reasons_for_every_kind_of_optimizer():

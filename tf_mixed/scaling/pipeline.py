@@ -51,36 +51,38 @@ def step(optimizer, grads, trainable_variables, unscaled, guard):
     if optimizer.accumulator is not None:
         return window_step(optimizer, grads, trainable_variables, unscaled, guard)
     scale = tf.convert_to_tensor(optimizer.dynamic_scale.value)
-    riders = guard.local_flags()
-    # Layer attribution (`tf_mixed.scaling.attribution`): with several
-    # replicas the per-layer forward flags ride the one all-reduce too.
+    # The write guard's per-replica [input, forward] flags (None: nothing
+    # to check) ride the one all-reduce; so, with several replicas, do
+    # layer attribution's per-layer forward flags (`tf_mixed.scaling.attribution`).
+    guarded = guard.local_flags()
+    riders = [] if guarded is None else [guarded]
     attributing = attribution.of(optimizer)
     records = None
     if attributing is not None:
         records = attributing.local_outputs()
         if _several_replicas():
-            riders = tf.concat([riders, attributing.forward_flags(records)], 0)
+            riders.append(attributing.forward_flags(records))
     # Without attribution (which reads the unscaled gradients) the division
     # waits for the applied branch, as in Keras's wrapper: a skipped step
     # does not divide at all.
-    grads, trainable_variables, finite, gathered, riders, divisor = reduce_with_flags(
+    grads, trainable_variables, within, gathered, riders, divisor = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
-        optimizer.communication_dtype, optimizer._scratch.float8, flags=riders,
-        defer_division=attributing is None)
-    code = guard.reason(riders[:2], finite, grads, trainable_variables,
-                        optimizer.inner_optimizer, divisor)
-    applied = tf.equal(code, write_guard.APPLIED)
+        optimizer.communication_dtype, optimizer._scratch.float8,
+        flags=tf.concat(riders, 0) if riders else None,
+        defer_division=attributing is None, inner=optimizer.inner_optimizer)
+    flags = None if guarded is None else riders[:2]
+    applied = guard.applied(within, flags)
+    code = guard.settle(applied, flags, grads)
     if attributing is not None:
-        flags = riders[2:] if _several_replicas() else None
+        forward = riders[0 if guarded is None else 2:] if _several_replicas() else None
         attributing.record(write_guard.attributable(code), grads, trainable_variables,
-                           flags if flags is not None
+                           forward if forward is not None
                            else lambda: attributing.forward_flags(records))
     apply_unscaled(optimizer.inner_optimizer, applied, grads, trainable_variables,
                    divisor=divisor)
     roll_back(optimizer, applied)
     advance_state(optimizer, applied, scale)
     finish_float8(optimizer, gathered, applied, scale)
-    guard.record(code)
     return applied
 
 
@@ -127,7 +129,8 @@ def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
 
 
 def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication_dtype,
-                      float8=None, when=None, flags=None, defer_division=False):
+                      float8=None, when=None, flags=None, defer_division=False,
+                      inner=None, bound_scale=None):
     """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -159,6 +162,12 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     ``defer_division=True`` leaves the division to the caller: the gradients
     come back as reduced, with the scale to divide them by (`divide_all`).
 
+    ``inner`` (the inner optimizer): the verdict also requires every reduced
+    gradient within the update bound of its variable
+    (`tf_mixed.scaling.write_guard.update_bound`), checked in the same pass
+    as finiteness; ``bound_scale`` multiplies the bounds (accumulation: the
+    window's length, the reduced values being sums).
+
     Returns:
         ``(unscaled, variables, finite, gathered, flags, divisor)``: the
         reduced gradients divided by the loss scale (``defer_division``:
@@ -187,12 +196,20 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
         local = local + [False]
     elif float8_step is not None:
         gathered = float8.gather(float8_step, context)
+    bounds = None
+    if inner is not None:
+        bounds = write_guard.StepGuard.bounds(inner, trainable_variables)
+        bounds += [None] * (len(grads) - len(bounds))  # float8 payload
+        if bound_scale is None and scaled:
+            bound_scale = scale
     riding = flags is not None and several
     if riding:
         grads = grads + [flags]
         local = local + [False]
+        bounds = None if bounds is None else bounds + [None]
     reduced, finite = allreduce.reduce_gradients(
-        grads, communication_dtype, context, local=local, when=when)
+        grads, communication_dtype, context, local=local, when=when,
+        bounds=bounds, bound_scale=bound_scale)
     if riding:
         reduced, flags = reduced[:-1], reduced[-1]
     if float8_step is not None and gathered is None:
@@ -226,24 +243,25 @@ def window_step(optimizer, grads, trainable_variables, unscaled, guard):
         grads = divide_all(grads, trainable_variables, scale)
     sums = accumulator.add(grads)
     is_last = accumulator.is_last()
-    riders = guard.local_flags()
-    # The one collective of the window, on its last micro-step only.
-    # The sums come back unscaled (no float8 pairs: refused at build).
-    reduced, _, finite, _, riders, _ = reduce_with_flags(
-        sums, trainable_variables, scale, True, optimizer.communication_dtype,
-        when=is_last, flags=riders)
+    flags = guard.local_flags()
     steps = float(accumulator.steps)
+    # The one collective of the window, on its last micro-step only, the
+    # window's flags riding along. The sums come back unscaled (no float8
+    # pairs: refused at build); their bounds are the window's length times
+    # the mean's.
+    reduced, _, within, _, flags, _ = reduce_with_flags(
+        sums, trainable_variables, scale, True, optimizer.communication_dtype,
+        when=is_last, flags=flags, inner=optimizer.inner_optimizer,
+        bound_scale=tf.constant(steps))
     reduced = [None if g is None else g / steps for g in reduced]
-    code = guard.reason(riders, finite, reduced, trainable_variables,
-                        optimizer.inner_optimizer)
-    applied = tf.equal(code, write_guard.APPLIED)
+    applied = guard.applied(within, flags)
     apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, applied),
                     reduced, trainable_variables)
 
     def end_window():
         roll_back(optimizer, applied)
         advance_state(optimizer, applied)
-        guard.record(code)
+        guard.settle(applied, flags, reduced)
         guard.end_window()
 
     tf.cond(is_last, end_window, lambda: None)

@@ -141,7 +141,7 @@ def inputs_flag(data) -> tf.Tensor | None:
             checks.append(tf.reduce_all(tf.math.is_finite(tensor)))
     if not checks:
         return None
-    return tf.logical_not(tf.reduce_all(tf.stack(checks)))
+    return tf.logical_not(checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks)))
 
 
 class StepGuard:
@@ -159,7 +159,8 @@ class StepGuard:
         counts: int64 ``[len(REASONS)]`` variable, skipped steps per reason
             (after `build`).
         last_reason: int64 scalar variable, the reason code of the latest
-            step (0: applied).
+            skipped step (written on skipped steps only: read it beside
+            ``last_step_skipped``).
         window: float32 ``[2]`` variable when accumulating: this replica's
             input and forward flags since its window opened.
     """
@@ -197,21 +198,27 @@ class StepGuard:
         flag = getattr(self._noted, "flag", None)
         self._noted.flag = None
         if flag is None or not _usable_here(flag):
-            return tf.constant(False)
+            return None
         return flag
 
     # ------------------------------------------------------------ the stages
 
-    def local_flags(self) -> tf.Tensor:
-        """This replica's float32 ``[input, forward]`` flags (1.0: bad).
+    def local_flags(self) -> tf.Tensor | None:
+        """This replica's float32 ``[input, forward]`` flags (1.0: bad), or None.
 
-        With accumulation, the flags of the whole window so far.
+        None when there is nothing to check (no inputs noted, no forward
+        state tracked, not accumulating): the step then builds no operation
+        for them. With accumulation, the flags of the whole window so far.
         """
         forward = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
                    for v in self.forward.variables]
+        inputs = self._take_inputs()
+        if not forward and inputs is None and self.window is None:
+            return None
         forward_bad = (tf.logical_not(tf.reduce_all(tf.stack(forward)))
                        if forward else tf.constant(False))
-        flags = tf.cast(tf.stack([self._take_inputs(), forward_bad]), tf.float32)
+        inputs = tf.constant(False) if inputs is None else inputs
+        flags = tf.cast(tf.stack([inputs, forward_bad]), tf.float32)
         if self.window is not None:
             flags = tf.maximum(flags, self.window.read_value())
             self.window.assign(flags)
@@ -221,57 +228,66 @@ class StepGuard:
         """After a window's last micro-step: its flags start again at 0."""
         self.window.assign(tf.zeros([2], tf.float32))
 
-    def reason(self, flags, finite, grads, variables, inner, scale=None) -> tf.Tensor:
-        """The step's reason code (0: applied), the same on every replica.
+    @staticmethod
+    def bounds(inner, variables) -> list:
+        """`update_bound` of each variable (None for those Keras overwrites)."""
+        return [None if getattr(v, "overwrite_with_gradient", False)
+                else update_bound(inner, v) for v in variables]
+
+    @staticmethod
+    def applied(within, flags) -> tf.Tensor:
+        """The verdict: every gradient finite and within its bound, no flag raised.
 
         Args:
-            flags: The summed ``[input, forward]`` flags of every replica.
-            finite: Whether every reduced gradient is finite.
-            grads, variables: The reduced gradients and their variables.
-            inner: The inner optimizer (its update bounds).
-            scale: The loss scale the gradients still carry, or None.
+            within: From the all-reduce: every reduced gradient finite and
+                within its `update_bound` (the same on every replica).
+            flags: The summed ``[input, forward]`` flags, or None.
 
         Returns:
-            A scalar int64 tensor.
+            A scalar bool tensor, True when the step is applied.
         """
-        bounded = self._bounded(grads, variables, inner, scale)
-        code = tf.where(bounded, tf.constant(APPLIED, tf.int64),
-                        tf.constant(UPDATE, tf.int64))
-        code = tf.where(finite, code, tf.constant(GRADIENTS, tf.int64))
-        code = tf.where(flags[1] > 0, tf.constant(FORWARD, tf.int64), code)
-        return tf.where(flags[0] > 0, tf.constant(INPUT, tf.int64), code)
+        if flags is None:
+            return within
+        return tf.logical_and(within, tf.reduce_all(flags <= 0.0))
 
-    def _bounded(self, grads, variables, inner, scale) -> tf.Tensor:
-        checks = []
-        for grad, variable in zip(grads, variables):
-            if grad is None or getattr(variable, "overwrite_with_gradient", False):
-                continue
-            bound = update_bound(inner, variable)
-            if math.isinf(bound):
-                continue
-            values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-            values = tf.convert_to_tensor(values)
-            if values.dtype != tf.float32:
-                values = tf.cast(values, tf.float32)
-            limit = tf.constant(bound, tf.float32)
-            if scale is not None:
-                limit = limit * tf.cast(scale, tf.float32)
-            # NaN compares False: a non-finite gradient is out of bounds too.
-            checks.append(tf.reduce_all(tf.abs(values) <= limit))
-        if not checks:
-            return tf.constant(True)
-        return tf.reduce_all(tf.stack(checks))
+    def settle(self, applied, flags, grads) -> tf.Tensor:
+        """Names the reason of a skipped step and counts it (skipped steps only).
 
-    def record(self, code) -> None:
-        """Writes the step's reason: ``last_reason`` and its count."""
-        self.last_reason.assign(code)
-        self.counts.assign_add(tf.one_hot(code - 1, len(REASONS), dtype=tf.int64))
+        An applied step pays for one cond: the reason is worked out, and
+        ``last_reason`` and ``counts`` written, in its skip branch only.
+
+        Args:
+            applied: The verdict (`applied`).
+            flags: The summed ``[input, forward]`` flags, or None.
+            grads: The reduced gradients (a skip whose gradients are all
+                finite was an update out of bounds).
+
+        Returns:
+            The step's reason code, a scalar int64 tensor (0: applied).
+        """
+        def skipped():
+            code = tf.where(_all_finite(grads), tf.constant(UPDATE, tf.int64),
+                            tf.constant(GRADIENTS, tf.int64))
+            if flags is not None:
+                code = tf.where(flags[1] > 0, tf.constant(FORWARD, tf.int64), code)
+                code = tf.where(flags[0] > 0, tf.constant(INPUT, tf.int64), code)
+            self.last_reason.assign(code)
+            self.counts.assign_add(tf.one_hot(code - 1, len(REASONS), dtype=tf.int64))
+            return code
+
+        return tf.cond(applied, lambda: tf.constant(APPLIED, tf.int64), skipped)
 
     def read(self) -> SkipReasons:
         """The counts in Python ints (one host read; zeros before `build`)."""
         if self.counts is None:
             return SkipReasons(*([0] * len(REASONS)))
         return SkipReasons(*(int(c) for c in np.asarray(self.counts.numpy())))
+
+
+def _all_finite(grads) -> tf.Tensor:
+    checks = [tf.reduce_all(tf.math.is_finite(
+        g.values if isinstance(g, tf.IndexedSlices) else g)) for g in grads if g is not None]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
 def attributable(code) -> tf.Tensor:
