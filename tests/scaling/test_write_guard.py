@@ -96,7 +96,7 @@ def test_a_finite_gradient_whose_adam_update_overflows_is_skipped(policy):
     for slot in opt.inner_optimizer.variables[2:]:
         np.testing.assert_array_equal(slot.numpy(), np.zeros(2))
     state = tf_mixed.loss_scale_state(opt)
-    assert state.skip_reasons == SkipReasons(0, 0, 0, 1)
+    assert state.skip_reasons == SkipReasons(0, 0, 0, 1, 0)
     assert state.skipped_steps == 1
     # The next ordinary step is applied: Adam's first step moves by lr.
     assert bool(step(tf.constant([1.0, 1.0])))
@@ -151,7 +151,7 @@ def test_a_forward_state_that_overflows_is_rolled_back_and_the_step_skipped(poli
     assert not bool(step(tf.constant([[1e20, 2.0]])))
     assert float(layer.moving.numpy()) == 4.0
     assert float(layer.kernel.numpy()) == 0.5
-    assert tf_mixed.loss_scale_state(opt).skip_reasons == SkipReasons(0, 1, 0, 0)
+    assert tf_mixed.loss_scale_state(opt).skip_reasons == SkipReasons(0, 1, 0, 0, 0)
 
 
 # --------------------------------------------------------- the reasons
@@ -170,11 +170,11 @@ def test_the_first_reason_that_holds_is_the_steps_reason():
     assert code([0.0, 2.0], bad) == REASONS.index("forward") + 1
     assert code([0.0, 0.0], bad) == REASONS.index("gradients") + 1
     assert code(None, big) == REASONS.index("update") + 1
-    assert guard.read() == SkipReasons(1, 1, 1, 1)
+    assert guard.read() == SkipReasons(1, 1, 1, 1, 0)
     assert int(guard.last_reason.numpy()) == REASONS.index("update") + 1
     # An applied step writes nothing.
     assert code(None, big, applied=True) == 0
-    assert guard.read() == SkipReasons(1, 1, 1, 1)
+    assert guard.read() == SkipReasons(1, 1, 1, 1, 0)
     assert int(guard.last_reason.numpy()) == REASONS.index("update") + 1
 
 
@@ -195,11 +195,11 @@ def test_the_verdict_reads_the_bounds_in_the_finite_check():
 
 
 def test_loss_scale_state_counts_reasons_for_every_kind_of_optimizer():
-    assert tf_mixed.loss_scale_state(keras.optimizers.SGD()).skip_reasons == (0,) * 4
+    assert tf_mixed.loss_scale_state(keras.optimizers.SGD()).skip_reasons == (0,) * 5
     keras_wrapper = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
     assert tf_mixed.loss_scale_state(keras_wrapper).skip_reasons is None
     unbuilt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD())
-    assert tf_mixed.loss_scale_state(unbuilt).skip_reasons == SkipReasons(0, 0, 0, 0)
+    assert tf_mixed.loss_scale_state(unbuilt).skip_reasons == SkipReasons(0, 0, 0, 0, 0)
 
 
 @pytest.mark.filterwarnings("ignore:.*no forward state is handed")
@@ -210,7 +210,7 @@ def test_noted_inputs_make_the_reason_input_and_are_used_once():
     assert not bool(opt.apply([tf.constant(INF)], [v]))
     # The note is taken by that step; the next one is judged on its own.
     assert not bool(opt.apply([tf.constant(INF)], [v]))
-    assert tf_mixed.loss_scale_state(opt).skip_reasons == SkipReasons(1, 0, 1, 0)
+    assert tf_mixed.loss_scale_state(opt).skip_reasons == SkipReasons(1, 0, 1, 0, 0)
     assert float(v.numpy()) == 1.0
 
 
@@ -246,4 +246,4 @@ def test_forward_state_bad_on_one_replica_skips_every_replica_in_one_collective(
     assert [bool(a) for a in applied] == [False, False]
     assert [float(c) for c in mirrored.experimental_local_results(stat)] == [1.0, 1.0]
     np.testing.assert_array_equal(v.numpy(), [1.0])
-    assert tf_mixed.loss_scale_state(opt).skip_reasons == SkipReasons(0, 1, 0, 0)
+    assert tf_mixed.loss_scale_state(opt).skip_reasons == SkipReasons(0, 1, 0, 0, 0)

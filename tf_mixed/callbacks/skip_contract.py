@@ -60,7 +60,7 @@ REASON_KEY = "skip_reason"
 """The batch-logs key: why this batch's step was skipped, as a float code:
 0.0 applied, else 1 + the reason's index in
 `tf_mixed.scaling.write_guard.REASONS` (1 input, 2 forward, 3 gradients,
-4 update)."""
+4 update, 5 spike)."""
 
 _MARK = "_tf_mixed_skip_contract"
 

@@ -3,13 +3,16 @@
 from tf_mixed._internal import moved as _moved
 from tf_mixed.scaling.compensated import compensate  # noqa: F401
 from tf_mixed.scaling.loss_tally import LossTally  # noqa: F401
-from tf_mixed.scaling.optimizer import refresh_forward_state  # noqa: F401
+from tf_mixed.scaling.optimizer import guard_spikes, refresh_forward_state  # noqa: F401
 from tf_mixed.scaling.scale_state import LossScaleConfig  # noqa: F401
+from tf_mixed.scaling.spike import SpikeRule  # noqa: F401
 
 __all__ = [
     "LossScaleConfig",
     "LossTally",
+    "SpikeRule",
     "compensate",
+    "guard_spikes",
     "refresh_forward_state",
 ]
 

@@ -49,15 +49,17 @@ from tf_mixed.scaling import (
     misuse,
     pipeline,
     scale_state,
+    spike,
 )
 from tf_mixed.scaling.float8_sync import Float8Sync
 from tf_mixed.scaling.keras_compat import KerasCompat
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
+from tf_mixed.scaling.spike import SpikeGuard, SpikeRule
 from tf_mixed.scaling.write_guard import SkipReasons, StepGuard
 
-__all__ = ["LossScaleOptimizer", "loss_scale_state", "read_keras_state",
+__all__ = ["LossScaleOptimizer", "guard_spikes", "loss_scale_state", "read_keras_state",
            "refresh_forward_state", "step_guard", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
@@ -472,7 +474,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         The layout is `tf_mixed.scaling.formats.save_own`: the scalar state as
         one vector, then each accumulation buffer, every replica's.
         """
-        formats.save_own(self, store)
+        formats.save_own(self, store, self._scratch.guard)
 
     def load_own_variables(self, store) -> None:
         """Loads a ``.keras`` file's optimizer state, older layouts included.
@@ -481,7 +483,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         and Keras's wrapper (whose missing counters start at 0); each
         replica gets its own accumulation buffer back.
         """
-        formats.load_own(self, store, super().load_own_variables)
+        formats.load_own(self, store, super().load_own_variables, self._scratch.guard)
 
     def get_config(self):
         """Returns the constructor arguments (Keras's names first)."""
@@ -558,6 +560,36 @@ def step_guard(optimizer: LossScaleOptimizer) -> StepGuard:
     return optimizer._scratch.guard
 
 
+def guard_spikes(optimizer: LossScaleOptimizer, rule: SpikeRule | None = None) -> SpikeGuard:
+    """Turns on the spike guard of ``optimizer`` (off by default).
+
+    A step whose gradient norm leaps above its recent history is skipped,
+    reason "spike" (`tf_mixed.scaling.spike`: the rule, its state). Call it
+    once, under the strategy's scope, before the first step is traced (for
+    ``fit``: before ``fit``). A history read from a file before this call is
+    taken over.
+
+    Args:
+        optimizer: A ``tf_mixed.LossScaleOptimizer``.
+        rule: A `tf_mixed.scaling.SpikeRule`; None: ``SpikeRule()`` (window
+            100, threshold 6).
+
+    Returns:
+        The `tf_mixed.scaling.spike.SpikeGuard` now in the optimizer's write guard.
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``tf_mixed.LossScaleOptimizer`` or
+            ``rule`` not a ``SpikeRule``.
+        ValueError: a history read from a file has another window.
+    """
+    if not isinstance(optimizer, LossScaleOptimizer):
+        raise TypeError(
+            "guard_spikes() needs a tf_mixed.LossScaleOptimizer. Received: "
+            f"optimizer={optimizer!r:.80} (of type {type(optimizer).__name__}). "
+            "Wrap it first: tf_mixed.wrap_optimizer(optimizer).")
+    return spike.turn_on(optimizer._scratch.guard, rule)
+
+
 def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
     """Re-copies the forward state `optimizer` tracks, after a write between steps.
 
@@ -575,7 +607,10 @@ def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
 
 # A tf.train.Checkpoint of the wrapper has the inner optimizer's layout plus
 # its own state (`tf_mixed.scaling.formats.checkpoint_children`).
-_internals.set_checkpoint_children(LossScaleOptimizer, formats.checkpoint_children)
+_internals.set_checkpoint_children(
+    LossScaleOptimizer,
+    lambda wrapper, default: formats.checkpoint_children(wrapper, default,
+                                                         wrapper._scratch.guard))
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -608,7 +643,7 @@ def loss_scale_state(optimizer) -> LossScaleState:
     return LossScaleState(
         scale=1.0 if factor is None else float(factor), good_steps=0,
         overflow_streak=0, skipped_steps=0, last_step_skipped=False,
-        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0))
+        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0, 0))
 
 
 def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:

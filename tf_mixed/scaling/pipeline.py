@@ -71,9 +71,10 @@ def step(optimizer, grads, trainable_variables, unscaled, guard):
         flags=tf.concat(riders, 0) if riders else None,
         defer_division=attributing is None, inner=optimizer.inner_optimizer)
     flags = None if guarded is None else riders[:2]
-    applied = guard.applied(within, flags)
-    code = guard.settle(applied, flags, grads)
+    applied = guard.applied(within, flags, grads, divisor)
     if attributing is not None:
+        code = tf.where(applied, tf.constant(write_guard.APPLIED, tf.int64),
+                        guard.skip_code(flags, grads, within))
         forward = riders[0 if guarded is None else 2:] if _several_replicas() else None
         attributing.record(write_guard.attributable(code), grads, trainable_variables,
                            forward if forward is not None
@@ -81,19 +82,22 @@ def step(optimizer, grads, trainable_variables, unscaled, guard):
     apply_unscaled(optimizer.inner_optimizer, applied, grads, trainable_variables,
                    divisor=divisor)
     roll_back(optimizer, applied)
-    advance_state(optimizer, applied, scale)
+    advance_state(optimizer, applied, scale, guard.branches(flags, grads, within))
     finish_float8(optimizer, gathered, applied, scale)
     return applied
 
 
-def advance_state(optimizer, finite, scale=None):
+def advance_state(optimizer, finite, scale=None, also=None):
     """Writes `next_state` of the global verdict into the variables.
 
     One branch per verdict, each `next_state` of that verdict as a Python
     bool: a step runs only its own branch's few operations (the applied
     one: count a good step, maybe grow) and writes only the fields that
     branch changes, instead of computing and writing both outcomes.
-    ``scale``: the scale this step already read, if any.
+    ``scale``: the scale this step already read, if any. ``also``: the
+    write guard's ``(on_applied, on_skipped)`` writes
+    (`tf_mixed.scaling.write_guard.StepGuard.branches`), run in the same
+    branches (no cond of their own).
     """
     variables = optimizer._state_variables()
 
@@ -109,6 +113,8 @@ def advance_state(optimizer, finite, scale=None):
                 if new is not old:
                     variable.assign(tf.cast(new, variable.dtype) if tf.is_tensor(new)
                                     else tf.constant(new, variable.dtype))
+            if also is not None:
+                also[0 if verdict else 1]()
         return branch
 
     tf.cond(finite, write(True), write(False))
@@ -254,14 +260,13 @@ def window_step(optimizer, grads, trainable_variables, unscaled, guard):
         when=is_last, flags=flags, inner=optimizer.inner_optimizer,
         bound_scale=tf.constant(steps))
     reduced = [None if g is None else g / steps for g in reduced]
-    applied = guard.applied(within, flags)
+    applied = guard.applied(within, flags, reduced)
     apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, applied),
                     reduced, trainable_variables)
 
     def end_window():
         roll_back(optimizer, applied)
-        advance_state(optimizer, applied)
-        guard.settle(applied, flags, reduced)
+        advance_state(optimizer, applied, also=guard.branches(flags, reduced, within))
         guard.end_window()
 
     tf.cond(is_last, end_window, lambda: None)

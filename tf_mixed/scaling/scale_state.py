@@ -192,7 +192,7 @@ class LossScaleState(NamedTuple):
             more for them.
         skip_reasons: Skipped steps counted per reason, a
             `tf_mixed.scaling.write_guard.SkipReasons` (input, forward,
-            gradients, update); None where the optimizer does not
+            gradients, update, spike); None where the optimizer does not
             count them. Not part of the scale rule: `next_state` passes it on.
     """
 

@@ -24,6 +24,8 @@
 #   squares gradients into a slot, ``|g|`` whose square overflows the slot's
 #   dtype; a bound, checked on the reduced gradients before the inner
 #   optimizer runs, not the candidate values after it);
+# * **spike** (only with `tf_mixed.scaling.spike.guard_spikes`, off by
+#   default): the gradient norm is far above its recent history.
 #
 # One verdict everywhere, no extra collective: the input and forward flags are
 # each replica's own, so they ride the step's one gradient all-reduce as two
@@ -44,11 +46,11 @@ import tensorflow as tf
 
 __all__ = ["REASONS", "SkipReasons", "StepGuard", "inputs_flag", "update_bound"]
 
-REASONS = ("input", "forward", "gradients", "update")
+REASONS = ("input", "forward", "gradients", "update", "spike")
 """Why a step was skipped; a reason's code is its index + 1 (0: applied)."""
 
 APPLIED = 0
-INPUT, FORWARD, GRADIENTS, UPDATE = range(1, len(REASONS) + 1)
+INPUT, FORWARD, GRADIENTS, UPDATE, SPIKE = range(1, len(REASONS) + 1)
 
 
 class SkipReasons(NamedTuple):
@@ -61,12 +63,15 @@ class SkipReasons(NamedTuple):
         gradients: A reduced gradient was not finite.
         update: Every gradient was finite but the update would overflow
             (design fact 34).
+        spike: The gradient norm broke the spike rule
+            (`tf_mixed.scaling.spike`; only when turned on).
     """
 
     input: int
     forward: int
     gradients: int
     update: int
+    spike: int
 
 
 # Keras optimizers whose writes are linear in the gradient (or in |g|): no
@@ -163,6 +168,10 @@ class StepGuard:
             ``last_step_skipped``).
         window: float32 ``[2]`` variable when accumulating: this replica's
             input and forward flags since its window opened.
+        spike: The `tf_mixed.scaling.spike.SpikeGuard`, or None (off, the
+            default; `tf_mixed.scaling.spike.guard_spikes` turns it on).
+        pending_spike: A spike history read from a file before the guard
+            was turned on (taken over by ``guard_spikes``), or None.
     """
 
     def __init__(self, forward) -> None:
@@ -170,6 +179,8 @@ class StepGuard:
         self.counts: Any = None
         self.last_reason: Any = None
         self.window: Any = None
+        self.spike: Any = None
+        self.pending_spike: Any = None
         self._noted = threading.local()
 
     def build(self, accumulating: bool) -> None:
@@ -234,48 +245,106 @@ class StepGuard:
         return [None if getattr(v, "overwrite_with_gradient", False)
                 else update_bound(inner, v) for v in variables]
 
-    @staticmethod
-    def applied(within, flags) -> tf.Tensor:
+    def applied(self, within, flags, grads, divisor=None) -> tf.Tensor:
         """The verdict: every gradient finite and within its bound, no flag raised.
 
         Args:
             within: From the all-reduce: every reduced gradient finite and
                 within its `update_bound` (the same on every replica).
             flags: The summed ``[input, forward]`` flags, or None.
+            grads: The reduced gradients (the spike rule's norm).
+            divisor: The scale they still carry, or None.
 
         Returns:
             A scalar bool tensor, True when the step is applied.
         """
-        if flags is None:
-            return within
-        return tf.logical_and(within, tf.reduce_all(flags <= 0.0))
+        verdict = within if flags is None else tf.logical_and(
+            within, tf.reduce_all(flags <= 0.0))
+        if self.spike is not None:
+            verdict = tf.logical_and(verdict, tf.logical_not(
+                self.spike.breaks(grads, divisor)))
+        return verdict
 
-    def settle(self, applied, flags, grads) -> tf.Tensor:
-        """Names the reason of a skipped step and counts it (skipped steps only).
-
-        An applied step pays for one cond: the reason is worked out, and
-        ``last_reason`` and ``counts`` written, in its skip branch only.
+    def skip_code(self, flags, grads, within=None) -> tf.Tensor:
+        """The reason code of a step known to be skipped (a scalar int64 tensor).
 
         Args:
-            applied: The verdict (`applied`).
             flags: The summed ``[input, forward]`` flags, or None.
             grads: The reduced gradients (a skip whose gradients are all
                 finite was an update out of bounds).
-
-        Returns:
-            The step's reason code, a scalar int64 tensor (0: applied).
+            within: The all-reduce's bound check (with a spike rule: a skip
+                within bounds was a spike).
         """
-        def skipped():
-            code = tf.where(_all_finite(grads), tf.constant(UPDATE, tf.int64),
-                            tf.constant(GRADIENTS, tf.int64))
-            if flags is not None:
-                code = tf.where(flags[1] > 0, tf.constant(FORWARD, tf.int64), code)
-                code = tf.where(flags[0] > 0, tf.constant(INPUT, tf.int64), code)
+        code = tf.where(_all_finite(grads), tf.constant(UPDATE, tf.int64),
+                        tf.constant(GRADIENTS, tf.int64))
+        if self.spike is not None:
+            code = tf.where(within, tf.constant(SPIKE, tf.int64), code)
+        if flags is not None:
+            code = tf.where(flags[1] > 0, tf.constant(FORWARD, tf.int64), code)
+            code = tf.where(flags[0] > 0, tf.constant(INPUT, tf.int64), code)
+        return code
+
+    def branches(self, flags, grads, within=None) -> tuple:
+        """What the verdict's two branches write: ``(on_applied, on_skipped)``.
+
+        Run inside the loss-scale state's own cond
+        (`tf_mixed.scaling.pipeline.advance_state`), so an applied step pays
+        for no cond of the guard's: on a skip the reason is worked out and
+        ``last_reason`` and ``counts`` written; on an applied step only the
+        spike rule's history (when on) takes the norm.
+        """
+        def on_applied():
+            if self.spike is not None:
+                self.spike.observe()
+
+        def on_skipped():
+            code = self.skip_code(flags, grads, within)
             self.last_reason.assign(code)
             self.counts.assign_add(tf.one_hot(code - 1, len(REASONS), dtype=tf.int64))
-            return code
 
-        return tf.cond(applied, lambda: tf.constant(APPLIED, tf.int64), skipped)
+        return on_applied, on_skipped
+
+    def settle(self, applied, flags, grads, within=None) -> tf.Tensor:
+        """`branches` in a cond of their own; returns the code (0: applied)."""
+        on_applied, on_skipped = self.branches(flags, grads, within)
+
+        def kept():
+            on_applied()
+            return tf.constant(APPLIED, tf.int64)
+
+        def skipped():
+            on_skipped()
+            return tf.convert_to_tensor(self.last_reason)
+
+        return tf.cond(applied, kept, skipped)
+
+    # ------------------------------------------------------- its files
+
+    def save_into(self, store) -> None:
+        """Adds the spike history to a ``.keras``/``.weights.h5`` store (if on)."""
+        if self.spike is not None:
+            from tf_mixed.scaling import spike
+
+            store[spike.STORE_KEY] = self.spike.saved()
+
+    def load_from(self, store) -> None:
+        """Reads a saved spike history (kept for ``guard_spikes`` when off)."""
+        from tf_mixed.scaling import spike
+
+        if spike.STORE_KEY not in list(store.keys()):
+            return
+        saved = np.asarray(store[spike.STORE_KEY][...], np.float64)
+        if self.spike is None:
+            self.pending_spike = saved
+        else:
+            self.spike.assign_saved(saved)
+
+    def checkpoint_child(self) -> dict:
+        """The spike history's ``tf.train.Checkpoint`` children, or ``{}`` (off)."""
+        if self.spike is None:
+            return {}
+        return {"spike_guard_norms": self.spike.norms,
+                "spike_guard_seen": self.spike.seen}
 
     def read(self) -> SkipReasons:
         """The counts in Python ints (one host read; zeros before `build`)."""
