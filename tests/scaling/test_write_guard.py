@@ -1,6 +1,6 @@
 """The write guard: a step is skipped when any of its writes would not be finite.
 
-Design fact 34: finite gradients can write non-finite state (Adam's second
+Finite gradients can write non-finite state (Adam's second
 moment squares |g| > ~1.8e19 to inf; BatchNormalization's statistics of a
 huge batch overflow while every gradient stays finite). Under float32,
 mixed_bfloat16 and mixed_float16 alike, such a step is skipped with its

@@ -1,9 +1,9 @@
 """What a step writes, checked before it is written: the verdict's reasons and bounds."""
 
 # The loss-scale verdict used to read only the incoming gradients. Under every
-# policy a step can write a non-finite value with finite gradients (design
-# fact 34): Adam's second moment squares a gradient above ~1.8e19 to inf (and
-# ``inf - inf`` is NaN in the next update), and BatchNormalization's moving
+# policy a step can write a non-finite value with finite gradients: Adam's
+# second moment squares a gradient above ~1.8e19 to inf (and ``inf - inf``
+# is NaN in the next update), and BatchNormalization's moving
 # statistics of a batch with huge activations overflow while its normalised
 # output, and so every gradient, stays finite. `StepGuard` extends the one
 # verdict of `tf_mixed.scaling.pipeline` to every write of the step, checked
@@ -62,7 +62,7 @@ class SkipReasons(NamedTuple):
             moving statistics) was not finite.
         gradients: A reduced gradient was not finite.
         update: Every gradient was finite but the update would overflow
-            (design fact 34).
+            (Adam squares |g| > ~1.8e19 to inf).
         spike: The gradient norm broke the spike rule
             (`tf_mixed.scaling.spike`; only when turned on).
     """
