@@ -218,6 +218,8 @@ def make_train_step(
     healer = _healer(model, optimizer, heal, strategy)
 
     def replica_step(x, y):
+        if ours:  # non-finite inputs: a skip's reason is "input" (bad data)
+            loss_scale_module.step_guard(optimizer).note_inputs((x, y))
         with tf.GradientTape() as tape:
             pred = model(x, training=True)
             loss = tf.cast(loss_fn(y, pred), tf.float32)

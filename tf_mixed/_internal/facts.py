@@ -46,6 +46,80 @@ COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",
 # The reduced-precision float dtypes a layer can compute in.
 HALF_DTYPES = ("float16", "bfloat16")
 
+# What to do when training steps keep failing, per dtype the model computes
+# in: one table, so the monitor and the probe never tell a bfloat16 or
+# float32 run a float16 fix (or a run without a loss scale to change one).
+class Fixes(NamedTuple):
+    """One dtype's fixes: ``overflow`` (steps keep being skipped) and
+    ``no_scale`` (a non-finite loss or weight under an optimizer that does not
+    scale the loss)."""
+
+    overflow: str
+    no_scale: str
+
+
+POLICY_FIXES = {
+    "float16": Fixes(
+        overflow=("look for float16 overflow in the forward pass "
+                  "(tf_mixed.audit(model) lists risky layers), keep "
+                  "softmax/normalisation in float32, lower the learning rate, "
+                  "or train in mixed_bfloat16 (float32's range)"),
+        no_scale=("scale the loss with tf_mixed.wrap_optimizer(...) "
+                  "(float16), lower the learning rate, and make the model's "
+                  "outputs float32 (tf_mixed.audit(model) lists risky layers)"),
+    ),
+    "bfloat16": Fixes(
+        overflow=("bfloat16 has float32's range, so this is no half-precision "
+                  "overflow and no loss scale would help: look for NaN/inf or "
+                  "huge values in the data (logs['skip_reason'] says why each "
+                  "step was skipped), lower the learning rate or clip the "
+                  "gradients, and keep softmax/normalisation in float32 "
+                  "(tf_mixed.audit(model) lists risky layers)"),
+        no_scale=("bfloat16 needs no loss scale: lower the learning rate or "
+                  "clip the gradients, look for NaN/inf in the data, and make "
+                  "the model's outputs float32 (tf_mixed.audit(model) lists "
+                  "risky layers)"),
+    ),
+    "float32": Fixes(
+        overflow=("the model computes in float32, so this is not a precision "
+                  "problem: look for NaN/inf or huge values in the data "
+                  "(logs['skip_reason'] says why each step was skipped), lower "
+                  "the learning rate or clip the gradients"),
+        no_scale=("the model computes in float32, so this is not a precision "
+                  "problem: lower the learning rate or clip the gradients, and "
+                  "look for NaN/inf in the data"),
+    ),
+}
+
+
+def policy_fix(compute_dtype: str, problem: str) -> str:
+    """The fix `POLICY_FIXES` gives for ``problem`` to a model computing in ``compute_dtype``.
+
+    Args:
+        compute_dtype: "float16", "bfloat16" or "float32" (anything else reads
+            as float32).
+        problem: "overflow" or "no_scale".
+
+    Returns:
+        The advice, a sentence fragment starting in lower case.
+    """
+    return getattr(POLICY_FIXES.get(compute_dtype, POLICY_FIXES["float32"]), problem)
+
+
+def narrowest_compute_dtype(model) -> str:
+    """The narrowest dtype any layer of ``model`` computes in.
+
+    "float16" if any layer computes in float16, else "bfloat16" if any does,
+    else "float32": the range that can overflow first.
+    """
+    dtypes = {getattr(layer, "compute_dtype", None) for _, layer in walk_layers(model)}
+    dtypes.add(getattr(model, "compute_dtype", None))
+    for dtype in HALF_DTYPES:
+        if dtype in dtypes:
+            return dtype
+    return "float32"
+
+
 # The multiple a matrix dimension needs to fill the hardware's tiles, per
 # half dtype: float16 Tensor Cores take multiples of 8; Intel AMX tiles (and
 # float8 Tensor Cores) take multiples of 16 bfloat16 elements. `audit` checks
