@@ -193,8 +193,15 @@ def _check_figures(report, out_text):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{r['samples_per_sec']:,.1f}"
         assert cells[2] == f"{spread['min']:,.0f}-{spread['max']:,.0f}"
-        # A ratio from too few or too spread round pairs is printed as none.
-        assert cells[3] == ("untrusted" if bench_report.untrusted(r) else f"{ratio['samples_per_sec']:.2f}x")
+        # A ratio whose interval does not answer (too few pairs, or it holds 1) is none.
+        assert cells[3] == ("no ratio" if bench_report.untrusted(r)
+                            else f"{ratio['samples_per_sec']:.2f}x")
+        low, high = ratio["interval"]
+        assert low <= ratio["samples_per_sec"] <= high
+        # The headline (bench.png's title, results.json's verdict) says the table's figure.
+        if r["policy"] != "float32" and not bench_report.untrusted(r):
+            assert r["verdict"].startswith(f"{ratio['samples_per_sec']:.2f}x float32 (90% "
+                                           f"interval {low:.2f}-{high:.2f}x")
         census = r["census"]
         assert cells[5] == f"{100 * census['half_flop_share']:.0f}%"
         assert cells[6] == str(census["casts_per_step"])
@@ -222,7 +229,7 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch, 
     assert report["suite"] == "compare"
     assert report["policies"][0] == "float32" and len(report["policies"]) == 3
     assert report["policies"][2] == "plan"
-    assert report["policy_note"] in out_text
+    assert out_text.count(report["policy_note"]) == 1  # once, before the training (issue 46)
     assert report["model"] == {"name": "cnn", "params": report["results"][0]["model_params"]}
     assert report["dataset"]["image_shape"] == [16, 16, 3]
     assert report["dataset"]["train_size"] == 96
@@ -462,10 +469,11 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
         return results
 
     assert plot.tick_labels(label(results)) == ["float32", "mixed_float16\n(cut)"]
-    assert plot.headline(results) == ["mixed_float16: 1.00x float32; cut, timed only"]
+    assert plot.headline(results) == [
+        "mixed_float16: 1.00x float32 (90% interval 0.90-1.10x); cut, timed only"]
     results[1]["ratio_to_float32"]["trusted"] = False  # no ratio drawn either
     assert plot.headline(label(results)) == [
-        "mixed_float16: no ratio (only 1 round pair(s); re-run with more rounds); cut, timed only"]
+        "mixed_float16: no ratio (only 2 round pair(s); re-run with more rounds); cut, timed only"]
     assert plot.plot(report, str(path)) is True
 
 

@@ -143,8 +143,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     if serving_table:
         print()
         print(serving_table)
-    print()
-    print(note)
+    print()  # the policy note was printed once, before the training (issue 46)
     print("Wrote " + ", ".join(paths))
     return report
 

@@ -120,9 +120,9 @@ def widening(pairs: list[float], loads: list[float]) -> str:
 
 
 def interval_text(ratios: dict[str, Any]) -> str:
-    """``90% interval 1.85-2.10x`` (a result without one: its pairs' min-max)."""
-    low, high = ratios.get("interval") or (ratios["samples_per_sec_spread"]["min"],
-                                           ratios["samples_per_sec_spread"]["max"])
+    """``90% interval 1.85-2.10x`` (a result without one: its round pairs' min-max)."""
+    pairs = ratios.get("round_pairs") or [ratios["samples_per_sec"]]
+    low, high = ratios.get("interval") or (min(pairs), max(pairs))
     confidence = ratios.get("confidence", measuring.CONFIDENCE)
     return f"{100 * confidence:.0f}% interval {low:.2f}-{high:.2f}x"
 
@@ -165,7 +165,7 @@ def verdict(result: dict[str, Any]) -> str:
     elif not ratios:
         label = "no float32 run to compare with"
     elif untrusted(result):
-        pairs = ratios["samples_per_sec_spread"]["n"]
+        pairs = len(ratios.get("round_pairs") or [ratios["samples_per_sec"]])
         label = (f"no ratio (only {pairs} round pair(s); re-run with more rounds)"
                  if pairs < measuring.MIN_PAIRS else
                  f"no ratio ({interval_text(ratios)} holds 1: not known to be faster or slower "
@@ -239,10 +239,10 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
                     else f"{100 * r['final_val_accuracy']:.2f}")
         scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
         emulated = (r.get("float8") or {}).get("speed") == "emulated"
-        pairs = (ratios or {}).get("samples_per_sec_spread")
         pair_cell = "n/a"
         if ratios and r["policy"] != "float32":
-            pair_cell = (f"{pairs['n']} pair(s)" if pairs["n"] < measuring.MIN_PAIRS
+            count = len(ratios.get("round_pairs") or [ratios["samples_per_sec"]])
+            pair_cell = (f"{count} pair(s)" if count < measuring.MIN_PAIRS
                          else interval_text(ratios).split(" ", 2)[2])
         cut = is_cut(r)
         speed = (f"emulated | emulated | emulated | emulated | {_census_cells(r)} | emulated"
@@ -328,7 +328,8 @@ def notes(report: dict[str, Any]) -> list[str]:
     if matmul:
         for r in report["results"]:
             ratio = (r.get("ratio_to_float32") or {}).get("samples_per_sec")
-            if r["policy"] != "float32" and ratio and matmul["ratio"] > 0 and not untrusted(r):
+            if (r["policy"] != "float32" and ratio and matmul["ratio"] > 0 and not untrusted(r)
+                    and not r.get("same_as")):  # a plan equal to a policy: said once
                 lines.append(
                     f"Reference: a {matmul['size']}x{matmul['size']} matmul runs "
                     f"{matmul['ratio']:.2f}x faster in {matmul['dtype']} than in float32 on this "

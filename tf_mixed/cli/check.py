@@ -74,7 +74,7 @@ def _check(fv: flags.FlagValues) -> None:
     if unknown:
         raise UsageError("parts", ",".join(fv.parts), f"unknown part {unknown[0]!r}",
                          ", ".join(PARTS))
-    fv.parts = list(parts)
+    fv["parts"].value = list(parts)
     if not fv.budget > 0 or fv.budget > 60:
         raise UsageError("budget", fv.budget, "must be a number of seconds in (0, 60]")
     if fv.output:
