@@ -100,7 +100,8 @@ def main(argv: list[str]) -> int:
     fv = flags.FlagValues()
     _define_flags(fv)
     parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"),
-                                 (model_command.check_dataset,))
+                                 (model_command.check_dataset,
+                                  model_command.check_half_policy))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed
