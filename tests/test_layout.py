@@ -93,7 +93,8 @@ CLIENTS = ("tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
 # facts: the TensorFlow-free tables (policy names and aliases, export formats and
 # precisions) the command line checks its flags against before TensorFlow loads.
 CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors",
-                  "tf_mixed._internal.progress", "tf_mixed._internal.facts"}
+                  "tf_mixed._internal.progress", "tf_mixed._internal.facts",
+                  "tf_mixed._internal.measuring"}
 
 
 def _documented_units() -> list[tuple[str, list[str]]]:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 if TYPE_CHECKING:
@@ -294,6 +295,48 @@ def walk_layers(model, prefix: str = "") -> Iterator[tuple[str, keras.Layer]]:
         yield name, layer
         if isinstance(layer, keras.Model):
             yield from walk_layers(layer, name + "/")
+
+
+# The names keras.applications gives its models (the function's architecture,
+# lower-cased; MobileNet adds its width and input size: "mobilenetv2_1.00_224").
+_APPLICATION_NAME = re.compile(
+    r"^(resnet\d+(v2)?|resnet_rs_\d+|mobilenet(v2|v3small|v3large)?(_[\d.]+_\d+)?|"
+    r"efficientnet(b\d|v2-?[bsml]\d?)|densenet\d+|vgg1[69]|inception_v3|"
+    r"inception_resnet_v2|xception|nasnet(mobile|large)?|convnext_\w+|regnet\w+)$")
+
+
+def published_origin(layer) -> str:
+    """"keras.applications" or "KerasHub" for a model or layer of a published
+    architecture (its widths fixed by the design and its pretrained weights), else "".
+
+    A KerasHub object is known by its class's module (``keras_hub``); a
+    keras.applications model, a functional model of plain Keras layers, by the
+    name the application function gives it (reloaded models keep it).
+    """
+    import keras
+
+    if type(layer).__module__.split(".")[0] == "keras_hub":
+        return "KerasHub"
+    if (isinstance(layer, keras.Model) and type(layer).__module__.startswith("keras")
+            and _APPLICATION_NAME.match(layer.name.lower())):
+        return "keras.applications"
+    return ""
+
+
+def published_layers(model) -> dict[str, str]:
+    """Qualified layer name (`walk_layers`) -> its published origin (`published_origin`),
+    for every layer of ``model`` inside a published architecture (the model itself,
+    a nested model, or a KerasHub layer), else not listed."""
+    origin = published_origin(model)
+    found: dict[str, str] = {}
+    inside: list[tuple[str, str]] = []  # (qualified prefix, origin) of published sub-models
+    for name, layer in walk_layers(model):
+        here = origin or next((o for p, o in inside if name.startswith(p)), "")
+        here = here or published_origin(layer)
+        if here:
+            found[name] = here
+            inside.append((name + "/", here))
+    return found
 
 
 def layer_outputs(layer) -> list:

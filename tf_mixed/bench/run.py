@@ -28,9 +28,10 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
+from tf_mixed._internal import measuring
 from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, peak_memory, plan_row, schedule, serving, train
+from tf_mixed.bench import models, peak_memory, plan_row, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.policy import global_policy as policy
 from tf_mixed.tools.planning.plan_table import Plan
@@ -214,7 +215,7 @@ def run_policy(
     # Each round's figure is the batch over its median step; the run's is the
     # median of its rounds (tf_mixed.bench.schedule).
     rates = [config.batch_size / statistics.median(r) for r in segments.rounds]
-    rate_spread = schedule.spread(rates)
+    rate_spread = measuring.spread(rates)
     median_step = config.batch_size / rate_spread["median"]
     compared = not segments.stopped
     scale_changes = recorder.scale_changes

@@ -93,9 +93,11 @@ from tf_mixed._internal.facts import (
     check_model_kind,
     is_float32_head,
     is_input_layer,
+    keeps_float32_statistics,
     layer_outputs,
     model_outputs,
     out_of_range,
+    published_layers,
     rounded_ids,
     walk_layers,
 )
@@ -435,8 +437,10 @@ def audit(model, batch_size: int | None = None, *,
             "are not reported.",
             "build it (call it on a batch) and audit again, or audit a "
             "Sequential or functional version of the model."))
+    published = published_layers(model)
     for name, layer in layers:
-        findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
+        findings.extend(_layer_findings(name, layer, mixed, name in output_layers,
+                                        published.get(name, "")))
         findings.extend(_ids_findings(name, layer))
     findings.extend(Finding(*found) for found in half_resolution.findings(layers))
     if batch_size is not None and batch_size % 8:
@@ -675,7 +679,7 @@ def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
         "dtype='float32').")]
 
 
-def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
+def _layer_findings(name, layer, mixed, is_output, origin: str = "") -> list[Finding]:
     found = []
     cls = type(layer).__name__
     compute = _dtype(layer.compute_dtype)
@@ -702,16 +706,27 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             continue
         severity = "warning" if compute in HALF_DTYPES and not is_output else "info"
         note = " (an output layer: pad only if the cost matters)" if is_output else ""
+        if origin and not is_output:  # a published design fixes its widths: nothing to resize
+            severity, note = "info", f" (a {origin} layer: its design fixes the width)"
         found.append(Finding(
             severity, "not_multiple_of_8", name,
             f"{cls} {what}={value} is not a multiple of 8; Tensor Cores need "
             f"multiples of 8 for float16{note}.",
-            f"use {attribute}={_round8(value)}."))
+            "nothing to resize (pad only layers you added)." if origin and not is_output
+            else f"use {attribute}={_round8(value)}."))
     explicit32 = (
         mixed and compute == "float32" and not is_input_layer(layer)
         and not is_float32_head(layer, output=is_output)
         and getattr(layer.dtype_policy, "name", None) == "float32")
-    if explicit32:
+    if explicit32 and keeps_float32_statistics(layer):
+        # enable() and convert() keep it so themselves: there is no dtype argument to drop.
+        found.append(Finding(
+            "info", "explicit_float32", name,
+            f"{cls} computes in float32 in a mixed-precision model: tf_mixed keeps "
+            "Normalization and Discretization there (their adapted statistics overflow or "
+            "round in half precision).",
+            "nothing."))
+    elif explicit32:
         found.append(Finding(
             "info", "explicit_float32", name,
             f"{cls} has a float32 policy in a mixed-precision model.",
