@@ -180,6 +180,14 @@ def make_train_step(
             call, and ``healed_layers`` joins the returned dict. Past the
             rule's limit the step raises `tf_mixed.scaling.HealingLimit`.
             Needs a built model and a ``tf_mixed.LossScaleOptimizer``.
+            A healing step's policy is not checked against float32 (below).
+
+    The first calls check the model's half policy against float32 on this
+    very step (`tf_mixed.policy.model_check`): each is a real training step,
+    in one policy or the other, and then the model keeps the half policy,
+    or, where auto chose it and float32 is faster, moves to float32; an
+    explicit policy slower than float32 is kept with one warning
+    (docs/policies.md; ``TF_MIXED_MODEL_CHECK=0`` turns it off).
 
     Returns:
         A function ``step(x, y) -> {"loss": float32 tensor, "applied": bool
@@ -244,7 +252,8 @@ def make_train_step(
         return _healing_step(healer, lambda: tf.function(
             distributed_step, jit_compile=jit_compile), step)
     if not ours or model.built:
-        return step
+        return _checking_step(model, optimizer, strategy, lambda: tf.function(
+            distributed_step, jit_compile=jit_compile), step)
 
     def first_step(x, y):
         """A model built by its first call (no keras.Input) has no forward
@@ -262,7 +271,57 @@ def make_train_step(
 
     handed_over: list[bool] = []
 
-    return first_step
+    return _checking_step(model, optimizer, strategy, lambda: tf.function(
+        distributed_step, jit_compile=jit_compile), first_step)
+
+
+def _checking_step(model, optimizer, strategy, build, first):
+    """The step, whose first calls check the model's half policy against float32.
+
+    `tf_mixed.policy.model_check.Check` runs its rounds on these calls (each
+    a real step, in one policy or the other; each policy's step traced once
+    by ``build``) and keeps the verdict's policy (docs/policies.md). A model
+    not built yet is checked from its second call.
+    """
+    from tf_mixed.policy import model_check
+    from tf_mixed.scaling import misuse
+
+    if not model_check.enabled():
+        return first
+    current = [first]
+    functions: dict = {}
+    checks: list = []
+
+    def switch(name: str) -> None:
+        if name not in functions:
+            functions[name] = build()
+        current[0] = functions[name]
+
+    def on_verdict(verdict) -> None:
+        if verdict.action == "moved":
+            misuse.float32_on_purpose(optimizer)
+
+    def step(x, y):
+        if not checks and model.built:
+            local = tf.nest.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0], x)
+            check = model_check.Check(
+                model, "make_train_step's first calls", switch, strategy=strategy,
+                batch=local, on_verdict=on_verdict)
+            if check.active:
+                functions[check.half] = current[0]
+            checks.append(check)
+        check = checks[0] if checks else None
+        if check is None or check.next_policy() is None:
+            return current[0](x, y)
+        start = model_check.clock()
+        out = current[0](x, y)
+        float(out["loss"])  # waits for the step
+        check.record(model_check.clock() - start)
+        return out
+
+    step.model_check = checks  # the Check, once made (tests, tools)
+    return step
 
 
 def _healer(model, optimizer, heal, strategy):

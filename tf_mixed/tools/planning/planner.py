@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import json
 from typing import Any, Callable, Mapping
 
 import keras
@@ -44,7 +42,7 @@ from tf_mixed._internal.facts import (
     check_model_kind,
     is_input_layer,
 )
-from tf_mixed.policy import autotune, hardware, precision_map
+from tf_mixed.policy import autotune, hardware, model_check, precision_map
 from tf_mixed.tools.planning import choosing, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
@@ -125,15 +123,7 @@ def _first_batch(x):
     return keras.tree.map_structure(lambda a: tf.convert_to_tensor(a), x)
 
 
-def _model_digest(model: keras.Model, batch) -> str:
-    try:
-        config = json.dumps(model.get_config(), sort_keys=True, default=str)
-    except Exception:  # a layer without a config: its names and weight shapes instead
-        config = json.dumps([(layer.name, type(layer).__name__,
-                              [list(w.shape) for w in layer.weights]) for layer in model.layers])
-    shapes = [(list(t.shape), str(t.dtype)) for t in keras.tree.flatten(batch)]
-    text = config + json.dumps(shapes)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+_model_digest = model_check.model_digest  # one digest for the plan's and the check's cache
 
 
 def _errors(report, tolerance: float, names) -> tuple[dict[str, float | None], dict[str, str]]:
