@@ -99,7 +99,7 @@ def is_loss_scaling(optimizer) -> bool:
 
 # Audit findings that make a fit train badly; the monitor warns with them.
 SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids",
-                  "keras_loss_scale_optimizer")
+                  "keras_loss_scale_optimizer", "catalog_no_kernel", "catalog_range")
 
 
 def model_setup_problems(model) -> list[str]:
