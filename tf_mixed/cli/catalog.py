@@ -147,9 +147,10 @@ def main(argv: list[str]) -> int:
 
     from tf_mixed.tools.catalog.comparing import compare
 
-    if fv.layers and not fv.new:  # only the rows measured now
-        keys = {row.key for row in new.rows}
-        old = dataclasses.replace(old, rows=tuple(r for r in old.rows if r.key in keys))
+    if (fv.layers or fv.hub == "false") and not fv.new:  # only the rows measured now
+        keys = {(row.key, row.policy) for row in new.rows}
+        old = dataclasses.replace(old, rows=tuple(r for r in old.rows
+                                                  if (r.key, r.policy) in keys))
     comparison = compare(old, new)
     print(comparison)
     return 1 if comparison else 0
