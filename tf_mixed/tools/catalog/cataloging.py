@@ -119,14 +119,17 @@ def cases_for(layers, hub: bool | None = None) -> list[Case]:
         return cases
     if isinstance(layers, (str, type, Case)):
         layers = [layers]
-    known = registry.keras_cases() + registry.hub_cases()
+    known = registry.keras_cases()
     cases = []
     for item in layers:
         if isinstance(item, Case):
             cases.append(item)
             continue
         cls = registry.resolve(item)
-        matching = [c for c in known if cls.__name__ in (c.layer, *c.covers)
+        # KerasHub is imported only for its own classes (importing it changes
+        # what enable() says about from_preset).
+        pool = registry.hub_cases() if cls.__module__.startswith("keras_hub") else known
+        matching = [c for c in pool if cls.__name__ in (c.layer, *c.covers)
                     and registry.resolve(cls.__name__) is cls]
         # A class the registry knows: its configurations; any other: its defaults.
         cases += matching or [registry.user_case(cls)]

@@ -52,7 +52,7 @@ def render(catalog: "Catalog", path: str | None = None) -> bytes:
     step = (grid[-1] - grid[0]) / max(1, len(grid) - 1)
     height = max(3.0, 0.14 * len(keys) + 1.6)
     fig, axes = plt.subplots(1, len(policies), figsize=(5.2 * len(policies) + 2.6, height),
-                             sharey=True, squeeze=False)
+                             sharey=True, squeeze=False, layout="constrained")
     image = None
     extent = (grid[0] - step / 2, grid[-1] + step / 2, len(keys) - 0.5, -0.5)
     for ax, policy in zip(axes[0], policies):
@@ -84,13 +84,13 @@ def render(catalog: "Catalog", path: str | None = None) -> bytes:
     axes[0][0].set_yticks(range(len(keys)))
     axes[0][0].set_yticklabels(keys, fontsize=6)
     if image is not None:
-        bar = fig.colorbar(image, ax=list(axes[0]), fraction=0.03, pad=0.01)
+        bar = fig.colorbar(image, ax=list(axes[0]), fraction=0.03, pad=0.01, shrink=0.3)
         bar.set_label("log10(error / tolerance): blue safe, red not; "
                       "black overflow, grey float32 not finite", fontsize=7)
     fig.suptitle("tf_mixed numerics catalog: error against float32 by input magnitude "
                  "(green line: the safe range)", fontsize=11)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
     data = buffer.getvalue()
     if path is not None:
