@@ -115,7 +115,8 @@ def test_every_table_is_written_once():
                            "SQUASHING_ACTIVATIONS",
                            "FLOAT_POLICIES", "POLICY_ALIASES", "COMPUTE_DTYPES", "EPSILON",
                            "TILE_MULTIPLES", "FLOAT32_STATISTICS_NORMS", "POLICY_NAMES",
-                           "EXPORT_FORMATS", "EXPORT_PRECISIONS", "POLICY_FIXES"}
+                           "EXPORT_FORMATS", "EXPORT_PRECISIONS", "POLICY_FIXES",
+                           "CATALOG_EVIDENCE"}
     offenders = []
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         if path.relative_to(PACKAGE_DIR).as_posix() == "_internal/facts.py":

@@ -503,6 +503,63 @@ FLOAT32_STATISTICS_NORMS = ("BatchNormalization", "LayerNormalization", "GroupNo
                             "RMSNormalization")
 
 
+class Evidence(NamedTuple):
+    """A numerics-catalog claim behind one of `tf_mixed.enable`'s float32 defaults.
+
+    Attributes:
+        default: what enable() does ("Normalization: kept float32").
+        row: the catalog row (``Layer[config]``, docs/catalog.md).
+        policy: the half policy the claim is about.
+        magnitudes: max |input| values the layer meets in practice.
+        safe: whether the row is safe at every one of them.
+    """
+
+    default: str
+    row: str
+    policy: str
+    magnitudes: tuple[float, ...]
+    safe: bool
+
+
+# enable()'s float32 defaults and the catalog rows that justify them (and the
+# normalizations it leaves in half precision, with theirs). Checked on the stored
+# catalog and, measured afresh, on the installed Keras by
+# tests/policy/test_keep_float32_catalog.py, so a Keras release that fixes or
+# breaks one of these shows up as a failing test, not as a stale rule.
+CATALOG_EVIDENCE: tuple[Evidence, ...] = (
+    # Adapted statistics: a raw feature ~1e4 wide has a variance above 65504.
+    Evidence("Normalization: kept float32", "Normalization[adapted]", MIXED_FLOAT16,
+             (1e4,), False),
+    # Bin boundaries rounded to float16 move small values into other bins.
+    Evidence("Discretization: kept float32", "Discretization[adapted]", MIXED_FLOAT16,
+             (1e-2,), False),
+    # Float ids above 2048 (float16) / 256 (bfloat16) become other ids.
+    Evidence("float token ids into an Embedding: kept float32", "Embedding[float ids]",
+             MIXED_FLOAT16, (1e4,), False),
+    Evidence("float token ids into an Embedding: kept float32", "Embedding[float ids]",
+             MIXED_BFLOAT16, (1e3,), False),
+    # Squashing outputs saturate: the float32 head (and fact 3, the loss's logits shortcut).
+    Evidence("softmax output: a float32 head", "Activation[activation=softmax]", MIXED_FLOAT16,
+             (1e2,), False),
+    Evidence("softmax output: a float32 head", "Activation[activation=softmax]",
+             MIXED_BFLOAT16, (1e2,), False),
+    Evidence("sigmoid output: a float32 head", "Activation[activation=sigmoid]", MIXED_FLOAT16,
+             (1e3,), False),
+    Evidence("sigmoid output: a float32 head", "Activation[activation=sigmoid]",
+             MIXED_BFLOAT16, (1e4,), False),
+    # log_softmax is safe as a layer; its head is for the loss's logits shortcut (fact 3).
+    Evidence("log_softmax output: a float32 head", "Activation[activation=log_softmax]",
+             MIXED_FLOAT16, (1e-3, 1e2), True),
+    # FLOAT32_STATISTICS_NORMS stay in half precision: their statistics are float32 inside.
+    *(Evidence(f"{name}: left in half precision", row, policy, (1e-3, 1e3), True)
+      for name, row in (("BatchNormalization", "BatchNormalization[batch statistics]"),
+                        ("LayerNormalization", "LayerNormalization[epsilon=1e-6]"),
+                        ("GroupNormalization", "GroupNormalization[groups=4, epsilon=1e-5]"),
+                        ("RMSNormalization", "RMSNormalization[epsilon=1e-6]"))
+      for policy in (MIXED_FLOAT16, MIXED_BFLOAT16)),
+)
+
+
 def keeps_float32_statistics(layer) -> bool:
     """Whether `layer` computes with statistics adapted to data: stays float32.
 

@@ -101,7 +101,8 @@ def is_loss_scaling(optimizer) -> bool:
 
 # Audit findings that make a fit train badly; the monitor warns with them.
 SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids",
-                  "keras_loss_scale_optimizer", "half_range", "half_resolution")
+                  "keras_loss_scale_optimizer", "half_range", "half_resolution",
+                  "catalog_no_kernel", "catalog_range")
 
 
 def model_setup_problems(model) -> list[str]:
