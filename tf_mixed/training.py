@@ -24,6 +24,7 @@ import tensorflow as tf
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed.scaling import optimizer as loss_scale_module
+from tf_mixed.scaling import unscaled_loop
 
 __all__ = [
     "apply_scaled_gradients",
@@ -97,7 +98,9 @@ def apply_scaled_gradients(
             ``num_replicas_in_sync`` first (gradients are summed).
         variables: The variables to differentiate and update.
         optimizer: Any Keras optimizer; a ``tf_mixed.LossScaleOptimizer``
-            makes the step skip on overflow.
+            makes the step skip on overflow. One that does not scale the
+            loss while the model computes in float16 gets a
+            `MixedPrecisionWarning` once (`tf_mixed.scaling.unscaled_loop`).
         clip_norm: Optional positive float, the global-norm clip threshold.
 
     Returns:
@@ -114,6 +117,9 @@ def apply_scaled_gradients(
     """
     clip_norm = _check_clip_norm(clip_norm, "apply_scaled_gradients()")
     variables = list(variables)
+    if unscaled_loop.untold(optimizer):  # a forgotten wrapper, said once
+        unscaled_loop.check(optimizer, "apply_scaled_gradients",
+                            unscaled_loop.float16_in_step(variables), variables)
     with tape:
         scaled_loss = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled_loss, variables)
@@ -156,7 +162,9 @@ def make_train_step(
             batch (a Keras loss object works); or, as ``model.compile``
             takes it, a Keras loss name or a list (one per output) or dict
             (keyed by output name) of losses, whose means are summed.
-        optimizer: The optimizer, normally a ``tf_mixed.LossScaleOptimizer``.
+        optimizer: The optimizer, normally a ``tf_mixed.LossScaleOptimizer``;
+            one that does not scale the loss while a layer of ``model``
+            computes in float16 gets a `MixedPrecisionWarning` once.
             Under ``strategy`` create and build it in ``strategy.scope()``.
         strategy: Optional ``tf.distribute`` strategy; defaults to the current
             one (``tf.distribute.get_strategy()``).
@@ -209,6 +217,8 @@ def make_train_step(
             strategy=type(strategy).__name__, replicas=replicas,
             version=tf.__version__,
         ))
+    unscaled_loop.check(optimizer, "make_train_step",
+                        unscaled_loop.float16_in_model(model), model.trainable_variables)
     ours = isinstance(optimizer, loss_scale_module.LossScaleOptimizer)
     if ours and model.built:
         with strategy.scope():
@@ -216,6 +226,8 @@ def make_train_step(
     healer = _healer(model, optimizer, heal, strategy)
 
     def replica_step(x, y):
+        if ours:  # non-finite inputs: a skip's reason is "input" (bad data)
+            loss_scale_module.step_guard(optimizer).note_inputs((x, y))
         with tf.GradientTape() as tape:
             pred = model(x, training=True)
             loss = tf.cast(loss_fn(y, pred), tf.float32)
@@ -418,10 +430,8 @@ def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
     """
     if isinstance(devices, str):  # one device, not its characters
         devices = [devices]
-    key: tuple[str, ...]
-    if devices is None:
-        key = ()
-    else:
+    key: tuple[str, ...] = ()
+    if devices is not None:
         specs = [tf.DeviceSpec.from_string(d) for d in devices]
         key = tuple(f"{s.device_type}:{s.device_index}" for s in specs)
     if key not in _MIRRORED_STRATEGIES:

@@ -145,7 +145,7 @@ def test_float32_reason_quotes_every_half_policy(tmp_path):
     choice = autotune.measured_choice(FP16_CPU, timer=timer, directory=str(tmp_path))
     assert choice.policy == "float32"
     assert "no half policy reached 1.15x float32" in choice.reason
-    assert ("(median of per-round ratios: mixed_bfloat16 0.91x (interquartile "
+    assert ("(median of per-round ratios: mixed_bfloat16 0.91x (90% interval "
             "0.91-0.91x over 7 interleaved rounds), mixed_float16 0.25x") in choice.reason
     assert "tf_mixed.enable('mixed_bfloat16')" in choice.reason
 
@@ -371,17 +371,27 @@ def test_quartiles_are_exact_on_a_known_spread():
     decision = autotune.choose_from_rounds(rounds, margin=1.15)
     assert decision.speedups["mixed_bfloat16"] == 1.5
     assert decision.spreads["mixed_bfloat16"] == (1.25, 1.75)
-    assert decision.unsettled == (
-        "the rounds spread 1.25-1.75x, more than 20% of the median")
+    # The median's 90% interval (measuring.estimate) is what settles it, not the spread.
+    assert decision.intervals["mixed_bfloat16"] == (1.0, 2.0)
+    assert decision.unsettled == "the 90% interval 1.00-2.00x reaches across the 1.15x margin"
+
+
+def test_a_wide_spread_clear_of_the_margin_is_settled():
+    # Ratios 1.0 to 2.2 spread 43% of their median (the old rule refused to cache
+    # them), but the median's interval, 1.20-2.00x, lies above the 1.15x margin.
+    rounds = {"float32": [1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2], "mixed_bfloat16": [1.0] * 7}
+    decision = autotune.choose_from_rounds(rounds)
+    assert decision.intervals["mixed_bfloat16"] == (1.2, 2.0)
+    assert decision.policy == "mixed_bfloat16" and decision.unsettled == ""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "float32, expected_policy, unsettled",
     [
-        # Near the 1.15x margin: ratios 1.10..1.22, interquartile 1.13-1.19.
+        # Near the 1.15x margin: ratios 1.10..1.22, 90% interval 1.12-1.20.
         ([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22], "mixed_bfloat16",
-         "the spread 1.13-1.19x reaches across the 1.15x margin"),
+         "the 90% interval 1.12-1.20x reaches across the 1.15x margin"),
         # Clearly above: interquartile 1.53-1.59x.
         ([1.50, 1.52, 1.54, 1.56, 1.58, 1.60, 1.62], "mixed_bfloat16", ""),
         # Clearly below.
@@ -402,8 +412,8 @@ def test_settled_only_when_clear_of_the_margin(float32, expected_policy, unsettl
 @pytest.mark.parametrize(
     "float32, why",
     [([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
-      "the spread 1.13-1.19x reaches across the 1.15x margin"),
-     ([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2], "the rounds spread 1.30-1.90x, more than 20%")],
+      "the 90% interval 1.12-1.20x reaches across the 1.15x margin"),
+     ([1.5, 1.0, 2.0, 1.25, 1.75, 1.1, 1.6], "the 90% interval 1.10-1.75x reaches across")],
     ids=["near-threshold", "noisy"],
 )
 def test_an_unsettled_measurement_is_used_but_not_cached(tmp_path, float32, why):
@@ -423,11 +433,11 @@ def test_the_reason_quotes_measurement_and_spread(tmp_path):
     choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert (
         "mixed_bfloat16 measured 1.56x float32 on this CPU (Test EPYC 9999) on the "
-        "Dense+Conv2D training probe (median of per-round ratios, interquartile "
-        "1.53-1.59x over 7 interleaved rounds; needs >= 1.15x)") in choice.reason
+        "Dense+Conv2D training probe (median of per-round ratios, 90% interval "
+        "1.52-1.60x over 7 interleaved rounds; needs >= 1.15x)") in choice.reason
     assert f"measured now, cached in {choice.cache_path}" in choice.reason
     cached = autotune.measured_choice(CPU, timer=no_timing, directory=str(tmp_path))
-    assert "interquartile 1.53-1.59x over 7 interleaved rounds" in cached.reason
+    assert "90% interval 1.52-1.60x over 7 interleaved rounds" in cached.reason
 
 
 def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):

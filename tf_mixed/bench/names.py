@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError, did_you_mean, unknown
 from tf_mixed._internal.facts import POLICY_ALIASES
 from tf_mixed.policy import POLICY_NAMES
 
@@ -38,7 +38,7 @@ def check_model(name: object) -> str:
     """
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in MODEL_NAMES:
-        raise UsageError("model", name, "unknown model", ", ".join(MODEL_NAMES))
+        raise unknown("model", name, "model", list(MODEL_NAMES))
     return key
 
 
@@ -55,8 +55,7 @@ def check_policy(name: object, flag: str = "policies") -> str:
     """
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in POLICY_NAMES and key not in BENCH_POLICIES:
-        raise UsageError(flag, name, "unknown policy",
-                         ", ".join(list(POLICY_NAMES) + list(BENCH_POLICIES)))
+        raise unknown(flag, name, "policy", list(POLICY_NAMES) + list(BENCH_POLICIES))
     return key
 
 
@@ -98,4 +97,5 @@ def parse_spec(spec: object) -> tuple[str, str, str]:
         if not rest:
             raise UsageError("dataset", spec, "no path after 'folder:'", DATA_ACCEPTED)
         return "folder", rest, ""
-    raise UsageError("dataset", spec, "unknown data set", DATA_ACCEPTED)
+    raise UsageError("dataset", spec, "unknown data set", DATA_ACCEPTED,
+                     did_you_mean(spec, (SHAPES, TOKENS)))

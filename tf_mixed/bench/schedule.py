@@ -17,10 +17,14 @@ The primitives (quartiles, pair ratios, intervals, round order) are
 # which policies train in full (epochs, accuracy compared) and which are only
 # timed (`TIMING_ROUNDS` rounds, accuracy not compared), so that the job keeps
 # to its time budget wherever float32 alone fits in it. A timed policy whose
-# round-pair ratios still spread too wide to trust (`TRUST_SPREAD`) gets more
-# rounds, paired with float32's, until they agree, until `MAX_ROUNDS`, or until
-# the job reaches its budget plus `EXTRA_TIME_FRACTION` of it; a ratio still
-# too wide then is printed as no ratio at all (`tf_mixed.bench.report`).
+# round-pair ratios do not yet answer "faster here, and by about how much"
+# (`trusted`: the median's bootstrap interval, `tf_mixed._internal.measuring`,
+# holds 1 and is not narrow) gets more rounds, paired with float32's, until it
+# does, until `MAX_ROUNDS`, or until the job reaches its budget plus
+# `EXTRA_TIME_FRACTION` of it; a ratio still unanswered then is printed as no
+# ratio, with its interval (`tf_mixed.bench.report`). The load average is
+# read at the end of every round (`Lane.loads`), for the note on what widened
+# an interval.
 # `Scheduler` holds the rounds and answers each policy's next command; it does
 # no I/O and reads time only from the clock it is given, so tests drive it with
 # injected timings.
@@ -31,7 +35,8 @@ import dataclasses
 import statistics
 from typing import Callable, Sequence
 
-from tf_mixed._internal.measuring import pair_ratios, relative_spread, spread
+from tf_mixed._internal import measuring
+from tf_mixed._internal.measuring import pair_ratios
 
 BASE = "float32"
 # Validation and the per-round hand-over cost a little beyond the training
@@ -43,11 +48,8 @@ MAX_ROUNDS = 15  # a timed policy's rounds, extra rounds included, at most
 # A timed policy's extra rounds (its pairs too wide to trust) run until the job
 # has used its budget plus this fraction of it.
 EXTRA_TIME_FRACTION = 0.5
-MIN_TRUSTED_PAIRS = 3  # fewer round pairs than this are never a verdict
+MIN_TRUSTED_PAIRS = measuring.MIN_PAIRS  # fewer round pairs than this are never a verdict
 MIN_ROUND_STEPS = 5
-# A ratio whose interquartile range (min-max under 4 pairs) exceeds this
-# fraction of its median is flagged as too noisy to trust.
-TRUST_SPREAD = 0.20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +172,10 @@ def _half_name(policy: str) -> str:
 # --- statistics -------------------------------------------------------------------
 
 
-def trusted(summary: dict[str, float]) -> bool:
-    """Whether a ratio is a verdict: at least `MIN_TRUSTED_PAIRS` values whose
-    spread is within `TRUST_SPREAD` of their median."""
-    return summary["n"] >= MIN_TRUSTED_PAIRS and relative_spread(summary) <= TRUST_SPREAD
+def trusted(ratios: Sequence[float]) -> bool:
+    """Whether paired-round ratios make a verdict: their median's interval
+    answers "faster here, and by about how much" (`measuring.Estimate.answers`)."""
+    return bool(ratios) and measuring.estimate(ratios).answers()
 
 
 # --- the scheduler ------------------------------------------------------------------
@@ -187,6 +189,7 @@ class Lane:
     steps_done: int = 0
     warmed_up: bool = False
     rounds: list[list[float]] = dataclasses.field(default_factory=list)  # step seconds per round
+    loads: list[float | None] = dataclasses.field(default_factory=list)  # load average per round
     finished: bool = False
 
 
@@ -210,11 +213,14 @@ class Scheduler:
             census, result files); at least the time the policies took to start
             (a busy host is as slow after training as before it).
         emulated: Policies whose half type the host emulates.
+        load: The machine's 1-minute load average (None where unknown), read
+            as each round is recorded.
     """
 
     def __init__(self, policies: Sequence[str], *, total_steps: int, round_steps: int,
                  warmup_steps: int, budget_s: float, clock: Callable[[], float],
-                 emulated: Sequence[str] = (), reserve_s: float = 0.0):
+                 emulated: Sequence[str] = (), reserve_s: float = 0.0,
+                 load: Callable[[], float | None] = lambda: None):
         self.lanes = {p: Lane(p) for p in policies}
         self.total_steps = total_steps
         self.round_steps = max(1, round_steps)
@@ -223,6 +229,7 @@ class Scheduler:
         self.clock = clock
         self.emulated = tuple(emulated)
         self.reserve_s = reserve_s
+        self.load = load
         self.started_s: float | None = None  # the clock at the first command
         self.plans: dict[str, Plan] | None = None
         self.order: list[str] = []  # the policy of each timed round, in the order run
@@ -259,6 +266,7 @@ class Scheduler:
             lane.warmed_up = True
         elif step_seconds:
             lane.rounds.append(list(step_seconds))
+            lane.loads.append(self.load())
             self.order.append(policy)
         lane.finished = lane.finished or finished
 
@@ -298,7 +306,7 @@ class Scheduler:
     def _extend(self, policy: str) -> bool:
         """One more round for a timed policy whose ratio is not yet a verdict.
 
-        Granted while its round pairs spread too wide to trust, float32 has a
+        Granted while its round pairs are no verdict (`trusted`), float32 has a
         round to pair the new one with (or is still training), the policy has
         fewer than `MAX_ROUNDS` rounds, and the job is within its budget plus
         `EXTRA_TIME_FRACTION` of it (minus the reserve for what follows).
@@ -308,8 +316,7 @@ class Scheduler:
             return False
         if base.finished and len(base.rounds) <= len(lane.rounds):
             return False  # no float32 round left to pair with
-        ratios = self.pair_ratios(policy)
-        if ratios and trusted(spread(ratios)):
+        if trusted(self.pair_ratios(policy)):
             return False
         if self.clock() > self.budget_s * (1 + EXTRA_TIME_FRACTION) - self._reserve():
             return False

@@ -74,13 +74,12 @@ def _error(message: str) -> int:
 
 def _policy(name: str) -> str:
     """``--policy`` lower-cased, once it names a policy (no TensorFlow needed)."""
-    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed._internal.cli_errors import unknown
     from tf_mixed.policy import POLICY_NAMES
 
     canonical = name.strip().lower()
     if canonical not in POLICY_NAMES or canonical == "auto":
-        accepted = ", ".join(n for n in POLICY_NAMES if n != "auto")
-        raise UsageError("policy", name, "unknown policy", accepted)
+        raise unknown("policy", name, "policy", [n for n in POLICY_NAMES if n != "auto"])
     return canonical
 
 

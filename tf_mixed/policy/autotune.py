@@ -14,8 +14,9 @@
 # float32 / policy: both policies of a round run within a few hundred
 # milliseconds of each other, so load from other processes slows both alike and
 # cancels in the ratio, and the median ignores the rounds it did not. The
-# interquartile range of those ratios is the spread the reason quotes; a
-# measurement whose spread is wide, or reaches across the margin, decides this
+# 90% bootstrap interval of that median (`measuring.estimate`) is what the
+# reason quotes; a measurement of fewer than 5 rounds, or whose interval
+# reaches across the margin, decides this
 # call but is not cached (the next process measures again).
 #
 # Three pieces, each replaceable on its own:
@@ -43,6 +44,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from tf_mixed._internal import measuring
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import COMPUTE_DTYPES as _COMPUTE_DTYPE
 from tf_mixed._internal.facts import FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16
@@ -82,11 +84,9 @@ ROUNDS = 7
 """Interleaved rounds `time_rounds` times by default."""
 _STEPS_PER_ROUND = 3  # a round's figure is the fastest of these (preemption only adds)
 
-# A measurement is cached only when settled: at least this many rounds, an
-# interquartile range at most this fraction of the median, and the range on
-# one side of the margin.
+# A measurement is cached only when settled: at least this many rounds, and
+# the median's 90% interval (`measuring.estimate`) on one side of the margin.
 _MIN_ROUNDS_TO_CACHE = 5
-_MAX_RELATIVE_SPREAD = 0.2
 
 Rounds = Mapping[str, Sequence[float]]
 """Seconds per probe step by policy, one figure per interleaved round (index i
@@ -110,8 +110,9 @@ class Decision:
             per-round ratios; float32 (1.0, 1.0).
         rounds: How many rounds each policy's figure pairs.
         unsettled: Why the measurement should not be cached ("" if it may
-            be): too few rounds, a wide spread, or a spread that reaches
-            across the margin.
+            be): too few rounds, or an interval that reaches across the margin.
+        intervals: Each policy's 90% bootstrap interval of the median ratio
+            (`measuring.estimate`); float32 (1.0, 1.0).
     """
 
     policy: str
@@ -120,6 +121,7 @@ class Decision:
     spreads: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     rounds: Mapping[str, int] = dataclasses.field(default_factory=dict)
     unsettled: str = ""
+    intervals: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,29 +246,27 @@ def choose_from_rounds(timings: Rounds, margin: float = DEFAULT_MARGIN) -> Decis
                              valid="a positive number of seconds")
     base = timings[FLOAT32]
     speedups, spreads, rounds = {FLOAT32: 1.0}, {FLOAT32: (1.0, 1.0)}, {FLOAT32: len(base)}
+    intervals = {FLOAT32: (1.0, 1.0)}
     for name, figures in timings.items():
         if name == FLOAT32:
             continue
         ratios = [float(b) / float(h) for b, h in zip(base, figures)]
         low, median, high = measuring.quartiles(ratios)
         speedups[name], spreads[name], rounds[name] = median, (low, high), len(ratios)
+        estimate = measuring.estimate(ratios)
+        intervals[name] = (estimate.low, estimate.high)
     halves = [name for name in speedups if name != FLOAT32]
     best = max(halves, key=lambda name: speedups[name], default=None)
     chosen = best if best is not None and speedups[best] >= margin else FLOAT32
     unsettled = ""
     if best is not None:
-        low, high = spreads[best]
-        median = speedups[best]
+        low, high = intervals[best]
         if rounds[best] < _MIN_ROUNDS_TO_CACHE:
             unsettled = f"{rounds[best]} round(s), fewer than {_MIN_ROUNDS_TO_CACHE}"
-        elif high - low > _MAX_RELATIVE_SPREAD * median:
-            unsettled = (
-                f"the rounds spread {low:.2f}-{high:.2f}x, more than "
-                f"{_MAX_RELATIVE_SPREAD:.0%} of the median"
-            )
         elif low < margin <= high:
-            unsettled = f"the spread {low:.2f}-{high:.2f}x reaches across the {margin:.2f}x margin"
-    return Decision(chosen, speedups, float(margin), spreads, rounds, unsettled)
+            unsettled = (f"the 90% interval {low:.2f}-{high:.2f}x reaches across the "
+                         f"{margin:.2f}x margin")
+    return Decision(chosen, speedups, float(margin), spreads, rounds, unsettled, intervals)
 
 
 def measure_by_default() -> bool:
@@ -398,11 +398,11 @@ def measured_choice(
 
 
 def _spread(decision: Decision, name: str) -> str:
-    low, high = decision.spreads[name]
     rounds = decision.rounds[name]
     if rounds == 1:
         return "1 round"
-    return f"interquartile {low:.2f}-{high:.2f}x over {rounds} interleaved rounds"
+    low, high = decision.intervals.get(name) or decision.spreads[name]
+    return f"90% interval {low:.2f}-{high:.2f}x over {rounds} interleaved rounds"
 
 
 def _reason(
@@ -522,7 +522,8 @@ def _probe_inputs(tf, dense, conv):
 
 
 def _probe_step(tf, dtype: str):
-    @tf.function
+    # One function per policy and size, each traced once: not the mistake
+    # TF's retracing warning is for (`tf_mixed._internal.shims.distinct_function`).
     def step(x, kernel, images, filters):
         with tf.GradientTape() as tape:
             hidden = tf.nn.relu(tf.matmul(tf.cast(x, dtype), tf.cast(kernel, dtype)))
@@ -534,7 +535,7 @@ def _probe_step(tf, dtype: str):
         # One scalar that depends on both gradients: fetching it waits for them.
         return tf.reduce_sum(grads[0][0]) + tf.reduce_sum(grads[1][0, 0])
 
-    return step
+    return _internals.distinct_function(step)
 
 
 def _run(step, inputs) -> None:
