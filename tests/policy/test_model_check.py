@@ -409,7 +409,7 @@ def test_the_monitors_first_line_says_what_auto_measured_and_on_what(check_on, c
     model = _model()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     monitor = tf_mixed.LossScaleMonitor(check_policy=False)
-    with caplog.at_level(std_logging.INFO):
+    with caplog.at_level(std_logging.INFO, logger="absl"):  # whatever absl's verbosity
         model.fit(*_data(32), batch_size=16, verbose=0, callbacks=[monitor])
     first = [r.getMessage() for r in caplog.records
              if r.getMessage().startswith("tf_mixed.LossScaleMonitor")][0]
