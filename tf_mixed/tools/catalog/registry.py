@@ -314,7 +314,7 @@ def keras_cases() -> list[Case]:
                     fft_length=32))
     image = ((8, 8, 3),)
     for name, kwargs in _IMAGE_LAYERS:
-        seeded: dict[str, Any] = (
+        seeded = dict[str, Any](
             {"seed": 1} if name.startswith(("Random", "AugMix", "MixUp")) else {})
         add(_simple(name, inputs=image, distribution="positive", training=True, **seeded,
                     **kwargs))
