@@ -188,8 +188,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
             pad_to, "pad_to", integer=True, rule=lambda n: n >= 1, owner="convert()",
             valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
-    precision, names = precision_map.decide(model, target, keep_float32=keep_float32)
-    return _apply(model, precision, names, pad_to)
+    precision = precision_map.decide(model, target, keep_float32=keep_float32)
+    return _apply(model, precision, pad_to)
 
 
 def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
@@ -214,20 +214,13 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
     check_model_kind(model, "apply()", why_traced="its layers are created in Python code "
                      "tf_mixed cannot re-run", fix="Plan and apply a Sequential or "
                      "functional model.")
-    names: dict[int, str] = {}
-    for name, layer in walk_layers(model):
-        names.setdefault(id(layer), name)
-    unknown = sorted(set(precision.layers) - set(names.values()))
-    if unknown:
-        raise ValueError(
-            f"The precision map names layers model '{model.name}' does not have: "
-            f"{unknown}. Apply a plan to the model it was made for. Its layers: "
-            f"{sorted(names.values())}.")
-    return _apply(model, precision, names, pad_to)
+    return _apply(model, precision, pad_to)
 
 
-def _apply(model, precision, names, pad_to):
+def _apply(model, precision, pad_to):
     target = precision.target
+    policy_of = precision.policy_for(model)
+    names = precision_map.layer_names(model)
     widths = padding.plan(model, pad_to) if pad_to else {}
     taken = {op.name for op in _operations(model)}
     notes = []
@@ -257,7 +250,7 @@ def _apply(model, precision, names, pad_to):
 
     def policy_for(layer):
         # A float8 layer is made in its half policy; Plan.apply quantizes it.
-        policy = precision.policy(names.get(id(layer), ""))
+        policy = policy_of(layer)
         return None if policy is None else policy.split("_from_")[-1]
 
     def changes(layer):
@@ -399,7 +392,5 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
         """float32 on purpose: a float32 layer of a model trained in half precision."""
         return trained_half and getattr(layer.dtype_policy, "name", None) == "float32"
 
-    precision, names = precision_map.decide(model, target, keep_float32=on_purpose,
-                                            outputs=False)
-    return _cloning.clone(
-        model, lambda layer: precision.policy(names.get(id(layer), ""))).model
+    precision = precision_map.decide(model, target, keep_float32=on_purpose, outputs=False)
+    return _cloning.clone(model, precision.policy_for(model)).model
