@@ -73,7 +73,6 @@ from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
     HALF_DTYPES,
     check_model_kind,
-    is_input_layer,
     model_inputs_and_outputs,
     walk_layers,
 )
@@ -214,12 +213,12 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
     check_model_kind(model, "apply()", why_traced="its layers are created in Python code "
                      "tf_mixed cannot re-run", fix="Plan and apply a Sequential or "
                      "functional model.")
+    precision.policy_for(model)  # refuses a map naming layers the model lacks
     return _apply(model, precision, pad_to)
 
 
 def _apply(model, precision, pad_to):
     target = precision.target
-    policy_of = precision.policy_for(model)
     names = precision_map.layer_names(model)
     widths = padding.plan(model, pad_to) if pad_to else {}
     taken = {op.name for op in _operations(model)}
@@ -232,7 +231,7 @@ def _apply(model, precision, pad_to):
     for tensor in keras.tree.flatten(model.outputs):
         history = _internals.keras_history(tensor)
         layer = history.operation if history is not None else None
-        if layer is None or is_input_layer(layer) or id(layer) in heads:
+        if layer is None or id(layer) in heads:  # (an input as output: no head, no note)
             continue
         if isinstance(layer, keras.Model) and half:
             notes.append(
@@ -250,7 +249,7 @@ def _apply(model, precision, pad_to):
 
     def policy_for(layer):
         # A float8 layer is made in its half policy; Plan.apply quantizes it.
-        policy = policy_of(layer)
+        policy = precision.policy(names.get(id(layer), ""))
         return None if policy is None else policy.split("_from_")[-1]
 
     def changes(layer):
