@@ -154,8 +154,9 @@ def test_a_plan_row_of_a_statistics_layer_says_float32_as_built():
     assert p.precision.reasons["norm"] == "statistics"
 
 
-def test_a_plan_shows_what_applying_builds_under_a_strategy_scope(mirrored):
-    spec = ZOO["functional"]
+@pytest.mark.parametrize("name", ZOO)
+def test_a_plan_shows_what_applying_builds_under_a_strategy_scope(name, mirrored):
+    spec = ZOO[name]
     with mirrored.scope():
         model = spec.ready()
     x, y = spec.data(8)
