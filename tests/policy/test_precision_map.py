@@ -222,3 +222,16 @@ def test_enable_with_a_plan_builds_what_the_plan_shows_and_apply_builds():
     tf_mixed.enable("auto", plan=p, quiet=True)
     built = _built(_chain())
     assert {k: built[k] for k in p.choices} == p.choices
+
+
+def test_a_plan_record_from_before_the_precision_value_reads_its_rows():
+    x, y = np.ones((8, 8), "float32"), np.ones((8, 1), "float32")
+    p = plan(_chain(), x, y, loss="mse", info=AMX_CPU, timer=_fake_timer, probe_report={},
+             step_check=False, cache=False)
+    record = json.loads(json.dumps(p.to_dict()))
+    del record["precision"]
+    old = Plan.from_dict(record)
+    assert old.precision is None
+    assert old.precision_map.layers == {"first": "mixed_bfloat16", "second": "mixed_bfloat16",
+                                        "last": "float32"}
+    assert _built(old.apply(_chain())) == _built(p.apply(_chain()))
