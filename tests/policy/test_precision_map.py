@@ -234,4 +234,5 @@ def test_a_plan_record_from_before_the_precision_value_reads_its_rows():
     assert old.precision is None
     assert old.precision_map.layers == {"first": "mixed_bfloat16", "second": "mixed_bfloat16",
                                         "last": "float32"}
-    assert _built(old.apply(_chain())) == _built(p.apply(_chain()))
+    built, expected = _built(old.apply(_chain())), _built(p.apply(_chain()))
+    assert {k: built[k] for k in p.choices} == {k: expected[k] for k in p.choices}
