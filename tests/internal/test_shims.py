@@ -785,3 +785,14 @@ def test_wrap_call_sees_every_output_and_unwraps():  # Operation.__call__ runs s
     _internals.unwrap_call(dense)
     model(np.ones((1, 3), "float32"))
     assert len(seen) == 1
+
+
+def test_distinct_function_omits_the_frequent_retracing_warning():  # Function._omit_frequent_tracing_warning
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
+
+    # TF reads the flag where it counts a call that traced.
+    assert "_omit_frequent_tracing_warning" in inspect.getsource(pf.Function.__call__) + \
+        inspect.getsource(pf.Function._call)
+    function = _internals.distinct_function(lambda x: x + 1)
+    assert function._omit_frequent_tracing_warning is True
+    assert float(function(tf.constant(1.0))) == 2.0

@@ -299,6 +299,26 @@ def in_xla_context(graph) -> bool:
     return bool(probe(graph))
 
 
+def distinct_function(python_function: Callable, **kwargs) -> Any:
+    """``tf.function(python_function, **kwargs)``, one of many made on purpose.
+
+    TF counts the traces of every ``tf.function`` made from the same Python
+    code as one function's: five traces among ten calls log "N out of the
+    last N calls to <function> triggered tf.function retracing", advice
+    meant for a function re-created in a loop by mistake. A measurement that
+    makes one function per dtype or layer (the "auto" probe, the plan's
+    layer timings) is not that mistake. Sets ``Function.
+    _omit_frequent_tracing_warning``, the flag TF's own SavedModel loader
+    sets on the functions it restores (no public option does this);
+    TF 2.21.0.
+    """
+    import tensorflow as tf
+
+    function = tf.function(python_function, **kwargs)
+    function._omit_frequent_tracing_warning = True
+    return function
+
+
 def strategy_supports_no_merge_call() -> bool:
     """Whether the current strategy updates variables without ``merge_call``.
 

@@ -160,7 +160,11 @@ def convert(model: keras.Model, policy: str | None = None, *,
       outputs were softmax/sigmoid/log_softmax, compiled like the original
       if it was compiled (fresh optimizer state).
       ``new_model.conversion_notes`` is a tuple of notes, each also issued
-      as a `ConversionNote` warning.
+      as a `ConversionNote` warning. With ``policy="auto"`` the copy's
+      policy counts as auto's: its own training step is checked against
+      float32 when it trains (`LossScaleMonitor` in ``fit``,
+      `tf_mixed.training.make_train_step`), which moves it to float32
+      where that is faster (docs/policies.md).
 
     Raises:
       TypeError: `model` is not a Keras model, or is a subclassed model.
@@ -188,7 +192,14 @@ def convert(model: keras.Model, policy: str | None = None, *,
             valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
     precision = precision_map.decide(model, target, keep_float32=keep_float32)
-    return _apply(model, precision, pad_to)
+    new = _apply(model, precision, pad_to)
+    if isinstance(policy, str) and policy.strip().lower() == "auto":
+        # Auto chose for the host: the model's own step is checked when it
+        # trains, and may move it to float32 (tf_mixed.policy.model_check).
+        from tf_mixed.policy import model_check
+
+        model_check.mark_auto(new)
+    return new
 
 
 def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,

@@ -74,6 +74,7 @@ from tf_mixed._internal.facts import (
     is_input_layer,
     layer_outputs,
     out_of_range,
+    policy_fix,
     walk_layers,
 )
 from tf_mixed.float8 import readiness as float8_readiness
@@ -164,7 +165,8 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     for xb, yb in batches_list:
         acc.add(xb, yb, loss_fn, current, bool(half_gradients))
     layers = acc.layer_stats()
-    recommended = _recommended_scale(layers, acc, half)
+    # bfloat16 has float32's range: no loss scale to recommend.
+    recommended = 1.0 if half_dtype == "bfloat16" else _recommended_scale(layers, acc, half)
     variables = acc.variable_stats(current, recommended)
     underflow, entries = acc.underflow(recommended)
     first, where = _first_nonfinite(layers)
@@ -663,6 +665,10 @@ def _advice(layers, first, where, policy, current, recommended, half_dtype) -> s
                 f"in {s.compute_dtype} ({why}): keep it in float32 with "
                 f"tf_mixed.enable('{policy}', {argument}) before building the "
                 f"model, or model = tf_mixed.convert(model, {argument}).")
+    if where == "backward" and half_dtype != "float16":
+        return (f"The gradient reaching layer '{first}' ({by_name[first].class_name}) "
+                f"is not finite in {half_dtype}, which has float32's range: no loss "
+                f"scale would help; {policy_fix(half_dtype, 'no_scale')}.")
     if where == "backward":
         return (f"The gradient reaching layer '{first}' ({by_name[first].class_name}) "
                 f"overflows float16 at loss scale {_scale_text(current)}: start the "

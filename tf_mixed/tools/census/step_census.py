@@ -455,7 +455,7 @@ def _trace(model, batch, jit: bool):
     import tensorflow as tf
 
     saved = bool(model.jit_compile)
-    step: Any
+    step: Any = None
     try:
         model.jit_compile = jit  # the step is made with the model's setting
         step, traced = _internals.keras_train_step(model)
