@@ -417,7 +417,7 @@ TESTS = ROOT / "tests"
 TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {"integration", "support", "data"}
 CROSS_CUTTING_TESTS = {"test_docs.py", "test_layout.py", "test_package.py", "test_tiers.py",
                        "test_zoo.py", "test_real_zoo.py", "test_adapted_zoo.py",
-                       "test_hub_zoo.py", "test_doc_snippets.py"}
+                       "test_hub_zoo.py", "test_doc_snippets.py", "test_no_alarms.py"}
 
 
 def _misplaced_tests(tests: pathlib.Path, package: pathlib.Path) -> list[str]:

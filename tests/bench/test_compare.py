@@ -109,7 +109,7 @@ def test_unknown_model_and_too_small_images():
     with pytest.raises(UsageError) as info:
         models.build("vgg", (32, 32, 3), 10)
     assert str(info.value) == (
-        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, transformer.")
+        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer.")
     with pytest.raises(UsageError, match="too small for --model=resnet50"):
         models.build("resnet50", (16, 16, 3), 10)
 

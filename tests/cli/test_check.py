@@ -84,3 +84,20 @@ def test_throughput_is_a_median_with_its_interval():
     part = _throughput([2.0], [1.0])
     assert check_command._ratio_cells(part, "mixed_bfloat16") == [
         "no ratio", "2.00-2.00x over 1 round(s) (too few rounds: raise --budget)"]
+
+
+def test_the_throughput_part_says_auto_measured_the_probe_not_a_model():
+    from tf_mixed.policy import hardware
+
+    throughput = scenarios.measure_throughput(
+        hardware.HardwareInfo(cpu_model="Test CPU"),
+        timer=lambda names: {name: 0.01 for name in names})
+
+    class Result:
+        devices, tf_mixed, keras, defects, passed = ("CPU:0",), [], [], [], True
+
+    Result.throughput = throughput
+    text = check_command.render(Result(), hardware.HardwareInfo(cpu_model="Test CPU"))
+    assert "=> enable('auto') picks float32" in text
+    assert ("   measured on: the probe above (one Dense, one Conv2D), not a model of yours; "
+            "each model's own training step is checked against float32 when it trains") in text

@@ -47,6 +47,80 @@ COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",
 # The reduced-precision float dtypes a layer can compute in.
 HALF_DTYPES = ("float16", "bfloat16")
 
+# What to do when training steps keep failing, per dtype the model computes
+# in: one table, so the monitor and the probe never tell a bfloat16 or
+# float32 run a float16 fix (or a run without a loss scale to change one).
+class Fixes(NamedTuple):
+    """One dtype's fixes: ``overflow`` (steps keep being skipped) and
+    ``no_scale`` (a non-finite loss or weight under an optimizer that does not
+    scale the loss)."""
+
+    overflow: str
+    no_scale: str
+
+
+POLICY_FIXES = {
+    "float16": Fixes(
+        overflow=("look for float16 overflow in the forward pass "
+                  "(tf_mixed.audit(model) lists risky layers), keep "
+                  "softmax/normalisation in float32, lower the learning rate, "
+                  "or train in mixed_bfloat16 (float32's range)"),
+        no_scale=("scale the loss with tf_mixed.wrap_optimizer(...) "
+                  "(float16), lower the learning rate, and make the model's "
+                  "outputs float32 (tf_mixed.audit(model) lists risky layers)"),
+    ),
+    "bfloat16": Fixes(
+        overflow=("bfloat16 has float32's range, so this is no half-precision "
+                  "overflow and no loss scale would help: look for NaN/inf or "
+                  "huge values in the data (logs['skip_reason'] says why each "
+                  "step was skipped), lower the learning rate or clip the "
+                  "gradients, and keep softmax/normalisation in float32 "
+                  "(tf_mixed.audit(model) lists risky layers)"),
+        no_scale=("bfloat16 needs no loss scale: lower the learning rate or "
+                  "clip the gradients, look for NaN/inf in the data, and make "
+                  "the model's outputs float32 (tf_mixed.audit(model) lists "
+                  "risky layers)"),
+    ),
+    "float32": Fixes(
+        overflow=("the model computes in float32, so this is not a precision "
+                  "problem: look for NaN/inf or huge values in the data "
+                  "(logs['skip_reason'] says why each step was skipped), lower "
+                  "the learning rate or clip the gradients"),
+        no_scale=("the model computes in float32, so this is not a precision "
+                  "problem: lower the learning rate or clip the gradients, and "
+                  "look for NaN/inf in the data"),
+    ),
+}
+
+
+def policy_fix(compute_dtype: str, problem: str) -> str:
+    """The fix `POLICY_FIXES` gives for ``problem`` to a model computing in ``compute_dtype``.
+
+    Args:
+        compute_dtype: "float16", "bfloat16" or "float32" (anything else reads
+            as float32).
+        problem: "overflow" or "no_scale".
+
+    Returns:
+        The advice, a sentence fragment starting in lower case.
+    """
+    return getattr(POLICY_FIXES.get(compute_dtype, POLICY_FIXES["float32"]), problem)
+
+
+def narrowest_compute_dtype(model) -> str:
+    """The narrowest dtype any layer of ``model`` computes in.
+
+    "float16" if any layer computes in float16, else "bfloat16" if any does,
+    else "float32": the range that can overflow first.
+    """
+    dtypes = {getattr(layer, "compute_dtype", None) for _, layer in walk_layers(model)}
+    dtypes.add(getattr(model, "compute_dtype", None))
+    for dtype in HALF_DTYPES:
+        if dtype in dtypes:
+            return dtype
+    return "float32"
+
+
 # The multiple a matrix dimension needs to fill the hardware's tiles, per
 # half dtype: float16 Tensor Cores take multiples of 8; Intel AMX tiles (and
 # float8 Tensor Cores) take multiples of 16 bfloat16 elements. `audit` checks
@@ -56,6 +130,20 @@ TILE_MULTIPLES = {"float16": 8, "bfloat16": 16}
 # Class names of tf_mixed's float32 heads (tf_mixed.layers): float32 by
 # design, so they are neither converted nor reported as explicit float32.
 FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+# What they save as (`tf_mixed.layers`): a `.keras` file loads them as Keras's
+# own Activation / Identity with a float32 policy.
+SAVED_FLOAT32_HEADS = ("Activation", "Identity")
+
+
+def is_float32_head(layer: Any, *, output: bool) -> bool:
+    """Whether ``layer`` is a float32 head: one of tf_mixed's (`FLOAT32_HEADS`),
+    or, where it produces a model output (``output``), a Keras ``Activation``
+    or ``Identity`` computing in float32 (what tf_mixed's heads load as)."""
+    cls = type(layer).__name__
+    if cls in FLOAT32_HEADS:
+        return True
+    return (output and cls in SAVED_FLOAT32_HEADS
+            and getattr(getattr(layer, "dtype_policy", None), "name", None) == "float32")
 
 # Activations that squash logits into probabilities (or their log). Computed
 # in half precision as a model output they saturate and hide the logits from
@@ -415,6 +503,63 @@ FLOAT32_STATISTICS_NORMS = ("BatchNormalization", "LayerNormalization", "GroupNo
                             "RMSNormalization")
 
 
+class Evidence(NamedTuple):
+    """A numerics-catalog claim behind one of `tf_mixed.enable`'s float32 defaults.
+
+    Attributes:
+        default: what enable() does ("Normalization: kept float32").
+        row: the catalog row (``Layer[config]``, docs/catalog.md).
+        policy: the half policy the claim is about.
+        magnitudes: max |input| values the layer meets in practice.
+        safe: whether the row is safe at every one of them.
+    """
+
+    default: str
+    row: str
+    policy: str
+    magnitudes: tuple[float, ...]
+    safe: bool
+
+
+# enable()'s float32 defaults and the catalog rows that justify them (and the
+# normalizations it leaves in half precision, with theirs). Checked on the stored
+# catalog and, measured afresh, on the installed Keras by
+# tests/policy/test_keep_float32_catalog.py, so a Keras release that fixes or
+# breaks one of these shows up as a failing test, not as a stale rule.
+CATALOG_EVIDENCE: tuple[Evidence, ...] = (
+    # Adapted statistics: a raw feature ~1e4 wide has a variance above 65504.
+    Evidence("Normalization: kept float32", "Normalization[adapted]", MIXED_FLOAT16,
+             (1e4,), False),
+    # Bin boundaries rounded to float16 move small values into other bins.
+    Evidence("Discretization: kept float32", "Discretization[adapted]", MIXED_FLOAT16,
+             (1e-2,), False),
+    # Float ids above 2048 (float16) / 256 (bfloat16) become other ids.
+    Evidence("float token ids into an Embedding: kept float32", "Embedding[float ids]",
+             MIXED_FLOAT16, (1e4,), False),
+    Evidence("float token ids into an Embedding: kept float32", "Embedding[float ids]",
+             MIXED_BFLOAT16, (1e3,), False),
+    # Squashing outputs saturate: the float32 head (and fact 3, the loss's logits shortcut).
+    Evidence("softmax output: a float32 head", "Activation[activation=softmax]", MIXED_FLOAT16,
+             (1e2,), False),
+    Evidence("softmax output: a float32 head", "Activation[activation=softmax]",
+             MIXED_BFLOAT16, (1e2,), False),
+    Evidence("sigmoid output: a float32 head", "Activation[activation=sigmoid]", MIXED_FLOAT16,
+             (1e3,), False),
+    Evidence("sigmoid output: a float32 head", "Activation[activation=sigmoid]",
+             MIXED_BFLOAT16, (1e4,), False),
+    # log_softmax is safe as a layer; its head is for the loss's logits shortcut (fact 3).
+    Evidence("log_softmax output: a float32 head", "Activation[activation=log_softmax]",
+             MIXED_FLOAT16, (1e-3, 1e2), True),
+    # FLOAT32_STATISTICS_NORMS stay in half precision: their statistics are float32 inside.
+    *(Evidence(f"{name}: left in half precision", row, policy, (1e-3, 1e3), True)
+      for name, row in (("BatchNormalization", "BatchNormalization[batch statistics]"),
+                        ("LayerNormalization", "LayerNormalization[epsilon=1e-6]"),
+                        ("GroupNormalization", "GroupNormalization[groups=4, epsilon=1e-5]"),
+                        ("RMSNormalization", "RMSNormalization[epsilon=1e-6]"))
+      for policy in (MIXED_FLOAT16, MIXED_BFLOAT16)),
+)
+
+
 def keeps_float32_statistics(layer) -> bool:
     """Whether `layer` computes with statistics adapted to data: stays float32.
 
@@ -462,7 +607,11 @@ def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, f
     values = [(w.path.rsplit("/", 1)[-1], w) for w in layer.weights
               if "float" in keras.backend.standardize_dtype(w.dtype)]
     if isinstance(layer, keras.layers.Normalization):
-        values += [(name, getattr(layer, name, None)) for name in ("mean", "variance")]
+        # Given to the constructor: read as given (``layer.mean`` is already
+        # cast to the compute dtype, where a value out of range is inf).
+        given = layer.input_mean is not None
+        values += [(name, getattr(layer, f"input_{name}" if given else name, None))
+                   for name in ("mean", "variance")]
     for what, value in values:
         if value is None:
             continue

@@ -86,8 +86,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         flush=True,
     )
     started = time.monotonic()
+    round_order: list[str] = []
     try:
-        round_order: list[str] = []
         if config.strategy == "multiworker":
             results = _run_children(config, trained, verbose, plan_record)
         else:

@@ -10,7 +10,8 @@ from tf_mixed._internal.cli_errors import UsageError, did_you_mean, unknown
 from tf_mixed._internal.facts import POLICY_ALIASES
 from tf_mixed.policy import POLICY_NAMES
 
-MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "transformer")
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2",
+                                 "efficientnetb0", "transformer")
 SEQUENCE_MODELS = ("transformer",)  # take token sequences, not images
 DATA_ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
                  "tokens (for --model=transformer)")
@@ -23,7 +24,10 @@ DEFAULT_SHAPES_TRAIN = 8000
 # "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
 # "plan": tf_mixed.plan's per-layer precisions on the float32 model
 # (tf_mixed.bench.plan_row), applied with tf_mixed.convert.
-BENCH_POLICIES = {"float8": "mixed_bfloat16", "plan": "float32"}
+# "auto-checked": enable("auto")'s host choice, trained with LossScaleMonitor, whose
+# check on the model's own first steps keeps it or moves the model to float32
+# (tf_mixed.policy.model_check); its row says which, with the figures.
+BENCH_POLICIES = {"float8": "mixed_bfloat16", "plan": "float32", "auto-checked": "auto"}
 
 
 def check_model(name: object) -> str:

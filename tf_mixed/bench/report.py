@@ -324,6 +324,9 @@ def notes(report: dict[str, Any]) -> list[str]:
             lines.append(f"{plan_row.label(r)}: {cut_label(r)}, so its losses are not compared "
                          "with float32's (results.json keeps them).")
     lines.extend(plan_row.notes(report))
+    lines.extend(f"{r['policy']} (trains in {r['compute_dtype']}; its first steps, the "
+                 f"check's rounds, are in its figures): {r['model_check']['message']}"
+                 for r in report["results"] if r.get("model_check"))
     matmul = report.get("matmul")
     if matmul:
         for r in report["results"]:

@@ -157,6 +157,9 @@ def render(result, info) -> str:
                    rows, ["policy", "ms/step", "vs float32", "90% interval (paired rounds)"]),
             "",
             f"=> enable('auto') picks {t.auto_policy}: {t.auto_reason}",
+            "   measured on: the probe above (one Dense, one Conv2D), not a model of yours; "
+            "each model's own training step is checked against float32 when it trains "
+            "(LossScaleMonitor in fit, tf_mixed.training.make_train_step; docs/policies.md)",
         ]
     if result.defects:
         rows = [(d.spec.key, ["-" if d.present is None else ("present" if d.present else "absent"),

@@ -44,6 +44,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from tf_mixed._internal import measuring
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import COMPUTE_DTYPES as _COMPUTE_DTYPE
 from tf_mixed._internal.facts import FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16
@@ -521,7 +522,8 @@ def _probe_inputs(tf, dense, conv):
 
 
 def _probe_step(tf, dtype: str):
-    @tf.function
+    # One function per policy and size, each traced once: not the mistake
+    # TF's retracing warning is for (`tf_mixed._internal.shims.distinct_function`).
     def step(x, kernel, images, filters):
         with tf.GradientTape() as tape:
             hidden = tf.nn.relu(tf.matmul(tf.cast(x, dtype), tf.cast(kernel, dtype)))
@@ -533,7 +535,7 @@ def _probe_step(tf, dtype: str):
         # One scalar that depends on both gradients: fetching it waits for them.
         return tf.reduce_sum(grads[0][0]) + tf.reduce_sum(grads[1][0, 0])
 
-    return step
+    return _internals.distinct_function(step)
 
 
 def _run(step, inputs) -> None:

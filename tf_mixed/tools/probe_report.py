@@ -12,7 +12,7 @@ import io
 import math
 from typing import Any
 
-from tf_mixed._internal.facts import dtype_limits
+from tf_mixed._internal.facts import COMPUTE_DTYPES, dtype_limits
 
 __all__ = ["DTYPE_LIMITS", "LayerStats", "ProbeReport", "VariableStats"]
 
@@ -115,7 +115,8 @@ class ProbeReport:
       current_scale: the loss scale the half run used ("current").
       recommended_scale: the largest power of two at which no gradient
         computed in half precision (weights of half layers, outputs of
-        half layers) times the scale exceeds float16's largest finite value.
+        half layers) times the scale exceeds float16's largest finite value;
+        1.0 for a bfloat16 policy (float32's range: no loss scale).
       underflow_at_recommended: gradient entries of half layers' variables,
         non-zero in float32, that still round to zero in float16 there.
       gradient_entries: all entries of those variables.
@@ -200,15 +201,18 @@ class ProbeReport:
                      "-" if t.flushed is None else _pct(t.flushed))
                     for t in self.float8]
             lines += _table(header, rows, left=3)
-        lines += [
-            "",
-            f"Loss scale: current {_scale(self.current_scale)}, recommended "
-            f"initial {_scale(self.recommended_scale)} (largest power of two "
-            "at which no scaled gradient overflows float16); there "
-            f"{self.underflow_at_recommended:,} of {self.gradient_entries:,} "
-            "gradient entries still underflow to zero.",
-            self.advice,
-        ]
+        if COMPUTE_DTYPES.get(self.policy) == "float16":
+            scaling = (
+                f"Loss scale: current {_scale(self.current_scale)}, recommended "
+                f"initial {_scale(self.recommended_scale)} (largest power of two "
+                "at which no scaled gradient overflows float16); there "
+                f"{self.underflow_at_recommended:,} of {self.gradient_entries:,} "
+                "gradient entries still underflow to zero.")
+        else:
+            scaling = (f"Loss scale: none needed ({self.policy} has float32's "
+                       "range; the zero/subnormal columns say what float16 would "
+                       "lose at the same scale).")
+        lines += ["", scaling, self.advice]
         return "\n".join(lines)
 
     def plot(self, path: str | None = None) -> bytes:

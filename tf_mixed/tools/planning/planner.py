@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import json
 from typing import Any, Callable, Mapping
 
 import keras
@@ -44,7 +42,7 @@ from tf_mixed._internal.facts import (
     check_model_kind,
     is_input_layer,
 )
-from tf_mixed.policy import autotune, hardware
+from tf_mixed.policy import autotune, hardware, model_check, precision_map
 from tf_mixed.tools.planning import choosing, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
@@ -125,15 +123,7 @@ def _first_batch(x):
     return keras.tree.map_structure(lambda a: tf.convert_to_tensor(a), x)
 
 
-def _model_digest(model: keras.Model, batch) -> str:
-    try:
-        config = json.dumps(model.get_config(), sort_keys=True, default=str)
-    except Exception:  # a layer without a config: its names and weight shapes instead
-        config = json.dumps([(layer.name, type(layer).__name__,
-                              [list(w.shape) for w in layer.weights]) for layer in model.layers])
-    shapes = [(list(t.shape), str(t.dtype)) for t in keras.tree.flatten(batch)]
-    text = config + json.dumps(shapes)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+_model_digest = model_check.model_digest  # one digest for the plan's and the check's cache
 
 
 def _errors(report, tolerance: float, names) -> tuple[dict[str, float | None], dict[str, str]]:
@@ -293,6 +283,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     rows = _rows(model, measurement, choice, errors, followers, half_dtype)
     chosen = {row.choice for row in rows}
     final = half_policy if chosen - {"float32"} else "float32"
+    precision, rows = _decided(model, final, rows)
     summary = _summary(choice, rows, half_dtype, final)
     if checked:
         summary += f"; {checked}"
@@ -303,7 +294,26 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     elif path:
         summary += f"; timed now, cached in {path}"
     return Plan(model.name, final, half_dtype, tuple(measurement.precisions), tuple(rows),
-                dict(choice.step_seconds), summary, host, cached, path, measurement)
+                dict(choice.step_seconds), summary, host, cached, path, measurement, precision)
+
+
+def _decided(model, policy: str, rows) -> tuple[precision_map.PrecisionMap, list[LayerChoice]]:
+    """The model's precision map with the rows' choices as its plan, and the
+    rows as that map builds them: a layer an earlier rule keeps float32 (a
+    float32 head, statistics, token ids) says so (`precision_map.RULES`)."""
+    choices = {row.name: plan_table.choice_policy(row.choice, policy) for row in rows}
+    precision, _ = precision_map.decide(model, policy, plan=choices)
+    decided = []
+    for row in rows:
+        rule = precision.reasons.get(row.name)
+        if rule in (None, precision_map.PLAN, "as is") or row.choice == "float32":
+            decided.append(row)
+            continue
+        built = precision.compute_dtype(row.name) or row.choice
+        decided.append(dataclasses.replace(
+            row, choice=built, why=f"{rule}: float32 whatever the timings "
+            "(tf_mixed.policy.precision_map)"))
+    return precision, decided
 
 
 def _probe_slice(x, y):
@@ -391,6 +401,7 @@ def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
 def _all_float32(model, half_dtype: str, host: str, why: str) -> Plan:
     rows = tuple(LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
                  for layer in model.layers if not is_input_layer(layer))
+    precision, _ = precision_map.decide(model, "float32")
     return Plan(model.name, "float32", half_dtype, ("float32",), rows, {},
-                f"float32 for every layer: {why}", host)
+                f"float32 for every layer: {why}", host, precision=precision)
 
