@@ -125,16 +125,15 @@ def generated_problem(spec: str, model, shape: tuple) -> str:
     from tf_mixed.cli import npz_data
 
     kind = names.parse_spec(spec)[0]
-    given: tuple
     if kind == names.SHAPES:
         side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
         side = side or names.DEFAULT_SHAPES_SIZE
-        given = (None, side, side, 3)
+        given = [None, side, side, 3]
     elif kind == names.TOKENS:
-        given = (None, data.DEFAULT_TOKENS_LENGTH)
+        given = [None, data.DEFAULT_TOKENS_LENGTH]
     else:
         return ""
-    return npz_data.input_problem(model, ["x"], [given]) or ""
+    return npz_data.input_problem(model, ["x"], [tuple(given)]) or ""
 
 
 
