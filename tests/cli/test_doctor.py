@@ -92,7 +92,10 @@ def test_measure_times_both_models(tmp_path, capsys):
     assert len(measured["applied"]) == 2
     for key in ("before_step_ms", "after_step_ms", "speedup", "round_speedup_median"):
         assert math.isfinite(measured[key]) and measured[key] > 0
-    assert "Measured (median fit step" in capsys.readouterr().out
+    low, high = measured["round_speedup_interval"]  # measuring.estimate of the round pairs
+    assert low <= measured["round_speedup_median"] <= high
+    text = capsys.readouterr().out
+    assert "Measured (median fit step" in text and f"90% interval {low:.2f}-{high:.2f}x" in text
 
 
 def test_measure_with_nothing_to_apply(tmp_path, capsys):

@@ -17,7 +17,7 @@ def _flags(dataset="shapes"):
 
 
 def _classifier(classes, shape=(16, 16, 3)):
-    inputs = keras.Input(shape)
+    inputs = keras.Input(shape, name="features")
     x = keras.layers.Conv2D(4, 3)(inputs) if len(shape) == 3 else inputs
     x = keras.layers.Flatten()(x)
     return keras.Model(inputs, keras.layers.Dense(classes, activation="softmax")(x), name="m")
@@ -41,8 +41,8 @@ def test_a_model_as_wide_as_the_data_keeps_its_labels(capsys):
 
 
 @pytest.mark.parametrize("model, problem", [
-    (lambda: _classifier(3, shape=(8,)), "model 'm' takes inputs of shape (8,); the shapes set "
-                                         "gives RGB images (height, width, 3)"),
+    (lambda: _classifier(3, shape=(8,)), "x has shape (None, 32, 32, 3); model 'm' input "
+                                         "'features' takes (None, 8) (rank 2 expected, got 4)"),
     (lambda: _classifier(1), "model 'm' has 1 output unit; the shapes set has 10 classes"),
 ])
 def test_data_that_cannot_fit_is_one_sentence_naming_the_flag(model, problem):

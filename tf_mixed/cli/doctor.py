@@ -407,14 +407,17 @@ def _measure(fv, model, report, x, y) -> dict:
         for m, data in paths.values():
             if fv.warmup_steps:
                 m.fit(data, epochs=1, steps_per_epoch=fv.warmup_steps, verbose=0, shuffle=False)
-        for _ in range(fv.rounds):
-            for name, (m, data) in paths.items():
+        for index in range(fv.rounds):  # each model leads in turn (measuring.rotated)
+            for name in measuring.rotated(list(paths), index):
+                m, data = paths[name]
                 timer = StepTimer()
                 m.fit(data, epochs=1, steps_per_epoch=fv.steps, verbose=0, shuffle=False,
                       callbacks=[timer])
                 times[name] += timer.times
                 rounds[name].append(1000 * statistics.median(timer.times))
     before, after = (1000 * statistics.median(times[n]) for n in ("before", "after"))
+    ratios = measuring.pair_ratios(rounds["after"], rounds["before"])
+    interval = measuring.estimate(ratios)
     return {
         "applied": applied,
         "policy": report.policy,
@@ -426,8 +429,8 @@ def _measure(fv, model, report, x, y) -> dict:
         "speedup": before / after,
         # Each round times both models back to back: the median of the rounds'
         # ratios cancels load that drifts between rounds.
-        "round_speedup_median": statistics.median(
-            b / a for b, a in zip(rounds["before"], rounds["after"])),
+        "round_speedup_median": statistics.median(ratios),
+        "round_speedup_interval": [interval.low, interval.high],
         "load_average": measuring.machine_load()[0],
     }
 
@@ -441,7 +444,9 @@ def measured_text(measured: dict) -> str:
         "  applied: " + "; ".join(measured["applied"]),
         (f"  before {measured['before_step_ms']:.2f} ms, after "
          f"{measured['after_step_ms']:.2f} ms: {measured['speedup']:.2f}x (median of the "
-         f"rounds' ratios {measured['round_speedup_median']:.2f}x)"),
+         f"rounds' ratios {measured['round_speedup_median']:.2f}x, 90% interval "
+         f"{measured['round_speedup_interval'][0]:.2f}-"
+         f"{measured['round_speedup_interval'][1]:.2f}x)"),
         "  per round: " + ", ".join(
             f"{b:.1f}/{a:.1f}" for b, a in zip(measured["round_medians_ms"]["before"],
                                                measured["round_medians_ms"]["after"]))

@@ -119,23 +119,22 @@ def output_classes(model) -> int | None:
 
 def generated_problem(spec: str, model, shape: tuple) -> str:
     """Why a generated set (shapes: RGB images; tokens: token ids) cannot feed
-    ``model``'s one input of ``shape`` (without the batch), or ""."""
-    from tf_mixed.bench import names
+    ``model``'s one input of ``shape`` (without the batch), in
+    `tf_mixed.cli.npz_data.input_problem`'s words; "" when it can."""
+    from tf_mixed.bench import data, names
+    from tf_mixed.cli import npz_data
 
     kind = names.parse_spec(spec)[0]
-    if kind == names.SHAPES and not (len(shape) == 3 and shape[-1] in (3, None)):
-        return (f"model '{model.name}' takes inputs of shape {_shape(shape)}; the {spec} set "
-                "gives RGB images (height, width, 3)")
-    if kind == names.TOKENS and len(shape) != 1:
-        return (f"model '{model.name}' takes inputs of shape {_shape(shape)}; the {spec} set "
-                "gives token ids (length,)")
-    return ""
+    if kind == names.SHAPES:
+        side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
+        side = side or names.DEFAULT_SHAPES_SIZE
+        given = [None, side, side, 3]
+    elif kind == names.TOKENS:
+        given = [None, data.DEFAULT_TOKENS_LENGTH]
+    else:
+        return ""
+    return npz_data.input_problem(model, ["x"], [tuple(given)]) or ""
 
-
-def _shape(shape: tuple) -> str:
-    from tf_mixed.cli.npz_data import shape_text
-
-    return shape_text(shape)
 
 
 def main(argv: list[str]) -> int:

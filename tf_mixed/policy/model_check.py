@@ -33,10 +33,10 @@
 # Under a multi-worker strategy every worker runs the same fixed number of
 # rounds and the figures are averaged across workers (`shared_means`) before
 # the decision, so every worker keeps the same policy at the same step (a
-# worker that retraced alone would leave its peers in a collective); the
-# cache is not read there (a worker with a cache would skip the rounds its
-# peers run). Under MirroredStrategy on one machine one process
-# times the step of every replica: its decision is the only one.
+# worker that retraced alone would leave its peers in a collective); the cache
+# is not read there (a worker with a cache would skip the rounds its peers run).
+# Under MirroredStrategy on one machine one process times the step of every
+# replica: its decision is the only one.
 
 from __future__ import annotations
 
