@@ -190,3 +190,132 @@ def test_custom_loops_end_where_the_run_without_the_batch_ends(readme_loop):
     # weights, BatchNormalization statistics, slots, iterations, EMA
     assert len(bad) == len(reference)
     assert all(np.array_equal(a, b) for a, b in zip(bad, reference))
+
+
+# ------------------------------------------- every policy, every bad batch
+
+
+def _policy_pair(policy, kind, strategy=None, replica=0, removed=(sm.BAD_STEP,),
+                 **build_args):
+    """`_pair` under ``policy`` with a bad batch of ``kind`` (`sm.KINDS`)."""
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+    x, y = sm.data()
+    bad_x = sm.spoil(x, sm.BAD_STEP, replica=replica, replicas=replicas,
+                     value=sm.KINDS[kind]["value"])
+    if policy == "mixed_float16":
+        # A fixed scale: after the skip's backoff, float16 gradients would
+        # round differently from the reference's (its scale never halved).
+        build_args.setdefault("dynamic", False)
+    args = dict(strategy=strategy, policy=policy, **sm.kind_args(kind), **build_args)
+    bad = sm.run(bad_x, y, **args)
+    keras.backend.clear_session()
+    reference = sm.run(*sm.remove(x, y, removed), **args)
+    return bad, reference, sm.compare(bad, reference, skipped_batches=removed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(sm.KINDS))
+@pytest.mark.parametrize("policy", sm.POLICIES)
+def test_every_policy_every_row_matches_with_its_reason(policy, kind):
+    # "forward" and "update" were applied on main under float32 and
+    # mixed_bfloat16: finite gradients, non-finite moving variance / Adam slot.
+    bad, _, rows = _policy_pair(policy, kind)
+    assert rows == ALL_ROWS
+    flags = [r["skipped"] for r in bad["batch_logs"]]
+    assert flags == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    reasons = [r["skip_reason"] for r in bad["batch_logs"]]
+    assert reasons == [0.0, 0.0, sm.REASON[kind, policy], 0.0, 0.0, 0.0]
+    # Counted per epoch, per reason, in the epoch logs (History).
+    code = int(sm.REASON[kind, policy])
+    from tf_mixed.scaling.write_guard import REASONS
+    assert bad["skip_counts"] == {f"skipped_{r}": [float(i + 1 == code)]
+                                  for i, r in enumerate(REASONS)} | {"skipped_steps": [1.0]}
+    assert all(np.isfinite(w).all() for w in bad["weights"] + bad["optimizer"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replica", [0, 1])
+@pytest.mark.parametrize("policy", sm.POLICIES)
+def test_every_policy_mirrored_forward_state_on_either_replica(mirrored, policy, replica):
+    bad, _, rows = _policy_pair(policy, "forward", strategy=mirrored, replica=replica)
+    assert rows == ALL_ROWS
+    assert bad["batch_logs"][sm.BAD_STEP]["skip_reason"] == sm.REASON["forward", policy]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", sm.POLICIES)
+def test_every_policy_accumulation_window_with_an_update_overflow(policy):
+    _, _, rows = _policy_pair(policy, "update", accumulate=2, removed=(2, 3))
+    assert rows == ALL_ROWS
+
+
+def _policy_loop(x, y, readme_loop, policy, kind):
+    import tensorflow as tf
+
+    model = sm.build(policy=policy, **sm.kind_args(kind))
+    optimizer = model.optimizer
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if readme_loop:
+        optimizer.track_forward_state(model)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            applied = tf_mixed.training.apply_scaled_gradients(
+                tape, loss, model.trainable_variables, optimizer)
+            return {"loss": loss, "applied": applied}
+    else:
+        step = tf_mixed.training.make_train_step(model, loss_fn, optimizer)
+    applied = [bool(step(x[i:i + sm.BATCH], y[i:i + sm.BATCH])["applied"])
+               for i in range(0, len(x), sm.BATCH)]
+    state = [np.asarray(v) for v in
+             [*model.weights, *optimizer.inner_optimizer.variables]]
+    return applied, state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("readme_loop", [False, True], ids=["make_train_step", "readme_loop"])
+@pytest.mark.parametrize("policy", sm.POLICIES)
+def test_every_policy_custom_loops_with_forward_and_update_overflows(policy, readme_loop):
+    for kind in ("forward", "update"):
+        x, y = sm.data()
+        bad_x = sm.spoil(x, sm.BAD_STEP, value=sm.KINDS[kind]["value"])
+        applied, bad = _policy_loop(bad_x, y, readme_loop, policy, kind)
+        keras.backend.clear_session()
+        _, reference = _policy_loop(*sm.remove(x, y, [sm.BAD_STEP]), readme_loop,
+                                    policy, kind)
+        keras.backend.clear_session()
+        assert applied == [True, True, False, True, True, True], kind
+        assert all(np.array_equal(a, b) for a, b in zip(bad, reference)), kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "float32"])
+def test_keras_plain_optimizer_column_as_measured(policy):
+    # What `model.compile` gives a bfloat16 or float32 user without tf_mixed:
+    # a plain optimizer, no guard (docs/skipped-step.md's Keras columns).
+    x, y = sm.data()
+    finite = {}
+    for kind in sorted(sm.KINDS):
+        keras.config.set_dtype_policy(policy)
+        keras.utils.set_random_seed(1)
+        args = sm.kind_args(kind)
+        layers = [keras.Input((sm.FEATURES,)), keras.layers.Dense(8, activation="relu")]
+        if args.get("batchnorm", True):
+            layers.append(keras.layers.BatchNormalization())
+        model = keras.Sequential([*layers, keras.layers.Dense(sm.CLASSES)])
+        optimizer = (keras.optimizers.Adam(0.01) if args.get("inner") == "adam"
+                     else keras.optimizers.SGD(0.01, momentum=0.5))
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(sm.spoil(x, sm.BAD_STEP, value=sm.KINDS[kind]["value"]), y,
+                  batch_size=sm.BATCH, shuffle=False, verbose=0)
+        finite[kind] = tuple(
+            all(np.isfinite(np.asarray(v, "float32")).all() for v in group)
+            for group in (model.trainable_weights, optimizer.variables,
+                          model.non_trainable_weights))
+        keras.backend.clear_session()
+    # (weights, slots, forward state) finite after the epoch
+    assert finite == {"inf": (False, False, False), "forward": (True, True, False),
+                      "update": (False, False, True)}

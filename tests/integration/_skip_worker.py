@@ -4,7 +4,8 @@
 
 Started by `tf_mixed.distribute.launch.run_local_workers` (two workers, one
 replica each). The config (JSON) holds ``wrapper`` ("tf_mixed" or "keras"),
-``bad_worker`` (whose share of the bad batch holds the inf) and ``out`` (the
+``bad_worker`` (whose share of the bad batch holds the inf), optionally
+``policy`` and ``kind`` (tests/support/skip_matrix.py's `KINDS`), and ``out`` (the
 result path; ``{i}`` is replaced by the worker's index). Each worker trains
 the skip matrix's run with the bad batch and the reference without it
 (tests/support/skip_matrix.py) and writes the rows, its skipped flags, its
@@ -28,18 +29,23 @@ def main(config):
     strategy = distribute.multi_worker_strategy(timeout_seconds=60)
     workers = strategy.num_replicas_in_sync
     x, y = sm.data()
-    bad_x = sm.spoil(x, sm.BAD_STEP, replica=config["bad_worker"], replicas=workers)
+    kind = config.get("kind", "inf")
+    bad_x = sm.spoil(x, sm.BAD_STEP, replica=config["bad_worker"], replicas=workers,
+                     value=sm.KINDS[kind]["value"])
     monitor = config["wrapper"] == "tf_mixed"
+    build = dict(policy=config.get("policy"), **sm.kind_args(kind))
     bad = sm.run(sm.worker_dataset(strategy, bad_x, y), None, config["wrapper"],
-                 strategy=strategy, monitor=monitor)
+                 strategy=strategy, monitor=monitor, **build)
     reference = sm.run(sm.worker_dataset(strategy, *sm.remove(x, y, [sm.BAD_STEP])),
-                       None, config["wrapper"], strategy=strategy, monitor=monitor)
+                       None, config["wrapper"], strategy=strategy, monitor=monitor,
+                       **build)
     digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in bad["weights"]))
     result = {
         "worker": index,
         "replicas": int(workers),
         "rows": {k: bool(v) for k, v in sm.compare(bad, reference).items()},
         "skipped": [row.get("skipped") for row in bad["batch_logs"]],
+        "skip_reason": [row.get("skip_reason") for row in bad["batch_logs"]],
         "history": bad["history"],
         "weights_digest": digest.hexdigest(),
         "weights_finite": bool(all(np.isfinite(w).all() for w in bad["weights"])),

@@ -54,6 +54,24 @@ def test_tf_mixed_every_row_on_both_workers(tmp_path):
     assert w0["weights_digest"] == w1["weights_digest"]
 
 
+@pytest.mark.parametrize("kind", ["forward", "update"])
+def test_tf_mixed_bfloat16_finite_gradient_overflows_on_both_workers(tmp_path, kind):
+    # Finite gradients on both workers; worker 1's share overflows BatchNorm's
+    # variance ("forward", each worker's own statistics) or Adam's update
+    # ("update"): one verdict, ridden on the gradient all-reduce.
+    results, paths = _launch(tmp_path, wrapper="tf_mixed", bad_worker=1,
+                             policy="mixed_bfloat16", kind=kind)
+    for result in results:
+        assert result.returncode == 0, result.output[-3000:]
+    w0, w1 = (json.loads(p.read_text()) for p in paths)
+    for worker in (w0, w1):
+        assert all(worker["rows"].values()), worker["rows"]
+        assert worker["skipped"] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+        assert worker["skip_reason"][sm.BAD_STEP] == sm.REASON[kind, "mixed_bfloat16"]
+        assert worker["weights_finite"]
+    assert w0["weights_digest"] == w1["weights_digest"]
+
+
 KERAS_MIRRORED = pathlib.Path(__file__).with_name("_keras_mirrored_column.py")
 
 

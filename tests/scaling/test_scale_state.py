@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 from tf_mixed.scaling.scale_state import (KNOBS, LossScaleConfig, LossScaleState,
-                                  initial_state, next_state)
+                                  RULE_FIELDS, initial_state, next_state)
 
 INF, NAN = float("inf"), float("nan")
 
@@ -153,7 +153,7 @@ def test_a_python_verdict_on_tensors_builds_only_its_own_operations():
                                             skipped_steps=5, min_scale_skips=0)
     graph = tf.Graph()
     with graph.as_default():
-        tensors = LossScaleState(*(tf.constant(v) for v in python))
+        tensors = LossScaleState(*(tf.constant(v) for v in python[:RULE_FIELDS]))
         built = {}
         for finite in (True, False):
             start = len(graph.get_operations())

@@ -45,10 +45,32 @@ def data(steps=STEPS, seed=0):
     return x, y
 
 
-def spoil(x, step, replica=0, replicas=1):
-    """``x`` with an inf in batch ``step``, in the shard of ``replica``."""
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# The bad batches: an inf in one sample (non-finite input), or a huge but
+# finite one (±1e30: finite in float32 and bfloat16, inf in float16). With
+# BatchNormalization the huge sample overflows the moving variance while
+# every gradient stays finite ("forward"); without it, with Adam, its
+# gradients (~1e30) are finite and Adam's square overflows ("update"):
+# Adam squares |g| > ~1.8e19 to inf.
+KINDS = {"inf": dict(value=np.inf),
+         "forward": dict(value=1e30),
+         "update": dict(value=-1e30, batchnorm=False, inner="adam")}
+# The skip_reason code each (kind, policy) logs (tf_mixed.scaling.write_guard).
+REASON = {("inf", p): 1.0 for p in POLICIES}
+REASON.update({("forward", p): 2.0 for p in POLICIES})
+REASON.update({("update", "float32"): 4.0, ("update", "mixed_bfloat16"): 4.0,
+               ("update", "mixed_float16"): 3.0})  # 1e30 is inf in float16
+
+
+def kind_args(kind):
+    """The `build` arguments of a bad-batch kind (`KINDS` without its value)."""
+    return {k: v for k, v in KINDS[kind].items() if k != "value"}
+
+
+def spoil(x, step, replica=0, replicas=1, value=np.inf):
+    """``x`` with ``value`` in batch ``step``, in the shard of ``replica``."""
     x = x.copy()
-    x[step * BATCH + replica * (BATCH // replicas), 0] = np.inf
+    x[step * BATCH + replica * (BATCH // replicas), 0] = value
     return x
 
 
@@ -92,15 +114,23 @@ class BatchLogs:
 
 
 def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed=1,
-          dynamic=True):
-    """A compiled model; ``wrapper`` "tf_mixed" or "keras" (its own wrapper)."""
+          dynamic=True, policy=None, batchnorm=True, inner="sgd"):
+    """A compiled model; ``wrapper`` "tf_mixed" or "keras" (its own wrapper).
+
+    ``policy`` None: float32 with loss scaling forced (scale 4); a policy
+    name: the global policy, and `tf_mixed.wrap_optimizer` as a user gets
+    it there (dynamic scaling under mixed_float16, scale 1 otherwise).
+    ``inner``: "sgd" (momentum) or "adam", both with EMA and a schedule.
+    """
     import keras
 
     import tf_mixed
 
+    if policy is not None:
+        keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu")]
-    if not float8:
+    if not float8 and batchnorm:
         layers.append(keras.layers.BatchNormalization())
     if dropout:
         layers.append(keras.layers.Dropout(0.5, seed=3))
@@ -112,12 +142,16 @@ def build(wrapper="tf_mixed", dropout=False, float8=False, accumulate=None, seed
     # Keras's own optimizers cannot end a fit with EMA and float8 layers (they
     # write None over the float8 variables); tf_mixed's wrapper can
     # (tf_mixed._internal.shims.overwrite_only_averaged_variables).
-    inner = keras.optimizers.SGD(schedule, momentum=0.5,
-                                 use_ema=not (float8 and wrapper == "keras"),
-                                 ema_overwrite_frequency=None)
+    use_ema = not (float8 and wrapper == "keras")
+    if inner == "adam":
+        inner = keras.optimizers.Adam(schedule, use_ema=use_ema,
+                                      ema_overwrite_frequency=None)
+    else:
+        inner = keras.optimizers.SGD(schedule, momentum=0.5, use_ema=use_ema,
+                                     ema_overwrite_frequency=None)
     if wrapper == "tf_mixed":
         optimizer = tf_mixed.wrap_optimizer(
-            inner, force=True, initial_scale=4.0, dynamic=dynamic,
+            inner, force=policy is None, initial_scale=4.0, dynamic=dynamic,
             gradient_accumulation_steps=accumulate)
     else:
         optimizer = keras.optimizers.LossScaleOptimizer(inner, initial_scale=4.0)
@@ -167,6 +201,8 @@ def run(x, y, wrapper="tf_mixed", strategy=None, monitor=True, **build_args):
         "batch_logs": logs.rows,
         "history": {k: v for k, v in history.history.items()
                     if k in ("loss", "accuracy")},
+        "skip_counts": {k: v for k, v in history.history.items()
+                        if k.startswith("skipped_") and k != "skipped_fraction"},
     }
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 if TYPE_CHECKING:
@@ -46,6 +47,80 @@ COMPUTE_DTYPES = {FLOAT32: "float32", MIXED_BFLOAT16: "bfloat16",
 # The reduced-precision float dtypes a layer can compute in.
 HALF_DTYPES = ("float16", "bfloat16")
 
+# What to do when training steps keep failing, per dtype the model computes
+# in: one table, so the monitor and the probe never tell a bfloat16 or
+# float32 run a float16 fix (or a run without a loss scale to change one).
+class Fixes(NamedTuple):
+    """One dtype's fixes: ``overflow`` (steps keep being skipped) and
+    ``no_scale`` (a non-finite loss or weight under an optimizer that does not
+    scale the loss)."""
+
+    overflow: str
+    no_scale: str
+
+
+POLICY_FIXES = {
+    "float16": Fixes(
+        overflow=("look for float16 overflow in the forward pass "
+                  "(tf_mixed.audit(model) lists risky layers), keep "
+                  "softmax/normalisation in float32, lower the learning rate, "
+                  "or train in mixed_bfloat16 (float32's range)"),
+        no_scale=("scale the loss with tf_mixed.wrap_optimizer(...) "
+                  "(float16), lower the learning rate, and make the model's "
+                  "outputs float32 (tf_mixed.audit(model) lists risky layers)"),
+    ),
+    "bfloat16": Fixes(
+        overflow=("bfloat16 has float32's range, so this is no half-precision "
+                  "overflow and no loss scale would help: look for NaN/inf or "
+                  "huge values in the data (logs['skip_reason'] says why each "
+                  "step was skipped), lower the learning rate or clip the "
+                  "gradients, and keep softmax/normalisation in float32 "
+                  "(tf_mixed.audit(model) lists risky layers)"),
+        no_scale=("bfloat16 needs no loss scale: lower the learning rate or "
+                  "clip the gradients, look for NaN/inf in the data, and make "
+                  "the model's outputs float32 (tf_mixed.audit(model) lists "
+                  "risky layers)"),
+    ),
+    "float32": Fixes(
+        overflow=("the model computes in float32, so this is not a precision "
+                  "problem: look for NaN/inf or huge values in the data "
+                  "(logs['skip_reason'] says why each step was skipped), lower "
+                  "the learning rate or clip the gradients"),
+        no_scale=("the model computes in float32, so this is not a precision "
+                  "problem: lower the learning rate or clip the gradients, and "
+                  "look for NaN/inf in the data"),
+    ),
+}
+
+
+def policy_fix(compute_dtype: str, problem: str) -> str:
+    """The fix `POLICY_FIXES` gives for ``problem`` to a model computing in ``compute_dtype``.
+
+    Args:
+        compute_dtype: "float16", "bfloat16" or "float32" (anything else reads
+            as float32).
+        problem: "overflow" or "no_scale".
+
+    Returns:
+        The advice, a sentence fragment starting in lower case.
+    """
+    return getattr(POLICY_FIXES.get(compute_dtype, POLICY_FIXES["float32"]), problem)
+
+
+def narrowest_compute_dtype(model) -> str:
+    """The narrowest dtype any layer of ``model`` computes in.
+
+    "float16" if any layer computes in float16, else "bfloat16" if any does,
+    else "float32": the range that can overflow first.
+    """
+    dtypes = {getattr(layer, "compute_dtype", None) for _, layer in walk_layers(model)}
+    dtypes.add(getattr(model, "compute_dtype", None))
+    for dtype in HALF_DTYPES:
+        if dtype in dtypes:
+            return dtype
+    return "float32"
+
+
 # The multiple a matrix dimension needs to fill the hardware's tiles, per
 # half dtype: float16 Tensor Cores take multiples of 8; Intel AMX tiles (and
 # float8 Tensor Cores) take multiples of 16 bfloat16 elements. `audit` checks
@@ -55,6 +130,20 @@ TILE_MULTIPLES = {"float16": 8, "bfloat16": 16}
 # Class names of tf_mixed's float32 heads (tf_mixed.layers): float32 by
 # design, so they are neither converted nor reported as explicit float32.
 FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+# What they save as (`tf_mixed.layers`): a `.keras` file loads them as Keras's
+# own Activation / Identity with a float32 policy.
+SAVED_FLOAT32_HEADS = ("Activation", "Identity")
+
+
+def is_float32_head(layer: Any, *, output: bool) -> bool:
+    """Whether ``layer`` is a float32 head: one of tf_mixed's (`FLOAT32_HEADS`),
+    or, where it produces a model output (``output``), a Keras ``Activation``
+    or ``Identity`` computing in float32 (what tf_mixed's heads load as)."""
+    cls = type(layer).__name__
+    if cls in FLOAT32_HEADS:
+        return True
+    return (output and cls in SAVED_FLOAT32_HEADS
+            and getattr(getattr(layer, "dtype_policy", None), "name", None) == "float32")
 
 # Activations that squash logits into probabilities (or their log). Computed
 # in half precision as a model output they saturate and hide the logits from
@@ -206,6 +295,48 @@ def walk_layers(model, prefix: str = "") -> Iterator[tuple[str, keras.Layer]]:
         yield name, layer
         if isinstance(layer, keras.Model):
             yield from walk_layers(layer, name + "/")
+
+
+# The names keras.applications gives its models (the function's architecture,
+# lower-cased; MobileNet adds its width and input size: "mobilenetv2_1.00_224").
+_APPLICATION_NAME = re.compile(
+    r"^(resnet\d+(v2)?|resnet_rs_\d+|mobilenet(v2|v3small|v3large)?(_[\d.]+_\d+)?|"
+    r"efficientnet(b\d|v2-?[bsml]\d?)|densenet\d+|vgg1[69]|inception_v3|"
+    r"inception_resnet_v2|xception|nasnet(mobile|large)?|convnext_\w+|regnet\w+)$")
+
+
+def published_origin(layer) -> str:
+    """"keras.applications" or "KerasHub" for a model or layer of a published
+    architecture (its widths fixed by the design and its pretrained weights), else "".
+
+    A KerasHub object is known by its class's module (``keras_hub``); a
+    keras.applications model, a functional model of plain Keras layers, by the
+    name the application function gives it (reloaded models keep it).
+    """
+    import keras
+
+    if type(layer).__module__.split(".")[0] == "keras_hub":
+        return "KerasHub"
+    if (isinstance(layer, keras.Model) and type(layer).__module__.startswith("keras")
+            and _APPLICATION_NAME.match(layer.name.lower())):
+        return "keras.applications"
+    return ""
+
+
+def published_layers(model) -> dict[str, str]:
+    """Qualified layer name (`walk_layers`) -> its published origin (`published_origin`),
+    for every layer of ``model`` inside a published architecture (the model itself,
+    a nested model, or a KerasHub layer), else not listed."""
+    origin = published_origin(model)
+    found: dict[str, str] = {}
+    inside: list[tuple[str, str]] = []  # (qualified prefix, origin) of published sub-models
+    for name, layer in walk_layers(model):
+        here = origin or next((o for p, o in inside if name.startswith(p)), "")
+        here = here or published_origin(layer)
+        if here:
+            found[name] = here
+            inside.append((name + "/", here))
+    return found
 
 
 def layer_outputs(layer) -> list:
@@ -476,7 +607,11 @@ def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, f
     values = [(w.path.rsplit("/", 1)[-1], w) for w in layer.weights
               if "float" in keras.backend.standardize_dtype(w.dtype)]
     if isinstance(layer, keras.layers.Normalization):
-        values += [(name, getattr(layer, name, None)) for name in ("mean", "variance")]
+        # Given to the constructor: read as given (``layer.mean`` is already
+        # cast to the compute dtype, where a value out of range is inf).
+        given = layer.input_mean is not None
+        values += [(name, getattr(layer, f"input_{name}" if given else name, None))
+                   for name in ("mean", "variance")]
     for what, value in values:
         if value is None:
             continue

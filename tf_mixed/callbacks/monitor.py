@@ -55,14 +55,16 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_mixed._internal import tf_keras_check
+from tf_mixed._internal import facts, tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.warning import MixedPrecisionWarning
-from tf_mixed.callbacks import skip_contract, stop_rules
+from tf_mixed.callbacks import fit_check, skip_contract, stop_rules
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
-from tf_mixed.policy import keep_float32
+from tf_mixed.policy import keep_float32, model_check
+from tf_mixed.scaling.optimizer import loss_scale_state
 from tf_mixed.scaling.replicas import all_copies_finite
+from tf_mixed.scaling.write_guard import REASONS
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
@@ -99,7 +101,8 @@ def is_loss_scaling(optimizer) -> bool:
 
 # Audit findings that make a fit train badly; the monitor warns with them.
 SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids",
-                  "keras_loss_scale_optimizer", "catalog_no_kernel", "catalog_range")
+                  "keras_loss_scale_optimizer", "half_range", "half_resolution",
+                  "catalog_no_kernel", "catalog_range")
 
 
 def model_setup_problems(model) -> list[str]:
@@ -240,7 +243,7 @@ _NO_READ = Snapshot(scale=1.0, applied=0)
 # LossScaleMonitor's constructor arguments, in order (its get_config).
 _CONFIG = ("patience", "max_skip_fraction", "min_scale", "log_every_n_batches",
            "raise_on_failure", "check_setup", "check_every_n_batches",
-           "rollback_forward_state")
+           "rollback_forward_state", "check_policy")
 
 def _check_period(value) -> tuple[int | None, int]:
     """``check_every_n_batches`` checked, and the period it means."""
@@ -250,6 +253,52 @@ def _check_period(value) -> tuple[int | None, int]:
                        " (0 checks at epoch ends only; "
                        f"None every {DEFAULT_CHECK_EVERY_N_BATCHES})")
     return value, value
+
+
+class EpochReasons:
+    """Skipped steps per reason in one epoch, for the epoch logs.
+
+    ``logs["skipped_<reason>"]`` for each of
+    `tf_mixed.scaling.write_guard.REASONS`, read from the optimizer's counts
+    (`tf_mixed.loss_scale_state`, field ``skip_reasons``) at the epoch's
+    start and end: two host reads an epoch. Nothing is written for an
+    optimizer that does not count them (Keras's wrapper).
+    """
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer = optimizer
+        self.start = self._read()
+
+    def _read(self):
+        if self.optimizer is None:
+            return None
+        return loss_scale_state(self.optimizer).skip_reasons
+
+    def write(self, logs: dict) -> None:
+        """Adds this epoch's counts to ``logs`` as Python floats.
+
+        The last batch's ``skip_reason`` code is not the epoch's: dropped.
+        """
+        logs.pop(skip_contract.REASON_KEY, None)
+        now = self._read()
+        if now is None or self.start is None:
+            return
+        for reason, before, after in zip(REASONS, self.start, now):
+            logs[f"skipped_{reason}"] = float(after - before)
+
+
+def run_advice(model, view) -> stop_rules.Advice:
+    """The stop messages' fixes for ``model``'s compute dtype and optimizer.
+
+    From `tf_mixed._internal.facts.POLICY_FIXES`, for the narrowest dtype
+    any layer computes in; ``scaled``: whether ``view``'s optimizer scales
+    the loss.
+    """
+    dtype = facts.narrowest_compute_dtype(model)
+    return stop_rules.Advice(
+        overflow=f" Fix: {facts.policy_fix(dtype, 'overflow')}.",
+        no_scale=f" Fix: {facts.policy_fix(dtype, 'no_scale')}.",
+        scaled=view.scales_loss())
 
 
 def _nonfinite_weights(model) -> list[str]:
@@ -290,11 +339,19 @@ class LossScaleMonitor(keras.callbacks.Callback):
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
         non-trainable state (BatchNormalization statistics); False leaves
         it as a skipped batch wrote it, on purpose (not refused).
+      check_policy: time the model's half policy against float32 on its own
+        first steps (`tf_mixed.policy.model_check`): under a policy auto
+        chose, a slower half policy is replaced by float32; under an
+        explicit one it is kept with one warning (docs/policies.md). False
+        trains as built, unchecked.
 
     Attributes:
       stop_reason: why training was stopped, or None.
       total_skipped_steps: skipped steps seen since ``on_train_begin``.
       loss_scaling: the wrapper seen: "tf_mixed", "keras", "none" (None before fit).
+      model_check: the `tf_mixed.policy.model_check.Check` of this fit (its
+        ``verdict``: auto's half policy against float32 on the model's own
+        first steps), or None when the model was not checked.
 
     Raises:
       TypeError, ValueError: an argument out of range; the message names it.
@@ -315,6 +372,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         check_setup: bool = True,
         check_every_n_batches: int | None = None,
         rollback_forward_state: bool = True,
+        check_policy: bool = True,
     ):
         super().__init__()
         self.patience = _check_int(
@@ -333,8 +391,11 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.raise_on_failure = bool(raise_on_failure)
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
+        self.check_policy = _validate.boolean(check_policy, "check_policy",
+                                              owner="LossScaleMonitor")
         self.stop_reason: str | None = None
         self.loss_scaling: stop_rules.Kind | None = None
+        self.model_check: model_check.Check | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
         self._view = PlainView(None)  # the optimizer's adapter, from on_train_begin
@@ -356,6 +417,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
+        # The first line: what the model computes in, who chose it, measured on what.
+        logging.info("tf_mixed.LossScaleMonitor: %s.", model_check.describe(self.model))
         self._view = view_of(getattr(self.model, "optimizer", None))
         self._view.log_seen()
         self.loss_scaling = self._view.kind
@@ -365,9 +428,12 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._progress = Progress(first, first)
         self._batches = self._logged_at = self._checked_at = 0
         self._setup.begin(self)
+        # Auto's choice checked on this model's own first steps (docs/policies.md).
+        self.model_check = fit_check.attach(self) if self.check_policy else None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._view.refresh(self.rollback_forward_state)
+        self._reasons = EpochReasons(self._view.optimizer)
         self._progress = stop_rules.start_epoch(self._progress)
         self._batches = self._logged_at = self._checked_at = 0
 
@@ -392,6 +458,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         logs = logs if logs is not None else {}
         self._advance()
         logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
+        getattr(self, "_reasons", EpochReasons(None)).write(logs)
         self._write(logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 
@@ -423,8 +490,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def _check(self, logs, epoch) -> None:
         if self.stop_reason is not None:
             return
-        logged = logs.get("loss")
-        logged = None if logged is None else float(logged)
+        logged = None if logs.get("loss") is None else float(logs["loss"])
         problem = stop_rules.loss_problem(
             self._view.kind, self._progress,
             None if self._view.judges_loss_by_tally() else logged)
@@ -446,7 +512,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
             kind=self._view.kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
             bad_weights=tuple(bad), epoch=epoch,
-            cause=self._view.wire_cause(self.model)))
+            cause=self._view.wire_cause(self.model),
+            advice=run_advice(self.model, self._view)))
         if reason is not None:
             self._fail(reason)
 

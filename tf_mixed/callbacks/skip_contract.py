@@ -17,8 +17,11 @@
 # step's global verdict says skipped, writes the values read before back
 # (``tf.where``, no control flow), then recomputes the results Keras returns.
 # It adds ``logs["skipped"]`` (`SKIPPED_KEY`), 1.0 for a skipped step and 0.0
-# for an applied one, to the values the step already returns: no extra host
-# synchronisation. The verdict is the optimizer's ``last_step_skipped``
+# for an applied one, and ``logs["skip_reason"]`` (`REASON_KEY`, the
+# reason's code), to the values the step already returns: no extra host
+# synchronisation. Before Keras's step it notes the batch's inputs with the
+# optimizer's write guard (`tf_mixed.scaling.write_guard`), so a batch of
+# non-finite inputs is skipped as bad data. The verdict is the optimizer's ``last_step_skipped``
 # variable, written from the one all-reduced verdict
 # (`tf_mixed.scaling.pipeline`), so every replica and worker restores the
 # same way and logs the same flag.
@@ -46,12 +49,18 @@ import keras
 import tensorflow as tf
 
 from tf_mixed._internal.facts import check_model_kind
-from tf_mixed.scaling.optimizer import LossScaleOptimizer
+from tf_mixed.scaling.optimizer import LossScaleOptimizer, step_guard
 
-__all__ = ["SKIPPED_KEY", "install", "installed", "step_skipped"]
+__all__ = ["REASON_KEY", "SKIPPED_KEY", "install", "installed", "step_skipped"]
 
 SKIPPED_KEY = "skipped"
 """The batch-logs key: 1.0 when this batch's step was skipped, else 0.0."""
+
+REASON_KEY = "skip_reason"
+"""The batch-logs key: why this batch's step was skipped, as a float code:
+0.0 applied, else 1 + the reason's index in
+`tf_mixed.scaling.write_guard.REASONS` (1 input, 2 forward, 3 gradients,
+4 update, 5 spike)."""
 
 _MARK = "_tf_mixed_skip_contract"
 
@@ -101,6 +110,8 @@ def install(model: keras.Model) -> bool:
             windows.refresh(variables, optimizer)
         else:
             before = {id(v): tf.convert_to_tensor(v.value) for v in variables}
+        guard = step_guard(optimizer)
+        guard.note_inputs(data)  # non-finite inputs: the skip's reason is "input"
         logs = keras_step(data)
         if not optimizer.built:  # no trainable weights: nothing applied or skipped
             return logs
@@ -122,6 +133,8 @@ def install(model: keras.Model) -> bool:
                 if key in results:
                     logs[key] = results[key]
             logs[SKIPPED_KEY] = tf.cast(skipped, tf.float32)
+            logs[REASON_KEY] = tf.cast(tf.where(skipped, guard.last_reason.read_value(),
+                                                tf.constant(0, tf.int64)), tf.float32)
         return logs
 
     setattr(train_step, _MARK, True)

@@ -23,11 +23,32 @@ import math
 from typing import Literal
 
 __all__ = [
-    "Kind", "Progress", "Reading", "Snapshot", "StopRules", "advance",
+    "Advice", "Kind", "Progress", "Reading", "Snapshot", "StopRules", "advance",
     "decide", "keras_streak", "loss_problem", "start_epoch", "wire_cause",
 ]
 
 Kind = Literal["tf_mixed", "keras", "none"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """The fixes that fit the run, each a sentence starting " Fix: ".
+
+    The monitor builds it from `tf_mixed._internal.facts.POLICY_FIXES` for
+    the dtype the model computes in, so a bfloat16 or float32 run is never
+    told a float16 fix.
+
+    Attributes:
+        overflow: What to do when steps keep being skipped.
+        no_scale: What to do about a non-finite loss or weight when the
+            optimizer does not scale the loss.
+        scaled: Whether the optimizer scales the loss (a pass-through
+            wrapper, scale 1, does not).
+    """
+
+    overflow: str
+    no_scale: str
+    scaled: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +209,7 @@ class Reading:
         epoch: The epoch index at an epoch end; None at a batch check.
         cause: What overflows, when it is known not to be the forward pass
             (`wire_cause`), or None.
+        advice: The fixes for the run's policy, or None (float16's).
     """
 
     kind: Kind
@@ -197,6 +219,7 @@ class Reading:
     bad_weights: tuple[str, ...] = ()
     epoch: int | None = None
     cause: str | None = None
+    advice: Advice | None = None
 
 
 def wire_cause(compute_dtype: str, communication_dtype: str | None) -> str | None:
@@ -268,34 +291,46 @@ def decide(rules: StopRules, reading: Reading) -> str | None:
     """
     progress = reading.progress
     streak = progress.streak
+    advice = reading.advice
     if reading.kind != "none" and streak >= rules.patience:
+        if advice is not None and not advice.scaled:
+            return (f"{streak} consecutive steps were skipped (patience="
+                    f"{rules.patience}): each would have written a non-finite "
+                    "value into the weights, the optimizer's slots or the "
+                    "forward state." + (reading.cause or advice.overflow))
         return (
             f"the loss scale has sat at its minimum ({reading.threshold:g}) "
             f"for {streak} consecutive skipped steps (patience="
             f"{rules.patience}): the gradients are non-finite even without "
             "scaling, so no amount of loss scaling helps."
-            + (reading.cause or _advice(reading.kind)))
+            + (reading.cause or _advice(reading.kind, advice=advice)))
     if reading.loss_problem:
-        return reading.loss_problem + _advice(reading.kind, nan=True)
+        return reading.loss_problem + _advice(reading.kind, nan=True, advice=advice)
     if reading.bad_weights:
         return (
             f"weights {list(reading.bad_weights[:3])} hold NaN/inf (in at "
             "least one replica's copy): an earlier update corrupted them and "
             "no later step can repair them. Restore a checkpoint."
-            + _advice(reading.kind, nan=True))
+            + _advice(reading.kind, nan=True, advice=advice))
     steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
     if (reading.epoch is not None and steps
             and skipped / steps > rules.max_skip_fraction):
         return (
             f"{skipped} of {steps} steps in epoch {reading.epoch + 1} were "
             f"skipped ({skipped / steps:.0%} > max_skip_fraction="
-            f"{rules.max_skip_fraction:g}): the loss scale keeps finding "
-            "non-finite gradients, so most updates are thrown away."
-            + (reading.cause or _advice(reading.kind)))
+            f"{rules.max_skip_fraction:g}): "
+            + ("the loss scale keeps finding non-finite gradients"
+               if advice is None or advice.scaled else
+               "most steps would write non-finite values")
+            + ", so most updates are thrown away."
+            + (reading.cause or _advice(reading.kind, advice=advice)))
     return None
 
 
-def _advice(kind: Kind, nan: bool = False) -> str:
+def _advice(kind: Kind, nan: bool = False, advice: Advice | None = None) -> str:
+    """The fix sentence; float16's when the run's `Advice` is not known."""
+    if advice is not None:
+        return advice.no_scale if nan and not advice.scaled else advice.overflow
     if nan and kind == "none":
         return (" Fix: scale the loss with tf_mixed.wrap_optimizer(...) "
                 "(float16), lower the learning rate, and make the model's "

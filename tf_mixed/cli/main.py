@@ -73,8 +73,9 @@ def _define_flags(fv: flags.FlagValues) -> None:
         "policies", [],
         "Policies to compare: any name tf_mixed.enable accepts "
         "(tf_mixed.policy.POLICY_NAMES: float32, "
-        "mixed_float16, mixed_bfloat16, ...) or float8. Default: float32 "
-        "and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
+        "mixed_float16, mixed_bfloat16, ...), float8, plan (the per-layer plan) or "
+        "auto-checked (auto's choice checked on the model's own first steps). Default: "
+        "float32 and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
         flag_values=fv,
     )
     flags.DEFINE_string(

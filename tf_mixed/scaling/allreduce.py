@@ -105,6 +105,8 @@ def reduce_gradients(
     *,
     local: Sequence[bool] | None = None,
     when: tf.Tensor | None = None,
+    bounds: Sequence[float | None] | None = None,
+    bound_scale: tf.Tensor | None = None,
 ):
     """Sums gradients over all replicas in one collective; says if all finite.
 
@@ -126,12 +128,18 @@ def reduce_gradients(
             window of gradient accumulation ends): the collective runs only
             when it is True; otherwise every replica gets its own gradients
             back (and a verdict on them alone). Dense gradients only.
+        bounds: Optional, one per gradient: the largest ``|g|`` the verdict
+            accepts (`tf_mixed.scaling.write_guard.update_bound`; None or
+            infinity: any finite value), times ``bound_scale`` when given.
+            Checked in the same pass as finiteness (NaN is out of bounds).
+        bound_scale: Optional scalar tensor the gradients still carry (the
+            loss scale).
 
     Returns:
         ``(reduced, finite)``: the summed gradients, each in its input dtype
         and structure, and a scalar bool tensor, True when every reduced
-        gradient (and every ``local`` one on every replica) is finite. Both
-        are identical on every replica and worker.
+        gradient (and every ``local`` one on every replica) is finite and
+        within its bound. Both are identical on every replica and worker.
 
     Raises:
         ValueError: for an unknown ``communication_dtype``, a ``local`` of
@@ -155,8 +163,9 @@ def reduce_gradients(
             )
         replica_context = tf.distribute.get_replica_context()
     replicas = replica_context.num_replicas_in_sync
+    within = _Bounds(bounds, bound_scale, len(grads))
     if replicas <= 1:
-        return grads, all_finite(grads)
+        return grads, within.all(grads, range(len(grads)))
     _check_supported(wire, replica_context.strategy)
 
     dense = [i for i, g in enumerate(grads)
@@ -173,7 +182,8 @@ def reduce_gradients(
         tensors = [tf.convert_to_tensor(grads[i]) for i in dense]
         values, finite = _reduce_dense(tensors, wire, replicas,
                                        _nonfinite_flag(local_grads),
-                                       replica_context, when)
+                                       replica_context, when,
+                                       within=within.taking(dense))
         checks.append(finite)
         for i, value in zip(dense, values):
             reduced[i] = value
@@ -183,7 +193,8 @@ def reduce_gradients(
             f"{len(sparse)} tf.IndexedSlices. Convert them first.")
     if sparse:
         values, finite = _reduce_sparse([grads[i] for i in sparse], wire,
-                                        replicas, replica_context)
+                                        replicas, replica_context,
+                                        within=within.taking(sparse))
         checks.append(finite)
         for i, value in zip(sparse, values):
             reduced[i] = value
@@ -250,6 +261,49 @@ def all_finite(grads) -> tf.Tensor:
     return tf.reduce_all(tf.stack(checks))
 
 
+class _Bounds:
+    """The verdict's per-gradient check: finite, and within a bound if given.
+
+    ``abs(g) <= bound * scale`` in one pass (False for NaN and inf); the
+    product is made once per distinct bound.
+    """
+
+    def __init__(self, bounds, scale, count, limits=None):
+        self.bounds = [None] * count if bounds is None else list(bounds)
+        if len(self.bounds) != count:
+            raise ValueError(
+                "`bounds` needs one bound (or None) per gradient. Received: "
+                f"{len(self.bounds)} bounds for {count} gradients.")
+        self.scale = scale
+        self.limits = {} if limits is None else limits
+
+    def taking(self, positions) -> "_Bounds":
+        """The same check for the gradients at ``positions``, in that order."""
+        return _Bounds([self.bounds[i] for i in positions], self.scale,
+                       len(positions), self.limits)
+
+    def check(self, grad, position) -> tf.Tensor:
+        values = tf.convert_to_tensor(_values(grad))
+        bound = self.bounds[position]
+        if bound is None or bound == float("inf"):
+            return tf.reduce_all(tf.math.is_finite(values))
+        limit = self.limits.get(bound)
+        if limit is None:
+            limit = tf.constant(bound, tf.float32)
+            if self.scale is not None:
+                limit = limit * tf.cast(self.scale, tf.float32)
+            self.limits[bound] = limit
+        if values.dtype != tf.float32:
+            values = tf.cast(values, tf.float32)
+        return tf.reduce_all(tf.abs(values) <= limit)
+
+    def all(self, grads, positions) -> tf.Tensor:
+        checks = [self.check(g, p) for g, p in zip(grads, positions) if g is not None]
+        if not checks:
+            return tf.constant(True)
+        return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
+
+
 def _nonfinite_flag(grads):
     """A [1] float32 tensor, 1.0 when any of ``grads`` is not finite, or None."""
     if not grads:
@@ -276,7 +330,7 @@ def _from_wire(value, dtype, wire, replicas):
     return tf.cast(value, dtype) * tf.cast(replicas, dtype)
 
 
-def _reduce_dense(tensors, wire, replicas, flag, context, when=None):
+def _reduce_dense(tensors, wire, replicas, flag, context, when=None, within=None):
     """All-reduces ``tensors`` (and the local flag) as ONE flat buffer."""
     # Gradients keep their own dtype on the float32 path; when they are of
     # several dtypes, each dtype gets its own buffer (rare: float64 weights).
@@ -308,7 +362,8 @@ def _reduce_dense(tensors, wire, replicas, flag, context, when=None):
             out[p] = tf.reshape(value, tf.shape(tensors[p]))
             # The verdict is taken after the cast back and the rescale, so
             # an overflow in either is caught too.
-            checks.append(all_finite([out[p]]))
+            checks.append(within.check(out[p], p) if within is not None
+                          else all_finite([out[p]]))
         if flag is not None and key == flag_key:
             checks.append(tf.equal(tf.reduce_sum(pieces[-1]), 0))
     return out, tf.reduce_all(tf.stack(checks))
@@ -345,7 +400,7 @@ def _all_reduce_sum(context, buffer, when):
     return context.merge_call(cross_replica, args=(when, buffer))
 
 
-def _reduce_sparse(slices, wire, replicas, context):
+def _reduce_sparse(slices, wire, replicas, context, within=None):
     """All-reduces IndexedSlices sparsely, values in the wire dtype.
 
     A sparse all-reduce gathers (concatenates) indices and values; the sum
@@ -367,6 +422,8 @@ def _reduce_sparse(slices, wire, replicas, context):
         values = _unpack(r.values, tf.shape(s.values)[1:]) if packed else r.values
         out.append(tf.IndexedSlices(_from_wire(values, s.values.dtype, wire, replicas),
                                     r.indices, r.dense_shape))
+    if within is not None:
+        return out, within.all(out, range(len(out)))
     return out, all_finite(out)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import attribution
+from tf_mixed.scaling import attribution, spike
 
 __all__ = ["EXTRA_STATE", "checkpoint_children", "load_listed_layout", "load_own",
            "load_unsplit_layout", "save_own"]
@@ -49,7 +49,7 @@ def _entries(optimizer) -> dict[int, str]:
     return {id(v): str(i) for i, v in enumerate(_own(optimizer)[1], start=1)}
 
 
-def save_own(optimizer, store) -> None:
+def save_own(optimizer, store, guard=None) -> None:
     """Writes the wrapper's own state into a ``.keras`` store.
 
     The inner optimizer's variables are saved once, by the inner optimizer
@@ -62,12 +62,14 @@ def save_own(optimizer, store) -> None:
     """
     scalars, arrays = _own(optimizer)
     attribution.save_into(optimizer, store)  # healed layers (issue 36)
+    if guard is not None:  # the write guard's spike history, when on (issue 44)
+        guard.save_into(store)
     store["0"] = np.array([np.float64(v.numpy()) for v in scalars], dtype=np.float64)
     for i, value in enumerate(_replica_rows(arrays), start=1):
         store[str(i)] = value if value.shape[0] > 1 else value[0]
 
 
-def load_own(optimizer, store, keras_load) -> None:
+def load_own(optimizer, store, keras_load, guard=None) -> None:
     """Reads a ``.keras`` store written by `save_own`, or an older layout.
 
     Args:
@@ -75,10 +77,14 @@ def load_own(optimizer, store, keras_load) -> None:
         store: The optimizer's entries of the file.
         keras_load: Keras's wrapper's ``load_own_variables`` (its layout
             before it was built: Keras's own error then).
+        guard: The optimizer's `tf_mixed.scaling.write_guard.StepGuard`
+            (reads a saved spike history), or None.
     """
     scalars, arrays = _own(optimizer)
     attribution.load_from(optimizer, store)  # healed layers (issue 36)
-    keys = [k for k in store.keys() if k != attribution.STORE_KEY]
+    if guard is not None:
+        guard.load_from(store)  # the spike history (issue 44)
+    keys = [k for k in store.keys() if k not in (attribution.STORE_KEY, spike.STORE_KEY)]
     if (optimizer.built and "0" in keys and len(store["0"].shape) == 1
             and store["0"].shape[0] == len(scalars)
             and len(keys) == 1 + len(arrays)):
@@ -208,7 +214,7 @@ def _assign_rows(buffers, saved: list[np.ndarray]) -> None:
 # ------------------------------------------------------- tf.train.Checkpoint
 
 
-def checkpoint_children(wrapper, default: dict) -> dict:
+def checkpoint_children(wrapper, default: dict, guard=None) -> dict:
     """The checkpoint layout: the inner optimizer's, plus the wrapper's state.
 
     A ``tf.train.Checkpoint`` of the plain inner optimizer restores into the
@@ -227,6 +233,8 @@ def checkpoint_children(wrapper, default: dict) -> dict:
     Args:
         wrapper: A ``tf_mixed.LossScaleOptimizer``.
         default: Keras's children of the wrapper.
+        guard: The wrapper's `tf_mixed.scaling.write_guard.StepGuard` (its
+            spike history, when on), or None.
 
     Returns:
         The children, name to trackable.
@@ -254,6 +262,8 @@ def checkpoint_children(wrapper, default: dict) -> dict:
             aliases["buffers"] = (accumulator, _buffers_trackable(accumulator.buffers))
         children["accumulation_buffers"] = aliases["buffers"][1]
     children.update(attribution.checkpoint_child(wrapper))  # healed layers (issue 36)
+    if guard is not None:
+        children.update(guard.checkpoint_child())  # the spike history (issue 44)
     return children
 
 

@@ -49,15 +49,18 @@ from tf_mixed.scaling import (
     misuse,
     pipeline,
     scale_state,
+    spike,
 )
 from tf_mixed.scaling.float8_sync import Float8Sync
 from tf_mixed.scaling.keras_compat import KerasCompat
 from tf_mixed.scaling.loss_tally import LossTally
 from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
+from tf_mixed.scaling.spike import SpikeGuard, SpikeRule
+from tf_mixed.scaling.write_guard import SkipReasons, StepGuard
 
-__all__ = ["LossScaleOptimizer", "loss_scale_state", "read_keras_state",
-           "refresh_forward_state", "wrap_optimizer"]
+__all__ = ["LossScaleOptimizer", "guard_spikes", "loss_scale_state", "read_keras_state",
+           "refresh_forward_state", "step_guard", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
     "LossScaleOptimizer.apply() must be called in a replica context. You "
@@ -95,6 +98,9 @@ class _Scratch:
 
     def __init__(self) -> None:
         self.forward = ForwardState()
+        # What the step writes, checked before it is written (the verdict's
+        # reasons; `tf_mixed.scaling.write_guard`), handed to the pipeline.
+        self.guard = StepGuard(self.forward)
         self.tally: LossTally | None = None
         # unscale_gradients() calls since the last apply(): only to refuse an
         # apply() that does not say what it got (it never changes arithmetic).
@@ -281,6 +287,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             _internals.overwrite_only_averaged_variables(self.inner_optimizer)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
+        self._scratch.guard.build(self.accumulator is not None)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
@@ -307,14 +314,15 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             built, the initial state.
         """
         if not self.built:
-            return scale_state.initial_state(self.config)
+            return scale_state.initial_state(self.config)._replace(
+                skip_reasons=self._scratch.guard.read())
         values = [keras.ops.convert_to_numpy(v)
                   for v in self._state_variables()]
         return LossScaleState(
             scale=float(values[0]), good_steps=int(values[1]),
             overflow_streak=int(values[2]), skipped_steps=int(values[3]),
             last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
-        )
+            skip_reasons=self._scratch.guard.read())
 
     # ------------------------------------------- passengers: their own modules
 
@@ -449,7 +457,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         _check_variables_in_scope(self, strategy)
 
         with keras.name_scope(self.name, caller=self):
-            return pipeline.step(self, grads, trainable_variables, unscaled)
+            return pipeline.step(self, grads, trainable_variables, unscaled,
+                                 self._scratch.guard)
 
     def finalize_variable_values(self, var_list) -> None:
         """At the end of ``fit``: drops an unfinished accumulation window (a warning)."""
@@ -465,7 +474,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         The layout is `tf_mixed.scaling.formats.save_own`: the scalar state as
         one vector, then each accumulation buffer, every replica's.
         """
-        formats.save_own(self, store)
+        formats.save_own(self, store, self._scratch.guard)
 
     def load_own_variables(self, store) -> None:
         """Loads a ``.keras`` file's optimizer state, older layouts included.
@@ -474,7 +483,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         and Keras's wrapper (whose missing counters start at 0); each
         replica gets its own accumulation buffer back.
         """
-        formats.load_own(self, store, super().load_own_variables)
+        formats.load_own(self, store, super().load_own_variables, self._scratch.guard)
 
     def get_config(self):
         """Returns the constructor arguments (Keras's names first)."""
@@ -541,6 +550,46 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         return wrapper
 
 
+def step_guard(optimizer: LossScaleOptimizer) -> StepGuard:
+    """The `tf_mixed.scaling.write_guard.StepGuard` ``optimizer`` owns.
+
+    The train steps that see a batch note its inputs there
+    (``step_guard(opt).note_inputs(data)``); `tf_mixed.callbacks.skip_contract`
+    reads its ``last_reason``.
+    """
+    return optimizer._scratch.guard
+
+
+def guard_spikes(optimizer: LossScaleOptimizer, rule: SpikeRule | None = None) -> SpikeGuard:
+    """Turns on the spike guard of ``optimizer`` (off by default).
+
+    A step whose gradient norm leaps above its recent history is skipped,
+    reason "spike" (`tf_mixed.scaling.spike`: the rule, its state). Call it
+    once, under the strategy's scope, before the first step is traced (for
+    ``fit``: before ``fit``). A history read from a file before this call is
+    taken over.
+
+    Args:
+        optimizer: A ``tf_mixed.LossScaleOptimizer``.
+        rule: A `tf_mixed.scaling.SpikeRule`; None: ``SpikeRule()`` (window
+            100, threshold 6).
+
+    Returns:
+        The `tf_mixed.scaling.spike.SpikeGuard` now in the optimizer's write guard.
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``tf_mixed.LossScaleOptimizer`` or
+            ``rule`` not a ``SpikeRule``.
+        ValueError: a history read from a file has another window.
+    """
+    if not isinstance(optimizer, LossScaleOptimizer):
+        raise TypeError(
+            "guard_spikes() needs a tf_mixed.LossScaleOptimizer. Received: "
+            f"optimizer={optimizer!r:.80} (of type {type(optimizer).__name__}). "
+            "Wrap it first: tf_mixed.wrap_optimizer(optimizer).")
+    return spike.turn_on(optimizer._scratch.guard, rule)
+
+
 def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
     """Re-copies the forward state `optimizer` tracks, after a write between steps.
 
@@ -558,7 +607,10 @@ def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
 
 # A tf.train.Checkpoint of the wrapper has the inner optimizer's layout plus
 # its own state (`tf_mixed.scaling.formats.checkpoint_children`).
-_internals.set_checkpoint_children(LossScaleOptimizer, formats.checkpoint_children)
+_internals.set_checkpoint_children(
+    LossScaleOptimizer,
+    lambda wrapper, default: formats.checkpoint_children(wrapper, default,
+                                                         wrapper._scratch.guard))
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -591,7 +643,7 @@ def loss_scale_state(optimizer) -> LossScaleState:
     return LossScaleState(
         scale=1.0 if factor is None else float(factor), good_steps=0,
         overflow_streak=0, skipped_steps=0, last_step_skipped=False,
-        min_scale_skips=0)
+        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0, 0))
 
 
 def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:

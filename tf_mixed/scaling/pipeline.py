@@ -12,7 +12,10 @@
 #    communication dtype, float8 amaxes riding along;
 # 4. **verdict**: all reduced gradients (and gathered float8 amaxes) finite,
 #    the same bytes everywhere, so the same decision everywhere
-#    (BUILD_NOTES.md, "Loss scaling");
+#    (BUILD_NOTES.md, "Loss scaling"); and every write of the step would be
+#    finite: the batch's inputs and the forward state (each replica's flags
+#    riding the same all-reduce), the update within its bound, the optional
+#    spike rule (`tf_mixed.scaling.write_guard`: one reason code per step);
 # 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
 #    optimizer applies the unscaled gradients (divided by the scale inside
 #    that branch, unless layer attribution needed them unscaled before the
@@ -26,58 +29,75 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import allreduce, attribution, misuse, scale_state
+from tf_mixed.scaling import allreduce, attribution, misuse, scale_state, write_guard
 from tf_mixed.scaling.scale_state import LossScaleState
 
 __all__ = ["advance_state", "apply_unscaled", "divide", "divide_all", "multiply", "reduce",
            "reduce_with_flags", "roll_back", "step", "window_step"]
 
 
-def step(optimizer, grads, trainable_variables, unscaled):
+def step(optimizer, grads, trainable_variables, unscaled, guard):
     """Runs the stages on one built optimizer; returns the global verdict.
+
+    Args:
+        guard: The optimizer's `tf_mixed.scaling.write_guard.StepGuard`:
+            its input and forward flags ride the all-reduce, and the verdict
+            is its reason code (applied: 0).
 
     Returns:
         A scalar bool tensor, the same on every replica and worker: True when
         the step was applied (accumulating: unless the window was discarded).
     """
     if optimizer.accumulator is not None:
-        return window_step(optimizer, grads, trainable_variables, unscaled)
+        return window_step(optimizer, grads, trainable_variables, unscaled, guard)
     scale = tf.convert_to_tensor(optimizer.dynamic_scale.value)
-    # Layer attribution (`tf_mixed.scaling.attribution`): with several
-    # replicas the per-layer forward flags ride the one all-reduce.
+    # The write guard's per-replica [input, forward] flags (None: nothing
+    # to check) ride the one all-reduce; so, with several replicas, do
+    # layer attribution's per-layer forward flags (`tf_mixed.scaling.attribution`).
+    guarded = guard.local_flags()
+    riders = [] if guarded is None else [guarded]
     attributing = attribution.of(optimizer)
-    records = flags = None
+    records = None
     if attributing is not None:
         records = attributing.local_outputs()
         if _several_replicas():
-            flags = attributing.forward_flags(records)
+            riders.append(attributing.forward_flags(records))
     # Without attribution (which reads the unscaled gradients) the division
     # waits for the applied branch, as in Keras's wrapper: a skipped step
     # does not divide at all.
-    grads, trainable_variables, finite, gathered, flags, divisor = reduce_with_flags(
+    grads, trainable_variables, within, gathered, riders, divisor = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
-        optimizer.communication_dtype, optimizer._scratch.float8, flags=flags,
-        defer_division=attributing is None)
+        optimizer.communication_dtype, optimizer._scratch.float8,
+        flags=tf.concat(riders, 0) if riders else None,
+        defer_division=attributing is None, inner=optimizer.inner_optimizer)
+    flags = None if guarded is None else riders[:2]
+    applied = guard.applied(within, flags, grads, divisor)
     if attributing is not None:
-        attributing.record(finite, grads, trainable_variables,
-                           flags if flags is not None
+        code = tf.where(applied, tf.constant(write_guard.APPLIED, tf.int64),
+                        guard.skip_code(flags, grads, within))
+        forward = riders[0 if guarded is None else 2:] if _several_replicas() else None
+        attributing.record(write_guard.attributable(code), grads, trainable_variables,
+                           forward if forward is not None
                            else lambda: attributing.forward_flags(records))
-    apply_unscaled(optimizer.inner_optimizer, finite, grads, trainable_variables,
+    apply_unscaled(optimizer.inner_optimizer, applied, grads, trainable_variables,
                    divisor=divisor)
-    roll_back(optimizer, finite)
-    advance_state(optimizer, finite, scale)
-    finish_float8(optimizer, gathered, finite, scale)
-    return finite
+    roll_back(optimizer, applied)
+    advance_state(optimizer, applied, scale, guard.branches(flags, grads, within))
+    finish_float8(optimizer, gathered, applied, scale)
+    return applied
 
 
-def advance_state(optimizer, finite, scale=None):
+def advance_state(optimizer, finite, scale=None, also=None):
     """Writes `next_state` of the global verdict into the variables.
 
     One branch per verdict, each `next_state` of that verdict as a Python
     bool: a step runs only its own branch's few operations (the applied
     one: count a good step, maybe grow) and writes only the fields that
     branch changes, instead of computing and writing both outcomes.
-    ``scale``: the scale this step already read, if any.
+    ``scale``: the scale this step already read, if any. ``also``: the
+    write guard's ``(on_applied, on_skipped)`` writes
+    (`tf_mixed.scaling.write_guard.StepGuard.branches`), run in the same
+    branches (no cond of their own).
     """
     variables = optimizer._state_variables()
 
@@ -86,12 +106,15 @@ def advance_state(optimizer, finite, scale=None):
             # The variables themselves: a field is read where the rule uses it.
             before = LossScaleState(*(
                 scale if name == "scale" and scale is not None else v.value
-                for name, v in zip(LossScaleState._fields, variables)))
+                for name, v in zip(LossScaleState._fields[:scale_state.RULE_FIELDS],
+                                   variables)))
             after = scale_state.next_state(optimizer.config, before, verdict)
             for variable, old, new in zip(variables, before, after):
                 if new is not old:
                     variable.assign(tf.cast(new, variable.dtype) if tf.is_tensor(new)
                                     else tf.constant(new, variable.dtype))
+            if also is not None:
+                also[0 if verdict else 1]()
         return branch
 
     tf.cond(finite, write(True), write(False))
@@ -112,7 +135,8 @@ def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
 
 
 def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication_dtype,
-                      float8=None, when=None, flags=None, defer_division=False):
+                      float8=None, when=None, flags=None, defer_division=False,
+                      inner=None, bound_scale=None):
     """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -144,6 +168,12 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     ``defer_division=True`` leaves the division to the caller: the gradients
     come back as reduced, with the scale to divide them by (`divide_all`).
 
+    ``inner`` (the inner optimizer): the verdict also requires every reduced
+    gradient within the update bound of its variable
+    (`tf_mixed.scaling.write_guard.update_bound`), checked in the same pass
+    as finiteness; ``bound_scale`` multiplies the bounds (accumulation: the
+    window's length, the reduced values being sums).
+
     Returns:
         ``(unscaled, variables, finite, gathered, flags, divisor)``: the
         reduced gradients divided by the loss scale (``defer_division``:
@@ -172,12 +202,20 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
         local = local + [False]
     elif float8_step is not None:
         gathered = float8.gather(float8_step, context)
+    bounds = None
+    if inner is not None:
+        bounds = write_guard.StepGuard.bounds(inner, trainable_variables)
+        bounds += [None] * (len(grads) - len(bounds))  # float8 payload
+        if bound_scale is None and scaled:
+            bound_scale = scale
     riding = flags is not None and several
     if riding:
         grads = grads + [flags]
         local = local + [False]
+        bounds = None if bounds is None else bounds + [None]
     reduced, finite = allreduce.reduce_gradients(
-        grads, communication_dtype, context, local=local, when=when)
+        grads, communication_dtype, context, local=local, when=when,
+        bounds=bounds, bound_scale=bound_scale)
     if riding:
         reduced, flags = reduced[:-1], reduced[-1]
     if float8_step is not None and gathered is None:
@@ -195,14 +233,15 @@ def divide_all(grads, trainable_variables, scale):
     return [g if getattr(v, "overwrite_with_gradient", False) else divide(g, scale)
             for g, v in zip(grads, trainable_variables)]
 
-def window_step(optimizer, grads, trainable_variables, unscaled):
+def window_step(optimizer, grads, trainable_variables, unscaled, guard):
     """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
 
     Adds the unscaled gradients to the float32 buffers; on the window's last
-    micro-step only, all-reduces the buffers once, applies their mean if the
-    verdict (taken from the reduced sums) is finite, and advances the scale
-    state, rollback and tally once. Returns False only on the last micro-step
-    of a discarded window.
+    micro-step only, all-reduces the buffers once (the window's input and
+    forward flags riding along), applies their mean if the verdict (taken
+    from the reduced sums and the flags) is applied, and advances the
+    scale state, rollback and tally once. Returns False only on the last
+    micro-step of a discarded window.
     """
     accumulator = optimizer.accumulator
     scale = tf.identity(optimizer.dynamic_scale.value)
@@ -210,23 +249,29 @@ def window_step(optimizer, grads, trainable_variables, unscaled):
         grads = divide_all(grads, trainable_variables, scale)
     sums = accumulator.add(grads)
     is_last = accumulator.is_last()
-    # The one collective of the window, on its last micro-step only.
-    # `reduce` returns the sums unscaled (no float8 pairs: refused at build).
-    reduced, _, finite, _ = reduce(
-        sums, trainable_variables, scale, True, optimizer.communication_dtype,
-        when=is_last)
+    flags = guard.local_flags()
     steps = float(accumulator.steps)
+    # The one collective of the window, on its last micro-step only, the
+    # window's flags riding along. The sums come back unscaled (no float8
+    # pairs: refused at build); their bounds are the window's length times
+    # the mean's.
+    reduced, _, within, _, flags, _ = reduce_with_flags(
+        sums, trainable_variables, scale, True, optimizer.communication_dtype,
+        when=is_last, flags=flags, inner=optimizer.inner_optimizer,
+        bound_scale=tf.constant(steps))
     reduced = [None if g is None else g / steps for g in reduced]
-    apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, finite),
+    applied = guard.applied(within, flags, reduced)
+    apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, applied),
                     reduced, trainable_variables)
 
     def end_window():
-        roll_back(optimizer, finite)
-        advance_state(optimizer, finite)
+        roll_back(optimizer, applied)
+        advance_state(optimizer, applied, also=guard.branches(flags, reduced, within))
+        guard.end_window()
 
     tf.cond(is_last, end_window, lambda: None)
     accumulator.end_micro_step(is_last)
-    return tf.logical_or(tf.logical_not(is_last), finite)
+    return tf.logical_or(tf.logical_not(is_last), applied)
 
 def apply_unscaled(inner, finite, grads, trainable_variables, divisor=None):
     """(b) Hands the gradients, unscaled, to the inner optimizer when ``finite``.

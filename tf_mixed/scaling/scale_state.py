@@ -190,6 +190,10 @@ class LossScaleState(NamedTuple):
         min_scale_skips: Consecutive skipped steps, up to the most recent
             one, that ran at the lowest scale: loss scaling can do nothing
             more for them.
+        skip_reasons: Skipped steps counted per reason, a
+            `tf_mixed.scaling.write_guard.SkipReasons` (input, forward,
+            gradients, update, spike); None where the optimizer does not
+            count them. Not part of the scale rule: `next_state` passes it on.
     """
 
     scale: Any
@@ -198,6 +202,11 @@ class LossScaleState(NamedTuple):
     skipped_steps: Any
     last_step_skipped: Any
     min_scale_skips: Any
+    skip_reasons: Any = None
+
+
+RULE_FIELDS = 6
+"""The first fields of `LossScaleState`, those `next_state` computes."""
 
 
 def initial_state(config: LossScaleConfig) -> LossScaleState:
@@ -293,13 +302,16 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
     Returns:
         The `LossScaleState` after the step.
     """
-    ops = (_PythonOps if _is_python(finite) and all(map(_is_python, state))
+    ops = (_PythonOps if _is_python(finite) and all(map(_is_python, state[:RULE_FIELDS]))
            else _TensorOps())
     # A `lambda` is a value `ops.where` computes only when it may be chosen.
     skipped = ops.not_(finite)
     good_steps = ops.where(finite, lambda: state.good_steps + 1, 0)
     overflow_streak = ops.where(finite, 0, lambda: state.overflow_streak + 1)
     scale = state.scale
+    # A fixed scale is its own minimum. (Annotated here, not inside the branch:
+    # AutoGraph gives up on a function with an annotated assignment in a branch.)
+    at_min: Any = True
     if config.dynamic:
         grow = ops.and_(finite, lambda: good_steps >= config.growth_interval)
         back_off = ops.and_(skipped, lambda: overflow_streak >= config.hysteresis)
@@ -313,9 +325,7 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
         )
         good_steps = ops.where(grow, 0, good_steps)
         overflow_streak = ops.where(back_off, 0, overflow_streak)
-        at_min: Any = lambda: state.scale <= config.min_scale  # noqa: E731
-    else:
-        at_min = True  # a fixed scale is its own minimum
+        at_min = lambda: state.scale <= config.min_scale  # noqa: E731
     min_scale_skips = ops.where(
         ops.and_(skipped, at_min), lambda: state.min_scale_skips + 1, 0)
     return LossScaleState(
@@ -326,4 +336,5 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
                                 state.skipped_steps),
         last_step_skipped=skipped,
         min_scale_skips=min_scale_skips,
+        skip_reasons=state.skip_reasons,
     )
