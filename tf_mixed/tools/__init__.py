@@ -1,10 +1,11 @@
-"""Tools that look at a model (`tf_mixed.audit`, `tf_mixed.probe`): `memory_report`, `planning`."""
+"""Tools that look at a model (`tf_mixed.audit`, `tf_mixed.probe`) and at its layers (`catalog`)."""
 
 from tf_mixed._internal import moved as _moved
-from tf_mixed.tools import planning  # noqa: F401
+from tf_mixed.tools import catalog, planning  # noqa: F401
 from tf_mixed.tools.memory import memory_report  # noqa: F401
 
 __all__ = [
+    "catalog",
     "memory_report",
     "planning",
 ]
