@@ -179,7 +179,7 @@ class Catalog:
         lines.append("Ends: u underflows, r loses resolution, o overflows, f float32 not "
                      "finite either (left of the range: below it; right: above it).")
         measured, total = self.coverage()
-        if total:
+        if total and self.no_float_compute:  # a catalog of the whole of keras.layers
             lines.append(f"keras.layers: {measured} of {total} float-computing classes measured "
                          f"({len(self.left_out)} left out: see docs/catalog.md).")
         lines += [f"Note: {note}" for note in notes]
