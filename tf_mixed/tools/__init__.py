@@ -1,4 +1,4 @@
-"""Tools that look at a model (`tf_mixed.audit`, `tf_mixed.probe`) and at its layers (`catalog`)."""
+"""Tools that look at a model (`tf_mixed.audit`, `tf_mixed.probe`): memory, planning, catalog."""
 
 from tf_mixed._internal import moved as _moved
 from tf_mixed.tools import catalog, planning  # noqa: F401

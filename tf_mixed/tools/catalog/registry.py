@@ -315,7 +315,8 @@ def keras_cases() -> list[Case]:
     image = ((8, 8, 3),)
     seeded: dict[str, Any] = {}
     for name, kwargs in _IMAGE_LAYERS:
-        seeded = {"seed": 1} if name.startswith(("Random", "AugMix", "MixUp")) else {}
+        seeded = (
+            {"seed": 1} if name.startswith(("Random", "AugMix", "MixUp")) else {})
         add(_simple(name, inputs=image, distribution="positive", training=True, **seeded,
                     **kwargs))
     for name, kwargs in _INFERENCE_ONLY:
