@@ -101,3 +101,11 @@ def test_compare_with_slack_lets_an_end_move_by_that_many_decades():
     assert not comparing.compare(old, moved, slack=0.5)
     gone = _catalog(_row(safe=SafeRange(None, None, "", "")))
     assert comparing.compare(old, gone, slack=10)
+
+
+def test_a_source_measured_on_one_side_only_is_set_aside():
+    hub = results.Row("TransformerEncoder", "heads=2", "mixed_float16", "keras_hub",
+                      (0.001,) * 3, (0.001,) * 3, ("ok",) * 3, SAFE)
+    found = comparing.compare(_catalog(_row(), hub), _catalog(_row()))
+    assert not found and found.one_sided == ("keras_hub",)
+    assert "(keras_hub rows measured in one catalog only: not compared)" in str(found)
