@@ -313,9 +313,8 @@ def keras_cases() -> list[Case]:
         add(_simple("STFTSpectrogram", inputs=((256, 1),), frame_length=32, frame_step=16,
                     fft_length=32))
     image = ((8, 8, 3),)
-    seeded: dict[str, Any] = {}
     for name, kwargs in _IMAGE_LAYERS:
-        seeded = (
+        seeded = dict[str, Any](
             {"seed": 1} if name.startswith(("Random", "AugMix", "MixUp")) else {})
         add(_simple(name, inputs=image, distribution="positive", training=True, **seeded,
                     **kwargs))
