@@ -37,10 +37,10 @@ def _every_rule():
 
 def test_each_rule_sets_its_layers_in_the_stated_order():
     model = _every_rule()
-    precision, names = decide(model, "mixed_bfloat16", keep_float32=["kept"],
-                              plan={"planned": "float32", "probs": "mixed_bfloat16",
-                                    "norm": "mixed_bfloat16", "healed": "mixed_bfloat16"},
-                              healed=["healed"])
+    precision = decide(model, "mixed_bfloat16", keep_float32=["kept"],
+                       plan={"planned": "float32", "probs": "mixed_bfloat16",
+                             "norm": "mixed_bfloat16", "healed": "mixed_bfloat16"},
+                       healed=["healed"])
     assert precision_map.RULES == ("float32 head", "statistics", "token ids", "keep_float32",
                                    "plan", "healed")
     assert precision.reasons == {
@@ -54,18 +54,22 @@ def test_each_rule_sets_its_layers_in_the_stated_order():
         "kept": "float32", "planned": "float32", "healed": "float32",
         "probs": "mixed_bfloat16", "value": "float32"}
     assert precision.heads == {"probs": "softmax"}  # computed as logits, a float32 head after
-    assert set(names.values()) >= set(precision.layers)
+    policy_for = precision.policy_for(model)
+    assert policy_for(model.get_layer("norm")) == "float32"
+    assert policy_for(model.get_layer("flat")) == "mixed_bfloat16"
+    with pytest.raises(ValueError, match="'chain' does not have: \\['cat', 'emb', "):
+        precision.policy_for(_chain())
     assert precision.float32_names() == ("emb", "norm", "kept", "planned", "healed", "value")
 
 
 def test_a_float32_target_sets_every_layer_float32_and_no_head():
-    precision, _ = decide(_every_rule(), "float32")
+    precision = decide(_every_rule(), "float32")
     assert set(precision.layers.values()) == {"float32"}
     assert precision.heads == {} and precision.float32_names() == ()
 
 
 def test_the_map_is_keras_dtype_policy_map_and_back_losslessly():
-    precision, _ = decide(_every_rule(), "mixed_float16", keep_float32=["kept"])
+    precision = decide(_every_rule(), "mixed_float16", keep_float32=["kept"])
     keras_map = precision.to_keras()
     assert isinstance(keras_map, keras.dtype_policies.DTypePolicyMap)
     assert keras_map.default_policy.name == "mixed_float16"
@@ -76,7 +80,7 @@ def test_the_map_is_keras_dtype_policy_map_and_back_losslessly():
 
 
 def test_a_dict_round_trips_and_every_bad_value_is_named():
-    precision, _ = decide(_every_rule(), "mixed_bfloat16")
+    precision = decide(_every_rule(), "mixed_bfloat16")
     assert PrecisionMap.from_dict(json.loads(json.dumps(precision.to_dict()))) == precision
     with pytest.raises(ValueError, match="'target' and 'layers'"):
         PrecisionMap.from_dict(["float32"])
@@ -150,8 +154,9 @@ def test_a_plan_row_of_a_statistics_layer_says_float32_as_built():
     assert p.precision.reasons["norm"] == "statistics"
 
 
-def test_a_plan_shows_what_applying_builds_under_a_strategy_scope(mirrored):
-    spec = ZOO["functional"]
+@pytest.mark.parametrize("name", ZOO)
+def test_a_plan_shows_what_applying_builds_under_a_strategy_scope(name, mirrored):
+    spec = ZOO[name]
     with mirrored.scope():
         model = spec.ready()
     x, y = spec.data(8)
@@ -217,3 +222,17 @@ def test_enable_with_a_plan_builds_what_the_plan_shows_and_apply_builds():
     tf_mixed.enable("auto", plan=p, quiet=True)
     built = _built(_chain())
     assert {k: built[k] for k in p.choices} == p.choices
+
+
+def test_a_plan_record_from_before_the_precision_value_reads_its_rows():
+    x, y = np.ones((8, 8), "float32"), np.ones((8, 1), "float32")
+    p = plan(_chain(), x, y, loss="mse", info=AMX_CPU, timer=_fake_timer, probe_report={},
+             step_check=False, cache=False)
+    record = json.loads(json.dumps(p.to_dict()))
+    del record["precision"]
+    old = Plan.from_dict(record)
+    assert old.precision is None
+    assert old.precision_map.layers == {"first": "mixed_bfloat16", "second": "mixed_bfloat16",
+                                        "last": "float32"}
+    built, expected = _built(old.apply(_chain())), _built(p.apply(_chain()))
+    assert {k: built[k] for k in p.choices} == {k: expected[k] for k in p.choices}

@@ -73,7 +73,6 @@ from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
     HALF_DTYPES,
     check_model_kind,
-    is_input_layer,
     model_inputs_and_outputs,
     walk_layers,
 )
@@ -192,8 +191,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
             pad_to, "pad_to", integer=True, rule=lambda n: n >= 1, owner="convert()",
             valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
-    precision, names = precision_map.decide(model, target, keep_float32=keep_float32)
-    new = _apply(model, precision, names, pad_to)
+    precision = precision_map.decide(model, target, keep_float32=keep_float32)
+    new = _apply(model, precision, pad_to)
     if isinstance(policy, str) and policy.strip().lower() == "auto":
         # Auto chose for the host: the model's own step is checked when it
         # trains, and may move it to float32 (tf_mixed.policy.model_check).
@@ -225,20 +224,13 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
     check_model_kind(model, "apply()", why_traced="its layers are created in Python code "
                      "tf_mixed cannot re-run", fix="Plan and apply a Sequential or "
                      "functional model.")
-    names: dict[int, str] = {}
-    for name, layer in walk_layers(model):
-        names.setdefault(id(layer), name)
-    unknown = sorted(set(precision.layers) - set(names.values()))
-    if unknown:
-        raise ValueError(
-            f"The precision map names layers model '{model.name}' does not have: "
-            f"{unknown}. Apply a plan to the model it was made for. Its layers: "
-            f"{sorted(names.values())}.")
-    return _apply(model, precision, names, pad_to)
+    precision.policy_for(model)  # refuses a map naming layers the model lacks
+    return _apply(model, precision, pad_to)
 
 
-def _apply(model, precision, names, pad_to):
+def _apply(model, precision, pad_to):
     target = precision.target
+    names = precision_map.layer_names(model)
     widths = padding.plan(model, pad_to) if pad_to else {}
     taken = {op.name for op in _operations(model)}
     notes = []
@@ -250,7 +242,7 @@ def _apply(model, precision, names, pad_to):
     for tensor in keras.tree.flatten(model.outputs):
         history = _internals.keras_history(tensor)
         layer = history.operation if history is not None else None
-        if layer is None or is_input_layer(layer) or id(layer) in heads:
+        if layer is None or id(layer) in heads:  # (an input as output: no head, no note)
             continue
         if isinstance(layer, keras.Model) and half:
             notes.append(
@@ -410,7 +402,5 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
         """float32 on purpose: a float32 layer of a model trained in half precision."""
         return trained_half and getattr(layer.dtype_policy, "name", None) == "float32"
 
-    precision, names = precision_map.decide(model, target, keep_float32=on_purpose,
-                                            outputs=False)
-    return _cloning.clone(
-        model, lambda layer: precision.policy(names.get(id(layer), ""))).model
+    precision = precision_map.decide(model, target, keep_float32=on_purpose, outputs=False)
+    return _cloning.clone(model, precision.policy_for(model)).model

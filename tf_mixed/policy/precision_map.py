@@ -43,7 +43,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import keras
 
@@ -61,7 +61,7 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 
-__all__ = ["RULES", "PrecisionMap", "decide", "validated_policy"]
+__all__ = ["RULES", "PrecisionMap", "decide", "layer_names", "validated_policy"]
 
 FLOAT32 = "float32"
 HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED, TARGET, AS_IS = (
@@ -165,6 +165,23 @@ class PrecisionMap:
             return "float8"
         return keras.DTypePolicy(policy).compute_dtype
 
+    def policy_for(self, model: keras.Model) -> Callable[[Any], str | None]:
+        """``policy_for(layer) -> policy or None`` for the layer objects of
+        ``model`` (the map's names resolved once; a shared layer by the first
+        place it appears), as `tf_mixed.models.cloning.clone` takes it.
+
+        Raises:
+            ValueError: The map names layers ``model`` does not have.
+        """
+        names = layer_names(model)
+        unknown = sorted(set(self.layers) - set(names.values()))
+        if unknown:
+            raise ValueError(
+                f"The precision map names layers model '{model.name}' does not have: "
+                f"{unknown}. Apply a plan to the model it was made for. Its layers: "
+                f"{sorted(set(names.values()))}.")
+        return lambda layer: self.layers.get(names.get(id(layer), ""))
+
     def float32_names(self) -> tuple[str, ...]:
         """Layers kept float32 under a half target (``keep_float32=`` names),
         tf_mixed's own heads aside; () under a float32 target."""
@@ -219,6 +236,14 @@ class PrecisionMap:
                    record.get("heads", {}))
 
 
+def layer_names(model: keras.Model) -> dict[int, str]:
+    """``id(layer) -> name`` as a map names it, for every layer of ``model``."""
+    names: dict[int, str] = {}
+    for name, layer in walk_layers(model):
+        names.setdefault(id(layer), name)
+    return names
+
+
 def _output_layers(model) -> list:
     """The layers (or Keras ops) producing `model`'s outputs, once each."""
     seen, found = set(), []
@@ -234,8 +259,7 @@ def _output_layers(model) -> list:
 def decide(model: keras.Model, target: str, *,
            keep_float32: keep_float32_rules.Spec | keep_float32_rules.KeepFloat32 = (),
            plan: Mapping[str, str] | None = None, healed: Iterable[str] = (),
-           outputs: bool = True, check_names: bool = True,
-           ) -> tuple[PrecisionMap, dict[int, str]]:
+           outputs: bool = True, check_names: bool = True) -> PrecisionMap:
     """The precision of every layer of ``model`` made ``target``: the rules in order.
 
     Walks the model once (`tf_mixed._internal.facts.walk_layers`); see the
@@ -256,9 +280,8 @@ def decide(model: keras.Model, target: str, *,
             for the rules `enable` made for every model, as `probe` reads them).
 
     Returns:
-        ``(precision_map, names)``: the `PrecisionMap`, and ``id(layer) ->
-        name`` for every layer walked (the first place a shared layer appears),
-        for the caller that re-creates the layers.
+        The `PrecisionMap` (`PrecisionMap.policy_for` reads it per layer
+        object, for the caller that re-creates the layers).
 
     Raises:
         ValueError: ``keep_float32`` names a layer the model lacks (close
@@ -289,12 +312,10 @@ def decide(model: keras.Model, target: str, *,
     layers: dict[str, str] = {}
     reasons: dict[str, str] = {}
     head_names: dict[str, str] = {}
-    names: dict[int, str] = {}
     kept_models: list[str] = []  # nested models keep_float32 matched: "outer/"
     planned_models: list[str] = []  # nested models the plan names: "outer/"
     known: set[str] = set()
     for name, layer in walk_layers(model):
-        names.setdefault(id(layer), name)
         known.add(layer.name)
         if id(layer) in heads:
             head_names[name] = heads[id(layer)]
@@ -338,4 +359,4 @@ def decide(model: keras.Model, target: str, *,
         layers[name], reasons[name] = policy, rule
     if check_names:
         keep.check_names(known, model.name)
-    return PrecisionMap(target, layers, reasons, head_names), names
+    return PrecisionMap(target, layers, reasons, head_names)

@@ -353,10 +353,10 @@ def _kept_float32(model, target: str) -> frozenset:
     ``keep_float32`` rules of `enable` active in this thread. Output layers
     compute in half precision, as under `enable` (only `convert` keeps them
     float32: ``outputs=False``)."""
-    precision, names = precision_map.decide(
+    precision = precision_map.decide(
         model, target, keep_float32=keep_float32_rules.active(), outputs=False,
         check_names=False)
-    return frozenset(key for key, name in names.items()
+    return frozenset(key for key, name in precision_map.layer_names(model).items()
                      if precision.policy(name) == "float32")
 
 

@@ -302,7 +302,7 @@ def _decided(model, policy: str, rows) -> tuple[precision_map.PrecisionMap, list
     rows as that map builds them: a layer an earlier rule keeps float32 (a
     float32 head, statistics, token ids) says so (`precision_map.RULES`)."""
     choices = {row.name: plan_table.choice_policy(row.choice, policy) for row in rows}
-    precision, _ = precision_map.decide(model, policy, plan=choices)
+    precision = precision_map.decide(model, policy, plan=choices)
     decided = []
     for row in rows:
         rule = precision.reasons.get(row.name)
@@ -401,7 +401,7 @@ def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
 def _all_float32(model, half_dtype: str, host: str, why: str) -> Plan:
     rows = tuple(LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
                  for layer in model.layers if not is_input_layer(layer))
-    precision, _ = precision_map.decide(model, "float32")
+    precision = precision_map.decide(model, "float32")
     return Plan(model.name, "float32", half_dtype, ("float32",), rows, {},
                 f"float32 for every layer: {why}", host, precision=precision)
 
