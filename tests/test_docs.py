@@ -406,3 +406,8 @@ def test_the_face_check_finds_module_paths():
                          ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_documents_send_users_only_to_faces(document):
     assert _names_off_face(document.read_text()) == []
+
+
+def test_the_readme_is_a_front_page():
+    """At most 200 lines: the rest lives in docs/ (issue 43)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200

@@ -251,6 +251,11 @@ def test_a_float32_or_pure_half_model_is_not_checked_and_says_why():
     assert model_check.half_of({"a": "float32"}) == (None, "it computes in float32")
     half, why = model_check.half_of({"a": "bfloat16"})
     assert half is None and "variables in bfloat16" in why
+    # A float8-quantized model (tf_mixed.float8.quantize) is not moved to float32.
+    half, why = model_check.half_of({"a": "mixed_bfloat16", "b": "float8_from_mixed_bfloat16"})
+    assert half is None and why == ("its layers are quantized (policy "
+                                    "'float8_from_mixed_bfloat16'): float32 compute would undo "
+                                    "the quantization")
 
 
 # ---------------------------------------------------------------- fit

@@ -143,7 +143,10 @@ def half_of(policies: Mapping[str, str]) -> tuple[str | None, str]:
     """
     halves: dict[str, int] = {}
     for name in policies.values():
-        policy = keras.DTypePolicy(name)
+        policy = keras.dtype_policies.get(name)
+        if getattr(policy, "quantization_mode", None):
+            return None, (f"its layers are quantized (policy '{name}'): float32 compute "
+                          "would undo the quantization")
         if policy.compute_dtype in HALF_DTYPES:
             if policy.variable_dtype in HALF_DTYPES:
                 return None, (f"its layers keep variables in {policy.variable_dtype} "

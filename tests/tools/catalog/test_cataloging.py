@@ -77,3 +77,17 @@ def test_cases_for_defaults_to_every_keras_class():
     names = {c.layer for c in cataloging.cases_for(None, hub=False)}
     assert {"Dense", "UnitNormalization", "MultiHeadAttention"} <= names
     assert all(c.source == "keras" for c in cataloging.cases_for(None, hub=False))
+
+
+def test_python_and_numpy_random_states_are_restored():
+    import random
+
+    import numpy as np
+
+    random.seed(3)
+    np.random.seed(3)
+    expected = (random.random(), np.random.rand())
+    random.seed(3)
+    np.random.seed(3)
+    tf_mixed.catalog(["Identity"], magnitudes=(1.0, 2.0), policies="mixed_bfloat16")
+    assert (random.random(), np.random.rand()) == expected

@@ -21,11 +21,12 @@ def _row(layer="Dense", policy="mixed_float16", safe=SAFE,
                        safe=safe, failure=failure)
 
 
-def _catalog(*rows, versions=None):
+def _catalog(*rows, versions=None, whole=True):
     return results.Catalog(rows=rows, magnitudes=GRID,
                            tolerance={"mixed_float16": 0.0078125},
                            versions=versions or {"keras": "3.15.1"},
-                           left_out={"Layer": "the base class"})
+                           left_out={"Lambda": "runs your function"} if whole else {},
+                           no_float_compute={"Layer": "the base class"} if whole else {})
 
 
 def test_results_json_round_trips_inf_nan_and_none(tmp_path):
@@ -39,6 +40,7 @@ def test_results_json_round_trips_inf_nan_and_none(tmp_path):
     assert loaded.rows[0].gradient[1] is None
     assert loaded.rows[1].failure == "NotFoundError: no kernel"
     assert loaded.magnitudes == GRID and loaded.left_out == catalog.left_out
+    assert loaded.no_float_compute == {"Layer": "the base class"}
 
 
 def test_load_names_what_is_wrong(tmp_path):
@@ -55,6 +57,7 @@ def test_the_table_gives_each_range_and_what_ends_it():
     assert "Conv2D[units=64]  does not run" in text
     assert "Note: Conv2D[units=64] under mixed_float16: NotFoundError: no kernel" in text
     assert "keras.layers: 2 of 3 float-computing classes measured (1 left out" in text
+    assert "keras.layers:" not in str(_catalog(_row(), whole=False))  # a few classes only
 
 
 def test_reason_in_words():
@@ -98,3 +101,11 @@ def test_compare_with_slack_lets_an_end_move_by_that_many_decades():
     assert not comparing.compare(old, moved, slack=0.5)
     gone = _catalog(_row(safe=SafeRange(None, None, "", "")))
     assert comparing.compare(old, gone, slack=10)
+
+
+def test_a_source_measured_on_one_side_only_is_set_aside():
+    hub = results.Row("TransformerEncoder", "heads=2", "mixed_float16", "keras_hub",
+                      (0.001,) * 3, (0.001,) * 3, ("ok",) * 3, SAFE)
+    found = comparing.compare(_catalog(_row(), hub), _catalog(_row()))
+    assert not found and found.one_sided == ("keras_hub",)
+    assert "(keras_hub rows measured in one catalog only: not compared)" in str(found)

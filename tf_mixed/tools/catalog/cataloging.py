@@ -13,8 +13,11 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 from typing import Callable, Iterable, Sequence
+
+import numpy as np
 
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES
@@ -55,7 +58,10 @@ def catalog(layers: Iterable[str | type | Case] | str | type | Case | None = Non
         tolerance: the tolerance in machine epsilons of the compute dtype.
         hub: add KerasHub's layers when ``layers`` is None (None: when
             KerasHub is installed).
-        seed: seeds inputs, weights and the gradient's cotangent.
+        seed: seeds inputs, weights and the gradient's cotangent. Weights are
+            drawn after ``keras.utils.set_random_seed`` (each copy the same
+            draws); Python's and NumPy's global random states are restored
+            afterwards, TensorFlow's global seed is left as that call set it.
         progress: called with a line per configuration (the command line's
             progress lines).
 
@@ -76,12 +82,17 @@ def catalog(layers: Iterable[str | type | Case] | str | type | Case | None = Non
 
     start = time.perf_counter()
     rows: list[Row] = []
-    for i, case in enumerate(cases):
-        if progress is not None:
-            progress(f"{i + 1}/{len(cases)} {case.key}")
-        found = measuring.measure(case, policies, grid, seed)
-        rows.extend(make_row(case, policy, found[policy], grid, limits[policy])
-                    for policy in policies)
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        for i, case in enumerate(cases):
+            if progress is not None:
+                progress(f"{i + 1}/{len(cases)} {case.key}")
+            found = measuring.measure(case, policies, grid, seed)
+            rows.extend(make_row(case, policy, found[policy], grid, limits[policy])
+                        for policy in policies)
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
     return Catalog(rows=tuple(rows), magnitudes=grid, tolerance=limits,
                    versions=_versions(any(c.source == "keras_hub" for c in cases)),
                    host=_host(), seconds=time.perf_counter() - start,

@@ -50,12 +50,15 @@ class Comparison:
         old_versions, new_versions: each catalog's versions.
         same_grid: whether both used the same magnitudes and tolerance (if
             not, ranges differ by construction).
+        one_sided: sources ("keras_hub", "user") only one catalog measured:
+            their rows are not compared.
     """
 
     changes: tuple[Change, ...]
     old_versions: dict[str, str]
     new_versions: dict[str, str]
     same_grid: bool
+    one_sided: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.changes)
@@ -72,6 +75,9 @@ class Comparison:
         lines = [f"Safe ranges compared ({versions}):"]
         if not self.same_grid:
             lines.append("  (the two catalogs used different magnitudes or tolerances)")
+        if self.one_sided:
+            lines.append(f"  ({', '.join(self.one_sided)} rows measured in one catalog only: "
+                         "not compared)")
         if not self.changes:
             lines.append("  no layer's safe range changed")
         lines += [f"  {change}" for change in self.changes]
@@ -107,10 +113,14 @@ def compare(old: Catalog, new: Catalog, *, slack: float = 0.0) -> Comparison:
             that sits at the tolerance by one grid step).
 
     Returns:
-        A `Comparison`; rows present in one catalog only are listed too.
+        A `Comparison`; rows present in one catalog only are listed too, except
+        for a source (KerasHub's layers, a user's) the other did not measure.
     """
-    before = {(row.key, row.policy): row for row in old.rows}
-    after = {(row.key, row.policy): row for row in new.rows}
+    old_sources = {row.source for row in old.rows}
+    new_sources = {row.source for row in new.rows}
+    shared = old_sources & new_sources
+    before = {(row.key, row.policy): row for row in old.rows if row.source in shared}
+    after = {(row.key, row.policy): row for row in new.rows if row.source in shared}
     changes = []
     for key in list(before) + [k for k in after if k not in before]:
         a, b = before.get(key), after.get(key)
@@ -122,4 +132,5 @@ def compare(old: Catalog, new: Catalog, *, slack: float = 0.0) -> Comparison:
                                   b.failure if b else ""))
     same_grid = (tuple(old.magnitudes) == tuple(new.magnitudes)
                  and old.tolerance == new.tolerance)
-    return Comparison(tuple(changes), dict(old.versions), dict(new.versions), same_grid)
+    return Comparison(tuple(changes), dict(old.versions), dict(new.versions), same_grid,
+                      tuple(sorted(old_sources ^ new_sources)))

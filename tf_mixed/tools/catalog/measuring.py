@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any, NamedTuple, Sequence
 
 import keras
@@ -125,6 +126,16 @@ def measure(case: Case, policies: Sequence[str], magnitudes: Sequence[float],
         ``{policy: Measured}``. A policy under which the layer cannot run (or
         cannot be differentiated) is measured alone, so its failure is its own.
     """
+    # Values beyond a half dtype's range are what is measured: NumPy's
+    # "overflow encountered in cast" (a statistic cast to float16 by Keras)
+    # says nothing new.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
+        return _measure(case, policies, magnitudes, seed)
+
+
+def _measure(case: Case, policies: Sequence[str], magnitudes: Sequence[float],
+             seed: int) -> dict[str, Measured]:
     xs = inputs_for(case, magnitudes, seed)
     try:
         stats = _run(case, tuple(policies), magnitudes, xs, seed, True)
