@@ -350,3 +350,59 @@ def test_citations_of_build_notes_name_sections_that_exist():
 def test_build_notes_stay_short():
     """History goes to CHANGELOG.md; the notes describe the code as it is (issue 33)."""
     assert len((ROOT / "BUILD_NOTES.md").read_text().splitlines()) <= 400
+
+
+# ------------------------------------------------ documents speak the faces (issue 43)
+#
+# A user reads README.md and docs/ to learn what to call: every dotted
+# `tf_mixed.` name there starts on a face (a name `tf_mixed/__init__.py` hands
+# on, then names in each folder face's `__all__`), never a module path such as
+# `tf_mixed.scaling.healing.HealRule`. Code is pointed at by file path
+# (`tf_mixed/scaling/healing.py`); a command (`python -m tf_mixed.x`) is a
+# command. docs/layout.md is the map of the modules and names them.
+
+_COMMAND = re.compile(r"-m\s+$")
+
+
+def _off_face(dotted: str) -> bool:
+    """Whether ``tf_mixed.a.b...`` leaves the faces before it reaches an object."""
+    parts = dotted.split(".")[1:]
+    if not parts:
+        return False
+    if parts[0] not in tf_mixed._EXPORTS:
+        return True
+    face = f"tf_mixed.{parts[0]}"
+    if tf_mixed._EXPORTS[parts[0]] != parts[0]:
+        return False  # a function or class handed on at the top: the rest are its attributes
+    for part in parts[1:]:
+        face_path = ROOT / face.replace(".", "/") / "__init__.py"
+        if not face_path.exists():
+            return False  # a module the face hands on (tf_mixed.layers): its attributes
+        if part not in _all(face):
+            return True
+        face = f"{face}.{part}"
+    return False
+
+
+def _names_off_face(text: str) -> list[str]:
+    return [match.group(0).rstrip(".") for match in _NAME.finditer(text)
+            if not _COMMAND.search(text[max(0, match.start() - 8):match.start()])
+            and _off_face(match.group(0).rstrip("."))]
+
+
+def test_the_face_check_finds_module_paths():
+    assert _names_off_face(
+        "`tf_mixed.scaling.healing.HealRule`, `tf_mixed._internal.facts`, "
+        "`tf_mixed.models.cloning.CopyRefused`, `tf_mixed.callbacks.skip_contract.install`; "
+        "`tf_mixed.scaling.HealRule(skips=5)`, `tf_mixed.LossScaleOptimizer.apply`, "
+        "`tf_mixed.tools.planning.Plan.to_dict`, `tf_mixed.layers.OutputActivation`, "
+        "`python -m tf_mixed.distribute.launch`") == [
+        "tf_mixed.scaling.healing.HealRule", "tf_mixed._internal.facts",
+        "tf_mixed.models.cloning.CopyRefused", "tf_mixed.callbacks.skip_contract.install"]
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if d.name not in ("layout.md",
+                                                                            "BUILD_NOTES.md")],
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_documents_send_users_only_to_faces(document):
+    assert _names_off_face(document.read_text()) == []

@@ -164,13 +164,13 @@ def make_train_step(
             ``apply_scaled_gradients``.
         jit_compile: Compile the step with XLA. Refused under a strategy with
             more than one replica (XLA fails there in TensorFlow 2.21).
-        heal: None (default), True or a `tf_mixed.scaling.healing.HealRule`:
+        heal: None (default), True or a `tf_mixed.scaling.HealRule`:
             heal as `tf_mixed.callbacks.Heal` does in ``fit`` (docs/healing.md).
             After every step the rule reads the optimizer's attribution
             state (one scalar read while nothing is attributed); a layer it
             moves to float32 makes the step retrace itself before the next
             call, and ``healed_layers`` joins the returned dict. Past the
-            rule's limit the step raises `tf_mixed.scaling.healing.HealingLimit`.
+            rule's limit the step raises `tf_mixed.scaling.HealingLimit`.
             Needs a built model and a ``tf_mixed.LossScaleOptimizer``.
 
     Returns:
@@ -264,7 +264,7 @@ def _healer(model, optimizer, heal, strategy):
     if heal is not True and not isinstance(heal, healing.HealRule):
         raise ValueError(
             "make_train_step() argument `heal` must be None, True or a "
-            f"tf_mixed.scaling.healing.HealRule. Received: heal={heal!r} (of type "
+            f"tf_mixed.scaling.HealRule. Received: heal={heal!r} (of type "
             f"{type(heal).__name__}).")
     if not model.built:
         raise ValueError(
@@ -305,7 +305,7 @@ def heal_layers(model, names, optimizer=None) -> list:
     """Moves the named layers (and their sublayers) to float32 compute.
 
     The call for a hand-written ``tf.function`` loop: the layers to move come
-    from `tf_mixed.scaling.healing.Healer.check` (or your own reading of the
+    from `tf_mixed.scaling.Healer.check` (or your own reading of the
     attribution); after this call, **retrace** your step (create the
     ``tf.function`` again) so the next step computes them in float32. With
     ``optimizer`` (a ``tf_mixed.LossScaleOptimizer`` with attribution
@@ -313,7 +313,7 @@ def heal_layers(model, names, optimizer=None) -> list:
 
     Args:
         model: The model.
-        names: Layer names as `tf_mixed.scaling.attribution.attributed_layers`
+        names: Layer names as `tf_mixed.scaling.attributed_layers`
             gives them (``outer/inner`` inside nested models).
         optimizer: Optional optimizer whose attribution state records them.
 

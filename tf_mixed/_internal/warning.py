@@ -1,8 +1,7 @@
 """``MixedPrecisionWarning``, the one warning class tf_mixed says mistakes with.
 
-It lives here, below every concern, so the optimizer (`tf_mixed.scaling`) and
-the callbacks warn with the same class; ``tf_mixed.callbacks.MixedPrecisionWarning``
-and ``tf_mixed.callbacks.MixedPrecisionWarning`` are this class.
+Below every concern, so the optimizer, the loop helpers and the callbacks warn
+with one class; its one public home is ``tf_mixed.callbacks.MixedPrecisionWarning``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Keras callbacks: `LossScaleMonitor` and what it raises and warns; `Heal`."""
+"""Keras callbacks: `LossScaleMonitor` and what it raises and warns; `Heal`; the skip contract."""
 
 from tf_mixed._internal import moved as _moved
 from tf_mixed.callbacks.heal import (  # noqa: F401
@@ -10,6 +10,9 @@ from tf_mixed.callbacks.monitor import (  # noqa: F401
     LossScaleMonitor,
     MixedPrecisionWarning,
 )
+from tf_mixed.callbacks.skip_contract import (  # noqa: F401
+    install as install_skip_contract,
+)
 
 __all__ = [
     "DEFAULT_CHECK_EVERY_N_BATCHES",
@@ -17,6 +20,7 @@ __all__ = [
     "LossScaleFailure",
     "LossScaleMonitor",
     "MixedPrecisionWarning",
+    "install_skip_contract",
 ]
 
 # Names this face handed on before it kept only the documented ones.

@@ -1,9 +1,10 @@
 """Re-creating a model in another dtype (`tf_mixed.convert`) and what it says it could not carry."""
 
 from tf_mixed._internal import moved as _moved
+from tf_mixed.models.cloning import CopyRefused  # noqa: F401
 from tf_mixed.models.conversion import ConversionNote  # noqa: F401
 
-__all__ = ["ConversionNote"]
+__all__ = ["ConversionNote", "CopyRefused"]
 
 # Names this face handed on before it kept only the documented ones.
 __getattr__ = _moved.face_getattr(__name__, {

@@ -1,16 +1,22 @@
-"""Loss scaling (`tf_mixed.LossScaleOptimizer`): its config, loss tally, compensation."""
+"""Loss scaling (`tf_mixed.LossScaleOptimizer`): its config, loss tally, compensation, healing."""
 
 from tf_mixed._internal import moved as _moved
+from tf_mixed.scaling.attribution import attributed_layers  # noqa: F401
 from tf_mixed.scaling.compensated import compensate  # noqa: F401
+from tf_mixed.scaling.healing import Healer, HealingLimit, HealRule  # noqa: F401
 from tf_mixed.scaling.loss_tally import LossTally  # noqa: F401
 from tf_mixed.scaling.optimizer import guard_spikes, refresh_forward_state  # noqa: F401
 from tf_mixed.scaling.scale_state import LossScaleConfig  # noqa: F401
 from tf_mixed.scaling.spike import SpikeRule  # noqa: F401
 
 __all__ = [
+    "HealRule",
+    "Healer",
+    "HealingLimit",
     "LossScaleConfig",
     "LossTally",
     "SpikeRule",
+    "attributed_layers",
     "compensate",
     "guard_spikes",
     "refresh_forward_state",

@@ -1,10 +1,12 @@
-"""Tools that look at a model (`tf_mixed.audit`, `tf_mixed.probe`): `memory_report`."""
+"""Tools that look at a model (`tf_mixed.audit`, `tf_mixed.probe`): `memory_report`, `planning`."""
 
 from tf_mixed._internal import moved as _moved
+from tf_mixed.tools import planning  # noqa: F401
 from tf_mixed.tools.memory import memory_report  # noqa: F401
 
 __all__ = [
     "memory_report",
+    "planning",
 ]
 
 # Names this face handed on before it kept only the documented ones.
