@@ -22,6 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # injected timer) and the cache lives in a per-session directory. Set in the
 # environment, so test subprocesses inherit both.
 os.environ["TF_MIXED_AUTO_MEASURE"] = "0"
+# Nor time a model's first steps against float32 (tf_mixed.policy.model_check):
+# its tests turn it on with a fake clock.
+os.environ["TF_MIXED_MODEL_CHECK"] = "0"
 # No progress lines (tf_mixed._internal.progress) unless a test turns them on: a
 # slow step on a busy host must not add a line to output a test reads.
 os.environ["TF_MIXED_PROGRESS"] = "0"

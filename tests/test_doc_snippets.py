@@ -8,7 +8,11 @@ picked up without editing this file.
 The fast tier checks every block's syntax and the rules above (no ``...``
 standing for an argument, no indented fragment); the slow tier runs each
 page's blocks in a fresh process (one process per page, a fresh namespace
-and a reset dtype policy per block), in a temporary directory.
+and a reset dtype policy per block), in a temporary directory, each block
+from a script file of its own (AutoGraph converts only code whose source it
+can read), and fails on a TensorFlow or Keras alarm in the output
+(`alarms.alarms`: AutoGraph giving up, retracing, a deprecation raised by
+tf_mixed or the block).
 """
 
 import ast
@@ -81,14 +85,18 @@ _RUNNER = r'''
 import ast, json, sys, traceback
 prelude, blocks = json.loads(sys.stdin.read())
 import keras, tf_mixed
-for name, code in blocks:
-    body = ast.parse(code).body
+def run(path, namespace):
+    with open(path) as file:
+        exec(compile(file.read(), path, "exec"), namespace)
+for name, path in blocks:
+    with open(path) as file:
+        body = ast.parse(file.read()).body
     alone = bool(body) and isinstance(body[0], (ast.Import, ast.ImportFrom))
     namespace = {"__name__": "__main__"}
     try:
         if not alone:
-            exec(compile(prelude, "docs/prelude.md", "exec"), namespace)
-        exec(compile(code, name, "exec"), namespace)
+            run(prelude, namespace)
+        run(path, namespace)
     except BaseException:
         traceback.print_exc()
         print("SNIPPET FAILED: " + name, file=sys.stderr)
@@ -109,10 +117,22 @@ for name, code in blocks:
 def test_every_block_of_the_page_runs(page, tmp_path):
     import json
 
+    import alarms
+
+    scripts = tmp_path / "blocks"
+    scripts.mkdir()
     (prelude,) = [code for _, code in blocks(PRELUDE_PAGE)]
-    payload = json.dumps([prelude, [(f"{_name(page)}:{line}", code) for line, code in blocks(page)]])
+    (scripts / "prelude.py").write_text(prelude)
+    named = []
+    for line, code in blocks(page):
+        path = scripts / f"{page.stem.replace('-', '_')}_line_{line}.py"
+        path.write_text(code)
+        named.append((f"{_name(page)}:{line}", str(path)))
+    payload = json.dumps([str(scripts / "prelude.py"), named])
     done = subprocess.run([sys.executable, "-c", _RUNNER], input=payload, capture_output=True,
                           text=True, cwd=tmp_path, timeout=900,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                          env={**__import__("os").environ, **alarms.WARNINGS_ENV,
+                               "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("ran ") == len(blocks(page))
+    assert alarms.alarms(done.stdout + done.stderr, [ROOT / "tf_mixed", scripts]) == []

@@ -93,7 +93,8 @@ CLIENTS = ("tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
 # facts: the TensorFlow-free tables (policy names and aliases, export formats and
 # precisions) the command line checks its flags against before TensorFlow loads.
 CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors",
-                  "tf_mixed._internal.progress", "tf_mixed._internal.facts"}
+                  "tf_mixed._internal.progress", "tf_mixed._internal.facts",
+                  "tf_mixed._internal.measuring"}
 
 
 def _documented_units() -> list[tuple[str, list[str]]]:
@@ -416,7 +417,7 @@ TESTS = ROOT / "tests"
 TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {"integration", "support", "data"}
 CROSS_CUTTING_TESTS = {"test_docs.py", "test_layout.py", "test_package.py", "test_tiers.py",
                        "test_zoo.py", "test_real_zoo.py", "test_adapted_zoo.py",
-                       "test_hub_zoo.py", "test_doc_snippets.py"}
+                       "test_hub_zoo.py", "test_doc_snippets.py", "test_no_alarms.py"}
 
 
 def _misplaced_tests(tests: pathlib.Path, package: pathlib.Path) -> list[str]:

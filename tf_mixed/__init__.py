@@ -35,6 +35,7 @@ _EXPORTS = {
     "OutputActivation": "layers",
     "audit": "tools.auditing",
     "callbacks": "callbacks",
+    "catalog": "tools.catalog.cataloging",
     "census": "tools.census.step_census",
     "convert": "models.conversion",
     "disable": "policy.global_policy",
@@ -149,6 +150,7 @@ if TYPE_CHECKING:  # explicit imports for type checkers and IDEs
     from tf_mixed.scaling.optimizer import LossScaleOptimizer, loss_scale_state, wrap_optimizer
     from tf_mixed.serving.exporting import export
     from tf_mixed.tools.auditing import audit
+    from tf_mixed.tools.catalog.cataloging import catalog
     from tf_mixed.tools.census.step_census import census
     from tf_mixed.tools.planning.planner import plan
     from tf_mixed.tools.probing import probe

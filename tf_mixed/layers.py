@@ -5,6 +5,12 @@
 # cross-entropy shortcut (for logits [0, 30, -30] and label 2 the loss is
 # clipped to 16.12 instead of 60.0). `OutputActivation` computes the activation
 # in float32 from the half-precision logits, which keeps the shortcut.
+#
+# Both heads save as Keras's own layers (`OutputActivation` as an
+# ``Activation``, `Float32Output` as an ``Identity``, each with
+# ``dtype="float32"``): a ``.keras`` file of a model trained with tf_mixed
+# loads with ``keras.models.load_model`` in a process that never imported
+# tf_mixed, and a load gives back those Keras layers.
 
 from __future__ import annotations
 
@@ -143,8 +149,11 @@ class OutputActivation(_Keras3Inputs):
         return input_shape
 
     def get_config(self) -> dict:
+        # Keras's own Activation config (dtype float32 included): the layer
+        # saves as ``keras.layers.Activation(activation, dtype="float32")``,
+        # which computes the same (Keras casts its inputs to float32) and
+        # loads without tf_mixed (Keras imports only its own packages by name).
         config = super().get_config()
-        config.pop("dtype", None)
         config["activation"] = keras.activations.serialize(self.activation)
         return config
 
@@ -182,9 +191,16 @@ class Float32Output(_Keras3Inputs):
         return keras.tree.map_structure(spec, inputs)
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.pop("dtype", None)
-        return config
+        # Keras's own Identity config: it saves as ``keras.layers.Identity(
+        # dtype="float32")``, which Keras casts every nested float of into
+        # float32 and passes the rest through, as here.
+        return super().get_config()
+
+
+# Saved as the Keras layers they are in all but name, so a trained model's
+# ``.keras`` file loads where tf_mixed was never imported.
+_internals.serialize_as_keras_class(OutputActivation, "keras.layers.Activation")
+_internals.serialize_as_keras_class(Float32Output, "keras.layers.Identity")
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)

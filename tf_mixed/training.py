@@ -24,6 +24,7 @@ import tensorflow as tf
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed.scaling import optimizer as loss_scale_module
+from tf_mixed.scaling import unscaled_loop
 
 __all__ = [
     "apply_scaled_gradients",
@@ -97,7 +98,9 @@ def apply_scaled_gradients(
             ``num_replicas_in_sync`` first (gradients are summed).
         variables: The variables to differentiate and update.
         optimizer: Any Keras optimizer; a ``tf_mixed.LossScaleOptimizer``
-            makes the step skip on overflow.
+            makes the step skip on overflow. One that does not scale the
+            loss while the model computes in float16 gets a
+            `MixedPrecisionWarning` once (`tf_mixed.scaling.unscaled_loop`).
         clip_norm: Optional positive float, the global-norm clip threshold.
 
     Returns:
@@ -114,6 +117,9 @@ def apply_scaled_gradients(
     """
     clip_norm = _check_clip_norm(clip_norm, "apply_scaled_gradients()")
     variables = list(variables)
+    if unscaled_loop.untold(optimizer):  # a forgotten wrapper, said once
+        unscaled_loop.check(optimizer, "apply_scaled_gradients",
+                            unscaled_loop.float16_in_step(variables), variables)
     with tape:
         scaled_loss = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled_loss, variables)
@@ -156,7 +162,9 @@ def make_train_step(
             batch (a Keras loss object works); or, as ``model.compile``
             takes it, a Keras loss name or a list (one per output) or dict
             (keyed by output name) of losses, whose means are summed.
-        optimizer: The optimizer, normally a ``tf_mixed.LossScaleOptimizer``.
+        optimizer: The optimizer, normally a ``tf_mixed.LossScaleOptimizer``;
+            one that does not scale the loss while a layer of ``model``
+            computes in float16 gets a `MixedPrecisionWarning` once.
             Under ``strategy`` create and build it in ``strategy.scope()``.
         strategy: Optional ``tf.distribute`` strategy; defaults to the current
             one (``tf.distribute.get_strategy()``).
@@ -172,6 +180,14 @@ def make_train_step(
             call, and ``healed_layers`` joins the returned dict. Past the
             rule's limit the step raises `tf_mixed.scaling.HealingLimit`.
             Needs a built model and a ``tf_mixed.LossScaleOptimizer``.
+            A healing step's policy is not checked against float32 (below).
+
+    The first calls check the model's half policy against float32 on this
+    very step (`tf_mixed.policy.model_check`): each is a real training step,
+    in one policy or the other, and then the model keeps the half policy,
+    or, where auto chose it and float32 is faster, moves to float32; an
+    explicit policy slower than float32 is kept with one warning
+    (docs/policies.md; ``TF_MIXED_MODEL_CHECK=0`` turns it off).
 
     Returns:
         A function ``step(x, y) -> {"loss": float32 tensor, "applied": bool
@@ -201,6 +217,8 @@ def make_train_step(
             strategy=type(strategy).__name__, replicas=replicas,
             version=tf.__version__,
         ))
+    unscaled_loop.check(optimizer, "make_train_step",
+                        unscaled_loop.float16_in_model(model), model.trainable_variables)
     ours = isinstance(optimizer, loss_scale_module.LossScaleOptimizer)
     if ours and model.built:
         with strategy.scope():
@@ -234,7 +252,8 @@ def make_train_step(
         return _healing_step(healer, lambda: tf.function(
             distributed_step, jit_compile=jit_compile), step)
     if not ours or model.built:
-        return step
+        return _checking_step(model, optimizer, strategy, lambda: tf.function(
+            distributed_step, jit_compile=jit_compile), step)
 
     def first_step(x, y):
         """A model built by its first call (no keras.Input) has no forward
@@ -252,7 +271,57 @@ def make_train_step(
 
     handed_over: list[bool] = []
 
-    return first_step
+    return _checking_step(model, optimizer, strategy, lambda: tf.function(
+        distributed_step, jit_compile=jit_compile), first_step)
+
+
+def _checking_step(model, optimizer, strategy, build, first):
+    """The step, whose first calls check the model's half policy against float32.
+
+    `tf_mixed.policy.model_check.Check` runs its rounds on these calls (each
+    a real step, in one policy or the other; each policy's step traced once
+    by ``build``) and keeps the verdict's policy (docs/policies.md). A model
+    not built yet is checked from its second call.
+    """
+    from tf_mixed.policy import model_check
+    from tf_mixed.scaling import misuse
+
+    if not model_check.enabled():
+        return first
+    current = [first]
+    functions: dict = {}
+    checks: list = []
+
+    def switch(name: str) -> None:
+        if name not in functions:
+            functions[name] = build()
+        current[0] = functions[name]
+
+    def on_verdict(verdict) -> None:
+        if verdict.action == "moved":
+            misuse.float32_on_purpose(optimizer)
+
+    def step(x, y):
+        if not checks and model.built:
+            local = tf.nest.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0], x)
+            check = model_check.Check(
+                model, "make_train_step's first calls", switch, strategy=strategy,
+                batch=local, on_verdict=on_verdict)
+            if check.active:
+                functions[check.half] = current[0]
+            checks.append(check)
+        check = checks[0] if checks else None
+        if check is None or check.next_policy() is None:
+            return current[0](x, y)
+        start = model_check.clock()
+        out = current[0](x, y)
+        float(out["loss"])  # waits for the step
+        check.record(model_check.clock() - start)
+        return out
+
+    step.model_check = checks  # the Check, once made (tests, tools)
+    return step
 
 
 def _healer(model, optimizer, heal, strategy):
@@ -361,10 +430,8 @@ def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
     """
     if isinstance(devices, str):  # one device, not its characters
         devices = [devices]
-    key: tuple[str, ...]
-    if devices is None:
-        key = ()
-    else:
+    key: tuple[str, ...] = ()
+    if devices is not None:
         specs = [tf.DeviceSpec.from_string(d) for d in devices]
         key = tuple(f"{s.device_type}:{s.device_index}" for s in specs)
     if key not in _MIRRORED_STRATEGIES:

@@ -15,6 +15,7 @@ import pytest
 
 from tf_mixed.policy import hardware
 from tf_mixed.policy import global_policy as policy_module
+from tf_mixed._internal import measuring
 from tf_mixed.bench import compare, config, models, plan_row, plot, run, schedule, serving
 from tf_mixed.bench import report as bench_report
 from tf_mixed.cli.main import main
@@ -108,7 +109,7 @@ def test_unknown_model_and_too_small_images():
     with pytest.raises(UsageError) as info:
         models.build("vgg", (32, 32, 3), 10)
     assert str(info.value) == (
-        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, transformer.")
+        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer.")
     with pytest.raises(UsageError, match="too small for --model=resnet50"):
         models.build("resnet50", (16, 16, 3), 10)
 
@@ -192,8 +193,15 @@ def _check_figures(report, out_text):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{r['samples_per_sec']:,.1f}"
         assert cells[2] == f"{spread['min']:,.0f}-{spread['max']:,.0f}"
-        # A ratio from too few or too spread round pairs is printed as none.
-        assert cells[3] == ("untrusted" if bench_report.untrusted(r) else f"{ratio['samples_per_sec']:.2f}x")
+        # A ratio whose interval does not answer (too few pairs, or it holds 1) is none.
+        assert cells[3] == ("no ratio" if bench_report.untrusted(r)
+                            else f"{ratio['samples_per_sec']:.2f}x")
+        low, high = ratio["interval"]
+        assert low <= ratio["samples_per_sec"] <= high
+        # The headline (bench.png's title, results.json's verdict) says the table's figure.
+        if r["policy"] != "float32" and not bench_report.untrusted(r):
+            assert r["verdict"].startswith(f"{ratio['samples_per_sec']:.2f}x float32 (90% "
+                                           f"interval {low:.2f}-{high:.2f}x")
         census = r["census"]
         assert cells[5] == f"{100 * census['half_flop_share']:.0f}%"
         assert cells[6] == str(census["casts_per_step"])
@@ -221,7 +229,7 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch, 
     assert report["suite"] == "compare"
     assert report["policies"][0] == "float32" and len(report["policies"]) == 3
     assert report["policies"][2] == "plan"
-    assert report["policy_note"] in out_text
+    assert out_text.count(report["policy_note"]) == 1  # once, before the training (issue 46)
     assert report["model"] == {"name": "cnn", "params": report["results"][0]["model_params"]}
     assert report["dataset"]["image_shape"] == [16, 16, 3]
     assert report["dataset"]["train_size"] == 96
@@ -347,11 +355,11 @@ def test_ratios_and_table_without_float32():
     # One pair (no rounds: the ratio of the medians) is no verdict: no ratio printed.
     assert not results[1]["ratio_to_float32"]["trusted"]
     table = bench_report.markdown_table(results)
-    assert ("| mixed_bfloat16 | 250.0 | n/a | untrusted | 1 pair(s) | n/a | n/a | 128.0 "
+    assert ("| mixed_bfloat16 | 250.0 | n/a | no ratio | 1 pair(s) | n/a | n/a | 128.0 "
             "| n/a | n/a | n/a | 100 |") in table
     results[1]["ratio_to_float32"]["trusted"] = True
     results[1]["census"] = {"half_flop_share": 0.923, "casts_per_step": 14}
-    assert "| 2.50x | 2.50x-2.50x | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
+    assert "| 2.50x | 1 pair(s) | 92% | 14 | 128.0 |" in bench_report.markdown_table(results)
     # The base is the float32 row wherever it stands, not the first row.
     later = [_fake_result("mixed_bfloat16", 250.0, 0.895), _fake_result("float32", 125.0, 0.90)]
     bench_report.add_ratios(later)
@@ -461,11 +469,11 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
         return results
 
     assert plot.tick_labels(label(results)) == ["float32", "mixed_float16\n(cut)"]
-    assert plot.headline(results) == ["mixed_float16: 1.00x float32; cut, timed only"]
+    assert plot.headline(results) == [
+        "mixed_float16: 1.00x float32 (90% interval 0.90-1.10x); cut, timed only"]
     results[1]["ratio_to_float32"]["trusted"] = False  # no ratio drawn either
     assert plot.headline(label(results)) == [
-        "mixed_float16: no ratio (round pairs too few or too spread to trust; re-run when idle); "
-        "cut, timed only"]
+        "mixed_float16: no ratio (only 2 round pair(s); re-run with more rounds); cut, timed only"]
     assert plot.plot(report, str(path)) is True
 
 
@@ -529,7 +537,7 @@ def test_float8_flags_are_checked(tmp_path, capsys):
 def _with_rounds(policy, rates, accuracy=0.9):
     result = _fake_result(policy, float(np.median(rates)), accuracy)
     result["rounds"] = [{"steps": 20, "samples_per_sec": r} for r in rates]
-    result["samples_per_sec_spread"] = schedule.spread(rates)
+    result["samples_per_sec_spread"] = measuring.spread(rates)
     result["activation_bytes"] = {"activations": 1000 if policy == "float32" else 500,
                                   "weights": 400, "gradients": 400, "optimizer_state": 800,
                                   "gpu_peak_bytes": None}
@@ -548,30 +556,70 @@ def test_ratio_is_the_median_of_round_pairs_and_notes_say_when_to_distrust_it():
     report = {"results": results, "load_average": [3.0], "host": {"cpu_count": 2},
               "matmul": {"ratio": 4.0, "size": 1024, "dtype": "bfloat16"}}
     notes = bench_report.notes(report)
-    assert notes[0] == ("mixed_bfloat16 / float32 = 2.00x, the median of 5 round pairs "
-                        "(min-max 1.90x-2.10x, spread 0% of the median): steady enough to trust.")
+    low, high = ratio["interval"]
+    assert (low, high) == (2.0, 2.1) and ratio["trusted"]  # 3 of 5 pairs are 2.0
+    assert notes[0] == ("mixed_bfloat16 / float32 = 2.00x float32 (90% interval 2.00-2.10x): the "
+                        "median of 5 round pairs (min-max 1.90x-2.10x); the load average was 3.0 "
+                        "at the end on 2 cores.")
     assert notes[1] == ("Reference: a 1024x1024 matmul runs 4.00x faster in bfloat16 than in "
                         "float32 on this host; mixed_bfloat16 gets 2.00x on this model (50% of it).")
-    # Pairs that disagree: flagged, with how to rerun.
-    results[1] = _with_rounds("mixed_bfloat16", [100.0, 150.0, 100.0, 300.0, 200.0])
+    # Pairs on both sides of 1: flagged, with the interval, the load and how to rerun.
+    results[1] = _with_rounds("mixed_bfloat16", [50.0, 75.0, 30.0, 140.0, 100.0])
+    results[0]["round_loads"] = [3.0, 4.0, 9.5, 9.0, 3.5]
     bench_report.add_ratios(results)
-    # Pairs 1, 3, 2, 3, 2: quartiles 2 and 3, the IQR half the median.
-    spread = results[1]["ratio_to_float32"]["samples_per_sec_spread"]
-    assert (spread["q1"], spread["median"], spread["q3"]) == (2.0, 2.0, 3.0)
+    ratio = results[1]["ratio_to_float32"]
+    assert ratio["round_pairs"] == [0.5, 1.5, 0.6, 1.4, 1.0]
+    assert ratio["interval"][0] < 1.0 < ratio["interval"][1] and not ratio["trusted"]
+    assert ratio["widened_by"] == "the load average moved 3.0-9.5 during the rounds"
     # No ratio at all then: not in the notes, the table or the matmul reference.
     results[1]["plan"] = {"full": False, "extra_rounds": 2, "reason": "..."}
+    results[1]["round_loads"] = [3.0, 4.0, 9.5, 9.0, 3.5]
     untrusted_notes = bench_report.notes(report)
     first = untrusted_notes[0]
-    assert first.startswith("mixed_bfloat16 / float32: NO RATIO: its 5 round pairs spread 50% "
-                            "of their median, over 20% after 2 extra round(s); the load average "
-                            "was 3.0 on 2 cores. Re-run when the host is idle")
-    assert "2.00x" not in " ".join(untrusted_notes)
+    interval = f"{ratio['interval'][0]:.2f}-{ratio['interval'][1]:.2f}x"
+    assert first == (
+        f"mixed_bfloat16 / float32: NO RATIO: its 90% interval {interval} over 5 round pairs "
+        "(median 1.00x) holds 1, so it is not known to be faster or slower here after 2 extra "
+        "round(s); the load average was 3.0-9.5 during its rounds on 2 cores; what widened the "
+        "interval: the load average moved 3.0-9.5 during the rounds. Re-run when the host is "
+        "idle (or with more and shorter rounds, e.g. --round_steps=10 --epochs=8 "
+        "--time_budget=0).")
+    assert "1.00x float32" not in " ".join(untrusted_notes)
     assert not any(line.startswith("Reference:") for line in untrusted_notes)
     row = next(line for line in bench_report.markdown_table(results).splitlines()
                if line.startswith("| mixed_bfloat16"))
-    assert "| 150.0 | 100-300 | untrusted | spread 50% |" in row
-    assert bench_report.verdict(results[1]).startswith("no ratio (")
+    assert f"| 75.0 | 30-140 | no ratio | {interval} |" in row
+    assert bench_report.verdict(results[1]).startswith(f"no ratio (90% interval {interval} holds 1")
     assert "| 0.0 | 0.50x | 0.0 | 100 |" in row  # activations, vs float32, state, peak
+
+
+def test_wide_pairs_that_all_say_faster_keep_their_ratio():
+    """Issue 46: 34% spread at load 4 and 9.6, every pair faster: a ratio, not "no ratio"."""
+    base = [100.0] * 9
+    pairs = [3.06, 1.56, 3.4, 2.9, 3.1, 2.7, 3.3, 3.0, 2.8]
+    results = [_with_rounds("float32", base),
+               _with_rounds("mixed_bfloat16", [100.0 * p for p in pairs])]
+    bench_report.add_ratios(results)
+    ratio = results[1]["ratio_to_float32"]
+    assert ratio["trusted"] and ratio["samples_per_sec"] == pytest.approx(3.0)
+    assert 1.0 < ratio["interval"][0] <= 3.0 <= ratio["interval"][1]
+    assert ratio["widened_by"] == "1 of 9 pairs far from the rest (1.56x)"
+    interval = f"{ratio['interval'][0]:.2f}-{ratio['interval'][1]:.2f}x"
+    # The headline (bench.png's title), the table and results.json agree.
+    assert results[1]["verdict"] == f"3.00x float32 (90% interval {interval})"
+    row = next(line for line in bench_report.markdown_table(results).splitlines()
+               if line.startswith("| mixed_bfloat16"))
+    assert f"| 3.00x | {interval} |" in row
+    report = {"results": results, "load_average": [9.6], "host": {"cpu_count": 2}}
+    assert bench_report.notes(report)[0].endswith(
+        "the load average was 9.6 at the end on 2 cores; what widened the interval: 1 of 9 "
+        "pairs far from the rest (1.56x).")
+    # About the same speed: a narrow interval around 1 is an answer too.
+    results[1] = _with_rounds("mixed_bfloat16", [99.0, 101.0, 100.0, 102.0, 98.0, 100.0, 101.0,
+                                                 100.0, 99.0])
+    bench_report.add_ratios(results)
+    assert results[1]["ratio_to_float32"]["trusted"]
+    assert results[1]["verdict"].endswith(": about the same speed here)")
 
 
 def test_a_timed_only_policy_shows_no_accuracy_and_says_why():
@@ -590,7 +638,8 @@ def test_a_timed_only_policy_shows_no_accuracy_and_says_why():
     assert "Cut to keep the time budget: bfloat16 is emulated on this CPU: ...." in notes
     assert ("mixed_bfloat16: cut at step 65/500, so its losses are not compared with float32's "
             "(results.json keeps them).") in notes
-    assert bench_report.verdict(results[1]) == "0.20x float32; cut at step 65/500, timed only"
+    assert bench_report.verdict(results[1]) == (
+        "0.20x float32 (90% interval 0.20-0.20x); cut at step 65/500, timed only")
     assert bench_report.verdict(results[0]) == "the baseline"
 
 

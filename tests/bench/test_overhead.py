@@ -12,8 +12,9 @@ import statistics
 import keras
 import pytest
 
+from tf_mixed._internal import measuring
 from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench import config, overhead, schedule, train
+from tf_mixed.bench import config, overhead, train
 from tf_mixed.cli.main import main
 from tf_mixed.policy import global_policy as policy
 
@@ -90,7 +91,7 @@ def test_overhead_suite(tmp_path, capsys):
     assert ours["callbacks"] == ["LossScaleMonitor"]
     # 4 rounds x 3 timed steps (each round ran 4: its first is left out), the order rotated.
     assert report["rounds"] == 4
-    assert report["round_order"] == [n for r in range(4) for n in schedule.rotated(
+    assert report["round_order"] == [n for r in range(4) for n in measuring.rotated(
         ["keras", "tf_mixed", "keras_control"], r)]
     times = report["step_times_ms"]
     for r in report["results"]:
@@ -99,12 +100,12 @@ def test_overhead_suite(tmp_path, capsys):
             statistics.median(v for x in times[r["path"]] for v in x))
     # The ratio: tf_mixed's steps over both Keras set-ups' steps, pooled round by round.
     base = [k + c for k, c in zip(times["keras"], times["keras_control"])]
-    assert report["overhead_ratio"] == pytest.approx(schedule.pooled_ratio(base, times["tf_mixed"]))
+    assert report["overhead_ratio"] == pytest.approx(measuring.pooled_ratio(base, times["tf_mixed"]))
     low, high = report["overhead_interval"]
-    assert (low, high) == pytest.approx(schedule.ratio_interval(base, times["tf_mixed"]))
+    assert (low, high) == pytest.approx(measuring.ratio_interval(base, times["tf_mixed"]))
     assert low <= report["overhead_ratio"] <= high
     assert report["control_ratio"] == pytest.approx(
-        schedule.pooled_ratio(times["keras"], times["keras_control"]))
+        measuring.pooled_ratio(times["keras"], times["keras_control"]))
     assert report["confidence"] == 0.9
     assert report["verdict"] == overhead.verdict(
         _ratio(report["overhead_ratio"], low, high),

@@ -146,3 +146,20 @@ def test_a_plan_equal_to_a_policy_takes_its_row_one_verdict_and_says_so():
             "12.5 s. It was not trained again: its row is mixed_bfloat16's, figures and "
             "verdict.") in notes
 
+
+
+def test_a_plan_equal_to_a_policy_repeats_no_matmul_reference():
+    """Issue 46: the main job printed the matmul reference twice, once per identical row."""
+    record = _whole()
+    pairs = {"median": 2.0, "n": 5, "min": 1.9, "max": 2.1, "q1": 2.0, "q3": 2.0}
+    mixed = {"policy": "mixed_bfloat16", "samples_per_sec": 900.0, "step_time_ms": 40.0,
+             "ratio_to_float32": {"samples_per_sec": 2.0, "trusted": True, "interval": [1.9, 2.1],
+                                  "samples_per_sec_spread": pairs},
+             "verdict": "2.00x float32", "census": {}}
+    data = {"results": [{"policy": "float32"}, mixed, plan_row.reused_row(record, mixed)],
+            "load_average": [1.0], "host": {"cpu_count": 2},
+            "matmul": {"ratio": 4.0, "size": 1024, "dtype": "bfloat16"}}
+    references = [n for n in report.notes(data) if n.startswith("Reference:")]
+    assert references == [
+        "Reference: a 1024x1024 matmul runs 4.00x faster in bfloat16 than in float32 on this "
+        "host; mixed_bfloat16 gets 2.00x on this model (50% of it)."]

@@ -5,6 +5,7 @@ No test here times this host: every step time and clock reading is given.
 
 import pytest
 
+from tf_mixed._internal import measuring
 from tf_mixed.bench import schedule
 from tf_mixed.bench.schedule import Scheduler, plan_run
 
@@ -66,21 +67,17 @@ def test_where_float32_alone_overruns_a_policy_no_slower_still_runs_in_full():
         "mixed_bfloat16 is no slower, so it runs in full too")
 
 
-def test_spread_pairs_and_trust():
-    summary = schedule.spread([4.0, 1.0, 3.0, 2.0, 5.0])
-    assert summary == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0, "n": 5}
-    assert schedule.relative_spread(summary) == pytest.approx(2.0 / 3.0)
-    assert schedule.pair_ratios([100.0, 200.0, 50.0], [250.0, 400.0]) == [2.5, 2.0]
-    steady = schedule.spread([2.0, 2.1, 1.9, 2.0])
-    assert schedule.trusted(steady)
-    # Under 4 values the spread is max - min: 1.8 to 2.4 around 2.0 is 30%.
-    assert not schedule.trusted(schedule.spread([1.8, 2.0, 2.4]))
+def test_trust_is_the_interval_answering_faster_or_slower():
+    assert measuring.pair_ratios([100.0, 200.0, 50.0], [250.0, 400.0]) == [2.5, 2.0]
+    assert schedule.trusted([2.0, 2.1, 1.9, 2.0])
+    # Wide pairs that all say "faster" are a verdict (issue 46: 34% spread, every pair > 1).
+    assert schedule.trusted([3.06, 1.56, 3.4, 2.9, 3.1, 2.2, 3.3])
+    # Pairs on both sides of 1, far apart: no verdict.
+    assert not schedule.trusted([0.5, 1.5, 0.5, 1.5, 0.5])
     # Fewer than 3 pairs are never a verdict, however close.
-    assert not schedule.trusted(schedule.spread([2.0, 2.0]))
-    assert schedule.trusted(schedule.spread([2.0, 2.0, 2.0]))
-    assert schedule.spread([3.0])["q1"] == 3.0
-    with pytest.raises(ValueError, match="at least one round"):
-        schedule.spread([])
+    assert not schedule.trusted([2.0, 2.0])
+    assert schedule.trusted([2.0, 2.0, 2.0])
+    assert not schedule.trusted([])
 
 
 def _drive(scheduler, step_s, finish_at):
@@ -160,8 +157,9 @@ def _run_loaded(step_s, load, **schedule) -> Scheduler:
 
 
 def _alternating(policy, i):
-    """bf16's rounds alternate fast and slow (a neighbour's job on and off)."""
-    return 3.0 if policy == "mixed_bfloat16" and i % 2 else 1.0
+    """float32's rounds alternate fast and slow (a neighbour's job on and off): with
+    bf16 at 0.02 s a step against float32's 0.01 s, the pairs alternate 0.5x and 1.5x."""
+    return 3.0 if policy == "float32" and i % 2 else 1.0
 
 
 def test_one_round_under_load_does_not_cut_a_policy():
@@ -183,31 +181,46 @@ def test_one_round_under_load_does_not_cut_a_policy():
 
 
 def test_a_timed_policy_with_pairs_too_wide_gets_extra_rounds_within_the_bound():
-    # bf16 cannot fit (10x slower than float32); float32 runs 1000 steps. Its
-    # rounds alternate fast and slow (a neighbour's job on and off), so its pairs
-    # never agree: extra rounds are granted until MAX_ROUNDS.
-    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 1.0}, _alternating,
-                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=1000.0)
+    # bf16 cannot fit (2x slower than float32 in the planning rounds); float32
+    # runs 1000 steps. Its pairs alternate 0.5x and 1.5x, so their interval
+    # always holds 1: extra rounds are granted until MAX_ROUNDS.
+    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 0.02}, _alternating,
+                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=20.0)
     plan = scheduler.plan("mixed_bfloat16")
     assert not plan.full and plan.rounds == schedule.TIMING_ROUNDS
     assert len(scheduler.lanes["mixed_bfloat16"].rounds) == schedule.MAX_ROUNDS
     assert scheduler.extra_rounds == {
         "mixed_bfloat16": schedule.MAX_ROUNDS - schedule.TIMING_ROUNDS}
-    assert not schedule.trusted(schedule.spread(scheduler.pair_ratios("mixed_bfloat16")))
+    assert not schedule.trusted(scheduler.pair_ratios("mixed_bfloat16"))
 
 
-def test_extra_rounds_stop_once_the_pairs_agree():
-    # Two slow rounds among the first five (a load spike), then steady: pairs
-    # 0.1, 0.033 (x2), 0.1 (x2) spread 67% of their median; each extra round at
-    # 0.1 narrows the interquartile range: 50%, 33%, then 17% after the third.
-    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 0.1},
-                            lambda policy, i: 3.0 if policy == "mixed_bfloat16" and i in (1, 2)
-                            else 1.0,
-                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=100.0)
+def test_extra_rounds_stop_once_the_interval_answers():
+    # The first five pairs alternate 0.5x and 1.5x (no verdict), then float32's
+    # rounds slow to 4x and every new pair says 2.0x: extra rounds stop at the
+    # first count of pairs whose interval answers.
+    def load(policy, i):
+        if policy != "float32":
+            return 1.0
+        return 4.0 if i >= schedule.TIMING_ROUNDS else _alternating(policy, i)
+
+    scheduler = _run_loaded({"float32": 0.01, "mixed_bfloat16": 0.02}, load,
+                            total_steps=1000, round_steps=10, warmup_steps=0, budget_s=20.0)
     assert not scheduler.plan("mixed_bfloat16").full
     ratios = scheduler.pair_ratios("mixed_bfloat16")
-    assert schedule.trusted(schedule.spread(ratios))
-    assert scheduler.extra_rounds == {"mixed_bfloat16": 3}
+    first = next(n for n in range(schedule.TIMING_ROUNDS, len(ratios) + 1)
+                 if schedule.trusted(ratios[:n]))
+    assert first == len(ratios) > schedule.TIMING_ROUNDS
+    assert scheduler.extra_rounds == {"mixed_bfloat16": len(ratios) - schedule.TIMING_ROUNDS}
+
+
+def test_the_load_is_read_as_each_round_is_recorded():
+    readings = iter([1.0, 2.0, 3.0, 4.0])
+    scheduler = Scheduler(("float32",), total_steps=20, round_steps=5, warmup_steps=5,
+                          budget_s=0.0, clock=lambda: 0.0, load=lambda: next(readings))
+    scheduler.record("float32", [0.1] * 5, finished=False)  # the warm-up: no round
+    scheduler.record("float32", [0.1] * 5, finished=False)
+    scheduler.record("float32", [0.1] * 5, finished=True)
+    assert scheduler.lanes["float32"].loads == [1.0, 2.0]
 
 
 def test_extra_rounds_stop_at_the_time_bound():
@@ -248,7 +261,7 @@ def test_sequential_lanes_plan_when_the_later_policy_is_measured():
 
 def test_rotated_lets_each_name_lead_and_runs_every_other_cycle_backwards():
     names = ["keras", "tf_mixed", "control"]
-    orders = [schedule.rotated(names, r) for r in range(6)]
+    orders = [measuring.rotated(names, r) for r in range(6)]
     assert orders == [
         ["keras", "tf_mixed", "control"], ["tf_mixed", "control", "keras"],
         ["control", "keras", "tf_mixed"],
@@ -266,31 +279,31 @@ def test_rotated_lets_each_name_lead_and_runs_every_other_cycle_backwards():
 @pytest.mark.parametrize("names, index", [([], 0), (["a"], -1)])
 def test_rotated_refuses_no_names_or_a_negative_round(names, index):
     with pytest.raises(ValueError, match="rotated\\(\\) needs names"):
-        schedule.rotated(names, index)
+        measuring.rotated(names, index)
 
 
 def test_pooled_ratio_is_the_median_of_all_steps_over_the_baselines():
     base = [[1.0, 2.0, 3.0], [4.0, 5.0]]  # median of all five: 3.0
     other = [[3.0, 6.0], [9.0, 12.0, 15.0]]  # median of all five: 9.0
-    assert schedule.pooled_ratio(base, other) == 3.0
+    assert measuring.pooled_ratio(base, other) == 3.0
 
 
 def test_ratio_interval_of_steady_rounds_is_the_ratio_itself():
     base = [[0.020, 0.020], [0.020, 0.020], [0.020, 0.020]]
     other = [[0.021, 0.021], [0.021, 0.021], [0.021, 0.021]]
-    low, high = schedule.ratio_interval(base, other)
+    low, high = measuring.ratio_interval(base, other)
     assert low == high == pytest.approx(1.05)
 
 
 def test_ratio_interval_is_seeded_and_holds_the_middle_of_the_round_pairs():
     base = [[1.0]] * 8
     other = [[r] for r in (0.90, 0.95, 1.00, 1.00, 1.05, 1.10, 1.20, 1.30)]
-    first = schedule.ratio_interval(base, other, resamples=500)
-    assert first == schedule.ratio_interval(base, other, resamples=500)  # the same draws
+    first = measuring.ratio_interval(base, other, resamples=500)
+    assert first == measuring.ratio_interval(base, other, resamples=500)  # the same draws
     low, high = first
-    assert 0.90 <= low < schedule.pooled_ratio(base, other) < high <= 1.30
+    assert 0.90 <= low < measuring.pooled_ratio(base, other) < high <= 1.30
     # A narrower confidence gives a narrower interval from the same draws.
-    narrow = schedule.ratio_interval(base, other, resamples=500, confidence=0.5)
+    narrow = measuring.ratio_interval(base, other, resamples=500, confidence=0.5)
     assert low <= narrow[0] <= narrow[1] <= high
 
 
@@ -303,9 +316,9 @@ def test_ratio_interval_is_seeded_and_holds_the_middle_of_the_round_pairs():
 ])
 def test_ratio_interval_refuses_what_it_cannot_bootstrap(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        schedule.ratio_interval(**kwargs)
+        measuring.ratio_interval(**kwargs)
 
 
 def test_pooled_ratio_refuses_unpaired_rounds():
     with pytest.raises(ValueError, match="Received: 2 and 1 rounds"):
-        schedule.pooled_ratio([[1.0], [1.0]], [[1.0]])
+        measuring.pooled_ratio([[1.0], [1.0]], [[1.0]])

@@ -41,8 +41,8 @@ def _bad(tmp_path, capsys, *flags):
 @pytest.mark.parametrize(
     "flag, expected",
     [
-        ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50, transformer."),
-        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32, float8, plan."),
+        ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer."),
+        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32, float8, plan, auto-checked."),
         ("--dataset=imagenet", "--dataset='imagenet': unknown data set. Accepted: shapes, tfds:NAME[:SPLIT]"),
         ("--batch_size=0", "--batch_size=0: must be at least 1."),
         ("--strategy=tpu", "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
@@ -176,7 +176,9 @@ def test_info_reports_faked_hardware(monkeypatch, capsys):
         "TPU: none",
     ]
     assert lines[5] == 'tf_mixed.enable("auto") picks: mixed_float16'
-    assert lines[6].startswith("  because: ") and len(lines) == 7
+    assert lines[6].startswith("  because: ") and len(lines) == 8
+    assert lines[7].startswith("  measured on: nothing: GPUs and TPUs follow a rule; each "
+                               "model's own training step is checked against float32")
     rocm = hardware.HardwareInfo(gpus=(hardware.GpuInfo("MI250", None),), tpu=True)
     monkeypatch.setattr(hardware, "detect", lambda: rocm)
     assert main(["tf_mixed", "info"]) == 0
@@ -187,6 +189,14 @@ def test_info_reports_faked_hardware(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "half-precision flags: none" in out and "GPU: none" in out
     assert 'picks: float32' in out
+    # conftest turns measuring off: auto took the CPU rule and says so.
+    assert "measured on: nothing: the CPU rule (TF_MIXED_AUTO_MEASURE is off)" in out
+    monkeypatch.setenv("TF_MIXED_AUTO_MEASURE", "1")
+    from tf_mixed.cli import info
+
+    assert info.measured_on(hardware.HardwareInfo()).startswith(
+        "this host's Dense+Conv2D probe (one 1024-wide Dense, one 64-channel Conv2D), not "
+        "your model; each model's own training step is checked")
     assert main(["tf_mixed", "info", "extra"]) == 2
     assert "unexpected argument 'extra'" in capsys.readouterr().err
 
@@ -224,7 +234,9 @@ def test_audit_prints_the_saved_models_report(tmp_path, capsys):
     keras.config.set_dtype_policy("float32")  # as in a fresh CLI process
     assert main(["tf_mixed", "audit", path]) == 0
     out = capsys.readouterr().out
-    assert "OutputActivation" in out and "units=100" in out
+    # The float32 head loads as what it saves as: Keras's Activation, float32.
+    assert "probs        Activation  float32" in out and "units=100" in out
+    assert "explicit_float32" not in out and "float32 policy in a mixed" not in out
     assert "policy mixed_bfloat16" in out
     assert "global policy" not in out  # a loaded model is not compared with the global policy
 
@@ -333,6 +345,11 @@ def test_tf_warnings_summarised_in_one_line_others_pass(capsys):
 
     keras_file = os.path.join("site-packages", "keras", "src", "trainers", "trainer.py")
     shown = []
+    # TensorFlow's own stream handler on its logger (tf.get_logger adds one): a
+    # warning held back must not reach it, or the summary repeats what was shown (issue 46).
+    tf_handler = logging.Handler()
+    tf_handler.emit = lambda record: shown.append("TF's handler: " + record.getMessage())
+    logging.getLogger("tensorflow").addHandler(tf_handler)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
@@ -341,8 +358,9 @@ def test_tf_warnings_summarised_in_one_line_others_pass(capsys):
             warnings.warn_explicit("another", UserWarning, keras_file, 2)
             logging.getLogger("tensorflow").warning("a TF log warning")
             warnings.warn_explicit("ours", UserWarning, "tf_mixed/callbacks/monitor.py", 3)
+    logging.getLogger("tensorflow").removeHandler(tf_handler)
     assert len(caught) == 3
-    assert shown == ["ours"]  # passed on to the usual display
+    assert shown == ["ours"]  # passed on to the usual display; TF's handler saw nothing
     err = capsys.readouterr().err
     summary = [line for line in err.splitlines() if line.startswith("tf_mixed bench:")]
     assert summary == [

@@ -50,6 +50,12 @@ REFUSED_FROM_TABLES = [
     ["bench", "--epochs=zero"], ["bench", "--download=maybe"], ["probe", "{model}", "--batches=x"],
     ["audit", "{npz}"], ["doctor", "{npz}"], ["export", "{model}", "--precision=int8"],
     ["rollback-cost", "--steps=x"], ["litert-latency", "--model=vgg"],
+    # Issue 46: refused in 0.1 s, not after the model loads (about 9 s), with "did you mean".
+    ["probe", "{model}", "--policy=mixed_flaot16"], ["doctor", "{model}", "--policy=mixed_flaot6"],
+    ["bench", "--policy=mixed_bfloat61"], ["bench", "--model=cnnn"],
+    ["probe", "{model}", "--dataset=npz:/no/such/data.npz"],
+    ["doctor", "{model}", "--dataset=npz:/no/such/d.npz"],
+    ["export", "{model}", "--dataset=npz:/no/such/e.npz"], ["probe", "{model}", "--dataset=shapse"],
 ]
 # What some of them say (flag, value, what is wrong, what is accepted).
 SAID = {
@@ -74,6 +80,15 @@ SAID = {
                         "float32, float16_weights, as_trained; with --format=saved_model: ",
     "--steps=x": "tf_mixed rollback-cost: error: --steps='x': not a whole number. Accepted: a "
                  "whole number, such as --steps=20 (the default).",
+    "--policy=mixed_flaot16": "--policy='mixed_flaot16': unknown half-precision policy. Accepted: "
+                              "mixed_float16, mixed_bfloat16, fp16, bf16. Did you mean "
+                              "'mixed_float16'?",
+    "--policy=mixed_flaot6": "Did you mean 'mixed_float16'?",
+    "--policy=mixed_bfloat61": "Did you mean 'mixed_bfloat16'?",
+    "--model=cnnn": "Did you mean 'cnn'?",
+    "--dataset=npz:/no/such/data.npz": "--dataset='npz:/no/such/data.npz': no such file "
+                                       "'/no/such/data.npz'. Accepted: npz:PATH",
+    "--dataset=shapse": "Did you mean 'shapes'?",
     "--model=vgg": "argument --model: invalid choice: 'vgg' (choose from 'mlp', 'cnn', 'resnet18', "
                    "'resnet50'); see python -m tf_mixed litert-latency --help",
 }

@@ -111,10 +111,12 @@ def test_the_check_sees_restated_tuples_and_dicts():
 
 def test_every_table_is_written_once():
     tables = _tables()
-    assert set(tables) == {"HALF_DTYPES", "FLOAT32_HEADS", "SQUASHING_ACTIVATIONS",
+    assert set(tables) == {"HALF_DTYPES", "FLOAT32_HEADS", "SAVED_FLOAT32_HEADS",
+                           "SQUASHING_ACTIVATIONS",
                            "FLOAT_POLICIES", "POLICY_ALIASES", "COMPUTE_DTYPES", "EPSILON",
                            "TILE_MULTIPLES", "FLOAT32_STATISTICS_NORMS", "POLICY_NAMES",
-                           "EXPORT_FORMATS", "EXPORT_PRECISIONS", "POLICY_FIXES"}
+                           "EXPORT_FORMATS", "EXPORT_PRECISIONS", "POLICY_FIXES",
+                           "CATALOG_EVIDENCE"}
     offenders = []
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         if path.relative_to(PACKAGE_DIR).as_posix() == "_internal/facts.py":
@@ -219,3 +221,29 @@ def test_largest_finite_reduces_on_the_device(value, largest):
     from tf_mixed._internal.facts import _largest_finite
 
     assert _largest_finite(value) == largest
+
+
+def test_published_architectures_are_known_by_origin():
+    import keras
+
+    from tf_mixed._internal.facts import published_layers, published_origin
+
+    keras.utils.set_random_seed(1)
+    app = keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), classes=5,
+                                              include_preprocessing=False)
+    assert published_origin(app) == "keras.applications"
+    assert set(published_layers(app).values()) == {"keras.applications"}
+    assert len(published_layers(app)) == len(app.layers)
+
+    class HubLayer(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    HubLayer.__module__ = "keras_hub.src.layers.modeling.fake"  # as KerasHub's classes read
+    inputs = keras.Input((4,))
+    x = HubLayer(name="hub")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x), name="mine")
+    assert published_origin(model) == ""
+    assert published_layers(model) == {"hub": "KerasHub"}
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name="resnet_like")
+    assert published_layers(plain) == {}

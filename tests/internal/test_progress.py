@@ -72,3 +72,18 @@ def test_every_command_gets_a_heartbeat_unless_quiet(argv, beats, progress_on, m
     assert main(["tf_mixed", *argv]) == 0
     assert started == ["tf_mixed info"] * beats
     capsys.readouterr()
+
+
+def test_an_event_said_at_once_is_one_line(progress_on, capsys):
+    """Issue 46: check printed each progress line twice (its own, then the heartbeat's)."""
+    times = iter([0.0, 7.0, 9.0])
+    beat = progress.Heartbeat("tf_mixed check", emit=lambda line: None, clock=lambda: next(times))
+    progress._current = beat
+    progress.say("[check] part 1: tf_mixed.LossScaleOptimizer on 2 replicas")
+    assert capsys.readouterr().err == "[check] part 1: tf_mixed.LossScaleOptimizer on 2 replicas\n"
+    assert beat.line() == "tf_mixed check: still working (7 s)"  # not the event again
+    progress.update("part 3: timing")
+    assert beat.line() == "tf_mixed check: part 3: timing (9 s)"
+    progress.set_enabled(False)
+    progress.say("[check] quiet")
+    assert capsys.readouterr().err == ""

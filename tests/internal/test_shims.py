@@ -98,6 +98,25 @@ def test_disable_input_casting():  # Layer._convert_input_args
     assert layer(half, half).numpy().decode() == "float16,float16"
 
 
+def test_serialize_as_keras_class():  # api_export.REGISTERED_OBJS_TO_NAMES
+    @keras.saving.register_keras_serializable(package="tf_mixed_test")
+    class LikeActivation(keras.layers.Activation):
+        pass
+
+    assert keras.saving.serialize_keras_object(LikeActivation("relu"))["class_name"] == (
+        "LikeActivation")
+    _internals.serialize_as_keras_class(LikeActivation, "keras.layers.Activation")
+    config = keras.saving.serialize_keras_object(LikeActivation("relu", dtype="float32"))
+    assert (config["module"], config["class_name"], config["registered_name"]) == (
+        "keras.layers", "Activation", None)
+    back = keras.saving.deserialize_keras_object(config)
+    assert type(back) is keras.layers.Activation and back.dtype_policy.name == "float32"
+    # The name still resolves to Keras's own class.
+    assert keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(keras.layers.Activation("relu"))).__class__ is (
+        keras.layers.Activation)
+
+
 def test_optimizer_trainable_variables():  # Optimizer._trainable_variables
     variables = [keras.Variable(np.ones(2)), keras.Variable(np.ones(3))]
     optimizer = keras.optimizers.SGD(0.5)
@@ -766,3 +785,14 @@ def test_wrap_call_sees_every_output_and_unwraps():  # Operation.__call__ runs s
     _internals.unwrap_call(dense)
     model(np.ones((1, 3), "float32"))
     assert len(seen) == 1
+
+
+def test_distinct_function_omits_the_frequent_retracing_warning():  # Function._omit_frequent_tracing_warning
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
+
+    # TF reads the flag where it counts a call that traced.
+    assert "_omit_frequent_tracing_warning" in inspect.getsource(pf.Function.__call__) + \
+        inspect.getsource(pf.Function._call)
+    function = _internals.distinct_function(lambda x: x + 1)
+    assert function._omit_frequent_tracing_warning is True
+    assert float(function(tf.constant(1.0))) == 2.0

@@ -11,8 +11,8 @@ import keras
 import pytest
 
 import tf_mixed
-from tf_mixed.policy import autotune
-from tf_mixed.policy import hardware
+from tf_mixed._internal import measuring
+from tf_mixed.policy import autotune, hardware
 
 CPU = hardware.HardwareInfo(
     cpu_model="Test EPYC 9999", cpu_flags=frozenset({"avx2", "avx512_bf16"})
@@ -40,7 +40,7 @@ class FakeTimer:
 @pytest.fixture(autouse=True)
 def idle_machine(monkeypatch):
     """The machine's real load never decides whether a result is cached here."""
-    monkeypatch.setattr(autotune, "machine_load", lambda: (0.5, 2))
+    monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
 
 
 def no_timing(policies):
@@ -129,7 +129,7 @@ def test_measures_once_then_reads_the_cache(tmp_path):
 
 
 def test_a_measurement_on_a_busy_machine_is_used_but_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(autotune, "machine_load", lambda: (7.5, 2))
+    monkeypatch.setattr(measuring, "machine_load", lambda: (7.5, 2))
     timer = FakeTimer(float32=1.9, mixed_bfloat16=1.0)
     first = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert first.policy == "mixed_bfloat16" and first.cache_path == ""
@@ -145,7 +145,7 @@ def test_float32_reason_quotes_every_half_policy(tmp_path):
     choice = autotune.measured_choice(FP16_CPU, timer=timer, directory=str(tmp_path))
     assert choice.policy == "float32"
     assert "no half policy reached 1.15x float32" in choice.reason
-    assert ("(median of per-round ratios: mixed_bfloat16 0.91x (interquartile "
+    assert ("(median of per-round ratios: mixed_bfloat16 0.91x (90% interval "
             "0.91-0.91x over 7 interleaved rounds), mixed_float16 0.25x") in choice.reason
     assert "tf_mixed.enable('mixed_bfloat16')" in choice.reason
 
@@ -183,7 +183,7 @@ def _valid_record(**key_changes):
     ],
 )
 def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     if content == "OTHER_TF":
         content = json.dumps(_valid_record(tensorflow="2.0.0"))
     elif content == "BAD_TIMINGS":
@@ -204,14 +204,14 @@ def test_unusable_cache_is_ignored_and_replaced(tmp_path, caplog, content):
 
 
 def test_a_valid_record_is_used_as_is(tmp_path):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     _write(path, json.dumps(_valid_record()))
     choice = autotune.measured_choice(CPU, timer=no_timing, directory=str(tmp_path))
     assert choice.cached and choice.policy == "float32"  # bfloat16 0.25x in the record
 
 
 def test_unreadable_cache_is_ignored(tmp_path, caplog):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     os.mkdir(path)  # a directory where the file should be: open() fails
     timer = FakeTimer(float32=2.0, mixed_bfloat16=1.0)
     with caplog.at_level(logging.DEBUG, logger="absl"):
@@ -245,21 +245,10 @@ def test_read_only_directory_leaves_no_partial_file(tmp_path, monkeypatch, caplo
     assert any("Read-only file system" in r.getMessage() for r in caplog.records)
 
 
-def test_cache_dir_resolution(monkeypatch, tmp_path):
-    monkeypatch.setenv("TF_MIXED_CACHE_DIR", str(tmp_path / "explicit"))
-    assert autotune.cache_dir() == str(tmp_path / "explicit")
-    monkeypatch.delenv("TF_MIXED_CACHE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert autotune.cache_dir() == str(tmp_path / "xdg" / "tf_mixed")
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert autotune.cache_dir() == str(tmp_path / "home" / ".cache" / "tf_mixed")
-
-
 def test_the_suite_uses_a_private_cache_and_no_timing():
     """conftest.py's promise: no test times this machine or writes ~/.cache."""
     assert os.environ["TF_MIXED_AUTO_MEASURE"] == "0"
-    assert "tf_mixed_test_cache_" in autotune.cache_dir()
+    assert "tf_mixed_test_cache_" in measuring.cache_dir()
     assert not autotune.measure_by_default()
 
 
@@ -382,17 +371,27 @@ def test_quartiles_are_exact_on_a_known_spread():
     decision = autotune.choose_from_rounds(rounds, margin=1.15)
     assert decision.speedups["mixed_bfloat16"] == 1.5
     assert decision.spreads["mixed_bfloat16"] == (1.25, 1.75)
-    assert decision.unsettled == (
-        "the rounds spread 1.25-1.75x, more than 20% of the median")
+    # The median's 90% interval (measuring.estimate) is what settles it, not the spread.
+    assert decision.intervals["mixed_bfloat16"] == (1.0, 2.0)
+    assert decision.unsettled == "the 90% interval 1.00-2.00x reaches across the 1.15x margin"
+
+
+def test_a_wide_spread_clear_of_the_margin_is_settled():
+    # Ratios 1.0 to 2.2 spread 43% of their median (the old rule refused to cache
+    # them), but the median's interval, 1.20-2.00x, lies above the 1.15x margin.
+    rounds = {"float32": [1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2], "mixed_bfloat16": [1.0] * 7}
+    decision = autotune.choose_from_rounds(rounds)
+    assert decision.intervals["mixed_bfloat16"] == (1.2, 2.0)
+    assert decision.policy == "mixed_bfloat16" and decision.unsettled == ""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "float32, expected_policy, unsettled",
     [
-        # Near the 1.15x margin: ratios 1.10..1.22, interquartile 1.13-1.19.
+        # Near the 1.15x margin: ratios 1.10..1.22, 90% interval 1.12-1.20.
         ([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22], "mixed_bfloat16",
-         "the spread 1.13-1.19x reaches across the 1.15x margin"),
+         "the 90% interval 1.12-1.20x reaches across the 1.15x margin"),
         # Clearly above: interquartile 1.53-1.59x.
         ([1.50, 1.52, 1.54, 1.56, 1.58, 1.60, 1.62], "mixed_bfloat16", ""),
         # Clearly below.
@@ -413,8 +412,8 @@ def test_settled_only_when_clear_of_the_margin(float32, expected_policy, unsettl
 @pytest.mark.parametrize(
     "float32, why",
     [([1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
-      "the spread 1.13-1.19x reaches across the 1.15x margin"),
-     ([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2], "the rounds spread 1.30-1.90x, more than 20%")],
+      "the 90% interval 1.12-1.20x reaches across the 1.15x margin"),
+     ([1.5, 1.0, 2.0, 1.25, 1.75, 1.1, 1.6], "the 90% interval 1.10-1.75x reaches across")],
     ids=["near-threshold", "noisy"],
 )
 def test_an_unsettled_measurement_is_used_but_not_cached(tmp_path, float32, why):
@@ -434,15 +433,15 @@ def test_the_reason_quotes_measurement_and_spread(tmp_path):
     choice = autotune.measured_choice(CPU, timer=timer, directory=str(tmp_path))
     assert (
         "mixed_bfloat16 measured 1.56x float32 on this CPU (Test EPYC 9999) on the "
-        "Dense+Conv2D training probe (median of per-round ratios, interquartile "
-        "1.53-1.59x over 7 interleaved rounds; needs >= 1.15x)") in choice.reason
+        "Dense+Conv2D training probe (median of per-round ratios, 90% interval "
+        "1.52-1.60x over 7 interleaved rounds; needs >= 1.15x)") in choice.reason
     assert f"measured now, cached in {choice.cache_path}" in choice.reason
     cached = autotune.measured_choice(CPU, timer=no_timing, directory=str(tmp_path))
-    assert "interquartile 1.53-1.59x over 7 interleaved rounds" in cached.reason
+    assert "90% interval 1.52-1.60x over 7 interleaved rounds" in cached.reason
 
 
 def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     record = _valid_record()
     record["rounds_s"] = {"float32": [1.10, 1.12, 1.14, 1.16, 1.18, 1.20, 1.22],
                           "mixed_bfloat16": [1.0] * 7}
@@ -455,7 +454,7 @@ def test_a_cached_unsettled_record_is_not_trusted(tmp_path, caplog):
 def test_a_version_1_cache_from_the_small_probe_is_not_read(tmp_path):
     """The 1.01x cached by the old ~2 ms probe must not decide any more."""
     key = dict(autotune.cache_key(CPU), probe=1)
-    path = autotune.cache_path(autotune.cache_key(CPU), str(tmp_path))
+    path = measuring.cache_path(autotune.cache_key(CPU), str(tmp_path))
     _write(path, json.dumps({"format": 1, "key": key, "measured_at": "then",
                              "timings_s": {"float32": 1.01, "mixed_bfloat16": 1.0}}))
     assert autotune.read_cache(path, autotune.cache_key(CPU)) is None
@@ -506,7 +505,9 @@ def test_time_rounds_screens_then_interleaves_on_the_probe(monkeypatch):
                       "mixed_float16": [2.5]}
     assert probe.timed == [("screen", "float32"), ("screen", "bfloat16"),
                            ("screen", "float16")] + [
-        ("probe", "float32"), ("probe", "bfloat16")] * 3
+        # measuring.interleaved_rounds: the order rotates (each policy leads in turn).
+        ("probe", "float32"), ("probe", "bfloat16"), ("probe", "bfloat16"), ("probe", "float32"),
+        ("probe", "bfloat16"), ("probe", "float32")]
     decision = autotune.choose_from_rounds(rounds)
     assert decision.policy == "mixed_bfloat16" and decision.speedups["mixed_bfloat16"] == 2.0
     assert decision.speedups["mixed_float16"] == pytest.approx(0.025)

@@ -5,7 +5,7 @@
 (mixed_float16), one set-up per name in ``--paths`` (a name may repeat: each is
 its own set-up), runs one ``fit`` step on each to build its train function,
 then calls those train functions one step at a time in rotated order
-(`tf_mixed.bench.schedule.rotated`), and prints each set-up's median step
+(`tf_mixed._internal.measuring.rotated`), and prints each set-up's median step
 time against the first's, with a 90% bootstrap interval over blocks of 10
 steps. Set-ups share one set of weights (and one Adam) unless
 ``--own_weights``. Names: ``keras`` (Keras's wrapper, as ``compile`` makes
@@ -34,8 +34,9 @@ def main() -> None:
     import keras
 
     import tf_mixed
+    from tf_mixed._internal import measuring
     from tf_mixed.bench import config as config_module
-    from tf_mixed.bench import models, overhead, schedule, train
+    from tf_mixed.bench import models, overhead, train
     from tf_mixed.policy import global_policy as policy
 
     names = args.paths.split(",")
@@ -63,16 +64,16 @@ def main() -> None:
             functions[label], iterators[label] = model.train_function, iter(train_set)
         times: dict[str, list[float]] = {label: [] for label in labels}
         for index in range(args.steps):
-            for label in schedule.rotated(labels, index):
+            for label in measuring.rotated(labels, index):
                 start = time.perf_counter()
                 float(functions[label](iterators[label])["loss"])
                 times[label].append(time.perf_counter() - start)
     first = labels[0]
     blocks = {label: [t[i:i + 10] for i in range(0, len(t), 10)] for label, t in times.items()}
     for label in labels:
-        low, high = schedule.ratio_interval(blocks[first], blocks[label])
+        low, high = measuring.ratio_interval(blocks[first], blocks[label])
         print(f"{label:22s} {1000 * statistics.median(times[label]):8.3f} ms/step  "
-              f"{schedule.pooled_ratio(blocks[first], blocks[label]):.4f}x of {first} "
+              f"{measuring.pooled_ratio(blocks[first], blocks[label]):.4f}x of {first} "
               f"(90% interval {low:.4f}-{high:.4f})")
 
 

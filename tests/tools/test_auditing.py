@@ -161,6 +161,19 @@ def test_explicit_float32_layers_listed_in_mixed_model_only(fp16):
     assert not tf_mixed.audit(_mlp(head=True)).by_code("explicit_float32")
 
 
+def test_a_normalization_enable_kept_in_float32_is_not_told_to_drop_a_dtype(fp16):
+    """Issue 46: the advice named a dtype argument the user never wrote."""
+    inputs = keras.Input((4,))
+    norm = keras.layers.Normalization(name="norm")  # no dtype: enable() keeps it float32
+    norm.adapt(np.arange(40, dtype="float32").reshape(10, 4))
+    outputs = keras.layers.Dense(2, name="out")(norm(inputs))
+    report = tf_mixed.audit(keras.Model(inputs, outputs))
+    [finding] = report.by_code("explicit_float32")
+    assert finding.layer == "norm" and finding.fix == "nothing."
+    assert "tf_mixed keeps Normalization and Discretization" in finding.message
+    assert "dtype argument" not in finding.fix
+
+
 def test_model_built_before_enable():
     model = _mlp(head=True)
     assert not tf_mixed.audit(model).by_code("policy_mismatch")

@@ -53,6 +53,35 @@ def below_minimum(flag: str, value: object, minimum: object, fix: str = "") -> U
     return UsageError(flag, value, f"must be at least {minimum}", fix=fix)
 
 
+def unknown(flag: str, value: object, what: str, choices: "list[str] | tuple[str, ...]",
+            fix: str = "") -> UsageError:
+    """The one wording for a name that is none of ``choices``, with "did you mean".
+
+    Args:
+        flag: The flag without dashes.
+        value: The value received.
+        what: What the value should name, e.g. ``"policy"``.
+        choices: Every accepted name.
+        fix: Optional hint after the suggestion.
+
+    Returns:
+        ``UsageError`` reading ``--policy='mixed_flaot16': unknown policy. Accepted:
+        mixed_float16, mixed_bfloat16. Did you mean 'mixed_float16'?``.
+    """
+    return UsageError(flag, value, f"unknown {what}", ", ".join(choices),
+                      " ".join(p for p in (did_you_mean(value, choices), fix) if p))
+
+
+def did_you_mean(value: object, choices: "list[str] | tuple[str, ...]") -> str:
+    """``Did you mean 'x'?`` for the closest of ``choices`` (difflib), or ""."""
+    import difflib
+
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value.strip().lower(), list(choices), n=1, cutoff=0.6)
+    return f"Did you mean {close[0]!r}?" if close else ""
+
+
 # A flag's type -> how a message names what it takes.
 KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 if TYPE_CHECKING:
@@ -129,6 +130,20 @@ TILE_MULTIPLES = {"float16": 8, "bfloat16": 16}
 # Class names of tf_mixed's float32 heads (tf_mixed.layers): float32 by
 # design, so they are neither converted nor reported as explicit float32.
 FLOAT32_HEADS = ("OutputActivation", "Float32Output")
+# What they save as (`tf_mixed.layers`): a `.keras` file loads them as Keras's
+# own Activation / Identity with a float32 policy.
+SAVED_FLOAT32_HEADS = ("Activation", "Identity")
+
+
+def is_float32_head(layer: Any, *, output: bool) -> bool:
+    """Whether ``layer`` is a float32 head: one of tf_mixed's (`FLOAT32_HEADS`),
+    or, where it produces a model output (``output``), a Keras ``Activation``
+    or ``Identity`` computing in float32 (what tf_mixed's heads load as)."""
+    cls = type(layer).__name__
+    if cls in FLOAT32_HEADS:
+        return True
+    return (output and cls in SAVED_FLOAT32_HEADS
+            and getattr(getattr(layer, "dtype_policy", None), "name", None) == "float32")
 
 # Activations that squash logits into probabilities (or their log). Computed
 # in half precision as a model output they saturate and hide the logits from
@@ -280,6 +295,48 @@ def walk_layers(model, prefix: str = "") -> Iterator[tuple[str, keras.Layer]]:
         yield name, layer
         if isinstance(layer, keras.Model):
             yield from walk_layers(layer, name + "/")
+
+
+# The names keras.applications gives its models (the function's architecture,
+# lower-cased; MobileNet adds its width and input size: "mobilenetv2_1.00_224").
+_APPLICATION_NAME = re.compile(
+    r"^(resnet\d+(v2)?|resnet_rs_\d+|mobilenet(v2|v3small|v3large)?(_[\d.]+_\d+)?|"
+    r"efficientnet(b\d|v2-?[bsml]\d?)|densenet\d+|vgg1[69]|inception_v3|"
+    r"inception_resnet_v2|xception|nasnet(mobile|large)?|convnext_\w+|regnet\w+)$")
+
+
+def published_origin(layer) -> str:
+    """"keras.applications" or "KerasHub" for a model or layer of a published
+    architecture (its widths fixed by the design and its pretrained weights), else "".
+
+    A KerasHub object is known by its class's module (``keras_hub``); a
+    keras.applications model, a functional model of plain Keras layers, by the
+    name the application function gives it (reloaded models keep it).
+    """
+    import keras
+
+    if type(layer).__module__.split(".")[0] == "keras_hub":
+        return "KerasHub"
+    if (isinstance(layer, keras.Model) and type(layer).__module__.startswith("keras")
+            and _APPLICATION_NAME.match(layer.name.lower())):
+        return "keras.applications"
+    return ""
+
+
+def published_layers(model) -> dict[str, str]:
+    """Qualified layer name (`walk_layers`) -> its published origin (`published_origin`),
+    for every layer of ``model`` inside a published architecture (the model itself,
+    a nested model, or a KerasHub layer), else not listed."""
+    origin = published_origin(model)
+    found: dict[str, str] = {}
+    inside: list[tuple[str, str]] = []  # (qualified prefix, origin) of published sub-models
+    for name, layer in walk_layers(model):
+        here = origin or next((o for p, o in inside if name.startswith(p)), "")
+        here = here or published_origin(layer)
+        if here:
+            found[name] = here
+            inside.append((name + "/", here))
+    return found
 
 
 def layer_outputs(layer) -> list:
@@ -446,6 +503,63 @@ FLOAT32_STATISTICS_NORMS = ("BatchNormalization", "LayerNormalization", "GroupNo
                             "RMSNormalization")
 
 
+class Evidence(NamedTuple):
+    """A numerics-catalog claim behind one of `tf_mixed.enable`'s float32 defaults.
+
+    Attributes:
+        default: what enable() does ("Normalization: kept float32").
+        row: the catalog row (``Layer[config]``, docs/catalog.md).
+        policy: the half policy the claim is about.
+        magnitudes: max |input| values the layer meets in practice.
+        safe: whether the row is safe at every one of them.
+    """
+
+    default: str
+    row: str
+    policy: str
+    magnitudes: tuple[float, ...]
+    safe: bool
+
+
+# enable()'s float32 defaults and the catalog rows that justify them (and the
+# normalizations it leaves in half precision, with theirs). Checked on the stored
+# catalog and, measured afresh, on the installed Keras by
+# tests/policy/test_keep_float32_catalog.py, so a Keras release that fixes or
+# breaks one of these shows up as a failing test, not as a stale rule.
+CATALOG_EVIDENCE: tuple[Evidence, ...] = (
+    # Adapted statistics: a raw feature ~1e4 wide has a variance above 65504.
+    Evidence("Normalization: kept float32", "Normalization[adapted]", MIXED_FLOAT16,
+             (1e4,), False),
+    # Bin boundaries rounded to float16 move small values into other bins.
+    Evidence("Discretization: kept float32", "Discretization[adapted]", MIXED_FLOAT16,
+             (1e-2,), False),
+    # Float ids above 2048 (float16) / 256 (bfloat16) become other ids.
+    Evidence("float token ids into an Embedding: kept float32", "Embedding[float ids]",
+             MIXED_FLOAT16, (1e4,), False),
+    Evidence("float token ids into an Embedding: kept float32", "Embedding[float ids]",
+             MIXED_BFLOAT16, (1e3,), False),
+    # Squashing outputs saturate: the float32 head (and fact 3, the loss's logits shortcut).
+    Evidence("softmax output: a float32 head", "Activation[activation=softmax]", MIXED_FLOAT16,
+             (1e2,), False),
+    Evidence("softmax output: a float32 head", "Activation[activation=softmax]",
+             MIXED_BFLOAT16, (1e2,), False),
+    Evidence("sigmoid output: a float32 head", "Activation[activation=sigmoid]", MIXED_FLOAT16,
+             (1e3,), False),
+    Evidence("sigmoid output: a float32 head", "Activation[activation=sigmoid]",
+             MIXED_BFLOAT16, (1e4,), False),
+    # log_softmax is safe as a layer; its head is for the loss's logits shortcut (fact 3).
+    Evidence("log_softmax output: a float32 head", "Activation[activation=log_softmax]",
+             MIXED_FLOAT16, (1e-3, 1e2), True),
+    # FLOAT32_STATISTICS_NORMS stay in half precision: their statistics are float32 inside.
+    *(Evidence(f"{name}: left in half precision", row, policy, (1e-3, 1e3), True)
+      for name, row in (("BatchNormalization", "BatchNormalization[batch statistics]"),
+                        ("LayerNormalization", "LayerNormalization[epsilon=1e-6]"),
+                        ("GroupNormalization", "GroupNormalization[groups=4, epsilon=1e-5]"),
+                        ("RMSNormalization", "RMSNormalization[epsilon=1e-6]"))
+      for policy in (MIXED_FLOAT16, MIXED_BFLOAT16)),
+)
+
+
 def keeps_float32_statistics(layer) -> bool:
     """Whether `layer` computes with statistics adapted to data: stays float32.
 
@@ -493,7 +607,11 @@ def out_of_range(layer, compute_dtype: str | None = None) -> tuple[str, float, f
     values = [(w.path.rsplit("/", 1)[-1], w) for w in layer.weights
               if "float" in keras.backend.standardize_dtype(w.dtype)]
     if isinstance(layer, keras.layers.Normalization):
-        values += [(name, getattr(layer, name, None)) for name in ("mean", "variance")]
+        # Given to the constructor: read as given (``layer.mean`` is already
+        # cast to the compute dtype, where a value out of range is inf).
+        given = layer.input_mean is not None
+        values += [(name, getattr(layer, f"input_{name}" if given else name, None))
+                   for name in ("mean", "variance")]
     for what, value in values:
         if value is None:
             continue

@@ -81,7 +81,7 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
                 f"'{model.name}' does not have. Pass a list with one loss per output. "
                 f"Received: loss={dict(loss)!r}")
         if isinstance(loss, (list, tuple)):
-            per_output: list[Callable | None] = [_single(each, caller) for each in loss]
+            per_output = list[Callable | None](_single(each, caller) for each in loss)
             names = [str(i) for i in range(len(per_output))]
         else:
             fn = _single(loss, caller)

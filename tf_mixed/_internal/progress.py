@@ -56,16 +56,19 @@ class Heartbeat:
         self.emit = emit
         self.clock = clock
         self.stage = "starting"
+        self.said = False  # the stage was written at once (`say`): not repeated
         self._start = clock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tf_mixed-progress", daemon=True)
 
     def line(self) -> str:
-        """The line logged now."""
-        return f"{self.label}: {self.stage} ({self.clock() - self._start:.0f} s)"
+        """The line logged now (a stage already written by `say` is not repeated)."""
+        stage = "still working" if self.said else self.stage
+        return f"{self.label}: {stage} ({self.clock() - self._start:.0f} s)"
 
-    def update(self, stage: str) -> None:
+    def update(self, stage: str, *, said: bool = False) -> None:
         self.stage = stage
+        self.said = said
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -106,3 +109,15 @@ def update(stage: str) -> None:
     """Sets what the running heartbeat says the work is doing (no-op without one)."""
     if _current is not None:
         _current.update(stage)
+
+
+def say(line: str) -> None:
+    """Writes one progress line for an event now (when lines are on).
+
+    The running heartbeat then says only that the work goes on ("still
+    working"), so each event is one line.
+    """
+    if _enabled:
+        _plain_line(line)
+    if _current is not None:
+        _current.update(line, said=True)

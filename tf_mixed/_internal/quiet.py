@@ -104,13 +104,24 @@ def _from_tf(filename: str) -> bool:
     return any(package in parts for package in _TF_PACKAGES)
 
 
-class _CountingHandler(logging.Handler):
+class _Holding(logging.Filter):
+    """A filter on TensorFlow's logger: a warning or worse is kept, not shown.
+
+    A logger's filter runs before any of its handlers (TensorFlow adds its own
+    stream handler to the "tensorflow" logger, which propagation settings do
+    not reach), so a record held here is shown by none of them, and the
+    summary line is the only time the user hears of it.
+    """
+
     def __init__(self, caught: list[str]):
-        super().__init__(logging.WARNING)
+        super().__init__()
         self.caught = caught
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
         self.caught.append(f"{record.levelname.lower()}: {record.getMessage()}")
+        return False
 
 
 @contextlib.contextmanager
@@ -139,17 +150,14 @@ def summarised_tf_warnings(verbose: bool, command: str) -> Iterator[list[str]]:
             original(message, category, filename, lineno, file, line)
 
     tf_logger = logging.getLogger("tensorflow")
-    handler = _CountingHandler(caught)
-    saved_propagate = tf_logger.propagate
-    tf_logger.addHandler(handler)
-    tf_logger.propagate = False
+    holding = _Holding(caught)
+    tf_logger.addFilter(holding)
     warnings.showwarning = show
     try:
         yield caught
     finally:
         warnings.showwarning = original
-        tf_logger.removeHandler(handler)
-        tf_logger.propagate = saved_propagate
+        tf_logger.removeFilter(holding)
         if caught:
             first = caught[0].splitlines()[0][:160]
             print(

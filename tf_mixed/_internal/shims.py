@@ -203,6 +203,29 @@ def disable_input_casting(layer) -> None:
     layer._convert_input_args = False
 
 
+def serialize_as_keras_class(cls, keras_name: str) -> None:
+    """Saves instances of `cls` under Keras's own public class ``keras_name``.
+
+    ``keras.saving`` names a class in a config by its public Keras name when
+    ``keras.src.api_export.REGISTERED_OBJS_TO_NAMES`` holds one for it
+    (``serialization_lib.serialize_with_public_class``), and a process loads
+    such a config with Keras alone (``serialization_lib._retrieve_class_or_fn``
+    imports a module named in a config only for Keras's own packages). tf_mixed's float32 heads
+    are Keras layers with ``dtype="float32"`` in all but name
+    (`tf_mixed.layers`), so a ``.keras`` file that holds one loads where
+    tf_mixed was never imported. Only the class -> name direction is added:
+    a name still resolves to Keras's class. Keras 3.15.1
+    (``keras/src/api_export.py``).
+
+    Args:
+        cls: The class whose instances save as ``keras_name``.
+        keras_name: A public Keras class, such as "keras.layers.Activation".
+    """
+    from keras.src import api_export
+
+    api_export.REGISTERED_OBJS_TO_NAMES[cls] = keras_name
+
+
 def optimizer_trainable_variables(optimizer) -> list:
     """The variables a built optimizer was built for (``_trainable_variables``).
 
@@ -274,6 +297,26 @@ def in_xla_context(graph) -> bool:
                       RuntimeWarning, stacklevel=2)
         return False
     return bool(probe(graph))
+
+
+def distinct_function(python_function: Callable, **kwargs) -> Any:
+    """``tf.function(python_function, **kwargs)``, one of many made on purpose.
+
+    TF counts the traces of every ``tf.function`` made from the same Python
+    code as one function's: five traces among ten calls log "N out of the
+    last N calls to <function> triggered tf.function retracing", advice
+    meant for a function re-created in a loop by mistake. A measurement that
+    makes one function per dtype or layer (the "auto" probe, the plan's
+    layer timings) is not that mistake. Sets ``Function.
+    _omit_frequent_tracing_warning``, the flag TF's own SavedModel loader
+    sets on the functions it restores (no public option does this);
+    TF 2.21.0.
+    """
+    import tensorflow as tf
+
+    function = tf.function(python_function, **kwargs)
+    function._omit_frequent_tracing_warning = True
+    return function
 
 
 def strategy_supports_no_merge_call() -> bool:

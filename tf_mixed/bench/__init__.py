@@ -18,7 +18,7 @@
 #     report.py    ratios, the Markdown table, the result files, host facts
 #     plot.py      bench.png
 #     data.py      shapes, tfds:NAME, folder:PATH, tokens
-#     models.py    mlp, cnn, resnet18, resnet50, transformer
+#     models.py    mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer
 #     serving.py   LiteRT files of the main job's mixed run, sizes and parity
 #     comm.py, memory_suite.py, bf16_quality.py, rollback_cost.py,
 #     litert_latency.py   the other suites

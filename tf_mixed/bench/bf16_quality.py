@@ -150,8 +150,8 @@ def _train(path: str, data, config) -> dict[str, Any]:
         if compensation is None and policy == "bfloat16":
             optimizer = adam  # what plain Keras does
         else:
-            knobs: dict[str, Any] = {} if compensation is None else {
-                "compensation": compensation, "state_dtype": state_dtype}
+            knobs = dict[str, Any]() if compensation is None else dict[str, Any](
+                compensation=compensation, state_dtype=state_dtype)
             optimizer = tf_mixed.wrap_optimizer(adam, **knobs)
         model.compile(optimizer=optimizer, metrics=["accuracy"],
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

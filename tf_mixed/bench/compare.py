@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from tf_mixed._internal import progress, quiet
+from tf_mixed._internal import measuring, progress, quiet
 from tf_mixed._internal.cli_errors import ChildFailed
 from tf_mixed.bench import config as config_module
 from tf_mixed.bench import plan_row, run, schedule, serving
@@ -86,8 +86,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         flush=True,
     )
     started = time.monotonic()
+    round_order: list[str] = []
     try:
-        round_order: list[str] = []
         if config.strategy == "multiworker":
             results = _run_children(config, trained, verbose, plan_record)
         else:
@@ -108,6 +108,8 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
             for result in results:
                 result["plan"] = {**scheduler.plan(result["policy"]).to_dict(),
                                   "extra_rounds": scheduler.extra_rounds.get(result["policy"], 0)}
+                lane = scheduler.lanes.get(result["policy"])
+                result["round_loads"] = list(lane.loads) if lane else []
             round_order = scheduler.order
         report_module.add_ratios(results)
         if same and plan_record is not None:
@@ -141,8 +143,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     if serving_table:
         print()
         print(serving_table)
-    print()
-    print(note)
+    print()  # the policy note was printed once, before the training (issue 46)
     print("Wrote " + ", ".join(paths))
     return report
 
@@ -163,6 +164,7 @@ def make_scheduler(config: BenchConfig, policies: tuple[str, ...], bench_data,
         warmup_steps=min(config.warmup_steps, total - 1),
         budget_s=config.time_budget, reserve_s=RESERVE_S,
         clock=clock, emulated=emulated_policies(policies),
+        load=lambda: measuring.machine_load()[0],
     )
 
 

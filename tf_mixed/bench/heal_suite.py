@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 
 import keras
 import numpy as np
 
 import tf_mixed
+from tf_mixed._internal import measuring
 from tf_mixed.bench.config import BenchConfig
 
 __all__ = ["demo_data", "demo_model", "run_demo", "run_heal", "run_heal_cost",
@@ -150,24 +152,59 @@ class _nothing:
         return False
 
 
+def _written(config: BenchConfig, command: str, suite: str, rows: list[dict],
+             table: Callable[[list[dict]], list[str]], work: Callable[[], object]) -> list[dict]:
+    """Runs ``work`` (which fills ``rows``), then writes results.json and results.md
+    to ``--output_dir`` as every suite does, and prints the table; nothing is left
+    behind when the work fails."""
+    from tf_mixed.bench import report as bench_report
+
+    created = bench_report.check_output_dir(config.output_dir)
+    try:
+        work()
+        markdown = "\n".join([f"# tf_mixed bench --suite={suite}", "",
+                               f"Command: `{command}`", "", *table(rows), ""])
+        report = {**bench_report.suite_header(suite, config, command), "results": rows,
+                  "markdown": markdown}
+        written = bench_report.write_outputs(report, config.output_dir, plot=False)
+    except BaseException:
+        bench_report.remove_if_created(config.output_dir, created)
+        raise
+    bench_report.print_written(markdown, written)
+    return rows
+
+
 def run_heal(config: BenchConfig, command: str) -> list[dict]:
-    """``--suite=heal``: the three runs side by side (a Markdown table)."""
-    data = demo_data(seed=config.seed)
-    epochs = config.epochs
-    rows = [run_demo("float32", False, epochs=epochs, data=data),
-            run_demo("mixed_float16", False, epochs=epochs, data=data),
-            run_demo("mixed_float16", True, epochs=epochs, data=data)]
-    print(f"{command}\n")
-    print("| run | stopped at step | healed (step: layer) | skipped steps "
-          "| test accuracy | time (s) |")
-    print("|---|---|---|---|---|---|")
+    """``--suite=heal``: the three runs side by side (a Markdown table), written to
+    ``--output_dir`` as results.json and results.md."""
+    rows: list[dict] = []
+
+    def work():
+        data = demo_data(seed=config.seed)
+        epochs = config.epochs
+        rows.extend([run_demo("float32", False, epochs=epochs, data=data),
+                     run_demo("mixed_float16", False, epochs=epochs, data=data),
+                     run_demo("mixed_float16", True, epochs=epochs, data=data)])
+
+    return _written(config, command, "heal", rows, heal_table, work)
+
+
+def heal_table(rows: list[dict]) -> list[str]:
+    """The heal suite's Markdown table, one line per run."""
+    lines = ["| run | stopped at step | healed (step: layer) | skipped steps "
+             "| test accuracy | time (s) |", "|---|---|---|---|---|---|"]
     for row in rows:
         healed = "; ".join(h.split(":")[0].replace("tf_mixed healing at ", "")
                            + ": " + ", ".join(row["healed_layers"])
                            for h in row["healings"]) or "-"
-        print(f"| {row['run']} | {row['stopped_at'] or '-'} | {healed} | "
-              f"{row['skipped_steps']} | {row['accuracy']:.4f} | {row['seconds']:.1f} |")
-    return rows
+        lines.append(f"| {row['run']} | {row['stopped_at'] or '-'} | {healed} | "
+                     f"{row['skipped_steps']} | {row['accuracy']:.4f} | {row['seconds']:.1f} |")
+    return lines
+
+
+def _interval(ratios: list[float]) -> tuple[float, float]:
+    estimate = measuring.estimate(ratios)
+    return estimate.low, estimate.high
 
 
 def _timed_round(model, x, y, steps: int) -> tuple[float, float]:
@@ -232,6 +269,12 @@ def run_heal_cost(config: BenchConfig, command: str) -> list[dict]:
     is the median over rounds of each round pair's ratio (a pair is close in
     time, so load that drifts cancels out).
     """
+    rows: list[dict] = []
+    return _written(config, command, "heal_cost", rows, heal_cost_table,
+                    lambda: rows.extend(_heal_cost_rows(config)))
+
+
+def _heal_cost_rows(config: BenchConfig) -> list[dict]:
     from tf_mixed.bench import models
 
     name = config.model_name
@@ -264,14 +307,22 @@ def run_heal_cost(config: BenchConfig, command: str) -> list[dict]:
             "plain_ms": statistics.median(p[0][0] for p in pairs) * 1e3,
             "attributed_ms": statistics.median(p[1][0] for p in pairs) * 1e3,
             "wall_ratio": statistics.median(p[1][0] / p[0][0] for p in pairs),
+            "wall_interval": list(_interval([p[1][0] / p[0][0] for p in pairs])),
             "cpu_ratio": statistics.median(p[1][1] / p[0][1] for p in pairs),
             "pairs": pairs})
-    print(f"{command}\n")
-    print("| policy | model | step, no attribution (ms) | step, attribution (ms) | "
-          "wall ratio | CPU-time ratio | attribution's ops alone (us/step) | their share |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['policy']} | {row['model']} | {row['plain_ms']:.2f} | "
-              f"{row['attributed_ms']:.2f} | {row['wall_ratio']:.3f} | {row['cpu_ratio']:.3f} | "
-              f"{row['record_us']:.0f} | {row['record_us'] / 1e3 / row['plain_ms']:.2%} |")
     return rows
+
+
+def heal_cost_table(rows: list[dict]) -> list[str]:
+    """The heal_cost suite's Markdown table, one line per policy."""
+    lines = ["| policy | model | step, no attribution (ms) | step, attribution (ms) | "
+             "wall ratio (90% interval) | CPU-time ratio | attribution's ops alone (us/step) "
+             "| their share |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        low, high = row["wall_interval"]
+        lines.append(
+            f"| {row['policy']} | {row['model']} | {row['plain_ms']:.2f} | "
+            f"{row['attributed_ms']:.2f} | {row['wall_ratio']:.3f} ({low:.3f}-{high:.3f}) "
+            f"| {row['cpu_ratio']:.3f} | {row['record_us']:.0f} "
+            f"| {row['record_us'] / 1e3 / row['plain_ms']:.2%} |")
+    return lines

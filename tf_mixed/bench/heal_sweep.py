@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import keras
 import numpy as np
@@ -103,13 +104,14 @@ def main(argv=None) -> list[dict]:
                              max_scale=2.0**40)))
     rows = []
     for scenario, seed, note, skips, names, steps in runs:
-        kinds: dict = {}
+        kinds = dict[int, int]()
         for s in skips:
             kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        row: dict = {"scenario": scenario, "seed": seed, "steps": steps, "note": note,
-               "attributed": {tf_mixed.scaling.attribution.KINDS[k]: n
-                              for k, n in sorted(kinds.items())},
-               "healing": {}}
+        row = dict[str, Any](
+            scenario=scenario, seed=seed, steps=steps, note=note,
+            attributed={tf_mixed.scaling.attribution.KINDS[k]: n
+                        for k, n in sorted(kinds.items())},
+            healing={})
         for skips_n in SKIPS:
             for window in WINDOWS:
                 row["healing"][(skips_n, window)] = first_healing(

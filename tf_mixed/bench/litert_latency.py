@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from tf_mixed._internal import quiet
+from tf_mixed._internal import measuring, quiet
 from tf_mixed._internal.cli_errors import below_minimum
 from tf_mixed.bench.one_line_parser import OneLineParser
 
@@ -125,9 +125,9 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
         runner = Interpreter(model_path=path, num_threads=args.threads).get_signature_runner()
         (key,) = runner.get_input_details()
         runners[precision] = functools.partial(_invoke, runner, key, sample)
-    load_before = os.getloadavg()
+    load_before = measuring.load_averages()
     latency = measure(runners, args.rounds, args.iterations, clock)
-    load_after = os.getloadavg()
+    load_after = measuring.load_averages()
     for report in reports.values():
         os.remove(report.path)
     os.rmdir(directory)
@@ -141,13 +141,13 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
     summary = (f"--model={args.model} trained-policy={args.policy} batch {args.batch_size}, "
                f"{args.threads} thread(s), {args.rounds} rounds x {args.iterations} invokes; "
                f"float16 weights / float32 latency: {ratio:.2f}x; load average "
-               f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.")
+               f"{_load_text(load_before)} before, {_load_text(load_after)} after.")
     text = "\n".join([*rows, "", summary])
     record = {
         "command": "python -m tf_mixed litert-latency " + " ".join(argv),
         "model": args.model, "policy": args.policy, "batch_size": args.batch_size,
         "threads": args.threads, "rounds": args.rounds, "iterations": args.iterations,
-        "load_average": {"before": list(load_before), "after": list(load_after)},
+        "load_average": {"before": load_before, "after": load_after},
         "files": {p: {"bytes": r.bytes, "max_rel_error": r.max_rel_error,
                       "median_ms": latency[p]} for p, r in reports.items()},
         "latency_ratio_float16_weights": ratio,
@@ -159,3 +159,7 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
     os.replace(partial, os.path.join(args.output_dir, "latency.json"))
     print(text)
     return 0
+
+
+def _load_text(loads: list[float] | None) -> str:
+    return f"{loads[0]:.2f}" if loads else "unknown"

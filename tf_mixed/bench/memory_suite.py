@@ -143,8 +143,8 @@ def run_memory(config, command: str) -> dict[str, Any]:
           f"batch {config.batch_size} per update, {config.timing_rounds} rounds x "
           f"{settings['steps']} updates per path, a fresh process each.",
           flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     try:
-        runs: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
         staging = tempfile.mkdtemp(prefix=".tf_mixed_memory.", dir=config.output_dir)
         try:
             for round_index in range(config.timing_rounds):

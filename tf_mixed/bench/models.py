@@ -11,6 +11,9 @@
 #     resnet18  ResNet-18 (basic blocks 2-2-2-2, BN momentum 0.9) built here; a 3x3 stride-1 stem
 #               for images under 96 px (CIFAR style), the 7x7/2 + max-pool stem above
 #     resnet50  keras.applications.ResNet50(weights=None), no download
+#     mobilenetv2, efficientnetb0  keras.applications.MobileNetV2 / EfficientNetB0
+#               (weights=None): depthwise convolutions, where half precision on a CPU
+#               can be slower than float32 (docs/policies.md)
 #     transformer  a small encoder on token sequences: token + position embedding
 #               (width 64), 2 x [MultiHeadAttention (4 heads), LayerNorm, Dense 128-64,
 #               LayerNorm], mean over the sequence (no Rescaling: its input is token ids)
@@ -100,6 +103,22 @@ def build_resnet50(inputs, num_classes: int):
     return _head(backbone(inputs), num_classes)
 
 
+def _application(factory, inputs, num_classes: int):
+    backbone = factory(include_top=False, weights=None, input_shape=tuple(inputs.shape[1:]),
+                       pooling="avg")
+    return _head(backbone(inputs), num_classes)
+
+
+def build_mobilenetv2(inputs, num_classes: int):
+    """keras.applications.MobileNetV2 (alpha 1.0) with random weights and our float32 head."""
+    return _application(keras.applications.MobileNetV2, inputs, num_classes)
+
+
+def build_efficientnetb0(inputs, num_classes: int):
+    """keras.applications.EfficientNetB0 with random weights and our float32 head."""
+    return _application(keras.applications.EfficientNetB0, inputs, num_classes)
+
+
 class PositionEmbedding(layers.Layer):
     """Adds a learned vector per sequence position (Keras has no such core layer)."""
 
@@ -136,12 +155,14 @@ _BUILDERS: dict[str, Callable] = {
     "cnn": build_cnn,
     "resnet18": build_resnet18,
     "resnet50": build_resnet50,
+    "mobilenetv2": build_mobilenetv2,
+    "efficientnetb0": build_efficientnetb0,
     "transformer": build_transformer,
 }
 SEQUENCE_MODELS = names.SEQUENCE_MODELS  # take token sequences, not images
 MODEL_NAMES: tuple[str, ...] = names.MODEL_NAMES
 assert tuple(_BUILDERS) == MODEL_NAMES, "names.MODEL_NAMES names every builder"
-_MIN_SIDE = {"resnet50": 32}
+_MIN_SIDE = {"resnet50": 32, "mobilenetv2": 32, "efficientnetb0": 32}
 
 
 def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
-from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed._internal.cli_errors import UsageError, did_you_mean, unknown
 from tf_mixed._internal.facts import POLICY_ALIASES
 from tf_mixed.policy import POLICY_NAMES
 
-MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "transformer")
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2",
+                                 "efficientnetb0", "transformer")
 SEQUENCE_MODELS = ("transformer",)  # take token sequences, not images
 DATA_ACCEPTED = ("shapes, tfds:NAME[:SPLIT] (e.g. tfds:mnist or tfds:cifar10:train), folder:PATH, "
                  "tokens (for --model=transformer)")
@@ -23,7 +24,10 @@ DEFAULT_SHAPES_TRAIN = 8000
 # "float8": Keras float8 (tf_mixed.float8.quantize) on bfloat16 compute.
 # "plan": tf_mixed.plan's per-layer precisions on the float32 model
 # (tf_mixed.bench.plan_row), applied with tf_mixed.convert.
-BENCH_POLICIES = {"float8": "mixed_bfloat16", "plan": "float32"}
+# "auto-checked": enable("auto")'s host choice, trained with LossScaleMonitor, whose
+# check on the model's own first steps keeps it or moves the model to float32
+# (tf_mixed.policy.model_check); its row says which, with the figures.
+BENCH_POLICIES = {"float8": "mixed_bfloat16", "plan": "float32", "auto-checked": "auto"}
 
 
 def check_model(name: object) -> str:
@@ -34,7 +38,7 @@ def check_model(name: object) -> str:
     """
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in MODEL_NAMES:
-        raise UsageError("model", name, "unknown model", ", ".join(MODEL_NAMES))
+        raise unknown("model", name, "model", list(MODEL_NAMES))
     return key
 
 
@@ -51,8 +55,7 @@ def check_policy(name: object, flag: str = "policies") -> str:
     """
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in POLICY_NAMES and key not in BENCH_POLICIES:
-        raise UsageError(flag, name, "unknown policy",
-                         ", ".join(list(POLICY_NAMES) + list(BENCH_POLICIES)))
+        raise unknown(flag, name, "policy", list(POLICY_NAMES) + list(BENCH_POLICIES))
     return key
 
 
@@ -94,4 +97,5 @@ def parse_spec(spec: object) -> tuple[str, str, str]:
         if not rest:
             raise UsageError("dataset", spec, "no path after 'folder:'", DATA_ACCEPTED)
         return "folder", rest, ""
-    raise UsageError("dataset", spec, "unknown data set", DATA_ACCEPTED)
+    raise UsageError("dataset", spec, "unknown data set", DATA_ACCEPTED,
+                     did_you_mean(spec, (SHAPES, TOKENS)))

@@ -19,12 +19,12 @@
 # nothing: hence the control (BUILD_NOTES.md, "Loss scaling").
 #
 # Rounds: each path runs ``--steps`` steps per round, in the order
-# `tf_mixed.bench.schedule.rotated` gives (each path leads in turn), for
+# `tf_mixed._internal.measuring.rotated` gives (each path leads in turn), for
 # ``--rounds`` rounds after ``--warmup_steps`` untimed steps each; each round's
 # first step (``fit`` starting its data pipeline) is left out. The ratio is
 # the median of tf_mixed's timed steps over the median of both Keras set-ups'
 # (pooled: half the variance of one set-up), with a bootstrap interval
-# (`CONFIDENCE`) over the rounds (`tf_mixed.bench.schedule.ratio_interval`);
+# (`CONFIDENCE`) over the rounds (`tf_mixed._internal.measuring.ratio_interval`);
 # the control's ratio is ``keras_control`` over ``keras``. The verdict
 # (`verdict`) says whether tf_mixed is at most 1% slower (`TOLERANCE`), more,
 # or whether this run cannot tell (too few rounds, or an interval across
@@ -41,8 +41,9 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
+from tf_mixed._internal import measuring
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, schedule, train
+from tf_mixed.bench import models, train
 from tf_mixed.bench import report as report_module
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.callbacks.monitor import LossScaleMonitor
@@ -225,7 +226,7 @@ def _time_rounds(paths: dict[str, Any], rounds: int, steps: int, warmup_steps: i
     for path in paths.values():
         path.steps(max(1, warmup_steps))  # tracing, not timed
     for round_index in range(rounds):
-        for name in schedule.rotated(list(paths), round_index):
+        for name in measuring.rotated(list(paths), round_index):
             times, cpu_times = paths[name].steps(steps + 1)
             wall[name].append(times[1:])  # the first: fit starting its data pipeline
             cpu[name].append(cpu_times[1:])
@@ -275,8 +276,8 @@ def _report(config, command, policy_name, bench_data, paths, wall, cpu, order) -
     def ratio(name, times=wall, base=(BASE,)):
         # Round i of the base: the steps of round i of every path in ``base``.
         base_rounds = [sum(rounds, []) for rounds in zip(*(times[b] for b in base))]
-        low, high = schedule.ratio_interval(base_rounds, times[name], confidence=CONFIDENCE)
-        return {"ratio": schedule.pooled_ratio(base_rounds, times[name]),
+        low, high = measuring.ratio_interval(base_rounds, times[name], confidence=CONFIDENCE)
+        return {"ratio": measuring.pooled_ratio(base_rounds, times[name]),
                 "low": low, "high": high, "confidence": CONFIDENCE}
 
     results: list[dict[str, Any]] = []

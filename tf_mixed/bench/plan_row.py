@@ -105,7 +105,7 @@ def notes(report: dict[str, Any]) -> list[str]:
         record = r.get("layer_plan")
         if not record:
             continue
-        counts: dict[str, int] = {}
+        counts = dict[str, int]()
         for row in record["layers"]:
             if row["seconds"]:
                 counts[row["choice"]] = counts.get(row["choice"], 0) + 1

@@ -33,8 +33,9 @@ import socket
 import tempfile
 from typing import Any
 
+from tf_mixed._internal import measuring
 from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench import plan_row, schedule, serving
+from tf_mixed.bench import plan_row, serving
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
 
@@ -44,30 +45,39 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
 
     The throughput ratio is the median of the per-round-pair ratios (round i
     over float32's round i) where both have rounds, else the ratio of the
-    medians; ``samples_per_sec_spread`` is the pairs' spread and ``trusted``
-    whether it makes a verdict (`tf_mixed.bench.schedule.trusted`). Each
+    medians; ``interval`` its seeded bootstrap interval (``confidence``,
+    `tf_mixed._internal.measuring.estimate`), ``trusted`` whether that
+    interval answers "faster here, and by about how much"
+    (`measuring.Estimate.answers`), ``widened_by`` what made the interval
+    wide (`widening`), ``samples_per_sec_spread`` the pairs' spread. Each
     result also gets ``cut`` (`is_cut`) and ``verdict`` (`verdict`), which
-    bench.png shows.
+    the notes, the printed table and bench.png all show.
     """
     base = next((r for r in results if r["policy"] == "float32"), None)
     for result in results:
         if base is None:
             result["ratio_to_float32"] = None
             continue
-        pairs = schedule.pair_ratios(
+        pairs = measuring.pair_ratios(
             [r["samples_per_sec"] for r in base.get("rounds") or []],
             [r["samples_per_sec"] for r in result.get("rounds") or []])
         pairs = pairs or [result["samples_per_sec"] / base["samples_per_sec"]]
-        pair_spread = schedule.spread(pairs)
+        pair_spread = measuring.spread(pairs)
+        estimate = measuring.estimate(pairs)
         accuracies = (result["final_val_accuracy"], base["final_val_accuracy"])
         ours, theirs = ((result.get("activation_bytes") or {}).get("activations"),
                         (base.get("activation_bytes") or {}).get("activations"))
+        loads = [v for v in (base.get("round_loads") or []) + (result.get("round_loads") or [])
+                 if v is not None]
         result["ratio_to_float32"] = {
-            "samples_per_sec": pair_spread["median"],
+            "samples_per_sec": estimate.median,
+            "interval": [estimate.low, estimate.high],
+            "confidence": estimate.confidence,
             "samples_per_sec_spread": pair_spread,
-            # Whether the ratio is a verdict (schedule.trusted); where it is not,
-            # the table, the notes and bench.png print no ratio.
-            "trusted": schedule.trusted(pair_spread),
+            # Whether the interval answers "faster here, and by about how much";
+            # where it does not, the table, the notes and bench.png print no ratio.
+            "trusted": estimate.answers(),
+            "widened_by": widening(pairs, loads),
             "round_pairs": pairs,
             "step_time": 1.0 / pair_spread["median"],
             "peak_memory": result["peak_memory_mb"] / base["peak_memory_mb"],
@@ -80,16 +90,54 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
         result["verdict"] = verdict(result)
 
 
+def widening(pairs: list[float], loads: list[float]) -> str:
+    """What widened a ratio's interval, in words ("" when nothing stands out).
+
+    Args:
+        pairs: The round-pair ratios.
+        loads: The load averages read at the end of the rounds of both sides.
+
+    Returns:
+        Fewer pairs than a verdict needs, pairs far from the rest (beyond 1.5
+        interquartile ranges of the quartiles and more than `measuring.NARROW`
+        from the median) and the load's range during the rounds (when it moved
+        by 1 or more), joined by "; ".
+    """
+    parts = []
+    if len(pairs) < measuring.MIN_PAIRS:
+        parts.append(f"only {len(pairs)} round pair(s), fewer than {measuring.MIN_PAIRS}")
+    elif len(pairs) >= 4:
+        q1, median, q3 = measuring.quartiles(pairs)
+        fence = 1.5 * (q3 - q1)
+        far = sorted(p for p in pairs if (p < q1 - fence or p > q3 + fence)
+                     and abs(p / median - 1.0) > measuring.NARROW)
+        if far:
+            parts.append(f"{len(far)} of {len(pairs)} pairs far from the rest ("
+                         + ", ".join(f"{p:.2f}x" for p in far) + ")")
+    if loads and max(loads) - min(loads) >= 1.0:
+        parts.append(f"the load average moved {min(loads):.1f}-{max(loads):.1f} during the rounds")
+    return "; ".join(parts)
+
+
+def interval_text(ratios: dict[str, Any]) -> str:
+    """``90% interval 1.85-2.10x`` (a result without one: its round pairs' min-max)."""
+    pairs = ratios.get("round_pairs") or [ratios["samples_per_sec"]]
+    low, high = ratios.get("interval") or (min(pairs), max(pairs))
+    confidence = ratios.get("confidence", measuring.CONFIDENCE)
+    return f"{100 * confidence:.0f}% interval {low:.2f}-{high:.2f}x"
+
+
 def _ratio(result: dict, key: str, digits: int = 2) -> str:
     ratios = result.get("ratio_to_float32")
     if ratios and untrusted(result):
-        return "untrusted"
+        return "no ratio"
     return "n/a" if not ratios else f"{ratios[key]:.{digits}f}x"
 
 
 def untrusted(result: dict[str, Any]) -> bool:
-    """Whether a policy's ratio to float32 is no verdict: too few round pairs or
-    too wide a spread (float32's own row, and a run without float32, never are)."""
+    """Whether a policy's ratio to float32 is no verdict: its interval does not
+    answer "faster here, and by about how much" (too few round pairs, or it
+    holds 1 and is wide); float32's own row, and a run without float32, never are."""
     ratios = result.get("ratio_to_float32") or {}
     return result["policy"] != "float32" and not ratios.get("trusted", True)
 
@@ -117,10 +165,21 @@ def verdict(result: dict[str, Any]) -> str:
     elif not ratios:
         label = "no float32 run to compare with"
     elif untrusted(result):
-        label = "no ratio (round pairs too few or too spread to trust; re-run when idle)"
+        pairs = len(ratios.get("round_pairs") or [ratios["samples_per_sec"]])
+        label = (f"no ratio (only {pairs} round pair(s); re-run with more rounds)"
+                 if pairs < measuring.MIN_PAIRS else
+                 f"no ratio ({interval_text(ratios)} holds 1: not known to be faster or slower "
+                 "here; re-run when idle)")
     else:
-        label = f"{ratios['samples_per_sec']:.2f}x float32"
+        label = (f"{ratios['samples_per_sec']:.2f}x float32 ({interval_text(ratios)}"
+                 f"{_direction(ratios)})")
     return label + (f"; {cut_label(result)}, timed only" if is_cut(result) else "")
+
+
+def _direction(ratios: dict[str, Any]) -> str:
+    """``: no faster here`` for an interval that holds 1 (narrow), else ""."""
+    low, high = ratios.get("interval") or (0.0, 0.0)
+    return ": about the same speed here" if low <= 1.0 <= high else ""
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -158,15 +217,16 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     """One row per policy: median figures with their spread, memory, accuracy.
 
     samples/s is the median over the policy's rounds, with the rounds'
-    min-max; "vs float32" the median of the per-round-pair ratios, with the
-    pairs' min-max, or "untrusted" and the pairs' spread where the ratio is
-    no verdict. A policy the time budget cut is marked "(cut)", its losses
-    replaced by the step it stopped at (they are not comparable with
-    float32's full run). Activations MB is `tf_mixed.audit`'s estimate, state MB
-    the exact weights + gradients + optimizer state, peak MB the process's.
+    min-max; "vs float32" the median of the per-round-pair ratios, with its
+    bootstrap interval, or "no ratio" (and the interval) where the interval
+    does not answer "faster here, and by about how much" (`untrusted`). A
+    policy the time budget cut is marked "(cut)", its losses replaced by the
+    step it stopped at (they are not comparable with float32's full run).
+    Activations MB is `tf_mixed.audit`'s estimate, state MB the exact weights
+    + gradients + optimizer state, peak MB the process's.
     """
     header = (
-        "| policy | samples/s | rounds min-max | vs float32 | pairs min-max | half FLOPs "
+        "| policy | samples/s | rounds min-max | vs float32 | 90% interval | half FLOPs "
         "| casts/step | step ms | activations MB | vs float32 | state MB | peak MB "
         "| train loss | val loss | val acc % | acc diff (pts) | skipped | final loss scale |"
     )
@@ -179,11 +239,11 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
                     else f"{100 * r['final_val_accuracy']:.2f}")
         scale = r["loss_scale"]["final"] if r.get("loss_scale") else None
         emulated = (r.get("float8") or {}).get("speed") == "emulated"
-        pairs = (ratios or {}).get("samples_per_sec_spread")
-        pair_cell = _range(pairs, '.2f', 'x')
-        if pairs and untrusted(r):
-            pair_cell = (f"{pairs['n']} pair(s)" if pairs["n"] < schedule.MIN_TRUSTED_PAIRS
-                         else f"spread {100 * schedule.relative_spread(pairs):.0f}%")
+        pair_cell = "n/a"
+        if ratios and r["policy"] != "float32":
+            count = len(ratios.get("round_pairs") or [ratios["samples_per_sec"]])
+            pair_cell = (f"{count} pair(s)" if count < measuring.MIN_PAIRS
+                         else interval_text(ratios).split(" ", 2)[2])
         cut = is_cut(r)
         speed = (f"emulated | emulated | emulated | emulated | {_census_cells(r)} | emulated"
                  if emulated else
@@ -233,24 +293,30 @@ def notes(report: dict[str, Any]) -> list[str]:
         if r["policy"] == "float32" or not ratios or r.get("same_as"):
             continue  # a plan equal to a policy: that policy's notes are its own
         pairs = ratios["samples_per_sec_spread"]
-        width = schedule.relative_spread(pairs)
+        loads = [v for v in (r.get("round_loads") or []) if v is not None]
+        load_text = (f"the load average was {min(loads):.1f}-{max(loads):.1f} during its rounds"
+                     if loads else f"the load average was {load[0]:.1f} at the end")
+        widened = ratios.get("widened_by") or ""
         if not untrusted(r):
             lines.append(
-                f"{plan_row.label(r)} / float32 = {pairs['median']:.2f}x, the median of "
-                f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x, "
-                f"spread {100 * width:.0f}% of the median): steady enough to trust.")
+                f"{plan_row.label(r)} / float32 = {verdict(r).split('; ')[0]}: the median of "
+                f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x); "
+                f"{load_text} on {cores} cores"
+                + (f"; what widened the interval: {widened}" if widened else "") + ".")
         else:
-            why = (f"only {pairs['n']} round pair(s), fewer than {schedule.MIN_TRUSTED_PAIRS}"
-                   if pairs["n"] < schedule.MIN_TRUSTED_PAIRS else
-                   f"its {pairs['n']} round pairs spread {100 * width:.0f}% of their median, over "
-                   f"{100 * schedule.TRUST_SPREAD:.0f}%")
+            why = (f"only {pairs['n']} round pair(s), fewer than {measuring.MIN_PAIRS}"
+                   if pairs["n"] < measuring.MIN_PAIRS else
+                   f"its {interval_text(ratios)} over {pairs['n']} round pairs (median "
+                   f"{pairs['median']:.2f}x) holds 1, so it is not known to be faster or "
+                   "slower here")
             extra = (r.get("plan") or {}).get("extra_rounds")
             lines.append(
                 f"{plan_row.label(r)} / float32: NO RATIO: {why}"
                 + (f" after {extra} extra round(s)" if extra else "")
-                + f"; the load average was {load[0]:.1f} on {cores} cores. Re-run when the host "
-                "is idle (or with more and shorter rounds, e.g. --round_steps=10 --epochs=8 "
-                "--time_budget=0).")
+                + f"; {load_text} on {cores} cores"
+                + (f"; what widened the interval: {widened}" if widened else "")
+                + ". Re-run when the host is idle (or with more and shorter rounds, e.g. "
+                "--round_steps=10 --epochs=8 --time_budget=0).")
         plan = r.get("plan") or {}
         if plan and not plan.get("full", True):
             lines.append(f"Cut to keep the time budget: {plan['reason']}.")
@@ -258,11 +324,15 @@ def notes(report: dict[str, Any]) -> list[str]:
             lines.append(f"{plan_row.label(r)}: {cut_label(r)}, so its losses are not compared "
                          "with float32's (results.json keeps them).")
     lines.extend(plan_row.notes(report))
+    lines.extend(f"{r['policy']} (trains in {r['compute_dtype']}; its first steps, the "
+                 f"check's rounds, are in its figures): {r['model_check']['message']}"
+                 for r in report["results"] if r.get("model_check"))
     matmul = report.get("matmul")
     if matmul:
         for r in report["results"]:
             ratio = (r.get("ratio_to_float32") or {}).get("samples_per_sec")
-            if r["policy"] != "float32" and ratio and matmul["ratio"] > 0 and not untrusted(r):
+            if (r["policy"] != "float32" and ratio and matmul["ratio"] > 0 and not untrusted(r)
+                    and not r.get("same_as")):  # a plan equal to a policy: said once
                 lines.append(
                     f"Reference: a {matmul['size']}x{matmul['size']} matmul runs "
                     f"{matmul['ratio']:.2f}x faster in {matmul['dtype']} than in float32 on this "
@@ -467,7 +537,7 @@ def suite_header(suite: str, config, command: str) -> dict[str, Any]:
         "command": command,
         "flags": config.to_json(),
         "host": host_info(),
-        "load_average": list(os.getloadavg()),
+        "load_average": measuring.load_averages(),
     }
 
 

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from typing import Any
@@ -28,12 +29,18 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed import training
+from tf_mixed._internal import measuring
 from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import config as config_module
-from tf_mixed.bench import models, peak_memory, plan_row, schedule, serving, train
+from tf_mixed.bench import models, peak_memory, plan_row, serving, train
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.policy import global_policy as policy
 from tf_mixed.tools.planning.plan_table import Plan
+
+AUTO_CHECKED = "auto-checked"
+"""The bench row of enable("auto") checked on the model's own first steps."""
+AUTO_CHECKED_BUDGET_S = 600
+"""The auto-checked row's check budget in seconds (TF_MIXED_MODEL_CHECK_SECONDS)."""
 
 # --- strategy -------------------------------------------------------------------
 
@@ -157,12 +164,18 @@ def run_policy(
     compute_policy = config_module.BENCH_POLICIES.get(policy_name, policy_name)
     float8_plan = None
     layer_plan = None
+    checked = None
     if policy_name == plan_row.PLAN:
         # The per-layer plan (tf_mixed.plan) the job made before training
         # (`plan_layers`); its policy is the run's (the float32 layers kept).
         plan_record = plan_record or plan_layers(config, bench_data, train_set)
         layer_plan = Plan.from_dict(plan_record)
         compute_policy = layer_plan.policy
+    if policy_name == AUTO_CHECKED:
+        # The bench's epochs are short: 5% of one would never cover the float32
+        # trace of a real model. The row checks in full (its cost is in its
+        # figures) unless TF_MIXED_MODEL_CHECK_SECONDS says otherwise.
+        os.environ.setdefault("TF_MIXED_MODEL_CHECK_SECONDS", str(AUTO_CHECKED_BUDGET_S))
     with policy.policy_scope(compute_policy) as enabled:
         keras.utils.set_random_seed(config.seed)  # same initial weights for every policy
         with strategy.scope():
@@ -186,8 +199,11 @@ def run_policy(
         start = time.perf_counter()
         try:
             if config.loop == "fit":
-                train.train_fit(model, optimizer, train_set, val_set, steps, config.epochs,
-                                recorder)
+                # Only the auto-checked row checks its policy on its first steps:
+                # the others train exactly the policy they name.
+                checked = train.train_fit(model, optimizer, train_set, val_set, steps,
+                                          config.epochs, recorder,
+                                          check_policy=policy_name == AUTO_CHECKED)
             else:
                 train.train_custom(
                     model, optimizer, train_set, val_set, steps, config.epochs,
@@ -214,13 +230,17 @@ def run_policy(
     # Each round's figure is the batch over its median step; the run's is the
     # median of its rounds (tf_mixed.bench.schedule).
     rates = [config.batch_size / statistics.median(r) for r in segments.rounds]
-    rate_spread = schedule.spread(rates)
+    rate_spread = measuring.spread(rates)
     median_step = config.batch_size / rate_spread["median"]
     compared = not segments.stopped
     scale_changes = recorder.scale_changes
     result = {
         "policy": policy_name,
-        "policy_reason": layer_plan.summary if layer_plan is not None else enabled.reason,
+        "policy_reason": (layer_plan.summary if layer_plan is not None
+                          else checked.message if checked is not None else enabled.reason),
+        # The auto-checked row: auto's choice checked on the model's own first
+        # steps (tf_mixed.policy.model_check), its figures and cost.
+        "model_check": None if checked is None else checked.to_dict(),
         "layer_plan": None if layer_plan is None else plan_record,
         # float8 on a host without a GPU is quantize-dequantize emulation:
         # its speed says nothing about float8 GEMMs, so none is claimed.

@@ -1,7 +1,7 @@
-"""The main job's timing plan: interleaved rounds, a time budget, spreads.
+"""The main job's timing plan: interleaved rounds and a time budget.
 
-Also the timing suites' round order (`rotated`) and the overhead suite's
-ratio with its interval (`pooled_ratio`, `ratio_interval`).
+The primitives (quartiles, pair ratios, intervals, round order) are
+`tf_mixed._internal.measuring`'s.
 """
 
 # Every policy trains in rounds of steps, and the rounds alternate between the
@@ -17,10 +17,14 @@ ratio with its interval (`pooled_ratio`, `ratio_interval`).
 # which policies train in full (epochs, accuracy compared) and which are only
 # timed (`TIMING_ROUNDS` rounds, accuracy not compared), so that the job keeps
 # to its time budget wherever float32 alone fits in it. A timed policy whose
-# round-pair ratios still spread too wide to trust (`TRUST_SPREAD`) gets more
-# rounds, paired with float32's, until they agree, until `MAX_ROUNDS`, or until
-# the job reaches its budget plus `EXTRA_TIME_FRACTION` of it; a ratio still
-# too wide then is printed as no ratio at all (`tf_mixed.bench.report`).
+# round-pair ratios do not yet answer "faster here, and by about how much"
+# (`trusted`: the median's bootstrap interval, `tf_mixed._internal.measuring`,
+# holds 1 and is not narrow) gets more rounds, paired with float32's, until it
+# does, until `MAX_ROUNDS`, or until the job reaches its budget plus
+# `EXTRA_TIME_FRACTION` of it; a ratio still unanswered then is printed as no
+# ratio, with its interval (`tf_mixed.bench.report`). The load average is
+# read at the end of every round (`Lane.loads`), for the note on what widened
+# an interval.
 # `Scheduler` holds the rounds and answers each policy's next command; it does
 # no I/O and reads time only from the clock it is given, so tests drive it with
 # injected timings.
@@ -28,9 +32,11 @@ ratio with its interval (`pooled_ratio`, `ratio_interval`).
 from __future__ import annotations
 
 import dataclasses
-import random
 import statistics
 from typing import Callable, Sequence
+
+from tf_mixed._internal import measuring
+from tf_mixed._internal.measuring import pair_ratios
 
 BASE = "float32"
 # Validation and the per-round hand-over cost a little beyond the training
@@ -42,11 +48,8 @@ MAX_ROUNDS = 15  # a timed policy's rounds, extra rounds included, at most
 # A timed policy's extra rounds (its pairs too wide to trust) run until the job
 # has used its budget plus this fraction of it.
 EXTRA_TIME_FRACTION = 0.5
-MIN_TRUSTED_PAIRS = 3  # fewer round pairs than this are never a verdict
+MIN_TRUSTED_PAIRS = measuring.MIN_PAIRS  # fewer round pairs than this are never a verdict
 MIN_ROUND_STEPS = 5
-# A ratio whose interquartile range (min-max under 4 pairs) exceeds this
-# fraction of its median is flagged as too noisy to trust.
-TRUST_SPREAD = 0.20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,122 +172,10 @@ def _half_name(policy: str) -> str:
 # --- statistics -------------------------------------------------------------------
 
 
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Median, quartiles, min and max of ``values`` (quartiles: inclusive method).
-
-    Raises:
-        ValueError: For an empty ``values``.
-    """
-    if not values:
-        raise ValueError("spread of no values: at least one round must be timed")
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        q1 = q3 = ordered[0]
-    else:
-        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    return {"median": statistics.median(ordered), "q1": q1, "q3": q3,
-            "min": ordered[0], "max": ordered[-1], "n": len(ordered)}
-
-
-def relative_spread(summary: dict[str, float]) -> float:
-    """The spread as a fraction of the median: IQR from 4 values on, else max - min."""
-    width = summary["q3"] - summary["q1"] if summary["n"] >= 4 else summary["max"] - summary["min"]
-    return width / summary["median"] if summary["median"] else float("inf")
-
-
-def pair_ratios(base_rounds: Sequence[float], rounds: Sequence[float]) -> list[float]:
-    """Round i of a policy over round i of the baseline, for every pair both have."""
-    return [r / b for r, b in zip(rounds, base_rounds)]
-
-
-def rotated(names: Sequence[str], round_index: int) -> list[str]:
-    """The order ``names`` run in round ``round_index``: each name leads in turn.
-
-    Round r starts at name ``r % len(names)``; every other cycle of
-    ``len(names)`` rounds runs backwards, so over two cycles every name runs
-    before and after every other equally often (a path that always ran
-    first, right after another's data pipeline, would carry that alone).
-
-    Raises:
-        ValueError: For no names or a negative ``round_index``.
-    """
-    if not names or round_index < 0:
-        raise ValueError(f"rotated() needs names and a round index >= 0. Received: "
-                         f"names={list(names)!r}, round_index={round_index!r}.")
-    start = round_index % len(names)
-    order = [*names[start:], *names[:start]]
-    return order[::-1] if (round_index // len(names)) % 2 else order
-
-
-def pooled_ratio(base_rounds: Sequence[Sequence[float]],
-                 rounds: Sequence[Sequence[float]]) -> float:
-    """The median of all of ``rounds``' values over the median of all of ``base_rounds``'.
-
-    Raises:
-        ValueError: For round lists of different lengths or an empty round.
-    """
-    _check_pairs(base_rounds, rounds)
-    return _pooled(base_rounds, rounds)
-
-
-def _pooled(base_rounds, rounds) -> float:
-    return (statistics.median(v for r in rounds for v in r)
-            / statistics.median(v for r in base_rounds for v in r))
-
-
-def _check_pairs(base_rounds, rounds) -> None:
-    if len(base_rounds) != len(rounds) or not rounds:
-        raise ValueError("base_rounds and rounds must hold the same number of rounds, at "
-                         f"least one. Received: {len(base_rounds)} and {len(rounds)} rounds.")
-    for name, side in (("base_rounds", base_rounds), ("rounds", rounds)):
-        empty = [i for i, r in enumerate(side) if not len(r)]
-        if empty:
-            raise ValueError(f"{name}[{empty[0]}] is an empty round: every round needs at "
-                             "least one time.")
-
-
-def ratio_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]],
-                   *, confidence: float = 0.9, resamples: int = 2000,
-                   seed: int = 0) -> tuple[float, float]:
-    """A percentile-bootstrap interval for `pooled_ratio`, resampling round pairs.
-
-    Round i of both sides is drawn together (the pair shares the host's
-    load at that moment), ``resamples`` times with replacement; the
-    interval holds the middle ``confidence`` of the resampled ratios. The
-    draw is seeded, so the same timings always give the same interval.
-
-    Args:
-        base_rounds: The baseline's step times, one list per round.
-        rounds: The other side's, round i paired with ``base_rounds[i]``.
-        confidence: The interval's coverage, in (0, 1).
-        resamples: Bootstrap draws, at least 1.
-        seed: The draws' seed.
-
-    Returns:
-        ``(low, high)``.
-
-    Raises:
-        ValueError: For round lists of different lengths or none, an empty
-            round, or a bad ``confidence`` or ``resamples``.
-    """
-    _check_pairs(base_rounds, rounds)
-    pairs = list(zip(base_rounds, rounds))
-    if not 0.0 < confidence < 1.0 or resamples < 1:
-        raise ValueError("ratio_interval() needs 0 < confidence < 1 and resamples >= 1. "
-                         f"Received: confidence={confidence!r}, resamples={resamples!r}.")
-    draw = random.Random(seed)
-    ratios = sorted(
-        _pooled(*zip(*(pairs[draw.randrange(len(pairs))] for _ in pairs)))  # checked above
-        for _ in range(resamples))
-    tail = (1.0 - confidence) / 2.0
-    return (ratios[int(tail * resamples)],
-            ratios[min(resamples - 1, int((1.0 - tail) * resamples))])
-
-
-def trusted(summary: dict[str, float]) -> bool:
-    """Whether a ratio is a verdict: at least `MIN_TRUSTED_PAIRS` values whose
-    spread is within `TRUST_SPREAD` of their median."""
-    return summary["n"] >= MIN_TRUSTED_PAIRS and relative_spread(summary) <= TRUST_SPREAD
+def trusted(ratios: Sequence[float]) -> bool:
+    """Whether paired-round ratios make a verdict: their median's interval
+    answers "faster here, and by about how much" (`measuring.Estimate.answers`)."""
+    return bool(ratios) and measuring.estimate(ratios).answers()
 
 
 # --- the scheduler ------------------------------------------------------------------
@@ -298,6 +189,7 @@ class Lane:
     steps_done: int = 0
     warmed_up: bool = False
     rounds: list[list[float]] = dataclasses.field(default_factory=list)  # step seconds per round
+    loads: list[float | None] = dataclasses.field(default_factory=list)  # load average per round
     finished: bool = False
 
 
@@ -321,11 +213,14 @@ class Scheduler:
             census, result files); at least the time the policies took to start
             (a busy host is as slow after training as before it).
         emulated: Policies whose half type the host emulates.
+        load: The machine's 1-minute load average (None where unknown), read
+            as each round is recorded.
     """
 
     def __init__(self, policies: Sequence[str], *, total_steps: int, round_steps: int,
                  warmup_steps: int, budget_s: float, clock: Callable[[], float],
-                 emulated: Sequence[str] = (), reserve_s: float = 0.0):
+                 emulated: Sequence[str] = (), reserve_s: float = 0.0,
+                 load: Callable[[], float | None] = lambda: None):
         self.lanes = {p: Lane(p) for p in policies}
         self.total_steps = total_steps
         self.round_steps = max(1, round_steps)
@@ -334,6 +229,7 @@ class Scheduler:
         self.clock = clock
         self.emulated = tuple(emulated)
         self.reserve_s = reserve_s
+        self.load = load
         self.started_s: float | None = None  # the clock at the first command
         self.plans: dict[str, Plan] | None = None
         self.order: list[str] = []  # the policy of each timed round, in the order run
@@ -370,6 +266,7 @@ class Scheduler:
             lane.warmed_up = True
         elif step_seconds:
             lane.rounds.append(list(step_seconds))
+            lane.loads.append(self.load())
             self.order.append(policy)
         lane.finished = lane.finished or finished
 
@@ -409,7 +306,7 @@ class Scheduler:
     def _extend(self, policy: str) -> bool:
         """One more round for a timed policy whose ratio is not yet a verdict.
 
-        Granted while its round pairs spread too wide to trust, float32 has a
+        Granted while its round pairs are no verdict (`trusted`), float32 has a
         round to pair the new one with (or is still training), the policy has
         fewer than `MAX_ROUNDS` rounds, and the job is within its budget plus
         `EXTRA_TIME_FRACTION` of it (minus the reserve for what follows).
@@ -419,8 +316,7 @@ class Scheduler:
             return False
         if base.finished and len(base.rounds) <= len(lane.rounds):
             return False  # no float32 round left to pair with
-        ratios = self.pair_ratios(policy)
-        if ratios and trusted(spread(ratios)):
+        if trusted(self.pair_ratios(policy)):
             return False
         if self.clock() > self.budget_s * (1 + EXTRA_TIME_FRACTION) - self._reserve():
             return False

@@ -223,10 +223,17 @@ def batched(dataset: tf.data.Dataset, batch: int, *, train: bool, seed: int, siz
     return dataset.map(to_float).prefetch(2).with_options(options)
 
 
-def train_fit(model, optimizer, train, val, steps: int, epochs: int, recorder: Recorder) -> None:
-    """``compile`` + ``fit`` with tf_mixed's LossScaleMonitor and the step timer."""
+def train_fit(model, optimizer, train, val, steps: int, epochs: int, recorder: Recorder, *,
+              check_policy: bool = False):
+    """``compile`` + ``fit`` with tf_mixed's LossScaleMonitor and the step timer.
+
+    Returns:
+        The monitor's check of the policy on the model's own first steps
+        (``check_policy``; `tf_mixed.policy.model_check.Verdict`), or None.
+    """
     from tf_mixed.callbacks.monitor import LossScaleMonitor
 
+    monitor = LossScaleMonitor(check_policy=check_policy)
     model.compile(
         optimizer=optimizer,
         loss="sparse_categorical_crossentropy",
@@ -239,8 +246,9 @@ def train_fit(model, optimizer, train, val, steps: int, epochs: int, recorder: R
         steps_per_epoch=steps,
         shuffle=False,
         verbose=0,
-        callbacks=[LossScaleMonitor(), _FitRecorder(recorder)],
+        callbacks=[monitor, _FitRecorder(recorder)],
     )
+    return monitor.model_check.verdict if monitor.model_check is not None else None
 
 
 def train_custom(

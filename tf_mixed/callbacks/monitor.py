@@ -58,10 +58,10 @@ from absl import logging
 from tf_mixed._internal import facts, tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.warning import MixedPrecisionWarning
-from tf_mixed.callbacks import skip_contract, stop_rules
+from tf_mixed.callbacks import fit_check, skip_contract, stop_rules
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
-from tf_mixed.policy import keep_float32
+from tf_mixed.policy import keep_float32, model_check
 from tf_mixed.scaling.optimizer import loss_scale_state
 from tf_mixed.scaling.replicas import all_copies_finite
 from tf_mixed.scaling.write_guard import REASONS
@@ -101,7 +101,8 @@ def is_loss_scaling(optimizer) -> bool:
 
 # Audit findings that make a fit train badly; the monitor warns with them.
 SETUP_FINDINGS = ("half_output_activation", "half_output", "policy_mismatch", "rounded_ids",
-                  "keras_loss_scale_optimizer")
+                  "keras_loss_scale_optimizer", "half_range", "half_resolution",
+                  "catalog_no_kernel", "catalog_range")
 
 
 def model_setup_problems(model) -> list[str]:
@@ -242,7 +243,7 @@ _NO_READ = Snapshot(scale=1.0, applied=0)
 # LossScaleMonitor's constructor arguments, in order (its get_config).
 _CONFIG = ("patience", "max_skip_fraction", "min_scale", "log_every_n_batches",
            "raise_on_failure", "check_setup", "check_every_n_batches",
-           "rollback_forward_state")
+           "rollback_forward_state", "check_policy")
 
 def _check_period(value) -> tuple[int | None, int]:
     """``check_every_n_batches`` checked, and the period it means."""
@@ -338,11 +339,19 @@ class LossScaleMonitor(keras.callbacks.Callback):
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
         non-trainable state (BatchNormalization statistics); False leaves
         it as a skipped batch wrote it, on purpose (not refused).
+      check_policy: time the model's half policy against float32 on its own
+        first steps (`tf_mixed.policy.model_check`): under a policy auto
+        chose, a slower half policy is replaced by float32; under an
+        explicit one it is kept with one warning (docs/policies.md). False
+        trains as built, unchecked.
 
     Attributes:
       stop_reason: why training was stopped, or None.
       total_skipped_steps: skipped steps seen since ``on_train_begin``.
       loss_scaling: the wrapper seen: "tf_mixed", "keras", "none" (None before fit).
+      model_check: the `tf_mixed.policy.model_check.Check` of this fit (its
+        ``verdict``: auto's half policy against float32 on the model's own
+        first steps), or None when the model was not checked.
 
     Raises:
       TypeError, ValueError: an argument out of range; the message names it.
@@ -363,6 +372,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         check_setup: bool = True,
         check_every_n_batches: int | None = None,
         rollback_forward_state: bool = True,
+        check_policy: bool = True,
     ):
         super().__init__()
         self.patience = _check_int(
@@ -381,8 +391,11 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.raise_on_failure = bool(raise_on_failure)
         self.check_setup = bool(check_setup)
         self.rollback_forward_state = bool(rollback_forward_state)
+        self.check_policy = _validate.boolean(check_policy, "check_policy",
+                                              owner="LossScaleMonitor")
         self.stop_reason: str | None = None
         self.loss_scaling: stop_rules.Kind | None = None
+        self.model_check: model_check.Check | None = None
         self._rules = stop_rules.StopRules(self.patience, self.max_skip_fraction)
         self._progress = Progress(_NO_READ, _NO_READ)
         self._view = PlainView(None)  # the optimizer's adapter, from on_train_begin
@@ -404,6 +417,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         tf_keras_check.check_objects("tf_mixed.LossScaleMonitor", model=self.model)
         self.stop_reason = None
+        # The first line: what the model computes in, who chose it, measured on what.
+        logging.info("tf_mixed.LossScaleMonitor: %s.", model_check.describe(self.model))
         self._view = view_of(getattr(self.model, "optimizer", None))
         self._view.log_seen()
         self.loss_scaling = self._view.kind
@@ -413,6 +428,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._progress = Progress(first, first)
         self._batches = self._logged_at = self._checked_at = 0
         self._setup.begin(self)
+        # Auto's choice checked on this model's own first steps (docs/policies.md).
+        self.model_check = fit_check.attach(self) if self.check_policy else None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._view.refresh(self.rollback_forward_state)

@@ -1,6 +1,6 @@
 """``python -m tf_mixed check``: prove tf_mixed on this host's own devices."""
 
-#     python -m tf_mixed check [--output=check.json] [--budget=0.5]
+#     python -m tf_mixed check [--output=check.json] [--budget=2]
 #                              [--parts=tf_mixed,keras,throughput,defects]
 #
 # Prints a table per part (see `tf_mixed.tools.check.scenarios`), writes every figure to
@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -22,57 +21,68 @@ import time
 import warnings
 from typing import Iterator
 
-from tf_mixed._internal import progress, quiet
+from absl import flags
+
+from tf_mixed._internal import measuring, progress, quiet
 from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench.one_line_parser import OneLineParser
 
 PARTS = ("tf_mixed", "keras", "throughput", "defects")
 _OK, _FAIL = "ok", "FAIL"
 
 
-class _UsageError(Exception):
-    pass
+USAGE = """usage: python -m tf_mixed check [--output=FILE] [--budget=2] [--parts=PART,...]
+
+Checks, on this host's devices, that an overflow on any one replica is skipped
+on every replica, compares Keras's own loss-scale optimizer, and times each
+policy (the median of interleaved rounds with its 90% interval)."""
 
 
-class _Parser(OneLineParser):
-    def error(self, message):  # one line and exit 2, from main, not SystemExit here
-        raise _UsageError(self.one_line(message))
+def _define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("output", "", "Write the results as JSON to this file.", flag_values=fv)
+    flags.DEFINE_float("budget", 2.0, "Seconds for the throughput timing rounds, in (0, 60].",
+                       flag_values=fv)
+    flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {', '.join(PARTS)} "
+                      "(tf_mixed always runs).", flag_values=fv)
 
 
-def _parser() -> _Parser:
-    parser = _Parser(
-        prog="python -m tf_mixed check",
-        description="Checks, on this host's devices, that an overflow on any one "
-        "replica is skipped on every replica, compares Keras's own loss-scale "
-        "optimizer, and times each policy.",
-    )
-    parser.add_argument("--output", default="", help="Write the results as JSON to this file.")
-    parser.add_argument(
-        "--budget", type=float, default=0.5,
-        help="Seconds for the throughput timing rounds (default 0.5).",
-    )
-    parser.add_argument(
-        "--parts", default=",".join(PARTS),
-        help=f"Comma-separated parts to run, of {', '.join(PARTS)} (tf_mixed always runs).",
-    )
-    return parser
+def _parse(argv: list[str]) -> flags.FlagValues | int:
+    """The flags, checked before TensorFlow loads; or the exit status to return at once."""
+    from tf_mixed.cli import model_command
+
+    fv = flags.FlagValues()
+    _define_flags(fv)
+    if any(a in model_command.HELP_FLAGS for a in argv):
+        print(USAGE)
+        print(fv.get_help())
+        return 0
+    try:
+        positionals = fv(["check", *argv])[1:]
+    except flags.Error as error:
+        return _error(model_command.flag_error(error, fv))
+    if positionals:
+        return _error(f"unexpected argument {positionals[0]!r}; flags look like --parts=tf_mixed")
+    try:
+        _check(fv)
+    except UsageError as error:
+        return _error(str(error))
+    return fv
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    args = _parser().parse_args(argv)
-    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+def _check(fv: flags.FlagValues) -> None:
+    parts = tuple(p.strip() for p in fv.parts if p.strip())
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
-        raise UsageError("parts", args.parts, f"unknown part {unknown[0]!r}", ", ".join(PARTS))
-    args.parts = parts
-    if not args.budget > 0 or args.budget > 60:
-        raise UsageError("budget", args.budget, "must be a number of seconds in (0, 60]")
-    if args.output:
-        directory = os.path.dirname(os.path.abspath(args.output))
+        raise UsageError("parts", ",".join(fv.parts), f"unknown part {unknown[0]!r}",
+                         ", ".join(PARTS))
+    fv["parts"].value = list(parts)
+    if not fv.budget > 0 or fv.budget > 60:
+        raise UsageError("budget", fv.budget, "must be a number of seconds in (0, 60]")
+    if fv.output:
+        directory = os.path.dirname(os.path.abspath(fv.output))
         if not os.path.isdir(directory):
-            raise UsageError("output", args.output, f"directory {directory!r} does not exist")
-        if os.path.isdir(args.output):
-            raise UsageError("output", args.output, "is a directory",
+            raise UsageError("output", fv.output, f"directory {directory!r} does not exist")
+        if os.path.isdir(fv.output):
+            raise UsageError("output", fv.output, "is a directory",
                              fix="Pass a file path such as check.json.")
         try:  # a real write: os.access answers yes to root even where it cannot write
             fd, trial = tempfile.mkstemp(dir=directory, prefix=".check-", suffix=".tmp")
@@ -80,9 +90,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             os.unlink(trial)
         except OSError as error:
             raise UsageError(
-                "output", args.output,
+                "output", fv.output,
                 f"directory {directory!r} is not writable ({error.strerror or error})") from None
-    return args
 
 
 def _table(title: str, result_rows: list[tuple[str, list[str]]], header: list[str]) -> str:
@@ -139,15 +148,18 @@ def render(result, info) -> str:
     if result.throughput is not None:
         t = result.throughput
         rows = [
-            (name, [f"{seconds * 1000:.2f}", f"{t.speedups[name]:.2f}x"])
+            (name, [f"{seconds * 1000:.2f}", *_ratio_cells(t, name)])
             for name, seconds in t.seconds_per_step.items()
         ]
         parts += [
             "",
             _table("3. Throughput: probe training step (Dense + Conv2D, forward and backward)",
-                   rows, ["policy", "ms/step", "vs float32"]),
+                   rows, ["policy", "ms/step", "vs float32", "90% interval (paired rounds)"]),
             "",
             f"=> enable('auto') picks {t.auto_policy}: {t.auto_reason}",
+            "   measured on: the probe above (one Dense, one Conv2D), not a model of yours; "
+            "each model's own training step is checked against float32 when it trains "
+            "(LossScaleMonitor in fit, tf_mixed.training.make_train_step; docs/policies.md)",
         ]
     if result.defects:
         rows = [(d.spec.key, ["-" if d.present is None else ("present" if d.present else "absent"),
@@ -183,14 +195,26 @@ def _write_json_atomically(path: str, payload: dict) -> None:
         raise
 
 
+def _ratio_cells(throughput, name: str) -> list[str]:
+    """The "vs float32" and interval cells: a ratio where its interval answers
+    "faster here, and by about how much", else "no ratio" beside the interval."""
+    estimate = throughput.estimates.get(name)
+    if estimate is None:  # float32 itself
+        return [f"{throughput.speedups[name]:.2f}x", "-"]
+    interval = f"{estimate.low:.2f}-{estimate.high:.2f}x over {estimate.pairs} round(s)"
+    if estimate.answers():
+        return [f"{estimate.median:.2f}x", interval]
+    return ["no ratio", interval + (" (too few rounds: raise --budget)"
+                                    if estimate.pairs < measuring.MIN_PAIRS else " (holds 1)")]
+
+
 def _error(message: str) -> int:
     print(f"tf_mixed check: error: {message}", file=sys.stderr)
     return 2
 
 
 def _progress_line(line: str) -> None:
-    print(f"[check] {line}", file=sys.stderr, flush=True)
-    progress.update(line)  # the heartbeat repeats it while the part runs
+    progress.say(f"[check] {line}")  # once; the heartbeat then says only "still working"
 
 
 def main(argv: list[str]) -> int:
@@ -203,12 +227,9 @@ def main(argv: list[str]) -> int:
         0 every tf_mixed check passed, 1 one failed, 2 bad input or no
         MirroredStrategy possible here.
     """
-    try:
-        args = _parse(list(argv))
-    except (_UsageError, UsageError) as error:
-        return _error(str(error))
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
+    args = _parse(list(argv))
+    if isinstance(args, int):
+        return args
     from tf_mixed.cli import model_command
 
     model_command.import_tensorflow()  # once the arguments are read
@@ -268,8 +289,7 @@ def _run_parts(args, selfcheck):
         from tf_mixed.tools.check import upstream_defects
         from tf_mixed.training import shared_mirrored_strategy
 
-        print("[check] part 4: known defects of the installed Keras/TensorFlow",
-              file=sys.stderr, flush=True)
+        _progress_line("part 4: known defects of the installed Keras/TensorFlow")
         strategy = shared_mirrored_strategy(list(result.devices))  # the one run_check used
         result = dataclasses.replace(result, defects=upstream_defects.run(strategy))
     return result

@@ -30,7 +30,7 @@ import time
 
 from absl import flags
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed.cli import model_command
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
@@ -74,13 +74,12 @@ def _error(message: str) -> int:
 
 def _policy(name: str) -> str:
     """``--policy`` lower-cased, once it names a policy (no TensorFlow needed)."""
-    from tf_mixed._internal.cli_errors import UsageError
+    from tf_mixed._internal.cli_errors import unknown
     from tf_mixed.policy import POLICY_NAMES
 
     canonical = name.strip().lower()
     if canonical not in POLICY_NAMES or canonical == "auto":
-        accepted = ", ".join(n for n in POLICY_NAMES if n != "auto")
-        raise UsageError("policy", name, "unknown policy", accepted)
+        raise unknown("policy", name, "policy", [n for n in POLICY_NAMES if n != "auto"])
     return canonical
 
 
@@ -429,7 +428,7 @@ def _measure(fv, model, report, x, y) -> dict:
         # ratios cancels load that drifts between rounds.
         "round_speedup_median": statistics.median(
             b / a for b, a in zip(rounds["before"], rounds["after"])),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average": measuring.machine_load()[0],
     }
 
 

@@ -42,4 +42,19 @@ def report(info: hardware.HardwareInfo | None = None) -> str:
     choice, reason = policy.resolve_auto(info)
     lines.append(f'tf_mixed.enable("auto") picks: {choice}')
     lines.append(f"  because: {reason}")
+    lines.append(f"  measured on: {measured_on(info)}")
     return "\n".join(lines)
+
+
+def measured_on(info: hardware.HardwareInfo) -> str:
+    """What auto's host-wide choice was measured on, and where a model's own step is."""
+    from tf_mixed.policy import autotune
+
+    model = ("each model's own training step is checked against float32 when it trains "
+             "(LossScaleMonitor in fit, tf_mixed.training.make_train_step; docs/policies.md)")
+    if info.gpus or info.tpu:
+        return f"nothing: GPUs and TPUs follow a rule; {model}"
+    if not autotune.measure_by_default():
+        return f"nothing: the CPU rule ({autotune.MEASURE_ENV} is off); {model}"
+    return ("this host's Dense+Conv2D probe (one 1024-wide Dense, one 64-channel Conv2D), "
+            f"not your model; {model}")

@@ -1,4 +1,4 @@
-"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export|doctor] [flags]``."""
+"""The command line: ``python -m tf_mixed [bench|info|audit|check|probe|export|doctor|catalog]``."""
 
 #     python -m tf_mixed                 same as ``bench`` with its defaults
 #     python -m tf_mixed bench --help    the bench's flags
@@ -11,6 +11,7 @@
 #     python -m tf_mixed litert-latency  float32 vs float16-weight LiteRT: size, parity, latency
 #     python -m tf_mixed doctor MODEL    why isn't it faster: census of the train step, fixes
 #     python -m tf_mixed launch N SCRIPT N local workers of SCRIPT as one TF cluster
+#     python -m tf_mixed catalog         each layer's safe input range in float16 / bfloat16
 #
 # Flags are absl flags, parsed into a private ``FlagValues`` per call so that
 # `main` can be called more than once in a process (the tests do). Bad input
@@ -44,6 +45,7 @@ USAGE = """usage: python -m tf_mixed [bench] [--flag=value ...] [--verbose]
        python -m tf_mixed litert-latency [--model=cnn]   (float32 vs float16-weight LiteRT)
        python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--measure]   (why isn't it faster)
        python -m tf_mixed launch N SCRIPT.py [ARGS ...]   (N local workers, one TF cluster)
+       python -m tf_mixed catalog [--layers=A,B] [--compare=OLD.json]   (layers' safe ranges)
 
 Every command takes --help.
 
@@ -71,8 +73,9 @@ def _define_flags(fv: flags.FlagValues) -> None:
         "policies", [],
         "Policies to compare: any name tf_mixed.enable accepts "
         "(tf_mixed.policy.POLICY_NAMES: float32, "
-        "mixed_float16, mixed_bfloat16, ...) or float8. Default: float32 "
-        "and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
+        "mixed_float16, mixed_bfloat16, ...), float8, plan (the per-layer plan) or "
+        "auto-checked (auto's choice checked on the model's own first steps). Default: "
+        "float32 and what enable('auto') picks, plus mixed_bfloat16 where auto picks float32.",
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -345,12 +348,14 @@ _rollback_cost = _command("tf_mixed.bench.rollback_cost", with_program=False)
 _export = _command("tf_mixed.cli.export")
 _launch = _command("tf_mixed.cli.launch")
 _litert_latency = _command("tf_mixed.bench.litert_latency", with_program=False)
+_catalog = _command("tf_mixed.cli.catalog")
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "bench": _bench, "info": _info, "audit": _audit, "check": _check, "probe": _probe,
     "rollback-cost": _rollback_cost, "export": _export,
     "litert-latency": _litert_latency, "doctor": _doctor, "launch": _launch,
+    "catalog": _catalog,
 }
 
 

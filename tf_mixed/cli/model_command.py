@@ -39,16 +39,41 @@ def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> 
 
 
 def check_dataset(fv: flags.FlagValues) -> None:
-    """Refuses a ``--dataset`` of no known form (an empty one means none, where allowed).
+    """Refuses a ``--dataset`` of no known form, or ``npz:PATH`` of no file (an
+    empty one means none, where allowed), before the model loads.
 
     Raises:
-        tf_mixed._internal.cli_errors.UsageError: As `tf_mixed.bench.names.parse_spec`.
+        tf_mixed._internal.cli_errors.UsageError: As `tf_mixed.bench.names.parse_spec`;
+            for ``npz:PATH``, as `tf_mixed.cli.npz_data.load` says of a missing file.
     """
     from tf_mixed.bench import names
 
     spec = fv.dataset.strip()
-    if spec and not spec.lower().startswith("npz:"):
+    if spec.lower().startswith("npz:"):
+        from tf_mixed._internal.cli_errors import UsageError
+
+        path = spec[len("npz:"):]
+        if not os.path.isfile(path):
+            raise UsageError("dataset", spec, f"no such file {path!r}",
+                             "npz:PATH with arrays x and y (or x0, x1, ... and y0, y1, ...)")
+    elif spec:
         names.parse_spec(spec)
+
+
+HALF_POLICIES = ("mixed_float16", "mixed_bfloat16", "fp16", "bf16")
+"""The names ``--policy`` of probe takes: the half-precision policies and their aliases."""
+
+
+def check_half_policy(fv: flags.FlagValues) -> None:
+    """Refuses a ``--policy`` that is not a half-precision policy, with "did you mean".
+
+    Raises:
+        tf_mixed._internal.cli_errors.UsageError: Naming the flag and the value.
+    """
+    from tf_mixed._internal.cli_errors import unknown
+
+    if fv.policy and fv.policy.strip().lower() not in HALF_POLICIES:
+        raise unknown("policy", fv.policy, "half-precision policy", HALF_POLICIES)
 
 
 def error(command: str, message: str) -> int:

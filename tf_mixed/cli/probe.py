@@ -81,11 +81,61 @@ def _batches(fv, model):
         raise data.UsageError("dataset", spec, f"model '{model.name}' takes {len(model.inputs)} "
                               "inputs; generated data sets have one", npz_data.ACCEPTED_XY)
     shape = tuple(model.inputs[0].shape[1:])
+    problem = generated_problem(spec, model, shape)
+    if problem:
+        raise data.UsageError("dataset", spec, problem, fix=_OWN_DATA)
     side = shape[0] if len(shape) == 3 and shape[0] == shape[1] and shape[0] else 0
     bench = data.load(spec, seed=fv.seed, image_size=side or 0, train_size=n,
                       val_size=1, data_dir=fv.data_dir or None, download=False)
+    classes = output_classes(model)
+    if classes is not None and classes < bench.num_classes:
+        if classes < 2:
+            raise data.UsageError(
+                "dataset", spec, f"model '{model.name}' has 1 output unit; the {spec} set has "
+                f"{bench.num_classes} classes", fix=_OWN_DATA)
+        # The probe compares numerics, not accuracy: labels folded into the model's
+        # classes keep every label valid for its loss (said once on stderr).
+        print(f"tf_mixed: note: the {spec} data has {bench.num_classes} classes and model "
+              f"'{model.name}' outputs {classes}: labels folded into {classes} classes (label "
+              f"% {classes}); --dataset=npz:PATH measures on your own data.",
+              file=sys.stderr, flush=True)
+        return bench.train.batch(fv.batch_size).map(
+            lambda x, y: (tf.cast(x, "float32"), y % classes)), None
     return bench.train.batch(fv.batch_size).map(
         lambda x, y: (tf.cast(x, "float32"), y)), None
+
+
+_OWN_DATA = ("Pass your own data: --dataset=npz:PATH with arrays x and y "
+             "(numpy.savez(PATH, x=..., y=...)).")
+
+
+def output_classes(model) -> int | None:
+    """The class count of a single-output classifier (its output's last width), else None."""
+    outputs = list(getattr(model, "outputs", None) or [])
+    if len(outputs) != 1 or len(outputs[0].shape) != 2 or outputs[0].shape[-1] is None:
+        return None
+    return int(outputs[0].shape[-1])
+
+
+def generated_problem(spec: str, model, shape: tuple) -> str:
+    """Why a generated set (shapes: RGB images; tokens: token ids) cannot feed
+    ``model``'s one input of ``shape`` (without the batch), or ""."""
+    from tf_mixed.bench import names
+
+    kind = names.parse_spec(spec)[0]
+    if kind == names.SHAPES and not (len(shape) == 3 and shape[-1] in (3, None)):
+        return (f"model '{model.name}' takes inputs of shape {_shape(shape)}; the {spec} set "
+                "gives RGB images (height, width, 3)")
+    if kind == names.TOKENS and len(shape) != 1:
+        return (f"model '{model.name}' takes inputs of shape {_shape(shape)}; the {spec} set "
+                "gives token ids (length,)")
+    return ""
+
+
+def _shape(shape: tuple) -> str:
+    from tf_mixed.cli.npz_data import shape_text
+
+    return shape_text(shape)
 
 
 def main(argv: list[str]) -> int:
@@ -100,7 +150,8 @@ def main(argv: list[str]) -> int:
     fv = flags.FlagValues()
     _define_flags(fv)
     parsed = model_command.parse("probe", argv, fv, USAGE, ("batch_size", "batches"),
-                                 (model_command.check_dataset,))
+                                 (model_command.check_dataset,
+                                  model_command.check_half_policy))
     if isinstance(parsed, int):
         return parsed
     model_path = parsed

@@ -151,6 +151,16 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.3g}%"
 
 
+def _measured_fractions(layer, kind: str, measured, scale: float,
+                        fmt: str) -> tuple[float | None, float | None]:
+    """`fractions` of the kernel, or of the measured values of ``kind``; Nones without them."""
+    if kind == "kernel":
+        return fractions(keras.ops.convert_to_numpy(layer.kernel), scale, fmt)
+    if measured is not None:
+        return fractions(measured, scale, fmt)
+    return None, None
+
+
 def fractions(values, scale: float, fmt: str) -> tuple[float, float]:
     """Saturated and flushed fractions of ``values`` quantized with ``scale``.
 
@@ -256,16 +266,9 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
             if kind == "outputs_grad":
                 scale /= loss_scale
             history = history_copies[0]
-            saturated: float | None
-            flushed: float | None
             fmt = float8_sync.FORMATS[kind]
-            if kind == "kernel":
-                saturated, flushed = fractions(
-                    keras.ops.convert_to_numpy(layer.kernel), scale, fmt)
-            elif (name, kind) in measured:
-                saturated, flushed = fractions(measured[(name, kind)], scale, fmt)
-            else:
-                saturated = flushed = None
+            saturated, flushed = _measured_fractions(layer, kind, measured.get((name, kind)),
+                                                     scale, fmt)
             path = layer.inputs_amax_history.path.rpartition("/")[0]
             count = counters.get((path, kind), (None, None))
             tensors.append(TensorState(

@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
 import keras
 
@@ -59,7 +60,7 @@ def carry_state(source: keras.layers.Layer, target: keras.layers.Layer) -> None:
         if type(layer) is not type(twin):
             continue
         if hasattr(layer, "finalize_state") and layer.built and twin.built:
-            store: dict = {}
+            store = dict[str, Any]()
             layer.save_own_variables(store)
             twin.load_own_variables(store)
         if hasattr(layer, "save_assets") and hasattr(twin, "load_assets"):

@@ -31,10 +31,13 @@
 #   moments) cannot be carried to new variables; a `ConversionNote` warning
 #   says so, and the notes are kept in ``new_model.conversion_notes``.
 #
-# Which layers stay float32: a model built under float32 has no record of which
-# layers were made float32 on purpose (every layer says "float32"), so all are
-# converted except input layers, layers whose policy is not a float policy,
-# tf_mixed's float32 heads, the layers named in ``keep_float32``, Keras's
+# Which layers stay float32 is one decision, `tf_mixed.policy.precision_map.decide`
+# (one walk of the model, its rules in one stated order: float32 heads,
+# statistics layers, token ids, ``keep_float32``, a plan, the healed set).
+# A model built under float32 has no record of which layers were made float32
+# on purpose (every layer says "float32"), so all are converted except input
+# layers, layers whose policy is not a float policy, tf_mixed's float32
+# heads, output layers, the layers named in ``keep_float32``, Keras's
 # ``Normalization`` and ``Discretization`` (they compute with statistics
 # adapted to data, which can exceed the half dtype's range or round across a
 # bin boundary: `tf_mixed._internal.facts.keeps_float32_statistics`), and layers
@@ -43,6 +46,8 @@
 # float32 when the target dtype cannot represent its largest id exactly
 # (bfloat16: above 256; float16: above 2048), so the ids stay exact. A layer
 # kept in float32 keeps the layers its constructor creates in float32 too.
+# `convert` decides the map and builds it (`apply`, which `Plan.apply` calls
+# with the map its plan holds).
 #
 # `rebuild` is the same copy for serving (`tf_mixed.export`): a trained
 # model in the precision asked for, its float32-on-purpose layers kept, no
@@ -66,21 +71,16 @@ from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
-    FLOAT32_HEADS,
-    FLOAT_POLICIES,
     HALF_DTYPES,
-    SQUASHING_ACTIVATIONS,
-    activation_name,
     check_model_kind,
     is_input_layer,
-    keeps_float32_statistics,
     model_inputs_and_outputs,
-    rounded_ids,
     walk_layers,
 )
 from tf_mixed.models import cloning as _cloning
 from tf_mixed.models import padding
 from tf_mixed.policy import keep_float32 as keep_float32_rules
+from tf_mixed.policy import precision_map
 
 __all__ = ["ConversionNote", "compute_dtype", "convert", "is_graph_model", "rebuild"]
 
@@ -117,9 +117,6 @@ def _resolve_policy(policy) -> str:
     return name
 
 
-def _producer(tensor):
-    history = _internals.keras_history(tensor)
-    return history.operation if history is not None else None
 
 
 def _operations(model):
@@ -164,7 +161,11 @@ def convert(model: keras.Model, policy: str | None = None, *,
       outputs were softmax/sigmoid/log_softmax, compiled like the original
       if it was compiled (fresh optimizer state).
       ``new_model.conversion_notes`` is a tuple of notes, each also issued
-      as a `ConversionNote` warning.
+      as a `ConversionNote` warning. With ``policy="auto"`` the copy's
+      policy counts as auto's: its own training step is checked against
+      float32 when it trains (`LossScaleMonitor` in ``fit``,
+      `tf_mixed.training.make_train_step`), which moves it to float32
+      where that is faster (docs/policies.md).
 
     Raises:
       TypeError: `model` is not a Keras model, or is a subclassed model.
@@ -191,66 +192,84 @@ def convert(model: keras.Model, policy: str | None = None, *,
             pad_to, "pad_to", integer=True, rule=lambda n: n >= 1, owner="convert()",
             valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
-    keep = keep_float32_rules.parse(keep_float32)
-    widths = padding.plan(model, pad_to) if pad_to else {}
-    keep.check_names({layer.name for _, layer in walk_layers(model)}, model.name)
+    precision, names = precision_map.decide(model, target, keep_float32=keep_float32)
+    new = _apply(model, precision, names, pad_to)
+    if isinstance(policy, str) and policy.strip().lower() == "auto":
+        # Auto chose for the host: the model's own step is checked when it
+        # trains, and may move it to float32 (tf_mixed.policy.model_check).
+        from tf_mixed.policy import model_check
 
-    half = keras.DTypePolicy(target).compute_dtype in HALF_DTYPES
+        model_check.mark_auto(new)
+    return new
+
+
+def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
+          pad_to: int | None = None) -> keras.Model:
+    """`convert`'s copy of ``model`` built from a decided `PrecisionMap`.
+
+    `Plan.apply` calls it with the map its plan holds, so the plan's table
+    and the model it builds are the one value.
+
+    Args:
+        model: The model the map was decided for (or one with the same layer
+            names); not modified.
+        precision: The map (`tf_mixed.policy.precision_map.decide`).
+        pad_to: As `convert`.
+
+    Returns:
+        As `convert`.
+
+    Raises:
+        ValueError: The map names layers the model does not have.
+    """
+    check_model_kind(model, "apply()", why_traced="its layers are created in Python code "
+                     "tf_mixed cannot re-run", fix="Plan and apply a Sequential or "
+                     "functional model.")
+    names: dict[int, str] = {}
+    for name, layer in walk_layers(model):
+        names.setdefault(id(layer), name)
+    unknown = sorted(set(precision.layers) - set(names.values()))
+    if unknown:
+        raise ValueError(
+            f"The precision map names layers model '{model.name}' does not have: "
+            f"{unknown}. Apply a plan to the model it was made for. Its layers: "
+            f"{sorted(names.values())}.")
+    return _apply(model, precision, names, pad_to)
+
+
+def _apply(model, precision, names, pad_to):
+    target = precision.target
+    widths = padding.plan(model, pad_to) if pad_to else {}
+    taken = {op.name for op in _operations(model)}
+    notes = []
     # Output layers whose squashing activation moves into a float32 head, and
     # Keras ops producing an output, followed by a float32 cast under their
     # name: id(original) -> (clone name, head name, activation or None).
     heads: dict[int, tuple[str, str, str | None]] = {}
-    keep_outputs: set[int] = set()  # output Activation/Softmax/Dense layers
-    taken = {op.name for op in _operations(model)}
-    notes = []
-    if half:
-        for tensor in keras.tree.flatten(model.outputs):
-            layer = _producer(tensor)
-            if layer is None or is_input_layer(layer) or id(layer) in heads:
-                continue
-            if isinstance(layer, keras.Model):
-                notes.append(
-                    f"Output '{getattr(tensor, 'name', '?')}' comes from the "
-                    f"nested model '{layer.name}', which convert() converts "
-                    "as a whole: check its output dtype with "
-                    "tf_mixed.audit() and add tf_mixed.Float32Output() "
-                    "if it is half precision.")
-                continue
-            activation = activation_name(layer)
-            if not isinstance(layer, keras.layers.Layer):
-                # A Keras op (x + y, concatenate) computes in its inputs' dtype.
-                heads[id(layer)] = (_unique(f"{layer.name}_half", taken), layer.name, None)
-            elif (activation in SQUASHING_ACTIVATIONS
-                    and type(layer).__name__ not in ("Activation", "Softmax")):
-                heads[id(layer)] = (_unique(f"{layer.name}_logits", taken), layer.name,
-                                    activation)
-            else:
-                # A small output layer (regression head, output Activation):
-                # keep it float32 so the output is float32 under its name.
-                keep_outputs.add(id(layer))
-
-    # keep_float32 naming a nested model keeps every layer inside it.
-    kept_inside = {id(inner) for _, outer in walk_layers(model)
-                   if isinstance(outer, keras.Model) and keep.matches(outer)
-                   for _, inner in walk_layers(outer)}
-
-    # Layers that would round token ids fed as floats stay float32 (with the
-    # Embeddings inside them, which they create under that policy): see
-    # tf_mixed._internal.facts.rounded_ids.
-    ids_receivers = {id(layer) for _, layer in walk_layers(model)
-                     if half and _receives_ids(layer, target)}
+    half = keras.DTypePolicy(target).compute_dtype in HALF_DTYPES
+    for tensor in keras.tree.flatten(model.outputs):
+        history = _internals.keras_history(tensor)
+        layer = history.operation if history is not None else None
+        if layer is None or is_input_layer(layer) or id(layer) in heads:
+            continue
+        if isinstance(layer, keras.Model) and half:
+            notes.append(
+                f"Output '{getattr(tensor, 'name', '?')}' comes from the "
+                f"nested model '{layer.name}', which convert() converts "
+                "as a whole: check its output dtype with "
+                "tf_mixed.audit() and add tf_mixed.Float32Output() "
+                "if it is half precision.")
+        name = names.get(id(layer), layer.name)
+        if name in precision.heads:
+            activation = precision.heads[name] or None
+            suffix = "_logits" if activation else "_half"
+            heads[id(layer)] = (_unique(f"{layer.name}{suffix}", taken), layer.name,
+                                activation)
 
     def policy_for(layer):
-        cls = type(layer).__name__
-        policy_name = getattr(layer.dtype_policy, "name", None)
-        to_float32 = policy_name in FLOAT_POLICIES and (
-            keep.matches(layer) or id(layer) in kept_inside or id(layer) in keep_outputs
-            or id(layer) in ids_receivers or (half and keeps_float32_statistics(layer)))
-        if to_float32:
-            return "float32"
-        stays = (is_input_layer(layer) or cls in FLOAT32_HEADS
-                 or policy_name not in FLOAT_POLICIES)
-        return None if stays else target
+        # A float8 layer is made in its half policy; Plan.apply quantizes it.
+        policy = precision.policy(names.get(id(layer), ""))
+        return None if policy is None else policy.split("_from_")[-1]
 
     def changes(layer):
         config: dict = {}
@@ -297,17 +316,8 @@ def convert(model: keras.Model, policy: str | None = None, *,
             + " with zero weights; the outputs are unchanged.")
     new.conversion_notes = tuple(notes)
     for note in notes:
-        warnings.warn(note, ConversionNote, stacklevel=2)
+        warnings.warn(note, ConversionNote, stacklevel=3)
     return new
-
-
-def _receives_ids(layer, target) -> bool:
-    """Whether `layer`, computing in `target`, would round the float token ids
-    a model input feeds it (`tf_mixed._internal.facts.rounded_ids`)."""
-    if isinstance(layer, keras.Model) or is_input_layer(layer):
-        return False
-    compute = keras.DTypePolicy(target).compute_dtype
-    return any(rounded_ids(layer, tensor, compute) for tensor in _internals.call_inputs(layer))
 
 
 def _recompile(model, new, target) -> list[str]:
@@ -361,13 +371,15 @@ def compute_dtype(model) -> str:
 def rebuild(model: keras.Model, target: str | None) -> keras.Model:
     """Returns an inference copy of `model` computing in `target`, for serving.
 
-    Every layer computes in `target` except those that must stay float32: in
-    a model trained in half precision, a layer whose policy is float32 was
-    made so on purpose (``keep_float32``, an explicit ``dtype="float32"``);
-    tf_mixed's float32 heads (``tf_mixed._internal.facts.FLOAT32_HEADS``)
-    and Keras's ``Normalization``/``Discretization``
-    (`tf_mixed._internal.facts.keeps_float32_statistics`) always; layers whose
-    policy is not a float policy keep theirs. A half
+    Every layer's precision is `tf_mixed.policy.precision_map.decide`'s for
+    `target` (without the output rule: the trained model's outputs are as
+    trained), with one ``keep_float32`` rule: in a model trained in half
+    precision, a layer whose policy is float32 was made so on purpose
+    (``keep_float32``, an explicit ``dtype="float32"``, healing) and stays
+    float32. tf_mixed's float32 heads, Keras's ``Normalization`` /
+    ``Discretization`` and layers that would round token ids stay float32
+    as `convert` keeps them; layers whose policy is not a float policy keep
+    theirs. A half
     `target` gives the pure policy named like the dtype (half-size
     variables); weights are cast to it.
 
@@ -390,17 +402,15 @@ def rebuild(model: keras.Model, target: str | None) -> keras.Model:
                    "re-run in another precision",
         fix="Use a Sequential or functional model, or export with "
             "precision='as_trained' to serve the model as it computes.")
+    if target is None:
+        return _cloning.clone(model, lambda layer: None).model
     trained_half = compute_dtype(model) in HALF_DTYPES
 
-    def policy_for(layer):
-        name = getattr(layer.dtype_policy, "name", None)
-        if (target is None or is_input_layer(layer) or type(layer).__name__ in FLOAT32_HEADS
-                or name not in FLOAT_POLICIES):
-            return None  # an integer or quantized policy: not a compute choice
-        if target != "float32" and name == "float32" and trained_half:
-            return None  # float32 on purpose in a half-precision model
-        if target != "float32" and keeps_float32_statistics(layer):
-            return "float32"  # adapted statistics, as convert keeps them
-        return target
+    def on_purpose(layer) -> bool:
+        """float32 on purpose: a float32 layer of a model trained in half precision."""
+        return trained_half and getattr(layer.dtype_policy, "name", None) == "float32"
 
-    return _cloning.clone(model, policy_for).model
+    precision, names = precision_map.decide(model, target, keep_float32=on_purpose,
+                                            outputs=False)
+    return _cloning.clone(
+        model, lambda layer: precision.policy(names.get(id(layer), ""))).model

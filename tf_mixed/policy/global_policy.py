@@ -216,6 +216,7 @@ def enable(
     measure: bool | None = None,
     keep_float32=(),
     plan=None,
+    model=None,
 ) -> Enabled:
     """Sets Keras's dtype policy, in this thread, to a mixed-precision policy.
 
@@ -244,6 +245,12 @@ def enable(
             policy is set and its float32 layers are kept by name (with
             `keep_float32`'s) instead of auto's whole-model choice; build the
             model with the layer names the plan was made for.
+        model: A model built before this call (a built Keras model, or None):
+            its layers move to the chosen policy now (`keep_float32`'s
+            layers, and float32 heads, stay float32), and its policy counts
+            as auto's, so its own training step is checked against float32
+            when it trains (`LossScaleMonitor` in ``fit``,
+            `tf_mixed.training.make_train_step`; docs/policies.md).
 
     With ``keras_hub`` imported, `enable` also warns that KerasHub's
     ``from_preset`` then loads float presets in the new policy
@@ -253,9 +260,9 @@ def enable(
         An `Enabled` with the active policy and the reason for it.
 
     Raises:
-        TypeError: If `policy` is not a string, `measure` not a bool, or
+        TypeError: If `policy` is not a string, `measure` not a bool,
             `keep_float32` holds something that is not a name, class or
-            predicate.
+            predicate, or `model` is not a built Keras model.
         ValueError: If `policy` is not a known name. The global policy is left
             exactly as it was.
 
@@ -270,6 +277,7 @@ def enable(
     measure = _validated_measure(measure)
     keep = keep_float32_rules.parse(keep_float32)  # applied once the policy is set
     planned = _checked_plan(plan, name)
+    _check_model(model)
     if planned is not None:
         keep = keep_float32_rules.KeepFloat32(
             tuple(dict.fromkeys(keep.names + planned[1])), keep.classes, keep.predicates)
@@ -300,6 +308,12 @@ def enable(
     keras.mixed_precision.set_dtype_policy(name)
     keep_float32_rules.activate(keep)
     state.active = name
+    state.requested = canonical_name(policy)
+    if model is not None:
+        _move_model(model, name, keep, auto=state.requested == AUTO)
+        reason += (f"; model '{model.name}' moved to {name} now"
+                   + ("; its own training step is checked against float32 when it trains"
+                      if state.requested == AUTO and name != FLOAT32 else ""))
 
     enabled = Enabled(policy=name, reason=reason, requested=policy)
     if not quiet:
@@ -308,6 +322,41 @@ def enable(
     if note:
         logging.warning(note)  # even when quiet: it changes what a later load gives
     return enabled
+
+
+def _check_model(model) -> None:
+    if model is None:
+        return
+    if not isinstance(model, keras.Model) or not model.built:
+        raise TypeError(
+            "`model` must be a built Keras model (or None): enable() moves its layers "
+            f"to the chosen policy. Received: model={model!r} of type "
+            f"{type(model).__name__}"
+            + (" (not built: call it on a batch, or give it a keras.Input)"
+               if isinstance(model, keras.Model) else "") + ".")
+
+
+def _move_model(model, name: str, keep, *, auto: bool) -> None:
+    """Moves a built model's layers to `name` (kept layers and float32 heads stay)."""
+    from tf_mixed._internal.facts import FLOAT32_HEADS
+    from tf_mixed.policy import model_check
+
+    wanted = {}
+    for path, layer in _layers_by_path(model):
+        if type(layer).__name__ in FLOAT32_HEADS or keep.matches(layer):
+            wanted[path] = FLOAT32
+        elif keras.DTypePolicy(model_check.policies_of(layer)[path]).variable_dtype == FLOAT32:
+            wanted[path] = name
+    model_check.set_policies(model, wanted)
+    if auto:
+        model_check.mark_auto(model)
+
+
+def _layers_by_path(model):
+    from tf_mixed._internal import shims
+
+    for layer in shims.sublayers(model):
+        yield (getattr(layer, "path", None) or layer.name), layer
 
 
 def _checked_plan(plan, name: str) -> tuple[str, tuple[str, ...], str] | None:
@@ -371,7 +420,7 @@ def disable() -> None:
         return
     keras.config.set_dtype_policy(state.saved_policy)
     policy_state.set_remapping_hold(state, False)
-    state.saved_policy, state.active = None, None
+    state.saved_policy, state.active, state.requested = None, None, None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,6 +566,7 @@ def _leave_scope(state: ThreadState, scope: _Scope) -> None:
     # The scope's own enable() replaced this thread's keep_float32 rules: the
     # outer enable's rules come back with its policy (they live as long as it).
     state.keep, state.keep_bound = scope.saved.keep, scope.saved.keep_bound
+    state.requested = scope.saved.requested
     if not in_order:
         raise RuntimeError(_SCOPE_MISUSE.format(
             what="left while a scope opened after it is still open (scopes of "

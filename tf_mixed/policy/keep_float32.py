@@ -38,6 +38,11 @@
 # ``dtype=None`` under `enable`'s half policy are kept in float32 without a
 # rule, as `convert` keeps them.
 #
+# Each of these defaults (statistics, token ids, float32 heads, and the
+# normalizations left in half precision) cites the numerics-catalog rows that
+# justify it: `tf_mixed._internal.facts.CATALOG_EVIDENCE` (docs/catalog.md),
+# kept in step with the installed Keras by tests/policy/test_keep_float32_catalog.py.
+#
 # A name or class that matches a model (a nested model's name, say) keeps
 # every layer inside it in float32, in `enable` and in `convert`; predicates
 # are called on layers only, never on a model. Under `enable` those

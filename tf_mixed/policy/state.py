@@ -56,6 +56,8 @@ class ThreadState:
         keep: This thread's ``keep_float32`` rules (a
             `tf_mixed.policy.keep_float32.KeepFloat32`), or None.
         keep_bound: The Keras policy object the rules apply under.
+        requested: The name `enable` was given ("auto" or a policy), canonical;
+            None without `enable` (`tf_mixed.policy.model_check` reads it).
     """
 
     saved_policy: Any = None
@@ -64,6 +66,7 @@ class ThreadState:
     scopes: list = dataclasses.field(default_factory=list)
     keep: Any = None
     keep_bound: Any = None
+    requested: str | None = None
 
 
 _threads = threading.local()

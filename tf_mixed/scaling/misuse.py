@@ -81,6 +81,18 @@ def _warn_once(optimizer, key: str, message: str) -> None:
         warnings.warn(message, MixedPrecisionWarning, stacklevel=4)
 
 
+def float32_on_purpose(optimizer) -> None:
+    """Notes that the model ``optimizer`` trains computes in float32 on purpose.
+
+    Auto's check on the model's own step moved it there
+    (`tf_mixed.policy.model_check`): the warning of a model built before
+    ``enable`` is not said for it. Any other optimizer: nothing to note.
+    """
+    scratch = getattr(optimizer, "_scratch", None)
+    if scratch is not None:
+        scratch.said.add("built_before_enable")
+
+
 def note_wrapper(wrapper) -> None:
     """Records ``wrapper`` as one of its inner optimizer's wrappers."""
     _WRAPPERS.setdefault(wrapper.inner_optimizer, weakref.WeakSet()).add(wrapper)

@@ -309,6 +309,9 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
     good_steps = ops.where(finite, lambda: state.good_steps + 1, 0)
     overflow_streak = ops.where(finite, 0, lambda: state.overflow_streak + 1)
     scale = state.scale
+    # A fixed scale is its own minimum. (Annotated here, not inside the branch:
+    # AutoGraph gives up on a function with an annotated assignment in a branch.)
+    at_min: Any = True
     if config.dynamic:
         grow = ops.and_(finite, lambda: good_steps >= config.growth_interval)
         back_off = ops.and_(skipped, lambda: overflow_streak >= config.hysteresis)
@@ -322,9 +325,7 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
         )
         good_steps = ops.where(grow, 0, good_steps)
         overflow_streak = ops.where(back_off, 0, overflow_streak)
-        at_min: Any = lambda: state.scale <= config.min_scale  # noqa: E731
-    else:
-        at_min = True  # a fixed scale is its own minimum
+        at_min = lambda: state.scale <= config.min_scale  # noqa: E731
     min_scale_skips = ops.where(
         ops.and_(skipped, at_min), lambda: state.min_scale_skips + 1, 0)
     return LossScaleState(

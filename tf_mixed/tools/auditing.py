@@ -23,6 +23,11 @@
 #   above float16's 65504): cast to the compute dtype at each call, it is inf
 #   there, and an adapted Normalization outputs 0 for that feature
 #   (`tf_mixed._internal.facts.out_of_range`).
+# * ``half_resolution`` (error from a quarter of a standard deviation, else
+#   warning): a layer computing in float16/bfloat16 whose statistics its dtype
+#   cannot resolve (an adapted ``Normalization`` of a feature whose mean is large
+#   against its spread: float16's spacing at 1e4 is 8), the error measured on
+#   the layer's own statistics against float32 (`tf_mixed.tools.half_resolution`).
 # * ``rounded_ids`` (error): a layer computing in float16/bfloat16 that is or
 #   holds an ``Embedding`` takes its ids as floats straight from a model input:
 #   Keras casts them to the half dtype first, which represents integers exactly
@@ -57,6 +62,11 @@
 #   per-layer output dtypes and the memory estimate are unavailable. Its
 #   outputs are read from a traced call of the built model (float32 inputs
 #   shaped as it was built), so the output findings above still apply.
+# * ``catalog_range`` (warning), ``catalog_narrow`` (info), ``catalog_no_kernel``
+#   (error): a layer compared with the numerics catalog (docs/catalog.md) under
+#   its half policy: inputs (``magnitudes=``) outside its safe range; without
+#   magnitudes, a safe range narrower than 1e-3 .. 1e3; a layer that does not
+#   run under its policy on a host like this one (no GPU).
 # * float8 readiness (with ``float8=True``, or for a model with float8
 #   layers; `tf_mixed.float8.readiness`): ``float8_flop_share`` (info),
 #   ``float8_not_multiple_of_16`` and ``float8_keep_higher_precision``
@@ -86,15 +96,19 @@ from tf_mixed._internal.facts import (
     SQUASHING_ACTIVATIONS,
     activation_name,
     check_model_kind,
+    is_float32_head,
     is_input_layer,
+    keeps_float32_statistics,
     layer_outputs,
     model_outputs,
     out_of_range,
+    published_layers,
     rounded_ids,
     walk_layers,
 )
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed.models.cloning import model_input
+from tf_mixed.tools import half_resolution
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
 
@@ -306,7 +320,7 @@ def _round8(n: int) -> int:
 
 def audit(model, batch_size: int | None = None, *,
           check_global_policy: bool = True,
-          float8: bool | None = None) -> AuditReport:
+          float8: bool | None = None, magnitudes=None) -> AuditReport:
     """Lists each layer's dtypes and parameters and the mixed-precision risks.
 
     Args:
@@ -321,6 +335,12 @@ def audit(model, batch_size: int | None = None, *,
         (`tf_mixed.float8.readiness`: share of FLOPs float8 can run,
         dimensions not a multiple of 16, layers to keep in higher
         precision). None (default): only for a model with float8 layers.
+      magnitudes: what each layer's inputs reach, to compare with the numerics
+        catalog (docs/catalog.md): a `tf_mixed.probe` report, or a mapping
+        layer name -> max |input| (`tf_mixed.tools.catalog.input_magnitudes`
+        reads it from a batch). A layer outside its safe range is a
+        ``catalog_range`` warning; None lists layers with a narrow safe range
+        (``catalog_narrow``, info).
 
     Returns:
       An `AuditReport`. The model is not modified.
@@ -366,7 +386,7 @@ def audit(model, batch_size: int | None = None, *,
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
         findings.extend(_output_findings(dtype, name, layer, top_k))
-        if type(layer).__name__ in FLOAT32_HEADS:
+        if is_float32_head(layer, output=True):
             # The layer feeding a float32 head is the real output layer.
             for inner in _internals.call_inputs(layer):
                 output_layers.add(_producer(inner, layers)[0])
@@ -398,6 +418,7 @@ def audit(model, batch_size: int | None = None, *,
             "model = tf_mixed.convert(model)."))
     findings.extend(_optimizer_findings(model, rows))
     findings.extend(_healed_findings(model))
+    findings.extend(catalog_findings(model, magnitudes))
     if not mixed and not any(f.code == "policy_mismatch" for f in findings):
         findings.append(Finding(
             "info", "not_mixed", None,
@@ -428,9 +449,12 @@ def audit(model, batch_size: int | None = None, *,
             "are not reported.",
             "build it (call it on a batch) and audit again, or audit a "
             "Sequential or functional version of the model."))
+    published = published_layers(model)
     for name, layer in layers:
-        findings.extend(_layer_findings(name, layer, mixed, name in output_layers))
+        findings.extend(_layer_findings(name, layer, mixed, name in output_layers,
+                                        published.get(name, "")))
         findings.extend(_ids_findings(name, layer))
+    findings.extend(Finding(*found) for found in half_resolution.findings(layers))
     if batch_size is not None and batch_size % 8:
         findings.append(Finding(
             "warning", "batch_not_multiple_of_8", None,
@@ -469,6 +493,31 @@ def _healed_findings(model) -> list[Finding]:
         "docs/healing.md).",
         "nothing to do; to keep it there from the start, name it in "
         "tf_mixed.enable(keep_float32=...).") for name in names]
+
+
+def catalog_findings(model, magnitudes=None) -> list[Finding]:
+    """The numerics catalog's findings for `model` (`tf_mixed.tools.catalog.model_check`).
+
+    Args:
+      model: the model audited.
+      magnitudes: None, a `tf_mixed.probe` report, or layer name -> max |input|.
+
+    Raises:
+      TypeError: `magnitudes` is none of those.
+    """
+    from collections.abc import Mapping
+
+    from tf_mixed.tools.catalog import model_check
+
+    if magnitudes is not None and not isinstance(magnitudes, Mapping):
+        if not hasattr(magnitudes, "layers"):
+            raise TypeError(
+                "magnitudes must be a tf_mixed.probe report or a mapping of layer name to "
+                "max |input|, such as {'dense': 12.5}. Received: magnitudes="
+                f"{magnitudes!r} (of type {type(magnitudes).__name__})")
+        magnitudes = model_check.magnitudes_from_probe(model, magnitudes)
+    return [Finding(n.severity, n.code, n.layer, n.message, n.fix)
+            for n in model_check.check_model(model, magnitudes)]
 
 
 def _given_policy(model_policy: str, global_policy: str) -> bool:
@@ -667,7 +716,7 @@ def _output_findings(tensor, name, layer, top_k=()) -> list[Finding]:
         "dtype='float32').")]
 
 
-def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
+def _layer_findings(name, layer, mixed, is_output, origin: str = "") -> list[Finding]:
     found = []
     cls = type(layer).__name__
     compute = _dtype(layer.compute_dtype)
@@ -694,16 +743,27 @@ def _layer_findings(name, layer, mixed, is_output) -> list[Finding]:
             continue
         severity = "warning" if compute in HALF_DTYPES and not is_output else "info"
         note = " (an output layer: pad only if the cost matters)" if is_output else ""
+        if origin and not is_output:  # a published design fixes its widths: nothing to resize
+            severity, note = "info", f" (a {origin} layer: its design fixes the width)"
         found.append(Finding(
             severity, "not_multiple_of_8", name,
             f"{cls} {what}={value} is not a multiple of 8; Tensor Cores need "
             f"multiples of 8 for float16{note}.",
-            f"use {attribute}={_round8(value)}."))
+            "nothing to resize (pad only layers you added)." if origin and not is_output
+            else f"use {attribute}={_round8(value)}."))
     explicit32 = (
         mixed and compute == "float32" and not is_input_layer(layer)
-        and cls not in FLOAT32_HEADS
+        and not is_float32_head(layer, output=is_output)
         and getattr(layer.dtype_policy, "name", None) == "float32")
-    if explicit32:
+    if explicit32 and keeps_float32_statistics(layer):
+        # enable() and convert() keep it so themselves: there is no dtype argument to drop.
+        found.append(Finding(
+            "info", "explicit_float32", name,
+            f"{cls} computes in float32 in a mixed-precision model: tf_mixed keeps "
+            "Normalization and Discretization there (their adapted statistics overflow or "
+            "round in half precision).",
+            "nothing."))
+    elif explicit32:
         found.append(Finding(
             "info", "explicit_float32", name,
             f"{cls} has a float32 policy in a mixed-precision model.",

@@ -235,8 +235,9 @@ class ProbeReport:
         names = [l.name for l in self.layers]
         ref = [log2_or_none(l.float32_max_abs) for l in self.layers]
         half = [log2_or_none(l.max_abs) for l in self.layers]
+        layout = plot_layout(len(names), self.policy, [v for v in ref + half if v is not None])
         xs = range(len(names))
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(names) + 2), 4.5))
+        fig, ax = plt.subplots(figsize=(layout["width_in"], 4.5))
         ax.bar(xs, [r if r is not None else 0 for r in ref], color="#8fb3d9",
                label="max |output|, float32 run")
         ax.scatter([x for x, h in zip(xs, half) if h is not None],
@@ -244,18 +245,18 @@ class ProbeReport:
                    label=f"max |output|, {self.policy} run")
         bad = [x for x, l in zip(xs, self.layers) if l.nonfinite > 0]
         if bad:
-            ax.scatter(bad, [math.log2(DTYPE_LIMITS["float16"][0]) + 1] * len(bad),
+            ax.scatter(bad, [layout["ylim"][1] - 1] * len(bad),
                        marker="x", color="#c00000", zorder=4, label="inf/NaN output")
-        for dtype, color in (("float16", "#c00000"), ("bfloat16", "#7030a0")):
-            top = math.log2(DTYPE_LIMITS[dtype][0])
-            ax.axhline(top, color=color, linestyle="--", linewidth=1,
-                       label=f"{dtype} largest finite (2^{top:.1f})")
-        ax.axhline(-14, color="#c00000", linestyle=":", linewidth=1,
-                   label="float16 smallest normal (2^-14)")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(names, rotation=90, fontsize=7)
+        for value, label, style in layout["lines"]:
+            ax.axhline(value, color="#c00000", linestyle=style, linewidth=1, label=label)
+        every = layout["label_every"]
+        ax.set_xticks(list(xs)[::every])
+        ax.set_xticklabels(names[::every], rotation=90, fontsize=6 if every > 1 else 7)
+        ax.set_ylim(*layout["ylim"])
         ax.set_ylabel("log2 max |output|")
-        ax.set_title(f"{self.model_name}: headroom per layer ({self.policy})")
+        ax.set_title(f"{self.model_name}: headroom per layer ({self.policy})"
+                     + (f"; every {every}th layer named" if every > 1 else "")
+                     + layout["note"], fontsize=9)
         ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
         buffer = io.BytesIO()
@@ -266,6 +267,48 @@ class ProbeReport:
             with open(path, "wb") as f:
                 f.write(data)
         return data
+
+
+MAX_WIDTH_IN = 14.0
+"""probe.png is at most this wide (inches, at 110 dpi: 1,540 px), however many layers."""
+
+MAX_LABELS = 60
+"""At most this many layer names under the x axis (every k-th layer beyond it)."""
+
+
+def plot_layout(layers: int, policy: str, values: list[float]) -> dict[str, Any]:
+    """How probe.png is laid out for ``layers`` layers of ``policy`` (pure).
+
+    Args:
+        layers: How many layers the plot shows.
+        policy: The probed policy; its half dtype's limits are drawn.
+        values: The log2 max |output| values plotted.
+
+    Returns:
+        ``width_in`` (capped at `MAX_WIDTH_IN`), ``label_every`` (name every
+        k-th layer, at most `MAX_LABELS` names), ``ylim`` (the data with room,
+        the half dtype's limits where they are near it), ``lines`` ((value,
+        label, style) per limit drawn) and ``note`` (a limit off the chart).
+    """
+    dtype = "bfloat16" if "bfloat16" in policy else "float16"
+    top = math.log2(DTYPE_LIMITS[dtype][0])
+    low = min(values, default=0.0)
+    high = max(values, default=0.0)
+    # Room for the inf/NaN marks above the data; the limit shown when within reach.
+    upper = max(high + 4.0, 8.0)
+    lines, note = [], ""
+    if top <= upper + 16.0:  # float16's 2^16: always near enough to draw
+        upper = max(upper, top + 2.0)
+        lines.append((top, f"{dtype} largest finite (2^{top:.1f})", "--"))
+    else:  # bfloat16's 2^128 would squeeze the data into a line
+        note = f"; {dtype}'s largest finite, 2^{top:.0f}, is far above the chart"
+    lower = min(low - 2.0, 0.0)
+    if dtype == "float16":
+        lower = min(lower, -16.0)
+        lines.append((-14.0, "float16 smallest normal (2^-14)", ":"))
+    return {"width_in": min(MAX_WIDTH_IN, max(6.0, 0.28 * layers + 2)),
+            "label_every": max(1, math.ceil(layers / MAX_LABELS)),
+            "ylim": (lower, upper), "lines": lines, "note": note}
 
 
 def _jsonable(value):

@@ -72,17 +72,16 @@ from tf_mixed._internal.facts import (
     check_model_kind,
     half_policy,
     is_input_layer,
-    keeps_float32_statistics,
     layer_outputs,
     out_of_range,
     policy_fix,
-    rounded_ids,
     walk_layers,
 )
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed.float8 import reading as float8_reading
 from tf_mixed.models import cloning as _cloning
 from tf_mixed.policy import keep_float32 as keep_float32_rules
+from tf_mixed.policy import precision_map
 from tf_mixed.tools.probe_report import DTYPE_LIMITS, LayerStats, ProbeReport, VariableStats
 
 __all__ = ["probe"]
@@ -150,7 +149,7 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
     batches_list = _batches(model, x, y, batches)
     target = _resolve_policy(model, policy)
     half_dtype = keras.DTypePolicy(target).compute_dtype
-    kept = _kept_float32(model, half_dtype)
+    kept = _kept_float32(model, target)
     half = _Tap(_without_random_draws(
         _clone(model, lambda layer: _half_dtype(model, layer, target, kept))))
     ref = _Tap(_without_random_draws(_clone(model, _float32_dtype)))
@@ -348,26 +347,17 @@ def _half_dtype(model, layer, target, kept: frozenset = frozenset()) -> str | No
     return target
 
 
-def _kept_float32(model, half_dtype: str) -> frozenset:
+def _kept_float32(model, target: str) -> frozenset:
     """Ids of the layers of a float32-built model that stay float32 when it is
-    made mixed: those the active ``keep_float32`` rules of `enable` match (a
-    matching nested model keeps every layer inside it, as in `convert`), and
-    those that would round float token ids on their way in (as `convert`
-    keeps them: `tf_mixed._internal.facts.rounded_ids`)."""
-    rules = keep_float32_rules.active()
-    kept = set()
-    for _, layer in walk_layers(model):
-        if keeps_float32_statistics(layer):
-            kept.add(id(layer))
-        elif rules and rules.matches(layer):
-            kept.add(id(layer))
-            if isinstance(layer, keras.Model):
-                kept.update(id(inner) for _, inner in walk_layers(layer))
-        elif not isinstance(layer, keras.Model) and any(
-                rounded_ids(layer, tensor, half_dtype)
-                for tensor in _internals.call_inputs(layer)):
-            kept.add(id(layer))
-    return frozenset(kept)
+    made ``target``: `tf_mixed.policy.precision_map.decide`'s, with the
+    ``keep_float32`` rules of `enable` active in this thread. Output layers
+    compute in half precision, as under `enable` (only `convert` keeps them
+    float32: ``outputs=False``)."""
+    precision, names = precision_map.decide(
+        model, target, keep_float32=keep_float32_rules.active(), outputs=False,
+        check_names=False)
+    return frozenset(key for key, name in names.items()
+                     if precision.policy(name) == "float32")
 
 
 def _without_random_draws(flat: _cloning.Clone) -> _cloning.Clone:

@@ -106,9 +106,10 @@ def find(report, model) -> tuple[Finding, ...]:
     Returns:
       Findings, in the order: islands, Lambdas, float64 data, tiles, half output activations.
     """
-    from tf_mixed._internal.facts import walk_layers
+    from tf_mixed._internal.facts import published_layers, walk_layers
 
     layers = dict(walk_layers(model))
+    published = published_layers(model)
     audited = _audit_codes(model)
     found: list[Finding] = []
     lambdas: dict[str, list[str]] = {}
@@ -171,6 +172,17 @@ def find(report, model) -> tuple[Finding, ...]:
         attribute = next((a for a in _WIDTHS if getattr(layer, a, None) == misfit.value), None)
         fix = (f"use {attribute}={misfit.padded}." if attribute else
                f"pad its output width {misfit.value} to {misfit.padded}.")
+        origin = published.get(misfit.layer, "")
+        if origin:  # the published design (and its pretrained weights) fix the width
+            found.append(_finding(
+                "tile_misfit", misfit.layer,
+                f"{misfit.class_name} computes in {misfit.dtype} with output width "
+                f"{misfit.value}, not a multiple of {misfit.multiple}: the last tile of "
+                "every matmul runs partly empty.",
+                f"nothing to resize: '{misfit.layer}' belongs to a {origin} architecture, "
+                "whose widths its design and pretrained weights fix (pad only layers you "
+                "added).", audited.get(("not_multiple_of_8", misfit.layer)), automatic=False))
+            continue
         found.append(_finding(
             "tile_misfit", misfit.layer,
             f"{misfit.class_name} computes in {misfit.dtype} with output width "

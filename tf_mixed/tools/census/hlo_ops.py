@@ -21,6 +21,9 @@ import re
 
 from tf_mixed.tools.census.step_ops import OpRecord
 
+# The FLOPs and dimensions of an op that is no matrix product.
+_NO_PRODUCT: tuple[int | None, tuple] = (0, ())
+
 __all__ = ["HLO_DTYPES", "read_hlo"]
 
 # HLO element types -> NumPy/TF dtype names (the others count as "other").
@@ -147,8 +150,7 @@ def read_hlo(text: str) -> list[OpRecord]:
                 records.append(OpRecord(name, "convert", dtype, cast_from=source,
                                         elements=elements))
             continue
-        flops: int | None = 0
-        dims: tuple = ()
+        flops, dims = _NO_PRODUCT
         if opcode == "dot":
             flops, dims = _dot(match["rest"], operands, shapes, shape)
         elif opcode == "convolution":

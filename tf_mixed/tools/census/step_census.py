@@ -50,10 +50,10 @@ import keras
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
-    FLOAT32_HEADS,
     HALF_DTYPES,
     TILE_MULTIPLES,
     check_model_kind,
+    is_float32_head,
     is_input_layer,
     model_outputs,
     walk_layers,
@@ -455,7 +455,7 @@ def _trace(model, batch, jit: bool):
     import tensorflow as tf
 
     saved = bool(model.jit_compile)
-    step: Any
+    step: Any = None
     try:
         model.jit_compile = jit  # the step is made with the model's setting
         step, traced = _internals.keras_train_step(model)
@@ -681,7 +681,7 @@ def _output_layers(model, leaves) -> set[str]:
         if history is None or id(history.operation) not in by_id:
             continue
         found.add(by_id[id(history.operation)])
-        if type(history.operation).__name__ in FLOAT32_HEADS:
+        if is_float32_head(history.operation, output=True):
             tensors.extend(_internals.call_inputs(history.operation))
     return found
 

@@ -29,6 +29,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from tf_mixed._internal import measuring
+
 # (key, what it means): one table, from which the CLI's rows are generated.
 CHECKS: tuple[tuple[str, str], ...] = (
     ("weights_unchanged", "weights unchanged on every replica"),
@@ -73,12 +75,16 @@ class Throughput:
         speedups: float32's time divided by each policy's.
         auto_policy: What `enable("auto")` picks on this host.
         auto_reason: Why.
+        estimates: Each half policy's speed-up as the median of its paired
+            rounds with a 90% interval (`measuring.Estimate`); whether the
+            interval answers "faster here" is `Estimate.answers`.
     """
 
     seconds_per_step: Mapping[str, float]
     speedups: Mapping[str, float]
     auto_policy: str
     auto_reason: str
+    estimates: Mapping[str, measuring.Estimate] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +134,8 @@ class CheckResult:
             throughput = {
                 "seconds_per_step": dict(self.throughput.seconds_per_step),
                 "speedup_vs_float32": dict(self.throughput.speedups),
+                "interval_vs_float32": {name: e.to_dict() | {"answers": e.answers()}
+                                        for name, e in self.throughput.estimates.items()},
                 "auto": {"policy": self.throughput.auto_policy,
                          "reason": self.throughput.auto_reason},
             }
@@ -331,8 +339,10 @@ def measure_throughput(info=None, *, budget_s: float = 0.5, timer=None) -> Throu
 
     Args:
         info: The host; default `hardware.detect()`.
-        budget_s: Seconds for the timed rounds (see `autotune.time_policies`).
-        timer: Replaces `autotune.time_policies` (called with the policies).
+        budget_s: Seconds for the timed rounds (see `autotune.time_rounds`).
+        timer: Replaces `autotune.time_rounds` (called with the policies):
+            seconds per step by policy, a list of interleaved rounds or one
+            figure.
 
     Returns:
         A `Throughput`. On GPUs and TPUs "auto" follows its rules; on CPUs it
@@ -347,21 +357,25 @@ def measure_throughput(info=None, *, budget_s: float = 0.5, timer=None) -> Throu
         (autotune.FLOAT32, autotune.MIXED_BFLOAT16, autotune.MIXED_FLOAT16)
         if accelerator else autotune.candidates(info)
     )
-    if timer is None:
-        timings = autotune.time_policies(names, budget_s=budget_s)
-    else:
-        timings = dict(timer(names))
-    decision = autotune.choose_from_timings(timings)
+    raw = (autotune.time_rounds(names, budget_s=budget_s) if timer is None
+           else dict(timer(names)))
+    rounds = {name: list(v) if isinstance(v, (list, tuple)) else [v] for name, v in raw.items()}
+    decision = autotune.choose_from_rounds(rounds)
+    timings = {name: measuring.quartiles(v)[1] for name, v in rounds.items()}
+    estimates = {name: measuring.estimate(measuring.pair_ratios(v, rounds[autotune.FLOAT32]))
+                 for name, v in rounds.items() if name != autotune.FLOAT32}
     if accelerator:
         auto_policy, auto_reason = policy.choose_auto(info)
     else:
         auto_policy = decision.policy
         ratio = decision.speedups[decision.policy]
+        measured = estimates.get(decision.policy)
         auto_reason = (
-            f"{decision.policy} measured {ratio:.2f}x float32 here; a half policy "
-            f"needs >= {decision.margin:.2f}x"
+            f"{decision.policy} measured {ratio:.2f}x float32 here"
+            + (f" ({measured.text()})" if measured is not None else "")
+            + f"; a half policy needs >= {decision.margin:.2f}x"
         )
-    return Throughput(timings, decision.speedups, auto_policy, auto_reason)
+    return Throughput(timings, decision.speedups, auto_policy, auto_reason, estimates)
 
 
 def run_check(

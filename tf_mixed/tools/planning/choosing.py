@@ -28,7 +28,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from tf_mixed.policy.autotune import quartiles
+from tf_mixed._internal.measuring import quartiles
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
 
 __all__ = ["Choice", "MAX_PASSES", "choose"]

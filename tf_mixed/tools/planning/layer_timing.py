@@ -44,6 +44,9 @@ from tf_mixed._internal.facts import COMPUTE_DTYPES, is_input_layer
 from tf_mixed.models import cloning
 from tf_mixed.policy import autotune
 
+# The source of a layer fed by a model input.
+_NO_SOURCE: tuple[str, ...] = ("",)
+
 __all__ = ["LayerTiming", "Measurement", "PRECISION_POLICIES", "layer_graph", "time_layers"]
 
 # A precision of the plan -> the Keras policy a layer computes under. float8
@@ -156,7 +159,7 @@ def layer_graph(model: keras.Model) -> tuple[list, dict[str, tuple[str, ...]], d
             history = _internals.keras_history(tensor)
             producer = history.operation if history is not None else None
             if producer is None or is_input_layer(producer):
-                names: tuple[str, ...] = ("",)
+                names = _NO_SOURCE
             elif id(producer) in timed_ids:
                 names = (producer.name,)
             else:

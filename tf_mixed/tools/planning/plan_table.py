@@ -1,10 +1,14 @@
 """The value `tf_mixed.plan` returns: a precision per layer, with the figures and why."""
 
 # `Plan` is frozen plain data. ``str(plan)`` is the table (layer, time per
-# precision, error, choice, why); `to_dict` the same for JSON. What applies it:
+# precision, error, choice, why); `to_dict` the same for JSON. It holds the
+# model's `tf_mixed.policy.precision_map.PrecisionMap` (``plan.precision``,
+# made by `decide` from the choices, so a row shows what applying builds: a
+# layer a rule keeps float32, a statistics layer say, says so). What applies it:
 #
-# * ``tf_mixed.convert(model, plan.policy, keep_float32=plan.keep_float32)``
-#   (or ``plan.apply(model)``, which also quantizes the float8 layers);
+# * ``plan.apply(model)``: the map built (`tf_mixed.models.conversion.apply`),
+#   then the float8 layers quantized; ``tf_mixed.convert(model, plan.policy,
+#   keep_float32=plan.keep_float32)`` builds the same precisions;
 # * ``tf_mixed.enable("auto", plan=plan)`` for models built afterwards;
 # * ``tf_mixed.float8.quantize(model, keep_float32=plan.float8_keep_float32)``.
 
@@ -14,7 +18,8 @@ import dataclasses
 import io
 from typing import Any, Mapping
 
-from tf_mixed._internal.facts import FLOAT32_HEADS
+from tf_mixed._internal.facts import COMPUTE_DTYPES, FLOAT32_HEADS
+from tf_mixed.policy.precision_map import PrecisionMap
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
 
 __all__ = ["LayerChoice", "Plan"]
@@ -72,6 +77,8 @@ class Plan:
         cache_path: The cache file read or written ("" if none).
         measurement: The timings the choice was made from (None when
             nothing was timed: half precision emulated).
+        precision: The precision of every layer applying builds (None for a
+            plan made by hand without one: it is then read from the rows).
     """
 
     model_name: str
@@ -85,6 +92,7 @@ class Plan:
     cached: bool = False
     cache_path: str = ""
     measurement: Measurement | None = None
+    precision: PrecisionMap | None = None
 
     @property
     def choices(self) -> dict[str, str]:
@@ -92,13 +100,22 @@ class Plan:
         return {row.name: row.choice for row in self.layers}
 
     @property
+    def precision_map(self) -> PrecisionMap:
+        """`precision`, or for a plan without one the map its rows say."""
+        if self.precision is not None:
+            return self.precision
+        return rows_map(self.policy, self.layers)
+
+    @property
     def keep_float32(self) -> tuple[str, ...]:
-        """The layers to keep in float32 under `policy` (``keep_float32=`` of
-        `convert` and `enable`); () when `policy` is float32."""
+        """The top-level layers to keep in float32 under `policy`
+        (``keep_float32=`` of `convert` and `enable`); () when `policy` is
+        float32."""
         if self.policy == "float32":
             return ()
+        kept = set(self.precision_map.float32_names())
         return tuple(row.name for row in self.layers
-                     if row.choice == "float32" and row.class_name not in FLOAT32_HEADS)
+                     if row.name in kept and row.class_name not in FLOAT32_HEADS)
 
     @property
     def float8_layers(self) -> tuple[str, ...]:
@@ -122,9 +139,9 @@ class Plan:
             with `tf_mixed.float8.quantize` when the plan has any.
         """
         from tf_mixed.float8.quantization import quantize
-        from tf_mixed.models.conversion import convert
+        from tf_mixed.models import conversion
 
-        converted = convert(model, self.policy, keep_float32=list(self.keep_float32))
+        converted = conversion.apply(model, self.precision_map)
         if self.float8_layers:
             quantize(converted, keep_float32=list(self.float8_keep_float32))
         return converted
@@ -138,6 +155,7 @@ class Plan:
             "step_seconds": dict(self.step_seconds),
             "keep_float32": list(self.keep_float32), "float8_layers": list(self.float8_layers),
             "layers": [dataclasses.asdict(row) for row in self.layers],
+            "precision": self.precision_map.to_dict(),
         }
 
     @classmethod
@@ -145,16 +163,19 @@ class Plan:
         """The plan `to_dict` wrote (its timings' rounds, ``measurement``, are not kept).
 
         Args:
-            record: What `to_dict` returned (extra keys are ignored).
+            record: What `to_dict` returned (extra keys are ignored; a record
+                without "precision", from an earlier version, gets the map
+                its rows say).
 
         Returns:
             A `Plan` equal to the one written, but for ``measurement`` (None).
+
+        Raises:
+            ValueError: ``record`` is not such a dict: a key is missing or a
+                value has the wrong type or is not a valid precision (the
+                message names the key, or the row and field).
         """
-        return cls(
-            record["model_name"], record["policy"], record["half_dtype"],
-            tuple(record["precisions"]), tuple(LayerChoice(**row) for row in record["layers"]),
-            dict(record["step_seconds"]), record["summary"], record.get("host", ""),
-            bool(record.get("cached", False)), record.get("cache_path", ""))
+        return _checked_plan_record(cls, record)
 
     def __str__(self) -> str:
         out = io.StringIO()
@@ -184,3 +205,71 @@ class Plan:
         else:
             out.write("Apply: keep the model in float32 (no tf_mixed.enable).\n")
         return out.getvalue()
+
+
+def choice_policy(choice: str, policy: str) -> str:
+    """The Keras policy name of a row's choice under the plan's `policy`."""
+    if choice == FLOAT8:
+        return f"float8_from_{policy}"
+    return "float32" if choice == "float32" else policy
+
+
+def rows_map(policy: str, rows) -> PrecisionMap:
+    """The precision map a plan's rows say (for a plan made without one)."""
+    return PrecisionMap(policy, {row.name: choice_policy(row.choice, policy) for row in rows},
+                        {row.name: "plan" for row in rows})
+
+
+_FIELDS: dict[str, Any] = {
+    "model_name": str, "policy": str, "half_dtype": str, "precisions": list, "layers": list,
+    "step_seconds": dict, "summary": str}
+_ROW_FIELDS: dict[str, Any] = {
+    "name": str, "class_name": str, "seconds": dict, "cast_seconds": (int, float),
+    "error": (int, float, type(None)), "choice": str, "why": str}
+
+
+def _problem(where: str, value: Any, valid: str) -> ValueError:
+    return ValueError(
+        f"A plan record's {where} must be {valid}. Received: {value!r} (of type "
+        f"{type(value).__name__}). Load what Plan.to_dict wrote (json.dump(plan.to_dict())).")
+
+
+def _checked_plan_record(cls, record: Any) -> "Plan":
+    if not isinstance(record, Mapping):
+        raise _problem("value", record, "a dict (what Plan.to_dict returns)")
+    for key, kind in _FIELDS.items():
+        if key not in record:
+            raise ValueError(
+                f"A plan record needs the key {key!r}; it has {sorted(record)}. Load what "
+                "Plan.to_dict wrote (json.dump(plan.to_dict())).")
+        if not isinstance(record[key], kind):
+            raise _problem(f"{key!r}", record[key], f"a {kind.__name__}")
+    policies = ("float32",) + tuple(p for p, d in COMPUTE_DTYPES.items() if d != "float32")
+    if record["policy"] not in policies:
+        raise _problem("'policy'", record["policy"], f"one of {list(policies)}")
+    choices = ("float32", record["half_dtype"], FLOAT8)
+    rows = []
+    for i, row in enumerate(record["layers"]):
+        if not isinstance(row, Mapping):
+            raise _problem(f"layers[{i}]", row, "a dict (a LayerChoice)")
+        for key, kind in _ROW_FIELDS.items():
+            if key not in row:
+                raise ValueError(f"A plan record's layers[{i}] needs the key {key!r}; it has "
+                                 f"{sorted(row)}.")
+            if not isinstance(row[key], kind):
+                raise _problem(f"layers[{i}][{key!r}]", row[key], f"of type {kind}")
+        if row["choice"] not in choices:
+            raise _problem(f"layers[{i}]['choice'] (layer {row['name']!r})", row["choice"],
+                           f"one of {list(choices)}")
+        rows.append(LayerChoice(**{k: row[k] for k in _ROW_FIELDS}))
+    precision = None
+    if "precision" in record:
+        try:
+            precision = PrecisionMap.from_dict(record["precision"])
+        except ValueError as error:
+            raise ValueError(f"A plan record's 'precision': {error}") from None
+    return cls(
+        record["model_name"], record["policy"], record["half_dtype"],
+        tuple(record["precisions"]), tuple(rows), dict(record["step_seconds"]),
+        record["summary"], str(record.get("host", "")), bool(record.get("cached", False)),
+        str(record.get("cache_path", "")), None, precision)

@@ -15,8 +15,9 @@
 # `tf_mixed.probe` measures each layer's error in the half dtype. (4)
 # `tf_mixed.tools.planning.choosing.choose` chooses.
 #
-# The cache is `tf_mixed.policy.autotune`'s: one JSON file per host (auto's
-# key: CPU model and flags, TF version, oneDNN setting) and model (a digest of
+# The cache is `tf_mixed._internal.measuring`'s, keyed as auto's is: one JSON
+# file per host (`tf_mixed.policy.autotune.cache_key`: CPU model and flags, TF
+# version, oneDNN setting) and model (a digest of
 # its config and the batch's shapes), in the same directory. A measurement
 # is cached only when it is settled (at least 3 rounds, the whole-model
 # ratio's interquartile range within 20% of its median) and the machine was
@@ -27,13 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import json
 from typing import Any, Callable, Mapping
 
 import keras
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
     COMPUTE_DTYPES,
@@ -43,7 +42,7 @@ from tf_mixed._internal.facts import (
     check_model_kind,
     is_input_layer,
 )
-from tf_mixed.policy import autotune, hardware
+from tf_mixed.policy import autotune, hardware, model_check, precision_map
 from tf_mixed.tools.planning import choosing, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
@@ -124,15 +123,7 @@ def _first_batch(x):
     return keras.tree.map_structure(lambda a: tf.convert_to_tensor(a), x)
 
 
-def _model_digest(model: keras.Model, batch) -> str:
-    try:
-        config = json.dumps(model.get_config(), sort_keys=True, default=str)
-    except Exception:  # a layer without a config: its names and weight shapes instead
-        config = json.dumps([(layer.name, type(layer).__name__,
-                              [list(w.shape) for w in layer.weights]) for layer in model.layers])
-    shapes = [(list(t.shape), str(t.dtype)) for t in keras.tree.flatten(batch)]
-    text = config + json.dumps(shapes)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+_model_digest = model_check.model_digest  # one digest for the plan's and the check's cache
 
 
 def _errors(report, tolerance: float, names) -> tuple[dict[str, float | None], dict[str, str]]:
@@ -201,7 +192,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             replacing the timing (default `time_layers`).
         cache: Read and write the per-host, per-model cache.
         cache_directory: Its directory (default
-            `tf_mixed.policy.autotune.cache_dir()`).
+            `tf_mixed._internal.measuring.cache_dir()`).
         step_check: Where the per-layer choice differs from both
             whole-model policies, time the whole model's step in all three
             and keep the plan only if it is faster than the faster of them
@@ -249,24 +240,22 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         if measurement is None:
             key = dict(autotune.cache_key(info), plan=PLAN_VERSION, half_policy=half_policy,
                        precisions=list(precisions), model=_model_digest(model, batch))
-            path = autotune.cache_path(key, cache_directory, prefix="plan") if cache else ""
-            record = autotune.read_cache(path, key, _record_problem(names)) if cache else None
+            path = measuring.cache_path(key, cache_directory, prefix="plan") if cache else ""
+            record = measuring.read_cache(path, key, _record_problem(names)) if cache else None
             if record is not None:
                 measurement = Measurement.from_dict(record["measurement"])
                 cached, when = True, str(record.get("measured_at", "an earlier run"))
             else:
-                load, cpus = autotune.machine_load()
+                load, cpus = measuring.machine_load()
                 progress.update(f"plan: timing {len(names)} layers in {', '.join(precisions)}")
                 measurement = (timer or _default_timer(rounds, budget_s))(
                     model, batch, precisions, half_policy)
-                busy = load is not None and load > 1.5 * cpus
                 unsettled = choosing.choose(measurement).unsettled
-                not_cached = (f"the machine was busy: load average {load:.1f} on {cpus} CPUs"
-                              if busy else unsettled)
+                not_cached = measuring.busy(load, cpus) or unsettled
                 when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-                record = {"format": autotune.CACHE_FORMAT, "key": key, "measured_at": when,
+                record = {"format": measuring.CACHE_FORMAT, "key": key, "measured_at": when,
                           "measurement": measurement.to_dict()}
-                if not cache or not_cached or not autotune.write_cache(path, record):
+                if not cache or not_cached or not measuring.write_cache(path, record):
                     path = ""
         if probe_report is None:
             progress.update("plan: probing each layer's error in " + half_dtype)
@@ -294,6 +283,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     rows = _rows(model, measurement, choice, errors, followers, half_dtype)
     chosen = {row.choice for row in rows}
     final = half_policy if chosen - {"float32"} else "float32"
+    precision, rows = _decided(model, final, rows)
     summary = _summary(choice, rows, half_dtype, final)
     if checked:
         summary += f"; {checked}"
@@ -304,7 +294,26 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     elif path:
         summary += f"; timed now, cached in {path}"
     return Plan(model.name, final, half_dtype, tuple(measurement.precisions), tuple(rows),
-                dict(choice.step_seconds), summary, host, cached, path, measurement)
+                dict(choice.step_seconds), summary, host, cached, path, measurement, precision)
+
+
+def _decided(model, policy: str, rows) -> tuple[precision_map.PrecisionMap, list[LayerChoice]]:
+    """The model's precision map with the rows' choices as its plan, and the
+    rows as that map builds them: a layer an earlier rule keeps float32 (a
+    float32 head, statistics, token ids) says so (`precision_map.RULES`)."""
+    choices = {row.name: plan_table.choice_policy(row.choice, policy) for row in rows}
+    precision, _ = precision_map.decide(model, policy, plan=choices)
+    decided = []
+    for row in rows:
+        rule = precision.reasons.get(row.name)
+        if rule in (None, precision_map.PLAN, "as is") or row.choice == "float32":
+            decided.append(row)
+            continue
+        built = precision.compute_dtype(row.name) or row.choice
+        decided.append(dataclasses.replace(
+            row, choice=built, why=f"{rule}: float32 whatever the timings "
+            "(tf_mixed.policy.precision_map)"))
+    return precision, decided
 
 
 def _probe_slice(x, y):
@@ -392,6 +401,7 @@ def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
 def _all_float32(model, half_dtype: str, host: str, why: str) -> Plan:
     rows = tuple(LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
                  for layer in model.layers if not is_input_layer(layer))
+    precision, _ = precision_map.decide(model, "float32")
     return Plan(model.name, "float32", half_dtype, ("float32",), rows, {},
-                f"float32 for every layer: {why}", host)
+                f"float32 for every layer: {why}", host, precision=precision)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import keras
 
 from tf_mixed._internal import losses as _losses
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed.policy import autotune
 
 __all__ = ["confirm", "time_steps"]
@@ -40,11 +40,11 @@ def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
     """
     f32, hal, pla = (list(rounds[k]) for k in ("float32", half, "plan"))
     n = min(len(f32), len(hal), len(pla))
-    low, ratio, _ = autotune.quartiles([a / b for a, b in zip(f32[:n], hal[:n])])
+    low, ratio, _ = measuring.quartiles([a / b for a, b in zip(f32[:n], hal[:n])])
     best_name = half if low > 1.0 else "float32"
     best = hal if best_name == half else f32
-    _, median, high = autotune.quartiles([p / b for p, b in zip(pla[:n], best[:n])])
-    ms = {k: 1e3 * autotune.quartiles(list(v)[:n])[1] for k, v in rounds.items()}
+    _, median, high = measuring.quartiles([p / b for p, b in zip(pla[:n], best[:n])])
+    ms = {k: 1e3 * measuring.quartiles(list(v)[:n])[1] for k, v in rounds.items()}
     figures = (f"whole step, median of {n} rounds: plan {ms['plan']:.1f} ms, float32 "
                f"{ms['float32']:.1f} ms, {half} {ms[half]:.1f} ms")
     if high < 1.0:

@@ -1,0 +1,153 @@
+"""A custom loop that forgot the loss-scale wrapper is told, once (issue 45)."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from repo_paths import ROOT
+
+import tf_mixed
+from tf_mixed.callbacks import MixedPrecisionWarning
+from tf_mixed.scaling import unscaled_loop
+
+_X = np.linspace(-1, 1, 32, dtype="float32").reshape(8, 4)
+_Y = np.arange(8, dtype="float32").reshape(8, 1) / 8
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def _model(dtype=None):
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, dtype=dtype, name="d1"),
+                             keras.layers.Dense(1, dtype="float32", name="head")],
+                            name="loop")
+
+
+def _said(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, MixedPrecisionWarning)
+            and "does not scale the loss" in str(w.message)]
+
+
+def _traced_steps(model, opt, n=3):
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = keras.losses.mean_squared_error(y, model(x, training=True))
+            loss = tf.reduce_mean(tf.cast(loss, "float32"))
+        return tf_mixed.training.apply_scaled_gradients(
+            tape, loss, model.trainable_variables, opt)
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        applied = [bool(step(_X, _Y)) for _ in range(n)]
+    return applied, _said(record)
+
+
+@pytest.mark.parametrize("how", ["global_policy", "dtype_argument", "policy_map"])
+def test_a_plain_optimizer_on_a_float16_model_is_told_once_in_a_traced_loop(how):
+    if how == "global_policy":
+        keras.config.set_dtype_policy("mixed_float16")
+        model = _model()
+    elif how == "dtype_argument":
+        model = _model("mixed_float16")
+    else:
+        policies = keras.dtype_policies.DTypePolicyMap(default_policy="float32")
+        policies["loop/d1"] = keras.DTypePolicy("mixed_float16")
+        model = _model(policies)
+    opt = keras.optimizers.SGD(0.01)
+    applied, said = _traced_steps(model, opt)
+    assert applied == [True] * 3
+    assert len(said) == 1, said
+    message = said[0]
+    assert message.startswith("tf_mixed.training.apply_scaled_gradients(): the model "
+                              "computes in float16 (the traced step computes ")
+    assert "the optimizer SGD" in message
+    assert "Fix: opt = tf_mixed.LossScaleOptimizer(opt)" in message
+    assert "(applied is True every step)" in message
+
+
+def test_eagerly_the_global_policy_says_float16():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model()
+    opt = keras.optimizers.SGD(0.01)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.cast(
+                    keras.losses.mean_squared_error(_Y, model(_X)), "float32"))
+            tf_mixed.training.apply_scaled_gradients(
+                tape, loss, model.trainable_variables, opt)
+    said = _said(record)
+    assert len(said) == 1 and "(the global dtype policy is 'mixed_float16')" in said[0], said
+
+
+def test_the_pass_through_wrapper_on_a_float16_model_is_told_with_its_own_fix():
+    model = _model("mixed_float16")  # the global policy stays float32
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01))  # passes through here
+    assert not unscaled_loop.scales_loss(opt)
+    _, said = _traced_steps(model, opt)
+    assert len(said) == 1
+    assert "tf_mixed's pass-through LossScaleOptimizer" in said[0]
+    assert "Fix: opt = tf_mixed.LossScaleOptimizer(opt.inner_optimizer)" in said[0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01)),
+    lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01)),
+    lambda: keras.optimizers.SGD(0.01, loss_scale_factor=128.0),
+], ids=["tf_mixed", "keras_wrapper", "static_factor"])
+def test_an_optimizer_that_scales_is_not_told(make):
+    opt = make()
+    assert unscaled_loop.scales_loss(opt)
+    assert _traced_steps(_model("mixed_float16"), opt, n=1)[1] == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_a_model_without_float16_is_not_told(dtype):
+    assert _traced_steps(_model(dtype), keras.optimizers.SGD(0.01), n=1)[1] == []
+
+
+def test_make_train_step_reads_the_model_and_tells_once_at_construction():
+    model = _model("mixed_float16")
+    opt = keras.optimizers.SGD(0.01)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        step = tf_mixed.training.make_train_step(model, "mse", opt)
+        built = _said(record)
+        for _ in range(2):
+            step(_X, _Y)
+    said = _said(record)
+    assert len(built) == 1 and said == built
+    assert said[0].startswith("tf_mixed.training.make_train_step(): the model computes in "
+                              "float16 (1 layer(s) compute in float16, e.g. 'd1')")
+
+
+def test_make_train_step_under_a_strategy_tells_once():
+    strategy = tf_mixed.training.shared_mirrored_strategy(["CPU:0", "CPU:1"])
+    with strategy.scope():
+        model = _model("mixed_float16")
+        opt = keras.optimizers.SGD(0.01)
+        opt.build(model.trainable_variables)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        step = tf_mixed.training.make_train_step(model, "mse", opt, strategy=strategy)
+        data = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((_X, _Y)).batch(8))
+        out = step(*next(iter(data)))
+    assert bool(out["applied"])
+    assert len(_said(record)) == 1
+
+
+def test_the_docs_list_of_loop_mistakes_names_it():
+    text = (ROOT / "docs" / "custom-loops.md").read_text()
+    mistakes = text[text.index("**Mistakes said once**"):]
+    mistakes = " ".join(mistakes[:mistakes.index("\n\n")].split())
+    assert ("`apply_scaled_gradients` or `make_train_step` with an optimizer that does "
+            "not scale the loss") in mistakes

@@ -1,0 +1,67 @@
+"""tf_mixed.tools.catalog.measuring: exact errors where the arithmetic allows."""
+
+import keras
+import numpy as np
+import pytest
+
+from tf_mixed.tools.catalog import measuring, registry
+
+
+def test_inputs_have_max_abs_equal_to_each_magnitude():
+    case = registry.Case("Add", "x", lambda p: None, inputs=((3,), (4,)), batch=2)
+    xs = measuring.inputs_for(case, [1e-3, 1.0, 1e3], seed=0)
+    assert [x.shape for x in xs] == [(3, 2, 3), (3, 2, 4)]
+    for x in xs:
+        np.testing.assert_allclose(np.abs(x).reshape(3, -1).max(axis=1), [1e-3, 1.0, 1e3],
+                                   rtol=1e-6)
+
+
+def test_ids_are_whole_numbers_below_the_vocabulary():
+    case = registry.Case("Embedding", "x", lambda p: None, inputs=((50,),), distribution="ids",
+                         ids=100)
+    (x,) = measuring.inputs_for(case, [10.0, 1e6], seed=0)
+    assert np.all(x == np.round(x)) and x.max() == 99 and x[0].max() == 10
+
+
+def test_an_identity_layer_costs_one_rounding_of_its_input():
+    case = registry.Case("Identity", "x", lambda p: keras.layers.Identity(dtype=p),
+                         inputs=((64,),))
+    found = measuring.measure(case, ["mixed_float16", "mixed_bfloat16"], [1.0, 2.0 ** 20])
+    f16, bf16 = found["mixed_float16"].points, found["mixed_bfloat16"].points
+    # Round to nearest: each element off by at most half an epsilon, relatively.
+    assert 0 < f16[0].forward <= 2.0 ** -11 and 0 < bf16[0].forward <= 2.0 ** -8
+    assert bf16[1].half_finite and bf16[1].forward <= 2.0 ** -8
+    assert f16[1].forward == np.inf and not f16[1].half_finite  # 2**20 > 65504
+    assert f16[1].reference_finite
+
+
+def test_float16_flushes_what_bfloat16_keeps():
+    case = registry.Case("Dense", "x", lambda p: keras.layers.Dense(4, dtype=p), inputs=((8,),))
+    found = measuring.measure(case, ["mixed_float16", "mixed_bfloat16"], [1e-8, 1.0])
+    tiny16, one16 = found["mixed_float16"].points
+    tiny_bf, one_bf = found["mixed_bfloat16"].points
+    assert tiny16.flushed == 1.0 and tiny16.forward == 1.0  # 1e-8 is below float16's subnormals
+    assert one16.forward < 2.0 ** -9 and one_bf.forward < 2.0 ** -6
+    assert tiny_bf.forward < 2.0 ** -6
+
+
+def test_a_layer_without_a_half_kernel_is_reported_for_that_policy_only():
+    case = registry.Case("MaxPooling3D", "x", lambda p: keras.layers.MaxPooling3D(dtype=p),
+                         inputs=((2, 2, 2, 1),))
+    found = measuring.measure(case, ["mixed_float16", "mixed_bfloat16"], [1.0, 2.0])
+    assert "NotFoundError" in found["mixed_float16"].failure
+    assert found["mixed_float16"].points == ()
+    assert found["mixed_bfloat16"].failure == "" and len(found["mixed_bfloat16"].points) == 2
+
+
+def test_integer_outputs_have_no_gradient():
+    case = [c for c in registry.keras_cases() if c.key == "Discretization[adapted]"][0]
+    found = measuring.measure(case, ["mixed_bfloat16"], [1.0, 2.0])
+    assert all(p.gradient is None for p in found["mixed_bfloat16"].points)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_seeded_random_layers_draw_the_same_numbers_in_every_copy(policy):
+    case = [c for c in registry.keras_cases() if c.key == "RandomFlip[default]"][0]
+    (point,) = measuring.measure(case, [policy], [1.0])[policy].points
+    assert point.forward < 2.0 ** -6  # a different flip would be an error of order 1

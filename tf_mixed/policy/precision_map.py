@@ -1,0 +1,341 @@
+"""A model's precision per layer: one value, made by one decision."""
+
+# `decide(model, target, ...)` walks the model once and says, for every layer,
+# the Keras policy it computes in once the model is made `target`; the answer
+# is a `PrecisionMap`, which converts losslessly to and from Keras's own
+# per-layer value, `keras.dtype_policies.DTypePolicyMap` (layer path ->
+# policy: `to_keras` / `from_keras`). `tf_mixed.convert`, `rebuild` (export),
+# `tf_mixed.probe`, `tf_mixed.plan` (its `Plan` holds one), `Plan.apply` and
+# ``enable(plan=...)`` all read the map this function makes, so what a plan's
+# table or a probe shows for a layer is what applying builds.
+#
+# The rules, in the order they are applied (`RULES`); a layer is set by the
+# first rule that keeps it in float32, and a later rule never moves a layer
+# out of float32 that an earlier rule kept there:
+#
+#   1. "float32 head": (``outputs=True``) every layer that produces a model
+#      output while the target computes in half precision: an output whose layer ends in a
+#      squashing activation (softmax, sigmoid, log_softmax) keeps that layer
+#      in `target` as logits and gets a float32 head appended (`heads`); any
+#      other output layer (an ``Activation``, a regression ``Dense``) stays
+#      float32;
+#   2. "statistics": Keras's ``Normalization`` and ``Discretization``
+#      (`facts.keeps_float32_statistics`), under a half target;
+#   3. "token ids": a layer that would round float token ids straight from a
+#      model input (`facts.rounded_ids`), under a half target;
+#   4. "keep_float32": the layers a `keep_float32` spec matches (a matching
+#      nested model keeps every layer inside it);
+#   5. "plan": a `tf_mixed.plan`'s choice per layer (float32, the half
+#      dtype, or float8: "float8_from_<policy>"), for the layers it names (a
+#      nested model's choice holds for every layer inside it; a float8
+#      choice for an output layer rule 1 keeps float32 runs its matrix
+#      products in float8 from float32, "float8_from_float32", so its output
+#      stays float32);
+#   6. "healed": the layers healing moved to float32 compute.
+#
+# A layer no rule sets computes in `target` ("target"). tf_mixed's own
+# float32 heads (`facts.FLOAT32_HEADS`) are float32 by design ("as is").
+# Input layers, and
+# layers whose policy is not a float policy (integer, quantized), keep their
+# own and are not in the map. Names are `facts.walk_layers`'s (``outer/inner``
+# inside nested models), as ``keep_float32`` and the plan's rows name layers.
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+import keras
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.facts import (
+    FLOAT32_HEADS,
+    FLOAT_POLICIES,
+    HALF_DTYPES,
+    SQUASHING_ACTIVATIONS,
+    activation_name,
+    is_input_layer,
+    keeps_float32_statistics,
+    rounded_ids,
+    walk_layers,
+)
+from tf_mixed.policy import keep_float32 as keep_float32_rules
+
+__all__ = ["RULES", "PrecisionMap", "decide", "validated_policy"]
+
+FLOAT32 = "float32"
+HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED, TARGET, AS_IS = (
+    "float32 head", "statistics", "token ids", "keep_float32", "plan", "healed", "target",
+    "as is")
+RULES = (HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED)
+"""The rules of `decide`, in the order they are applied."""
+_REASONS = RULES + (TARGET, AS_IS)
+
+
+def validated_policy(value: Any, where: str) -> str:
+    """``value`` as a Keras float policy name (float8 allowed), or a clear error.
+
+    Args:
+        value: What a map, a plan or a file holds for one layer.
+        where: Where it was read, for the message ("layer 'dense'").
+
+    Returns:
+        Keras's canonical policy name.
+
+    Raises:
+        ValueError: The value is not a policy name a layer can compute in.
+    """
+    if not isinstance(value, str):
+        raise ValueError(
+            f"The precision of {where} must be a Keras policy name such as "
+            f"'float32' or 'mixed_bfloat16'. Received: {value!r} (of type "
+            f"{type(value).__name__}).")
+    try:
+        policy = keras.dtype_policies.get(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"The precision of {where} is not a policy Keras knows ({error}). Valid: "
+            f"{', '.join(FLOAT_POLICIES)}, or 'float8_from_' + one of them. "
+            f"Received: {value!r}.") from None
+    mode = getattr(policy, "quantization_mode", None)
+    if policy.name.split("_from_")[-1] not in FLOAT_POLICIES or mode not in (None, "float8"):
+        raise ValueError(
+            f"The precision of {where} must be a float policy ({', '.join(FLOAT_POLICIES)}) "
+            f"or 'float8_from_' + one of them. Received: {value!r}.")
+    return policy.name
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionMap:
+    """The policy each layer of one model computes in (see `decide`).
+
+    Attributes:
+        target: The policy of layers no rule set (a Keras policy name).
+        layers: Layer name -> Keras policy name, for every layer the decision
+            covers (inputs and non-float policies are left out), in the
+            model's order; names as `tf_mixed._internal.facts.walk_layers`.
+        reasons: Layer name -> the rule that set it (`RULES`, "target", or
+            "as is" when the layer keeps its own policy).
+        heads: Output layer name -> the activation its float32 head applies
+            ("" for a float32 cast), for outputs that get a head appended.
+    """
+
+    target: str
+    layers: Mapping[str, str]
+    reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    heads: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        target = validated_policy(self.target, "the map's target")
+        object.__setattr__(self, "target", target)
+        if not isinstance(self.layers, Mapping):
+            raise ValueError(
+                "A PrecisionMap's `layers` must map layer names to policy names. "
+                f"Received: layers={self.layers!r} (of type {type(self.layers).__name__}).")
+        layers = {}
+        for name, value in self.layers.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"A PrecisionMap's layer names must be non-empty strings. "
+                                 f"Received: {name!r}.")
+            layers[name] = validated_policy(value, f"layer {name!r}")
+        object.__setattr__(self, "layers", layers)
+        for field in ("reasons", "heads"):
+            value = getattr(self, field)
+            if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+                raise ValueError(f"A PrecisionMap's `{field}` must map layer names to "
+                                 f"strings. Received: {field}={value!r}.")
+        bad = {n: r for n, r in self.reasons.items() if r not in _REASONS}
+        if bad:
+            raise ValueError(f"A PrecisionMap's reasons must be among {list(_REASONS)}. "
+                             f"Received: {bad}.")
+        object.__setattr__(self, "reasons", dict(self.reasons))
+        object.__setattr__(self, "heads", dict(self.heads))
+
+    def policy(self, name: str) -> str | None:
+        """The policy of layer ``name`` (None: the layer keeps its own)."""
+        return self.layers.get(name)
+
+    def compute_dtype(self, name: str) -> str | None:
+        """The dtype layer ``name`` computes in ("float8" for float8), or None."""
+        policy = self.layers.get(name)
+        if policy is None:
+            return None
+        if policy.startswith("float8_from_"):
+            return "float8"
+        return keras.DTypePolicy(policy).compute_dtype
+
+    def float32_names(self) -> tuple[str, ...]:
+        """Layers kept float32 under a half target (``keep_float32=`` names),
+        tf_mixed's own heads aside; () under a float32 target."""
+        if keras.DTypePolicy(self.target).compute_dtype not in HALF_DTYPES:
+            return ()
+        return tuple(n for n, p in self.layers.items()
+                     if p == FLOAT32 and self.reasons.get(n) != AS_IS)
+
+    def float8_names(self) -> tuple[str, ...]:
+        """Layers that compute in float8."""
+        return tuple(n for n, p in self.layers.items() if p.startswith("float8_from_"))
+
+    def to_keras(self) -> keras.dtype_policies.DTypePolicyMap:
+        """This map as Keras's `DTypePolicyMap` (default policy: `target`)."""
+        return keras.dtype_policies.DTypePolicyMap(
+            default_policy=self.target,
+            policy_map={k: keras.dtype_policies.get(v) for k, v in self.layers.items()})
+
+    @classmethod
+    def from_keras(cls, policy_map: keras.dtype_policies.DTypePolicyMap) -> "PrecisionMap":
+        """The map a `DTypePolicyMap` holds (its default policy is the target).
+
+        Raises:
+            ValueError: ``policy_map`` is not a `DTypePolicyMap`, or holds a
+                policy a layer cannot compute in here.
+        """
+        if not isinstance(policy_map, keras.dtype_policies.DTypePolicyMap):
+            raise ValueError(
+                "PrecisionMap.from_keras needs a keras.dtype_policies.DTypePolicyMap. "
+                f"Received: {policy_map!r} (of type {type(policy_map).__name__}).")
+        return cls(policy_map.default_policy.name,
+                   {k: getattr(v, "name", v) for k, v in policy_map.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data (`from_dict` reads it back)."""
+        return {"target": self.target, "layers": dict(self.layers),
+                "reasons": dict(self.reasons), "heads": dict(self.heads)}
+
+    @classmethod
+    def from_dict(cls, record: Any) -> "PrecisionMap":
+        """The map `to_dict` wrote, checked.
+
+        Raises:
+            ValueError: ``record`` is not such a dict, or holds a value that
+                is not a valid policy name (named with its layer).
+        """
+        if not isinstance(record, Mapping) or "target" not in record or "layers" not in record:
+            raise ValueError(
+                "A precision map must be a dict with 'target' and 'layers' (what "
+                f"PrecisionMap.to_dict writes). Received: {record!r}.")
+        return cls(record["target"], record["layers"], record.get("reasons", {}),
+                   record.get("heads", {}))
+
+
+def _output_layers(model) -> list:
+    """The layers (or Keras ops) producing `model`'s outputs, once each."""
+    seen, found = set(), []
+    for tensor in keras.tree.flatten(model.outputs):
+        history = _internals.keras_history(tensor)
+        layer = history.operation if history is not None else None
+        if layer is not None and id(layer) not in seen and not is_input_layer(layer):
+            seen.add(id(layer))
+            found.append(layer)
+    return found
+
+
+def decide(model: keras.Model, target: str, *,
+           keep_float32: keep_float32_rules.Spec | keep_float32_rules.KeepFloat32 = (),
+           plan: Mapping[str, str] | None = None, healed: Iterable[str] = (),
+           outputs: bool = True, check_names: bool = True,
+           ) -> tuple[PrecisionMap, dict[int, str]]:
+    """The precision of every layer of ``model`` made ``target``: the rules in order.
+
+    Walks the model once (`tf_mixed._internal.facts.walk_layers`); see the
+    module's comment for the rules and their order (`RULES`).
+
+    Args:
+        model: A built Sequential or functional model; not modified.
+        target: The policy the model is made: "float32", "mixed_float16",
+            "mixed_bfloat16", "float16" or "bfloat16".
+        keep_float32: A ``keep_float32`` spec (names, classes, predicates;
+            `tf_mixed.policy.keep_float32.parse`) or a parsed one.
+        plan: Layer name -> policy name chosen by `tf_mixed.plan` (layers it
+            does not name compute in ``target``).
+        healed: Names of the layers healing moved to float32.
+        outputs: Apply rule 1 to the model's output layers (`convert`,
+            `probe`); False keeps only tf_mixed's own heads (`rebuild`).
+        check_names: Refuse ``keep_float32`` names the model lacks (False
+            for the rules `enable` made for every model, as `probe` reads them).
+
+    Returns:
+        ``(precision_map, names)``: the `PrecisionMap`, and ``id(layer) ->
+        name`` for every layer walked (the first place a shared layer appears),
+        for the caller that re-creates the layers.
+
+    Raises:
+        ValueError: ``keep_float32`` names a layer the model lacks (close
+            matches listed); a plan value is not a valid policy.
+    """
+    target = validated_policy(target, "the target")
+    keep = (keep_float32 if isinstance(keep_float32, keep_float32_rules.KeepFloat32)
+            else keep_float32_rules.parse(keep_float32))
+    compute = keras.DTypePolicy(target.split("_from_")[-1]).compute_dtype
+    half = compute in HALF_DTYPES
+    plan = {n: validated_policy(p, f"layer {n!r} in the plan") for n, p in (plan or {}).items()}
+    healed = frozenset(healed)
+    heads: dict[int, str] = {}
+    kept_outputs: set[int] = set()
+    if half and outputs:
+        for layer in _output_layers(model):
+            activation = activation_name(layer)
+            if isinstance(layer, keras.Model):
+                continue  # converted as a whole: convert notes it
+            if not isinstance(layer, keras.layers.Layer):
+                heads[id(layer)] = ""  # a Keras op: a float32 cast under its name
+            elif (activation in SQUASHING_ACTIVATIONS
+                    and type(layer).__name__ not in ("Activation", "Softmax")):
+                heads[id(layer)] = activation or ""
+            else:
+                kept_outputs.add(id(layer))
+
+    layers: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    head_names: dict[str, str] = {}
+    names: dict[int, str] = {}
+    kept_models: list[str] = []  # nested models keep_float32 matched: "outer/"
+    planned_models: list[str] = []  # nested models the plan names: "outer/"
+    known: set[str] = set()
+    for name, layer in walk_layers(model):
+        names.setdefault(id(layer), name)
+        known.add(layer.name)
+        if id(layer) in heads:
+            head_names[name] = heads[id(layer)]
+        if is_input_layer(layer):
+            continue
+        own = getattr(layer.dtype_policy, "name", None)
+        if own not in FLOAT_POLICIES:
+            continue
+        if type(layer).__name__ in FLOAT32_HEADS:
+            rule = AS_IS  # tf_mixed's own head: float32 by design
+        elif id(layer) in kept_outputs:
+            rule = HEAD
+        elif half and keeps_float32_statistics(layer):
+            rule = STATISTICS
+        elif half and not isinstance(layer, keras.Model) and any(
+                rounded_ids(layer, tensor, compute) for tensor in _internals.call_inputs(layer)):
+            rule = TOKEN_IDS
+        elif keep.matches(layer) or any(name.startswith(m) for m in kept_models):
+            rule = KEEP
+            if isinstance(layer, keras.Model):
+                kept_models.append(name + "/")
+        elif name in plan or any(name.startswith(m) for m in planned_models):
+            rule = PLAN
+            if name not in plan:  # inside a planned nested model: the model's choice
+                plan[name] = next(plan[m[:-1]] for m in planned_models if name.startswith(m))
+            if isinstance(layer, keras.Model):
+                planned_models.append(name + "/")
+        elif name in healed:
+            rule = HEALED
+        else:
+            rule = TARGET
+        if rule == HEAD and plan.get(name, "").startswith("float8_from_"):
+            rule = PLAN  # float8 matrix products from float32: the output stays float32
+            plan[name] = "float8_from_float32"
+        if rule == PLAN:
+            policy = plan[name]
+            if policy != FLOAT32 and name in healed:
+                policy, rule = FLOAT32, HEALED
+        else:
+            policy = target if rule == TARGET else FLOAT32 if rule != AS_IS else own
+        layers[name], reasons[name] = policy, rule
+    if check_names:
+        keep.check_names(known, model.name)
+    return PrecisionMap(target, layers, reasons, head_names), names

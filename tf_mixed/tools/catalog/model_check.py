@@ -1,0 +1,198 @@
+"""A model's layers looked up in the catalog: which layer, its safe range, the fix."""
+
+# `tf_mixed.audit` (its ``magnitudes=`` argument) and `LossScaleMonitor`'s
+# fit-start check call `check_model`. Each half-precision layer is looked up by
+# class in the stored catalog (`tf_mixed.tools.catalog.results.stored`: its
+# first configuration of the class, the one an Activation's function names
+# for ``Activation``), under the layer's own half policy:
+#
+# * a magnitude known for the layer (max |input|: from `input_magnitudes`, a
+#   batch run through the model, or `magnitudes_from_probe`, a
+#   `tf_mixed.probe` report) outside the row's safe range: "catalog_range"
+#   (warning), the layer, the magnitude, the range and the fix;
+# * no magnitude known: "catalog_narrow" (info) for a row safe over less than
+#   `NARROW` (10**-3 .. 10**3), so the user knows which layers to watch;
+# * the row does not run under the policy here (a kernel this host's device
+#   kind lacks, such as 3D pooling in float16 on a CPU) and this host has no
+#   GPU: "catalog_no_kernel" (error): fit would fail at its first step.
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Mapping
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.facts import (
+    HALF_DTYPES,
+    activation_name,
+    half_policy,
+    is_input_layer,
+    walk_layers,
+)
+from tf_mixed.tools.catalog.results import Catalog, Row, stored
+
+__all__ = ["NARROW", "CatalogNote", "check_model", "input_magnitudes",
+           "magnitudes_from_probe", "row_for"]
+
+NARROW = (1e-3, 1e3)
+"""A safe range that does not cover this is reported without magnitudes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogNote:
+    """A layer the catalog has something to say about.
+
+    Attributes:
+        severity: "error", "warning" or "info".
+        code: "catalog_range", "catalog_narrow" or "catalog_no_kernel".
+        layer: the layer's name (``outer/inner`` inside a nested model).
+        message: what the catalog says about it.
+        fix: what to do.
+    """
+
+    severity: str
+    code: str
+    layer: str
+    message: str
+    fix: str
+
+
+@functools.lru_cache(maxsize=1)
+def _stored() -> Catalog:
+    return stored()
+
+
+def row_for(catalog: Catalog, layer, policy: str) -> Row | None:
+    """The catalog row a layer is judged by (None: the class is not in the catalog)."""
+    import keras
+
+    cls = type(layer)
+    # keras.layers may export a class under another name (GroupQueryAttention).
+    names = {cls.__name__} | {n for n, c in vars(keras.layers).items() if c is cls}
+    rows = [row for row in catalog.rows
+            if row.layer in names and row.policy == policy and row.source != "user"]
+    if "Activation" in names:
+        wanted = f"activation={activation_name(layer)}"
+        rows = [row for row in rows if row.config == wanted]
+    return rows[0] if rows else None
+
+
+def check_model(model, magnitudes: Mapping[str, float] | None = None,
+                catalog: Catalog | None = None, *, has_gpu: bool | None = None
+                ) -> list[CatalogNote]:
+    """Compares each half-precision layer of `model` with the catalog.
+
+    Args:
+        model: a `keras.Model`.
+        magnitudes: max |input| per layer name (`input_magnitudes`,
+            `magnitudes_from_probe`); None when unknown.
+        catalog: the catalog to judge by (default: the stored one).
+        has_gpu: whether this host has a GPU (None: detect).
+
+    Returns:
+        `CatalogNote` values, in the model's layer order.
+    """
+    import keras
+
+    catalog = catalog if catalog is not None else _stored()
+    if has_gpu is None:
+        from tf_mixed.policy import hardware
+
+        has_gpu = hardware.detect().has_gpu
+    notes = []
+    for name, layer in walk_layers(model):
+        if isinstance(layer, keras.Model) or is_input_layer(layer):
+            continue
+        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
+        policy = half_policy(dtype) if dtype in HALF_DTYPES else None
+        row = row_for(catalog, layer, policy) if policy else None
+        if row is None:
+            continue
+        fix = (f"keep it in float32: tf_mixed.enable(keep_float32=[{name!r}]) before building, "
+               f"or tf_mixed.convert(model, keep_float32=[{name!r}])")
+        where = f"catalog row {row.key}, {policy}"
+        if row.failure:
+            if not has_gpu:
+                notes.append(CatalogNote(
+                    "error", "catalog_no_kernel", name,
+                    f"Layer '{name}' ({row.layer}) does not run under {policy} on this "
+                    f"host's device kind ({where}: {row.failure}).", fix))
+            continue
+        magnitude = None if magnitudes is None else magnitudes.get(name)
+        if magnitude is not None:
+            if not row.safe.contains(magnitude):
+                notes.append(CatalogNote(
+                    "warning", "catalog_range", name,
+                    f"Layer '{name}' ({row.layer}) computes in {dtype} and its inputs reach "
+                    f"max |x| = {magnitude:.3g}, outside the range where it matches float32 "
+                    f"within tolerance: {row.safe.text()} ({where}; {row.reason()}).", fix))
+            continue
+        if magnitudes is None and not _covers(row, *NARROW):
+            notes.append(CatalogNote(
+                "info", "catalog_narrow", name,
+                f"Layer '{name}' ({row.layer}) matches float32 under {policy} only for "
+                f"inputs with max |x| in {row.safe.text()} ({where}; {row.reason()}).",
+                "check its input magnitudes: tf_mixed.audit(model, magnitudes="
+                "tf_mixed.tools.catalog.input_magnitudes(model, x)); if they leave that "
+                f"range, {fix}"))
+    return notes
+
+
+def _covers(row: Row, low: float, high: float) -> bool:
+    return row.safe.contains(low) and row.safe.contains(high)
+
+
+def input_magnitudes(model, x) -> dict[str, float]:
+    """Max |input| of each top-level layer of a Sequential/functional model on a batch.
+
+    Args:
+        model: a built Sequential or functional `keras.Model`.
+        x: one batch the model takes.
+
+    Returns:
+        ``{layer name: max |input|}`` (inf where an input is not finite);
+        layers inside nested models and layers without a symbolic call are left out.
+    """
+    import keras
+    import numpy as np
+
+    owners, tensors = [], []
+    for layer in model.layers:
+        if isinstance(layer, keras.Model) or is_input_layer(layer):
+            continue
+        for tensor in _internals.call_inputs(layer):
+            if keras.backend.is_float_dtype(getattr(tensor, "dtype", "int32")):
+                owners.append(layer.name)
+                tensors.append(tensor)
+    if not tensors:
+        return {}
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    values = keras.Model(inputs, tensors)(x, training=False)
+    found: dict[str, float] = {}
+    for name, value in zip(owners, keras.tree.flatten(values)):
+        array = np.abs(keras.ops.convert_to_numpy(keras.ops.cast(value, "float32")))
+        found[name] = max(found.get(name, 0.0), float(array.max()) if array.size else 0.0)
+    return found
+
+
+def magnitudes_from_probe(model, report) -> dict[str, float]:
+    """Max |input| per top-level layer, from a `tf_mixed.probe` report.
+
+    The probe reports each layer's float32 max |output|; a layer's input
+    magnitude is the largest of its producers' (layers fed by a model input
+    directly are left out: the probe does not report inputs).
+    """
+    outputs = {stats.name: stats.float32_max_abs for stats in report.layers}
+    found = {}
+    for layer in model.layers:
+        producers = []
+        for tensor in _internals.call_inputs(layer):
+            history = _internals.keras_history(tensor)
+            name = getattr(getattr(history, "operation", None), "name", None)
+            if name in outputs:
+                producers.append(outputs[name])
+        if producers:
+            found[layer.name] = max(producers)
+    return {name: value for name, value in found.items() if not math.isnan(value)}
