@@ -61,7 +61,8 @@ def test_every_block_is_complete_python(page, line, code):
     tree = ast.parse(code, filename=f"{_name(page)}:{line}")
     placeholders = [node.lineno for node in ast.walk(tree)
                     if isinstance(node, ast.Constant) and node.value is Ellipsis]
-    assert not placeholders, f"{_name(page)}:{line}: `...` stands for a value (lines {placeholders})"
+    assert not placeholders, (
+        f"{_name(page)}:{line}: `...` stands for a value (lines {placeholders})")
 
 
 def test_the_prelude_is_one_block_that_stands_alone():

@@ -106,7 +106,8 @@ def test_the_check_finds_names_and_paths_that_do_not_exist():
 def test_the_check_refuses_deprecated_aliases_and_retired_module_names():
     text = ("`tf_mixed.scaling.optimizer.wrap_optimizer` in `optimizer.py`, `float8_sync.py` and "
             "`tf_mixed._internal.shims.apply_reduced_gradients` are today's names; "
-            "`tf_mixed.loss_scale.LossScaleOptimizer` (a deprecated alias), `tf_mixed.memory_report`, "
+            "`tf_mixed.loss_scale.LossScaleOptimizer` (a deprecated alias), "
+            "`tf_mixed.memory_report`, "
             "`selfcheck.py`, `nowhere.py`, `loss_scale._apply_unscaled` and "
             "`_internals.apply_reduced_gradients` are not. "
             "keras/src/backend/tensorflow/trainer.py is Keras's file, not ours.")
@@ -215,7 +216,8 @@ def _public_spellings() -> dict[tuple[str, str], set[str]]:
     spellings: dict[tuple[str, str], set[str]] = {}
     for name, module in tf_mixed._EXPORTS.items():
         if name != module.rpartition(".")[2]:
-            spellings.setdefault(_defining(f"tf_mixed.{module}", name), set()).add(f"tf_mixed.{name}")
+            spellings.setdefault(_defining(f"tf_mixed.{module}", name), set()).add(
+                f"tf_mixed.{name}")
     for face in _faces():
         for name in _all(face):
             spellings.setdefault(_defining(face, name), set()).add(f"{face}.{name}")
@@ -273,7 +275,8 @@ def test_the_spelling_check_finds_private_paths_and_moved_names():
     assert _wrong_spellings("`tf_mixed.float8.quantization.quantize(model)`") == [
         "tf_mixed.float8.quantization.quantize (write tf_mixed.float8.quantize)"]
     assert _wrong_spellings("`tf_mixed.scaling.optimizer.LossScaleOptimizer.apply`") == [
-        "tf_mixed.scaling.optimizer.LossScaleOptimizer.apply (write tf_mixed.LossScaleOptimizer.apply)"]
+        "tf_mixed.scaling.optimizer.LossScaleOptimizer.apply "
+        "(write tf_mixed.LossScaleOptimizer.apply)"]
     assert _wrong_spellings("tf_mixed.scaling.Accumulator and tf_mixed.memory_report") == [
         "tf_mixed.scaling.Accumulator (write tf_mixed.scaling.accumulation.Accumulator)",
         "tf_mixed.memory_report (write tf_mixed.tools.memory_report)"]
@@ -296,7 +299,8 @@ def test_documents_name_public_objects_by_their_public_path(document):
 
 
 def test_documents_name_errors_users_catch_by_a_public_path():
-    error = re.compile(r"(?<![\w/.-])tf_mixed(?:\.\w+)*\._\w*(?:\.\w+)*\.\w*(?:Error|Warning|Failure)\b")
+    error = re.compile(r"(?<![\w/.-])tf_mixed(?:\.\w+)*\._\w*(?:\.\w+)*"
+                       r"\.\w*(?:Error|Warning|Failure)\b")
     assert error.search("catch tf_mixed._internal.tf_keras_check.TfKerasError")
     offenders = [f"{document.relative_to(ROOT)}: {match.group(0)}"
                  for document in _PUBLIC_TEXTS for match in error.finditer(document.read_text())]
@@ -305,7 +309,8 @@ def test_documents_name_errors_users_catch_by_a_public_path():
 
 # --------------------------------------------------- BUILD_NOTES sections
 
-_NOTES_HEADINGS = {line.lstrip("#").strip() for line in (ROOT / "BUILD_NOTES.md").read_text().splitlines()
+_NOTES_HEADINGS = {line.lstrip("#").strip()
+                   for line in (ROOT / "BUILD_NOTES.md").read_text().splitlines()
                    if line.startswith("#")}
 # A citation of a section: BUILD_NOTES.md, "Heading" / BUILD_NOTES.md ("Heading") /
 # BUILD_NOTES.md, section "Heading" / [text](BUILD_NOTES.md#heading), and the

@@ -8,10 +8,10 @@ import ast
 import pathlib
 import re
 import sys
-import tomllib
 
 import pytest
 import setuptools
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tf_mixed"
@@ -139,7 +139,8 @@ def test_layout_lists_every_folder_and_module_on_disk():
         for entry in modules:
             listed.add(entry)
         for sub in [f for f in files if f.endswith("/")]:  # a subfolder lists its own files
-            inside = {p.name for p in (PACKAGE / unit / sub).glob("*.py") if p.name != "__init__.py"}
+            inside = {p.name for p in (PACKAGE / unit / sub).glob("*.py")
+                      if p.name != "__init__.py"}
             text = LAYOUT.read_text()
             assert all(f"`{name}`" in text for name in inside), (unit, sub, inside)
         assert files == listed, (unit, files ^ listed)
@@ -177,10 +178,12 @@ def test_every_folder_init_only_hands_names_on():
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 continue  # the docstring
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and [
-                    ast.unparse(t) for t in getattr(node, "targets", [getattr(node, "target", None)])
+                    ast.unparse(t)
+                    for t in getattr(node, "targets", [getattr(node, "target", None)])
             ] == ["__all__"]:
                 continue
-            if (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__getattr__"]
+            if (isinstance(node, ast.Assign)
+                    and [ast.unparse(t) for t in node.targets] == ["__getattr__"]
                     and ast.unparse(node.value.func) == "_moved.face_getattr"):
                 continue  # the names it handed on before, for one release
             offenders.append(f"{init.relative_to(ROOT)}:{node.lineno}")
@@ -257,7 +260,8 @@ def test_the_library_holds_no_command_line_code():
 
 
 def test_only_a_pointer_to_a_command_is_allowed():
-    pointer = ('if __name__ == "__main__":\n    print("python -m x moved: run python -m tf_mixed x",'
+    pointer = ('if __name__ == "__main__":\n'
+               '    print("python -m x moved: run python -m tf_mixed x",'
                ' file=sys.stderr)\n    raise SystemExit(2)\n')
     assert _is_pointer(ast.parse(pointer).body[0])
     assert not _command_line_code(_without_pointer(pointer))
@@ -333,11 +337,13 @@ def _library_imports_reachable_from(module: str) -> set[str]:
 def test_the_optimizer_does_not_reach_the_fit_workaround():
     reached = _library_imports_reachable_from("tf_mixed.scaling.optimizer")
     assert "tf_mixed.scaling.rollback" in reached  # the walk follows imports
-    assert not {"tf_mixed.distribute.cluster", "tf_mixed.distribute.keras_fix_20585"} & reached, reached
+    assert not ({"tf_mixed.distribute.cluster", "tf_mixed.distribute.keras_fix_20585"}
+                & reached), reached
 
 
 def test_the_stop_rules_import_neither_keras_nor_tensorflow():
-    imported = {m.split(".")[0] for m, _ in _imported_modules(PACKAGE / "callbacks" / "stop_rules.py")}
+    imported = {m.split(".")[0]
+                for m, _ in _imported_modules(PACKAGE / "callbacks" / "stop_rules.py")}
     assert not {"keras", "tensorflow", "tf_mixed"} & imported, imported
 
 
@@ -379,7 +385,8 @@ def _through_a_face(path: pathlib.Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and not node.level and node.module in faces:
             names = [a.name for a in node.names if not _is_module(f"{node.module}.{a.name}")]
             if names:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {names}")
+                found.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {names}")
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             dotted = ast.unparse(node)
             owner = dotted.rpartition(".")[0]
@@ -392,7 +399,8 @@ def test_the_face_check_finds_imports_through_a_face(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text("from tf_mixed.scaling import LossTally, optimizer\n"
                     "from tf_mixed.scaling.loss_tally import LossTally\n"
-                    "import tf_mixed\nx = tf_mixed.float8.quantize\ny = tf_mixed.float8.reading.state\n")
+                    "import tf_mixed\nx = tf_mixed.float8.quantize\n"
+                    "y = tf_mixed.float8.reading.state\n")
     fake_in_package = PACKAGE / "_fake_face_check.py"
     fake_in_package.write_text(fake.read_text())
     try:
@@ -434,7 +442,8 @@ def _misplaced_tests(tests: pathlib.Path, package: pathlib.Path) -> list[str]:
             continue
         if top == "integration":
             if not path.name.startswith(("test_", "_")):
-                misplaced.append(f"{relative}: tests/integration/ holds test_*.py and _*.py workers")
+                misplaced.append(
+                    f"{relative}: tests/integration/ holds test_*.py and _*.py workers")
             continue
         if top == "data":
             continue

@@ -95,7 +95,8 @@ def _face_all(face: str) -> list[str]:
 
 def _face_moved(face: str) -> dict[str, str]:
     for node in _face_source(face).body:
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__getattr__"]:
+        if (isinstance(node, ast.Assign)
+                and [ast.unparse(t) for t in node.targets] == ["__getattr__"]):
             return ast.literal_eval(node.value.args[1])
     return {}
 
@@ -103,12 +104,14 @@ def _face_moved(face: str) -> dict[str, str]:
 def _documented(face: str, name: str, text: str) -> bool:
     """``face.name`` written out, or ``name`` imported from ``face``, in ``text``."""
     spelled = re.search(rf"(?<![\w.]){re.escape(face)}\.{re.escape(name)}\b", text)
-    imported = re.search(rf"from {re.escape(face)} import (?:\([^)]*|[^\n]*)\b{re.escape(name)}\b", text)
+    imported = re.search(
+        rf"from {re.escape(face)} import (?:\([^)]*|[^\n]*)\b{re.escape(name)}\b", text)
     return bool(spelled or imported)
 
 
 def test_the_documentation_check_reads_both_spellings():
-    text = "`tf_mixed.scaling.LossTally`\nfrom tf_mixed.distribute import (\n    WorkersFailed,\n)\n"
+    text = ("`tf_mixed.scaling.LossTally`\n"
+            "from tf_mixed.distribute import (\n    WorkersFailed,\n)\n")
     assert _documented("tf_mixed.scaling", "LossTally", text)
     assert _documented("tf_mixed.distribute", "WorkersFailed", text)
     assert not _documented("tf_mixed.scaling", "Loss", text)
@@ -180,8 +183,8 @@ def test_unknown_name_raises_attribute_error():
 
 def test_no_function_shadows_its_module():
     # tf_mixed.audit is the function; its module is tf_mixed.tools.auditing.
-    from tf_mixed.tools import auditing
     from tf_mixed.models import conversion
+    from tf_mixed.tools import auditing
 
     assert tf_mixed.audit is auditing.audit
     assert tf_mixed.convert is conversion.convert

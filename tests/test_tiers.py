@@ -5,9 +5,9 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

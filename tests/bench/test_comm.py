@@ -8,8 +8,8 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tf_mixed.bench import comm as bench_comm
 from tf_mixed.__main__ import main
+from tf_mixed.bench import comm as bench_comm
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 

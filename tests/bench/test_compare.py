@@ -6,22 +6,21 @@ shared) with tiny images and a few steps; one test per distinct path.
 
 import json
 import math
-import re
 import os
+import re
 
 import keras
 import numpy as np
+import plans
 import pytest
 
-from tf_mixed.policy import hardware
-from tf_mixed.policy import global_policy as policy_module
 from tf_mixed._internal import measuring
+from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import compare, config, models, plan_row, plot, run, schedule, serving
 from tf_mixed.bench import report as bench_report
 from tf_mixed.cli.main import main
-from tf_mixed._internal.cli_errors import UsageError
-
-import plans
+from tf_mixed.policy import global_policy as policy_module
+from tf_mixed.policy import hardware
 
 TINY = [
     "--isolation=inprocess",
@@ -109,7 +108,8 @@ def test_unknown_model_and_too_small_images():
     with pytest.raises(UsageError) as info:
         models.build("vgg", (32, 32, 3), 10)
     assert str(info.value) == (
-        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer.")
+        "--model='vgg': unknown model. Accepted: mlp, cnn, resnet18, resnet50, mobilenetv2, "
+        "efficientnetb0, transformer.")
     with pytest.raises(UsageError, match="too small for --model=resnet50"):
         models.build("resnet50", (16, 16, 3), 10)
 
@@ -162,13 +162,15 @@ def _check_figures(report, out_text):
             assert 0.0 <= r[key] <= 1.0
         assert r["timed_steps"] == r["total_steps"] - r["warmup_steps"] > 0
         assert r["total_steps"] == r["epochs"] * r["steps_per_epoch"] == r["steps_run"]
-        assert r["samples_per_sec"] == pytest.approx(1000 * r["global_batch_size"] / r["step_time_ms"])
+        assert r["samples_per_sec"] == pytest.approx(
+            1000 * r["global_batch_size"] / r["step_time_ms"])
         # Every round's figure is kept; the run's figure is their median.
         rounds = [x["samples_per_sec"] for x in r["rounds"]]
         assert sum(x["steps"] for x in r["rounds"]) == r["timed_steps"]
         assert r["samples_per_sec"] == pytest.approx(float(np.median(rounds)))
         spread = r["samples_per_sec_spread"]
-        assert (spread["min"], spread["max"], spread["n"]) == (min(rounds), max(rounds), len(rounds))
+        assert (spread["min"], spread["max"], spread["n"]) == (
+            min(rounds), max(rounds), len(rounds))
         assert r["accuracy_compared"] and r["plan"]["full"]
         memory = r["activation_bytes"]
         assert memory["weights"] == 4 * r["model_params"]  # float32 variables
@@ -180,7 +182,8 @@ def _check_figures(report, out_text):
         assert r["final_val_loss"] == r["history"]["val_loss"][-1]
         assert isinstance(r["skipped_steps"], int) and r["skipped_steps"] >= 0
         ratio = r["ratio_to_float32"]
-        pairs = [x["samples_per_sec"] / b["samples_per_sec"] for x, b in zip(r["rounds"], base["rounds"])]
+        pairs = [x["samples_per_sec"] / b["samples_per_sec"]
+                 for x, b in zip(r["rounds"], base["rounds"])]
         assert ratio["round_pairs"] == pytest.approx(pairs)
         assert ratio["samples_per_sec"] == pytest.approx(float(np.median(pairs)))
         assert ratio["peak_memory"] == pytest.approx(r["peak_memory_mb"] / base["peak_memory_mb"])
@@ -239,7 +242,8 @@ def test_default_pair_fit_loop_files_and_figures(tmp_path, capsys, monkeypatch, 
     assert "--model=cnn" in report["command"]
     _check_figures(report, out_text)
     mixed = report["results"][1]
-    assert mixed["compute_dtype"] == "bfloat16" and report["results"][0]["compute_dtype"] == "float32"
+    assert (mixed["compute_dtype"] == "bfloat16"
+            and report["results"][0]["compute_dtype"] == "float32")
     # In one process the policies run one after the other (subprocesses alternate);
     # the plan equals mixed_bfloat16, so it does not train: its row is mixed_bfloat16's.
     assert report["round_order"] == ["float32"] * 2 + ["mixed_bfloat16"] * 2
@@ -298,7 +302,8 @@ def test_float16_fit_loop_uses_tf_mixed_optimizer(tmp_path, capsys):
     report, out_text, _ = _run(tmp_path, capsys, "--model=mlp", "--policies=mixed_float16,float32")
     assert [r["policy"] for r in report["results"]] == ["float32", "mixed_float16"]
     fp16 = report["results"][1]
-    assert fp16["optimizer"] == "LossScaleOptimizer(Adam)" and fp16["loss_scale"]["initial"] == 2.0**15
+    assert (fp16["optimizer"] == "LossScaleOptimizer(Adam)"
+            and fp16["loss_scale"]["initial"] == 2.0**15)
     _check_figures(report, out_text)
 
 
@@ -310,7 +315,8 @@ def test_folder_dataset_end_to_end(tmp_path, capsys):
     for c in ("a", "b"):
         os.makedirs(tmp_path / "imgs" / c)
         for i in range(20):
-            Image.fromarray(rng.integers(0, 255, (18, 18, 3), np.uint8)).save(tmp_path / "imgs" / c / f"{i}.png")
+            Image.fromarray(rng.integers(0, 255, (18, 18, 3), np.uint8)).save(
+                tmp_path / "imgs" / c / f"{i}.png")
     report, out_text, _ = _run(
         tmp_path, capsys, "--model=mlp", f"--dataset=folder:{tmp_path / 'imgs'}",
         "--policies=float32,bf16", "--train_size=0", "--val_size=0",
@@ -434,7 +440,8 @@ def test_plot_draws_loss_scale_and_diverged_runs(tmp_path):
     def result(policy, losses, scale):
         return {
             "policy": policy, "samples_per_sec": 100.0, "total_steps": 10,
-            "rounds": [{"steps": 5, "samples_per_sec": 90.0}, {"steps": 5, "samples_per_sec": 110.0}],
+            "rounds": [{"steps": 5, "samples_per_sec": 90.0},
+                       {"steps": 5, "samples_per_sec": 110.0}],
             "samples_per_sec_spread": {"min": 90.0, "max": 110.0},
             "ratio_to_float32": {"samples_per_sec": 1.0, "round_pairs": [0.9, 1.1]},
             "peak_memory_mb": 800.0, "accuracy_compared": scale is None,
@@ -562,7 +569,8 @@ def test_ratio_is_the_median_of_round_pairs_and_notes_say_when_to_distrust_it():
                         "median of 5 round pairs (min-max 1.90x-2.10x); the load average was 3.0 "
                         "at the end on 2 cores.")
     assert notes[1] == ("Reference: a 1024x1024 matmul runs 4.00x faster in bfloat16 than in "
-                        "float32 on this host; mixed_bfloat16 gets 2.00x on this model (50% of it).")
+                        "float32 on this host; mixed_bfloat16 gets 2.00x on this model "
+                        "(50% of it).")
     # Pairs on both sides of 1: flagged, with the interval, the load and how to rerun.
     results[1] = _with_rounds("mixed_bfloat16", [50.0, 75.0, 30.0, 140.0, 100.0])
     results[0]["round_loads"] = [3.0, 4.0, 9.5, 9.0, 3.5]
@@ -754,7 +762,8 @@ def test_gpu_suite_path_with_the_gpu_faked(tmp_path, capsys, monkeypatch):
     timed = {row["name"]: set(row["seconds"]) for row in plan["layers"]}
     assert timed["dense_a"] == {"float32", "float16", "float8"}
     assert timed["out"] == {"float32", "float16"}  # 10 outputs: not float8-ready
-    assert "Per-layer plan with float8 (tf_mixed.plan): dense_a " in (out / "results.md").read_text()
+    assert ("Per-layer plan with float8 (tf_mixed.plan): dense_a "
+            in (out / "results.md").read_text())
     assert "Loss-scale overhead" in capsys.readouterr().out
 
 

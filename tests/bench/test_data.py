@@ -1,7 +1,6 @@
 """Tests for tf_mixed.bench.data: the shapes task, folder: trees and tfds: sets."""
 
 import os
-
 import socket
 
 import numpy as np
@@ -10,8 +9,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from tf_mixed.bench import data
 from tf_mixed._internal.cli_errors import UsageError
+from tf_mixed.bench import data
 
 # --- parse_spec ---------------------------------------------------------------
 
@@ -89,7 +88,9 @@ def test_load_shapes_sizes_and_independent_splits():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kwargs, flag", [({"image_size": 8}, "image_size"), ({"train_size": -1}, "train_size"), ({"image_size": -2}, "image_size")])
+@pytest.mark.parametrize("kwargs, flag", [({"image_size": 8}, "image_size"),
+                                          ({"train_size": -1}, "train_size"),
+                                          ({"image_size": -2}, "image_size")])
 def test_load_shapes_rejects_bad_sizes(kwargs, flag):
     with pytest.raises(UsageError) as info:
         data.load("shapes", **kwargs)
@@ -169,7 +170,8 @@ def test_folder_names_a_file_that_is_not_an_image(tmp_path, content, problem):
 
 def test_folder_accepts_images_whatever_their_extension(tmp_path):
     root = _write_tree(tmp_path / "food")
-    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / "plum" / "png_inside.jpg", format="PNG")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / "plum" / "png_inside.jpg",
+                                                        format="PNG")
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / "plum" / "x.gif")
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / "plum" / "x.bmp")
     d = data.load(f"folder:{root}", image_size=16)

@@ -100,7 +100,8 @@ def test_overhead_suite(tmp_path, capsys):
             statistics.median(v for x in times[r["path"]] for v in x))
     # The ratio: tf_mixed's steps over both Keras set-ups' steps, pooled round by round.
     base = [k + c for k, c in zip(times["keras"], times["keras_control"])]
-    assert report["overhead_ratio"] == pytest.approx(measuring.pooled_ratio(base, times["tf_mixed"]))
+    assert report["overhead_ratio"] == pytest.approx(
+        measuring.pooled_ratio(base, times["tf_mixed"]))
     low, high = report["overhead_interval"]
     assert (low, high) == pytest.approx(measuring.ratio_interval(base, times["tf_mixed"]))
     assert low <= report["overhead_ratio"] <= high

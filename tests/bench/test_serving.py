@@ -22,7 +22,8 @@ def test_table_rows_sizes_ratio_and_errors():
 def test_failed_export_is_shown_not_raised():
     results = [{"policy": "mixed_float16", "serving": {
         "float32": _figures(1024, 0.0), "float16_weights": {"error": "boom"}}}]
-    assert "| mixed_float16 | 1.0 | failed | n/a | 0.00e+00 | boom |" in serving.markdown_table(results)
+    assert ("| mixed_float16 | 1.0 | failed | n/a | 0.00e+00 | boom |"
+            in serving.markdown_table(results))
 
 
 def test_no_serving_figures_no_table():

@@ -16,8 +16,8 @@ tests/integration/test_skip_contract_processes.py.
 import keras
 import numpy as np
 import pytest
-
 import skip_matrix as sm
+
 import tf_mixed
 from tf_mixed.callbacks import skip_contract
 

@@ -5,20 +5,22 @@ and checks the exact counts and the exact decision.
 """
 
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
+from repo_paths import ROOT
 
 from tf_mixed.callbacks import stop_rules
 from tf_mixed.callbacks.stop_rules import Progress, Reading, Snapshot, StopRules
 
-from repo_paths import ROOT
 RULES = StopRules(patience=3, max_skip_fraction=0.5)
 
 
-def _start(snapshot=Snapshot(scale=8.0, applied=0)):
+_START = Snapshot(scale=8.0, applied=0)
+
+
+def _start(snapshot=_START):
     return Progress(epoch_start=snapshot, last=snapshot)
 
 

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from tf_mixed.policy import hardware
-from tf_mixed.bench import child, compare
 from tf_mixed._internal import quiet
+from tf_mixed.bench import child, compare
 from tf_mixed.cli.main import main
+from tf_mixed.policy import hardware
 
 # The CLI's own default log level is what is under test: none set here.
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -41,16 +41,24 @@ def _bad(tmp_path, capsys, *flags):
 @pytest.mark.parametrize(
     "flag, expected",
     [
-        ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer."),
-        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, bf16, fp32, float8, plan, auto-checked."),
-        ("--dataset=imagenet", "--dataset='imagenet': unknown data set. Accepted: shapes, tfds:NAME[:SPLIT]"),
+        ("--model=vgg16", "--model='vgg16': unknown model. Accepted: mlp, cnn, resnet18, "
+                          "resnet50, mobilenetv2, efficientnetb0, transformer."),
+        ("--policies=float32,half", "--policies='half': unknown policy. Accepted: auto, "
+                                    "mixed_float16, mixed_bfloat16, float32, bfloat16, fp16, "
+                                    "bf16, fp32, float8, plan, auto-checked."),
+        ("--dataset=imagenet",
+         "--dataset='imagenet': unknown data set. Accepted: shapes, tfds:NAME[:SPLIT]"),
         ("--batch_size=0", "--batch_size=0: must be at least 1."),
-        ("--strategy=tpu", "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
+        ("--strategy=tpu",
+         "--strategy='tpu': unknown strategy. Accepted: default, mirrored, multiworker."),
         ("--loop=keras", "--loop='keras': unknown loop. Accepted: fit, custom."),
-        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm, memory, bf16, gpu, heal, heal_cost."),
+        ("--suite=speed", "--suite='speed': unknown suite. Accepted: compare, overhead, comm, "
+                          "memory, bf16, gpu, heal, heal_cost."),
         ("--epochs=0", "--epochs=0: must be at least 1."),
-        ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples of shapes. Accepted: 1 to 8000."),
-        ("--image_size=8", "--image_size=8: too small for the shapes data set. Accepted: 16 or more (0 picks 32)."),
+        ("--batch_size=100000", "--batch_size=100000: larger than the 8000 training examples "
+                                "of shapes. Accepted: 1 to 8000."),
+        ("--image_size=8", "--image_size=8: too small for the shapes data set. "
+                           "Accepted: 16 or more (0 picks 32)."),
     ],
 )
 def test_bad_values_name_flag_value_and_choices(tmp_path, capsys, flag, expected):
@@ -75,14 +83,16 @@ def _text_jpgs(root):
 def test_folder_of_text_files_named_jpg(tmp_path, capsys, isolation):
     root = _text_jpgs(tmp_path / "imgs")
     line = _bad(tmp_path, capsys, f"--dataset=folder:{root}", f"--isolation={isolation}")
-    assert f"--dataset='folder:{root}': {root / 'cats' / '0.jpg'} is not a JPEG, PNG, GIF or BMP image" in line
+    assert (f"--dataset='folder:{root}': {root / 'cats' / '0.jpg'} "
+            "is not a JPEG, PNG, GIF or BMP image") in line
 
 
 @pytest.mark.slow
 def test_image_that_does_not_decode_in_training(tmp_path, capsys):
-    """A file with a JPEG header and a broken body gets past the pre-check; training names the set."""
-    from PIL import Image
+    """A file with a JPEG header and a broken body gets past the pre-check;
+    training names the set."""
     import numpy as np
+    from PIL import Image
 
     root = tmp_path / "imgs"
     for name in ("cats", "dogs"):
@@ -126,7 +136,8 @@ def test_unknown_tfds_name(tmp_path, capsys):
 def test_output_dir_that_cannot_be_written(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    code = main(["tf_mixed", "bench", "--isolation=inprocess", f"--output_dir={blocker / 'sub'}", *TINY])
+    code = main(["tf_mixed", "bench", "--isolation=inprocess", f"--output_dir={blocker / 'sub'}",
+                 *TINY])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert f"--output_dir='{blocker / 'sub'}': cannot be written" in err
@@ -157,8 +168,9 @@ def test_unknown_subcommand_and_help(capsys):
 
 
 def test_info_reports_faked_hardware(monkeypatch, capsys):
-    import keras
     import platform
+
+    import keras
     import tensorflow as tf
 
     gpu = hardware.HardwareInfo(
@@ -169,7 +181,8 @@ def test_info_reports_faked_hardware(monkeypatch, capsys):
     assert main(["tf_mixed", "info"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[:5] == [
-        f"TensorFlow {tf.__version__}, Keras {keras.__version__}, Python {platform.python_version()}",
+        f"TensorFlow {tf.__version__}, Keras {keras.__version__}, "
+        f"Python {platform.python_version()}",
         "CPU: Test CPU",
         "  half-precision flags: avx2, amx_bf16; AMX-BF16 usable: no",
         "GPU 0: A100, compute capability 8.0",
@@ -246,7 +259,8 @@ def test_audit_unloadable_file(tmp_path, capsys):
     path.write_text("not a model")
     assert main(["tf_mixed", "audit", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tf_mixed audit: error: MODEL='{path}' cannot be loaded")
+    assert err.count("\n") == 1 and err.startswith(
+        f"tf_mixed audit: error: MODEL='{path}' cannot be loaded")
 
 
 # --- real processes -----------------------------------------------------------
@@ -255,7 +269,8 @@ def test_audit_unloadable_file(tmp_path, capsys):
 @pytest.mark.slow
 def test_subprocess_info_prints_nothing_on_stderr():
     proc = subprocess.run(
-        [sys.executable, "-m", "tf_mixed", "info"], capture_output=True, text=True, env=ENV, timeout=180,
+        [sys.executable, "-m", "tf_mixed", "info"], capture_output=True, text=True, env=ENV,
+        timeout=180,
     )
     assert proc.returncode == 0
     assert proc.stderr == ""  # no oneDNN / cudart / cuInit lines
@@ -269,11 +284,12 @@ def test_subprocess_bad_input_one_line_exit_2(tmp_path):
     root = _text_jpgs(tmp_path / "imgs")
     for flag, expected in (
         ("--model=alexnet", "tf_mixed bench: error: --model='alexnet': unknown model."),
-        (f"--dataset=folder:{root}", f"tf_mixed bench: error: --dataset='folder:{root}': {root / 'cats' / '0.jpg'} is not"),
+        (f"--dataset=folder:{root}",
+         f"tf_mixed bench: error: --dataset='folder:{root}': {root / 'cats' / '0.jpg'} is not"),
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "tf_mixed", flag, "--model=mlp" if "dataset" in flag else "--epochs=1",
-             f"--output_dir={out}"],
+            [sys.executable, "-m", "tf_mixed", flag,
+             "--model=mlp" if "dataset" in flag else "--epochs=1", f"--output_dir={out}"],
             capture_output=True, text=True, env=ENV, timeout=180,
         )
         assert proc.returncode == 2
@@ -293,7 +309,8 @@ def test_subprocess_isolation_run_writes_results(tmp_path):
         capture_output=True, text=True, env=ENV, timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not [line for line in proc.stderr.splitlines() if quiet.is_tf_log_line(line)], proc.stderr
+    assert not [line for line in proc.stderr.splitlines()
+                if quiet.is_tf_log_line(line)], proc.stderr
     assert sorted(os.listdir(out)) == ["bench.png", "results.json", "results.md"]
     report = json.loads((out / "results.json").read_text())
     assert report["flags"]["isolation"] == "subprocess"
@@ -316,7 +333,8 @@ def test_multiworker(tmp_path, loop):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())["results"][0]
-    assert result["strategy"] == "multiworker" and result["replicas"] == 2 and result["workers"] == 2
+    assert (result["strategy"] == "multiworker" and result["replicas"] == 2
+            and result["workers"] == 2)
     assert result["loop"] == loop
     assert result["samples_per_sec"] > 0 and result["final_val_loss"] > 0
 
@@ -327,9 +345,11 @@ def test_multiworker(tmp_path, loop):
 @pytest.mark.slow
 @pytest.mark.parametrize("line, is_log", [
     ("I0000 00:00:1795330598.903093    8612 port.cc:153] oneDNN custom operations are on.", True),
-    ("E0000 00:00:1795330602.934204    8612 cuda_platform.cc:52] failed call to cuInit: INTERNAL", True),
+    ("E0000 00:00:1795330602.934204    8612 cuda_platform.cc:52] "
+     "failed call to cuInit: INTERNAL", True),
     ("W1122 07:01:17.123456  123 gpu/gpu_device.cc:2344] Cannot dlopen some GPU libraries.", True),
-    ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", True),
+    ("WARNING: All log messages before absl::InitializeLog() is called "
+     "are written to STDERR", True),
     ("To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild", True),
     ("tf_mixed bench: error: --model='x': unknown model.", False),
     ("WARNING:absl:tf_mixed: mixed_float16 was requested on a host with no GPU.", False),

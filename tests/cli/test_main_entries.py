@@ -160,13 +160,15 @@ def test_launch_runs_a_script_in_n_workers_from_the_shell(tmp_path):
         sys.exit(3 if "--fail" in sys.argv and task["index"] == 1 else 0)
     """))
     run = subprocess.run(
-        [sys.executable, "-m", "tf_mixed", "launch", "--start_timeout=0", "2", str(script), "--epochs=2"],
+        [sys.executable, "-m", "tf_mixed", "launch", "--start_timeout=0", "2", str(script),
+         "--epochs=2"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_THIS_CHECKOUT)
     assert run.returncode == 0, run.stderr
     assert "[worker 0] worker 0 args ['--epochs=2']" in run.stdout
     assert "[worker 1] worker 1 args ['--epochs=2']" in run.stdout
     failed = subprocess.run(
-        [sys.executable, "-m", "tf_mixed", "launch", "--start_timeout=0", "2", str(script), "--fail"],
+        [sys.executable, "-m", "tf_mixed", "launch", "--start_timeout=0", "2", str(script),
+         "--fail"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_THIS_CHECKOUT)
     assert failed.returncode == 1
     assert "tf_mixed launch: worker 1 exited with status 3" in failed.stderr

@@ -6,7 +6,8 @@ import pytest
 
 from tf_mixed.distribute import workers
 
-MOVED = ("LOOPBACK", "WorkerResult", "WorkersFailed", "free_ports", "run_local_workers", "tf_config")
+MOVED = ("LOOPBACK", "WorkerResult", "WorkersFailed", "free_ports", "run_local_workers",
+         "tf_config")
 
 
 @pytest.mark.slow

@@ -20,10 +20,7 @@ import time
 import pytest
 
 from tf_mixed.distribute import cluster as distribute
-from tf_mixed.distribute.workers import WorkersFailed
-from tf_mixed.distribute.workers import free_ports
-from tf_mixed.distribute.workers import run_local_workers
-from tf_mixed.distribute.workers import tf_config
+from tf_mixed.distribute.workers import WorkersFailed, free_ports, run_local_workers, tf_config
 
 
 def _python(code):
@@ -78,7 +75,8 @@ def test_argv_may_depend_on_the_worker_index():
 @pytest.mark.slow
 def test_one_failing_worker_stops_the_others_and_their_children(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    argv = lambda i: _python(f"""
+    def argv(i):
+        return _python(f"""
         import os, subprocess, sys, time
         if {i} == 1:  # fails once worker 0 has started its own child
             deadline = time.monotonic() + 60
@@ -118,7 +116,9 @@ def test_a_worker_that_never_starts_its_server_is_reported():
 
 @pytest.mark.slow
 def test_a_worker_that_cannot_be_executed_is_reported_and_the_others_stopped():
-    argv = lambda i: _python("import time; time.sleep(600)") if i == 0 else ["/nonexistent/python"]
+    def argv(i):
+        return _python("import time; time.sleep(600)") if i == 0 else ["/nonexistent/python"]
+
     with pytest.raises(WorkersFailed, match="worker 1 could not be started") as info:
         run_local_workers(2, argv, timeout=60, output=io.StringIO())
     (started,) = info.value.results
@@ -158,7 +158,9 @@ def test_grace_lets_the_others_end_on_their_own(tmp_path):
             time.sleep(0.01)
         sys.exit(2)
     """)
-    argv = lambda i: _python(first if i == 0 else second)
+    def argv(i):
+        return _python(first if i == 0 else second)
+
     with pytest.raises(WorkersFailed) as info:
         run_local_workers(2, argv, timeout=60, start_timeout=None, grace_seconds=30,
                           output=io.StringIO())

@@ -1,33 +1,33 @@
-"""tf_mixed.float8.quantization: the choice of layers, scaling knobs, state, monitor, lowering, audit, probe.
+"""tf_mixed.float8.quantization: the choice of layers, scaling knobs, state, monitor,
+lowering, audit, probe.
 
 The multi-replica agreement is in test_float8_agreement.py (and the
 two-worker run in test_float8_multi_worker.py).
 """
 
-import pathlib
 import warnings
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from repo_paths import DATA
 from zoo import ZOO, reloaded_model
 
 import tf_mixed
 from tf_mixed.float8 import lowering as float8_lowering
 from tf_mixed.float8 import monitor as float8_monitor
+from tf_mixed.float8.reading import fractions
 from tf_mixed.scaling import float8_sync
 from tf_mixed.scaling import optimizer as loss_scale
-from tf_mixed.float8.reading import fractions
-
-from repo_paths import DATA
 
 
 def _model(units=(32, 32, 32, 16), features=16, names=("a", "b", "c", "d")):
     inputs = keras.Input((features,))
     h = inputs
     for i, (u, name) in enumerate(zip(units, names)):
-        h = keras.layers.Dense(u, name=name, kernel_initializer=keras.initializers.GlorotUniform(i))(h)
+        h = keras.layers.Dense(u, name=name,
+                               kernel_initializer=keras.initializers.GlorotUniform(i))(h)
     return keras.Model(inputs, h)
 
 
@@ -220,7 +220,9 @@ def test_state_measures_planted_inputs_and_output_gradients():
     x = np.ones((4, 16), np.float32)
     x[0, :3] = 1000.0   # 3 of 64 beyond 448 at scale 1: saturated
     x[1, :2] = 1e-6     # 2 of 64 below half of 2**-9: flushed
-    loss = lambda y, p: tf.reduce_mean(p)
+    def loss(y, p):
+        return tf.reduce_mean(p)
+
     state = tf_mixed.float8.state(model, x, np.zeros((4, 16), np.float32), loss=loss)
     inputs_state = state.get("d", "inputs")
     assert (inputs_state.saturated, inputs_state.flushed) == (3 / 64, 2 / 64)

@@ -20,7 +20,8 @@ def main(index, ports, out_path, mode):
         "task": {"type": "worker", "index": index},
     })
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "support"))
     import keras
     import tensorflow as tf
     from _float8_common import (

@@ -17,8 +17,8 @@ tf.config.set_logical_device_configuration(cpu[0], [tf.config.LogicalDeviceConfi
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-
 import skip_matrix as sm  # noqa: E402
+
 from tf_mixed.training import shared_mirrored_strategy  # noqa: E402
 
 
@@ -33,7 +33,8 @@ def main(out):
         reference = sm.run(*sm.remove(x, y, [sm.BAD_STEP]), "keras",
                            strategy=strategy, monitor=False)
         result[str(replica)] = {k: bool(v) for k, v in sm.compare(bad, reference).items()}
-        result[f"{replica}_weights_finite"] = bool(all(np.isfinite(w).all() for w in bad["weights"]))
+        result[f"{replica}_weights_finite"] = bool(
+            all(np.isfinite(w).all() for w in bad["weights"]))
     with open(out, "w") as f:
         json.dump(result, f)
 

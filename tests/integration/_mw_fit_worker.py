@@ -10,8 +10,8 @@ with ``"mode": "reference"`` as one plain process. The config (JSON) holds:
   "backup" (fit with BackupAndRestore; worker ``die_worker`` SIGKILLs itself
   after batch ``die_batch`` of epoch ``die_epoch``).
 - ``policies``, ``epochs``, ``bad_step`` (per policy: the 1-based step whose
-  batch on worker 1 holds a value that overflows float16; absent or 0: none), ``out`` (result JSON path;
-  worker i writes ``out`` with ``{i}`` replaced), ``backup_dir``,
+  batch on worker 1 holds a value that overflows float16; absent or 0: none),
+  ``out`` (result JSON path; worker i writes ``out`` with ``{i}`` replaced), ``backup_dir``,
   ``growth_interval``, ``collective_timeout`` (seconds), ``hand_built`` (true:
   the workers build ``tf.distribute.MultiWorkerMirroredStrategy()`` themselves
   instead of calling ``tf_mixed.distribute.multi_worker_strategy()``).

@@ -20,8 +20,9 @@ import numpy as np
 
 
 def main(config):
-    import tf_mixed  # noqa: F401  (the #20585 fix for fit)
     import skip_matrix as sm
+
+    import tf_mixed  # noqa: F401  (the #20585 fix for fit)
     from tf_mixed.distribute import cluster as distribute
 
     task = distribute.current_task()

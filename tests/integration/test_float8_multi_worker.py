@@ -6,11 +6,11 @@ histories, equal to one device fed the global batch; with plain Keras they
 differ (the defect, so the test can fail).
 """
 
-import pytest
 import pathlib
 
 import keras
 import numpy as np
+import pytest
 from _float8_common import float8_values, one_device_run
 from _workers import run_two_workers
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mixed.distribute import keras_fix_20585 as fix
 from tf_mixed.distribute import cluster as distribute
+from tf_mixed.distribute import keras_fix_20585 as fix
 from tf_mixed.distribute.workers import run_local_workers
 
 # Every test here starts worker processes (module fixtures included).

@@ -3,8 +3,9 @@
 Keras's MirroredStrategy column runs in a process of its own
 (tests/integration/_keras_mirrored_column.py): Keras's wrapper and tf_mixed's
 under one process's MirroredStrategy collide on collective keys.
-Under MultiWorkerMirroredStrategy two local workers (tests/integration/_skip_worker.py) train the skip
-matrix's run with one bad batch, its inf in worker 1's share, and the same
+Under MultiWorkerMirroredStrategy two local workers
+(tests/integration/_skip_worker.py) train the skip matrix's run
+with one bad batch, its inf in worker 1's share, and the same
 run without that batch; every row must match on both workers, both workers
 must log the same flags and History and hold the same weights.
 """
@@ -16,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-
 import skip_matrix as sm
 
 from tf_mixed.distribute.launch import run_local_workers

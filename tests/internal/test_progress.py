@@ -67,7 +67,8 @@ def test_lines_are_plain_lines_on_stderr(capsys):
                                          (["--quiet", "--help"], 0)])
 def test_every_command_gets_a_heartbeat_unless_quiet(argv, beats, progress_on, monkeypatch, capsys):
     started = []
-    monkeypatch.setattr(progress.Heartbeat, "start", lambda self: started.append(self.label) or self)
+    monkeypatch.setattr(progress.Heartbeat, "start",
+                        lambda self: started.append(self.label) or self)
     monkeypatch.setattr(progress.Heartbeat, "stop", lambda self: None)
     assert main(["tf_mixed", *argv]) == 0
     assert started == ["tf_mixed info"] * beats

@@ -7,10 +7,8 @@ needs a new way (and pyproject.toml's Keras range a new bound).
 
 import functools
 import inspect
-import pathlib
 import re
 import types
-import warnings
 
 import keras
 import numpy as np
@@ -18,10 +16,9 @@ import pytest
 import tensorflow as tf
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from repo_paths import ROOT
 
 from tf_mixed._internal import shims as _internals
-
-from repo_paths import ROOT
 
 
 def _declared_keras_range() -> SpecifierSet:
@@ -244,7 +241,7 @@ def _per_replica_step(strategy, *applies):
 
     seen = []
     for apply in applies:
-        tf.function(lambda: strategy.run(replica_fn, args=(apply,)))()
+        tf.function(lambda apply=apply: strategy.run(replica_fn, args=(apply,)))()
         seen.append([float(c[0]) for c in _locals(strategy, var.value)])
     return opt, seen
 
@@ -482,7 +479,9 @@ def test_keras_weight_decay_bypasses_assign_sub_until_routed():
 
 def test_lambda_output_shape_and_run_through_graph():
     # Lambda._output_shape, Function._run_through_graph (Keras 3.15.1).
-    shape = (lambda s: s)
+    def shape(s):
+        return s
+
     layer = keras.layers.Lambda(lambda t: t, output_shape=shape)
     assert _internals.lambda_output_shape(layer) is shape
     inputs = keras.Input((2,))
@@ -525,7 +524,8 @@ def test_keras_checkpoint_decides_in_get_file_path_and_should_save_model(recwarn
 
     class Recording(keras.callbacks.ModelCheckpoint):
         def _save_model(self, epoch, batch, logs):
-            calls.append((epoch, batch, _internals.keras_checkpoint_target(self, epoch, batch, logs)))
+            calls.append(
+                (epoch, batch, _internals.keras_checkpoint_target(self, epoch, batch, logs)))
 
     callback = Recording("e{epoch}.keras", save_best_only=True, save_freq="epoch")
     callback.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
@@ -553,7 +553,8 @@ def test_keras_weight_keys_are_the_keys_of_keras_weights_files(tmp_path):
     class Sub(keras.Model):
         def __init__(self):
             super().__init__()
-            self.encoder = keras.Sequential([keras.layers.Dense(3), keras.layers.BatchNormalization()])
+            self.encoder = keras.Sequential([keras.layers.Dense(3),
+                                             keras.layers.BatchNormalization()])
             self.blocks = [keras.layers.Dense(3), keras.layers.Dense(3)]
             self.head = keras.layers.Dense(2)
 
@@ -787,7 +788,8 @@ def test_wrap_call_sees_every_output_and_unwraps():  # Operation.__call__ runs s
     assert len(seen) == 1
 
 
-def test_distinct_function_omits_the_frequent_retracing_warning():  # Function._omit_frequent_tracing_warning
+def test_distinct_function_omits_the_frequent_retracing_warning():
+    # Function._omit_frequent_tracing_warning
     from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
 
     # TF reads the flag where it counts a call that traced.

@@ -16,8 +16,8 @@ import pytest
 import repo_paths
 
 import tf_mixed
-from tf_mixed._internal import tf_keras_check
 from tf_mixed import training
+from tf_mixed._internal import tf_keras_check
 
 ROOT = str(repo_paths.ROOT)
 

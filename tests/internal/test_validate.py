@@ -71,7 +71,8 @@ def _bool_callers():
     def model():
         return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 
-    calls = {f"LossScaleConfig({name}=True)": (lambda n=name: scale_state.LossScaleConfig(**{n: True}))
+    calls = {f"LossScaleConfig({name}=True)":
+             (lambda n=name: scale_state.LossScaleConfig(**{n: True}))
              for name, *_ in scale_state.KNOBS}
     calls.update({
         "apply_scaled_gradients(clip_norm=True)": lambda: training.apply_scaled_gradients(

@@ -39,7 +39,8 @@ def test_keras_ops_clone_in_bfloat16_calls_a_shared_layer_twice():
     # One layer called twice, as in the original: no second copy of its weights.
     assert [layer.name for layer in copy.model.layers].count("shared") == 1
     assert len(copy.model.weights) == len(model.weights)
-    np.testing.assert_array_equal(shared.get_weights()[0], model.get_layer("shared").get_weights()[0])
+    np.testing.assert_array_equal(shared.get_weights()[0],
+                                  model.get_layer("shared").get_weights()[0])
 
 
 def test_nested_models_stay_nested_or_are_inlined_with_qualified_names():

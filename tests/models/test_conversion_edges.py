@@ -73,7 +73,8 @@ def test_enable_keep_float32_names_an_inner_layer_or_the_nested_model(keep):
     assert _finite(model, x)
     encoder = model.get_layer("encoder")
     assert encoder.get_layer("sqsum").compute_dtype == "float32"
-    assert encoder.get_layer("proj").compute_dtype == ("float32" if keep == ["encoder"] else "float16")
+    assert encoder.get_layer("proj").compute_dtype == (
+        "float32" if keep == ["encoder"] else "float16")
 
 
 def test_enable_keep_float32_nested_sequential_added_later():

@@ -8,9 +8,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed.policy import hardware
 from tf_mixed.policy import global_policy as policy
-
+from tf_mixed.policy import hardware
 
 CPU_HOST = hardware.HardwareInfo(cpu_model="Test CPU")
 AMX_HOST = hardware.HardwareInfo(

@@ -2,10 +2,9 @@
 
 import pytest
 
-from tf_mixed.policy import hardware
 from tf_mixed.policy import global_policy as policy
-from tf_mixed.policy.hardware import GpuInfo
-from tf_mixed.policy.hardware import HardwareInfo
+from tf_mixed.policy import hardware
+from tf_mixed.policy.hardware import GpuInfo, HardwareInfo
 
 # The real, cached detect(), taken before any fixture fakes it.
 _REAL_DETECT = hardware.detect

@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mixed
-from tf_mixed.policy import hardware
 from tf_mixed.policy import global_policy as policy
+from tf_mixed.policy import hardware
 
 
 def remapping():
@@ -46,7 +46,7 @@ class Steps:
             try:
                 for turn, step in schedule:
                     with self._turn:
-                        assert self._turn.wait_for(lambda: self._next == turn, timeout=30)
+                        assert self._turn.wait_for(lambda turn=turn: self._next == turn, timeout=30)
                     try:
                         step()
                     finally:

@@ -21,7 +21,7 @@ from tf_mixed.scaling.optimizer import LossScaleOptimizer, wrap_optimizer
 # infs on one replica), not a scaled loss's: tf_mixed's misuse check warns about
 # that (tested in tests/scaling/test_optimizer.py); here it is expected, not news.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
+    r"ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
 
 INF = float("inf")
 HALF_EPS = 2.0**-10  # float16 relative rounding step

@@ -16,7 +16,7 @@ from tf_mixed.scaling import compensated
 # loss's: tf_mixed's misuse check warns about that (tested in
 # tests/scaling/test_optimizer.py); here it is expected, not news.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
+    r"ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
 
 STEP = 2.0**-10
 
@@ -286,7 +286,6 @@ def test_pure_bfloat16_model_trains_through_fit():
     x = np.ones((32, 4), np.float32)
     before = model.layers[0].kernel.numpy().astype(np.float32).copy()
     model.fit(x, np.full((32, 1), 100.0, np.float32), epochs=3, verbose=0)
-    kernel = model.layers[0].kernel.numpy().astype(np.float32)
     kahan = next(v for v in opt.variables if v.name.endswith("kernel_kahan"))
     moved = compensated.kahan_sum(model.layers[0].kernel.value, kahan.value).numpy() - before
     np.testing.assert_allclose(moved, 3e-4, rtol=0.02)  # Adam: lr per step

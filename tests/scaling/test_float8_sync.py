@@ -9,7 +9,6 @@ the output-gradient history in unscaled units. Keras alone fails each of
 these (the contrast runs show it).
 """
 
-import pathlib
 
 import keras
 import numpy as np
@@ -117,7 +116,9 @@ def test_keras_alone_disagrees(mirrored):
 
 @pytest.mark.slow
 def test_checkpoint_holds_agreed_state_and_resumes_bit_exact(mirrored, tmp_path):
-    make = lambda: tf_mixed.wrap_optimizer(_sgd())
+    def make():
+        return tf_mixed.wrap_optimizer(_sgd())
+
     x, y = batches(2 * STEPS)
     straight, _ = _mirrored_run(mirrored, 2 * STEPS, make, x=x, y=y)
 

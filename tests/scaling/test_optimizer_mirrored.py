@@ -17,7 +17,7 @@ from tf_mixed.training import make_train_step
 # loss's: tf_mixed's misuse check warns about that (tested in
 # tests/scaling/test_optimizer.py); here it is expected, not news.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
+    r"ignore:.*never\ went\ through\ scale_loss:tf_mixed._internal.warning.MixedPrecisionWarning")
 
 INF = float("inf")
 NAN = float("nan")

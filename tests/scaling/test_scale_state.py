@@ -12,8 +12,14 @@ import pytest
 import tensorflow as tf
 
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
-from tf_mixed.scaling.scale_state import (KNOBS, LossScaleConfig, LossScaleState,
-                                  RULE_FIELDS, initial_state, next_state)
+from tf_mixed.scaling.scale_state import (
+    KNOBS,
+    RULE_FIELDS,
+    LossScaleConfig,
+    LossScaleState,
+    initial_state,
+    next_state,
+)
 
 INF, NAN = float("inf"), float("nan")
 

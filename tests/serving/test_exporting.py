@@ -22,8 +22,8 @@ from zoo import (
 
 import tf_mixed
 from tf_mixed._internal import facts as _facts
-from tf_mixed.serving import exporting
 from tf_mixed.models import conversion as rebuild
+from tf_mixed.serving import exporting
 
 # Mixed policies, and the pure half ones (variables in half precision too).
 TRAINING_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
@@ -60,7 +60,8 @@ def trained():
 
 
 def _model_outputs(model, x):
-    return [np.asarray(tf.cast(o, tf.float32)) for o in keras.tree.flatten(model(x, training=False))]
+    return [np.asarray(tf.cast(o, tf.float32))
+            for o in keras.tree.flatten(model(x, training=False))]
 
 
 def _run_litert(path, x):

@@ -21,10 +21,12 @@ LAYERS = ("a", "b", "c")
 def build_model(**quantize_args):
     """The seeded model, quantized to float8 (every Dense)."""
     inputs = keras.Input((FEATURES,))
-    h = keras.layers.Dense(32, name="a", kernel_initializer=keras.initializers.GlorotUniform(1))(inputs)
+    h = keras.layers.Dense(32, name="a",
+                           kernel_initializer=keras.initializers.GlorotUniform(1))(inputs)
     h = keras.layers.Dense(32, name="b", activation="relu",
                            kernel_initializer=keras.initializers.GlorotUniform(2))(h)
-    outputs = keras.layers.Dense(16, name="c", kernel_initializer=keras.initializers.GlorotUniform(3))(h)
+    outputs = keras.layers.Dense(16, name="c",
+                                 kernel_initializer=keras.initializers.GlorotUniform(3))(h)
     model = keras.Model(inputs, outputs)
     tf_mixed.float8.quantize(model, keep_float32=[], **quantize_args)
     return model

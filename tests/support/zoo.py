@@ -121,7 +121,8 @@ def _functional():
 
 def _nested():
     inner_in = keras.Input((FEATURES,), name="enc_in")
-    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1), name="enc_d1")(inner_in)
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=_init(1),
+                           name="enc_d1")(inner_in)
     h = keras.layers.Dense(8, activation="relu", kernel_initializer=_init(2), name="enc_d2")(h)
     encoder = keras.Model(inner_in, h, name="encoder")
     inputs = keras.Input((FEATURES,), name="x")
@@ -175,7 +176,8 @@ def _embedding():
     h = keras.layers.Embedding(50, 8, embeddings_initializer=keras.initializers.RandomUniform(
         -0.5, 0.5, seed=1), name="embed")(inputs)
     h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
-    outputs = keras.layers.Dense(3, activation="softmax", kernel_initializer=_init(2), name="head")(h)
+    outputs = keras.layers.Dense(3, activation="softmax", kernel_initializer=_init(2),
+                                 name="head")(h)
     return keras.Model(inputs, outputs, name="embedding")
 
 
@@ -286,7 +288,8 @@ _SPECS = (
     ZooSpec("multi_input", "multi_input", _multi_input, _multi_input_data, "mse"),
     ZooSpec("multi_output", "multi_output", _multi_output, _multi_output_data,
             ["mse", "sparse_categorical_crossentropy"]),
-    ZooSpec("embedding", "embedding", _embedding, _embedding_data, "sparse_categorical_crossentropy"),
+    ZooSpec("embedding", "embedding", _embedding, _embedding_data,
+            "sparse_categorical_crossentropy"),
     ZooSpec("batchnorm", "batchnorm", _batchnorm, _regression, "mse"),
     ZooSpec("dropout", "dropout", _dropout, _regression, "mse"),
 )
@@ -451,7 +454,8 @@ def _vit():
     patches = Patches(4)(inputs)
     encoded = PatchEncoder(16, 16)(patches)
     x1 = keras.layers.LayerNormalization(epsilon=1e-6, name="ln1")(encoded)
-    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8, kernel_initializer=_init(19),
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8,
+                                                kernel_initializer=_init(19),
                                                 name="mha")(x1, x1)
     x2 = attention + encoded  # a Keras op on tensors, not a layer
     x3 = keras.layers.LayerNormalization(epsilon=1e-6, name="ln2")(x2)

@@ -42,7 +42,8 @@ def _planted_batch():
 def _healthy(hidden=16):
     init = keras.initializers.GlorotUniform
     inputs = keras.Input((8,))
-    h = keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(seed=2), name="d1")(inputs)
+    h = keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(seed=2),
+                           name="d1")(inputs)
     h = keras.layers.Dense(1, kernel_initializer=init(seed=3), name="d2")(h)
     return keras.Model(inputs, tf_mixed.Float32Output(name="out")(h), name="healthy")
 
@@ -219,7 +220,8 @@ def test_report_value_object_and_model_untouched(tmp_path):
     (lambda m, x, y: tf_mixed.probe("model.keras", x, y, loss="mse"), TypeError, "keras.Model"),
     (lambda m, x, y: tf_mixed.probe(keras.Sequential([keras.layers.Dense(1)]), x, y, loss="mse"),
      ValueError, "not built"),
-    (lambda m, x, y: tf_mixed.probe(m, x[:, :5], y, loss="mse"), ValueError, r"does not fit.*\(32, 5\)"),
+    (lambda m, x, y: tf_mixed.probe(m, x[:, :5], y, loss="mse"),
+     ValueError, r"does not fit.*\(32, 5\)"),
     (lambda m, x, y: tf_mixed.probe(m, x, None, loss="mse"), ValueError, "y is missing"),
     (lambda m, x, y: tf_mixed.probe(m, x, y), ValueError, "needs a loss"),
     (lambda m, x, y: tf_mixed.probe(m, x, y, loss="mse", batches=0), ValueError, "batches"),
@@ -328,7 +330,8 @@ def test_the_users_model_is_never_written_to(build, monkeypatch):
     report = tf_mixed.probe(model, x, y, policy="mixed_bfloat16")
     assert writes == []
     assert model.compiled and model.dtype_policy.name == "float32"
-    assert [r.name for r in report.layers] == ["d1", "d2"] + (["out"] if build == "functional" else [])
+    assert [r.name for r in report.layers] == (
+        ["d1", "d2"] + (["out"] if build == "functional" else []))
 
 
 # ------------------------------------------------- what the model keeps in float32

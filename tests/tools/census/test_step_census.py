@@ -5,18 +5,16 @@ timed), so the expected numbers are the arithmetic of the model, worked out
 by hand in each test.
 """
 
-import pathlib
 import re
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from repo_paths import DATA
 
 import tf_mixed
 from tf_mixed.tools.census import hlo_ops
-
-from repo_paths import DATA
 
 
 def _batch(n=16, width=16, out=3, dtype="float32"):
@@ -318,7 +316,8 @@ def test_mirrored_step_is_counted_per_replica(mirrored):
 
 
 def test_not_a_model():
-    with pytest.raises(TypeError, match=r"census\(\) needs a keras.Model .*Received: model='m.keras'.*doctor"):
+    with pytest.raises(TypeError, match=r"census\(\) needs a keras.Model "
+                                        r".*Received: model='m.keras'.*doctor"):
         tf_mixed.census("m.keras", None)
 
 
@@ -335,7 +334,8 @@ def test_compiled_model_refuses_a_second_loss():
 
 
 def test_jit_compile_must_be_a_bool():
-    with pytest.raises(TypeError, match=r"`jit_compile` must be None .*Received: jit_compile='yes'"):
+    with pytest.raises(TypeError,
+                       match=r"`jit_compile` must be None .*Received: jit_compile='yes'"):
         tf_mixed.census(_mlp(), *_batch(), loss="mse", jit_compile="yes")
 
 

@@ -99,11 +99,15 @@ def test_no_mirrored_strategy_is_one_line_and_exit_2(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--parts=tf_mixed,speed"], "--parts='tf_mixed,speed': unknown part 'speed'. Accepted: tf_mixed, keras, throughput, defects."),
-        (["--output=/tmp"], "--output='/tmp': is a directory. Pass a file path such as check.json."),
+        (["--parts=tf_mixed,speed"], "--parts='tf_mixed,speed': unknown part 'speed'. "
+                                     "Accepted: tf_mixed, keras, throughput, defects."),
+        (["--output=/tmp"],
+         "--output='/tmp': is a directory. Pass a file path such as check.json."),
         (["--budget=0"], "--budget=0.0: must be a number of seconds in (0, 60]."),
-        (["--budget=fast"], "--budget='fast': not a number. Accepted: a number, such as --budget=2.0 (the default)."),
-        (["--output=/no/such/dir/check.json"], "--output='/no/such/dir/check.json': directory '/no/such/dir' does not exist."),
+        (["--budget=fast"], "--budget='fast': not a number. Accepted: a number, "
+                            "such as --budget=2.0 (the default)."),
+        (["--output=/no/such/dir/check.json"],
+         "--output='/no/such/dir/check.json': directory '/no/such/dir' does not exist."),
         (["--verbose"], "Unknown command line flag 'verbose'"),
         (["extra"], "unexpected argument 'extra'; flags look like --parts=tf_mixed"),
     ],

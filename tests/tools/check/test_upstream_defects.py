@@ -9,15 +9,16 @@ import json
 
 import pytest
 
-from tf_mixed.tools.check import upstream_defects
 from tf_mixed.cli import check as bench_check
+from tf_mixed.tools.check import upstream_defects
 
 
 def _canary(key, strategy=None):
     defect = upstream_defects.check(key, strategy)
     assert defect.present is True, (
         f"the installed Keras/TF no longer has {key} ({defect.detail}): retire it from "
-        f"tf_mixed.tools.check.upstream_defects.DEFECTS and drop the workaround: {defect.spec.remedy}")
+        f"tf_mixed.tools.check.upstream_defects.DEFECTS and drop the workaround: "
+        f"{defect.spec.remedy}")
     assert defect.neutralised is True, defect.detail
     return defect
 
@@ -50,7 +51,8 @@ def test_canary_jit_under_strategy(mirrored):
 def test_defects_that_need_a_strategy_say_so_without_one():
     for key in ("first_replica_verdict", "jit_under_strategy"):
         defect = upstream_defects.check(key)
-        assert defect.present is None and defect.detail == "needs a MirroredStrategy with two replicas"
+        assert (defect.present is None
+                and defect.detail == "needs a MirroredStrategy with two replicas")
     with pytest.raises(ValueError, match="Unknown defect 'nope'; known: scale_collapse"):
         upstream_defects.check("nope")
 
