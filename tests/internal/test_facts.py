@@ -133,7 +133,7 @@ def _library_sources():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fact, text, home", [
-    ("the input-layer test", "InputLayer", "_internal/facts.py"),
+    ("the input-layer test", "layers.InputLayer", "_internal/facts.py"),
     ("the model-kind message", "needs a keras.Model", "_internal/facts.py"),
     ("the policy aliases", '"fp16":', "_internal/facts.py"),
     ("the number check's message", "must be {valid}", "_internal/validate.py"),

@@ -435,6 +435,7 @@ def test_under_mirrored_strategy_the_one_decision_moves_every_replica(
 # ---------------------------------------------------------------- other entry points
 
 
+@pytest.mark.slow
 def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
     tf_mixed.enable("auto")
     model = _model()

@@ -181,7 +181,9 @@ class StepGuard:
         self.window: Any = None
         self.spike: Any = None
         self.pending_spike: Any = None
-        self._noted = threading.local()
+        # Per thread: under MirroredStrategy each replica's train step runs in its own
+        # thread and notes its own batch for the optimizer step of that thread.
+        self._noted: dict[int, Any] = {}
 
     def build(self, accumulating: bool) -> None:
         """Creates the variables (under the strategy's scope, as ``build`` runs)."""
@@ -203,11 +205,10 @@ class StepGuard:
         The train step that sees the batch calls it just before the step's
         forward pass; the optimizer step in the same thread takes it.
         """
-        self._noted.flag = inputs_flag(data)
+        self._noted[threading.get_ident()] = inputs_flag(data)
 
     def _take_inputs(self):
-        flag = getattr(self._noted, "flag", None)
-        self._noted.flag = None
+        flag = self._noted.pop(threading.get_ident(), None)
         if flag is None or not _usable_here(flag):
             return None
         return flag

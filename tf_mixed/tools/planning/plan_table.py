@@ -228,9 +228,9 @@ _ROW_FIELDS: dict[str, Any] = {
     "error": (int, float, type(None)), "choice": str, "why": str}
 
 
-def _problem(where: str, value: Any, valid: str) -> ValueError:
+def _problem(where: str, value: Any, expected: str) -> ValueError:
     return ValueError(
-        f"A plan record's {where} must be {valid}. Received: {value!r} (of type "
+        f"A plan record's {where} must be {expected}. Received: {value!r} (of type "
         f"{type(value).__name__}). Load what Plan.to_dict wrote (json.dump(plan.to_dict())).")
 
 
