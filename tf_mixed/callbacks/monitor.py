@@ -308,6 +308,25 @@ def _nonfinite_weights(model) -> list[str]:
             and not all_copies_finite(weight)]
 
 
+def _write(monitor: "LossScaleMonitor", logs: dict, epoch_end: bool = False) -> None:
+    """Writes the monitor's loss scale, skipped steps and (at an epoch's end) loss into ``logs``."""
+    progress = monitor._progress
+    steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
+    logs["loss_scale"] = float(progress.last.scale)
+    logs["skipped_steps"] = float(skipped)
+    logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
+    applied = progress.epoch_loss_steps
+    # With the skip contract Keras's own loss already leaves skipped
+    # batches out (weighted by batch size, as without a skip).
+    if epoch_end and monitor._view.corrects_epoch_loss(monitor.model) and skipped and applied:
+        # Each worker's sum covers its own replicas only; `skipped` and
+        # `applied` follow the global verdict, so every worker enters
+        # this sum, and every worker logs the same loss.
+        total, = _global_sums(monitor.model.distribute_strategy,
+                              [progress.epoch_loss_sum])
+        logs["loss"] = float(total / applied)
+
+
 class LossScaleMonitor(keras.callbacks.Callback):
     """Logs the loss scale and skipped steps, checks the set-up, stops failed runs.
 
@@ -449,7 +468,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._advance()
         if log_now:
             self._logged_at = steps
-            self._write(logs)
+            _write(self, logs)
         if check_now:
             self._checked_at = steps
             self._check(logs, epoch=None)
@@ -459,7 +478,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._advance()
         logs.pop(skip_contract.SKIPPED_KEY, None)  # a batch's flag, not the epoch's
         getattr(self, "_reasons", EpochReasons(None)).write(logs)
-        self._write(logs, epoch_end=True)
+        _write(self, logs, epoch_end=True)
         self._check(logs, epoch=epoch)
 
     # -- reading, logging, judging
@@ -469,23 +488,6 @@ class LossScaleMonitor(keras.callbacks.Callback):
         steps_run = view.updates(self._batches or (self.params or {}).get("steps"))
         self._progress = stop_rules.advance(
             self._progress, view.snapshot(), view.kind, steps_run, self._threshold)
-
-    def _write(self, logs, epoch_end=False) -> None:
-        progress = self._progress
-        steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
-        logs["loss_scale"] = float(progress.last.scale)
-        logs["skipped_steps"] = float(skipped)
-        logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
-        applied = progress.epoch_loss_steps
-        # With the skip contract Keras's own loss already leaves skipped
-        # batches out (weighted by batch size, as without a skip).
-        if epoch_end and self._view.corrects_epoch_loss(self.model) and skipped and applied:
-            # Each worker's sum covers its own replicas only; `skipped` and
-            # `applied` follow the global verdict, so every worker enters
-            # this sum, and every worker logs the same loss.
-            total, = _global_sums(self.model.distribute_strategy,
-                                  [progress.epoch_loss_sum])
-            logs["loss"] = float(total / applied)
 
     def _check(self, logs, epoch) -> None:
         if self.stop_reason is not None:

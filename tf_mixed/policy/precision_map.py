@@ -173,14 +173,20 @@ class PrecisionMap:
         Raises:
             ValueError: The map names layers ``model`` does not have.
         """
-        names = layer_names(model)
-        unknown = sorted(set(self.layers) - set(names.values()))
+        ids: dict[str, int] = {}
+        for name, layer in walk_layers(model):  # a shared layer walks under each of its names
+            ids.setdefault(name, id(layer))
+        unknown = sorted(set(self.layers) - set(ids))
         if unknown:
             raise ValueError(
                 f"The precision map names layers model '{model.name}' does not have: "
                 f"{unknown}. Apply a plan to the model it was made for. Its layers: "
-                f"{sorted(set(names.values()))}.")
-        return lambda layer: self.layers.get(names.get(id(layer), ""))
+                f"{sorted(ids)}.")
+        chosen: dict[int, str] = {}
+        for name, layer_id in ids.items():  # walk order: the first name the map holds
+            if name in self.layers:
+                chosen.setdefault(layer_id, self.layers[name])
+        return lambda layer: chosen.get(id(layer))
 
     def float32_names(self) -> tuple[str, ...]:
         """Layers kept float32 under a half target (``keep_float32=`` names),
