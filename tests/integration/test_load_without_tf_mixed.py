@@ -81,6 +81,7 @@ def _trained_with_everything():
     return mixed, x
 
 
+@pytest.mark.slow  # a fresh process: about 4 s of CPU, near the fast tier's 5 s
 def test_a_small_model_trained_with_tf_mixed_loads_and_predicts_without_it(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(8, 4)).astype("float32")

@@ -454,6 +454,7 @@ def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
     assert model.get_layer("hidden").compute_dtype == "float32"
 
 
+@pytest.mark.slow
 def test_make_train_step_under_an_explicit_policy_keeps_it(check_on, monkeypatch):
     tf_mixed.enable(HALF)
     model = _model()
