@@ -154,10 +154,10 @@ def test_mirrored_accumulation_window(mirrored):
 # ------------------------------------------- make_train_step, the README's loop
 
 
-def _loop(x, y, readme_loop):
+def _loop(x, y, readme_loop, model=None):
     import tensorflow as tf
 
-    model = sm.build()
+    model = sm.build() if model is None else model
     optimizer = model.optimizer
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if readme_loop:
@@ -250,28 +250,7 @@ def test_every_policy_accumulation_window_with_an_update_overflow(policy):
 
 
 def _policy_loop(x, y, readme_loop, policy, kind):
-    import tensorflow as tf
-
-    model = sm.build(policy=policy, **sm.kind_args(kind))
-    optimizer = model.optimizer
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    if readme_loop:
-        optimizer.track_forward_state(model)
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            applied = tf_mixed.training.apply_scaled_gradients(
-                tape, loss, model.trainable_variables, optimizer)
-            return {"loss": loss, "applied": applied}
-    else:
-        step = tf_mixed.training.make_train_step(model, loss_fn, optimizer)
-    applied = [bool(step(x[i:i + sm.BATCH], y[i:i + sm.BATCH])["applied"])
-               for i in range(0, len(x), sm.BATCH)]
-    state = [np.asarray(v) for v in
-             [*model.weights, *optimizer.inner_optimizer.variables]]
-    return applied, state
+    return _loop(x, y, readme_loop, sm.build(policy=policy, **sm.kind_args(kind)))
 
 
 @pytest.mark.slow
