@@ -61,7 +61,8 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 
-__all__ = ["RULES", "PrecisionMap", "decide", "layer_names", "validated_policy"]
+__all__ = ["RULES", "PrecisionMap", "decide", "layer_names", "layer_path", "live_policy",
+           "move", "observed", "validated_policy"]
 
 FLOAT32 = "float32"
 HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED, TARGET, AS_IS = (
@@ -199,6 +200,28 @@ class PrecisionMap:
     def float8_names(self) -> tuple[str, ...]:
         """Layers that compute in float8."""
         return tuple(n for n, p in self.layers.items() if p.startswith("float8_from_"))
+
+    def healed(self, names: Iterable[str]) -> "PrecisionMap":
+        """This map with rule 6 applied: ``names`` compute in float32 ("healed").
+
+        Rule 6 is the last of `RULES` and only keeps layers in float32, so
+        applying it to a decided (or `observed`) map gives what `decide`
+        gives with the same ``healed``.
+
+        Raises:
+            ValueError: A name the map does not hold (the valid ones listed).
+        """
+        names = list(names)
+        unknown = [n for n in names if n not in self.layers]
+        if unknown:
+            raise ValueError(
+                f"Healed layer names must be layers of the map. Received: {unknown}. "
+                f"The map's layers: {list(self.layers)}.")
+        layers, reasons = dict(self.layers), dict(self.reasons)
+        for name in names:
+            if layers[name] != FLOAT32:
+                layers[name], reasons[name] = FLOAT32, HEALED
+        return dataclasses.replace(self, layers=layers, reasons=reasons)
 
     def to_keras(self) -> keras.dtype_policies.DTypePolicyMap:
         """This map as Keras's `DTypePolicyMap` (default policy: `target`)."""
@@ -366,3 +389,108 @@ def decide(model: keras.Model, target: str, *,
     if check_names:
         keep.check_names(known, model.name)
     return PrecisionMap(target, layers, reasons, head_names)
+
+
+# ------------------------------------------------------------ a built model
+
+
+def layer_path(layer) -> str:
+    """``layer``'s Keras path (a `DTypePolicyMap` key), or its name."""
+    return getattr(layer, "path", None) or layer.name
+
+
+def live_policy(layer) -> str:
+    """The name of the policy ``layer`` computes in now (a map read by its path)."""
+    policy = layer.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        path = layer_path(layer)
+        policy = policy[path] if path in policy else policy.default_policy
+    return policy.name
+
+
+def observed(model: keras.Model) -> PrecisionMap:
+    """The map a built ``model`` computes in now (every rule "as is").
+
+    Its target is the policy most of its layers compute in. Healing reads
+    it and applies rule 6 (`PrecisionMap.healed`); `move` applies the result.
+    """
+    layers: dict[str, str] = {}
+    for name, layer in walk_layers(model):
+        if is_input_layer(layer) or name in layers:
+            continue
+        policy = live_policy(layer)
+        if policy in FLOAT_POLICIES:
+            layers[name] = policy
+    counts: dict[str, int] = {}
+    for policy in layers.values():
+        counts[policy] = counts.get(policy, 0) + 1
+    target = max(counts, key=lambda p: counts[p]) if counts else live_policy(model)
+    if target not in FLOAT_POLICIES:
+        target = FLOAT32
+    return PrecisionMap(target, layers, {n: AS_IS for n in layers})
+
+
+def _by_path(model, precision: PrecisionMap) -> dict[str, str]:
+    """A map's changes to a built model, by Keras path: each layer the map
+    sets to another policy than its own, with the layers inside it."""
+    paths: dict[str, str] = {}
+    for name, layer in walk_layers(model):
+        wanted = precision.policy(name)
+        if wanted is None or isinstance(layer, keras.Model) or live_policy(layer) == wanted:
+            continue
+        if wanted.startswith("float8_from_"):
+            raise ValueError(
+                f"A built layer cannot be moved to float8 in place. Received: layer "
+                f"{name!r} -> {wanted!r}. Quantize the model (tf_mixed.plan's Plan.apply).")
+        for sub in _internals.sublayers(layer):
+            paths[layer_path(sub)] = wanted
+    return paths
+
+
+def move(model, precision: PrecisionMap | Mapping[str, str]) -> list:
+    """Moves a built model's layers to the policies a map gives, in place.
+
+    The one way tf_mixed moves a built model's precision (healing, a
+    restored checkpoint's healed set, auto's check on the model's own step).
+    Keras 3.15's ``Layer.dtype_policy`` setter works on a built layer: under a
+    mixed policy the variables are float32 already, so only the compute
+    dtype changes; the retrace is the caller's.
+
+    Args:
+        model: A built Keras model (or layer).
+        precision: A `PrecisionMap` (layer names as `decide` names them; a
+            layer it sets to another policy moves with the layers inside
+            it, as its constructor made them), or Keras layer path -> policy
+            name (each path as given; `DTypePolicyMap` keys). Layers not
+            named keep theirs.
+
+    Returns:
+        The layers whose policy changed, in the model's order.
+
+    Raises:
+        ValueError: A layer keeps its variables in a half dtype (a pure
+            half policy) and would move to another variable dtype: moving
+            compute would not move its weights (nothing moves then); a
+            `PrecisionMap` sets a layer to float8 (quantize instead).
+    """
+    if isinstance(precision, PrecisionMap):
+        paths = _by_path(model, precision)
+    else:
+        paths = {path: getattr(p, "name", p) for path, p in precision.items()}
+    planned = []
+    for layer in _internals.sublayers(model):
+        wanted = paths.get(layer_path(layer))
+        if wanted is None or live_policy(layer) == wanted:
+            continue
+        policy = keras.DTypePolicy(wanted)
+        held = layer.dtype_policy.variable_dtype
+        if held in HALF_DTYPES and held != policy.variable_dtype:
+            raise ValueError(
+                f"Layer '{layer.name}' keeps its variables in {held} (policy "
+                f"'{layer.dtype_policy.name}'); moving it to '{wanted}' moves compute only. "
+                "Received a pure half-precision layer: train under a mixed policy "
+                "(tf_mixed.enable('mixed_float16')) to move it.")
+        planned.append((layer, policy))
+    for layer, policy in planned:
+        layer.dtype_policy = policy
+    return [layer for layer, _ in planned]
