@@ -257,9 +257,9 @@ class Healer:
             Names of the layers whose policy changed now (the caller retraces
             when any did).
         """
-        names = set(self.attribution.read().healed)
-        names.update(_attribution.pending_healed(self.attribution.optimizer))
-        names = [n for n in self.attribution.names if n in names]
+        wanted = set(self.attribution.read().healed)
+        wanted.update(_attribution.pending_healed(self.attribution.optimizer))
+        names = [n for n in self.attribution.names if n in wanted]
         moved = self._move(names)
         if names:
             self.attribution.mark_healed(names)
