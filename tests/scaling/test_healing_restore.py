@@ -81,6 +81,7 @@ def test_move_refuses_a_pure_half_layer_and_moves_nothing():
             "float32", {"a": "float8_from_float32"}))
 
 
+@pytest.mark.slow  # its step traces the whole pipeline: about 6 s of CPU
 def test_a_hand_written_loop_restored_before_its_first_trace_computes_healed(tmp_path):
     path = _saved_healed(tmp_path)
     fresh = _model()
