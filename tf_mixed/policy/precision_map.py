@@ -61,8 +61,8 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 
-__all__ = ["RULES", "PrecisionMap", "decide", "layer_names", "layer_path", "live_policy",
-           "move", "observed", "validated_policy"]
+__all__ = ["RULES", "PrecisionMap", "Survey", "decide", "layer_names", "layer_path",
+           "live_policy", "move", "observed", "survey", "validated_policy"]
 
 FLOAT32 = "float32"
 HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED, TARGET, AS_IS = (
@@ -166,7 +166,7 @@ class PrecisionMap:
             return "float8"
         return keras.DTypePolicy(policy).compute_dtype
 
-    def policy_for(self, model: keras.Model) -> Callable[[Any], str | None]:
+    def policy_for(self, model: "keras.Model | Survey") -> Callable[[Any], str | None]:
         """``policy_for(layer) -> policy or None`` for the layer objects of
         ``model`` (the map's names resolved once; a shared layer by the first
         place it appears), as `tf_mixed.models.cloning.clone` takes it.
@@ -174,8 +174,10 @@ class PrecisionMap:
         Raises:
             ValueError: The map names layers ``model`` does not have.
         """
+        found = model if isinstance(model, Survey) else survey(model)
+        model = found.model
         ids: dict[str, int] = {}
-        for name, layer in walk_layers(model):  # a shared layer walks under each of its names
+        for name, layer in found.layers:  # a shared layer walks under each of its names
             ids.setdefault(name, id(layer))
         unknown = sorted(set(self.layers) - set(ids))
         if unknown:
@@ -265,6 +267,67 @@ class PrecisionMap:
                    record.get("heads", {}))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Survey:
+    """What one walk of a model finds: `decide` reads it, and so do the
+    stages that build the map (`tf_mixed.convert`'s copy, its padding),
+    instead of walking the model again.
+
+    Attributes:
+        model: The model walked.
+        layers: ``(name, layer)`` pairs as `tf_mixed._internal.facts.walk_layers`
+            yields them (a shared layer under each of its names).
+        names: ``id(layer) -> name``, the first place each layer appears.
+        outputs: ``(tensor, producer)`` per model output, flat; the producer
+            is the layer or Keras op that makes it (None: an input).
+        output_layers: The producers of the outputs, once each, inputs left out.
+        consumers: ``id(layer) -> [layers of the model that read its outputs]``
+            (the model's own layers, not those inside nested models).
+        operations: The name of every operation of the model and of the
+            models nested in it (a copy's new names avoid them).
+    """
+
+    model: Any
+    layers: tuple
+    names: Mapping[int, str]
+    outputs: tuple
+    output_layers: tuple
+    consumers: Mapping[int, list]
+    operations: frozenset
+
+
+def survey(model: keras.Model) -> Survey:
+    """One walk of a built Sequential or functional model (`Survey`)."""
+    def producer(tensor):
+        history = _internals.keras_history(tensor)
+        return history.operation if history is not None else None
+
+    outputs = tuple((t, producer(t)) for t in keras.tree.flatten(model.outputs))
+    consumers: dict[int, list] = {}
+    for layer in model.layers:
+        for tensor in _internals.call_inputs(layer):
+            made_by = producer(tensor)
+            if made_by is not None:
+                consumers.setdefault(id(made_by), []).append(layer)
+    walked = tuple(walk_layers(model))
+    seen: set[int] = set()
+    output_layers = []
+    for _, layer in outputs:
+        if layer is not None and id(layer) not in seen and not is_input_layer(layer):
+            seen.add(id(layer))
+            output_layers.append(layer)
+    names: dict[int, str] = {}
+    operations: set[str] = set()
+    # A Sequential model lists its layers only.
+    for owner in [model] + [layer for _, layer in walked if isinstance(layer, keras.Model)]:
+        operations.update(op.name for op in (
+            owner.layers if isinstance(owner, keras.Sequential) else owner.operations))
+    for name, layer in walked:
+        names.setdefault(id(layer), name)
+    return Survey(model, walked, names, outputs, tuple(output_layers), consumers,
+                  frozenset(operations))
+
+
 def layer_names(model: keras.Model) -> dict[int, str]:
     """``id(layer) -> name`` as a map names it, for every layer of ``model``."""
     names: dict[int, str] = {}
@@ -273,22 +336,11 @@ def layer_names(model: keras.Model) -> dict[int, str]:
     return names
 
 
-def _output_layers(model) -> list:
-    """The layers (or Keras ops) producing `model`'s outputs, once each."""
-    seen, found = set(), []
-    for tensor in keras.tree.flatten(model.outputs):
-        history = _internals.keras_history(tensor)
-        layer = history.operation if history is not None else None
-        if layer is not None and id(layer) not in seen and not is_input_layer(layer):
-            seen.add(id(layer))
-            found.append(layer)
-    return found
-
-
 def decide(model: keras.Model, target: str, *,
            keep_float32: keep_float32_rules.Spec | keep_float32_rules.KeepFloat32 = (),
            plan: Mapping[str, str] | None = None, healed: Iterable[str] = (),
-           outputs: bool = True, check_names: bool = True) -> PrecisionMap:
+           outputs: bool = True, check_names: bool = True,
+           found: Survey | None = None) -> PrecisionMap:
     """The precision of every layer of ``model`` made ``target``: the rules in order.
 
     Walks the model once (`tf_mixed._internal.facts.walk_layers`); see the
@@ -307,6 +359,8 @@ def decide(model: keras.Model, target: str, *,
             `probe`); False keeps only tf_mixed's own heads (`rebuild`).
         check_names: Refuse ``keep_float32`` names the model lacks (False
             for the rules `enable` made for every model, as `probe` reads them).
+        found: The model's `survey`, when the caller made it (it reads the
+            same walk after the decision); None: walked here.
 
     Returns:
         The `PrecisionMap` (`PrecisionMap.policy_for` reads it per layer
@@ -325,8 +379,9 @@ def decide(model: keras.Model, target: str, *,
     healed = frozenset(healed)
     heads: dict[int, str] = {}
     kept_outputs: set[int] = set()
+    found = found if found is not None else survey(model)
     if half and outputs:
-        for layer in _output_layers(model):
+        for layer in found.output_layers:
             activation = activation_name(layer)
             if isinstance(layer, keras.Model):
                 continue  # converted as a whole: convert notes it
@@ -344,7 +399,7 @@ def decide(model: keras.Model, target: str, *,
     kept_models: list[str] = []  # nested models keep_float32 matched: "outer/"
     planned_models: list[str] = []  # nested models the plan names: "outer/"
     known: set[str] = set()
-    for name, layer in walk_layers(model):
+    for name, layer in found.layers:
         known.add(layer.name)
         if id(layer) in heads:
             head_names[name] = heads[id(layer)]
