@@ -39,6 +39,16 @@
 # layers whose policy is not a float policy (integer, quantized), keep their
 # own and are not in the map. Names are `facts.walk_layers`'s (``outer/inner``
 # inside nested models), as ``keep_float32`` and the plan's rows name layers.
+#
+# The walk itself is a value, `survey(model)` (layers and their names, the
+# outputs and what makes them, who reads each layer, every operation's name):
+# `decide` reads it, and so do the stages after it (`convert`'s copy and its
+# padding), instead of walking the model again.
+#
+# A built model's precision moves in one way, `move(model, map)`: healing
+# (`observed(model).healed(names)`: rule 6 applied to what the model computes
+# in now), a restored checkpoint's healed set, and auto's check on the
+# model's own step (tf_mixed/policy/model_check.py) all go through it.
 
 from __future__ import annotations
 
