@@ -70,6 +70,30 @@ def test_the_healed_set_is_rule_six_of_the_live_map():
         healed_map(model, ["nope"])
 
 
+class _Block(keras.layers.Layer):
+    """A block whose sublayer is made under the global policy."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(2, name="inner")
+
+    def call(self, x):
+        return self.inner(x)
+
+
+def test_healing_a_block_float32_itself_moves_its_half_sublayers():
+    # A .keras file holds the block's policy, not its sublayers' (docs/healing.md).
+    tf_mixed.enable("mixed_float16")
+    block = _Block(name="block")
+    model = keras.Sequential([keras.Input((2,)), block])
+    block.dtype_policy = keras.DTypePolicy("float32")
+    assert block.inner.compute_dtype == "float16"
+    assert heal(model, ["block"]) == ("block",)
+    assert block.inner.compute_dtype == "float32"
+    # The live map read as it is moves nothing.
+    assert precision_map.move(model, precision_map.observed(model)) == []
+
+
 def test_move_refuses_a_pure_half_layer_and_moves_nothing():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, name="a"),
                               keras.layers.Dense(2, name="b", dtype="float16")], name="s")

@@ -230,8 +230,8 @@ class PrecisionMap:
                 f"Healed layer names must be layers of the map. Received: {unknown}. "
                 f"The map's layers: {list(self.layers)}.")
         layers, reasons = dict(self.layers), dict(self.reasons)
-        for name in names:
-            if layers[name] != FLOAT32:
+        for name in names:  # an earlier rule's float32 keeps its reason
+            if layers[name] != FLOAT32 or reasons.get(name) in (AS_IS, TARGET, None):
                 layers[name], reasons[name] = FLOAT32, HEALED
         return dataclasses.replace(self, layers=layers, reasons=reasons)
 
@@ -496,19 +496,24 @@ def observed(model: keras.Model) -> PrecisionMap:
 
 
 def _by_path(model, precision: PrecisionMap) -> dict[str, str]:
-    """A map's changes to a built model, by Keras path: each layer the map
-    sets to another policy than its own, with the layers inside it."""
+    """A map's changes to a built model, by Keras path: each layer a rule sets
+    (not "as is") to another policy, with the layers inside it that computed
+    as it did (to float32: every one; a sublayer float32 on purpose stays so)."""
     paths: dict[str, str] = {}
     for name, layer in walk_layers(model):
         wanted = precision.policy(name)
-        if wanted is None or isinstance(layer, keras.Model) or live_policy(layer) == wanted:
+        if wanted is None or precision.reasons.get(name) == AS_IS or isinstance(
+                layer, keras.Model):
             continue
         if wanted.startswith("float8_from_"):
             raise ValueError(
                 f"A built layer cannot be moved to float8 in place. Received: layer "
                 f"{name!r} -> {wanted!r}. Quantize the model (tf_mixed.plan's Plan.apply).")
+        own = live_policy(layer)
         for sub in _internals.sublayers(layer):
-            paths[layer_path(sub)] = wanted
+            current = live_policy(sub)
+            if current != wanted and (wanted == FLOAT32 or sub is layer or current == own):
+                paths[layer_path(sub)] = wanted
     return paths
 
 
