@@ -17,6 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tf_mixed"
 BENCH = PACKAGE / "bench"
 CLI = PACKAGE / "cli"
+COMMANDS = PACKAGE / "commands"  # what cli/ and bench/ share, below both
+DISPATCHER = CLI / "main.py"  # the one module of cli/ that imports bench/
 ENTRY_POINT = PACKAGE / "__main__.py"
 
 
@@ -88,8 +90,13 @@ def _py_files(directory):
     return sorted(p for p in directory.rglob("*.py"))
 
 
+def _is_client(path: pathlib.Path) -> bool:
+    """Whether ``path`` is in commands/, bench/ or cli/: the command line and what it runs."""
+    return any(folder in path.parents for folder in (COMMANDS, BENCH, CLI))
+
+
 LAYOUT = ROOT / "docs" / "layout.md"
-CLIENTS = ("tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
+CLIENTS = ("tf_mixed.commands", "tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
 # facts: the TensorFlow-free tables (policy names and aliases, export formats and
 # precisions) the command line checks its flags against before TensorFlow loads.
 CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors",
@@ -191,7 +198,7 @@ def test_every_folder_init_only_hands_names_on():
 
 
 def test_clients_use_only_public_library_names():
-    """bench/ and cli/ reach the library through public names (and `CLIENT_HELPERS`)."""
+    """commands/, bench/ and cli/ reach the library through public names (and `CLIENT_HELPERS`)."""
     offenders = []
     for client in CLIENTS:
         for path in _py_files(PACKAGE / client.split(".")[1]):
@@ -251,7 +258,7 @@ def test_the_command_line_check_can_fail():
 def test_the_library_holds_no_command_line_code():
     offenders = {}
     for path in _py_files(PACKAGE):
-        if BENCH in path.parents or CLI in path.parents or path == ENTRY_POINT:
+        if _is_client(path) or path == ENTRY_POINT:
             continue
         found = _command_line_code(_without_pointer(path))
         if found:
@@ -276,10 +283,44 @@ def test_the_library_does_not_import_the_command_line():
     """The circle cli/launch.py <-> distribute/launch.py went with the old spelling (issue 33)."""
     offenders = [f"{path.relative_to(ROOT)}:{line} imports {module}"
                  for path in _py_files(PACKAGE)
-                 if BENCH not in path.parents and CLI not in path.parents and path != ENTRY_POINT
+                 if not _is_client(path) and path != ENTRY_POINT
                  for module, line in _imported_modules_of(ast.parse(path.read_text()))
-                 if module.startswith(("tf_mixed.cli", "tf_mixed.bench"))]
+                 if module.startswith(CLIENTS)]
     assert not offenders, offenders
+
+
+def _bench_imports(path: pathlib.Path, package: str | None = None) -> list[str]:
+    """Where ``path`` imports the bench (``tf_mixed.bench`` or a module of it)."""
+    return [f"{path.name}:{line} imports {module}"
+            for module, line in _imported_modules(path, package)
+            if module == "tf_mixed.bench" or module.startswith("tf_mixed.bench.")]
+
+
+def test_the_bench_import_check_can_fail(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text("def f():\n    from tf_mixed.bench import report\n"
+                    "from tf_mixed import bench\nfrom tf_mixed.commands import data\n")
+    assert sorted(set(_bench_imports(fake, package="tf_mixed.cli"))) == [
+        "fake.py:2 imports tf_mixed.bench", "fake.py:2 imports tf_mixed.bench.report",
+        "fake.py:3 imports tf_mixed.bench"]
+
+
+def test_only_the_dispatcher_imports_the_bench():
+    """bench/ is a leaf: the command line's dispatcher reaches it, nothing else (issue 43).
+
+    What a command shares with the bench (data sets, names, the output
+    directory) is in commands/, below both.
+    """
+    offenders = [found for path in _py_files(PACKAGE)
+                 if BENCH not in path.parents and path != DISPATCHER
+                 for found in _bench_imports(path)]
+    assert not offenders, offenders
+    assert _bench_imports(DISPATCHER)  # the dispatcher does reach it
+
+
+def test_what_the_commands_share_sits_below_the_bench_and_the_command_line():
+    rank = _rank()
+    assert rank["commands"] < rank["bench"] < rank["cli"], rank
 
 
 def test_setuptools_ships_every_package():
@@ -291,7 +332,7 @@ def test_setuptools_ships_every_package():
         find = config["packages"]["find"]
         shipped = set(setuptools.find_packages(where=str(ROOT), include=find["include"]))
     on_disk = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
-    assert {"tf_mixed", "tf_mixed.bench", "tf_mixed.cli"} <= on_disk
+    assert {"tf_mixed", *CLIENTS} <= on_disk
     assert shipped == on_disk
 
 
@@ -309,7 +350,7 @@ def test_every_third_party_import_of_the_library_is_declared():
     distributions = importlib.metadata.packages_distributions()
     undeclared = {}
     for path in _py_files(PACKAGE):
-        if BENCH in path.parents or CLI in path.parents:
+        if _is_client(path):
             continue
         for module, _, line in _imports(path):
             top = module.split(".")[0]
@@ -373,11 +414,11 @@ def _is_module(dotted: str) -> bool:
 def _through_a_face(path: pathlib.Path) -> list[str]:
     """Imports of a non-module name from a folder's face, and ``tf_mixed.<face>.<name>`` uses.
 
-    bench/ and cli/ are clients of the public API: the names a face hands on
+    commands/, bench/ and cli/ are clients of the public API: the names a face hands on
     are theirs to use.
     """
     faces = _faces() - {"tf_mixed"}
-    if any(parent in path.parents for parent in (BENCH, CLI)):
+    if _is_client(path):
         return []
     found = []
     tree = ast.parse(path.read_text())

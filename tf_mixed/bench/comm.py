@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Any
 
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
+
 PATHS = ("keras", "float32", "float16", "bfloat16")
 INPUT_DIM = 512
 WIDTH = 2048
@@ -64,7 +66,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
     """
     from tf_mixed.bench import report as bench_report
 
-    created = bench_report.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     settings = {
         "workers": config.workers,
         "batch_size": config.batch_size,
@@ -96,7 +98,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
         paths = bench_report.write_outputs(report, config.output_dir,
                                            plot=False)
     except BaseException:
-        bench_report.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     bench_report.print_written(markdown, paths)
     return report

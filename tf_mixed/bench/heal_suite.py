@@ -29,6 +29,7 @@ import numpy as np
 import tf_mixed
 from tf_mixed._internal import measuring
 from tf_mixed.bench.config import BenchConfig
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 __all__ = ["demo_data", "demo_model", "run_demo", "run_heal", "run_heal_cost",
            "smooth_relu"]
@@ -159,7 +160,7 @@ def _written(config: BenchConfig, command: str, suite: str, rows: list[dict],
     behind when the work fails."""
     from tf_mixed.bench import report as bench_report
 
-    created = bench_report.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     try:
         work()
         markdown = "\n".join([f"# tf_mixed bench --suite={suite}", "",
@@ -168,7 +169,7 @@ def _written(config: BenchConfig, command: str, suite: str, rows: list[dict],
                   "markdown": markdown}
         written = bench_report.write_outputs(report, config.output_dir, plot=False)
     except BaseException:
-        bench_report.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     bench_report.print_written(markdown, written)
     return rows

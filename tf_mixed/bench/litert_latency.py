@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 from tf_mixed._internal import measuring, quiet
 from tf_mixed._internal.cli_errors import below_minimum
-from tf_mixed.bench.one_line_parser import OneLineParser
+from tf_mixed.commands.one_line_parser import OneLineParser
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 __all__ = ["main", "measure"]
 
@@ -95,11 +96,9 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
     args = _parse(argv)
     quiet.import_tensorflow()  # once the arguments are read
     from tf_mixed._internal.cli_errors import UsageError
-    from tf_mixed.bench import report as report_module
 
     try:  # before the work, not after it
-        report_module.remove_if_created(
-            args.output_dir, report_module.check_output_dir(args.output_dir))
+        remove_if_created(args.output_dir, check_output_dir(args.output_dir))
     except UsageError as error:
         print(f"tf_mixed litert-latency: error: {error}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import time
 
 from tf_mixed._internal import quiet
 from tf_mixed._internal.cli_errors import below_minimum
-from tf_mixed.bench.one_line_parser import OneLineParser
+from tf_mixed.commands.one_line_parser import OneLineParser
 
 __all__ = ["main"]
 

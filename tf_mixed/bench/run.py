@@ -125,7 +125,7 @@ def run_policy(
     Args:
         config: A validated `BenchConfig`.
         policy_name: A canonical policy name.
-        bench_data: A loaded `tf_mixed.bench.data.BenchData` to reuse;
+        bench_data: A loaded `tf_mixed.commands.data.BenchData` to reuse;
             loaded from ``config`` when None.
         strategy: The strategy to use; `make_strategy(config)` when None.
         verbose: Print one line per epoch.
