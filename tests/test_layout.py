@@ -323,6 +323,54 @@ def test_what_the_commands_share_sits_below_the_bench_and_the_command_line():
     assert rank["commands"] < rank["bench"] < rank["cli"], rank
 
 
+MEASURING = PACKAGE / "_internal" / "measuring.py"  # the primitives of measuring (issue 43)
+_QUANTILE_NAME = re.compile(r"quartile|quantile|percentile", re.IGNORECASE)
+
+
+def _measuring_code(source: str) -> dict[str, list[str]]:
+    """What only measuring.py may hold: quantile functions and reads of the load average.
+
+    ``quantiles``: a function defined with quartile, quantile or percentile
+    in its name, or a call of ``statistics.quantiles`` (a median is
+    ``statistics.median``'s); ``load``: any ``getloadavg`` or ``/proc/loadavg``.
+    """
+    tree = ast.parse(source)
+    quantiles = [f"def {n.name}" for n in ast.walk(tree)
+                 if isinstance(n, ast.FunctionDef) and _QUANTILE_NAME.search(n.name)]
+    quantiles += [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and ast.unparse(n.func).endswith("statistics.quantiles")]
+    load = [ast.unparse(n) for n in ast.walk(tree)
+            if (isinstance(n, ast.Attribute) and n.attr == "getloadavg")
+            or (isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and "/proc/loadavg" in n.value)]
+    load += [f"import {a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             for a in n.names if a.name == "getloadavg"]
+    return {kind: found for kind, found in (("quantiles", quantiles), ("load", load)) if found}
+
+
+def test_the_measuring_check_can_fail():
+    assert _measuring_code(
+        "import os, statistics\n"
+        "def _percentile(v, q):\n    return sorted(v)[int(q * len(v))]\n"
+        "def iqr(v):\n    return statistics.quantiles(v, n=4)\n"
+        "load = os.getloadavg()[0]\n"
+        "text = open('/proc/loadavg').read()\n") == {
+        "quantiles": ["def _percentile", "statistics.quantiles"],
+        "load": ["os.getloadavg", "'/proc/loadavg'"]}
+    assert _measuring_code("from os import getloadavg\n") == {"load": ["import getloadavg"]}
+    assert _measuring_code("import statistics\nm = statistics.median([1.0])\n") == {}
+
+
+def test_one_quantile_function_and_one_read_of_the_load():
+    """measuring.py holds the package's one quantile function and its one read of the load."""
+    offenders = {str(path.relative_to(ROOT)): found for path in _py_files(PACKAGE)
+                 if path != MEASURING
+                 for found in [_measuring_code(path.read_text())] if found}
+    assert not offenders, offenders
+    assert _measuring_code(MEASURING.read_text()) == {
+        "quantiles": ["def quantile", "def quartiles"], "load": ["os.getloadavg"]}
+
+
 def test_setuptools_ships_every_package():
     """What `pip install .` installs: every directory of tf_mixed with an __init__.py."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
