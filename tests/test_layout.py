@@ -371,6 +371,70 @@ def test_one_quantile_function_and_one_read_of_the_load():
         "quantiles": ["def quantile", "def quartiles"], "load": ["os.getloadavg"]}
 
 
+# The plan's own timing loops (tools/planning/layer_timing.py, step_check.py) are issue 43
+# point 1's owners' this session; they move onto `measuring.rotated` with it.
+FIXED_ORDER_ROUNDS_LEFT = {"tf_mixed/tools/planning/layer_timing.py",
+                           "tf_mixed/tools/planning/step_check.py"}
+
+
+def _fixed_order_rounds(source: str) -> list[str]:
+    """Loops over rounds that run their candidates in one fixed order.
+
+    A ``for`` over ``range(...rounds...)`` whose body loops over anything but
+    a ``range`` (the steps of one candidate) or ``measuring.rotated`` (each
+    candidate leading in turn): the candidate that always runs first carries
+    the load of the round's start alone.
+    """
+    found = []
+    for outer in ast.walk(ast.parse(source)):
+        if not (isinstance(outer, ast.For) and isinstance(outer.iter, ast.Call)
+                and ast.unparse(outer.iter.func) == "range"
+                and "round" in ast.unparse(outer.iter).lower()):
+            continue
+        for inner in (n for stmt in outer.body for n in ast.walk(stmt)):
+            if isinstance(inner, ast.For) and not (
+                    isinstance(inner.iter, ast.Call)
+                    and ast.unparse(inner.iter.func).rpartition(".")[2] in ("range", "rotated")):
+                found.append(f"{inner.lineno}: for {ast.unparse(inner.target)} in "
+                             f"{ast.unparse(inner.iter)}")
+    return found
+
+
+def test_the_round_order_check_can_fail():
+    assert _fixed_order_rounds(
+        "for _ in range(rounds):\n    for name, step in steps.items():\n        step()\n"
+        "for i in range(args.rounds):\n    for name in measuring.rotated(names, i):\n"
+        "        for _ in range(steps):\n            run(name)\n") == [
+        "2: for (name, step) in steps.items()"]
+
+
+def test_rounds_take_their_order_from_measuring():
+    """Every loop over rounds interleaves its candidates as measuring.py does (issue 43)."""
+    offenders = {str(path.relative_to(ROOT)): found for path in _py_files(PACKAGE)
+                 if str(path.relative_to(ROOT)) not in FIXED_ORDER_ROUNDS_LEFT
+                 for found in [_fixed_order_rounds(path.read_text())] if found}
+    assert not offenders, offenders
+    left = {name: _fixed_order_rounds((ROOT / name).read_text())
+            for name in FIXED_ORDER_ROUNDS_LEFT}
+    assert all(left.values()), left  # a loop that moved leaves this list
+
+
+# Who measures speed: `auto`, the model check, the plan, doctor --measure and the suites
+# that time (bf16_quality and heal_sweep count accuracy and skips, no time).
+MEASURING_USERS = ("policy/autotune.py", "policy/model_check.py", "tools/planning/planner.py",
+                   "tools/planning/step_check.py", "cli/doctor.py", "bench/compare.py",
+                   "bench/schedule.py", "bench/report.py", "bench/matmul.py",
+                   "bench/overhead.py", "bench/comm.py", "bench/memory_suite.py",
+                   "bench/gpu_suite.py", "bench/heal_suite.py", "bench/rollback_cost.py",
+                   "bench/litert_latency.py")
+
+
+@pytest.mark.parametrize("name", MEASURING_USERS)
+def test_who_measures_uses_the_primitives_of_measuring(name):
+    imported = {m for m, _ in _imported_modules(PACKAGE / name)}
+    assert "tf_mixed._internal.measuring" in imported, name
+
+
 def test_setuptools_ships_every_package():
     """What `pip install .` installs: every directory of tf_mixed with an __init__.py."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]

@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
@@ -179,7 +179,9 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
         if left() <= 0:
             break
         progress.update(f"round {index + 1}/{sizes.rounds} of {len(live)} variants")
-        for run in live:
+        by_name = {r["name"]: r for r in live}
+        for name in measuring.rotated(list(by_name), index):  # each variant leads in turn
+            run = by_name[name]
             run["timer"].times.clear()
             run["model"].fit(data, epochs=1, steps_per_epoch=sizes.round_steps, verbose=0,
                              shuffle=False, callbacks=[run["timer"]])

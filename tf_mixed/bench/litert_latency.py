@@ -66,16 +66,18 @@ def measure(runners: dict[str, Callable[[], object]], rounds: int, iterations: i
     Returns:
         ``{name: median over rounds of the round's median ms}``.
     """
-    per_round: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            run()  # warm: first call allocates
-            times = []
-            for _ in range(iterations):
-                start = clock()
-                run()
-                times.append(1000.0 * (clock() - start))
-            per_round[name].append(statistics.median(times))
+    def one_round(run: Callable[[], object]) -> float:
+        """The median ms of ``iterations`` timed calls, after one untimed call."""
+        run()  # warm: first call allocates
+        times = []
+        for _ in range(iterations):
+            start = clock()
+            run()
+            times.append(1000.0 * (clock() - start))
+        return statistics.median(times)
+
+    per_round = measuring.interleaved_rounds(  # each runner leads in turn
+        {name: functools.partial(one_round, run) for name, run in runners.items()}, rounds)
     return {name: statistics.median(values) for name, values in per_round.items()}
 
 

@@ -35,6 +35,7 @@ import sys
 import tempfile
 from typing import Any
 
+from tf_mixed._internal import measuring
 from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 INPUT_DIM = 1024
@@ -150,7 +151,7 @@ def run_memory(config, command: str) -> dict[str, Any]:
         staging = tempfile.mkdtemp(prefix=".tf_mixed_memory.", dir=config.output_dir)
         try:
             for round_index in range(config.timing_rounds):
-                for path in paths:
+                for path in measuring.rotated(paths, round_index):
                     runs[path].append(_run_child(path, settings, staging))
                     print(f"  round {round_index + 1}: {path} done", flush=True)
         finally:
