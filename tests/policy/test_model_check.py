@@ -48,7 +48,7 @@ class FakeClock:
     def __call__(self):
         self.reads += 1
         self.now += self.seconds[self.layer.compute_dtype] / 2  # two reads a step
-        return self.now
+        return self.now, self.now  # (wall, CPU): alike here
 
 
 def _model(name="checked"):
@@ -132,12 +132,20 @@ def test_a_ratio_the_rounds_do_not_resolve_from_one_says_so():
     assert "the interval holds 1.00x" in verdict.message
 
 
-def _drive(rounds: StepRounds, seconds):
+def _drive(rounds: StepRounds, seconds, cpu=None):
+    """Runs the schedule; a policy's seconds are a number or a list used in turn."""
     order = []
     while (name := rounds.next_policy()) is not None:
         order.append(name)
-        rounds.record(name, seconds[name])
+        given = seconds[name]
+        wall = given[order.count(name) - 1] if isinstance(given, list) else given
+        rounds.record(name, wall, None if cpu is None else cpu[name])
     return order
+
+
+# float32 steady, the half policy alternately faster and slower: an interval
+# across 1.00x whatever the number of rounds.
+UNRESOLVED = {"float32": 1.0, HALF: [2.0, 1.0] + [0.8, 1.25] * 10}
 
 
 def test_the_schedule_warms_each_policy_then_alternates_the_order_of_rounds():
@@ -146,37 +154,56 @@ def test_the_schedule_warms_each_policy_then_alternates_the_order_of_rounds():
     f, h = "float32", HALF
     # Two half steps (its trace, then its step), float32's trace, then
     # rounds in measuring.rotated's order.
-    assert order == [h, h, f] + [f, h, h, f, h, f, f, h, f, h]
-    assert len(rounds.rounds()["float32"]) == model_check.MIN_ROUNDS
+    assert order == [h, h, f] + [f, h, h, f, h, f]
+    assert len(rounds.rounds()["float32"]) == model_check.MIN_ROUNDS == 3
 
 
 def test_the_schedule_runs_up_to_the_most_rounds_within_its_budget():
     rounds = StepRounds(HALF, budget_s=1e9)
-    _drive(rounds, {HALF: 2.0, "float32": 1.0})
-    assert len(rounds.rounds()[HALF]) == model_check.MAX_ROUNDS
+    _drive(rounds, UNRESOLVED)
+    assert len(rounds.rounds()[HALF]) == model_check.MAX_ROUNDS == 7
+    assert not rounds.answered()
+
+
+def test_the_schedule_stops_once_the_interval_answers():
+    rounds = StepRounds(HALF, budget_s=1e9)
+    _drive(rounds, {HALF: 2.0, "float32": 1.0})  # every round 0.50x: answered at once
+    assert len(rounds.rounds()[HALF]) == model_check.MIN_ROUNDS
+    assert rounds.answered()
+    faster = StepRounds(HALF, budget_s=1e9)
+    _drive(faster, {HALF: [3.0, 1.0, 1.0, 1.0, 1.0], "float32": [9.0, 1.2, 1.5, 1.1]})
+    assert len(faster.rounds()[HALF]) == 3 and faster.answered()  # all above 1.00x
 
 
 def test_a_short_run_gets_the_rounds_that_end_before_it():
     assert model_check.rounds_within(None) == model_check.MAX_ROUNDS
-    assert model_check.rounds_within(20) == 7    # 3 + 14 steps, 2 to spare
-    assert model_check.rounds_within(15) == model_check.MIN_ROUNDS
+    assert model_check.rounds_within(19) == 7    # 3 + 14 steps, 2 to spare
+    assert model_check.rounds_within(15) == 5
+    assert model_check.rounds_within(model_check.MIN_STEPS) == model_check.MIN_ROUNDS
     assert model_check.rounds_within(10**6) == model_check.MAX_ROUNDS
-    rounds = StepRounds(HALF, budget_s=1e9, max_rounds=7)
-    _drive(rounds, {HALF: 2.0, "float32": 1.0})
-    assert len(rounds.rounds()[HALF]) == 7
+    rounds = StepRounds(HALF, budget_s=1e9, max_rounds=5)
+    _drive(rounds, UNRESOLVED)
+    assert len(rounds.rounds()[HALF]) == 5
 
 
-def test_fixed_rounds_stop_at_the_minimum_whatever_the_budget():
-    rounds = StepRounds(HALF, fixed=True, budget_s=1e9)
-    _drive(rounds, {HALF: 2.0, "float32": 1.0})
-    assert len(rounds.rounds()[HALF]) == model_check.MIN_ROUNDS
+def test_fixed_rounds_are_the_same_number_whatever_the_budget_or_the_answer():
+    for budget, seconds in ((1e9, UNRESOLVED), (0.0, {HALF: 2.0, "float32": 1.0})):
+        rounds = StepRounds(HALF, fixed=True, budget_s=budget)
+        _drive(rounds, seconds)
+        assert len(rounds.rounds()[HALF]) == model_check.FIXED_ROUNDS == 5
 
 
-def test_the_cost_is_the_second_trace_and_the_slower_policy_excess():
-    rounds = StepRounds(HALF, warm={HALF: 9.0, "float32": 5.0},
-                        seconds={"float32": [1.0, 1.0, 1.0], HALF: [2.0, 3.0, 2.0]})
-    # float32's warm-up step beyond its median step (5 - 1), then 1 + 2 + 1.
-    assert rounds.cost() == 8.0
+def test_the_cost_is_the_second_trace_and_the_slower_policy_excess_in_cpu_seconds():
+    rounds = StepRounds(HALF, budget_s=0.0)
+    walls = {HALF: [9.0, 2.0, 2.0, 3.0, 2.0], "float32": [5.0, 1.0, 1.0, 1.0]}
+    for name, wall in [(HALF, 9.0), (HALF, 2.0), ("float32", 5.0), ("float32", 1.0),
+                       (HALF, 2.0), (HALF, 3.0), ("float32", 1.0), (HALF, 2.0),
+                       ("float32", 1.0)]:
+        rounds.record(name, wall, cpu=2 * wall)  # CPU: twice the wall (two threads)
+    assert rounds.rounds() == {"float32": walls["float32"][1:], HALF: walls[HALF][2:]}
+    # CPU: float32's warm-up step beyond its median step (10 - 2), then 2 + 4 + 2.
+    assert rounds.cost() == 16.0
+    assert rounds.trace() == 14.0  # the half policy's first step beyond its second, CPU
 
 
 def test_a_float32_trace_predicted_over_the_budget_is_not_run():
@@ -352,7 +379,9 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
 
     def slow_first_step():  # the first step's two readings: a 30 s trace
         calls.append(1)
-        return real() + (30.0 if len(calls) >= 2 else 0.0)
+        wall, cpu = real()
+        late = 30.0 if len(calls) >= 2 else 0.0
+        return wall + late, cpu + late
 
     monkeypatch.setattr(model_check, "clock", slow_first_step)
     clock.watch(model.get_layer("hidden"))
@@ -363,7 +392,7 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
         model.fit(*_data(), batch_size=16, verbose=0, callbacks=[monitor])
     assert monitor.model_check.verdict is None
     assert "NOT checked against float32" in monitor.model_check.skipped
-    assert "its trace took 30.0 s" in caplog.text
+    assert "its trace took 30.0 s of CPU" in caplog.text
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
 
 
