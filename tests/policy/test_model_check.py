@@ -106,7 +106,8 @@ def test_auto_moves_a_slower_half_policy_to_float32_with_the_figures():
     assert (verdict.policy, verdict.action) == ("float32", "moved")
     for text in ("0.50x float32", "mixed_bfloat16 200.0 ms", "float32 100.0 ms",
                  "median of 5 interleaved rounds", "90% interval 0.45-0.55x",
-                 "check cost 1.2 s", "now trains in float32", "tf_mixed.plan"):
+                 "check cost 1.2 s of CPU", "now trains in float32, the faster for it",
+                 "tf_mixed.plan"):
         assert text in verdict.message
 
 
@@ -130,6 +131,7 @@ def test_a_ratio_the_rounds_do_not_resolve_from_one_says_so():
     verdict = model_check.decide(fig, HALF, "auto", model_name="m", where="w")
     assert verdict.action == "moved"
     assert "the interval holds 1.00x" in verdict.message
+    assert "now trains in float32, as fast for it within the interval" in verdict.message
 
 
 def _drive(rounds: StepRounds, seconds, cpu=None):

@@ -594,7 +594,7 @@ def decide(fig: Figures, half: str, requested: str, *, model_name: str, where: s
     resolved = ("" if fig.high < 1.0 or fig.low > 1.0
                 else "; the interval holds 1.00x: about float32's speed")
     source = ("read from the cache of an earlier check on this host" if cached
-              else f"{where}, check cost {cost_s:.1f} s")
+              else f"{where}, check cost {cost_s:.1f} s of CPU")
     measured = (f"{half} measured {fig.ratio:.2f}x float32 on model '{model_name}' itself "
                 f"(its own training step: {half} {1e3 * fig.half_s:.1f} ms, float32 "
                 f"{1e3 * fig.float32_s:.1f} ms; {spread}{resolved}; {source})")
@@ -604,7 +604,9 @@ def decide(fig: Figures, half: str, requested: str, *, model_name: str, where: s
     if requested == AUTO:
         return Verdict(FLOAT32, half, requested, "moved", fig, cost_s, cached, (
             f"tf_mixed: auto chose {half} for this host (its probe), but {measured}: "
-            f"the model now trains in float32, the faster for it. For a per-layer "
+            f"the model now trains in float32, "
+            f"{'the faster for it' if fig.high < 1.0 else 'as fast for it within the interval'}"
+            f". For a per-layer "
             f"choice, try tf_mixed.plan(model, x, y)."))
     return Verdict(half, half, requested, "warned", fig, cost_s, cached, (
         f"tf_mixed: model '{model_name}' trains in {half}, requested explicitly, and "
