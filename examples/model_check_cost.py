@@ -39,9 +39,11 @@ def _model(name, size, classes):
         return keras.Sequential([keras.Input((size, size, 3)), keras.layers.Flatten(),
                                  keras.layers.Dense(64, activation="relu"),
                                  keras.layers.Dense(classes), tf_mixed.OutputActivation("softmax")])
-    return getattr(keras.applications, MODELS[name])(
+    base = getattr(keras.applications, MODELS[name])(
         weights=None, input_shape=(size, size, 3), classes=classes,
-        classifier_activation=None)
+        classifier_activation=None)  # logits, in half precision
+    outputs = tf_mixed.OutputActivation("softmax")(base.output)  # softmax in float32
+    return keras.Model(base.inputs, outputs, name=base.name)
 
 
 class _After(keras.callbacks.Callback):
@@ -92,7 +94,7 @@ def main():
     y = rng.integers(0, 5, args.train_size)
     model = _model(args.model, args.image_size, 5)
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.Adam()),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=args.model != "dense"))
+                  loss="sparse_categorical_crossentropy")
     monitor = tf_mixed.LossScaleMonitor()
     after = _After(monitor, args.steps_after)
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0,
