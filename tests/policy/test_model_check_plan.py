@@ -9,26 +9,14 @@ import logging as std_logging
 import keras
 import numpy as np
 import pytest
+from model_checks import HALF, checked_model
 
 import tf_mixed
-from tf_mixed._internal import measuring
-from tf_mixed.policy import global_policy, model_check
+from tf_mixed.policy import model_check
 from tf_mixed.policy.model_check import Figures, PlanTrial
 from tf_mixed.tools.planning import step_candidate
 
-HALF = "mixed_bfloat16"
 SLOW = Figures(0.5, 0.45, 0.55, 0.1, 0.2, 3)
-
-
-@pytest.fixture
-def check_on(monkeypatch, tmp_path):
-    monkeypatch.setenv(model_check.ENV, "1")
-    monkeypatch.setenv("TF_MIXED_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(global_policy, "resolve_auto",
-                        lambda info=None, measure=None: (HALF, "host probe (faked)"))
-    monkeypatch.setattr(measuring, "machine_load", lambda: (0.0, 2))
-    model_check._WARNED.clear()
-    return tmp_path
 
 
 class MixClock:
@@ -52,11 +40,7 @@ class MixClock:
 
 
 def _model(name="planned"):
-    inputs = keras.Input((8,))
-    x = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
-    x = keras.layers.Dense(3, name="logits")(x)
-    outputs = tf_mixed.Float32Output(name="head")(x)
-    return keras.Model(inputs, outputs, name=name)
+    return checked_model(name)
 
 
 B, F = "bfloat16", "float32"
