@@ -12,7 +12,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from model_checks import HALF, checked_model
+from model_checks import HALF, check_on, checked_model  # noqa: F401 (check_on: a fixture)
 from zoo import ZOO
 
 import tf_mixed
@@ -20,6 +20,9 @@ from tf_mixed import training
 from tf_mixed._internal import measuring
 from tf_mixed.policy import model_check
 from tf_mixed.policy.model_check import Figures, StepRounds
+
+# Every test runs with the check on, its cache fresh, auto's host choice faked.
+pytestmark = pytest.mark.usefixtures("check_on")
 
 
 class FakeClock:
@@ -234,7 +237,7 @@ def test_policies_move_to_float32_and_back_over_the_zoo(name):
 @pytest.mark.slow  # a fit of 16 steps and two traces per zoo model
 @pytest.mark.parametrize("name", ZOO)
 def test_fit_moves_every_zoo_model_auto_chose_when_float32_is_faster(
-        name, check_on, monkeypatch):
+        name, monkeypatch):
     spec = ZOO[name]
     tf_mixed.enable("auto")
     model = spec.ready()
@@ -273,7 +276,7 @@ def test_a_float32_or_pure_half_model_is_not_checked_and_says_why():
 
 
 def test_fit_under_auto_moves_a_slower_model_to_float32_before_training_on(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01})
@@ -292,7 +295,7 @@ def test_fit_under_auto_moves_a_slower_model_to_float32_before_training_on(
     assert model.predict(_data(4)[0], verbose=0).dtype == np.float32
 
 
-def test_fit_under_auto_keeps_a_faster_half_policy(check_on, monkeypatch):
+def test_fit_under_auto_keeps_a_faster_half_policy(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, FakeClock({"bfloat16": 0.01, "float32": 0.02}), monkeypatch)
@@ -301,7 +304,7 @@ def test_fit_under_auto_keeps_a_faster_half_policy(check_on, monkeypatch):
     assert model.get_layer("head").compute_dtype == "float32"
 
 
-def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(check_on, monkeypatch, caplog):
+def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(monkeypatch, caplog):
     tf_mixed.enable(HALF)
     model = _model()
     clock = FakeClock({"bfloat16": 0.03, "float32": 0.01})
@@ -317,7 +320,7 @@ def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(check_on, monkeypa
     assert second.model_check.verdict.action == "warned"
 
 
-def test_a_policy_kept_from_the_cache_switches_no_step(check_on):
+def test_a_policy_kept_from_the_cache_switches_no_step():
     tf_mixed.enable(HALF)
     model = _model()
     model_check.write_cached(model_check.cache_key(model_check.model_digest(model, None), HALF),
@@ -328,7 +331,7 @@ def test_a_policy_kept_from_the_cache_switches_no_step(check_on):
     assert switched == []  # the loop's half step, traced or not, stays
 
 
-def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monkeypatch):
+def test_the_cache_decides_before_the_first_step_of_a_second_run(monkeypatch):
     tf_mixed.enable("auto")
     first_model = _model()
     _fit(first_model, FakeClock({"bfloat16": 0.02, "float32": 0.01}), monkeypatch)
@@ -344,7 +347,7 @@ def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monke
     assert again.get_layer("hidden").compute_dtype == "float32"
 
 
-def test_a_busy_machine_decides_but_does_not_cache(check_on, monkeypatch):
+def test_a_busy_machine_decides_but_does_not_cache(monkeypatch):
     monkeypatch.setattr(measuring, "machine_load", lambda: (9.0, 2))
     tf_mixed.enable("auto")
     model = _model()
@@ -354,7 +357,7 @@ def test_a_busy_machine_decides_but_does_not_cache(check_on, monkeypatch):
 
 
 def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01})
@@ -380,7 +383,7 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
 
 
-def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(check_on, monkeypatch):
+def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, FakeClock({"bfloat16": 0.02, "float32": 0.01}), monkeypatch, n=64)
@@ -389,7 +392,7 @@ def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(check_on, mon
 
 
 def test_a_fit_that_stops_inside_the_rounds_leaves_the_model_in_its_policy(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
 
@@ -411,7 +414,7 @@ def test_a_fit_that_stops_inside_the_rounds_leaves_the_model_in_its_policy(
     assert "did not finish" in caplog.text
 
 
-def test_check_policy_false_trains_as_built(check_on, monkeypatch):
+def test_check_policy_false_trains_as_built(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
@@ -422,7 +425,7 @@ def test_check_policy_false_trains_as_built(check_on, monkeypatch):
         tf_mixed.LossScaleMonitor(check_policy=1)
 
 
-def test_the_monitors_first_line_says_what_auto_measured_and_on_what(check_on, caplog):
+def test_the_monitors_first_line_says_what_auto_measured_and_on_what(caplog):
     tf_mixed.enable("auto")
     model = _model()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
@@ -435,7 +438,7 @@ def test_the_monitors_first_line_says_what_auto_measured_and_on_what(check_on, c
 
 
 def test_under_mirrored_strategy_the_one_decision_moves_every_replica(
-        check_on, monkeypatch, mirrored):
+        monkeypatch, mirrored):
     tf_mixed.enable("auto")
     with mirrored.scope():
         model = _model()
@@ -449,7 +452,7 @@ def test_under_mirrored_strategy_the_one_decision_moves_every_replica(
 
 
 @pytest.mark.slow
-def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
+def test_make_train_step_under_auto_moves_a_slower_model(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01}).watch(model.get_layer("hidden"))
@@ -468,7 +471,7 @@ def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
 
 
 @pytest.mark.slow
-def test_make_train_step_under_an_explicit_policy_keeps_it(check_on, monkeypatch):
+def test_make_train_step_under_an_explicit_policy_keeps_it(monkeypatch):
     tf_mixed.enable(HALF)
     model = _model()
     monkeypatch.setattr(model_check, "clock", FakeClock(
@@ -483,7 +486,7 @@ def test_make_train_step_under_an_explicit_policy_keeps_it(check_on, monkeypatch
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
 
 
-def test_enable_auto_with_a_model_moves_it_and_marks_it_auto(check_on):
+def test_enable_auto_with_a_model_moves_it_and_marks_it_auto():
     model = _model()  # built in float32
     enabled = tf_mixed.enable("auto", model=model, keep_float32=["logits"])
     assert enabled.policy == HALF
@@ -502,7 +505,7 @@ def test_enable_refuses_a_model_that_is_not_built():
         tf_mixed.enable("mixed_bfloat16", model="m")
 
 
-def test_convert_auto_marks_its_copy_as_auto_chosen(check_on):
+def test_convert_auto_marks_its_copy_as_auto_chosen():
     model = _model()
     converted = tf_mixed.convert(model, "auto")
     assert model_check.provenance(converted) == "auto"
@@ -540,7 +543,7 @@ def test_one_worker_keeps_its_own_figures(mirrored):
 
 
 def test_under_several_workers_the_rounds_are_fixed_and_the_cache_unread(
-        check_on, monkeypatch):
+        monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     key = model_check.cache_key(model_check.model_digest(model, None), HALF)

@@ -9,7 +9,7 @@ import logging as std_logging
 import keras
 import numpy as np
 import pytest
-from model_checks import HALF, checked_model
+from model_checks import HALF, check_on, checked_model  # noqa: F401 (check_on: a fixture)
 
 import tf_mixed
 from tf_mixed.policy import model_check
@@ -17,6 +17,9 @@ from tf_mixed.policy.model_check import Figures, PlanTrial
 from tf_mixed.tools.planning import step_candidate
 
 SLOW = Figures(0.5, 0.45, 0.55, 0.1, 0.2, 3)
+
+# Every test runs with the check on, its cache fresh, auto's host choice faked.
+pytestmark = pytest.mark.usefixtures("check_on")
 
 
 class MixClock:
@@ -108,7 +111,7 @@ def test_a_plan_not_timed_says_why():
 
 
 def test_fit_under_auto_moves_a_losing_half_policy_to_a_faster_plan(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
     plans = []
@@ -138,7 +141,7 @@ def test_fit_under_auto_moves_a_losing_half_policy_to_a_faster_plan(
     assert clock.reads == 0
 
 
-def test_fit_keeps_float32_when_the_plan_is_not_faster(check_on, monkeypatch):
+def test_fit_keeps_float32_when_the_plan_is_not_faster(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, MixClock(model, PLAN_LOSES), monkeypatch, [])
@@ -150,7 +153,7 @@ def test_fit_keeps_float32_when_the_plan_is_not_faster(check_on, monkeypatch):
 
 
 def test_the_plan_is_not_timed_when_its_predicted_cost_is_over_the_budget_left(
-        check_on, monkeypatch):
+        monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     plans = []
@@ -169,7 +172,7 @@ def test_the_plan_is_not_timed_when_its_predicted_cost_is_over_the_budget_left(
     assert "A per-layer plan was not timed" in verdict.message
 
 
-def test_an_explicit_policy_or_a_winning_half_policy_tries_no_plan(check_on, monkeypatch):
+def test_an_explicit_policy_or_a_winning_half_policy_tries_no_plan(monkeypatch):
     tf_mixed.enable(HALF)
     model = _model()
     plans = []
@@ -183,7 +186,7 @@ def test_an_explicit_policy_or_a_winning_half_policy_tries_no_plan(check_on, mon
     assert plans == []
 
 
-def test_under_several_workers_no_plan_is_tried(check_on):
+def test_under_several_workers_no_plan_is_tried():
     tf_mixed.enable("auto")
     model = _model()
     asked = []
@@ -206,7 +209,7 @@ def test_under_several_workers_no_plan_is_tried(check_on):
 # ---------------------------------------------------------------- the plan source
 
 
-def test_the_plan_source_plans_on_a_batch_shaped_as_fits(check_on):
+def test_the_plan_source_plans_on_a_batch_shaped_as_fits():
     import tensorflow as tf
 
     model = _model()
@@ -222,7 +225,7 @@ def test_the_plan_source_plans_on_a_batch_shaped_as_fits(check_on):
     assert summary.startswith("tf_mixed.plan: ") and "on a batch of 32 of fit's shapes" in summary
 
 
-def test_the_plan_source_says_why_it_cannot_plan_a_subclassed_model(check_on):
+def test_the_plan_source_says_why_it_cannot_plan_a_subclassed_model():
     import tensorflow as tf
 
     class Sub(keras.Model):
