@@ -347,7 +347,7 @@ def _move_model(model, name: str, keep, *, auto: bool) -> None:
             wanted[path] = FLOAT32
         elif keras.DTypePolicy(model_check.policies_of(layer)[path]).variable_dtype == FLOAT32:
             wanted[path] = name
-    model_check.move(model, wanted)
+    model_check.set_policies(model, wanted)
     if auto:
         model_check.mark_auto(model)
 

@@ -63,7 +63,7 @@ from tf_mixed.policy import state as policy_state
 
 __all__ = ["CHECK_FRACTION", "CHECK_SECONDS", "Figures", "PlanTrial", "StepRounds",
            "Verdict", "budget_s", "decide", "figures", "half_of", "model_digest",
-           "policies_of", "provenance", "set_policies", "with_plan", "move", "built_as"]
+           "policies_of", "provenance", "set_policies", "with_plan"]
 
 CHECK_FRACTION = 0.05
 """The check's budget: this fraction of the training the loop plans (fit's
@@ -152,32 +152,6 @@ def set_policies(model, policies: Mapping[str, str]) -> list[str]:
         The paths whose policy changed.
     """
     return [_path(layer) for layer in precision_map.move(model, policies)]
-
-
-def move(model, policies: Mapping[str, str]) -> list[str]:
-    """`set_policies`, noting each moved layer's policy before its first move
-    (`built_as`: what its graph's symbolic tensors were made with).
-
-    Args:
-        model: A built Keras model.
-        policies: As `set_policies` takes them.
-
-    Returns:
-        The paths whose policy changed.
-    """
-    before = policies_of(model)
-    changed = set_policies(model, policies)
-    built = dict(built_as(model))
-    for path in changed:
-        built.setdefault(path, before[path])
-    object.__setattr__(model, "_tf_mixed_built_as", built)
-    return changed
-
-
-def built_as(model) -> Policies:
-    """The layers of ``model`` moved in place (by `move`), by path: the policy
-    each was built in (empty for a model never moved)."""
-    return dict(getattr(model, "_tf_mixed_built_as", None) or {})
 
 
 def float32_of(policies: Mapping[str, str]) -> Policies:
@@ -846,7 +820,7 @@ class Check:
         if name is None:
             return None
         if name != self._current:
-            move(self.model, self._policies(name))
+            set_policies(self.model, self._policies(name))
             self.switch(name)
             self._current = name
         if name == FLOAT32:
@@ -932,7 +906,7 @@ class Check:
                 f"trace of the step, {PLAN_COST_FACTOR:g}x the {trace:.1f} s trace seen), over "
                 f"the {max(left, 0.0):.1f} s left of the check's budget; "
                 f"tf_mixed.plan(model, x, y) times one on its own")), False
-        move(self.model, float32_of(self.original))
+        set_policies(self.model, float32_of(self.original))
         start = clock()[1]
         found = self._plan_source(self.model, left)
         spent = clock()[1] - start
@@ -988,7 +962,7 @@ class Check:
         self._restore_global()
         if not self.active:
             return
-        move(self.model, self.original)
+        set_policies(self.model, self.original)
         if self._current not in (None, self.half):
             self.switch(self.half)
         self.rounds = None
@@ -1016,7 +990,7 @@ class Check:
         else:
             final = float32_of(self.original) if verdict.policy == FLOAT32 else self.original
             name = verdict.policy
-        move(self.model, final)
+        set_policies(self.model, final)
         object.__setattr__(self.model, "_tf_mixed_checked", (policies_of(self.model), fig, trial))
         if self._current != name:
             self.switch(name)

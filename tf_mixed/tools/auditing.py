@@ -108,7 +108,7 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed.models.cloning import model_input
-from tf_mixed.policy import model_check
+from tf_mixed.policy import precision_map
 from tf_mixed.tools import half_resolution
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
@@ -362,7 +362,7 @@ def audit(model, batch_size: int | None = None, *,
 
     layers = _leaf_layers(model)
     policy = _effective_policy(model, layers)
-    moved = model_check.built_as(model)
+    moved = precision_map.built_as(model)
     rows = []
     for name, layer in layers:
         outs = layer_outputs(layer)
@@ -536,7 +536,7 @@ def _given_policy(model_policy: str, global_policy: str) -> bool:
 
 def _output_dtype(layer, tensor, moved) -> str:
     """A layer's output dtype: its symbolic tensor's, or, for a layer moved in
-    place (``moved``: `tf_mixed.policy.model_check.built_as`) whose output
+    place (``moved``: `tf_mixed.policy.precision_map.built_as`) whose output
     followed its compute dtype when built, its compute dtype now."""
     declared = _dtype(tensor.dtype)
     was = moved.get(getattr(layer, "path", None) or layer.name)
