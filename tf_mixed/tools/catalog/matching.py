@@ -76,6 +76,7 @@ def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a layer without a config: matched on what it shows
         config = {}
     found: dict[str, Any] = {}
+    value: Any = None
     for key in keys:
         if key == "activation":
             value = activation_name(layer)
@@ -100,8 +101,7 @@ def _input_dim(layer) -> int | None:
 
 def _gap(mine, measured) -> float:
     """How far apart two values are: decades for positive numbers, else 0 or inf."""
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                  for v in (mine, measured))
+    numbers = all(type(v) in (int, float) for v in (mine, measured))  # a bool is no size
     if numbers and mine > 0 and measured > 0:
         return abs(math.log10(float(mine) / float(measured)))
     return 0.0 if mine == measured else math.inf

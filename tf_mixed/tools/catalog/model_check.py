@@ -25,12 +25,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import (
     HALF_DTYPES,
-    activation_name,
     half_policy,
     is_input_layer,
     walk_layers,
@@ -198,18 +197,19 @@ def bounded_layers(model, catalog: Catalog | None = None) -> list[str]:
     catalog = catalog if catalog is not None else _stored()
     names = []
     for layer in model.layers:
-        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
-        if isinstance(layer, keras.Model) or dtype not in HALF_DTYPES:
+        policy = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
+        if isinstance(layer, keras.Model) or policy is None:
             continue
-        found = match_for(catalog, layer, half_policy(dtype))
-        safe = found.row.safe if found is not None and found.close else None
-        if safe is not None and not found.row.failure and (
-                safe.low is None or safe.below or safe.above):
+        found = match_for(catalog, layer, policy)
+        if found is None or not found.close or found.row.failure:
+            continue
+        safe = found.row.safe
+        if safe.low is None or safe.below or safe.above:
             names.append(layer.name)
     return names
 
 
-def input_tap(model, names=None) -> tuple[list[str], object | None]:
+def input_tap(model, names=None) -> tuple[list[str], Any]:
     """A functional model returning the float inputs of the model's top-level layers.
 
     Args:
