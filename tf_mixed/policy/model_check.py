@@ -54,7 +54,7 @@ from absl import logging
 from tf_mixed._internal import measuring
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import AUTO, FLOAT32, HALF_DTYPES, half_policy
-from tf_mixed.policy import autotune, hardware
+from tf_mixed.policy import autotune, hardware, precision_map
 from tf_mixed.policy import state as policy_state
 
 __all__ = ["CHECK_FRACTION", "CHECK_SECONDS", "Figures", "StepRounds", "Verdict",
@@ -106,8 +106,10 @@ def policies_of(model) -> Policies:
 def set_policies(model, policies: Mapping[str, str]) -> list[str]:
     """Moves the model's layers to the given policies (no retrace: the caller's).
 
-    The one "move the model to policy P" step of the check; Keras 3.15's
-    ``Layer.dtype_policy`` setter works on a built layer.
+    The one "move the model to policy P" step of the check, through
+    `tf_mixed.policy.precision_map.move` (the one way tf_mixed moves a built
+    model's precision; Keras 3.15's ``Layer.dtype_policy`` setter works on a
+    built layer).
 
     Args:
         model: A built Keras model.
@@ -117,14 +119,7 @@ def set_policies(model, policies: Mapping[str, str]) -> list[str]:
     Returns:
         The paths whose policy changed.
     """
-    changed = []
-    for layer in _internals.sublayers(model):
-        path = _path(layer)
-        wanted = policies.get(path)
-        if wanted is not None and _policy_name(layer) != wanted:
-            layer.dtype_policy = keras.DTypePolicy(wanted)
-            changed.append(path)
-    return changed
+    return [_path(layer) for layer in precision_map.move(model, policies)]
 
 
 def float32_of(policies: Mapping[str, str]) -> Policies:
@@ -158,16 +153,8 @@ def half_of(policies: Mapping[str, str]) -> tuple[str | None, str]:
     return max(halves, key=lambda n: halves[n]), ""
 
 
-def _path(layer) -> str:
-    return getattr(layer, "path", None) or layer.name
-
-
-def _policy_name(layer) -> str:
-    policy = layer.dtype_policy
-    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-        path = _path(layer)
-        policy = policy[path] if path in policy else policy.default_policy
-    return policy.name
+_path = precision_map.layer_path
+_policy_name = precision_map.live_policy
 
 
 # ---------------------------------------------------------------- where auto chose
