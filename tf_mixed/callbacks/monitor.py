@@ -404,7 +404,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         None (default) = every `DEFAULT_CHECK_EVERY_N_BATCHES` batches.
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
-      check_setup: run the set-up checks at ``on_train_begin``.
+      check_setup: run the set-up checks (``on_train_begin``; the catalog's after step 1).
       rollback_forward_state: hand the model to a
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
         non-trainable state (BatchNormalization statistics); False leaves
