@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from repo_paths import ROOT
+from zoo import ZOO
 
 import tf_mixed
 from tf_mixed.callbacks import MixedPrecisionWarning
@@ -86,6 +87,55 @@ def test_eagerly_the_global_policy_says_float16():
                 tape, loss, model.trainable_variables, opt)
     said = _said(record)
     assert len(said) == 1 and "(the global dtype policy is 'mixed_float16')" in said[0], said
+
+
+def _eager_steps(model, opt, x=_X, y=_Y, loss="mse", n=2):
+    loss_fn = keras.losses.get(loss)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(n):
+            with tf.GradientTape() as tape:
+                value = tf.reduce_mean(tf.cast(loss_fn(y, model(x, training=True)), "float32"))
+            tf_mixed.training.apply_scaled_gradients(
+                tape, value, model.trainable_variables, opt)
+    return _said(record)
+
+
+def test_eagerly_a_dtype_argument_under_a_float32_global_policy_is_told():
+    model = _model("mixed_float16")  # the global policy stays float32
+    said = _eager_steps(model, keras.optimizers.SGD(0.01))
+    assert said == [said[0]] and said[0].startswith(
+        "tf_mixed.training.apply_scaled_gradients(): the model computes in float16 "
+        "(1 layer(s) owning its variables compute in float16, e.g. 'd1')"), said
+
+
+def test_eagerly_the_pass_through_wrapper_on_a_dtype_argument_model_is_told():
+    opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01))  # passes through here
+    said = _eager_steps(_model("mixed_float16"), opt)
+    assert len(said) == 1 and "tf_mixed's pass-through LossScaleOptimizer" in said[0], said
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_eagerly_a_model_without_float16_is_not_told(dtype):
+    assert _eager_steps(_model(dtype), keras.optimizers.SGD(0.01)) == []
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_eagerly_every_zoo_model_built_in_float16_is_told_under_a_float32_policy(name):
+    spec = ZOO[name]
+    keras.config.set_dtype_policy("mixed_float16")  # as a dtype= argument would
+    model = spec.ready()
+    keras.config.set_dtype_policy("float32")
+    x, y = spec.data(4)
+    losses = spec.loss if isinstance(spec.loss, list) else [spec.loss]
+
+    def loss_fn(y_true, y_pred):
+        pairs = zip(y_true, y_pred) if isinstance(spec.loss, list) else [(y_true, y_pred)]
+        return sum(tf.reduce_mean(tf.cast(keras.losses.get(f)(t, p), "float32"))
+                   for f, (t, p) in zip(losses, pairs))
+
+    said = _eager_steps(model, keras.optimizers.SGD(0.01), x, y, loss_fn)
+    assert len(said) == 1 and "owning its variables compute in float16" in said[0], said
 
 
 def test_the_pass_through_wrapper_on_a_float16_model_is_told_with_its_own_fix():

@@ -14,10 +14,15 @@
 # ``set_dtype_policy``, a ``dtype=`` argument, a ``DTypePolicyMap``).
 # ``apply_scaled_gradients`` has no model: inside a ``tf.function`` it reads
 # the traced forward pass (any float16 tensor in it); eagerly no graph is
-# kept, so it goes by the global policy and the variables' dtypes.
+# kept, so it goes by the global policy and the variables' dtypes, and else
+# by the layers that own the variables (`float16_owners`): a Keras variable
+# does not name its layer, so they are found among the live objects, one
+# pass over ``gc.get_objects()`` (~0.1 s in a process holding a ResNet-50),
+# once per optimizer.
 
 from __future__ import annotations
 
+import gc
 import warnings
 import weakref
 
@@ -29,10 +34,13 @@ from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling import misuse
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
-__all__ = ["check", "float16_in_model", "float16_in_step", "scales_loss", "untold"]
+__all__ = ["check", "float16_in_model", "float16_in_step", "float16_owners", "scales_loss",
+           "untold"]
 
 # Optimizers already told (each is told once).
 _TOLD: "weakref.WeakSet" = weakref.WeakSet()
+# Optimizers whose variables' owners were looked for eagerly (once each).
+_LOOKED: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def scales_loss(optimizer) -> bool:
@@ -65,11 +73,31 @@ def float16_in_model(model) -> str | None:
     return f"{len(layers)} layer(s) compute in float16, e.g. '{layers[0]}'"
 
 
-def float16_in_step(variables) -> str | None:
+def float16_owners(variables) -> str | None:
+    """Where layers that own ``variables`` compute in float16 (a layer named), or None.
+
+    Looks through the live objects (``gc.get_objects()``) for the Keras layers,
+    other than models, that compute in float16 and hold one of ``variables``.
+    """
+    wanted = {id(v) for v in variables}
+    layers = [obj.name for obj in gc.get_objects()
+              if issubclass(type(obj), keras.layers.Layer)
+              and not issubclass(type(obj), keras.Model)
+              and keras.backend.standardize_dtype(obj.compute_dtype) == "float16"
+              and any(id(v) in wanted for v in obj.trainable_weights)]
+    if not layers:
+        return None
+    return (f"{len(layers)} layer(s) owning its variables compute in float16, "
+            f"e.g. '{sorted(layers)[0]}'")
+
+
+def float16_in_step(variables, optimizer=None) -> str | None:
     """Where the step being built computes in float16, or None.
 
     Traced: the first float16 tensor of the graph so far (the forward pass).
-    Eagerly: a global ``mixed_float16`` policy, or float16 variables.
+    Eagerly: a global ``mixed_float16`` policy, float16 variables, or else,
+    the first time for ``optimizer``, the layers that own the variables
+    (`float16_owners`).
     """
     if not tf.executing_eagerly():
         graph = tf.compat.v1.get_default_graph()
@@ -81,7 +109,10 @@ def float16_in_step(variables) -> str | None:
         return f"the global dtype policy is '{keras.config.dtype_policy().name}'"
     if any(keras.backend.standardize_dtype(v.dtype) == "float16" for v in variables):
         return "it updates float16 variables"
-    return None
+    if optimizer is None or optimizer in _LOOKED:
+        return None
+    _LOOKED.add(optimizer)
+    return float16_owners(variables)
 
 
 def check(optimizer, helper: str, float16: str | None, variables=()) -> None:
