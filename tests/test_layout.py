@@ -94,7 +94,7 @@ CLIENTS = ("tf_mixed.bench", "tf_mixed.cli")  # clients of the public API
 # precisions) the command line checks its flags against before TensorFlow loads.
 CLIENT_HELPERS = {"tf_mixed._internal.quiet", "tf_mixed._internal.cli_errors",
                   "tf_mixed._internal.progress", "tf_mixed._internal.facts",
-                  "tf_mixed._internal.measuring"}
+                  "tf_mixed._internal.measuring", "tf_mixed._internal.png"}
 
 
 def _documented_units() -> list[tuple[str, list[str]]]:
