@@ -13,7 +13,8 @@
 #   per inner optimizer;
 # * float16 variables updated by a wrapper that does not scale the loss (the
 #   pass-through ``wrap_optimizer`` returns under a float32 global policy): a
-#   warning;
+#   warning; with float32 variables, a step that computes in float16 is said
+#   by `tf_mixed.scaling.unscaled_loop`;
 # * a model built before ``tf_mixed.enable()`` used under a half global policy
 #   (a traced step whose matrix products all compute in float32): a warning;
 # * a first step inside a ``tf.function`` under several replicas by an
@@ -158,6 +159,10 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "it updates float16 variables, whose small gradients flush to zero. "
             "Use tf_mixed.wrap_optimizer(optimizer, force=True), or "
             "tf_mixed.LossScaleOptimizer(optimizer)."))
+    elif not scales(optimizer):  # float16 computed with float32 variables
+        from tf_mixed.scaling import unscaled_loop  # it imports this module
+
+        unscaled_loop.check_own_step(optimizer, trainable_variables)
 
 
 def _check_dropped_wrapper(optimizer) -> None:

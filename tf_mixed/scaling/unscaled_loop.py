@@ -8,6 +8,11 @@
 # weights, and ``applied`` is True every step. Keras's own ``compile`` wraps
 # such an optimizer for a ``mixed_float16`` model; a loop has no ``compile``,
 # so the helpers say it, once per optimizer (`MixedPrecisionWarning`).
+# tf_mixed's pass-through wrapper says it too from its own step
+# (`check_own_step`): ``model.fit``'s, where Keras's ``compile`` sees a
+# ``LossScaleOptimizer`` already and does not wrap it again (a KerasHub model
+# given ``dtype="mixed_float16"`` would have been scaled by Keras's own
+# wrapper), or a loop's ``opt.apply``.
 #
 # Where the float16 is seen: ``make_train_step`` reads the model's layers
 # (their compute dtypes, whoever set them: ``enable``, Keras's
@@ -34,8 +39,8 @@ from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling import misuse
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
-__all__ = ["check", "float16_in_model", "float16_in_step", "float16_owners", "scales_loss",
-           "untold"]
+__all__ = ["check", "check_own_step", "float16_in_model", "float16_in_step", "float16_owners",
+           "note_told", "scales_loss", "untold"]
 
 # Optimizers already told (each is told once).
 _TOLD: "weakref.WeakSet" = weakref.WeakSet()
@@ -115,12 +120,33 @@ def float16_in_step(variables, optimizer=None) -> str | None:
     return float16_owners(variables)
 
 
-def check(optimizer, helper: str, float16: str | None, variables=()) -> None:
+def note_told(optimizer, model) -> None:
+    """Counts ``optimizer`` as told when ``model`` computes in float16 and it does not scale.
+
+    For `tf_mixed.LossScaleMonitor`, whose set-up check at the start of ``fit``
+    says the same thing in its own words: the step does not say it again.
+    """
+    if untold(optimizer) and float16_in_model(model) is not None:
+        _TOLD.add(optimizer)
+
+
+def check_own_step(optimizer, variables) -> None:
+    """Warns once when tf_mixed's pass-through wrapper steps a model that computes in float16.
+
+    Called by the wrapper's ``apply`` (`tf_mixed.scaling.misuse.check_step`):
+    ``model.fit``'s step, or a loop's ``opt.apply``.
+    """
+    if untold(optimizer):
+        check(optimizer, None, float16_in_step(variables, optimizer), variables)
+
+
+def check(optimizer, helper: str | None, float16: str | None, variables=()) -> None:
     """Warns once per optimizer when float16 computes and ``optimizer`` does not scale.
 
     Args:
         optimizer: The loop's optimizer.
-        helper: The helper's name, for the message (``apply_scaled_gradients``).
+        helper: The helper's name, for the message (``apply_scaled_gradients``),
+            or None for the optimizer's own step (`check_own_step`).
         float16: Where float16 was seen (`float16_in_model`, `float16_in_step`),
             or None.
         variables: The variables the step updates: float16 ones under tf_mixed's
@@ -143,8 +169,10 @@ def check(optimizer, helper: str, float16: str | None, variables=()) -> None:
         what = f"the optimizer {type(optimizer).__name__} '{optimizer.name}'"
         fix = ("opt = tf_mixed.LossScaleOptimizer(opt) (or "
                "tf_mixed.wrap_optimizer(opt, force=True)), created once before the loop")
+    where = (f"tf_mixed.training.{helper}()" if helper else
+             f"{type(optimizer).__name__}.apply() (the step of model.fit or of a loop)")
     warnings.warn(
-        f"tf_mixed.training.{helper}(): the model computes in float16 ({float16}), but "
+        f"{where}: the model computes in float16 ({float16}), but "
         f"{what} does not scale the loss: small gradients flush to zero in float16, "
         "an overflow's inf/NaN reaches the weights, and no step is ever skipped "
         f"(applied is True every step). Fix: {fix}. (Said once per optimizer.)",
