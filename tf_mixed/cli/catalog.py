@@ -14,8 +14,8 @@ import os
 from absl import flags
 
 from tf_mixed._internal import progress
-from tf_mixed._internal.png import png_or_none
 from tf_mixed.cli import model_command
+from tf_mixed.commands.png import png_or_none
 
 USAGE = """usage: python -m tf_mixed catalog [--layers=NAME,...] [--policies=P,...]
        [--tolerance=8] [--hub=auto] [--output_dir=DIR] [--compare=OLD.json|stored]

@@ -1,4 +1,4 @@
-"""A command's PNG, or one line naming the plot extra (tf_mixed/_internal/png.py)."""
+"""A command's PNG, or one line naming the plot extra (tf_mixed/commands/png.py)."""
 
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 import tomllib
 from repo_paths import ROOT
 
-from tf_mixed._internal import png
+from tf_mixed.commands import png
 
 
 def _draw_with_matplotlib():
