@@ -10,6 +10,7 @@ from repo_paths import ROOT
 from zoo import HUB, ZOO
 
 import tf_mixed
+from tf_mixed._internal import losses
 from tf_mixed.callbacks import MixedPrecisionWarning
 from tf_mixed.scaling import unscaled_loop
 
@@ -120,20 +121,19 @@ def test_eagerly_a_model_without_float16_is_not_told(dtype):
     assert _eager_steps(_model(dtype), keras.optimizers.SGD(0.01)) == []
 
 
+def _float16_zoo_model(name):
+    """Zoo model ``name`` built in mixed_float16, the global policy float32 again."""
+    keras.config.set_dtype_policy("mixed_float16")  # as a dtype= argument would
+    model = ZOO[name].ready()
+    keras.config.set_dtype_policy("float32")
+    return model
+
+
 @pytest.mark.parametrize("name", ZOO)
 def test_eagerly_every_zoo_model_built_in_float16_is_told_under_a_float32_policy(name):
-    spec = ZOO[name]
-    keras.config.set_dtype_policy("mixed_float16")  # as a dtype= argument would
-    model = spec.ready()
-    keras.config.set_dtype_policy("float32")
-    x, y = spec.data(4)
-    losses = spec.loss if isinstance(spec.loss, list) else [spec.loss]
-
-    def loss_fn(y_true, y_pred):
-        pairs = zip(y_true, y_pred) if isinstance(spec.loss, list) else [(y_true, y_pred)]
-        return sum(tf.reduce_mean(tf.cast(keras.losses.get(f)(t, p), "float32"))
-                   for f, (t, p) in zip(losses, pairs))
-
+    model = _float16_zoo_model(name)
+    x, y = ZOO[name].data(4)
+    loss_fn = losses.resolve(ZOO[name].loss, model)
     said = _eager_steps(model, keras.optimizers.SGD(0.01), x, y, loss_fn)
     assert len(said) == 1 and "owning its variables compute in float16" in said[0], said
 
@@ -257,13 +257,9 @@ def test_a_loops_own_apply_with_the_pass_through_is_told_once():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_fit_of_every_zoo_model_built_in_float16_with_the_pass_through_is_told(name):
-    spec = ZOO[name]
-    keras.config.set_dtype_policy("mixed_float16")  # as a dtype= argument would
-    model = spec.ready()
-    keras.config.set_dtype_policy("float32")
-    x, y = spec.data(8)
-    said = _fit_said(model, tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)), x, y,
-                     spec.loss)
+    x, y = ZOO[name].data(8)
+    said = _fit_said(_float16_zoo_model(name), tf_mixed.wrap_optimizer(
+        keras.optimizers.SGD(0.01)), x, y, ZOO[name].loss)
     assert len(said) == 1 and "tf_mixed's pass-through" in said[0], said
 
 
