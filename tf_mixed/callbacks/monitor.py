@@ -64,6 +64,7 @@ from tf_mixed.callbacks import first_batch, fit_check, skip_contract, stop_rules
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
 from tf_mixed.policy import keep_float32, model_check
+from tf_mixed.scaling import unscaled_loop
 from tf_mixed.scaling.optimizer import loss_scale_state
 from tf_mixed.scaling.replicas import all_copies_finite
 from tf_mixed.scaling.write_guard import REASONS
@@ -210,6 +211,9 @@ class _SetupCheck:
 def _warn_setup(model) -> None:
     for problem in model_setup_problems(model):
         warnings.warn(problem, MixedPrecisionWarning, stacklevel=4)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:  # said here: the optimizer's step does not say it again
+        unscaled_loop.note_told(optimizer, model)
 
 
 def _arm_first_batch(model):
