@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from tf_mixed.policy import model_check
-from tf_mixed.scaling import misuse
+from tf_mixed.scaling import optimizer as loss_scale_module
 
 __all__ = ["attach"]
 
@@ -41,7 +41,7 @@ def attach(callback) -> model_check.Check | None:
 
     def on_verdict(verdict) -> None:
         if verdict.action == "moved":
-            misuse.float32_on_purpose(getattr(model, "optimizer", None))
+            loss_scale_module.float32_on_purpose(getattr(model, "optimizer", None))
             model.make_test_function(force=True)
             model.make_predict_function(force=True)
 

@@ -23,7 +23,6 @@ import keras
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import HALF_DTYPES
-from tf_mixed.scaling import attribution as _attribution
 from tf_mixed.scaling.attribution import FORWARD, GRADIENT_AT_MIN_SCALE, KINDS, LayerAttribution
 
 __all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe",
@@ -200,7 +199,7 @@ class Healer:
             when any did).
         """
         names = set(self.attribution.read().healed)
-        names.update(_attribution.pending_healed(self.attribution.optimizer))
+        names.update(self.attribution.slot.pending_healed())
         moved = []
         for name, layer in zip(self.attribution.names, self.attribution.layers):
             if name in names and move_to_float32(layer):

@@ -19,11 +19,11 @@
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling import misuse
@@ -31,8 +31,15 @@ from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
 __all__ = ["check", "float16_in_model", "float16_in_step", "scales_loss", "untold"]
 
-# Optimizers already told (each is told once).
-_TOLD: "weakref.WeakSet" = weakref.WeakSet()
+_SAID = "unscaled_loop"
+
+
+def _said(optimizer) -> set:
+    """What was said about ``optimizer``: its wrapper's misuse ledger, or (any
+    other Keras optimizer) a set kept on the optimizer itself (each is told once)."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.step_state.ledger.said
+    return _internals.rider(optimizer, "said", set)
 
 
 def scales_loss(optimizer) -> bool:
@@ -52,7 +59,7 @@ def scales_loss(optimizer) -> bool:
 
 def untold(optimizer) -> bool:
     """Whether ``optimizer`` does not scale the loss and was not told yet."""
-    return optimizer not in _TOLD and not scales_loss(optimizer)
+    return _SAID not in _said(optimizer) and not scales_loss(optimizer)
 
 
 def float16_in_model(model) -> str | None:
@@ -96,12 +103,12 @@ def check(optimizer, helper: str, float16: str | None, variables=()) -> None:
             pass-through wrapper are said by the wrapper itself
             (`tf_mixed.scaling.misuse`), not twice.
     """
-    if float16 is None or scales_loss(optimizer) or optimizer in _TOLD:
+    if float16 is None or scales_loss(optimizer) or _SAID in _said(optimizer):
         return
     if isinstance(optimizer, LossScaleOptimizer) and any(
             keras.backend.standardize_dtype(v.dtype) == "float16" for v in variables):
         return
-    _TOLD.add(optimizer)
+    _said(optimizer).add(_SAID)
     if isinstance(optimizer, LossScaleOptimizer):
         what = (f"tf_mixed's pass-through {type(optimizer).__name__} '{optimizer.name}' "
                 "(a fixed scale of 1: wrap_optimizer() returns it under the global "
