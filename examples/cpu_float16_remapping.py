@@ -19,8 +19,7 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
+from absl import app, flags
 
 import tf_mixed
 

@@ -11,8 +11,7 @@ oneDNN implementation (e.g. brg_matmul:avx10_1_512_amx) each dtype used.
 import time
 
 import tensorflow as tf
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from tf_mixed.cli import info
 

@@ -9,12 +9,11 @@ overflow would do: the step is skipped (weights untouched), the scale halves,
 and training carries on. Prints loss, scale and skipped steps as it goes.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
+from absl import app, flags
 
-import keras
 import tf_mixed
 
 _POLICY = flags.DEFINE_enum("policy", "mixed_float16", list(tf_mixed.policy.POLICY_NAMES),

@@ -21,12 +21,11 @@ import importlib.util
 import os
 import tempfile
 
+import keras
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
+from absl import app, flags
 
-import keras
 import tf_mixed
 from tf_mixed.callbacks import LossScaleMonitor
 

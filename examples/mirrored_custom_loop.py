@@ -13,8 +13,7 @@ non-finite weights (it checks only replica 0's local gradients).
 
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
+from absl import app, flags
 
 _STEPS = flags.DEFINE_integer("steps", 30, "Training steps.")
 _OVERFLOW_AT = flags.DEFINE_integer(
@@ -38,6 +37,7 @@ def make_strategy():
 
 def train(strategy, wrapper):
     import keras
+
     import tf_mixed
 
     keras.utils.set_random_seed(0)
@@ -81,6 +81,7 @@ def train(strategy, wrapper):
 def main(argv):
     del argv
     import keras
+
     import tf_mixed
 
     strategy = make_strategy()

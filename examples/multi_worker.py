@@ -18,8 +18,7 @@ import os
 import sys
 import tempfile
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 _WORKER = flags.DEFINE_bool("worker", False, "Run as one worker (reads TF_CONFIG).")
 _OUT = flags.DEFINE_string("out", "", "Where a worker writes its JSON result ({i}: index).")

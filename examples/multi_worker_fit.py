@@ -20,14 +20,12 @@ On several machines the worker part is all there is: set ``TF_CONFIG`` on each
 and run ``python examples/multi_worker_fit.py --worker`` everywhere.
 """
 
-import io
 import json
 import os
 import sys
 import tempfile
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 _WORKER = flags.DEFINE_bool("worker", False, "Run as one worker (reads TF_CONFIG).")
 _OUT = flags.DEFINE_string("out", "", "Where a worker writes its JSON result ({i}: index).")

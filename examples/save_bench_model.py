@@ -10,7 +10,7 @@
 causes the doctor looks for: its middle convolution pinned to float32 (a
 float32 island) and a hidden Dense layer of width 1001 before the head (a
 width off the tiles). The images are the bench's default ``shapes`` data
-(32x32x3, the classes of `tf_mixed.bench.data.SHAPE_CLASSES`).
+(32x32x3, the classes of `tf_mixed.commands.data.SHAPE_CLASSES`).
 """
 
 import keras
@@ -18,7 +18,8 @@ from absl import app, flags
 from keras import layers
 
 import tf_mixed
-from tf_mixed.bench import data, models
+from tf_mixed.bench import models
+from tf_mixed.commands import data
 
 _MODEL = flags.DEFINE_enum("model", "cnn", list(models.MODEL_NAMES), "Bench model.")
 _POLICY = flags.DEFINE_string("policy", "mixed_bfloat16", "Policy to build it under.")

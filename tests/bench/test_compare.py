@@ -695,7 +695,7 @@ def test_transformer_learns_generated_tokens(tmp_path, capsys):
 
 
 def test_tokens_task_is_deterministic_and_marks_its_class():
-    from tf_mixed.bench import data
+    from tf_mixed.commands import data
 
     tokens, labels = data.make_tokens(50, seed=3, length=16)
     again, _ = data.make_tokens(50, seed=3, length=16)

@@ -143,42 +143,6 @@ def test_subprocess_exit_status_and_no_traceback(saved, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# ------------------------------------------------------- litert-latency bench
-
-
-def test_latency_median_of_interleaved_rounds_with_a_fake_clock():
-    from tf_mixed.bench import litert_latency
-
-    now = [0.0]
-    cost = {"a": 0.002, "b": 0.001}
-    calls = []
-
-    def runner(name):
-        def run():
-            calls.append(name)
-            now[0] += cost[name]
-        return run
-
-    result = litert_latency.measure({"a": runner("a"), "b": runner("b")}, rounds=3,
-                                    iterations=4, clock=lambda: now[0])
-    assert result == pytest.approx({"a": 2.0, "b": 1.0})
-    # Interleaved: each round runs a (1 warm + 4), then b, then the next round.
-    assert calls == (["a"] * 5 + ["b"] * 5) * 3
-
-
-@pytest.mark.slow
-def test_latency_command_writes_sizes_parity_and_load(tmp_path, capsys):
-    code = main(["tf_mixed", "litert-latency", "--model=mlp", "--image_size=16",
-                 "--rounds=1", "--iterations=2", f"--output_dir={tmp_path}"])
-    assert code == 0
-    out = capsys.readouterr().out
-    record = json.loads((tmp_path / "latency.json").read_text())
-    files = record["files"]
-    assert files["float16_weights"]["bytes"] < files["float32"]["bytes"]
-    assert "load average" in out and "| float16_weights |" in out
-    assert len(record["load_average"]["before"]) == 3
-
-
 @pytest.mark.slow
 def test_artifact_failing_its_check_exits_1_and_leaves_nothing(saved, tmp_path, capsys):
     out = tmp_path / "out"

@@ -23,6 +23,20 @@ def test_quartiles_are_statistics_inclusive_quartiles():
         measuring.quartiles([])
 
 
+def test_quantile_interpolates_between_ranks():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0]  # sorted: 1 2 3 4 5 10
+    assert measuring.quantile(values, 0.0) == 1.0
+    assert measuring.quantile(values, 1.0) == 10.0
+    assert measuring.quantile(values, 0.5) == statistics.median(values) == 3.5
+    assert measuring.quantile(values, 0.9) == pytest.approx(7.5)  # 5 + 0.5 * (10 - 5)
+    assert measuring.quantile([2.0], 0.9) == 2.0
+    for q in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"0 <= q <= 1\. Received: q="):
+            measuring.quantile(values, q)
+    with pytest.raises(ValueError, match="no values"):
+        measuring.quantile([], 0.5)
+
+
 def test_spread_and_relative_spread():
     summary = measuring.spread([4.0, 1.0, 3.0, 2.0, 5.0])
     assert summary == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0, "n": 5}

@@ -16,8 +16,9 @@
 #   faster here, and by about how much" (`Estimate.answers`). The overhead
 #   suite's pooled form (`pooled_ratio`, `ratio_interval`) resamples round pairs
 #   of raw step times.
-# - **Quartiles** (`quartiles`, `spread`, `relative_spread`): the one quartile
-#   function of the package (linear interpolation, statistics' "inclusive").
+# - **Quartiles** (`quantile`, `quartiles`, `spread`, `relative_spread`): the
+#   one quantile function of the package (linear interpolation, statistics'
+#   "inclusive"); the quartiles and the main job's 90th percentile are its.
 # - **The machine's load** (`machine_load`, `load_averages`), read here only.
 # - **The per-host cache** (`cache_dir`, `cache_path`, `read_cache`,
 #   `write_cache`): one small JSON record per key, written atomically; a cache
@@ -46,7 +47,7 @@ __all__ = [
     "BUSY_LOAD_PER_CPU", "CACHE_DIR_ENV", "CACHE_FORMAT", "CONFIDENCE", "Estimate",
     "MIN_PAIRS", "NARROW", "RESAMPLES", "busy", "cache_dir", "cache_path", "estimate",
     "fastest", "interleaved_rounds", "load_averages", "machine_load", "pair_ratios",
-    "pooled_ratio", "quartiles", "ratio_interval", "read_cache", "relative_spread",
+    "pooled_ratio", "quantile", "quartiles", "ratio_interval", "read_cache", "relative_spread",
     "rotated", "spread", "write_cache",
 ]
 
@@ -77,8 +78,39 @@ CACHE_FORMAT = 2
 # --- quartiles ----------------------------------------------------------------------
 
 
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, interpolating linearly between ranks.
+
+    Position ``q * (n - 1)`` in the sorted values (statistics' "inclusive"
+    method): ``q=0`` is the minimum, ``q=1`` the maximum, ``q=0.5`` the
+    median; one value is every quantile of itself.
+
+    Args:
+        values: The figures, at least one.
+        q: The fraction below, in [0, 1].
+
+    Returns:
+        The quantile.
+
+    Raises:
+        ValueError: For no values or a ``q`` outside [0, 1].
+    """
+    return _at(sorted(values), q)
+
+
+def _at(ordered: Sequence[float], q: float) -> float:
+    if not ordered:
+        raise ValueError("a quantile of no values: at least one figure is needed.")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile() needs 0 <= q <= 1. Received: q={q!r}.")
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """(first quartile, median, third quartile), linear interpolation.
+    """(first quartile, median, third quartile): `quantile` at 0.25, 0.5 and 0.75.
 
     The same as ``statistics.quantiles(values, n=4, method="inclusive")``
     with the median between; one value is its own quartiles.
@@ -87,16 +119,7 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
         ValueError: For no values.
     """
     ordered = sorted(values)
-    if not ordered:
-        raise ValueError("quartiles of no values: at least one figure is needed.")
-
-    def at(q: float) -> float:
-        position = q * (len(ordered) - 1)
-        low = math.floor(position)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-    return at(0.25), at(0.5), at(0.75)
+    return _at(ordered, 0.25), _at(ordered, 0.5), _at(ordered, 0.75)
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

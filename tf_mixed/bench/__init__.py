@@ -1,10 +1,10 @@
 """The main job and its suites: a client of tf_mixed's public API."""
 
-# ``python -m tf_mixed`` dispatches here through `tf_mixed.cli.main`. Nothing in
-# the library imports this package (tests/test_layout.py walks every module's
-# imports); it imports only public names of the library, and the two
-# standard-library helpers `tf_mixed._internal.quiet` and
-# `tf_mixed._internal.cli_errors`.
+# ``python -m tf_mixed`` dispatches here through `tf_mixed.cli.main`, the one
+# module that imports this package (tests/test_layout.py walks every module's
+# imports); it imports public names of the library, what it shares with the
+# commands (`tf_mixed.commands`: data sets, names, output directories) and the
+# standard-library helpers of `tf_mixed._internal` docs/layout.md names.
 #
 #     config.py    `BenchConfig`, policy resolution, the one data loader
 #     run.py       one policy trained and measured in this process
@@ -17,7 +17,6 @@
 #     overhead.py  ``--suite=overhead``: tf_mixed against Keras's own scaling
 #     report.py    ratios, the Markdown table, the result files, host facts
 #     plot.py      bench.png
-#     data.py      shapes, tfds:NAME, folder:PATH, tokens
 #     models.py    mlp, cnn, resnet18, resnet50, mobilenetv2, efficientnetb0, transformer
 #     serving.py   LiteRT files of the main job's mixed run, sizes and parity
 #     comm.py, memory_suite.py, bf16_quality.py, rollback_cost.py,

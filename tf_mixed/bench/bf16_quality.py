@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
+
 # name -> (policy, tf_mixed compensation (None: plain Keras optimizer), state dtype)
 PATHS: dict[str, tuple[str, str | None, str | None]] = {
     "mixed_bfloat16 (reference)": ("mixed_bfloat16", None, None),
@@ -99,7 +101,7 @@ def run_quality(config, command: str) -> dict[str, Any]:
     """
     from tf_mixed.bench import report as bench_report
 
-    created = bench_report.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     try:
         data = digits(config.seed)
         print(f"bf16 suite: {data[4]}; MLP 64->{HIDDEN}x2->10, Adam lr "
@@ -124,7 +126,7 @@ def run_quality(config, command: str) -> dict[str, Any]:
         }
         written = bench_report.write_outputs(report, config.output_dir, plot=False)
     except BaseException:
-        bench_report.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     bench_report.print_written(markdown, written)
     return report

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -35,6 +36,9 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from tf_mixed._internal import measuring
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 PATHS = ("keras", "float32", "float16", "bfloat16")
 INPUT_DIM = 512
@@ -64,7 +68,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
     """
     from tf_mixed.bench import report as bench_report
 
-    created = bench_report.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     settings = {
         "workers": config.workers,
         "batch_size": config.batch_size,
@@ -96,7 +100,7 @@ def run_comm(config, command: str) -> dict[str, Any]:
         paths = bench_report.write_outputs(report, config.output_dir,
                                            plot=False)
     except BaseException:
-        bench_report.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     bench_report.print_written(markdown, paths)
     return report
@@ -244,16 +248,17 @@ def _worker(index: int, ports: list[int], settings_path: str, out: str) -> None:
     for _ in range(settings["warmup_steps"]):
         for name in PATHS:
             paths[name]["step"](x_dist, y_dist)
-    times: dict[str, list[float]] = {name: [] for name in PATHS}
-    for _ in range(settings["rounds"]):
-        for name in PATHS:  # alternating rounds: load hits every path alike
-            start = time.perf_counter()
-            for _ in range(settings["steps"]):
-                result = paths[name]["step"](x_dist, y_dist)
-            float(result["loss"])
-            times[name].append((time.perf_counter() - start)
-                               / settings["steps"])
-            paths[name]["loss"] = float(result["loss"])
+    def round_step_s(name: str) -> float:
+        """Seconds per step of one round of ``name``'s steps."""
+        start = time.perf_counter()
+        for _ in range(settings["steps"]):
+            result = paths[name]["step"](x_dist, y_dist)
+        paths[name]["loss"] = float(result["loss"])
+        return (time.perf_counter() - start) / settings["steps"]
+
+    # Rotated rounds (the same order on every worker): load hits every path alike.
+    times = measuring.interleaved_rounds(
+        {name: functools.partial(round_step_s, name) for name in PATHS}, settings["rounds"])
     report: dict[str, Any] = {"workers": workers,
               "params": int(paths["keras"]["model"].count_params()),
               "paths": {}}

@@ -33,6 +33,7 @@ from tf_mixed.bench import config as config_module
 from tf_mixed.bench import plan_row, run, schedule, serving
 from tf_mixed.bench import report as report_module
 from tf_mixed.bench.config import BenchConfig
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 
 def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
     """
     policies, note = config_module.resolve_policies(config.policies, with_plan=True)
     bench_data = config_module.check_data(config)
-    created = report_module.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     print(note, flush=True)
     plan_record, trained, same = None, policies, None
     if plan_row.PLAN in policies:
@@ -65,7 +66,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         try:
             plan_record = run.plan_layers(config, bench_data)
         except BaseException:
-            report_module.remove_if_created(config.output_dir, created)
+            remove_if_created(config.output_dir, created)
             raise
         same = plan_row.same_as(plan_record, policies)
         if same:
@@ -132,7 +133,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
         report["notes"] = report_module.notes(report)
         paths = report_module.write_outputs(report, config.output_dir)
     except BaseException:
-        report_module.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     print()
     print(report_module.caption(report))
@@ -151,7 +152,7 @@ def run_compare(config: BenchConfig, command: str, *, verbose: bool = False) -> 
 def make_scheduler(config: BenchConfig, policies: tuple[str, ...], bench_data,
                    clock) -> schedule.Scheduler:
     """The scheduler of a run: its steps, rounds, warm-up and budget."""
-    from tf_mixed.bench import data
+    from tf_mixed.commands import data
 
     if bench_data is not None:
         train_size = bench_data.train_size

@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 from tf_mixed._internal.cli_errors import UsageError, below_minimum
-from tf_mixed.bench import names
-from tf_mixed.bench.names import (  # noqa: F401 (no TensorFlow)
+from tf_mixed.commands import names
+from tf_mixed.commands.names import (  # noqa: F401 (no TensorFlow)
     BENCH_POLICIES,
     DATA_ACCEPTED,
     MODEL_NAMES,
@@ -42,7 +42,7 @@ class BenchConfig:
     Attributes:
         policies: Policy names as given; empty for the default pair.
         model: One of `tf_mixed.bench.models.MODEL_NAMES`; "" for the suite's default.
-        dataset: A `tf_mixed.bench.data` spec: "shapes", "tfds:NAME[:SPLIT]", "folder:PATH".
+        dataset: A `tf_mixed.commands.data` spec: "shapes", "tfds:NAME[:SPLIT]", "folder:PATH".
         data_dir: TFDS data directory ("" for TFDS's default).
         download: Whether TFDS may download a missing data set.
         image_size: Square image side; 0 for the data set's default.
@@ -286,13 +286,13 @@ def load_data(config: BenchConfig, *, default_train_size: int = 0, default_val_s
         default_val_size: The same for validation.
 
     Returns:
-        A `tf_mixed.bench.data.BenchData`.
+        A `tf_mixed.commands.data.BenchData`.
 
     Raises:
         UsageError: For a data set that cannot be loaded or a batch larger
             than its training examples.
     """
-    from tf_mixed.bench import data
+    from tf_mixed.commands import data
 
     bench_data = data.load(
         config.dataset, seed=config.seed, image_size=config.image_size,

@@ -28,8 +28,9 @@ import statistics
 import time
 from typing import Any, Callable
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed.bench.config import BenchConfig
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 BUDGET_S = 450.0
 FLOAT8_CAPABILITY = (8, 9)
@@ -92,7 +93,7 @@ def run_gpu(config: BenchConfig, command: str, *, sizes: Sizes = Sizes(),
         return 0
     from tf_mixed.bench import report as report_module
 
-    created = report_module.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     start = clock()
 
     def left() -> float:
@@ -129,7 +130,7 @@ def run_gpu(config: BenchConfig, command: str, *, sizes: Sizes = Sizes(),
         report["markdown"] = markdown(report)
         paths = report_module.write_outputs(report, config.output_dir)
     except BaseException:
-        report_module.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     report_module.print_written(report["markdown"], paths)
     return 0
@@ -141,7 +142,7 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
 
     import tf_mixed
     from tf_mixed.bench import models
-    from tf_mixed.bench.overhead import StepTimer
+    from tf_mixed.commands.step_timer import StepTimer
     from tf_mixed.policy import global_policy as policy
 
     shape = (sizes.image_size, sizes.image_size, 3)
@@ -178,7 +179,9 @@ def _train_variants(config: BenchConfig, sizes: Sizes, left: Callable[[], float]
         if left() <= 0:
             break
         progress.update(f"round {index + 1}/{sizes.rounds} of {len(live)} variants")
-        for run in live:
+        by_name = {r["name"]: r for r in live}
+        for name in measuring.rotated(list(by_name), index):  # each variant leads in turn
+            run = by_name[name]
             run["timer"].times.clear()
             run["model"].fit(data, epochs=1, steps_per_epoch=sizes.round_steps, verbose=0,
                              shuffle=False, callbacks=[run["timer"]])

@@ -29,6 +29,8 @@ import numpy as np
 import tf_mixed
 from tf_mixed._internal import measuring
 from tf_mixed.bench.config import BenchConfig
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
+from tf_mixed.commands.step_timer import StepTimer
 
 __all__ = ["demo_data", "demo_model", "run_demo", "run_heal", "run_heal_cost",
            "smooth_relu"]
@@ -159,7 +161,7 @@ def _written(config: BenchConfig, command: str, suite: str, rows: list[dict],
     behind when the work fails."""
     from tf_mixed.bench import report as bench_report
 
-    created = bench_report.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     try:
         work()
         markdown = "\n".join([f"# tf_mixed bench --suite={suite}", "",
@@ -168,7 +170,7 @@ def _written(config: BenchConfig, command: str, suite: str, rows: list[dict],
                   "markdown": markdown}
         written = bench_report.write_outputs(report, config.output_dir, plot=False)
     except BaseException:
-        bench_report.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     bench_report.print_written(markdown, written)
     return rows
@@ -213,21 +215,11 @@ def _timed_round(model, x, y, steps: int) -> tuple[float, float]:
     CPU seconds (all of this process's threads) are the steadier figure on a
     shared machine: other processes slow the wall clock, not this work.
     """
-    wall: list[float] = []
-    cpu: list[float] = []
-
-    class Timer(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            self.start = (time.perf_counter(), time.process_time())
-
-        def on_train_batch_end(self, batch, logs=None):
-            wall.append(time.perf_counter() - self.start[0])
-            cpu.append(time.process_time() - self.start[1])
-
-    callbacks = [Timer()] + list(getattr(model, "_heal_callbacks", []))
+    timer = StepTimer()
+    callbacks = [timer] + list(getattr(model, "_heal_callbacks", []))
     model.fit(x, y, batch_size=len(x) // steps, epochs=1, shuffle=False, verbose=0,
               callbacks=callbacks)
-    return statistics.median(wall), statistics.median(cpu)
+    return statistics.median(timer.times), statistics.median(timer.cpu_times)
 
 
 def _record_cost(model, calls: int = 300) -> float:
@@ -295,10 +287,12 @@ def _heal_cost_rows(config: BenchConfig) -> list[dict]:
             model._heal_callbacks = [tf_mixed.callbacks.Heal()] if with_heal else []
             _timed_round(model, x, y, steps)                      # warm-up, trace
             paths[with_heal] = model
+        sides = {"plain": paths[False], "attributed": paths[True]}
         pairs = []
-        for _ in range(config.timing_rounds):                     # alternating rounds
-            pairs.append((_timed_round(paths[False], x, y, steps),
-                          _timed_round(paths[True], x, y, steps)))
+        for index in range(config.timing_rounds):  # each side leads in turn
+            timed = {side: _timed_round(sides[side], x, y, steps)
+                     for side in measuring.rotated(list(sides), index)}
+            pairs.append((timed["plain"], timed["attributed"]))
         rows.append({
             "policy": policy, "model": name,
             "record_us": _record_cost(paths[True]) * 1e6,

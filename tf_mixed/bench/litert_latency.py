@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 from tf_mixed._internal import measuring, quiet
 from tf_mixed._internal.cli_errors import below_minimum
-from tf_mixed.bench.one_line_parser import OneLineParser
+from tf_mixed.commands.one_line_parser import OneLineParser
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 __all__ = ["main", "measure"]
 
@@ -65,16 +66,18 @@ def measure(runners: dict[str, Callable[[], object]], rounds: int, iterations: i
     Returns:
         ``{name: median over rounds of the round's median ms}``.
     """
-    per_round: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            run()  # warm: first call allocates
-            times = []
-            for _ in range(iterations):
-                start = clock()
-                run()
-                times.append(1000.0 * (clock() - start))
-            per_round[name].append(statistics.median(times))
+    def one_round(run: Callable[[], object]) -> float:
+        """The median ms of ``iterations`` timed calls, after one untimed call."""
+        run()  # warm: first call allocates
+        times = []
+        for _ in range(iterations):
+            start = clock()
+            run()
+            times.append(1000.0 * (clock() - start))
+        return statistics.median(times)
+
+    per_round = measuring.interleaved_rounds(  # each runner leads in turn
+        {name: functools.partial(one_round, run) for name, run in runners.items()}, rounds)
     return {name: statistics.median(values) for name, values in per_round.items()}
 
 
@@ -95,11 +98,9 @@ def main(argv: list[str], clock: Callable[[], float] = time.perf_counter) -> int
     args = _parse(argv)
     quiet.import_tensorflow()  # once the arguments are read
     from tf_mixed._internal.cli_errors import UsageError
-    from tf_mixed.bench import report as report_module
 
     try:  # before the work, not after it
-        report_module.remove_if_created(
-            args.output_dir, report_module.check_output_dir(args.output_dir))
+        remove_if_created(args.output_dir, check_output_dir(args.output_dir))
     except UsageError as error:
         print(f"tf_mixed litert-latency: error: {error}", file=sys.stderr)
         return 2

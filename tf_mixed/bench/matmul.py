@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 from typing import Any
 
 import tensorflow as tf
+
+from tf_mixed._internal import measuring
 
 CPU_SIZE = 1024
 GPU_SIZE = 4096
@@ -34,15 +36,12 @@ def measure_ratio(dtype: str, *, size: int = 0, rounds: int = 3,
     gpu = bool(tf.config.list_logical_devices("GPU"))
     size = size or (GPU_SIZE if gpu else CPU_SIZE)
     flops = 2.0 * size**3 * repeats
-    seconds: dict[str, list[float]] = {"float32": [], dtype: []}
-    steps = {name: _step(name, size, repeats) for name in seconds}
+    steps = {name: _step(name, size, repeats) for name in ("float32", dtype)}
     for step in steps.values():
         step()  # trace and warm up
-    for _ in range(rounds):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            seconds[name].append(time.perf_counter() - start)
+    seconds = measuring.interleaved_rounds(  # each dtype leads in turn
+        {name: functools.partial(measuring.fastest, step, 1) for name, step in steps.items()},
+        rounds)
     ratios = [f / h for f, h in zip(seconds["float32"], seconds[dtype])]
     return {
         "dtype": dtype,

@@ -35,6 +35,9 @@ import sys
 import tempfile
 from typing import Any
 
+from tf_mixed._internal import measuring
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
+
 INPUT_DIM = 1024
 WIDTH = 2048
 DEPTH = 3
@@ -131,7 +134,7 @@ def run_memory(config, command: str) -> dict[str, Any]:
     from tf_mixed.bench import report as bench_report
 
     paths = selected_paths(config.policies, config.batch_size, available_paths())
-    created = bench_report.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     settings = {
         "batch_size": config.batch_size,
         "steps": config.steps or DEFAULT_STEPS,
@@ -148,7 +151,7 @@ def run_memory(config, command: str) -> dict[str, Any]:
         staging = tempfile.mkdtemp(prefix=".tf_mixed_memory.", dir=config.output_dir)
         try:
             for round_index in range(config.timing_rounds):
-                for path in paths:
+                for path in measuring.rotated(paths, round_index):
                     runs[path].append(_run_child(path, settings, staging))
                     print(f"  round {round_index + 1}: {path} done", flush=True)
         finally:
@@ -165,7 +168,7 @@ def run_memory(config, command: str) -> dict[str, Any]:
         }
         written = bench_report.write_outputs(report, config.output_dir, plot=False)
     except BaseException:
-        bench_report.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     bench_report.print_written(markdown, written)
     return report

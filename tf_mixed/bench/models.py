@@ -26,7 +26,7 @@ import keras
 from keras import layers
 
 from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench import names
+from tf_mixed.commands import names
 from tf_mixed.layers import OutputActivation
 
 
@@ -140,7 +140,7 @@ def _encoder_block(x, width: int, heads: int, name: str):
 
 def build_transformer(inputs, num_classes: int, *, width: int = 64, blocks: int = 2):
     """Token + position embedding, ``blocks`` encoder blocks, mean pooling."""
-    from tf_mixed.bench.data import TOKEN_VOCABULARY
+    from tf_mixed.commands.data import TOKEN_VOCABULARY
 
     x = layers.Embedding(TOKEN_VOCABULARY, width, name="tokens")(inputs)
     x = PositionEmbedding(name="positions")(x)

@@ -47,6 +47,8 @@ from tf_mixed.bench import models, train
 from tf_mixed.bench import report as report_module
 from tf_mixed.bench.config import BenchConfig
 from tf_mixed.callbacks.monitor import LossScaleMonitor
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
+from tf_mixed.commands.step_timer import StepTimer
 from tf_mixed.policy import global_policy as policy
 
 PATHS = ("keras", "tf_mixed", "keras_control")
@@ -73,30 +75,6 @@ def _overhead_policy(config: BenchConfig) -> tuple[str, str]:
         # Only "auto" gets here: BenchConfig.validate counted the other names.
         raise config_module.not_one_mixed_policy(config.policies)
     return mixed[0], f"{mixed[0]} (as requested)"
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Each fit step's wall time, the step waited for (also doctor --measure's).
-
-    ``cpu_times`` holds each step's CPU time of this process (all its
-    threads): on a busy machine other processes stretch the wall time, not
-    the work a step does.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.times: list[float] = []
-        self.cpu_times: list[float] = []
-        self._start = self._cpu_start = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
-        self._cpu_start = time.process_time()
-
-    def on_train_batch_end(self, batch, logs=None):
-        float((logs or {}).get("loss", 0.0))  # wait for the step
-        self.times.append(time.perf_counter() - self._start)
-        self.cpu_times.append(time.process_time() - self._cpu_start)
 
 
 def _same_weights(model: keras.Model, name: str) -> keras.Model:
@@ -251,7 +229,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
     bench_data = config_module.load_data(
         config, default_train_size=DEFAULT_TRAIN_SIZE, default_val_size=DEFAULT_VAL_SIZE
     )
-    created = report_module.check_output_dir(config.output_dir)
+    created = check_output_dir(config.output_dir)
     steps, rounds = config.steps or DEFAULT_STEPS, config.timing_rounds
     print(f"Overhead suite: --model={config.model_name}, policy {why}, loop={config.loop}, "
           f"{rounds} rounds x {steps} steps per path ({', '.join(PATHS)}), one set of "
@@ -266,7 +244,7 @@ def run_overhead(config: BenchConfig, command: str) -> dict[str, Any]:
         report = _report(config, command, policy_name, bench_data, paths, wall, cpu, order)
         written = report_module.write_outputs(report, config.output_dir)
     except BaseException:
-        report_module.remove_if_created(config.output_dir, created)
+        remove_if_created(config.output_dir, created)
         raise
     report_module.print_written(report["markdown"], written)
     return report

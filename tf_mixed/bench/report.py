@@ -34,7 +34,6 @@ import tempfile
 from typing import Any
 
 from tf_mixed._internal import measuring
-from tf_mixed._internal.cli_errors import UsageError
 from tf_mixed.bench import plan_row, serving
 
 RESULT_FILES = ("results.json", "results.md", "bench.png")
@@ -414,54 +413,11 @@ def _float8_notes(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def check_output_dir(path: str) -> bool:
-    """Creates ``path`` if needed and checks that files can be written in it.
-
-    Returns:
-        Whether the directory was created by this call.
-
-    Raises:
-        UsageError: If it cannot be created or written.
-    """
-    created = not os.path.exists(path)
-    accepted = "a directory this user can create and write"
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError("output_dir", path, "exists and is not a directory", accepted)
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=".tf_mixed_probe.", dir=path)
-        os.rmdir(probe)
-    except OSError as error:
-        if created and os.path.isdir(path):
-            _remove_if_empty(path)
-        raise UsageError("output_dir", path, f"cannot be written ({error.strerror or error})",
-                         accepted) from None
-    return created
-
-
-def remove_if_created(path: str, created: bool) -> None:
-    """Removes the output directory a failed run created (nothing half-written).
-
-    Args:
-        path: The ``--output_dir`` of the run.
-        created: What `check_output_dir` returned for it.
-    """
-    if created:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def print_written(markdown: str, paths: list[str]) -> None:
     """Prints a suite's table and the files it wrote."""
     print()
     print(markdown)
     print("Wrote " + ", ".join(paths))
-
-
-def _remove_if_empty(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 def _finite_check(report: dict[str, Any]) -> None:

@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
 
-from tf_mixed._internal import quiet
+from tf_mixed._internal import measuring, quiet
 from tf_mixed._internal.cli_errors import below_minimum
-from tf_mixed.bench.one_line_parser import OneLineParser
+from tf_mixed.commands.one_line_parser import OneLineParser
 
 __all__ = ["main"]
 
@@ -94,12 +95,18 @@ def main(argv: list[str]) -> int:
 
     paths = {"without rollback": build(False), "with rollback": build(True)}
     times: dict[str, list[float]] = {name: [] for name in paths}
-    for _ in range(args.rounds):
-        for name, (step, *_rest) in paths.items():
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                float(step())
-                times[name].append(time.perf_counter() - start)
+
+    def one_round(name: str) -> float:
+        """Times ``args.steps`` steps of ``name`` into ``times``; their seconds."""
+        step = paths[name][0]
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            float(step())
+            times[name].append(time.perf_counter() - start)
+        return sum(times[name][-args.steps:])
+
+    measuring.interleaved_rounds(  # each set-up leads in turn
+        {name: functools.partial(one_round, name) for name in paths}, args.rounds)
     base = statistics.median(times["without rollback"])
     print(f"# Forward-state rollback cost: resnet18, {args.policy}, "
           f"batch {args.batch_size}, {args.image_size}x{args.image_size}")

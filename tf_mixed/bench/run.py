@@ -125,7 +125,7 @@ def run_policy(
     Args:
         config: A validated `BenchConfig`.
         policy_name: A canonical policy name.
-        bench_data: A loaded `tf_mixed.bench.data.BenchData` to reuse;
+        bench_data: A loaded `tf_mixed.commands.data.BenchData` to reuse;
             loaded from ``config`` when None.
         strategy: The strategy to use; `make_strategy(config)` when None.
         verbose: Print one line per epoch.
@@ -277,7 +277,7 @@ def run_policy(
         "samples_per_sec": rate_spread["median"],
         "samples_per_sec_mean": config.batch_size * len(timed) / sum(timed),
         "step_time_ms": 1000.0 * median_step,
-        "step_time_ms_p90": 1000.0 * _percentile(timed, 0.9),
+        "step_time_ms_p90": 1000.0 * measuring.quantile(timed, 0.9),
         "train_time_s": train_time,
         "peak_memory_mb": peak_gpu if peak_gpu is not None else peak_rss,
         "memory_kind": "gpu_peak_allocated" if peak_gpu is not None else "process_peak_rss",
@@ -384,8 +384,3 @@ def _schedule(config: BenchConfig, total_steps: int):
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]

@@ -1,6 +1,7 @@
 """``python -m tf_mixed``: the command line, one module per command."""
 
 #     main.py           flags and subcommands; dispatches to the modules below and to the bench
+#                       (the one module here that imports tf_mixed.bench)
 #     info.py           ``info``: the devices found and what "auto" picks
 #     audit.py          ``audit PATH``
 #     check.py          ``check``: what each policy gives on this host

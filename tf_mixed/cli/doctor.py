@@ -10,7 +10,7 @@
 # doctor can apply itself (the findings marked automatic): float32 islands from an explicit dtype
 # converted with `tf_mixed.convert`, hidden Dense widths padded with ``convert(pad_to=N)``,
 # float64 data cast to float32 in the input pipeline. Timing is the bench's own
-# (`tf_mixed.bench.overhead.StepTimer` around ``fit`` steps), both models alternating for
+# (`tf_mixed.commands.step_timer.StepTimer` around ``fit`` steps), both models alternating for
 # ``--rounds`` rounds so machine load hits both; the figures are the ratio of the median step
 # times and the median of the rounds' ratios. The saved file is never modified.
 #
@@ -32,6 +32,7 @@ from absl import flags
 
 from tf_mixed._internal import measuring, progress
 from tf_mixed.cli import model_command
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 USAGE = """usage: python -m tf_mixed doctor MODEL.keras [--dataset=SPEC] [--policy=NAME]
        [--batch_size=32] [--loss=NAME] [--jit_compile=auto|true|false]
@@ -204,13 +205,12 @@ def main(argv: list[str]) -> int:
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
-    from tf_mixed.bench import report as report_module
 
     start = time.perf_counter()
     created = False
     try:
         # Before the work: a --output_dir that cannot be written fails now.
-        created = report_module.check_output_dir(fv.output_dir)
+        created = check_output_dir(fv.output_dir)
         progress.update(f"step 1/3: loading {model_path} and its data")
         model, x, y, loss = _prepare(fv, model_path)
         check_data(model, x, fv.dataset)
@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
         else:
             proposed = None
     except (UsageError, ValueError, TypeError) as error:
-        report_module.remove_if_created(fv.output_dir, created)
+        remove_if_created(fv.output_dir, created)
         return _error(model_command.first_line(error))
     seconds = time.perf_counter() - start
 
@@ -253,7 +253,7 @@ def main(argv: list[str]) -> int:
         model_command.write_atomically(os.path.join(fv.output_dir, "doctor.json"),
                                        (text + "\n").encode())
     except OSError as error:
-        report_module.remove_if_created(fv.output_dir, created)
+        remove_if_created(fv.output_dir, created)
         return _error(f"--output_dir={fv.output_dir!r}: cannot write doctor.json "
                       f"({error.strerror or error})")
     if start_here:
@@ -388,7 +388,7 @@ def _dataset(x, y, batch_size: int, cast: bool):
 def _measure(fv, model, report, x, y) -> dict:
     """Median fit step times before and after the automatic fixes."""
     import tf_mixed
-    from tf_mixed.bench.overhead import StepTimer
+    from tf_mixed.commands.step_timer import StepTimer
 
     fixed, applied = fixed_model(model, report)
     cast = bool(report.by_code("float64_input"))

@@ -21,6 +21,7 @@ from absl import flags
 
 from tf_mixed._internal import progress
 from tf_mixed.cli import model_command, model_file
+from tf_mixed.commands.output_dir import check_output_dir, remove_if_created
 
 USAGE = """usage: python -m tf_mixed export MODEL.keras [--format=saved_model|litert]
        [--precision=float32|float16_weights|float16|bfloat16|as_trained]
@@ -39,13 +40,13 @@ REPORT_NAME = "export.json"
 
 def _define_flags(fv: flags.FlagValues) -> None:
     from tf_mixed._internal.facts import EXPORT_FORMATS, EXPORT_PRECISIONS
-    from tf_mixed.bench import config
+    from tf_mixed.commands import names
 
     flags.DEFINE_string("format", "litert", " or ".join(EXPORT_FORMATS) + ".", flag_values=fv)
     flags.DEFINE_string("precision", "float32", "; ".join(
         f"{fmt}: {', '.join(names)}" for fmt, names in EXPORT_PRECISIONS.items()) + ".",
         flag_values=fv)
-    flags.DEFINE_string("dataset", "", f"Sample data: {config.DATA_ACCEPTED}, or npz:PATH "
+    flags.DEFINE_string("dataset", "", f"Sample data: {names.DATA_ACCEPTED}, or npz:PATH "
                         "with an array x. Empty: no parity check.", flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
                         flag_values=fv)
@@ -98,8 +99,8 @@ def _sample(fv, model):
     """One batch of inputs for the parity check, or None without --dataset."""
     import numpy as np
 
-    from tf_mixed.bench import data
     from tf_mixed.cli import npz_data
+    from tf_mixed.commands import data
 
     spec = fv.dataset.strip()
     if not spec:
@@ -133,7 +134,6 @@ def main(argv: list[str]) -> int:
 
     import tf_mixed
     from tf_mixed._internal.cli_errors import UsageError
-    from tf_mixed.bench import report as report_module
 
     fmt, precision = fv.format.strip().lower(), fv.precision.strip().lower()
     start = time.perf_counter()
@@ -142,14 +142,14 @@ def main(argv: list[str]) -> int:
         progress.update(stage(1, model_path, fmt, precision, bool(fv.dataset.strip())))
         model = model_file.load(model_path, fv.safe_mode, fv.custom_modules)
         sample = _sample(fv, model)
-        created = report_module.check_output_dir(fv.output_dir)
+        created = check_output_dir(fv.output_dir)
         artifact = os.path.join(fv.output_dir, ARTIFACT_NAMES[fmt])
         progress.update(stage(2, model_path, fmt, precision, sample is not None))
         report = tf_mixed.export(model, artifact, format=fmt, precision=precision,
                                  sample=sample, tolerance=fv.tolerance or None,
                                  allow_select_ops=fv.allow_select_ops)
     except (UsageError, ValueError, TypeError) as error:
-        report_module.remove_if_created(fv.output_dir, created)
+        remove_if_created(fv.output_dir, created)
         message = model_file.first_line(error)
         if "differs from the model on sample" in message:
             print(f"tf_mixed export: {message}", file=sys.stderr)
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
                                        json.dumps(record, indent=2).encode())
     except OSError as error:
         _remove(artifact)
-        report_module.remove_if_created(fv.output_dir, created)
+        remove_if_created(fv.output_dir, created)
         return _error(f"--output_dir={fv.output_dir!r}: cannot write {REPORT_NAME} ({error})")
     print(report)
     print(f"\nExported in {seconds:.1f} s; wrote {artifact} and "

@@ -169,8 +169,8 @@ def _help(fv: flags.FlagValues) -> str:
 
 def _config_from(fv: flags.FlagValues):
     from tf_mixed._internal.cli_errors import UsageError
-    from tf_mixed.bench import names
     from tf_mixed.bench.config import BenchConfig
+    from tf_mixed.commands import names
 
     policies = tuple(p.strip() for p in fv.policies if p.strip())
     single = fv.policy.strip()

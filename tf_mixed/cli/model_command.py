@@ -24,10 +24,10 @@ def define_data_flags(fv: flags.FlagValues, batches: int, batches_help: str) -> 
     """The flags naming the data, the batches and the loss (what `batches` of
     `tf_mixed.cli.probe` reads): --dataset, --data_dir, --batch_size,
     --batches, --loss, --seed."""
-    from tf_mixed.bench import config
+    from tf_mixed.commands import names
 
     flags.DEFINE_string("dataset", "shapes",
-                        f"Data: {config.DATA_ACCEPTED}, or npz:PATH with arrays x and y.",
+                        f"Data: {names.DATA_ACCEPTED}, or npz:PATH with arrays x and y.",
                         flag_values=fv)
     flags.DEFINE_string("data_dir", "", "TFDS data directory (default: TFDS's own).",
                         flag_values=fv)
@@ -43,10 +43,10 @@ def check_dataset(fv: flags.FlagValues) -> None:
     empty one means none, where allowed), before the model loads.
 
     Raises:
-        tf_mixed._internal.cli_errors.UsageError: As `tf_mixed.bench.names.parse_spec`;
+        tf_mixed._internal.cli_errors.UsageError: As `tf_mixed.commands.names.parse_spec`;
             for ``npz:PATH``, as `tf_mixed.cli.npz_data.load` says of a missing file.
     """
-    from tf_mixed.bench import names
+    from tf_mixed.commands import names
 
     spec = fv.dataset.strip()
     if spec.lower().startswith("npz:"):
@@ -178,10 +178,9 @@ def check_output_dir(path: str) -> None:
         tf_mixed._internal.cli_errors.UsageError: one line naming the flag,
             the path and why it cannot be written.
     """
-    from tf_mixed.bench import report
+    from tf_mixed.commands import output_dir
 
-    created = report.check_output_dir(path)
-    report.remove_if_created(path, created)
+    output_dir.remove_if_created(path, output_dir.check_output_dir(path))
 
 
 def write_atomically(path: str, data: bytes) -> None:

@@ -34,10 +34,10 @@ goes non-finite with the keep_float32 fix; and a recommended loss scale.
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
-    from tf_mixed.bench import config
     from tf_mixed.cli import model_file
+    from tf_mixed.commands import names
 
-    flags.DEFINE_string("dataset", "shapes", f"Data: {config.DATA_ACCEPTED}, or npz:PATH "
+    flags.DEFINE_string("dataset", "shapes", f"Data: {names.DATA_ACCEPTED}, or npz:PATH "
                         "with arrays x and y (several inputs or outputs: x0, x1, ... "
                         "and y0, y1, ...).",
                         flag_values=fv)
@@ -70,8 +70,8 @@ def _batches(fv, model):
     """``(x, y)`` for `tf_mixed.probe`: arrays, or a dataset of batches."""
     import tensorflow as tf
 
-    from tf_mixed.bench import data
     from tf_mixed.cli import npz_data
+    from tf_mixed.commands import data
 
     n = fv.batch_size * fv.batches
     spec = fv.dataset.strip()
@@ -121,8 +121,8 @@ def generated_problem(spec: str, model, shape: tuple) -> str:
     """Why a generated set (shapes: RGB images; tokens: token ids) cannot feed
     ``model``'s one input of ``shape`` (without the batch), in
     `tf_mixed.cli.npz_data.input_problem`'s words; "" when it can."""
-    from tf_mixed.bench import data, names
     from tf_mixed.cli import npz_data
+    from tf_mixed.commands import data, names
 
     kind = names.parse_spec(spec)[0]
     if kind == names.SHAPES:

@@ -1,4 +1,4 @@
-"""Data sets for the bench: an embedded shapes task, any TFDS image set, a folder."""
+"""Data sets for the bench and the commands: a generated shapes task, TFDS, a folder."""
 
 # `load(spec, ...)` understands three kinds of ``--dataset`` value:
 #
@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal.cli_errors import UsageError, below_minimum
-from tf_mixed.bench.names import (  # noqa: F401 (their home is TensorFlow-free)
+from tf_mixed.commands.names import (  # noqa: F401 (their home is TensorFlow-free)
     DEFAULT_SHAPES_SIZE,
     DEFAULT_SHAPES_TRAIN,
     MIN_SHAPES_SIZE,

@@ -1,7 +1,7 @@
-"""The bench's model, data-set and policy names, and their checks: no TensorFlow here."""
+"""Model, data-set and policy names for the bench and the commands: no TensorFlow here."""
 
 # The command line reads them (--help, and every argument error) before TensorFlow
-# loads; `tf_mixed.bench.models`, `tf_mixed.bench.data` and `tf_mixed.bench.config`
+# loads; `tf_mixed.bench.models`, `tf_mixed.commands.data` and `tf_mixed.bench.config`
 # use the same ones.
 
 from __future__ import annotations

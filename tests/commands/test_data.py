@@ -1,4 +1,4 @@
-"""Tests for tf_mixed.bench.data: the shapes task, folder: trees and tfds: sets."""
+"""Tests for tf_mixed.commands.data: the shapes task, folder: trees and tfds: sets."""
 
 import os
 import socket
@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from tf_mixed._internal.cli_errors import UsageError
-from tf_mixed.bench import data
+from tf_mixed.commands import data
 
 # --- parse_spec ---------------------------------------------------------------
 
