@@ -316,7 +316,7 @@ def _checking_step(model, optimizer, strategy, build, first):
         start = model_check.clock()
         out = current[0](x, y)
         float(out["loss"])  # waits for the step
-        check.record(model_check.clock() - start)
+        check.record(model_check.since(start))
         return out
 
     step.model_check = checks  # the Check, once made (tests, tools)
@@ -352,8 +352,11 @@ def _healing_step(healer, build, first):
     from tf_mixed.scaling import healing
 
     current = [first]
+    built = [healer.version]
 
     def step(x, y):
+        if built[0] != healer.version:  # a restored checkpoint moved layers since
+            current[0], built[0] = build(), healer.version
         out = dict(current[0](x, y))
         decision = healer.check()
         if decision.stop is not None:
@@ -362,7 +365,7 @@ def _healing_step(healer, build, first):
             from absl import logging
 
             logging.warning(healer.message(decision))
-            current[0] = build()
+            current[0], built[0] = build(), healer.version
         out["healed_layers"] = tf.constant(float(len(healer.healed)))
         return out
 
@@ -391,6 +394,7 @@ def heal_layers(model, names, optimizer=None) -> list:
     Raises:
         ValueError: for a name the model does not have (the valid ones listed).
     """
+    from tf_mixed.policy import precision_map
     from tf_mixed.scaling import attribution, healing
 
     layers = dict(attribution.attributed_layers(model))
@@ -399,9 +403,8 @@ def heal_layers(model, names, optimizer=None) -> list:
         raise ValueError(
             f"heal_layers() got names model '{model.name}' does not have: {unknown}. "
             f"Valid names: {', '.join(layers)}.")
-    changed = []
-    for name in names:
-        changed += healing.move_to_float32(layers[name])
+    change = healing.healed_map(model, names)  # rule 6 of the model's precision map
+    changed = precision_map.move(model, change)
     state = loss_scale_module.step_state_of(optimizer)
     attached = None if state is None else state.attribution.attached
     if attached is not None:

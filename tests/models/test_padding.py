@@ -8,6 +8,7 @@ import pytest
 
 import tf_mixed
 from tf_mixed.models import padding
+from tf_mixed.policy import precision_map
 
 
 def _model():
@@ -22,8 +23,9 @@ def _model():
 
 def test_plan_pads_only_dense_layers_read_by_dense_layers():
     model = _model()
-    assert padding.plan(model, 16) == {"wide": 1008}
-    assert padding.plan(model, 4) == {"wide": 1004}
+    found = precision_map.survey(model)
+    assert padding.plan(found, 16) == {"wide": 1008}
+    assert padding.plan(found, 4) == {"wide": 1004}
 
 
 def test_padded_model_computes_the_same_outputs():

@@ -1,5 +1,5 @@
 """One precision value: `decide`'s rules in order, the map as Keras's DTypePolicyMap,
-and what a plan or probe shows for a layer is what applying builds (over the zoo)."""
+and what a plan, audit or probe shows for a layer is what applying builds (over the zoo)."""
 
 import json
 
@@ -121,6 +121,17 @@ def _built(applied) -> dict[str, str]:
     return built
 
 
+def _audited(applied) -> dict[str, str]:
+    """Layer name -> the compute dtype `tf_mixed.audit` prints for it (a layer
+    split into logits and a float32 head reads as its logits, as `_built`)."""
+    shown = {row.name: row.compute_dtype for row in tf_mixed.audit(applied).rows}
+    for name in list(shown):
+        for suffix in ("_logits", "_half"):
+            if name.endswith(suffix) and name[: -len(suffix)] in shown:
+                shown[name[: -len(suffix)]] = shown.pop(name)
+    return shown
+
+
 def _check_plan_shows_what_applying_builds(model, x, y):
     p = plan(model, x, y, loss="mse", info=AMX_CPU, timer=_fake_timer, probe_report={},
              step_check=False, cache=False)
@@ -128,6 +139,14 @@ def _check_plan_shows_what_applying_builds(model, x, y):
     built = _built(applied)
     assert {row.name: row.choice for row in p.layers} == {
         row.name: built[row.name] for row in p.layers}
+    # What audit prints for each layer of the applied model is the plan's row
+    # (audit lists the layers inside a nested model, which the map names too).
+    audited = _audited(applied)
+    assert {row.name: row.choice for row in p.layers if row.name in audited} == {
+        row.name: audited[row.name] for row in p.layers if row.name in audited}
+    expected = {name: p.precision_map.compute_dtype(name) for name in audited}
+    assert {n: d for n, d in audited.items() if expected[n] not in (None, "float8")} == {
+        n: d for n, d in expected.items() if d not in (None, "float8")}
     # The plan read back from JSON builds the same.
     back = Plan.from_dict(json.loads(json.dumps(p.to_dict())))
     assert _built(back.apply(model)) == built

@@ -1176,6 +1176,19 @@ def checkpoint_alias(variable):
     return CheckpointAlias(variable)
 
 
+def restore_deferred(parent, name: str, child) -> None:
+    """Restores into ``child`` what a checkpoint read earlier holds for ``parent``'s
+    child ``name`` (``Trackable._handle_deferred_dependencies``).
+
+    A ``tf.train.Checkpoint`` read before a child existed keeps that child's
+    values queued on the parent; TensorFlow hands them over only to children
+    added with ``_track_trackable``, not to those a ``_trackable_children``
+    override lists later (the optimizer's attribution state). Checked on
+    TensorFlow 2.21.0.
+    """
+    parent._handle_deferred_dependencies(name, child)
+
+
 def checkpoint_value(save: Callable[[], dict], restore: Callable[[dict], None]):
     """A checkpoint child whose value ``save()`` makes and ``restore`` takes.
 

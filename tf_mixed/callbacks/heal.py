@@ -9,7 +9,7 @@ from absl import logging
 
 from tf_mixed._internal import validate as _validate
 from tf_mixed.callbacks.monitor import LossScaleFailure
-from tf_mixed.scaling.healing import Decision, Healer, HealRule
+from tf_mixed.scaling.healing import Decision, Healer, HealRule, retrace_keras_functions
 
 __all__ = ["Heal"]
 
@@ -154,9 +154,4 @@ class Heal(keras.callbacks.Callback):
             self._retrace()
 
     def _retrace(self) -> None:
-        # Keras keeps each traced function until forced: without the last two,
-        # validation in this fit and a later evaluate/predict would run the
-        # healed layers in float16 still.
-        self.model.make_train_function(force=True)
-        self.model.make_test_function(force=True)
-        self.model.make_predict_function(force=True)
+        retrace_keras_functions(self.model)

@@ -67,7 +67,6 @@ import warnings
 
 import keras
 
-from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
@@ -116,15 +115,6 @@ def _resolve_policy(policy) -> str:
     return name
 
 
-
-
-def _operations(model):
-    """Every operation of ``model`` and of the models nested in it."""
-    # A Sequential model lists its layers only.
-    for op in model.layers if isinstance(model, keras.Sequential) else model.operations:
-        yield op
-        if isinstance(op, keras.Model):
-            yield from _operations(op)
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -191,8 +181,9 @@ def convert(model: keras.Model, policy: str | None = None, *,
             pad_to, "pad_to", integer=True, rule=lambda n: n >= 1, owner="convert()",
             valid="None or a positive integer, such as 8 (float16) or 16 (bfloat16)")
     target = _resolve_policy(policy)
-    precision = precision_map.decide(model, target, keep_float32=keep_float32)
-    new = _apply(model, precision, pad_to)
+    found = precision_map.survey(model)  # the one walk: the decision and the copy read it
+    precision = precision_map.decide(model, target, keep_float32=keep_float32, found=found)
+    new = _apply(found, precision, pad_to)
     if isinstance(policy, str) and policy.strip().lower() == "auto":
         # Auto chose for the host: the model's own step is checked when it
         # trains, and may move it to float32 (tf_mixed.policy.model_check).
@@ -224,24 +215,23 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
     check_model_kind(model, "apply()", why_traced="its layers are created in Python code "
                      "tf_mixed cannot re-run", fix="Plan and apply a Sequential or "
                      "functional model.")
-    precision.policy_for(model)  # refuses a map naming layers the model lacks
-    return _apply(model, precision, pad_to)
+    found = precision_map.survey(model)
+    precision.policy_for(found)  # refuses a map naming layers the model lacks
+    return _apply(found, precision, pad_to)
 
 
-def _apply(model, precision, pad_to):
-    target = precision.target
-    names = precision_map.layer_names(model)
-    widths = padding.plan(model, pad_to) if pad_to else {}
-    taken = {op.name for op in _operations(model)}
+def _apply(found: precision_map.Survey, precision, pad_to):
+    model, target = found.model, precision.target
+    names = found.names
+    widths = padding.plan(found, pad_to) if pad_to else {}
+    taken = set(found.operations)
     notes = []
     # Output layers whose squashing activation moves into a float32 head, and
     # Keras ops producing an output, followed by a float32 cast under their
     # name: id(original) -> (clone name, head name, activation or None).
     heads: dict[int, tuple[str, str, str | None]] = {}
     half = keras.DTypePolicy(target).compute_dtype in HALF_DTYPES
-    for tensor in keras.tree.flatten(model.outputs):
-        history = _internals.keras_history(tensor)
-        layer = history.operation if history is not None else None
+    for tensor, layer in found.outputs:
         if layer is None or id(layer) in heads:  # (an input as output: no head, no note)
             continue
         if isinstance(layer, keras.Model) and half:

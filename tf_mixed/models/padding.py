@@ -17,40 +17,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from tf_mixed._internal import shims as _internals
-from tf_mixed._internal.facts import model_outputs
+from tf_mixed.policy import precision_map
 
 __all__ = ["copy_padded", "plan"]
 
 
-def _producer(tensor):
-    history = _internals.keras_history(tensor)
-    return history.operation if history is not None else None
-
-
-def plan(model, multiple: int) -> dict[str, int]:
-    """The Dense layers of `model` to widen, with their new ``units``.
+def plan(found: precision_map.Survey, multiple: int) -> dict[str, int]:
+    """The Dense layers of a model to widen, with their new ``units``.
 
     Args:
-      model: a Sequential or functional model.
+      found: the model's `tf_mixed.policy.precision_map.survey` (a
+        Sequential or functional model, walked once).
       multiple: the tile multiple, such as 8 or 16.
 
     Returns:
       ``{layer name: padded units}`` for each layer that can be padded
       without changing the model's outputs (see the module docstring).
     """
-    consumers: dict[int, list] = {}
-    for layer in model.layers:
-        for tensor in _internals.call_inputs(layer):
-            producer = _producer(tensor)
-            if producer is not None:
-                consumers.setdefault(id(producer), []).append(layer)
-    outputs = {id(_producer(t)) for t in model_outputs(model)}
+    outputs = {id(layer) for layer in found.output_layers}
     padded = {}
-    for layer in model.layers:
+    for layer in found.model.layers:
         if type(layer).__name__ != "Dense" or id(layer) in outputs:
             continue
-        readers = consumers.get(id(layer), [])
+        readers = found.consumers.get(id(layer), [])
         if not readers or any(type(r).__name__ != "Dense" for r in readers):
             continue
         units = layer.units

@@ -39,6 +39,16 @@
 # layers whose policy is not a float policy (integer, quantized), keep their
 # own and are not in the map. Names are `facts.walk_layers`'s (``outer/inner``
 # inside nested models), as ``keep_float32`` and the plan's rows name layers.
+#
+# The walk itself is a value, `survey(model)` (layers and their names, the
+# outputs and what makes them, who reads each layer, every operation's name):
+# `decide` reads it, and so do the stages after it (`convert`'s copy and its
+# padding), instead of walking the model again.
+#
+# A built model's precision moves in one way, `move(model, map)`: healing
+# (`observed(model).healed(names)`: rule 6 applied to what the model computes
+# in now), a restored checkpoint's healed set, and auto's check on the
+# model's own step (tf_mixed/policy/model_check.py) all go through it.
 
 from __future__ import annotations
 
@@ -61,7 +71,8 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 
-__all__ = ["RULES", "PrecisionMap", "decide", "layer_names", "validated_policy"]
+__all__ = ["RULES", "PrecisionMap", "Survey", "built_as", "decide", "layer_names", "layer_path",
+           "live_policy", "move", "observed", "survey", "validated_policy"]
 
 FLOAT32 = "float32"
 HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED, TARGET, AS_IS = (
@@ -165,7 +176,7 @@ class PrecisionMap:
             return "float8"
         return keras.DTypePolicy(policy).compute_dtype
 
-    def policy_for(self, model: keras.Model) -> Callable[[Any], str | None]:
+    def policy_for(self, model: "keras.Model | Survey") -> Callable[[Any], str | None]:
         """``policy_for(layer) -> policy or None`` for the layer objects of
         ``model`` (the map's names resolved once; a shared layer by the first
         place it appears), as `tf_mixed.models.cloning.clone` takes it.
@@ -173,8 +184,10 @@ class PrecisionMap:
         Raises:
             ValueError: The map names layers ``model`` does not have.
         """
+        found = model if isinstance(model, Survey) else survey(model)
+        model = found.model
         ids: dict[str, int] = {}
-        for name, layer in walk_layers(model):  # a shared layer walks under each of its names
+        for name, layer in found.layers:  # a shared layer walks under each of its names
             ids.setdefault(name, id(layer))
         unknown = sorted(set(self.layers) - set(ids))
         if unknown:
@@ -199,6 +212,28 @@ class PrecisionMap:
     def float8_names(self) -> tuple[str, ...]:
         """Layers that compute in float8."""
         return tuple(n for n, p in self.layers.items() if p.startswith("float8_from_"))
+
+    def healed(self, names: Iterable[str]) -> "PrecisionMap":
+        """This map with rule 6 applied: ``names`` compute in float32 ("healed").
+
+        Rule 6 is the last of `RULES` and only keeps layers in float32, so
+        applying it to a decided (or `observed`) map gives what `decide`
+        gives with the same ``healed``.
+
+        Raises:
+            ValueError: A name the map does not hold (the valid ones listed).
+        """
+        names = list(names)
+        unknown = [n for n in names if n not in self.layers]
+        if unknown:
+            raise ValueError(
+                f"Healed layer names must be layers of the map. Received: {unknown}. "
+                f"The map's layers: {list(self.layers)}.")
+        layers, reasons = dict(self.layers), dict(self.reasons)
+        for name in names:  # an earlier rule's float32 keeps its reason
+            if layers[name] != FLOAT32 or reasons.get(name) in (AS_IS, TARGET, None):
+                layers[name], reasons[name] = FLOAT32, HEALED
+        return dataclasses.replace(self, layers=layers, reasons=reasons)
 
     def to_keras(self) -> keras.dtype_policies.DTypePolicyMap:
         """This map as Keras's `DTypePolicyMap` (default policy: `target`)."""
@@ -242,6 +277,67 @@ class PrecisionMap:
                    record.get("heads", {}))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Survey:
+    """What one walk of a model finds: `decide` reads it, and so do the
+    stages that build the map (`tf_mixed.convert`'s copy, its padding),
+    instead of walking the model again.
+
+    Attributes:
+        model: The model walked.
+        layers: ``(name, layer)`` pairs as `tf_mixed._internal.facts.walk_layers`
+            yields them (a shared layer under each of its names).
+        names: ``id(layer) -> name``, the first place each layer appears.
+        outputs: ``(tensor, producer)`` per model output, flat; the producer
+            is the layer or Keras op that makes it (None: an input).
+        output_layers: The producers of the outputs, once each, inputs left out.
+        consumers: ``id(layer) -> [layers of the model that read its outputs]``
+            (the model's own layers, not those inside nested models).
+        operations: The name of every operation of the model and of the
+            models nested in it (a copy's new names avoid them).
+    """
+
+    model: Any
+    layers: tuple
+    names: Mapping[int, str]
+    outputs: tuple
+    output_layers: tuple
+    consumers: Mapping[int, list]
+    operations: frozenset
+
+
+def survey(model: keras.Model) -> Survey:
+    """One walk of a built Sequential or functional model (`Survey`)."""
+    def producer(tensor):
+        history = _internals.keras_history(tensor)
+        return history.operation if history is not None else None
+
+    outputs = tuple((t, producer(t)) for t in keras.tree.flatten(model.outputs))
+    consumers: dict[int, list] = {}
+    for layer in model.layers:
+        for tensor in _internals.call_inputs(layer):
+            made_by = producer(tensor)
+            if made_by is not None:
+                consumers.setdefault(id(made_by), []).append(layer)
+    walked = tuple(walk_layers(model))
+    seen: set[int] = set()
+    output_layers = []
+    for _, layer in outputs:
+        if layer is not None and id(layer) not in seen and not is_input_layer(layer):
+            seen.add(id(layer))
+            output_layers.append(layer)
+    names: dict[int, str] = {}
+    operations: set[str] = set()
+    # A Sequential model lists its layers only.
+    for owner in [model] + [layer for _, layer in walked if isinstance(layer, keras.Model)]:
+        operations.update(op.name for op in (
+            owner.layers if isinstance(owner, keras.Sequential) else owner.operations))
+    for name, layer in walked:
+        names.setdefault(id(layer), name)
+    return Survey(model, walked, names, outputs, tuple(output_layers), consumers,
+                  frozenset(operations))
+
+
 def layer_names(model: keras.Model) -> dict[int, str]:
     """``id(layer) -> name`` as a map names it, for every layer of ``model``."""
     names: dict[int, str] = {}
@@ -250,22 +346,11 @@ def layer_names(model: keras.Model) -> dict[int, str]:
     return names
 
 
-def _output_layers(model) -> list:
-    """The layers (or Keras ops) producing `model`'s outputs, once each."""
-    seen, found = set(), []
-    for tensor in keras.tree.flatten(model.outputs):
-        history = _internals.keras_history(tensor)
-        layer = history.operation if history is not None else None
-        if layer is not None and id(layer) not in seen and not is_input_layer(layer):
-            seen.add(id(layer))
-            found.append(layer)
-    return found
-
-
 def decide(model: keras.Model, target: str, *,
            keep_float32: keep_float32_rules.Spec | keep_float32_rules.KeepFloat32 = (),
            plan: Mapping[str, str] | None = None, healed: Iterable[str] = (),
-           outputs: bool = True, check_names: bool = True) -> PrecisionMap:
+           outputs: bool = True, check_names: bool = True,
+           found: Survey | None = None) -> PrecisionMap:
     """The precision of every layer of ``model`` made ``target``: the rules in order.
 
     Walks the model once (`tf_mixed._internal.facts.walk_layers`); see the
@@ -284,6 +369,8 @@ def decide(model: keras.Model, target: str, *,
             `probe`); False keeps only tf_mixed's own heads (`rebuild`).
         check_names: Refuse ``keep_float32`` names the model lacks (False
             for the rules `enable` made for every model, as `probe` reads them).
+        found: The model's `survey`, when the caller made it (it reads the
+            same walk after the decision); None: walked here.
 
     Returns:
         The `PrecisionMap` (`PrecisionMap.policy_for` reads it per layer
@@ -302,8 +389,9 @@ def decide(model: keras.Model, target: str, *,
     healed = frozenset(healed)
     heads: dict[int, str] = {}
     kept_outputs: set[int] = set()
+    found = found if found is not None else survey(model)
     if half and outputs:
-        for layer in _output_layers(model):
+        for layer in found.output_layers:
             activation = activation_name(layer)
             if isinstance(layer, keras.Model):
                 continue  # converted as a whole: convert notes it
@@ -321,7 +409,7 @@ def decide(model: keras.Model, target: str, *,
     kept_models: list[str] = []  # nested models keep_float32 matched: "outer/"
     planned_models: list[str] = []  # nested models the plan names: "outer/"
     known: set[str] = set()
-    for name, layer in walk_layers(model):
+    for name, layer in found.layers:
         known.add(layer.name)
         if id(layer) in heads:
             head_names[name] = heads[id(layer)]
@@ -366,3 +454,134 @@ def decide(model: keras.Model, target: str, *,
     if check_names:
         keep.check_names(known, model.name)
     return PrecisionMap(target, layers, reasons, head_names)
+
+
+# ------------------------------------------------------------ a built model
+
+
+_BUILT_AS = "_tf_mixed_built_as"  # on a layer `move` moved: its policy before
+
+
+def layer_path(layer) -> str:
+    """``layer``'s Keras path (a `DTypePolicyMap` key), or its name."""
+    return getattr(layer, "path", None) or layer.name
+
+
+def live_policy(layer) -> str:
+    """The name of the policy ``layer`` computes in now (a map read by its path)."""
+    policy = layer.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        path = layer_path(layer)
+        policy = policy[path] if path in policy else policy.default_policy
+    return policy.name
+
+
+def observed(model: keras.Model) -> PrecisionMap:
+    """The map a built ``model`` computes in now (every rule "as is").
+
+    Its target is the policy most of its layers compute in. Healing reads
+    it and applies rule 6 (`PrecisionMap.healed`); `move` applies the result.
+    """
+    layers: dict[str, str] = {}
+    for name, layer in walk_layers(model):
+        if is_input_layer(layer) or name in layers:
+            continue
+        policy = live_policy(layer)
+        if policy in FLOAT_POLICIES:
+            layers[name] = policy
+    counts: dict[str, int] = {}
+    for policy in layers.values():
+        counts[policy] = counts.get(policy, 0) + 1
+    target = max(counts, key=lambda p: counts[p]) if counts else live_policy(model)
+    if target not in FLOAT_POLICIES:
+        target = FLOAT32
+    return PrecisionMap(target, layers, {n: AS_IS for n in layers})
+
+
+def _by_path(model, precision: PrecisionMap) -> dict[str, str]:
+    """A map's changes to a built model, by Keras path: each layer a rule sets
+    (not "as is") to another policy, with the layers inside it that computed
+    as it did (to float32: every one; a sublayer float32 on purpose stays so)."""
+    paths: dict[str, str] = {}
+    for name, layer in walk_layers(model):
+        wanted = precision.policy(name)
+        if wanted is None or precision.reasons.get(name) == AS_IS or isinstance(
+                layer, keras.Model):
+            continue
+        if wanted.startswith("float8_from_"):
+            raise ValueError(
+                f"A built layer cannot be moved to float8 in place. Received: layer "
+                f"{name!r} -> {wanted!r}. Quantize the model (tf_mixed.plan's Plan.apply).")
+        own = live_policy(layer)
+        for sub in _internals.sublayers(layer):
+            current = live_policy(sub)
+            if current != wanted and (wanted == FLOAT32 or sub is layer or current == own):
+                paths[layer_path(sub)] = wanted
+    return paths
+
+
+def move(model, precision: PrecisionMap | Mapping[str, str]) -> list:
+    """Moves a built model's layers to the policies a map gives, in place.
+
+    The one way tf_mixed moves a built model's precision (healing, a
+    restored checkpoint's healed set, auto's check on the model's own step).
+    Keras 3.15's ``Layer.dtype_policy`` setter works on a built layer: under a
+    mixed policy the variables are float32 already, so only the compute
+    dtype changes; the retrace is the caller's.
+
+    Args:
+        model: A built Keras model (or layer).
+        precision: A `PrecisionMap` (layer names as `decide` names them; a
+            layer it sets to another policy moves with the layers inside
+            it, as its constructor made them), or Keras layer path -> policy
+            name (each path as given; `DTypePolicyMap` keys). Layers not
+            named keep theirs.
+
+    Returns:
+        The layers whose policy changed, in the model's order.
+
+    Raises:
+        ValueError: A layer keeps its variables in a half dtype (a pure
+            half policy) and would move to another variable dtype: moving
+            compute would not move its weights (nothing moves then); a
+            `PrecisionMap` sets a layer to float8 (quantize instead).
+    """
+    if isinstance(precision, PrecisionMap):
+        paths = _by_path(model, precision)
+    else:
+        paths = {path: getattr(p, "name", p) for path, p in precision.items()}
+    planned = []
+    for layer in _internals.sublayers(model):
+        wanted = paths.get(layer_path(layer))
+        if wanted is None or live_policy(layer) == wanted:
+            continue
+        policy = keras.DTypePolicy(wanted)
+        held = layer.dtype_policy.variable_dtype
+        if held in HALF_DTYPES and held != policy.variable_dtype:
+            raise ValueError(
+                f"Layer '{layer.name}' keeps its variables in {held} (policy "
+                f"'{layer.dtype_policy.name}'); moving it to '{wanted}' moves compute only. "
+                "Received a pure half-precision layer: train under a mixed policy "
+                "(tf_mixed.enable('mixed_float16')) to move it.")
+        planned.append((layer, policy))
+    for layer, policy in planned:
+        if not hasattr(layer, _BUILT_AS):  # the policy its graph was made with
+            object.__setattr__(layer, _BUILT_AS, live_policy(layer))
+        layer.dtype_policy = policy
+    return [layer for layer, _ in planned]
+
+
+def built_as(model) -> dict[str, str]:
+    """The layers of ``model`` that `move` moved in place, by Keras path: the
+    policy each computed in before its first move (what the symbolic tensors
+    of a functional model's graph were made with; `tf_mixed.audit` reads a
+    moved layer's output dtype from its policy instead).
+
+    Args:
+        model: A Keras model (or layer).
+
+    Returns:
+        Path -> policy name; empty for a model never moved.
+    """
+    return {layer_path(layer): getattr(layer, _BUILT_AS)
+            for layer in _internals.sublayers(model) if hasattr(layer, _BUILT_AS)}

@@ -22,11 +22,18 @@ import keras
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import HALF_DTYPES
-from tf_mixed.scaling.attribution import FORWARD, GRADIENT_AT_MIN_SCALE, KINDS, LayerAttribution
+from tf_mixed._internal.facts import walk_layers
+from tf_mixed.policy import precision_map
+from tf_mixed.scaling.attribution import (
+    FORWARD,
+    GRADIENT_AT_MIN_SCALE,
+    KINDS,
+    STORE_KEY,
+    LayerAttribution,
+)
 
-__all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe",
-           "move_to_float32"]
+__all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe", "heal",
+           "healed_map", "move_to_float32"]
 
 FLOAT32 = "float32"
 
@@ -133,6 +140,9 @@ def describe(name: str, skips) -> str:
 def move_to_float32(layer) -> list:
     """Sets ``layer``'s and its sublayers' dtype policy to float32.
 
+    Through `tf_mixed.policy.precision_map.move`, the one way a built
+    model's precision moves.
+
     Args:
         layer: A built Keras layer whose variables are float32 (a mixed
             policy).
@@ -145,19 +155,54 @@ def move_to_float32(layer) -> list:
             float16/bfloat16): moving its compute would not move its
             weights.
     """
-    changed = []
-    for sub in _internals.sublayers(layer):
-        if sub.dtype_policy.variable_dtype in HALF_DTYPES:
-            raise ValueError(
-                f"Layer '{sub.name}' keeps its variables in "
-                f"{sub.dtype_policy.variable_dtype} (policy "
-                f"'{sub.dtype_policy.name}'); healing moves compute only. "
-                "Received a pure half-precision layer: train under a mixed policy "
-                "(tf_mixed.enable('mixed_float16')) to heal.")
-        if sub.dtype_policy.compute_dtype != FLOAT32:
-            sub.dtype_policy = keras.DTypePolicy(FLOAT32)
-            changed.append(sub)
-    return changed
+    return precision_map.move(layer, {precision_map.layer_path(sub): FLOAT32
+                                      for sub in _internals.sublayers(layer)})
+
+
+def healed_map(model, names) -> precision_map.PrecisionMap:
+    """The map ``model`` computes in with ``names`` healed (rule 6 of
+    `tf_mixed.policy.precision_map.RULES` applied to what it computes in now)."""
+    return precision_map.observed(model).healed(names)
+
+
+def heal(model, names) -> tuple:
+    """Moves the named layers of a built model to float32 compute, through the map.
+
+    Args:
+        model: A built model.
+        names: Layer names as `tf_mixed.scaling.attributed_layers` gives them.
+
+    Returns:
+        The names among ``names`` whose layer (or a sublayer) moved now.
+    """
+    change = healed_map(model, names)
+    moved = {id(layer) for layer in precision_map.move(model, change)}
+    return tuple(n for n, layer in _named(model, names)
+                 if any(id(sub) in moved for sub in _internals.sublayers(layer)))
+
+
+def _named(model, names) -> list:
+    """``(name, layer)`` for ``names``, in the model's order."""
+    wanted = set(names)
+    found, seen = [], set()
+    for name, layer in walk_layers(model):
+        if name in wanted and name not in seen:
+            seen.add(name)
+            found.append((name, layer))
+    return found
+
+
+def retrace_keras_functions(model) -> None:
+    """Forces Keras to trace the model's train, test and predict functions again.
+
+    Keras keeps each traced function until forced: without the last two,
+    validation in a ``fit`` and a later evaluate/predict would run moved
+    layers in their old precision. ``fit`` reads ``model.train_function`` at
+    every step, so the next step runs the new trace.
+    """
+    model.make_train_function(force=True)
+    model.make_test_function(force=True)
+    model.make_predict_function(force=True)
 
 
 class Healer:
@@ -185,11 +230,30 @@ class Healer:
         self.rule = rule or HealRule()
         self.attribution = LayerAttribution.attach(model, optimizer)
         self._seen = -1
+        self.version = 0
+        """Counts the moves this healer made (a step built before one retraces)."""
+        # A tf.train.Checkpoint of the optimizer holds the healed map beside the
+        # attribution's counters and applies it when restored (or, restored
+        # before this call, when this child is first listed).
+        self.attribution.state.healed_map = _internals.checkpoint_value(
+            self._save_healed, self._restore_healed)
+        _internals.restore_deferred(optimizer, STORE_KEY, self.attribution.state)
 
     @property
     def healed(self) -> tuple:
         """Names of the layers moved so far (read from the optimizer's state)."""
         return self.attribution.read().healed
+
+    def healed_map(self) -> precision_map.PrecisionMap:
+        """The precision the model computes in with its healed set applied."""
+        return healed_map(self.attribution.model, self.healed)
+
+    def _move(self, names) -> tuple:
+        """Heals ``names`` through the map; counts a change in `version`."""
+        moved = heal(self.attribution.model, names)
+        if moved:
+            self.version += 1
+        return moved
 
     def reapply(self) -> tuple:
         """Moves the layers the state says were healed (a resumed run).
@@ -198,15 +262,48 @@ class Healer:
             Names of the layers whose policy changed now (the caller retraces
             when any did).
         """
-        names = set(self.attribution.read().healed)
-        names.update(self.attribution.slot.pending_healed())
-        moved = []
-        for name, layer in zip(self.attribution.names, self.attribution.layers):
-            if name in names and move_to_float32(layer):
-                moved.append(name)
+        wanted = set(self.attribution.read().healed)
+        wanted.update(self.attribution.slot.pending_healed())
+        names = [n for n in self.attribution.names if n in wanted]
+        moved = self._move(names)
         if names:
-            self.attribution.mark_healed(sorted(names))
-        return tuple(moved)
+            self.attribution.mark_healed(names)
+        return moved
+
+    def _save_healed(self) -> dict:
+        """The checkpoint's copy of the healed set: the healed map, as JSON."""
+        import json
+
+        import tensorflow as tf
+
+        change = {n: FLOAT32 for n in self.healed}
+        record = precision_map.PrecisionMap(
+            FLOAT32, change, {n: precision_map.HEALED for n in change}).to_dict()
+        return {"healed_map": tf.constant(json.dumps(record))}
+
+    def _restore_healed(self, tensors: dict) -> None:
+        """A restored checkpoint applies the healed map it holds, at once."""
+        import json
+
+        from absl import logging
+
+        text = keras.ops.convert_to_numpy(tensors["healed_map"]).item()
+        record = precision_map.PrecisionMap.from_dict(json.loads(
+            text.decode() if isinstance(text, bytes) else text))
+        names = [n for n in self.attribution.names if n in record.layers]
+        moved = self._move(names)
+        if names:
+            self.attribution.mark_healed(names)
+        if not moved:
+            return
+        model = self.attribution.model
+        if getattr(model, "train_function", None) is not None:
+            retrace_keras_functions(model)
+        logging.warning(
+            "tf_mixed healing: a restored checkpoint moved layers %s to float32 compute "
+            "(healed before it was saved). fit and make_train_step retrace; a step "
+            "function of your own traced before the restore must be created again.",
+            list(moved))
 
     def check(self) -> Decision:
         """Applies the rule to what the step recorded; moves the layers it names.
@@ -228,9 +325,8 @@ class Healer:
             keras.ops.convert_to_numpy(optimizer.skipped_steps))
         decision = decide(self.rule, reading.skips, reading.healed,
                           self.attribution.names, now)
-        for name in decision.move:
-            move_to_float32(self.attribution.layers[self.attribution.index(name)])
         if decision.move:
+            self._move(decision.move)
             self.attribution.mark_healed(decision.move)
         return decision
 

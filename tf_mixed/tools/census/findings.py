@@ -30,8 +30,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tf_mixed._internal.facts import HALF_DTYPES
+from tf_mixed._internal.facts import HALF_DTYPES, model_inputs_and_outputs
 from tf_mixed.models import padding
+from tf_mixed.policy import precision_map
 
 __all__ = ["CODES", "Finding", "find"]
 
@@ -94,6 +95,12 @@ def _audit_codes(model) -> dict[tuple[str, str | None], str]:
 
     report = auditing.audit(model, check_global_policy=False)
     return {(f.code, f.layer): f.code for f in report.findings}
+
+
+def _padded_by_convert(model, layer: str, multiple: int) -> bool:
+    """Whether ``convert(model, pad_to=multiple)`` widens ``layer`` (a graph model only)."""
+    return model_inputs_and_outputs(model) and layer in padding.plan(
+        precision_map.survey(model), multiple)
 
 
 def find(report, model) -> tuple[Finding, ...]:
@@ -189,7 +196,7 @@ def find(report, model) -> tuple[Finding, ...]:
             f"{misfit.value}, not a multiple of {misfit.multiple}: the last tile of "
             "every matmul runs partly empty.",
             fix, audited.get(("not_multiple_of_8", misfit.layer)),
-            automatic=misfit.layer in padding.plan(model, misfit.multiple)))
+            automatic=_padded_by_convert(model, misfit.layer, misfit.multiple)))
     for code, output_layer in audited:
         if code == "half_output_activation":  # README: keep the softmax in float32
             found.append(_finding(
