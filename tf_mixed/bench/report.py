@@ -296,12 +296,16 @@ def notes(report: dict[str, Any]) -> list[str]:
         load_text = (f"the load average was {min(loads):.1f}-{max(loads):.1f} during its rounds"
                      if loads else f"the load average was {load[0]:.1f} at the end")
         widened = ratios.get("widened_by") or ""
+        busy = max(loads or load) > cores
         if not untrusted(r):
             lines.append(
                 f"{plan_row.label(r)} / float32 = {verdict(r).split('; ')[0]}: the median of "
                 f"{pairs['n']} round pairs (min-max {pairs['min']:.2f}x-{pairs['max']:.2f}x); "
                 f"{load_text} on {cores} cores"
-                + (f"; what widened the interval: {widened}" if widened else "") + ".")
+                + (f"; what widened the interval: {widened}" if widened else "")
+                + ("; taken on a busy host (load above its cores): the interval answers for "
+                   "that load, and an idle host's ratio can differ (re-run idle for it)"
+                   if busy else "") + ".")
         else:
             why = (f"only {pairs['n']} round pair(s), fewer than {measuring.MIN_PAIRS}"
                    if pairs["n"] < measuring.MIN_PAIRS else
