@@ -412,7 +412,7 @@ def _float32_dtype(layer) -> str | None:
 
 def _leaves(found: precision_map.Survey) -> list:
     return [layer for _, layer in found.layers
-            if not isinstance(layer, keras.Model) and not is_input_layer(layer)]
+            if not isinstance(layer, keras.Model) and id(layer) not in found.inputs]
 
 
 def _has_half_layers(found: precision_map.Survey) -> bool:
