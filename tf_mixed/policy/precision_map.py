@@ -41,9 +41,10 @@
 # inside nested models), as ``keep_float32`` and the plan's rows name layers.
 #
 # The walk itself is a value, `survey(model)` (layers and their names, the
-# outputs and what makes them, who reads each layer, every operation's name):
-# `decide` reads it, and so do the stages after it (`convert`'s copy and its
-# padding), instead of walking the model again.
+# outputs and what makes them, who reads each layer, every operation's name,
+# the top layers and the inputs): `decide` reads it, and so do the stages
+# after it (`convert`'s copy and its padding; `tf_mixed.plan`'s layer graph,
+# probe, step check and rows), instead of walking the model again.
 #
 # A built model's precision moves in one way, `move(model, map)`: healing
 # (`observed(model).healed(names)`: rule 6 applied to what the model computes
