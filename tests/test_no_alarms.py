@@ -102,6 +102,8 @@ EXAMPLES = {
     "custom_loop.py": ["--steps=6", "--overflow_at=3"],
     "fit_callback.py": ["--epochs=1", "--logdir={tmp}/logs"],
     "mirrored_custom_loop.py": ["--steps=6", "--overflow_at=3"],
+    "model_check_cost.py": ["--model=dense", "--image_size=8", "--train_size=512",
+                            "--epochs=2", "--steps_after=2"],
     "multi_worker.py": ["--steps=4", "--overflow_at=2"],
     "multi_worker_fit.py": ["--epochs=1", "--steps=2", "--overflow_at=1"],
     "save_bench_model.py": ["--out={tmp}/model.keras"],

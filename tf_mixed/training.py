@@ -317,7 +317,7 @@ def _checking_step(model, optimizer, strategy, build, first):
         start = model_check.clock()
         out = current[0](x, y)
         float(out["loss"])  # waits for the step
-        check.record(model_check.clock() - start)
+        check.record(model_check.since(start))
         return out
 
     step.model_check = checks  # the Check, once made (tests, tools)

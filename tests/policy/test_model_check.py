@@ -12,27 +12,17 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from model_checks import HALF, check_on, checked_model  # noqa: F401 (check_on: a fixture)
 from zoo import ZOO
 
 import tf_mixed
 from tf_mixed import training
 from tf_mixed._internal import measuring
-from tf_mixed.policy import global_policy, model_check
+from tf_mixed.policy import model_check
 from tf_mixed.policy.model_check import Figures, StepRounds
 
-HALF = "mixed_bfloat16"
-
-
-@pytest.fixture
-def check_on(monkeypatch, tmp_path):
-    """The check turned on, its cache in a fresh directory, auto's host choice bfloat16."""
-    monkeypatch.setenv(model_check.ENV, "1")
-    monkeypatch.setenv("TF_MIXED_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(global_policy, "resolve_auto",
-                        lambda info=None, measure=None: (HALF, "host probe (faked)"))
-    monkeypatch.setattr(measuring, "machine_load", lambda: (0.0, 2))  # an idle host
-    model_check._WARNED.clear()
-    return tmp_path
+# Every test runs with the check on, its cache fresh, auto's host choice faked.
+pytestmark = pytest.mark.usefixtures("check_on")
 
 
 class FakeClock:
@@ -48,15 +38,10 @@ class FakeClock:
     def __call__(self):
         self.reads += 1
         self.now += self.seconds[self.layer.compute_dtype] / 2  # two reads a step
-        return self.now
+        return self.now, self.now  # (wall, CPU): alike here
 
 
-def _model(name="checked"):
-    inputs = keras.Input((8,))
-    x = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
-    x = keras.layers.Dense(3, name="logits")(x)
-    outputs = tf_mixed.Float32Output(name="head")(x)
-    return keras.Model(inputs, outputs, name=name)
+_model = checked_model
 
 
 def _data(n=256):
@@ -106,7 +91,8 @@ def test_auto_moves_a_slower_half_policy_to_float32_with_the_figures():
     assert (verdict.policy, verdict.action) == ("float32", "moved")
     for text in ("0.50x float32", "mixed_bfloat16 200.0 ms", "float32 100.0 ms",
                  "median of 5 interleaved rounds", "90% interval 0.45-0.55x",
-                 "check cost 1.2 s", "now trains in float32", "tf_mixed.plan"):
+                 "check cost 1.2 s of CPU", "now trains in float32, the faster for it",
+                 "tf_mixed.plan"):
         assert text in verdict.message
 
 
@@ -130,14 +116,23 @@ def test_a_ratio_the_rounds_do_not_resolve_from_one_says_so():
     verdict = model_check.decide(fig, HALF, "auto", model_name="m", where="w")
     assert verdict.action == "moved"
     assert "the interval holds 1.00x" in verdict.message
+    assert "now trains in float32, as fast for it within the interval" in verdict.message
 
 
-def _drive(rounds: StepRounds, seconds):
+def _drive(rounds: StepRounds, seconds, cpu=None):
+    """Runs the schedule; a policy's seconds are a number or a list used in turn."""
     order = []
     while (name := rounds.next_policy()) is not None:
         order.append(name)
-        rounds.record(name, seconds[name])
+        given = seconds[name]
+        wall = given[order.count(name) - 1] if isinstance(given, list) else given
+        rounds.record(name, wall, None if cpu is None else cpu[name])
     return order
+
+
+# float32 steady, the half policy alternately faster and slower: an interval
+# across 1.00x whatever the number of rounds.
+UNRESOLVED = {"float32": 1.0, HALF: [2.0, 1.0] + [0.8, 1.25] * 10}
 
 
 def test_the_schedule_warms_each_policy_then_alternates_the_order_of_rounds():
@@ -146,37 +141,56 @@ def test_the_schedule_warms_each_policy_then_alternates_the_order_of_rounds():
     f, h = "float32", HALF
     # Two half steps (its trace, then its step), float32's trace, then
     # rounds in measuring.rotated's order.
-    assert order == [h, h, f] + [f, h, h, f, h, f, f, h, f, h]
-    assert len(rounds.rounds()["float32"]) == model_check.MIN_ROUNDS
+    assert order == [h, h, f] + [f, h, h, f, h, f]
+    assert len(rounds.rounds()["float32"]) == model_check.MIN_ROUNDS == 3
 
 
 def test_the_schedule_runs_up_to_the_most_rounds_within_its_budget():
     rounds = StepRounds(HALF, budget_s=1e9)
-    _drive(rounds, {HALF: 2.0, "float32": 1.0})
-    assert len(rounds.rounds()[HALF]) == model_check.MAX_ROUNDS
+    _drive(rounds, UNRESOLVED)
+    assert len(rounds.rounds()[HALF]) == model_check.MAX_ROUNDS == 7
+    assert not rounds.answered()
+
+
+def test_the_schedule_stops_once_the_interval_answers():
+    rounds = StepRounds(HALF, budget_s=1e9)
+    _drive(rounds, {HALF: 2.0, "float32": 1.0})  # every round 0.50x: answered at once
+    assert len(rounds.rounds()[HALF]) == model_check.MIN_ROUNDS
+    assert rounds.answered()
+    faster = StepRounds(HALF, budget_s=1e9)
+    _drive(faster, {HALF: [3.0, 1.0, 1.0, 1.0, 1.0], "float32": [9.0, 1.2, 1.5, 1.1]})
+    assert len(faster.rounds()[HALF]) == 3 and faster.answered()  # all above 1.00x
 
 
 def test_a_short_run_gets_the_rounds_that_end_before_it():
     assert model_check.rounds_within(None) == model_check.MAX_ROUNDS
-    assert model_check.rounds_within(20) == 7    # 3 + 14 steps, 2 to spare
-    assert model_check.rounds_within(15) == model_check.MIN_ROUNDS
+    assert model_check.rounds_within(19) == 7    # 3 + 14 steps, 2 to spare
+    assert model_check.rounds_within(15) == 5
+    assert model_check.rounds_within(model_check.MIN_STEPS) == model_check.MIN_ROUNDS
     assert model_check.rounds_within(10**6) == model_check.MAX_ROUNDS
-    rounds = StepRounds(HALF, budget_s=1e9, max_rounds=7)
-    _drive(rounds, {HALF: 2.0, "float32": 1.0})
-    assert len(rounds.rounds()[HALF]) == 7
+    rounds = StepRounds(HALF, budget_s=1e9, max_rounds=5)
+    _drive(rounds, UNRESOLVED)
+    assert len(rounds.rounds()[HALF]) == 5
 
 
-def test_fixed_rounds_stop_at_the_minimum_whatever_the_budget():
-    rounds = StepRounds(HALF, fixed=True, budget_s=1e9)
-    _drive(rounds, {HALF: 2.0, "float32": 1.0})
-    assert len(rounds.rounds()[HALF]) == model_check.MIN_ROUNDS
+def test_fixed_rounds_are_the_same_number_whatever_the_budget_or_the_answer():
+    for budget, seconds in ((1e9, UNRESOLVED), (0.0, {HALF: 2.0, "float32": 1.0})):
+        rounds = StepRounds(HALF, fixed=True, budget_s=budget)
+        _drive(rounds, seconds)
+        assert len(rounds.rounds()[HALF]) == model_check.FIXED_ROUNDS == 5
 
 
-def test_the_cost_is_the_second_trace_and_the_slower_policy_excess():
-    rounds = StepRounds(HALF, warm={HALF: 9.0, "float32": 5.0},
-                        seconds={"float32": [1.0, 1.0, 1.0], HALF: [2.0, 3.0, 2.0]})
-    # float32's warm-up step beyond its median step (5 - 1), then 1 + 2 + 1.
-    assert rounds.cost() == 8.0
+def test_the_cost_is_the_second_trace_and_the_slower_policy_excess_in_cpu_seconds():
+    rounds = StepRounds(HALF, budget_s=0.0)
+    walls = {HALF: [9.0, 2.0, 2.0, 3.0, 2.0], "float32": [5.0, 1.0, 1.0, 1.0]}
+    for name, wall in [(HALF, 9.0), (HALF, 2.0), ("float32", 5.0), ("float32", 1.0),
+                       (HALF, 2.0), (HALF, 3.0), ("float32", 1.0), (HALF, 2.0),
+                       ("float32", 1.0)]:
+        rounds.record(name, wall, cpu=2 * wall)  # CPU: twice the wall (two threads)
+    assert rounds.rounds() == {"float32": walls["float32"][1:], HALF: walls[HALF][2:]}
+    # CPU: float32's warm-up step beyond its median step (10 - 2), then 2 + 4 + 2.
+    assert rounds.cost() == 16.0
+    assert rounds.trace() == 14.0  # the half policy's first step beyond its second, CPU
 
 
 def test_a_float32_trace_predicted_over_the_budget_is_not_run():
@@ -223,7 +237,7 @@ def test_policies_move_to_float32_and_back_over_the_zoo(name):
 @pytest.mark.slow  # a fit of 16 steps and two traces per zoo model
 @pytest.mark.parametrize("name", ZOO)
 def test_fit_moves_every_zoo_model_auto_chose_when_float32_is_faster(
-        name, check_on, monkeypatch):
+        name, monkeypatch):
     spec = ZOO[name]
     tf_mixed.enable("auto")
     model = spec.ready()
@@ -262,7 +276,7 @@ def test_a_float32_or_pure_half_model_is_not_checked_and_says_why():
 
 
 def test_fit_under_auto_moves_a_slower_model_to_float32_before_training_on(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01})
@@ -281,7 +295,7 @@ def test_fit_under_auto_moves_a_slower_model_to_float32_before_training_on(
     assert model.predict(_data(4)[0], verbose=0).dtype == np.float32
 
 
-def test_fit_under_auto_keeps_a_faster_half_policy(check_on, monkeypatch):
+def test_fit_under_auto_keeps_a_faster_half_policy(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, FakeClock({"bfloat16": 0.01, "float32": 0.02}), monkeypatch)
@@ -290,7 +304,7 @@ def test_fit_under_auto_keeps_a_faster_half_policy(check_on, monkeypatch):
     assert model.get_layer("head").compute_dtype == "float32"
 
 
-def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(check_on, monkeypatch, caplog):
+def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(monkeypatch, caplog):
     tf_mixed.enable(HALF)
     model = _model()
     clock = FakeClock({"bfloat16": 0.03, "float32": 0.01})
@@ -306,7 +320,7 @@ def test_fit_under_an_explicit_policy_warns_once_and_keeps_it(check_on, monkeypa
     assert second.model_check.verdict.action == "warned"
 
 
-def test_a_policy_kept_from_the_cache_switches_no_step(check_on):
+def test_a_policy_kept_from_the_cache_switches_no_step():
     tf_mixed.enable(HALF)
     model = _model()
     model_check.write_cached(model_check.cache_key(model_check.model_digest(model, None), HALF),
@@ -317,7 +331,7 @@ def test_a_policy_kept_from_the_cache_switches_no_step(check_on):
     assert switched == []  # the loop's half step, traced or not, stays
 
 
-def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monkeypatch):
+def test_the_cache_decides_before_the_first_step_of_a_second_run(monkeypatch):
     tf_mixed.enable("auto")
     first_model = _model()
     _fit(first_model, FakeClock({"bfloat16": 0.02, "float32": 0.01}), monkeypatch)
@@ -333,7 +347,7 @@ def test_the_cache_decides_before_the_first_step_of_a_second_run(check_on, monke
     assert again.get_layer("hidden").compute_dtype == "float32"
 
 
-def test_a_busy_machine_decides_but_does_not_cache(check_on, monkeypatch):
+def test_a_busy_machine_decides_but_does_not_cache(monkeypatch):
     monkeypatch.setattr(measuring, "machine_load", lambda: (9.0, 2))
     tf_mixed.enable("auto")
     model = _model()
@@ -343,7 +357,7 @@ def test_a_busy_machine_decides_but_does_not_cache(check_on, monkeypatch):
 
 
 def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01})
@@ -352,7 +366,9 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
 
     def slow_first_step():  # the first step's two readings: a 30 s trace
         calls.append(1)
-        return real() + (30.0 if len(calls) >= 2 else 0.0)
+        wall, cpu = real()
+        late = 30.0 if len(calls) >= 2 else 0.0
+        return wall + late, cpu + late
 
     monkeypatch.setattr(model_check, "clock", slow_first_step)
     clock.watch(model.get_layer("hidden"))
@@ -363,11 +379,11 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
         model.fit(*_data(), batch_size=16, verbose=0, callbacks=[monitor])
     assert monitor.model_check.verdict is None
     assert "NOT checked against float32" in monitor.model_check.skipped
-    assert "its trace took 30.0 s" in caplog.text
+    assert "its trace took 30.0 s of CPU" in caplog.text
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
 
 
-def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(check_on, monkeypatch):
+def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     monitor = _fit(model, FakeClock({"bfloat16": 0.02, "float32": 0.01}), monkeypatch, n=64)
@@ -376,7 +392,7 @@ def test_a_run_too_short_for_the_check_is_not_checked_and_says_why(check_on, mon
 
 
 def test_a_fit_that_stops_inside_the_rounds_leaves_the_model_in_its_policy(
-        check_on, monkeypatch, caplog):
+        monkeypatch, caplog):
     tf_mixed.enable("auto")
     model = _model()
 
@@ -398,7 +414,7 @@ def test_a_fit_that_stops_inside_the_rounds_leaves_the_model_in_its_policy(
     assert "did not finish" in caplog.text
 
 
-def test_check_policy_false_trains_as_built(check_on, monkeypatch):
+def test_check_policy_false_trains_as_built(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
@@ -409,7 +425,7 @@ def test_check_policy_false_trains_as_built(check_on, monkeypatch):
         tf_mixed.LossScaleMonitor(check_policy=1)
 
 
-def test_the_monitors_first_line_says_what_auto_measured_and_on_what(check_on, caplog):
+def test_the_monitors_first_line_says_what_auto_measured_and_on_what(caplog):
     tf_mixed.enable("auto")
     model = _model()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
@@ -422,7 +438,7 @@ def test_the_monitors_first_line_says_what_auto_measured_and_on_what(check_on, c
 
 
 def test_under_mirrored_strategy_the_one_decision_moves_every_replica(
-        check_on, monkeypatch, mirrored):
+        monkeypatch, mirrored):
     tf_mixed.enable("auto")
     with mirrored.scope():
         model = _model()
@@ -436,7 +452,7 @@ def test_under_mirrored_strategy_the_one_decision_moves_every_replica(
 
 
 @pytest.mark.slow
-def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
+def test_make_train_step_under_auto_moves_a_slower_model(monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01}).watch(model.get_layer("hidden"))
@@ -455,7 +471,7 @@ def test_make_train_step_under_auto_moves_a_slower_model(check_on, monkeypatch):
 
 
 @pytest.mark.slow
-def test_make_train_step_under_an_explicit_policy_keeps_it(check_on, monkeypatch):
+def test_make_train_step_under_an_explicit_policy_keeps_it(monkeypatch):
     tf_mixed.enable(HALF)
     model = _model()
     monkeypatch.setattr(model_check, "clock", FakeClock(
@@ -470,7 +486,7 @@ def test_make_train_step_under_an_explicit_policy_keeps_it(check_on, monkeypatch
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
 
 
-def test_enable_auto_with_a_model_moves_it_and_marks_it_auto(check_on):
+def test_enable_auto_with_a_model_moves_it_and_marks_it_auto():
     model = _model()  # built in float32
     enabled = tf_mixed.enable("auto", model=model, keep_float32=["logits"])
     assert enabled.policy == HALF
@@ -489,7 +505,7 @@ def test_enable_refuses_a_model_that_is_not_built():
         tf_mixed.enable("mixed_bfloat16", model="m")
 
 
-def test_convert_auto_marks_its_copy_as_auto_chosen(check_on):
+def test_convert_auto_marks_its_copy_as_auto_chosen():
     model = _model()
     converted = tf_mixed.convert(model, "auto")
     assert model_check.provenance(converted) == "auto"
@@ -527,7 +543,7 @@ def test_one_worker_keeps_its_own_figures(mirrored):
 
 
 def test_under_several_workers_the_rounds_are_fixed_and_the_cache_unread(
-        check_on, monkeypatch):
+        monkeypatch):
     tf_mixed.enable("auto")
     model = _model()
     key = model_check.cache_key(model_check.model_digest(model, None), HALF)

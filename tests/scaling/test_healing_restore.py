@@ -128,6 +128,7 @@ def test_a_hand_written_loop_restored_before_its_first_trace_computes_healed(tmp
     assert bool(step(*_data()))                                   # applied: no overflow
 
 
+@pytest.mark.slow  # 6.8 s of CPU: it traces the whole step twice
 def test_make_train_step_built_before_the_restore_retraces_healed(tmp_path):
     path = _saved_healed(tmp_path)
     fresh = _model()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tf_mixed.policy import model_check
 from tf_mixed.scaling import misuse
+from tf_mixed.tools.planning import step_candidate
 
 __all__ = ["attach"]
 
@@ -42,29 +43,44 @@ def attach(callback) -> model_check.Check | None:
     def on_verdict(verdict) -> None:
         if verdict.action == "moved":
             misuse.float32_on_purpose(getattr(model, "optimizer", None))
+        if verdict.action in ("moved", "planned"):
             model.make_test_function(force=True)
             model.make_predict_function(force=True)
 
     params = callback.params or {}
     steps, epochs = params.get("steps"), params.get("epochs") or 1
+    seen: list = []  # fit's element spec, for the plan's per-layer timing
     check = model_check.Check(
         model, "fit's first steps", switch, strategy=model.distribute_strategy,
-        planned_steps=steps * epochs if steps else None, on_verdict=on_verdict)
+        planned_steps=steps * epochs if steps else None, on_verdict=on_verdict,
+        plan_source=step_candidate.plan_source(seen))
     if not check.active:
         return check if check.verdict is not None else None
     assert check.rounds is not None
     if model.train_function is None:
         model.make_train_function()
-    functions[check.half] = model.train_function
+    functions[check.half] = model.train_function = _noting_spec(model.train_function, seen)
     _time_batches(callback, check)
     return check
+
+
+def _noting_spec(function, seen: list):
+    """``function`` (a train function), noting its iterator's element spec in
+    ``seen`` at its first call."""
+
+    def train_function(iterator):
+        if not seen:
+            seen.append(getattr(iterator, "element_spec", None))
+        return function(iterator)
+
+    return train_function
 
 
 def _time_batches(callback, check: model_check.Check) -> None:
     """Wraps the callback's batch hooks (instance attributes) while the check runs."""
     begin, end = callback.on_train_batch_begin, callback.on_train_batch_end
     train_end = callback.on_train_end
-    started = [0.0]
+    started: list = [None]
 
     def put_back():
         callback.on_train_batch_begin, callback.on_train_batch_end = begin, end
@@ -77,8 +93,8 @@ def _time_batches(callback, check: model_check.Check) -> None:
 
     def timed_end(batch, logs=None):
         if check.active and started[0]:
-            check.record(model_check.clock() - started[0])
-            started[0] = 0.0
+            check.record(model_check.since(started[0]))
+            started[0] = None
         if not check.active:
             put_back()
         end(batch, logs)

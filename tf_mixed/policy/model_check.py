@@ -16,10 +16,14 @@
 #   the cost is the float32 trace plus the slower policy's excess;
 # * `StepRounds` schedules them (a warm-up step each, which traces, then
 #   rounds in alternating order) and stops starting rounds at `MAX_ROUNDS`,
-#   or from `MIN_ROUNDS` on once the cost reaches `budget_s` (the smaller of
+#   or from `MIN_ROUNDS` on once the interval answers (it lies wholly on one
+#   side of 1.00x) or the cost reaches `budget_s` (the smaller of
 #   `CHECK_SECONDS` and `CHECK_FRACTION` of the training fit plans); the
 #   float32 trace is not started when the half policy's trace, which it
-#   would match, is over that budget (the log says so);
+#   would match, is over that budget (the log says so). The cost and the
+#   budget are CPU seconds of this process (`time.process_time`): the
+#   check's own work, which other jobs on a shared machine do not inflate
+#   as they do its wall time;
 # * `figures` is the statistic, `tf_mixed._internal.measuring`'s: the median
 #   of the per-round ratios float32 / half with its seeded bootstrap
 #   interval (90%);
@@ -57,26 +61,42 @@ from tf_mixed._internal.facts import AUTO, FLOAT32, HALF_DTYPES, half_policy
 from tf_mixed.policy import autotune, hardware, precision_map
 from tf_mixed.policy import state as policy_state
 
-__all__ = ["CHECK_FRACTION", "CHECK_SECONDS", "Figures", "StepRounds", "Verdict",
-           "budget_s", "decide", "figures", "half_of", "model_digest", "policies_of",
-           "provenance", "set_policies"]
+__all__ = ["CHECK_FRACTION", "CHECK_SECONDS", "Figures", "PlanTrial", "StepRounds",
+           "Verdict", "budget_s", "decide", "figures", "half_of", "model_digest",
+           "policies_of", "provenance", "set_policies", "with_plan"]
 
 CHECK_FRACTION = 0.05
 """The check's budget: this fraction of the training the loop plans (fit's
 epochs x steps; a half policy slower than float32 costs every step alike)..."""
-CHECK_SECONDS = 30.0
-"""...and at most this many seconds."""
-MIN_ROUNDS = 5
+CHECK_SECONDS = 60.0
+"""...and at most this many CPU seconds (a keras.applications model's train
+step takes 20-35 s of CPU to trace on a 2-core EPYC: docs/policies.md)."""
+MIN_ROUNDS = measuring.MIN_PAIRS
 """Rounds always run (one step of each policy a round), whatever the cost."""
-MAX_ROUNDS = 9
+MAX_ROUNDS = 7
 """Rounds at most."""
+FIXED_ROUNDS = 5
+"""Rounds under several workers: every worker runs exactly these (no early stop)."""
 MIN_STEPS = 3 + 2 * MIN_ROUNDS + 2
 """A run shorter than this is not checked (the check would be most of it)."""
-CHECK_VERSION = 1
+CHECK_VERSION = 2
 """Bump when the check changes: older cached verdicts then no longer match."""
 
-clock = time.perf_counter
-"""The clock the loops time steps with (tests replace it)."""
+
+
+def _now() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+clock: Callable[[], tuple[float, float]] = _now
+"""The clock the loops time steps with: (wall seconds, this process's CPU
+seconds) (tests replace it)."""
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds from ``start``, a `clock` reading, to now."""
+    wall, cpu = clock()
+    return wall - start[0], cpu - start[1]
 
 ENV = "TF_MIXED_MODEL_CHECK"
 """Environment variable: "0"/"false"/"no"/"off" turns the check off."""
@@ -86,6 +106,18 @@ SECONDS_ENV = "TF_MIXED_MODEL_CHECK_SECONDS"
 Policies = dict[str, str]
 """Layer path -> policy name: where each layer of a model computes (a
 `keras.dtype_policies.DTypePolicyMap`-like value; see `policies_of`)."""
+
+PLAN = "plan"
+"""The name the check's rounds give a per-layer plan (`Check`'s ``plan_source``)."""
+PLAN_COST_FACTOR = 1.5
+"""A per-layer plan is predicted to cost this many traces of the train step
+in CPU seconds: its per-layer timing (0.35 of a trace on MobileNetV2,
+docs/policies.md) and one more trace, its own."""
+
+PlanSource = Callable[[Any, float], "tuple[Sequence[str], str] | str"]
+"""``plan_source(model, budget_cpu_s) -> (float32 layer paths, summary)``, or a
+str saying why there is no plan: a per-layer plan for a model (in float32 when
+called) within that many CPU seconds."""
 
 
 # ---------------------------------------------------------------- moving a model
@@ -216,16 +248,22 @@ class StepRounds:
     than the budget (`trace_too_costly`), one in float32 (its trace), then
     rounds of one step each in `tf_mixed._internal.measuring.rotated` order
     (each policy runs before and after the other equally often), so a drift
-    in the machine's speed hits both alike.
+    in the machine's speed hits both alike. From `MIN_ROUNDS` on, no round
+    starts once the interval answers (`answered`) or the cost reaches the
+    budget. The same schedule times a per-layer plan against float32 (``half``
+    is then "plan" and float32's warm-up is already in ``warm``).
 
     Attributes:
-        half: The half policy's name.
-        fixed: Run exactly `MIN_ROUNDS` rounds, whatever they cost
-            (multi-worker: every worker must stop at the same step).
-        warm: Seconds of each policy's first (tracing) step.
-        first: Seconds of the half policy's second step (None before it).
-        seconds: Seconds of each policy's step, one per round.
-        budget_s: The cost after which no round starts (after `MIN_ROUNDS`).
+        half: The half policy's name (or "plan").
+        fixed: Run exactly `FIXED_ROUNDS` rounds, whatever they cost or
+            show (multi-worker: every worker must stop at the same step).
+        warm: Wall seconds of each policy's first (tracing) step.
+        first: Wall seconds of the half policy's second step (None before it).
+        seconds: Wall seconds of each policy's step, one per round.
+        cpu: CPU seconds of every step of each policy, in order (its
+            warm-up first): what `cost` and `trace` count.
+        budget_s: The cost (CPU seconds) after which no round starts
+            (after `MIN_ROUNDS`).
         max_rounds: The most rounds (`MAX_ROUNDS`, fewer in a short run).
     """
 
@@ -234,6 +272,7 @@ class StepRounds:
     warm: dict = dataclasses.field(default_factory=dict)
     first: float | None = None
     seconds: dict = dataclasses.field(default_factory=dict)
+    cpu: dict = dataclasses.field(default_factory=dict)
     budget_s: float = CHECK_SECONDS
     max_rounds: int = MAX_ROUNDS
 
@@ -247,13 +286,18 @@ class StepRounds:
         if len(f32) != len(hal):
             return FLOAT32 if len(f32) < len(hal) else self.half
         done = len(f32)
-        spent = self.fixed or self.cost() >= self.budget_s
-        if done >= self.max_rounds or (done >= MIN_ROUNDS and spent):
+        if self.fixed:
+            return None if done >= FIXED_ROUNDS else measuring.rotated(
+                [FLOAT32, self.half], done)[0]
+        enough = done >= MIN_ROUNDS and (self.answered() or self.cost() >= self.budget_s)
+        if done >= self.max_rounds or enough:
             return None
         return measuring.rotated([FLOAT32, self.half], done)[0]
 
-    def record(self, name: str, seconds: float) -> None:
-        """Notes the seconds of the step `next_policy` named."""
+    def record(self, name: str, seconds: float, cpu: float | None = None) -> None:
+        """Notes the wall (and CPU; default: the wall) seconds of the step
+        `next_policy` named."""
+        self.cpu.setdefault(name, []).append(float(seconds if cpu is None else cpu))
         if name not in self.warm:
             self.warm[name] = float(seconds)
         elif name == self.half and self.first is None:
@@ -261,11 +305,19 @@ class StepRounds:
         else:
             self.seconds.setdefault(name, []).append(float(seconds))
 
+    def answered(self) -> bool:
+        """Whether the rounds' interval lies wholly on one side of 1.00x."""
+        paired = self.rounds()
+        if not paired[FLOAT32]:
+            return False
+        fig = figures(paired, self.half)
+        return fig.low > 1.0 or fig.high < 1.0
+
     def trace(self) -> float:
-        """The half policy's trace: its first step beyond its second (0 before)."""
-        if self.half not in self.warm or self.first is None:
-            return 0.0
-        return max(self.warm[self.half] - self.first, 0.0)
+        """The half policy's trace in CPU seconds: its first step beyond its
+        second (0 before)."""
+        steps = self.cpu.get(self.half, [])
+        return max(steps[0] - steps[1], 0.0) if len(steps) >= 2 else 0.0
 
     def trace_too_costly(self) -> bool:
         """Whether a float32 trace, predicted to cost what the half policy's did,
@@ -273,15 +325,15 @@ class StepRounds:
         return not self.fixed and self.trace() > self.budget_s
 
     def cost(self) -> float:
-        """Seconds spent beyond training in the faster policy throughout: the
-        float32 trace (its first step beyond its median step) and the slower
-        policy's excess in every round."""
-        f32, hal = self.seconds.get(FLOAT32, []), self.seconds.get(self.half, [])
+        """CPU seconds spent beyond training in the faster policy throughout:
+        the float32 trace (its first step beyond its median step) and the
+        slower policy's excess in every round."""
+        f32 = self.cpu.get(FLOAT32, [])[1:]
+        hal = self.cpu.get(self.half, [])[2:]
         n = min(len(f32), len(hal))
         if not n:
-            return self.warm.get(FLOAT32, 0.0)
-        m32 = measuring.quartiles(f32[:n])[1]
-        trace = max(self.warm.get(FLOAT32, 0.0) - m32, 0.0)
+            return self.cpu.get(FLOAT32, [0.0])[0]
+        trace = max(self.cpu[FLOAT32][0] - measuring.quartiles(f32[:n])[1], 0.0)
         return trace + sum(abs(a - b) for a, b in zip(f32[:n], hal[:n]))
 
     def rounds(self) -> dict[str, list[float]]:
@@ -396,6 +448,8 @@ class Verdict:
         cost_s: What the check cost (0.0 when read from the cache).
         cached: Whether the figures came from the cache.
         message: One paragraph with the figures (and the fix, when warned).
+        plan: The per-layer plan timed after the half policy lost (`PlanTrial`),
+            or None when none was.
     """
 
     policy: str
@@ -406,9 +460,72 @@ class Verdict:
     cost_s: float
     cached: bool
     message: str
+    plan: "PlanTrial | None" = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "figures": dataclasses.asdict(self.figures)}
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanTrial:
+    """A per-layer plan tried on the model's own step after its half policy lost.
+
+    Attributes:
+        float32_layers: The paths of the layers the plan computes in float32
+            (every other layer keeps the model's own policy); empty when no
+            plan was timed.
+        summary: What the plan measured per layer, or why none was timed.
+        figures: float32 / plan on the model's own step (None: not timed).
+        cost_s: CPU seconds the plan cost: its per-layer timing, and its
+            steps beyond float32's.
+    """
+
+    float32_layers: tuple[str, ...]
+    summary: str
+    figures: Figures | None = None
+    cost_s: float = 0.0
+
+    @property
+    def kept(self) -> bool:
+        """Whether the plan measured faster than float32 (median above 1.00x)."""
+        return self.figures is not None and self.figures.ratio > 1.0
+
+
+def with_plan(verdict: Verdict, trial: PlanTrial) -> Verdict:
+    """The verdict once a per-layer plan was tried (pure).
+
+    A plan faster than float32 on the model's own step (median of the
+    per-round ratios float32 / plan above 1.00x) is kept: the model trains in
+    its half policy with the plan's layers in float32 (action "planned");
+    otherwise the verdict stays float32 and its message says what the plan
+    measured, or why none was timed.
+
+    Args:
+        verdict: The "moved" `Verdict` of the half policy against float32.
+        trial: The `PlanTrial`.
+
+    Returns:
+        A `Verdict` with ``plan`` set.
+    """
+    fig = trial.figures
+    if fig is None:
+        return dataclasses.replace(verdict, plan=trial, message=(
+            f"{verdict.message} A per-layer plan was not timed: {trial.summary}."))
+    measured = (f"a per-layer plan ({len(trial.float32_layers)} layers in float32, the rest "
+                f"in {verdict.half}; {trial.summary}) measured {fig.ratio:.2f}x float32 on "
+                f"the model's own step (plan {1e3 * fig.half_s:.1f} ms, float32 "
+                f"{1e3 * fig.float32_s:.1f} ms; median of {fig.rounds} interleaved rounds, "
+                f"{100 * measuring.CONFIDENCE:.0f}% interval {fig.low:.2f}-{fig.high:.2f}x; "
+                f"it cost {trial.cost_s:.1f} s of CPU more)")
+    cost = verdict.cost_s + trial.cost_s
+    if not trial.kept:
+        return dataclasses.replace(verdict, plan=trial, cost_s=cost, message=(
+            f"{verdict.message} Then {measured}: float32 kept."))
+    first = verdict.message.split(": the model now trains in float32")[0]
+    return dataclasses.replace(verdict, policy=verdict.half, action="planned", plan=trial,
+                               cost_s=cost, message=(
+        f"{first}; then {measured}: the model now trains with that plan, the fastest "
+        f"of the three for it."))
 
 
 def decide(fig: Figures, half: str, requested: str, *, model_name: str, where: str,
@@ -438,7 +555,7 @@ def decide(fig: Figures, half: str, requested: str, *, model_name: str, where: s
     resolved = ("" if fig.high < 1.0 or fig.low > 1.0
                 else "; the interval holds 1.00x: about float32's speed")
     source = ("read from the cache of an earlier check on this host" if cached
-              else f"{where}, check cost {cost_s:.1f} s")
+              else f"{where}, check cost {cost_s:.1f} s of CPU")
     measured = (f"{half} measured {fig.ratio:.2f}x float32 on model '{model_name}' itself "
                 f"(its own training step: {half} {1e3 * fig.half_s:.1f} ms, float32 "
                 f"{1e3 * fig.float32_s:.1f} ms; {spread}{resolved}; {source})")
@@ -448,7 +565,9 @@ def decide(fig: Figures, half: str, requested: str, *, model_name: str, where: s
     if requested == AUTO:
         return Verdict(FLOAT32, half, requested, "moved", fig, cost_s, cached, (
             f"tf_mixed: auto chose {half} for this host (its probe), but {measured}: "
-            f"the model now trains in float32, the faster for it. For a per-layer "
+            f"the model now trains in float32, "
+            f"{'the faster for it' if fig.high < 1.0 else 'as fast for it within the interval'}"
+            f". For a per-layer "
             f"choice, try tf_mixed.plan(model, x, y)."))
     return Verdict(half, half, requested, "warned", fig, cost_s, cached, (
         f"tf_mixed: model '{model_name}' trains in {half}, requested explicitly, and "
@@ -507,14 +626,32 @@ def read_cached(key: Mapping, directory: str | None = None) -> Figures | None:
     return None if record is None else Figures(**record["figures"])
 
 
+def read_cached_plan(key: Mapping, directory: str | None = None) -> PlanTrial | None:
+    """The `PlanTrial` cached with the figures for `key`, or None (never raises)."""
+    path = measuring.cache_path(key, directory, prefix="model-check")
+    record = measuring.read_cache(path, key, lambda record: "")
+    trial = None if record is None else record.get("plan")
+    if not isinstance(trial, dict):
+        return None
+    try:
+        fig = trial.get("figures")
+        return PlanTrial(tuple(trial["float32_layers"]), str(trial["summary"]),
+                         None if fig is None else Figures(**fig), float(trial["cost_s"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def write_cached(key: Mapping, fig: Figures, cost_s: float,
-                 directory: str | None = None) -> str:
-    """Caches `fig` for `key` unless the machine is busy; the path written, or ""."""
+                 directory: str | None = None, plan: PlanTrial | None = None) -> str:
+    """Caches `fig` (and the plan tried, if timed) for `key` unless the machine
+    is busy; the path written, or ""."""
     if measuring.busy(*measuring.machine_load()):
         return ""
     path = measuring.cache_path(key, directory, prefix="model-check")
     record = {"format": measuring.CACHE_FORMAT, "key": dict(key),
               "figures": dataclasses.asdict(fig), "check_seconds": round(cost_s, 3),
+              "plan": (dataclasses.asdict(plan) if plan is not None and plan.figures is not None
+                       else None),
               "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds")}
     return path if measuring.write_cache(path, record) else ""
@@ -583,12 +720,18 @@ class Check:
     next step run the step function traced for ``name`` (tracing a new one
     the first time, with the layers already moved by `Check`).
 
+    Under "auto", when the half policy loses, a per-layer plan is the third
+    candidate (`PlanTrial`, `with_plan`) where the loop gives one
+    (``plan_source``), on one worker, and the budget left after the two
+    whole-model policies covers its predicted cost (`PLAN_COST_FACTOR` traces
+    of the step): its rounds then run on the next steps, against float32.
+
     Args:
         model: The built model about to train.
         where: Where the rounds run, for the message ("fit's first steps").
-        switch: ``switch(policy_name)``, see above.
+        switch: ``switch(policy_name)``, see above ("plan" names the plan).
         strategy: The model's strategy (multi-worker: fixed rounds, shared
-            figures, no cache read).
+            figures, no cache read, no plan).
         planned_steps: The training steps the loop plans (fit: epochs x
             steps), for the budget (None: `CHECK_SECONDS` only).
         batch: A batch (its shapes key the cache with the model); None: the
@@ -597,6 +740,7 @@ class Check:
         info: The host (default `hardware.detect()`).
         reduce: Replaces the all-reduce of `shared_means` (tests).
         on_verdict: Called with the `Verdict` once it is applied.
+        plan_source: A `PlanSource`: a per-layer plan for the model.
 
     Attributes:
         verdict: The `Verdict` once decided (None before, and when not checked).
@@ -606,15 +750,20 @@ class Check:
     def __init__(self, model, where: str, switch: Callable[[str], None], *, strategy=None,
                  planned_steps: int | None = None, batch=None, directory: str | None = None,
                  info: hardware.HardwareInfo | None = None, reduce=None,
-                 on_verdict: Callable[[Verdict], None] | None = None):
+                 on_verdict: Callable[[Verdict], None] | None = None,
+                 plan_source: PlanSource | None = None):
         self.model, self.where, self.switch = model, where, switch
         self.strategy, self.planned_steps = strategy, planned_steps
         self.directory, self._reduce, self._on_verdict = directory, reduce, on_verdict
+        self._plan_source = plan_source
         self.verdict: Verdict | None = None
         self.rounds: StepRounds | None = None
         self.skipped = ""
         self._current: str | None = None
         self._global: Any = None
+        self._pending: tuple[Verdict, Figures, PlanTrial] | None = None
+        self._plan: Policies = {}
+        self.steps = 0
         self.original = policies_of(model) if model.built else {}
         half, why = half_of(self.original) if model.built else (None, "it is not built yet")
         if not enabled():
@@ -633,15 +782,21 @@ class Check:
         self.key = cache_key(model_digest(model, batch), half, info)
         self._digest = self.key["model"]
         shared = multi_worker(strategy)
+        memo = getattr(model, "_tf_mixed_checked", None)  # this process's earlier fit
+        if memo is not None and memo[0] == self.original:
+            self._finish(memo[1], 0.0, cached=True, trial=memo[2])
+            return
         cached = None if shared else read_cached(self.key, directory)
         if cached is not None:
-            self._finish(cached, 0.0, cached=True)
+            self._finish(cached, 0.0, cached=True,
+                         trial=read_cached_plan(self.key, directory))
             return
         self.rounds = StepRounds(half, fixed=shared, max_rounds=rounds_within(planned_steps))
         logging.info(
             "tf_mixed: model '%s' computes in %s (%s); checking it against float32 on "
             "its own training step in %s: %d to %d rounds, each a real step, new rounds "
-            "while the cost is under %.0f s and %.0f%% of the planned training.", model.name, half,
+            "until the interval answers or the cost reaches %.0f s of CPU and %.0f%% of "
+            "the planned training.", model.name, half,
             "chosen by auto from the host probe" if self.requested == AUTO
             else "requested explicitly", where, MIN_ROUNDS, MAX_ROUNDS, CHECK_SECONDS,
             100 * CHECK_FRACTION)
@@ -650,6 +805,11 @@ class Check:
     def active(self) -> bool:
         """Whether rounds are still to run."""
         return self.rounds is not None and self.verdict is None
+
+    def _policies(self, name: str) -> Policies:
+        if name == FLOAT32:
+            return float32_of(self.original)
+        return self._plan if name == PLAN else self.original
 
     def next_policy(self) -> str | None:
         """The policy the next step runs in (moved and switched), or None."""
@@ -660,8 +820,7 @@ class Check:
         if name is None:
             return None
         if name != self._current:
-            set_policies(self.model, float32_of(self.original) if name == FLOAT32
-                         else self.original)
+            set_policies(self.model, self._policies(name))
             self.switch(name)
             self._current = name
         if name == FLOAT32:
@@ -672,26 +831,110 @@ class Check:
             keras.config.set_dtype_policy(FLOAT32)
         return name
 
-    def record(self, seconds: float) -> None:
-        """The seconds of the step `next_policy` named; decides after the last."""
+    def record(self, seconds: float | tuple[float, float]) -> None:
+        """The (wall, CPU) seconds (`since`; a float: both) of the step
+        `next_policy` named; decides after the last."""
         if not self.active or self._current is None:
             return
         assert self.rounds is not None
+        wall, cpu = seconds if isinstance(seconds, tuple) else (seconds, seconds)
         self._restore_global()
-        self.rounds.record(self._current, seconds)
-        paired = self.rounds.rounds()
-        if paired[FLOAT32]:
-            fastest = min(measuring.quartiles(v)[1] for v in paired.values())
-            self.rounds.budget_s = budget_s(self.planned_steps, fastest)
-        elif self.rounds.first is not None:
-            self.rounds.budget_s = budget_s(self.planned_steps, self.rounds.first)
-        if self.rounds.next_policy() is None and not paired[FLOAT32]:
+        self.steps += 1
+        rounds = self.rounds
+        rounds.record(self._current, wall, cpu)
+        f32_cpu = rounds.cpu.get(FLOAT32, [])[1:]
+        if self._pending is not None:
+            pass  # the plan's rounds: their budget was set when they began
+        elif f32_cpu:
+            half_cpu = rounds.cpu[self.half][2:] or rounds.cpu[self.half][1:]
+            fastest = min(measuring.quartiles(f32_cpu)[1], measuring.quartiles(half_cpu)[1])
+            rounds.budget_s = budget_s(self.planned_steps, fastest)
+        elif len(rounds.cpu.get(self.half, [])) >= 2:
+            rounds.budget_s = budget_s(self.planned_steps, rounds.cpu[self.half][1])
+        if rounds.next_policy() is not None:
+            return
+        paired = rounds.rounds()
+        if self._pending is not None:
+            self._plan_done(paired)
+        elif not paired[FLOAT32]:
             self._not_run()
-        elif self.rounds.next_policy() is None:
-            cost = self.rounds.cost()
+        else:
+            cost = rounds.cost()
             fig = figures(paired, self.half)
             shared = shared_means(self.strategy, fig.as_list() + [cost], self._reduce)
-            self._finish(Figures.from_list(shared[:-1]), shared[-1], cached=False)
+            self._decided(Figures.from_list(shared[:-1]), shared[-1])
+
+    def _decided(self, fig: Figures, cost: float) -> None:
+        """The whole-model verdict; a per-layer plan tried first where worth it."""
+        verdict = self._verdict(fig, cost, cached=False)
+        trial, to_time = self._plan_trial(verdict, cost)
+        if trial is None or not to_time:
+            self._finish(fig, cost, cached=False, trial=trial)
+            return
+        # The plan's rounds, on the next steps: float32 (warm) against the plan.
+        assert self.rounds is not None
+        f32_cpu = self.rounds.cpu[FLOAT32][1:]
+        median = measuring.quartiles(self.rounds.rounds()[FLOAT32])[1]
+        left = budget_s(self.planned_steps, measuring.quartiles(f32_cpu)[1]) - cost
+        self._pending = (verdict, fig, trial)
+        self.rounds = StepRounds(
+            PLAN, warm={FLOAT32: median}, cpu={FLOAT32: [measuring.quartiles(f32_cpu)[1]]},
+            budget_s=max(left - trial.cost_s, 0.0), max_rounds=self.rounds.max_rounds)
+
+    def _plan_trial(self, verdict: Verdict, cost: float) -> tuple[PlanTrial | None, bool]:
+        """(The plan, or why none is timed; whether its rounds are to run)."""
+        if verdict.action != "moved" or self._plan_source is None:
+            return None, False
+        assert self.rounds is not None
+        rounds = self.rounds
+        f32_cpu = rounds.cpu[FLOAT32][1:]
+        step = measuring.quartiles(f32_cpu)[1]
+        left = budget_s(self.planned_steps, step) - cost
+        trace = max(rounds.trace(), rounds.cpu[FLOAT32][0] - step)
+        predicted = PLAN_COST_FACTOR * trace
+        steps_left = (None if self.planned_steps is None
+                      else self.planned_steps - self.steps - 2)
+        if multi_worker(self.strategy):
+            return PlanTrial((), "under several workers only whole-model policies are "
+                             "checked (each worker's plan could differ)"), False
+        if steps_left is not None and steps_left < 2 + 2 * MIN_ROUNDS:
+            return PlanTrial((), f"{steps_left} planned steps are left, fewer than its "
+                             f"{2 + 2 * MIN_ROUNDS}"), False
+        if predicted > left:
+            return PlanTrial((), (
+                f"it would cost about {predicted:.1f} s of CPU (its layer timing and one more "
+                f"trace of the step, {PLAN_COST_FACTOR:g}x the {trace:.1f} s trace seen), over "
+                f"the {max(left, 0.0):.1f} s left of the check's budget; "
+                f"tf_mixed.plan(model, x, y) times one on its own")), False
+        set_policies(self.model, float32_of(self.original))
+        start = clock()[1]
+        found = self._plan_source(self.model, left)
+        spent = clock()[1] - start
+        if isinstance(found, str):
+            return PlanTrial((), found, None, spent), False
+        paths, summary = found
+        layers = tuple(sorted(set(paths)))
+        self._plan = {path: FLOAT32 if path in layers else policy
+                      for path, policy in self.original.items()}
+        if self._plan in (self.original, float32_of(self.original)):
+            return PlanTrial(layers, f"{summary}; its per-layer choice is one of the two "
+                             "whole-model policies", None, spent), False
+        return PlanTrial(layers, summary, None, spent), True
+
+    def _plan_done(self, paired: Mapping[str, Sequence[float]]) -> None:
+        assert self._pending is not None and self.rounds is not None
+        verdict, fig, trial = self._pending
+        plan_cpu = self.rounds.cpu.get(PLAN, [])
+        f32 = self.rounds.cpu[FLOAT32][0]
+        extra = max(sum(plan_cpu) - f32 * len(plan_cpu), 0.0)
+        timed = dataclasses.replace(
+            trial, figures=figures(paired, PLAN) if paired[FLOAT32] else None,
+            cost_s=trial.cost_s + extra)
+        if timed.figures is None:
+            timed = dataclasses.replace(timed, summary=f"{trial.summary}; its trace on the "
+                                        "model's step was over the budget left")
+        self._pending = None
+        self._finish(fig, verdict.cost_s, cached=False, trial=timed)
 
     def _not_run(self) -> None:
         """The float32 trace would cost more than the budget: said, nothing moved."""
@@ -703,10 +946,10 @@ class Check:
             + ("chosen by auto from the host probe" if self.requested == AUTO
                else "requested explicitly")
             + f") and is NOT checked against float32 on its own step: its trace took "
-            f"{trace:.1f} s, so tracing it in float32 would cost about as much again, over "
-            f"the check's budget of {budget:.1f} s (the smaller of {CHECK_SECONDS:.0f} s and "
-            f"{100 * CHECK_FRACTION:.0f}% of the planned training; {SECONDS_ENV} sets it). "
-            "tf_mixed.plan(model, x, y) compares the policies on this model")
+            f"{trace:.1f} s of CPU, so tracing it in float32 would cost about as much again, "
+            f"over the check's budget of {budget:.1f} s (the smaller of {CHECK_SECONDS:.0f} s "
+            f"and {100 * CHECK_FRACTION:.0f}% of the planned training; {SECONDS_ENV} sets "
+            "it). tf_mixed.plan(model, x, y) compares the policies on this model")
         logging.warning("tf_mixed: %s.", self.skipped)
 
     def _restore_global(self) -> None:
@@ -723,21 +966,38 @@ class Check:
         if self._current not in (None, self.half):
             self.switch(self.half)
         self.rounds = None
+        self._pending = None
         self.skipped = why
         logging.warning("tf_mixed: the check of model '%s' on its own step did not finish "
                         "(%s): it stays in %s, unchecked.", self.model.name, why, self.half)
 
-    def _finish(self, fig: Figures, cost: float, *, cached: bool) -> None:
-        verdict = decide(fig, self.half, self.requested, model_name=self.model.name,
-                         where=self.where, cost_s=cost, cached=cached)
-        final = float32_of(self.original) if verdict.policy == FLOAT32 else self.original
+    def _verdict(self, fig: Figures, cost: float, *, cached: bool) -> Verdict:
+        return decide(fig, self.half, self.requested, model_name=self.model.name,
+                      where=self.where, cost_s=cost, cached=cached)
+
+    def _finish(self, fig: Figures, cost: float, *, cached: bool,
+                trial: PlanTrial | None = None) -> None:
+        verdict = self._verdict(fig, cost, cached=cached)
+        if trial is not None and verdict.action == "moved":
+            if cached and trial.figures is not None:
+                trial = dataclasses.replace(trial, summary="read from the cache")
+            verdict = with_plan(verdict, trial)
+        if verdict.action == "planned":
+            assert trial is not None
+            final = {path: FLOAT32 if path in trial.float32_layers else policy
+                     for path, policy in self.original.items()}
+            name = PLAN
+        else:
+            final = float32_of(self.original) if verdict.policy == FLOAT32 else self.original
+            name = verdict.policy
         set_policies(self.model, final)
-        if self._current != verdict.policy:
-            self.switch(verdict.policy)
-            self._current = verdict.policy
+        object.__setattr__(self.model, "_tf_mixed_checked", (policies_of(self.model), fig, trial))
+        if self._current != name:
+            self.switch(name)
+            self._current = name
         self.verdict = verdict
         if not cached and not multi_worker(self.strategy):
-            write_cached(self.key, fig, cost, self.directory)
+            write_cached(self.key, fig, verdict.cost_s, self.directory, trial)
         report(verdict, self._digest)
         if self._on_verdict is not None:
             self._on_verdict(verdict)

@@ -72,7 +72,7 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 
-__all__ = ["RULES", "PrecisionMap", "Survey", "decide", "layer_names", "layer_path",
+__all__ = ["RULES", "PrecisionMap", "Survey", "built_as", "decide", "layer_names", "layer_path",
            "live_policy", "move", "observed", "survey", "validated_policy"]
 
 FLOAT32 = "float32"
@@ -468,6 +468,9 @@ def decide(model: keras.Model, target: str, *,
 # ------------------------------------------------------------ a built model
 
 
+_BUILT_AS = "_tf_mixed_built_as"  # on a layer `move` moved: its policy before
+
+
 def layer_path(layer) -> str:
     """``layer``'s Keras path (a `DTypePolicyMap` key), or its name."""
     return getattr(layer, "path", None) or layer.name
@@ -571,5 +574,23 @@ def move(model, precision: PrecisionMap | Mapping[str, str]) -> list:
                 "(tf_mixed.enable('mixed_float16')) to move it.")
         planned.append((layer, policy))
     for layer, policy in planned:
+        if not hasattr(layer, _BUILT_AS):  # the policy its graph was made with
+            object.__setattr__(layer, _BUILT_AS, live_policy(layer))
         layer.dtype_policy = policy
     return [layer for layer, _ in planned]
+
+
+def built_as(model) -> dict[str, str]:
+    """The layers of ``model`` that `move` moved in place, by Keras path: the
+    policy each computed in before its first move (what the symbolic tensors
+    of a functional model's graph were made with; `tf_mixed.audit` reads a
+    moved layer's output dtype from its policy instead).
+
+    Args:
+        model: A Keras model (or layer).
+
+    Returns:
+        Path -> policy name; empty for a model never moved.
+    """
+    return {layer_path(layer): getattr(layer, _BUILT_AS)
+            for layer in _internals.sublayers(model) if hasattr(layer, _BUILT_AS)}

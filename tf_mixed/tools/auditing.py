@@ -108,6 +108,7 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed.models.cloning import model_input
+from tf_mixed.policy import precision_map
 from tf_mixed.tools import half_resolution
 
 __all__ = ["AuditReport", "Finding", "LayerRow", "MemoryEstimate", "audit"]
@@ -361,6 +362,7 @@ def audit(model, batch_size: int | None = None, *,
 
     layers = _leaf_layers(model)
     policy = _effective_policy(model, layers)
+    moved = precision_map.built_as(model)
     rows = []
     for name, layer in layers:
         outs = layer_outputs(layer)
@@ -371,7 +373,7 @@ def audit(model, batch_size: int | None = None, *,
             # An input layer computes nothing; its policy is meaningless.
             compute_dtype="-" if is_input else _dtype(layer.compute_dtype),
             variable_dtype="-" if is_input else _dtype(layer.variable_dtype),
-            output_dtype=_dtype(outs[0].dtype) if outs else None,
+            output_dtype=_output_dtype(layer, outs[0], moved) if outs else None,
             params=_params(layer),
         ))
     mixed = policy.startswith("mixed") or any(
@@ -381,7 +383,7 @@ def audit(model, batch_size: int | None = None, *,
     outputs = model_outputs(model)
     output_layers = set()
     top_k = _top_k_metrics(model)
-    run_time = _run_time_dtypes(model, outputs)
+    run_time = _run_time_dtypes(model, outputs, force=bool(moved))
     for tensor, dtype in zip(outputs, run_time):
         name, layer = _producer(tensor, layers)
         output_layers.add(name)
@@ -403,9 +405,12 @@ def audit(model, batch_size: int | None = None, *,
     if given:
         findings.append(Finding(
             "info", "policy_given", None,
-            f"Model '{model.name}' has its own policy '{model_policy}' (given at "
-            "construction: a dtype= argument, as KerasHub models take, or a global "
-            f"policy since changed) while the global policy is '{global_policy}': it "
+            f"Model '{model.name}' has its own policy '{model_policy}' ("
+            + ("moved there in place by tf_mixed: enable('auto', model=...) or the check "
+               "of auto's choice on its own step" if moved else
+               "given at construction: a dtype= argument, as KerasHub models take, or a "
+               "global policy since changed")
+            + f") while the global policy is '{global_policy}': it "
             f"computes under '{model_policy}'.",
             "nothing; layers you build later with dtype=None get the global policy."))
     elif check_global_policy and model_policy != global_policy:
@@ -467,7 +472,7 @@ def audit(model, batch_size: int | None = None, *,
         findings.extend(Finding(*found)
                         for found in float8_readiness.findings(model))
 
-    memory = _memory(layers, policy, batch_size or DEFAULT_MEMORY_BATCH) \
+    memory = _memory(layers, policy, batch_size or DEFAULT_MEMORY_BATCH, moved) \
         if outputs else None
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
@@ -529,8 +534,22 @@ def _given_policy(model_policy: str, global_policy: str) -> bool:
     return global_policy == "float32" and compute in HALF_DTYPES
 
 
-def _run_time_dtypes(model, outputs) -> list[str]:
+def _output_dtype(layer, tensor, moved) -> str:
+    """A layer's output dtype: its symbolic tensor's, or, for a layer moved in
+    place (``moved``: `tf_mixed.policy.precision_map.built_as`) whose output
+    followed its compute dtype when built, its compute dtype now."""
+    declared = _dtype(tensor.dtype)
+    was = moved.get(getattr(layer, "path", None) or layer.name)
+    if was is None or is_input_layer(layer) or declared != keras.DTypePolicy(was).compute_dtype:
+        return declared
+    return _dtype(layer.compute_dtype)
+
+
+def _run_time_dtypes(model, outputs, force: bool = False) -> list[str]:
     """The dtype of each output at run time, read from one traced call.
+
+    Traced when an output is declared half, or with ``force`` (a model
+    moved in place: its symbolic tensors keep the dtypes it was built with).
 
     A layer can declare one dtype symbolically and return another:
     KerasHub's ``ReversibleEmbedding`` (the tied output of every causal LM)
@@ -540,7 +559,7 @@ def _run_time_dtypes(model, outputs) -> list[str]:
     no weight touched); the declared dtype stands when the trace fails.
     """
     declared = [_dtype(t.dtype) for t in outputs]
-    if not any(d in HALF_DTYPES for d in declared):
+    if not force and not any(d in HALF_DTYPES for d in declared):
         return declared
     import tensorflow as tf
 
@@ -795,7 +814,7 @@ def _ids_findings(name, layer) -> list[Finding]:
     return []
 
 
-def _memory(layers, policy, batch_size) -> MemoryEstimate:
+def _memory(layers, policy, batch_size, moved) -> MemoryEstimate:
     float32_bytes = policy_bytes = 0
     exact = True
     for _, layer in layers:
@@ -806,7 +825,7 @@ def _memory(layers, policy, batch_size) -> MemoryEstimate:
             if any(d is None for d in dims):
                 exact = False
             count = batch_size * math.prod(d or 1 for d in dims)
-            dtype = _dtype(tensor.dtype)
+            dtype = _output_dtype(layer, tensor, moved)
             size = _itemsize(dtype)
             policy_bytes += count * size
             float32_bytes += count * (4 if "float" in dtype else size)
