@@ -119,7 +119,8 @@ def apply_scaled_gradients(
     variables = list(variables)
     if unscaled_loop.untold(optimizer):  # a forgotten wrapper, said once
         unscaled_loop.check(optimizer, "apply_scaled_gradients",
-                            unscaled_loop.float16_in_step(variables), variables)
+                            unscaled_loop.float16_in_step(variables, optimizer),
+                            variables)
     with tape:
         scaled_loss = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled_loss, variables)

@@ -151,3 +151,29 @@ def test_the_streak_rule_comes_first():
     reason = stop_rules.decide(RULES, Reading(
         "keras", progress, 1.0, loss_problem="x", bad_weights=("w",), epoch=0))
     assert "consecutive skipped steps" in reason
+
+
+def _epoch(start, last, steps, skipped):
+    return Progress(start, last, steps_in_epoch=steps, skipped_in_epoch=skipped)
+
+
+def test_an_epoch_of_the_scales_first_search_is_not_a_stop():
+    # MobileNetV3Small (weights=None) under mixed_float16: 32768 -> 2048 in
+    # epoch 1's 4 steps, all skipped, none applied before or during.
+    first = _epoch(Snapshot(32768.0, 0), Snapshot(2048.0, 0), steps=4, skipped=4)
+    assert stop_rules.search_skips(first) == 4
+    assert stop_rules.decide(RULES, Reading("tf_mixed", first, 1.0, epoch=0)) is None
+    assert stop_rules.decide(RULES, Reading("keras", first, 1.0, epoch=0)) is None
+
+
+@pytest.mark.parametrize("start, last", [
+    (Snapshot(32768.0, 5), Snapshot(2048.0, 5)),   # a step was applied before the epoch
+    (Snapshot(2048.0, 0), Snapshot(256.0, 1)),     # the first step applied in the epoch
+    (Snapshot(1.0, 0), Snapshot(1.0, 0)),          # the pass-through: no scale to search
+    (Snapshot(8.0, 0), Snapshot(16.0, 0)),         # the scale grew
+])
+def test_every_other_epoch_counts_all_its_skips(start, last):
+    progress = _epoch(start, last, steps=4, skipped=4)
+    assert stop_rules.search_skips(progress) == 0
+    assert stop_rules.decide(RULES, Reading("tf_mixed", progress, 1.0, epoch=0)).startswith(
+        "4 of 4 steps in epoch 1 were skipped (100% > max_skip_fraction=0.5)")

@@ -30,7 +30,9 @@
 #    (`tf_mixed.scaling.rollback`).
 # 4. **Checks the set-up** at ``on_train_begin`` (`model_setup_problems`; a
 #    subclassed model that ``fit`` builds itself, after its first step, when
-#    its outputs can be traced) and
+#    its outputs can be traced), and after the first step the numerics
+#    catalog's check of the magnitudes each layer's inputs reached on that
+#    batch (`magnitude_problems`; read by `tf_mixed.callbacks.first_batch`), and
 #    **stops a run that cannot recover**, by the rules of
 #    `tf_mixed.callbacks.stop_rules` (pure functions of a typed reading). Every stop
 #    decision is taken from values that are the same on every replica and
@@ -58,10 +60,11 @@ from absl import logging
 from tf_mixed._internal import facts, tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.warning import MixedPrecisionWarning
-from tf_mixed.callbacks import fit_check, skip_contract, stop_rules
+from tf_mixed.callbacks import first_batch, fit_check, skip_contract, stop_rules
 from tf_mixed.callbacks.optimizer_views import PlainView, view_of
 from tf_mixed.callbacks.stop_rules import Progress, Snapshot
 from tf_mixed.policy import keep_float32, model_check
+from tf_mixed.scaling import unscaled_loop
 from tf_mixed.scaling.optimizer import loss_scale_state
 from tf_mixed.scaling.replicas import all_copies_finite
 from tf_mixed.scaling.write_guard import REASONS
@@ -71,6 +74,7 @@ __all__ = [
     "LossScaleFailure",
     "LossScaleMonitor",
     "MixedPrecisionWarning",
+    "magnitude_problems",
     "model_setup_problems",
 ]
 
@@ -170,32 +174,83 @@ def _built_by_first_step(model) -> bool:
 
 
 class _SetupCheck:
-    """When the monitor warns with `model_setup_problems`.
+    """When the monitor warns with `model_setup_problems`, and with the catalog.
 
     At ``on_train_begin``; for a subclassed model that ``fit`` builds
-    itself (no outputs to trace yet), after its first step instead.
+    itself (no outputs to trace yet), after its first step instead. The
+    catalog's ``catalog_range`` check needs what each layer's inputs reach:
+    `tf_mixed.callbacks.first_batch` reads it in the first step, and the
+    check runs after that step (`_warn_magnitudes`).
     """
 
     def __init__(self):
         self.pending = False
+        self.first_batch = None
 
     def begin(self, monitor) -> None:
         """At ``on_train_begin``: warn now, or arrange to after the first step."""
-        self.pending = monitor.check_setup and _built_by_first_step(monitor.model)
-        if self.pending:
+        model = monitor.model
+        self.pending = monitor.check_setup and _built_by_first_step(model)
+        self.first_batch = (_arm_first_batch(model)
+                            if monitor.check_setup and not self.pending else None)
+        if self.pending or self.first_batch is not None:
             monitor.on_train_batch_end = monitor._on_train_batch_end
-        elif monitor.check_setup:
-            _warn_setup(monitor.model)
+        if monitor.check_setup and not self.pending:
+            _warn_setup(model)
 
     def after_step(self, model) -> None:
-        """At a batch end: the pending check, once."""
+        """At a batch end: the pending checks, once."""
         if self.pending:
             self.pending = False
             _warn_setup(model)
+        if self.first_batch is not None:
+            found, self.first_batch = self.first_batch, None
+            _warn_magnitudes(model, found.read())
 
 
 def _warn_setup(model) -> None:
     for problem in model_setup_problems(model):
+        warnings.warn(problem, MixedPrecisionWarning, stacklevel=4)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:  # said here: the optimizer's step does not say it again
+        unscaled_loop.note_told(optimizer, model)
+
+
+def _arm_first_batch(model):
+    """The first step reads each layer's input magnitudes (the train step wrapped once)."""
+    fresh = not first_batch.installed(model)
+    found = first_batch.install(model)
+    if found is not None and fresh and getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
+    return found
+
+
+def magnitude_problems(model, magnitudes) -> list[str]:
+    """The catalog's ``catalog_range`` findings for the first batch's magnitudes.
+
+    Args:
+      model: the model in ``fit``.
+      magnitudes: ``{layer: max |input|}`` (`tf_mixed.callbacks.first_batch`),
+        the same on every replica and worker; None when no step read them.
+
+    Returns:
+      Messages in `model_setup_problems`' words, one per layer outside its
+      catalog row's safe range.
+    """
+    from tf_mixed.tools.auditing import Finding
+    from tf_mixed.tools.catalog import model_check as catalog_check
+
+    if not magnitudes:
+        return []
+    return [f"Model '{model.name}': {Finding(n.severity, n.code, n.layer, n.message, n.fix)} "
+            "(the first batch's inputs; LossScaleMonitor(check_setup=False) silences "
+            "this check.)"
+            for n in catalog_check.check_model(model, magnitudes, has_gpu=True)
+            if n.code == "catalog_range"]
+
+
+def _warn_magnitudes(model, magnitudes) -> None:
+    for problem in magnitude_problems(model, magnitudes):
         warnings.warn(problem, MixedPrecisionWarning, stacklevel=4)
 
 
@@ -353,7 +408,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         None (default) = every `DEFAULT_CHECK_EVERY_N_BATCHES` batches.
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
-      check_setup: run the set-up checks at ``on_train_begin``.
+      check_setup: run the set-up checks (``on_train_begin``; the catalog's after step 1).
       rollback_forward_state: hand the model to a
         ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
         non-trainable state (BatchNormalization statistics); False leaves

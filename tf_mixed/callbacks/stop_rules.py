@@ -24,7 +24,7 @@ from typing import Literal
 
 __all__ = [
     "Advice", "Kind", "Progress", "Reading", "Snapshot", "StopRules", "advance",
-    "decide", "keras_streak", "loss_problem", "start_epoch", "wire_cause",
+    "decide", "keras_streak", "loss_problem", "search_skips", "start_epoch", "wire_cause",
 ]
 
 Kind = Literal["tf_mixed", "keras", "none"]
@@ -275,12 +275,35 @@ def loss_problem(kind: Kind, progress: Progress,
     return None
 
 
+def search_skips(progress: Progress) -> int:
+    """The epoch's skips that were all the loss scale finding its first level.
+
+    Until a run applies its first step, each skip halves the scale from its
+    initial value (2**15 by default) toward a level the gradients fit:
+    dynamic loss scaling's search, not trouble (keras.applications'
+    MobileNetV3Small, weights=None, skips its first 7 steps, so an epoch of
+    4 steps is all search). An epoch that applied no step, in a run that had
+    applied none before, is such a search throughout; a run that never finds
+    a level is stopped by the ``patience`` rule at the minimum scale. (In the
+    epoch where the first step is applied, the reads at the epoch's ends
+    cannot tell search skips from later ones: they all count.)
+
+    Returns:
+        How many of the epoch's skipped steps the epoch rule leaves out.
+    """
+    start, last = progress.epoch_start, progress.last
+    if start.applied or last.applied or not 0 < last.scale < start.scale:
+        return 0
+    return progress.skipped_in_epoch
+
+
 def decide(rules: StopRules, reading: Reading) -> str | None:
     """Why training must stop now, or None.
 
     The rules, in order: ``patience`` consecutive skips at the minimum
     scale; a non-finite loss on applied steps; NaN/inf in the weights; at an
-    epoch end, more than ``max_skip_fraction`` of its steps skipped.
+    epoch end, more than ``max_skip_fraction`` of its steps skipped (the
+    epoch that was the scale's first search left out, `search_skips`).
 
     Args:
         rules: The thresholds.
@@ -312,7 +335,8 @@ def decide(rules: StopRules, reading: Reading) -> str | None:
             "least one replica's copy): an earlier update corrupted them and "
             "no later step can repair them. Restore a checkpoint."
             + _advice(reading.kind, nan=True, advice=advice))
-    steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
+    search = search_skips(progress)  # an epoch of the scale's first search only
+    steps, skipped = progress.steps_in_epoch - search, progress.skipped_in_epoch - search
     if (reading.epoch is not None and steps
             and skipped / steps > rules.max_skip_fraction):
         return (

@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from absl import flags
 
 from tf_mixed._internal import progress
 from tf_mixed.cli import model_command
+from tf_mixed.commands.png import png_or_none
 
 USAGE = """usage: python -m tf_mixed catalog [--layers=NAME,...] [--policies=P,...]
        [--tolerance=8] [--hub=auto] [--output_dir=DIR] [--compare=OLD.json|stored]
@@ -123,12 +123,7 @@ def main(argv: list[str]) -> int:
         except (TypeError, ValueError) as error:
             return _error(model_command.first_line(error))
         progress.update("writing results.json and catalog.png")
-        try:
-            png = new.plot()
-        except ImportError:
-            png = None
-            print("tf_mixed catalog: matplotlib is not installed: catalog.png not written "
-                  "(pip install 'tf-mixed[plot]')", file=sys.stderr)
+        png = png_or_none("catalog", "catalog.png", new.plot)
         try:
             os.makedirs(fv.output_dir, exist_ok=True)
             model_command.write_atomically(os.path.join(fv.output_dir, "results.json"),

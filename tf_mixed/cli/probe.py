@@ -18,6 +18,7 @@ from absl import flags
 
 from tf_mixed._internal import progress
 from tf_mixed.cli import model_command
+from tf_mixed.commands.png import png_or_none
 
 _HALF_GRADIENTS = {"auto": None, "measured": True, "predicted": False}
 
@@ -203,12 +204,7 @@ def main(argv: list[str]) -> int:
         "report": report.to_dict(),
     }
     text = json.dumps(record, indent=2)
-    try:
-        png = report.plot()
-    except ImportError:
-        png = None
-        print("tf_mixed probe: matplotlib is not installed: probe.png not written "
-              "(pip install matplotlib)", file=sys.stderr)
+    png = png_or_none("probe", "probe.png", report.plot)
     # Everything is computed: only now touch the output directory.
     try:
         os.makedirs(fv.output_dir, exist_ok=True)

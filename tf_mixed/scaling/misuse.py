@@ -13,7 +13,8 @@
 #   per inner optimizer;
 # * float16 variables updated by a wrapper that does not scale the loss (the
 #   pass-through ``wrap_optimizer`` returns under a float32 global policy): a
-#   warning;
+#   warning; with float32 variables, a step that computes in float16
+#   (`tf_mixed.scaling.float16_seen`, said once with the loop helpers);
 # * a model built before ``tf_mixed.enable()`` used under a half global policy
 #   (a traced step whose matrix products all compute in float32): a warning;
 # * a first step inside a ``tf.function`` under several replicas by an
@@ -42,6 +43,7 @@ import tensorflow as tf
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.warning import MixedPrecisionWarning
+from tf_mixed.scaling import float16_seen
 
 __all__ = ["check_step", "forward_state_guard", "note_scaled", "scales"]
 
@@ -158,6 +160,11 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "it updates float16 variables, whose small gradients flush to zero. "
             "Use tf_mixed.wrap_optimizer(optimizer, force=True), or "
             "tf_mixed.LossScaleOptimizer(optimizer)."))
+    elif not scales(optimizer) and not float16_seen.told(optimizer):
+        float16 = float16_seen.float16_in_step(trainable_variables, optimizer)
+        if float16 is not None:  # float16 computed with float32 variables
+            float16_seen.tell(optimizer, f"{type(optimizer).__name__}.apply() (the step "
+                              "of model.fit or of a loop)", float16, pass_through=True)
 
 
 def _check_dropped_wrapper(optimizer) -> None:

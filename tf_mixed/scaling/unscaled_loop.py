@@ -7,32 +7,24 @@
 # small gradients flush to zero in float16, an overflow's inf reaches the
 # weights, and ``applied`` is True every step. Keras's own ``compile`` wraps
 # such an optimizer for a ``mixed_float16`` model; a loop has no ``compile``,
-# so the helpers say it, once per optimizer (`MixedPrecisionWarning`).
-#
-# Where the float16 is seen: ``make_train_step`` reads the model's layers
-# (their compute dtypes, whoever set them: ``enable``, Keras's
-# ``set_dtype_policy``, a ``dtype=`` argument, a ``DTypePolicyMap``).
-# ``apply_scaled_gradients`` has no model: inside a ``tf.function`` it reads
-# the traced forward pass (any float16 tensor in it); eagerly no graph is
-# kept, so it goes by the global policy and the variables' dtypes.
+# so the helpers say it, once per optimizer (`MixedPrecisionWarning`). Where
+# the float16 is seen, and the warning: `tf_mixed.scaling.float16_seen`,
+# which tf_mixed's pass-through wrapper also calls from its own step
+# (`tf_mixed.scaling.misuse`): ``model.fit``'s, where Keras's ``compile``
+# sees a ``LossScaleOptimizer`` already and does not wrap it again (a KerasHub
+# model given ``dtype="mixed_float16"`` would have been scaled by Keras's
+# own wrapper), or a loop's ``opt.apply``.
 
 from __future__ import annotations
 
-import warnings
-import weakref
-
 import keras
-import tensorflow as tf
 
-from tf_mixed._internal.facts import walk_layers
-from tf_mixed._internal.warning import MixedPrecisionWarning
-from tf_mixed.scaling import misuse
+from tf_mixed.scaling import float16_seen, misuse
+from tf_mixed.scaling.float16_seen import float16_in_model, float16_in_step
 from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
-__all__ = ["check", "float16_in_model", "float16_in_step", "scales_loss", "untold"]
-
-# Optimizers already told (each is told once).
-_TOLD: "weakref.WeakSet" = weakref.WeakSet()
+__all__ = ["check", "float16_in_model", "float16_in_step", "note_told", "scales_loss",
+           "untold"]
 
 
 def scales_loss(optimizer) -> bool:
@@ -52,36 +44,17 @@ def scales_loss(optimizer) -> bool:
 
 def untold(optimizer) -> bool:
     """Whether ``optimizer`` does not scale the loss and was not told yet."""
-    return optimizer not in _TOLD and not scales_loss(optimizer)
+    return not float16_seen.told(optimizer) and not scales_loss(optimizer)
 
 
-def float16_in_model(model) -> str | None:
-    """Where ``model`` computes in float16 (a layer named), or None."""
-    layers = [name for name, layer in walk_layers(model)
-              if not isinstance(layer, keras.Model)
-              and keras.backend.standardize_dtype(layer.compute_dtype) == "float16"]
-    if not layers:
-        return None
-    return f"{len(layers)} layer(s) compute in float16, e.g. '{layers[0]}'"
+def note_told(optimizer, model) -> None:
+    """Counts ``optimizer`` as told when ``model`` computes in float16 and it does not scale.
 
-
-def float16_in_step(variables) -> str | None:
-    """Where the step being built computes in float16, or None.
-
-    Traced: the first float16 tensor of the graph so far (the forward pass).
-    Eagerly: a global ``mixed_float16`` policy, or float16 variables.
+    For `tf_mixed.LossScaleMonitor`, whose set-up check at the start of ``fit``
+    says the same thing in its own words: the step does not say it again.
     """
-    if not tf.executing_eagerly():
-        graph = tf.compat.v1.get_default_graph()
-        for op in graph.get_operations():
-            if any(out.dtype == tf.float16 for out in op.outputs):
-                return f"the traced step computes '{op.name}' ({op.type}) in float16"
-        return None
-    if keras.config.dtype_policy().compute_dtype == "float16":
-        return f"the global dtype policy is '{keras.config.dtype_policy().name}'"
-    if any(keras.backend.standardize_dtype(v.dtype) == "float16" for v in variables):
-        return "it updates float16 variables"
-    return None
+    if untold(optimizer) and float16_in_model(model) is not None:
+        float16_seen.tell(optimizer, None, None, pass_through=False)
 
 
 def check(optimizer, helper: str, float16: str | None, variables=()) -> None:
@@ -96,25 +69,9 @@ def check(optimizer, helper: str, float16: str | None, variables=()) -> None:
             pass-through wrapper are said by the wrapper itself
             (`tf_mixed.scaling.misuse`), not twice.
     """
-    if float16 is None or scales_loss(optimizer) or optimizer in _TOLD:
+    if float16 is None or not untold(optimizer):
         return
-    if isinstance(optimizer, LossScaleOptimizer) and any(
-            keras.backend.standardize_dtype(v.dtype) == "float16" for v in variables):
+    ours = isinstance(optimizer, LossScaleOptimizer)
+    if ours and any(keras.backend.standardize_dtype(v.dtype) == "float16" for v in variables):
         return
-    _TOLD.add(optimizer)
-    if isinstance(optimizer, LossScaleOptimizer):
-        what = (f"tf_mixed's pass-through {type(optimizer).__name__} '{optimizer.name}' "
-                "(a fixed scale of 1: wrap_optimizer() returns it under the global "
-                f"policy '{keras.config.dtype_policy().name}')")
-        fix = ("opt = tf_mixed.LossScaleOptimizer(opt.inner_optimizer) (or "
-               "tf_mixed.wrap_optimizer(inner, force=True))")
-    else:
-        what = f"the optimizer {type(optimizer).__name__} '{optimizer.name}'"
-        fix = ("opt = tf_mixed.LossScaleOptimizer(opt) (or "
-               "tf_mixed.wrap_optimizer(opt, force=True)), created once before the loop")
-    warnings.warn(
-        f"tf_mixed.training.{helper}(): the model computes in float16 ({float16}), but "
-        f"{what} does not scale the loss: small gradients flush to zero in float16, "
-        "an overflow's inf/NaN reaches the weights, and no step is ever skipped "
-        f"(applied is True every step). Fix: {fix}. (Said once per optimizer.)",
-        MixedPrecisionWarning, stacklevel=4)
+    float16_seen.tell(optimizer, f"tf_mixed.training.{helper}()", float16, pass_through=ours)

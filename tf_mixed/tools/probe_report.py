@@ -225,7 +225,7 @@ class ProbeReport:
           The PNG bytes.
 
         Raises:
-          ImportError: matplotlib is not installed (``pip install matplotlib``).
+          ImportError: matplotlib is not installed (the ``plot`` extra).
         """
         import matplotlib
 

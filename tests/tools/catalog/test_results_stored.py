@@ -1,6 +1,7 @@
 """The stored catalog: shipped with the package, and (CI's slow tier) what Keras measures now."""
 
 import fnmatch
+import json
 import pathlib
 
 import keras
@@ -20,6 +21,21 @@ def test_the_stored_catalog_ships_with_the_package():
     stored_file = pathlib.Path(results.STORED_FILE)
     relative = stored_file.relative_to(ROOT / "tf_mixed" / "tools" / "catalog").as_posix()
     assert stored_file.exists() and any(fnmatch.fnmatch(relative, p) for p in patterns)
+
+
+def test_the_stored_rows_carry_the_registrys_configurations():
+    # What a layer is matched on (tools/catalog/matching.py) is the registry's:
+    # a configuration added or changed there is re-measured into the stored file.
+    from tf_mixed.tools.catalog import registry
+
+    cases = {case.key: case for case in registry.keras_cases()}
+    shipped = [row for row in results.stored().rows if row.source == "keras"]
+    keys = {row.key for row in shipped}
+    assert keys <= set(cases)
+    # Measured without scipy (not a dependency): STFTSpectrogram is left out there.
+    assert all(key.startswith("STFTSpectrogram[") for key in set(cases) - keys)
+    for row in shipped:
+        assert row.args == json.loads(json.dumps(cases[row.key].args)), row.key
 
 
 @pytest.mark.slow

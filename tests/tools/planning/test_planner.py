@@ -141,7 +141,8 @@ def test_a_layer_above_the_tolerance_stays_float32_and_its_followers_with_it():
 
 def test_the_real_probe_gives_the_errors():
     x, y = _data()
-    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False)
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU, step_check=False,
+             use_catalog=False)
     rows = {row.name: row for row in p.layers}
     assert 0 < rows["first"].error < 0.1 and rows["relu"].error is None
 

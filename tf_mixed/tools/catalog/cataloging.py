@@ -107,14 +107,14 @@ def make_row(case: Case, policy: str, found, grid, limit: float) -> Row:
                    forward=(None,) * len(grid), gradient=(None,) * len(grid),
                    status=("",) * len(grid),
                    safe=reading.SafeRange(None, None, "", ""), failure=found.failure,
-                   covers=case.covers)
+                   covers=case.covers, args=dict(case.args))
     codes = tuple(reading.status(p.forward, p.gradient, p.reference_finite, p.half_finite,
                                  p.flushed, limit) for p in found.points)
     return Row(case.layer, case.config, policy, case.source,
                forward=tuple(p.forward for p in found.points),
                gradient=tuple(p.gradient for p in found.points),
                status=codes, safe=reading.safe_range(grid, codes),
-               no_gradient=found.no_gradient, covers=case.covers)
+               no_gradient=found.no_gradient, covers=case.covers, args=dict(case.args))
 
 
 def cases_for(layers, hub: bool | None = None) -> list[Case]:

@@ -1,40 +1,44 @@
 """A model's layers looked up in the catalog: which layer, its safe range, the fix."""
 
 # `tf_mixed.audit` (its ``magnitudes=`` argument) and `LossScaleMonitor`'s
-# fit-start check call `check_model`. Each half-precision layer is looked up by
-# class in the stored catalog (`tf_mixed.tools.catalog.results.stored`: its
-# first configuration of the class, the one an Activation's function names
-# for ``Activation``), under the layer's own half policy:
+# fit-start check call `check_model`. Each half-precision layer is looked up
+# in the stored catalog (`tf_mixed.tools.catalog.results.stored`) under the
+# layer's own half policy, by the row of its class nearest its configuration
+# (`tf_mixed.tools.catalog.matching`: epsilon, units, the length of its sums,
+# an Activation's function, ...):
 #
-# * a magnitude known for the layer (max |input|: from `input_magnitudes`, a
-#   batch run through the model, or `magnitudes_from_probe`, a
-#   `tf_mixed.probe` report) outside the row's safe range: "catalog_range"
-#   (warning), the layer, the magnitude, the range and the fix;
-# * no magnitude known: "catalog_narrow" (info) for a row safe over less than
-#   `NARROW` (10**-3 .. 10**3), so the user knows which layers to watch;
 # * the row does not run under the policy here (a kernel this host's device
 #   kind lacks, such as 3D pooling in float16 on a CPU) and this host has no
-#   GPU: "catalog_no_kernel" (error): fit would fail at its first step.
+#   GPU: "catalog_no_kernel" (error): fit would fail at its first step;
+# * no row is close to the layer's configuration: "catalog_unmatched" (info),
+#   the nearest row, what differs, and how to measure the layer's own;
+# * a magnitude known for the layer (max |input|: from `input_magnitudes`, a
+#   batch run through the model, `magnitudes_from_probe`, a `tf_mixed.probe`
+#   report, or the monitor's first batch, `tf_mixed.callbacks.first_batch`)
+#   outside the row's safe range: "catalog_range" (warning), the layer, the
+#   magnitude, the range and the fix;
+# * no magnitude known: "catalog_narrow" (info) for a row safe over less than
+#   `NARROW` (10**-3 .. 10**3), so the user knows which layers to watch.
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import (
     HALF_DTYPES,
-    activation_name,
     half_policy,
     is_input_layer,
     walk_layers,
 )
+from tf_mixed.tools.catalog import matching
 from tf_mixed.tools.catalog.results import Catalog, Row, stored
 
-__all__ = ["NARROW", "CatalogNote", "check_model", "input_magnitudes",
-           "magnitudes_from_probe", "row_for"]
+__all__ = ["NARROW", "CatalogNote", "bounded_layers", "check_model", "input_magnitudes",
+           "input_tap", "magnitudes_from_probe", "match_for", "row_for"]
 
 NARROW = (1e-3, 1e3)
 """A safe range that does not cover this is reported without magnitudes."""
@@ -46,7 +50,8 @@ class CatalogNote:
 
     Attributes:
         severity: "error", "warning" or "info".
-        code: "catalog_range", "catalog_narrow" or "catalog_no_kernel".
+        code: "catalog_range", "catalog_narrow", "catalog_unmatched" or
+            "catalog_no_kernel".
         layer: the layer's name (``outer/inner`` inside a nested model).
         message: what the catalog says about it.
         fix: what to do.
@@ -64,8 +69,18 @@ def _stored() -> Catalog:
     return stored()
 
 
-def row_for(catalog: Catalog, layer, policy: str) -> Row | None:
-    """The catalog row a layer is judged by (None: the class is not in the catalog)."""
+def match_for(catalog: Catalog, layer, policy: str) -> matching.Match | None:
+    """The catalog row nearest a layer's configuration (None: the class is not in the catalog).
+
+    Args:
+        catalog: the catalog.
+        layer: a Keras layer.
+        policy: the half policy it computes under.
+
+    Returns:
+        A `tf_mixed.tools.catalog.matching.Match` (its ``close`` says whether
+        the row is near enough to judge the layer by).
+    """
     import keras
 
     cls = type(layer)
@@ -73,10 +88,13 @@ def row_for(catalog: Catalog, layer, policy: str) -> Row | None:
     names = {cls.__name__} | {n for n, c in vars(keras.layers).items() if c is cls}
     rows = [row for row in catalog.rows
             if row.layer in names and row.policy == policy and row.source != "user"]
-    if "Activation" in names:
-        wanted = f"activation={activation_name(layer)}"
-        rows = [row for row in rows if row.config == wanted]
-    return rows[0] if rows else None
+    return matching.nearest(rows, layer)
+
+
+def row_for(catalog: Catalog, layer, policy: str) -> Row | None:
+    """The catalog row a layer is judged by: its class's nearest, if close (else None)."""
+    found = match_for(catalog, layer, policy)
+    return found.row if found is not None and found.close else None
 
 
 def check_model(model, magnitudes: Mapping[str, float] | None = None,
@@ -107,18 +125,22 @@ def check_model(model, magnitudes: Mapping[str, float] | None = None,
             continue
         dtype = keras.backend.standardize_dtype(layer.compute_dtype)
         policy = half_policy(dtype) if dtype in HALF_DTYPES else None
-        row = row_for(catalog, layer, policy) if policy else None
-        if row is None:
+        found = match_for(catalog, layer, policy) if policy else None
+        if found is None:
             continue
+        row = found.row
         fix = (f"keep it in float32: tf_mixed.enable(keep_float32=[{name!r}]) before building, "
                f"or tf_mixed.convert(model, keep_float32=[{name!r}])")
         where = f"catalog row {row.key}, {policy}"
-        if row.failure:
+        if row.failure:  # a missing kernel is the class's, whatever its configuration
             if not has_gpu:
                 notes.append(CatalogNote(
                     "error", "catalog_no_kernel", name,
                     f"Layer '{name}' ({row.layer}) does not run under {policy} on this "
                     f"host's device kind ({where}: {row.failure}).", fix))
+            continue
+        if not found.close:
+            notes.append(_unmatched(name, layer, found))
             continue
         magnitude = None if magnitudes is None else magnitudes.get(name)
         if magnitude is not None:
@@ -140,8 +162,86 @@ def check_model(model, magnitudes: Mapping[str, float] | None = None,
     return notes
 
 
+def _unmatched(name: str, layer, found: matching.Match) -> CatalogNote:
+    row = found.row
+    found_config = matching.describe(layer)
+    dim = found_config.pop("input_dim", None)
+    config = repr(found_config) + (f", inputs=[({dim},)]" if dim else "")
+    return CatalogNote(
+        "info", "catalog_unmatched", name,
+        f"Layer '{name}' ({row.layer}) is not close to any configuration the catalog "
+        f"measured under {row.policy}: the nearest, {row.key}, differs in "
+        f"{'; '.join(found.differences)}. Its safe range is not known.",
+        "measure it: tf_mixed.catalog([tf_mixed.tools.catalog.user_case("
+        f"{row.layer!r}, config={config})]), then compare its range with the "
+        "magnitudes its inputs reach.")
+
+
 def _covers(row: Row, low: float, high: float) -> bool:
     return row.safe.contains(low) and row.safe.contains(high)
+
+
+def bounded_layers(model, catalog: Catalog | None = None) -> list[str]:
+    """Top-level half-precision layers a magnitude can put outside their safe range.
+
+    Args:
+        model: a `keras.Model`.
+        catalog: the catalog to judge by (default: the stored one).
+
+    Returns:
+        The names of the layers whose close catalog row runs and is safe over
+        less than the whole grid (a layer safe everywhere needs no magnitude).
+    """
+    import keras
+
+    catalog = catalog if catalog is not None else _stored()
+    names = []
+    for layer in model.layers:
+        policy = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
+        if isinstance(layer, keras.Model) or policy is None:
+            continue
+        found = match_for(catalog, layer, policy)
+        if found is None or not found.close or found.row.failure:
+            continue
+        safe = found.row.safe
+        if safe.low is None or safe.below or safe.above:
+            names.append(layer.name)
+    return names
+
+
+def input_tap(model, names=None) -> tuple[list[str], Any]:
+    """A functional model returning the float inputs of the model's top-level layers.
+
+    Args:
+        model: a built Sequential or functional `keras.Model`.
+        names: tap only these layers (None: every top-level layer).
+
+    Returns:
+        ``(owners, tap)``: the layer name of each of the tap's outputs (a
+        layer with several inputs appears once per input), and a
+        ``keras.Model`` on the model's own inputs (None when there is nothing
+        to tap: layers inside nested models and layers without a symbolic
+        call are left out).
+    """
+    import keras
+
+    owners, tensors = [], []
+    for layer in model.layers:
+        if isinstance(layer, keras.Model) or is_input_layer(layer):
+            continue
+        if names is not None and layer.name not in names:
+            continue
+        for tensor in _internals.call_inputs(layer):
+            if keras.backend.is_float_dtype(getattr(tensor, "dtype", "int32")):
+                owners.append(layer.name)
+                tensors.append(tensor)
+    if not tensors or not getattr(model, "inputs", None):
+        return [], None
+    try:  # the structure the model is called with (a dict of inputs stays a dict)
+        inputs = model.input
+    except (AttributeError, ValueError):  # a Sequential model: its one input
+        inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    return owners, keras.Model(inputs, tensors)
 
 
 def input_magnitudes(model, x) -> dict[str, float]:
@@ -158,22 +258,15 @@ def input_magnitudes(model, x) -> dict[str, float]:
     import keras
     import numpy as np
 
-    owners, tensors = [], []
-    for layer in model.layers:
-        if isinstance(layer, keras.Model) or is_input_layer(layer):
-            continue
-        for tensor in _internals.call_inputs(layer):
-            if keras.backend.is_float_dtype(getattr(tensor, "dtype", "int32")):
-                owners.append(layer.name)
-                tensors.append(tensor)
-    if not tensors:
+    owners, tap = input_tap(model)
+    if tap is None:
         return {}
-    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-    values = keras.Model(inputs, tensors)(x, training=False)
+    values = tap(x, training=False)
     found: dict[str, float] = {}
     for name, value in zip(owners, keras.tree.flatten(values)):
         array = np.abs(keras.ops.convert_to_numpy(keras.ops.cast(value, "float32")))
-        found[name] = max(found.get(name, 0.0), float(array.max()) if array.size else 0.0)
+        peak = float(np.nan_to_num(array, nan=np.inf).max()) if array.size else 0.0
+        found[name] = max(found.get(name, 0.0), peak)
     return found
 
 

@@ -36,7 +36,7 @@ def render(catalog: "Catalog", path: str | None = None) -> bytes:
     """Draws `catalog` and returns the PNG bytes (also written to ``path``).
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'tf-mixed[plot]'``).
+        ImportError: matplotlib is not installed (the ``plot`` extra).
     """
     import matplotlib
 

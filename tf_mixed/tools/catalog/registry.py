@@ -60,6 +60,11 @@ class Case:
             ``RNN``).
         source: "keras", "keras_hub" or "user".
         seed_offset: varies the weights' draw between configurations.
+        args: the configuration as values a model's layer is matched
+            against (`tf_mixed.tools.catalog.matching`): its constructor
+            arguments, ``input_dim`` where the length of a sum is the point,
+            and the conditions no layer configuration shows (``mask``, a
+            ``distribution`` other than "centered").
     """
 
     layer: str
@@ -75,6 +80,7 @@ class Case:
     covers: tuple[str, ...] = ()
     source: str = "keras"
     seed_offset: int = 0
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -124,6 +130,7 @@ def _masked(mask: np.ndarray | list[np.ndarray], *, keyword: str = "mask", two: 
         if two:
             return layer(inputs[0], inputs[1], **kwargs)
         return layer(inputs[0] if len(inputs) == 1 else list(inputs), **kwargs)
+    call.masked = True  # type: ignore[attr-defined]
     return call
 
 
@@ -134,23 +141,47 @@ def _sequence_mask(batch: int, steps: int) -> np.ndarray:
     return mask
 
 
-def _case(layer: str, config: str, make, **kwargs) -> Case:
-    return Case(layer, config, make, seed_offset=len(layer) + len(config), **kwargs)
+def _defaults(layer: str) -> dict[str, Any]:
+    """The class's constructor defaults for the values layers are matched on."""
+    import keras
+
+    from tf_mixed.tools.catalog.matching import MATCH_KEYS
+
+    cls = getattr(keras.layers, layer, None)
+    if cls is None:
+        return {}
+    parameters = inspect.signature(cls).parameters
+    return {key: parameters[key].default for key in MATCH_KEYS if key in parameters
+            and parameters[key].default not in (None, inspect.Parameter.empty)}
+
+
+def _case(layer: str, config: str, make, *, args: dict | None = None, **kwargs) -> Case:
+    """A `Case` whose ``args`` are the class's defaults, ``make``'s arguments (`_kw`),
+    ``args`` and its conditions."""
+    found = {**_defaults(layer), **getattr(make, "args", {}), **(args or {})}
+    if kwargs.get("distribution", "centered") not in ("centered", "positive", "ids"):
+        found["distribution"] = kwargs["distribution"]
+    if getattr(kwargs.get("call"), "masked", False):
+        found["mask"] = True
+    return Case(layer, config, make, seed_offset=len(layer) + len(config), args=found,
+                **kwargs)
 
 
 def _kw(cls_name: str, **kwargs):
-    """``policy -> keras.layers.<cls_name>(**kwargs, dtype=policy)``."""
+    """``policy -> keras.layers.<cls_name>(**kwargs, dtype=policy)`` (``.args``: kwargs)."""
     def make(policy):
         import keras
 
         return getattr(keras.layers, cls_name)(**kwargs, dtype=policy)
+    make.args = dict(kwargs)  # type: ignore[attr-defined]
     return make
 
 
-def _simple(name: str, config: str = "default", inputs=((16,),), **kwargs) -> Case:
+def _simple(name: str, config: str = "default", inputs=((16,),), *,
+            args: dict | None = None, **kwargs) -> Case:
     call_kwargs = {k: kwargs.pop(k) for k in ("distribution", "training", "batch", "call")
                    if k in kwargs}
-    return _case(name, config, _kw(name, **kwargs), inputs=inputs, **call_kwargs)
+    return _case(name, config, _kw(name, **kwargs), inputs=inputs, args=args, **call_kwargs)
 
 
 def _normalization(policy, magnitude, *, data):
@@ -220,9 +251,10 @@ def keras_cases() -> list[Case]:
     add(_case("Softmax", "mask", _kw("Softmax"), inputs=seq,
               call=_masked(np.broadcast_to(_sequence_mask(6, 8), (4, 6, 8)).copy())))
     # core
-    add(_simple("Dense", "units=64", units=64))
-    add(_simple("Dense", "units=4096", units=4096))
-    add(_simple("Dense", "inputs=4096", inputs=((4096,),), units=64))
+    # input_dim: the length of each output's sum, what float16's range meets first.
+    add(_simple("Dense", "units=64", units=64, args={"input_dim": 16}))
+    add(_simple("Dense", "units=4096", units=4096, args={"input_dim": 16}))
+    add(_simple("Dense", "inputs=4096", inputs=((4096,),), units=64, args={"input_dim": 4096}))
     add(_simple("EinsumDense", "ab,bc->ac", equation="ab,bc->ac", output_shape=64,
                 bias_axes="c"))
     # Float ids (as a model input hands them on): ids up to 60,000, below
@@ -280,8 +312,11 @@ def keras_cases() -> list[Case]:
                 distribution="offset"))
     add(_simple("BatchNormalization", "inference"))
     add(_simple("LayerNormalization", "epsilon=1e-6", epsilon=1e-6))
+    add(_simple("LayerNormalization", "epsilon=1e-3", epsilon=1e-3))  # Keras's default
     add(_simple("LayerNormalization", "offset", epsilon=1e-6, distribution="offset"))
     add(_simple("GroupNormalization", "groups=4, epsilon=1e-5", groups=4, epsilon=1e-5))
+    add(_simple("GroupNormalization", "groups=4, epsilon=1e-3", groups=4,
+                epsilon=1e-3))  # Keras's default epsilon
     add(_simple("GroupNormalization", "epsilon=1e-12", inputs=((4, 4, 16),), groups=4,
                 epsilon=1e-12))  # keras#22586's configuration
     add(_simple("GroupNormalization", "offset", groups=4, epsilon=1e-5, distribution="offset"))
@@ -494,6 +529,7 @@ def user_case(layer: str | type, *, inputs: Sequence[Sequence[int]] = ((16,),),
     def make(policy):
         return cls(**kwargs, dtype=policy)
 
+    options.setdefault("args", dict(kwargs))
     return Case(f"{cls.__module__}.{cls.__qualname__}" if not cls.__module__.startswith(
         "keras") else cls.__name__, label, make,
         inputs=tuple(tuple(int(d) for d in s) for s in inputs), source="user", **options)

@@ -37,6 +37,8 @@ class Row:
         failure: why the layer cannot run under the policy here ("" if it can).
         no_gradient: why its gradients were not measured ("" if they were).
         covers: other classes this row measures (a cell inside ``RNN``).
+        args: the configuration's values a model's layer is matched against
+            (`tf_mixed.tools.catalog.registry.Case`'s ``args``).
     """
 
     layer: str
@@ -50,6 +52,7 @@ class Row:
     failure: str = ""
     no_gradient: str = ""
     covers: tuple[str, ...] = ()
+    args: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> str:
@@ -237,6 +240,7 @@ def _row_dict(row: Row) -> dict[str, Any]:
         "gradient": [_number(v) for v in row.gradient],
         "status": list(row.status),
         "failure": row.failure, "no_gradient": row.no_gradient, "covers": list(row.covers),
+        "args": json.loads(json.dumps(row.args, default=str)),
     }
 
 
@@ -260,7 +264,7 @@ def from_dict(data: dict[str, Any]) -> Catalog:
             status=tuple(r["status"]),
             safe=SafeRange(safe["low"], safe["high"], safe["below"], safe["above"]),
             failure=r.get("failure", ""), no_gradient=r.get("no_gradient", ""),
-            covers=tuple(r.get("covers", ()))))
+            covers=tuple(r.get("covers", ())), args=dict(r.get("args", {}))))
     return Catalog(rows=tuple(rows), magnitudes=tuple(data["magnitudes"]),
                    tolerance=dict(data["tolerance"]), versions=dict(data["versions"]),
                    host=data.get("host", ""), seconds=float(data.get("seconds", 0.0)),

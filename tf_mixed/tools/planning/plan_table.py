@@ -41,8 +41,9 @@ class LayerChoice:
             ({} for a layer without weights: it is not timed).
         cast_seconds: Median seconds of the casts at its input, were its
             precision to differ from its producer's.
-        error: The probe's relative error of its output in the half dtype
-            (None where the probe did not run or has no row for it).
+        error: The probe's relative error of its output in the half dtype,
+            or the numerics catalog's where the plan read it there (the
+            plan's ``from_catalog``); None where neither has a row for it.
         choice: "float32", "bfloat16", "float16" or "float8".
         why: One sentence.
     """
@@ -79,6 +80,10 @@ class Plan:
             nothing was timed: half precision emulated).
         precision: The precision of every layer applying builds (None for a
             plan made by hand without one: it is then read from the rows).
+        from_catalog: Layer name -> the numerics catalog's row its error was
+            read from, and at what magnitude, when the plan took every
+            layer's error from the catalog instead of running the probe
+            (`tf_mixed.tools.planning.catalog_errors`); {} when it probed.
     """
 
     model_name: str
@@ -93,6 +98,7 @@ class Plan:
     cache_path: str = ""
     measurement: Measurement | None = None
     precision: PrecisionMap | None = None
+    from_catalog: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def choices(self) -> dict[str, str]:
@@ -156,6 +162,7 @@ class Plan:
             "keep_float32": list(self.keep_float32), "float8_layers": list(self.float8_layers),
             "layers": [dataclasses.asdict(row) for row in self.layers],
             "precision": self.precision_map.to_dict(),
+            "from_catalog": dict(self.from_catalog),
         }
 
     @classmethod
@@ -272,4 +279,5 @@ def _checked_plan_record(cls, record: Any) -> "Plan":
         record["model_name"], record["policy"], record["half_dtype"],
         tuple(record["precisions"]), tuple(rows), dict(record["step_seconds"]),
         record["summary"], str(record.get("host", "")), bool(record.get("cached", False)),
-        str(record.get("cache_path", "")), None, precision)
+        str(record.get("cache_path", "")), None, precision,
+        {str(k): str(v) for k, v in dict(record.get("from_catalog") or {}).items()})

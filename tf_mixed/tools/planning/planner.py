@@ -12,7 +12,8 @@
 # it is emulated and every layer is float32, untimed, and the plan says so.
 # (2) `tf_mixed.tools.planning.layer_timing.time_layers` times each weighted
 # layer, or reads a measurement cached for this host and model. (3)
-# `tf_mixed.probe` measures each layer's error in the half dtype. (4)
+# `tf_mixed.probe` measures each layer's error in the half dtype, unless the
+# numerics catalog covers every timed layer (`catalog_errors`). (4)
 # `tf_mixed.tools.planning.choosing.choose` chooses.
 #
 # The cache is `tf_mixed._internal.measuring`'s, keyed as auto's is: one JSON
@@ -42,7 +43,7 @@ from tf_mixed._internal.facts import (
     check_model_kind,
 )
 from tf_mixed.policy import autotune, hardware, model_check, precision_map
-from tf_mixed.tools.planning import choosing, plan_table
+from tf_mixed.tools.planning import catalog_errors, choosing, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
 from tf_mixed.tools.planning.layer_timing import (
     FLOAT8,
@@ -171,7 +172,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
          probe_report: Any = None, timer: Timer | None = None, cache: bool = True,
          cache_directory: str | None = None, step_check: bool = True,
          step_timer: StepTimer | None = None,
-         info: hardware.HardwareInfo | None = None) -> Plan:
+         info: hardware.HardwareInfo | None = None, use_catalog: bool = True) -> Plan:
     """Times each layer in each precision on this host and chooses per layer.
 
     Args:
@@ -205,6 +206,11 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         step_timer: ``step_timer({name: (policy, keep_float32)}) ->
             {name: [seconds per round]}`` replacing that timing.
         info: The host (default `tf_mixed.policy.hardware.detect()`).
+        use_catalog: Where the numerics catalog covers every timed layer
+            (its configuration and the magnitudes the batch gives its
+            inputs), take the layers' errors from it instead of running the
+            probe; the plan's ``from_catalog`` names the rows
+            (`tf_mixed.tools.planning.catalog_errors`). False: always probe.
 
     Returns:
         A `Plan`.
@@ -220,6 +226,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                      why_traced="its layers' inputs exist only inside Python code",
                      fix="Plan a Sequential or functional version of it.")
     _validate.number(tolerance, "tolerance", rule=lambda v: v > 0, valid="a number > 0")
+    _validate.boolean(use_catalog, "use_catalog", owner="tf_mixed.plan()")
     _validate.number(rounds, "rounds", integer=True, rule=lambda v: v >= 1, valid="an int >= 1")
     if budget_s is not None:
         _validate.number(budget_s, "budget_s", rule=lambda v: v > 0,
@@ -262,13 +269,19 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                           "measurement": measurement.to_dict()}
                 if not cache or not_cached or not measuring.write_cache(path, record):
                     path = ""
-        if probe_report is None:
+        # Every layer's error in the catalog: no probe (tools/planning/catalog_errors.py).
+        catalog_read = (catalog_errors.read(model, _probe_slice(batch, None)[0], names,
+                                            half_policy, float(tolerance))
+                        if probe_report is None and use_catalog else None)
+        if catalog_read is None and probe_report is None:
             progress.update("plan: probing each layer's error in " + half_dtype)
             from tf_mixed.tools.probing import probe_surveyed
 
             px, py = _probe_slice(x, y)
             probe_report = probe_surveyed(found, px, py, loss=loss, policy=half_policy)
-        errors, blocked = _errors(probe_report, float(tolerance), names)
+        errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
+                           if catalog_read is not None
+                           else _errors(probe_report, float(tolerance), names))
         choice = choosing.choose(measurement, blocked)
         checked = ""
         wholes = {"float32": {n: "float32" for n in names},
@@ -292,6 +305,9 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     summary = _summary(choice, rows, half_dtype, final)
     if checked:
         summary += f"; {checked}"
+    if catalog_read is not None:
+        summary += (f"; errors of all {len(catalog_read.rows)} timed layers read from the "
+                    "numerics catalog (no probe)")
     if cached:
         summary += f"; timings cached {when}, read from {path}"
     elif not_cached:
@@ -299,7 +315,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     elif path:
         summary += f"; timed now, cached in {path}"
     return Plan(model.name, final, half_dtype, tuple(measurement.precisions), tuple(rows),
-                dict(choice.step_seconds), summary, host, cached, path, measurement, precision)
+                dict(choice.step_seconds), summary, host, cached, path, measurement, precision,
+                dict(catalog_read.rows) if catalog_read is not None else {})
 
 
 def _decided(found: precision_map.Survey, policy: str,

@@ -1,0 +1,92 @@
+"""tf_mixed.tools.catalog.matching: a layer is judged by the nearest measured configuration."""
+
+import keras
+import pytest
+
+import tf_mixed
+from tf_mixed.tools.catalog import matching, model_check, results
+from tf_mixed.tools.catalog.reading import SafeRange
+
+F16 = "mixed_float16"
+
+
+def _called(layer, shape=(16,)):
+    """The layer called symbolically on an input of ``shape`` (its input_dim is known)."""
+    layer(keras.Input(shape))
+    return layer
+
+
+def _key(layer, policy=F16):
+    found = model_check.match_for(results.stored(), layer, policy)
+    return found.row.key, found.close, found.differences
+
+
+@pytest.mark.parametrize("layer, key", [
+    (keras.layers.LayerNormalization(), "LayerNormalization[epsilon=1e-3]"),  # Keras's default
+    (keras.layers.LayerNormalization(epsilon=1e-6), "LayerNormalization[epsilon=1e-6]"),
+    (keras.layers.LayerNormalization(epsilon=1e-5), "LayerNormalization[epsilon=1e-6]"),
+    (keras.layers.GroupNormalization(groups=2, epsilon=1e-12),
+     "GroupNormalization[epsilon=1e-12]"),
+    (keras.layers.GroupNormalization(), "GroupNormalization[groups=4, epsilon=1e-3]"),
+    (keras.layers.BatchNormalization(), "BatchNormalization[batch statistics]"),
+    (keras.layers.BatchNormalization(epsilon=1.001e-5),  # keras.applications' ResNet
+     "BatchNormalization[batch statistics, epsilon=1e-5]"),
+    (keras.layers.Activation("tanh"), "Activation[activation=tanh]"),
+    (keras.layers.Activation("softmax"), "Activation[activation=softmax]"),
+    (keras.layers.Softmax(), "Softmax[default]"),  # never the [mask] row
+    (keras.layers.Dot(axes=-1, normalize=True), "Dot[normalize]"),
+])
+def test_the_nearest_configuration_is_chosen(layer, key):
+    assert _key(layer) == (key, True, ())
+
+
+@pytest.mark.parametrize("units, inputs, key", [
+    (32, 16, "Dense[units=64]"),
+    (2, 3, "Dense[units=64]"),         # smaller than measured: covered
+    (10, 784, "Dense[inputs=4096]"),   # the length of its sums is the point
+    (2048, 16, "Dense[units=4096]"),
+])
+def test_dense_is_matched_by_units_and_the_length_of_its_sums(units, inputs, key):
+    assert _key(_called(keras.layers.Dense(units), (inputs,))) == (key, True, ())
+
+
+def test_no_close_configuration_is_said_with_the_nearest_and_what_differs():
+    key, close, differences = _key(keras.layers.LayerNormalization(epsilon=1e-12))
+    assert (key, close) == ("LayerNormalization[epsilon=1e-6]", False)
+    assert differences == ("epsilon 1e-12 (measured 1e-06)",)
+    assert model_check.row_for(results.stored(), keras.layers.LayerNormalization(epsilon=1e-12),
+                               F16) is None
+
+
+def test_audit_names_a_layer_no_configuration_is_close_to():
+    inputs = keras.Input((8,))
+    outputs = keras.layers.LayerNormalization(epsilon=0.5, name="wide", dtype=F16)(inputs)
+    report = tf_mixed.audit(keras.Model(inputs, outputs), magnitudes={"wide": 1e5})
+    (note,) = report.by_code("catalog_unmatched")
+    assert note.severity == "info" and note.layer == "wide"
+    assert "nearest, LayerNormalization[epsilon=1e-3], differs in epsilon 0.5 (measured 0.001)" \
+        in note.message
+    assert "user_case('LayerNormalization', config={'epsilon': 0.5}, inputs=[(8,)])" in note.fix
+    assert not report.by_code("catalog_range")  # no row to judge 1e5 by
+
+
+def test_rows_without_configuration_values_match_the_first():
+    def row(config):
+        return results.Row("LayerNormalization", config, F16, "keras", (), (), (),
+                           SafeRange(1.0, 2.0, "", ""))
+
+    first, second = row("a"), row("b")
+    found = matching.nearest([first, second], keras.layers.LayerNormalization(epsilon=0.5))
+    assert found == matching.Match(first, True, ())
+    assert matching.nearest([], keras.layers.Dense(2)) is None
+
+
+def test_a_size_beyond_every_measured_one_is_not_close():
+    key, close, differences = _key(_called(keras.layers.Dense(64), (1_000_000,)))
+    assert (key, close) == ("Dense[inputs=4096]", False)
+    assert differences == ("input_dim 1000000 (measured 4096)",)
+
+
+def test_describe_reads_the_configuration_the_activation_and_the_input_dim():
+    dense = _called(keras.layers.Dense(3, activation="relu"), (5,))
+    assert matching.describe(dense) == {"units": 3, "input_dim": 5, "activation": "relu"}
