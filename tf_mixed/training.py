@@ -285,7 +285,6 @@ def _checking_step(model, optimizer, strategy, build, first):
     not built yet is checked from its second call.
     """
     from tf_mixed.policy import model_check
-    from tf_mixed.scaling import misuse
 
     if not model_check.enabled():
         return first
@@ -300,7 +299,7 @@ def _checking_step(model, optimizer, strategy, build, first):
 
     def on_verdict(verdict) -> None:
         if verdict.action == "moved":
-            misuse.float32_on_purpose(optimizer)
+            loss_scale_module.float32_on_purpose(optimizer)
 
     def step(x, y):
         if not checks and model.built:
@@ -407,7 +406,8 @@ def heal_layers(model, names, optimizer=None) -> list:
             f"Valid names: {', '.join(layers)}.")
     change = healing.healed_map(model, names)  # rule 6 of the model's precision map
     changed = precision_map.move(model, change)
-    attached = None if optimizer is None else attribution.of(optimizer)
+    state = loss_scale_module.step_state_of(optimizer)
+    attached = None if state is None else state.attribution.attached
     if attached is not None:
         attached.mark_healed(list(names))
     return changed

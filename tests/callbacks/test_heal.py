@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import tf_mixed
-from tf_mixed.scaling import attribution
 
 
 @keras.saving.register_keras_serializable(package="test_heal")
@@ -99,7 +98,7 @@ def test_a_keras_file_keeps_the_healed_layer_and_audit_says_so(tmp_path):
     loaded = keras.models.load_model(path)
     assert loaded.get_layer("gate").compute_dtype == "float32"
     assert loaded.get_layer("d2").compute_dtype == "float16"
-    assert attribution.pending_healed(loaded.optimizer) == ("gate",)
+    assert loaded.optimizer.step_state.attribution.pending_healed() == ("gate",)
     healed = tf_mixed.audit(loaded).by_code("healed")
     assert [f.layer for f in healed] == ["gate"]
     # Training the loaded model goes on healed: nothing is skipped.

@@ -124,6 +124,41 @@ def test_optimizer_trainable_variables():  # Optimizer._trainable_variables
     np.testing.assert_array_equal(variables[0].numpy(), [0.5, 0.5])
 
 
+def test_optimizer_own_variables_are_what_it_added_in_order():  # Optimizer._variables
+    inner = keras.optimizers.Adam(0.5)
+    wrapper = keras.optimizers.LossScaleOptimizer(inner)
+    variables = [keras.Variable(np.ones(2))]
+    wrapper.build(variables)
+    own = _internals.optimizer_own_variables(wrapper)
+    # Keras's wrapper: its own iterations and learning rate, then step_counter, dynamic_scale;
+    # `variables` also lists the inner optimizer's slots, which are not its own.
+    assert [v.name for v in own][-2:] == ["step_counter", "dynamic_scale"]
+    assert len(wrapper.variables) > len(own)
+    assert all(any(v is w for w in wrapper.variables) for v in own)
+    assert _internals.optimizer_own_variables(wrapper) is not own  # a copy
+
+
+def test_a_rider_is_kept_on_the_object_and_saved_nowhere(tmp_path):
+    optimizer = keras.optimizers.Adam(0.5)
+    variables = [keras.Variable(np.ones(2))]
+    optimizer.build(variables)
+    before = set(_internals.trackable_children(optimizer))
+    count = len(optimizer.variables)
+    made = []
+    said = _internals.rider(optimizer, "said", lambda: made.append(1) or set())
+    said.add("x")
+    assert _internals.rider(optimizer, "said", set) == {"x"} and made == [1]  # made once
+    # Neither Keras's tracker nor TensorFlow's sees it: no checkpoint child, no variable.
+    assert set(_internals.trackable_children(optimizer)) == before
+    assert len(optimizer.variables) == count
+    path = tf.train.Checkpoint(optimizer=optimizer).write(str(tmp_path / "ckpt"))
+    fresh = keras.optimizers.Adam(0.5)
+    fresh.build([keras.Variable(np.ones(2))])
+    tf.train.Checkpoint(optimizer=fresh).read(path).assert_consumed()
+    assert "_tf_mixed_said" not in fresh.__dict__
+    assert keras.optimizers.Adam.from_config(optimizer.get_config()).learning_rate == 0.5
+
+
 def test_no_automatic_dependency_tracking():  # keras.src.utils.tracking
     from keras.src.utils import tracking  # the import itself is what moves
 

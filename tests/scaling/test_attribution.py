@@ -105,7 +105,7 @@ def test_a_weights_file_read_before_attaching_is_applied_at_attach(tmp_path):
     fresh.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), "mse")
     fresh.optimizer.build(fresh.trainable_variables)
     fresh.load_weights(str(tmp_path / "w.weights.h5"))
-    assert attribution.pending_healed(fresh.optimizer) == ("sq",)
+    assert fresh.optimizer.step_state.attribution.pending_healed() == ("sq",)
     assert LayerAttribution.attach(fresh, fresh.optimizer).read().healed == ("sq",)
 
 

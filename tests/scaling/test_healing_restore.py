@@ -8,7 +8,6 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed.policy import precision_map
-from tf_mixed.scaling import attribution
 from tf_mixed.scaling.healing import Healer, heal, healed_map
 
 
@@ -124,7 +123,7 @@ def test_a_hand_written_loop_restored_before_its_first_trace_computes_healed(tmp
     _restore(fresh, path)
     assert fresh.get_layer("gate").compute_dtype == "float32"     # at once
     assert fresh.get_layer("d2").compute_dtype == "float16"
-    assert attribution.of(opt).read().healed == ("gate",)
+    assert opt.step_state.attribution.attached.read().healed == ("gate",)
     assert bool(step(*_data()))                                   # applied: no overflow
 
 

@@ -138,6 +138,7 @@ def test_eagerly_every_zoo_model_built_in_float16_is_told_under_a_float32_policy
     assert len(said) == 1 and "owning its variables compute in float16" in said[0], said
 
 
+@pytest.mark.slow  # 5.4-6.5 s of CPU: it traces a loop step
 def test_the_pass_through_wrapper_on_a_float16_model_is_told_with_its_own_fix():
     model = _model("mixed_float16")  # the global policy stays float32
     opt = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01))  # passes through here

@@ -236,6 +236,46 @@ def optimizer_trainable_variables(optimizer) -> list:
     return list(optimizer._trainable_variables)
 
 
+def optimizer_own_variables(optimizer) -> list:
+    """The variables an optimizer created itself, in creation order (``_variables``).
+
+    Keras's ``optimizer.variables`` also lists a wrapper's inner optimizer's
+    (``LossScaleOptimizer.variables``); its own ``add_variable`` calls append
+    to the private ``_variables`` list, which is what Keras's own
+    ``save_own_variables`` writes. For the wrapper's file layouts
+    (`tf_mixed.scaling.formats`). Keras 3.15.1.
+    """
+    return list(optimizer._variables)
+
+
+def rider(obj, name: str, make: Callable[[], Any]) -> Any:
+    """What tf_mixed keeps on a user's Keras object under ``name``, made on first use.
+
+    A fact about an object that several tf_mixed objects share (a user's
+    inner optimizer, which several wrappers may drive) belongs to that
+    object, not to a module-level registry keyed by it. It is set with
+    ``object.__setattr__`` as ``_tf_mixed_<name>``, so neither Keras's
+    attribute tracker (``Optimizer.__setattr__`` -> ``_tracker.track``) nor
+    TensorFlow's ``AutoTrackable.__setattr__`` sees it: it is in no
+    checkpoint, config, ``.keras`` file or SavedModel, and it goes with the
+    object. Keras 3.15.1, TensorFlow 2.21.0.
+
+    Args:
+        obj: The object (a Keras optimizer).
+        name: The rider's name.
+        make: Makes the value the first time.
+
+    Returns:
+        The value kept on ``obj``.
+    """
+    attribute = f"_tf_mixed_{name}"
+    value = obj.__dict__.get(attribute)
+    if value is None:
+        value = make()
+        object.__setattr__(obj, attribute, value)
+    return value
+
+
 def no_automatic_dependency_tracking(fn: Callable) -> Callable:
     """Decorator: attributes set inside `fn` are not tracked by Keras.
 

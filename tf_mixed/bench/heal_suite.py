@@ -232,9 +232,7 @@ def _record_cost(model, calls: int = 300) -> float:
     """
     import tensorflow as tf
 
-    from tf_mixed.scaling import attribution
-
-    attributed = attribution.of(model.optimizer)
+    attributed = model.optimizer.step_state.attribution.attached
     assert attributed is not None                     # Heal attached it
     variables = list(model.trainable_variables)
     grads = [tf.zeros_like(v) for v in variables]

@@ -23,17 +23,21 @@
 from __future__ import annotations
 
 import functools
-import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed.tools.catalog import model_check as catalog_check
 
 __all__ = ["FirstBatch", "install", "installed"]
 
-_INSTALLED: "weakref.WeakKeyDictionary[keras.Model, FirstBatch]" = weakref.WeakKeyDictionary()
+
+def _kept(model) -> dict:
+    """What `install` keeps on ``model`` (its `FirstBatch`, once installed):
+    on the model itself, not in a registry keyed by it."""
+    return _internals.rider(model, "first_batch", dict)
 
 
 class FirstBatch:
@@ -113,14 +117,14 @@ def install(model: keras.Model) -> FirstBatch | None:
         bounds its safe range (`tf_mixed.tools.catalog.model_check.bounded_layers`)
         or the model has no graph of layers to tap.
     """
-    found = _INSTALLED.get(model)
+    found = _kept(model).get("found")
     if found is not None:
         found.arm()
         return found
     owners, tap = catalog_check.input_tap(model, catalog_check.bounded_layers(model))
     if tap is None:
         return None
-    found = _INSTALLED[model] = FirstBatch(model, owners, tap)
+    found = _kept(model)["found"] = FirstBatch(model, owners, tap)
     inner = model.train_step
 
     @functools.wraps(inner)
@@ -134,4 +138,4 @@ def install(model: keras.Model) -> FirstBatch | None:
 
 def installed(model: keras.Model) -> bool:
     """Whether `install` wrapped this model's ``train_step``."""
-    return model in _INSTALLED
+    return "found" in _kept(model)

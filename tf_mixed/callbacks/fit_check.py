@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from tf_mixed.policy import model_check
-from tf_mixed.scaling import misuse
+from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed.tools.planning import step_candidate
 
 __all__ = ["attach"]
@@ -42,7 +42,7 @@ def attach(callback) -> model_check.Check | None:
 
     def on_verdict(verdict) -> None:
         if verdict.action == "moved":
-            misuse.float32_on_purpose(getattr(model, "optimizer", None))
+            loss_scale_module.float32_on_purpose(getattr(model, "optimizer", None))
         if verdict.action in ("moved", "planned"):
             model.make_test_function(force=True)
             model.make_predict_function(force=True)

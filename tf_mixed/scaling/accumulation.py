@@ -40,7 +40,9 @@
 # never applied and the next ``fit`` starts a fresh window. A custom loop
 # that wants the same calls ``optimizer.finalize_variable_values(variables)``.
 #
-# `validate_steps` is the argument's one check.
+# `validate_steps` is the argument's one check. A step without accumulation
+# is a window of one micro-step (`WindowOfOne`): `tf_mixed.scaling.pipeline`
+# runs every step through the same stages.
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import validate as _validate
 
-__all__ = ["Accumulator", "steps_to_take_over", "take_over", "validate_steps"]
+__all__ = ["Accumulator", "WindowOfOne", "steps_to_take_over", "take_over", "validate_steps"]
 
 
 def validate_steps(value, inner_steps=None) -> int | None:
@@ -157,6 +159,22 @@ class Accumulator:
         """Whether the micro-step being run ends its window (bool tensor)."""
         return tf.equal(self.micro_step + 1, self.steps)
 
+    def collect(self, grads, divide) -> tuple:
+        """Adds a micro-step's gradients: ``(the window's sums, unscaled, is_last)``.
+
+        Args:
+            grads: One gradient per variable, scaled unless ``divide`` is None.
+            divide: Unscales the gradients (the loss scale is constant within
+                a window), or None when they arrive unscaled.
+
+        Returns:
+            The sums so far (unscaled), True, and whether this micro-step
+            ends the window (bool tensor).
+        """
+        if divide is not None:
+            grads = divide(grads)
+        return self.add(grads), True, self.is_last()
+
     def add(self, grads) -> list:
         """Adds unscaled gradients and returns the window's sums so far.
 
@@ -215,6 +233,24 @@ class Accumulator:
                 for copy in _local_copies(variable):
                     copy.assign(tf.zeros(copy.shape, copy.dtype))
         return dropped
+
+
+class WindowOfOne:
+    """A step without accumulation, as a window of one micro-step.
+
+    Its gradients pass through as they are (scaled or not), every
+    micro-step is the last (a Python True: no operation, no cond) and it
+    has nothing to save or reset.
+    """
+
+    steps = 1
+
+    def collect(self, grads, divide) -> tuple:
+        """``(grads, unscaled, True)``: nothing added, nothing divided."""
+        return grads, divide is None, True
+
+    def end_micro_step(self, is_last) -> None:
+        """Nothing to advance."""
 
 
 def _local_copies(variable) -> list:

@@ -28,7 +28,10 @@
 # verdict): skips per layer, a ring of the last `LOG_SIZE` attributed skips
 # (step, layer, kind) and which layers were healed. A ``tf.train.Checkpoint``
 # of the optimizer holds them (child ``layer_attribution``), and so do its
-# ``.keras``/``.weights.h5`` entries (one entry, `STORE_KEY`).
+# ``.keras``/``.weights.h5`` entries (one entry, `STORE_KEY`). The optimizer
+# keeps its attribution in an `AttributionSlot`, one part of its step state
+# (`tf_mixed.scaling.step_state`): the one attached, or a state read from a
+# file before any was.
 
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -45,8 +48,8 @@ import tensorflow as tf
 from tf_mixed._internal import shims as _internals
 
 __all__ = ["FORWARD", "GRADIENT", "GRADIENT_AT_MIN_SCALE", "KINDS", "LOG_SIZE",
-           "STORE_KEY", "AttributedSkip", "AttributionReading", "LayerAttribution",
-           "attributed_layers", "of"]
+           "STORE_KEY", "AttributedSkip", "AttributionReading", "AttributionSlot",
+           "LayerAttribution", "attributed_layers"]
 
 FORWARD, GRADIENT, GRADIENT_AT_MIN_SCALE = 0, 1, 2
 KINDS = {FORWARD: "forward output", GRADIENT: "gradient",
@@ -55,12 +58,6 @@ LOG_SIZE = 64
 """How many attributed skips the ring keeps (the healing window reads it)."""
 
 STORE_KEY = "layer_attribution"
-
-# Optimizer -> its LayerAttribution (kept outside the optimizer, so its
-# variables and checkpoint layout stay as they are without attribution).
-_ATTACHED: "weakref.WeakKeyDictionary[Any, LayerAttribution]" = weakref.WeakKeyDictionary()
-# Names read from a saved optimizer before any attribution was attached.
-_PENDING: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 class AttributedSkip(NamedTuple):
@@ -98,11 +95,6 @@ def attributed_layers(model) -> list:
         seen.add(id(layer))
         out.append((name, layer))
     return out
-
-
-def of(optimizer) -> "LayerAttribution | None":
-    """The attribution attached to ``optimizer``, or None."""
-    return _ATTACHED.get(optimizer)
 
 
 class _Recorder:
@@ -174,9 +166,10 @@ class LayerAttribution:
     `local_outputs`, `forward_flags` and `record` during each step.
     """
 
-    def __init__(self, model, optimizer, layers):
+    def __init__(self, model, optimizer, layers, slot: "AttributionSlot | None" = None):
         self.model = model
         self.optimizer = optimizer
+        self.slot = slot if slot is not None else AttributionSlot()
         self.names = [name for name, _ in layers]
         self.layers = [layer for _, layer in layers]
         self._recorder = _Recorder(len(self.layers))
@@ -199,7 +192,9 @@ class LayerAttribution:
         Attaching again to the same model returns the attribution in place.
         Call it before the step is traced (``Heal`` does, in ``set_model``)
         and, under a strategy, with the model built in its scope. State read
-        from a saved optimizer before this call (`load`) is applied here.
+        from a saved optimizer before this call (`AttributionSlot.load_from`)
+        is applied here. The attribution lives in the optimizer's
+        `AttributionSlot` (``optimizer.step_state.attribution``).
 
         Args:
             model: A built ``keras.Model``.
@@ -220,7 +215,8 @@ class LayerAttribution:
                 "Layer attribution does not support gradient accumulation yet. "
                 "Received: gradient_accumulation_steps="
                 f"{optimizer.accumulator.steps}. Train without accumulation to heal.")
-        present = of(optimizer)
+        slot = optimizer.step_state.attribution
+        present = slot.attached
         if present is not None:
             if present.model is not model:
                 raise ValueError(
@@ -237,9 +233,9 @@ class LayerAttribution:
             raise ValueError(
                 f"Model '{model.name}' has no layer to attribute skips to. Received: "
                 f"{len(model.layers)} layers, none but inputs.")
-        attribution = cls(model, optimizer, layers)
-        _ATTACHED[optimizer] = attribution
-        pending = _PENDING.pop(optimizer, None)
+        attribution = cls(model, optimizer, layers, slot)
+        slot.attached = attribution
+        pending, slot.pending = slot.pending, None
         if pending is not None:
             attribution.assign_saved(pending)
         return attribution
@@ -248,7 +244,8 @@ class LayerAttribution:
         """Unwraps the layers' calls and forgets the optimizer (state kept)."""
         for layer in self.layers:
             _internals.unwrap_call(layer)
-        _ATTACHED.pop(self.optimizer, None)
+        if self.slot.attached is self:
+            self.slot.attached = None
 
     # ----------------------------------------------------------- the step
 
@@ -405,33 +402,42 @@ def _noting(recorder: _Recorder, group: int):
 # ------------------------------------------- the optimizer's saving hooks
 
 
-def save_into(optimizer, store) -> None:
-    """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry."""
-    attribution = of(optimizer)
-    if attribution is None:
-        return
-    text = json.dumps(attribution.saved()).encode()
-    store[STORE_KEY] = np.frombuffer(text, np.uint8)
+class AttributionSlot:
+    """Where an optimizer keeps its layer attribution (a part of its step state).
 
+    Attributes:
+        attached: The `LayerAttribution` attached to the optimizer, or None.
+        pending: A state read from a file before any attribution was
+            attached (applied by `LayerAttribution.attach`), or None.
+    """
 
-def load_from(optimizer, store) -> None:
-    """Reads `STORE_KEY` from a store; kept for a later `attach` when none is attached."""
-    if STORE_KEY not in list(store.keys()):
-        return
-    saved = json.loads(bytes(np.asarray(store[STORE_KEY][...], np.uint8)).decode())
-    attribution = of(optimizer)
-    if attribution is None:
-        _PENDING[optimizer] = saved
-    else:
-        attribution.assign_saved(saved)
+    store_keys = (STORE_KEY,)
 
+    def __init__(self) -> None:
+        self.attached: LayerAttribution | None = None
+        self.pending: dict | None = None
 
-def pending_healed(optimizer) -> tuple:
-    """Healed layer names read from a file before any attribution was attached."""
-    return tuple(_PENDING.get(optimizer, {}).get("healed", ()))
+    def save_into(self, store) -> None:
+        """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry."""
+        if self.attached is None:
+            return
+        text = json.dumps(self.attached.saved()).encode()
+        store[STORE_KEY] = np.frombuffer(text, np.uint8)
 
+    def load_from(self, store) -> None:
+        """Reads `STORE_KEY` from a store; kept for a later `attach` when none is attached."""
+        if STORE_KEY not in list(store.keys()):
+            return
+        saved = json.loads(bytes(np.asarray(store[STORE_KEY][...], np.uint8)).decode())
+        if self.attached is None:
+            self.pending = saved
+        else:
+            self.attached.assign_saved(saved)
 
-def checkpoint_child(optimizer) -> dict:
-    """``{"layer_attribution": state}`` for a ``tf.train.Checkpoint``, or ``{}``."""
-    attribution = of(optimizer)
-    return {} if attribution is None else {STORE_KEY: attribution.state}
+    def checkpoint_children(self) -> dict:
+        """``{"layer_attribution": state}`` for a ``tf.train.Checkpoint``, or ``{}``."""
+        return {} if self.attached is None else {STORE_KEY: self.attached.state}
+
+    def pending_healed(self) -> tuple:
+        """Healed layer names read from a file before any attribution was attached."""
+        return tuple((self.pending or {}).get("healed", ()))

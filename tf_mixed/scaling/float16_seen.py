@@ -19,25 +19,33 @@ from __future__ import annotations
 
 import gc
 import warnings
-import weakref
 
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed._internal.warning import MixedPrecisionWarning
 
 __all__ = ["float16_in_model", "float16_in_step", "float16_owners", "tell", "told"]
 
-# Optimizers already told (each is told once).
-_TOLD: "weakref.WeakSet" = weakref.WeakSet()
-# Optimizers whose variables' owners were looked for eagerly (once each).
-_LOOKED: "weakref.WeakSet" = weakref.WeakSet()
+_TOLD = "float16_told"      # the optimizer was told (each is told once)
+_LOOKED = "float16_looked"  # its variables' owners were looked for eagerly (once)
+
+
+def _said(optimizer) -> set:
+    """What was said or done about ``optimizer`` (kept with it, not in a registry).
+
+    tf_mixed's wrapper: its step state's misuse ledger; any other Keras
+    optimizer: a set kept on the optimizer itself (`tf_mixed._internal.shims.rider`).
+    """
+    state = getattr(optimizer, "step_state", None)
+    return state.ledger.said if state is not None else _internals.rider(optimizer, "said", set)
 
 
 def told(optimizer) -> bool:
     """Whether ``optimizer`` was told already (or counted as told, `tell`)."""
-    return optimizer in _TOLD
+    return _TOLD in _said(optimizer)
 
 
 def float16_in_model(model) -> str | None:
@@ -86,9 +94,9 @@ def float16_in_step(variables, optimizer=None) -> str | None:
         return f"the global dtype policy is '{keras.config.dtype_policy().name}'"
     if any(keras.backend.standardize_dtype(v.dtype) == "float16" for v in variables):
         return "it updates float16 variables"
-    if optimizer is None or optimizer in _LOOKED:
+    if optimizer is None or _LOOKED in _said(optimizer):
         return None
-    _LOOKED.add(optimizer)
+    _said(optimizer).add(_LOOKED)
     return float16_owners(variables)
 
 
@@ -104,9 +112,9 @@ def tell(optimizer, where: str | None, float16: str | None, pass_through: bool) 
         pass_through: Whether ``optimizer`` is tf_mixed's pass-through wrapper
             (its own fix), else any other optimizer.
     """
-    if optimizer in _TOLD:
+    if _TOLD in _said(optimizer):
         return
-    _TOLD.add(optimizer)
+    _said(optimizer).add(_TOLD)
     if where is None:
         return
     if pass_through:

@@ -18,7 +18,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import attribution, spike
 
 __all__ = ["EXTRA_STATE", "checkpoint_children", "load_listed_layout", "load_own",
            "load_unsplit_layout", "save_own"]
@@ -38,7 +37,7 @@ _SHADOWED = ("_iterations", "_learning_rate")
 
 def _own(optimizer) -> tuple[list, list]:
     """The wrapper's own variables: (scalars, arrays), in creation order."""
-    own = list(optimizer._variables)
+    own = _internals.optimizer_own_variables(optimizer)
     # len(): a mirrored variable's TensorShape([]) is truthy.
     return ([v for v in own if len(v.shape) == 0],
             [v for v in own if len(v.shape) > 0])
@@ -49,7 +48,7 @@ def _entries(optimizer) -> dict[int, str]:
     return {id(v): str(i) for i, v in enumerate(_own(optimizer)[1], start=1)}
 
 
-def save_own(optimizer, store, guard=None) -> None:
+def save_own(optimizer, store, state) -> None:
     """Writes the wrapper's own state into a ``.keras`` store.
 
     The inner optimizer's variables are saved once, by the inner optimizer
@@ -58,18 +57,18 @@ def save_own(optimizer, store, guard=None) -> None:
     float64 vector (exact for counters below 2**53; one HDF5 dataset instead
     of eight); each array variable (an accumulation buffer) follows as its
     own entry, in order: ``[replicas, *shape]`` on several replicas, its own
-    shape on one.
+    shape on one. The parts of its step state that save
+    (`tf_mixed.scaling.step_state.StepState.save_into`: healed layers, the
+    spike history) add their own entries.
     """
     scalars, arrays = _own(optimizer)
-    attribution.save_into(optimizer, store)  # healed layers (issue 36)
-    if guard is not None:  # the write guard's spike history, when on (issue 44)
-        guard.save_into(store)
+    state.save_into(store)
     store["0"] = np.array([np.float64(v.numpy()) for v in scalars], dtype=np.float64)
     for i, value in enumerate(_replica_rows(arrays), start=1):
         store[str(i)] = value if value.shape[0] > 1 else value[0]
 
 
-def load_own(optimizer, store, keras_load, guard=None) -> None:
+def load_own(optimizer, store, keras_load, state) -> None:
     """Reads a ``.keras`` store written by `save_own`, or an older layout.
 
     Args:
@@ -77,14 +76,13 @@ def load_own(optimizer, store, keras_load, guard=None) -> None:
         store: The optimizer's entries of the file.
         keras_load: Keras's wrapper's ``load_own_variables`` (its layout
             before it was built: Keras's own error then).
-        guard: The optimizer's `tf_mixed.scaling.write_guard.StepGuard`
-            (reads a saved spike history), or None.
+        state: The optimizer's `tf_mixed.scaling.step_state.StepState`
+            (each part that saves reads its entries).
     """
     scalars, arrays = _own(optimizer)
-    attribution.load_from(optimizer, store)  # healed layers (issue 36)
-    if guard is not None:
-        guard.load_from(store)  # the spike history (issue 44)
-    keys = [k for k in store.keys() if k not in (attribution.STORE_KEY, spike.STORE_KEY)]
+    state.load_from(store)
+    riders = state.store_keys()
+    keys = [k for k in store.keys() if k not in riders]
     if (optimizer.built and "0" in keys and len(store["0"].shape) == 1
             and store["0"].shape[0] == len(scalars)
             and len(keys) == 1 + len(arrays)):
@@ -110,7 +108,7 @@ def load_unsplit_layout(optimizer, store) -> None:
     order (a mirrored scalar's shape read as not empty); accumulation
     buffers hold every replica's row.
     """
-    own = list(optimizer._variables)
+    own = _internals.optimizer_own_variables(optimizer)
     arrays = []
     for i, variable in enumerate(own, start=1):
         if len(variable.shape) == 0:
@@ -128,7 +126,7 @@ def load_listed_layout(optimizer, store) -> None:
     the inner optimizer loads its own again from its own entry. Keras's
     wrapper lacks the counters of `EXTRA_STATE`, which stay at 0.
     """
-    own = list(optimizer._variables)
+    own = _internals.optimizer_own_variables(optimizer)
     ours = optimizer.variables
     extra_start = len(own) - len(EXTRA_STATE)
     targets = ours[:extra_start] + ours[len(own):]
@@ -214,7 +212,7 @@ def _assign_rows(buffers, saved: list[np.ndarray]) -> None:
 # ------------------------------------------------------- tf.train.Checkpoint
 
 
-def checkpoint_children(wrapper, default: dict, guard=None) -> dict:
+def checkpoint_children(wrapper, default: dict, state) -> dict:
     """The checkpoint layout: the inner optimizer's, plus the wrapper's state.
 
     A ``tf.train.Checkpoint`` of the plain inner optimizer restores into the
@@ -233,15 +231,16 @@ def checkpoint_children(wrapper, default: dict, guard=None) -> dict:
     Args:
         wrapper: A ``tf_mixed.LossScaleOptimizer``.
         default: Keras's children of the wrapper.
-        guard: The wrapper's `tf_mixed.scaling.write_guard.StepGuard` (its
-            spike history, when on), or None.
+        state: The wrapper's `tf_mixed.scaling.step_state.StepState`: the
+            children of its parts that save, and the aliases kept for the
+            wrapper's life.
 
     Returns:
         The children, name to trackable.
     """
     inner = wrapper.inner_optimizer
     children = _internals.trackable_children(inner)
-    aliases = wrapper._scratch.checkpoint_aliases
+    aliases = state.aliases
     for name in _SHADOWED:
         target = children.get(name)
         if not isinstance(target, (keras.Variable, tf.Variable)):
@@ -261,9 +260,7 @@ def checkpoint_children(wrapper, default: dict, guard=None) -> dict:
         if "buffers" not in aliases or aliases["buffers"][0] is not accumulator:
             aliases["buffers"] = (accumulator, _buffers_trackable(accumulator.buffers))
         children["accumulation_buffers"] = aliases["buffers"][1]
-    children.update(attribution.checkpoint_child(wrapper))  # healed layers (issue 36)
-    if guard is not None:
-        children.update(guard.checkpoint_child())  # the spike history (issue 44)
+    children.update(state.checkpoint_children())  # healed layers, spike history
     return children
 
 

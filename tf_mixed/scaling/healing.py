@@ -24,8 +24,13 @@ from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import walk_layers
 from tf_mixed.policy import precision_map
-from tf_mixed.scaling import attribution as _attribution
-from tf_mixed.scaling.attribution import FORWARD, GRADIENT_AT_MIN_SCALE, KINDS, LayerAttribution
+from tf_mixed.scaling.attribution import (
+    FORWARD,
+    GRADIENT_AT_MIN_SCALE,
+    KINDS,
+    STORE_KEY,
+    LayerAttribution,
+)
 
 __all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe", "heal",
            "healed_map", "move_to_float32"]
@@ -232,7 +237,7 @@ class Healer:
         # before this call, when this child is first listed).
         self.attribution.state.healed_map = _internals.checkpoint_value(
             self._save_healed, self._restore_healed)
-        _internals.restore_deferred(optimizer, _attribution.STORE_KEY, self.attribution.state)
+        _internals.restore_deferred(optimizer, STORE_KEY, self.attribution.state)
 
     @property
     def healed(self) -> tuple:
@@ -258,7 +263,7 @@ class Healer:
             when any did).
         """
         wanted = set(self.attribution.read().healed)
-        wanted.update(_attribution.pending_healed(self.attribution.optimizer))
+        wanted.update(self.attribution.slot.pending_healed())
         names = [n for n in self.attribution.names if n in wanted]
         moved = self._move(names)
         if names:

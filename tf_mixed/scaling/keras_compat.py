@@ -3,8 +3,9 @@
 # Keras 3's (``apply_gradients``, ``check_finite``, ``stateless_apply``) and
 # tf-keras's (``get_scaled_loss``, ``get_unscaled_gradients``,
 # ``dynamic_counter``, ``loss_scale``), as a mixin that uses only the wrapper's
-# public methods and state variables. Files and configs live with the class
-# (`tf_mixed.scaling.optimizer`, `tf_mixed.scaling.formats`).
+# public methods, state variables and step state (its misuse ledger). Files
+# and configs live with the class (`tf_mixed.scaling.optimizer`,
+# `tf_mixed.scaling.formats`).
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_mixed.scaling import allreduce
+from tf_mixed.scaling import allreduce, misuse
 
 __all__ = ["KerasCompat"]
 
@@ -33,7 +34,7 @@ class KerasCompat:
             The inner optimizer's ``iterations`` variable (tf.keras habit).
         """
         pairs = list(grads_and_vars)
-        if unscaled is None and self._scratch.tf_keras_unscaled:
+        if unscaled is None and self.step_state.ledger.tf_keras_unscaled:
             unscaled = True
         self.apply([g for g, _ in pairs], [v for _, v in pairs], unscaled=unscaled)
         return self.iterations
@@ -60,7 +61,7 @@ class KerasCompat:
         clipped or not; ``apply`` still asks for ``unscaled=``.
         """
         unscaled = self.unscale_gradients(grads)
-        self._scratch.tf_keras_unscaled = True
+        misuse.note_unscaled(self.step_state.ledger, tf_keras=True)
         return unscaled
 
     @property

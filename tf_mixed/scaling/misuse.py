@@ -32,7 +32,7 @@
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import warnings
 import weakref
 from typing import Any
@@ -45,15 +45,59 @@ from tf_mixed._internal.facts import HALF_DTYPES
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.scaling import float16_seen
 
-__all__ = ["check_step", "forward_state_guard", "note_scaled", "scales"]
+__all__ = ["InnerLedger", "Ledger", "check_step", "float32_on_purpose", "forward_state_guard",
+           "note_scaled", "note_unscaled", "note_wrapper", "scales", "take_unscaled"]
 
-# inner optimizer -> the live tf_mixed wrappers around it.
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, weakref.WeakSet]" = weakref.WeakKeyDictionary()
-# inner optimizer -> the name of the last wrapper that stepped it (live or
-# dropped), and the inner optimizers already told about dropped wrappers.
-_STEPPED_BY: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-_SERIALS = itertools.count()
-_TOLD_DROPPED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+@dataclasses.dataclass(eq=False)
+class Ledger:
+    """What the checks remember between calls of one wrapper (its `StepState` part).
+
+    Attributes:
+        scaled_since_apply: ``scale_loss`` calls since the last ``apply``.
+        unscaled_since_apply: ``unscale_gradients`` calls since the last
+            ``apply`` (only to refuse an ``apply`` that does not say what it
+            got; it never changes arithmetic).
+        tf_keras_unscaled: tf-keras's ``get_unscaled_gradients`` was called
+            since the last ``apply`` (`tf_mixed.scaling.keras_compat`).
+        forward_ops_end: Where the traced forward pass ended (the graph's
+            operation count at ``scale_loss``), or None.
+        said: The keys of the warnings already given (each is said once).
+    """
+
+    scaled_since_apply: int = 0
+    unscaled_since_apply: int = 0
+    tf_keras_unscaled: bool = False
+    forward_ops_end: int | None = None
+    said: set = dataclasses.field(default_factory=set)
+
+
+class InnerLedger:
+    """What a user's inner optimizer remembers of the wrappers around it.
+
+    Several wrappers may drive one inner optimizer (one made every batch),
+    and an earlier one may be gone: only the inner optimizer outlives them,
+    so this lives on it (`tf_mixed._internal.shims.rider`), not in a
+    registry keyed by it.
+    """
+
+    def __init__(self) -> None:
+        self._wrappers: list = []  # weak references to the wrappers around it
+        self.stepped_by: Any = None  # weak reference to the last wrapper that stepped it
+        self.told_dropped = False
+
+    def add(self, wrapper) -> None:
+        self._wrappers = [w for w in self._wrappers if w() is not None] + [weakref.ref(wrapper)]
+
+    def wrappers(self) -> list:
+        """The live wrappers around the inner optimizer."""
+        return [w for w in (ref() for ref in self._wrappers) if w is not None]
+
+
+def inner_ledger(inner) -> InnerLedger:
+    """The `InnerLedger` kept on the inner optimizer ``inner``."""
+    return _internals.rider(inner, "wrappers", InnerLedger)
+
 
 _ASSIGNS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
@@ -76,41 +120,78 @@ def scales(optimizer) -> bool:
     return bool(optimizer.config.dynamic or optimizer.config.initial_scale != 1.0)
 
 
-def _warn_once(optimizer, key: str, message: str) -> None:
-    said = optimizer._scratch.said
-    if key not in said:
-        said.add(key)
+def _warn_once(ledger: Ledger, key: str, message: str) -> None:
+    if key not in ledger.said:
+        ledger.said.add(key)
         warnings.warn(message, MixedPrecisionWarning, stacklevel=4)
 
 
-def float32_on_purpose(optimizer) -> None:
-    """Notes that the model ``optimizer`` trains computes in float32 on purpose.
+def float32_on_purpose(ledger: Ledger) -> None:
+    """Notes that the model the wrapper of ``ledger`` trains computes in float32 on purpose.
 
     Auto's check on the model's own step moved it there
     (`tf_mixed.policy.model_check`): the warning of a model built before
-    ``enable`` is not said for it. Any other optimizer: nothing to note.
+    ``enable`` is not said for it.
     """
-    scratch = getattr(optimizer, "_scratch", None)
-    if scratch is not None:
-        scratch.said.add("built_before_enable")
+    ledger.said.add("built_before_enable")
 
 
 def note_wrapper(wrapper) -> None:
     """Records ``wrapper`` as one of its inner optimizer's wrappers."""
-    _WRAPPERS.setdefault(wrapper.inner_optimizer, weakref.WeakSet()).add(wrapper)
-    wrapper._scratch.serial = next(_SERIALS)  # ids of dropped objects are reused
+    inner_ledger(wrapper.inner_optimizer).add(wrapper)
 
 
-def note_scaled(optimizer, loss) -> None:
+def note_scaled(ledger: Ledger) -> None:
     """Notes a ``scale_loss`` call (and where the traced graph stood)."""
-    scratch = optimizer._scratch
-    scratch.scaled_since_apply += 1
+    ledger.scaled_since_apply += 1
     if not tf.executing_eagerly():
-        scratch.forward_ops_end = len(tf.compat.v1.get_default_graph().get_operations())
+        ledger.forward_ops_end = len(tf.compat.v1.get_default_graph().get_operations())
 
 
-def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
+def note_unscaled(ledger: Ledger, *, tf_keras: bool = False) -> None:
+    """Notes an ``unscale_gradients`` call (``tf_keras``: ``get_unscaled_gradients``)."""
+    if tf_keras:
+        ledger.tf_keras_unscaled = True
+    else:
+        ledger.unscaled_since_apply += 1
+
+
+UNSAID_UNSCALED = (
+    "LossScaleOptimizer.apply() got gradients after unscale_gradients() was "
+    "called, and no `unscaled=` to say which ones they are. Received: unscaled=None. "
+    "Pass unscaled=True if they are what unscale_gradients() returned (clipped or "
+    "not): without it they would be divided by the loss scale again and the step "
+    "would be that many times too small (torch's unscale_()-then-step() habit). "
+    "Pass unscaled=False if you only inspected the unscaled copy and pass the "
+    "scaled gradients."
+)
+
+
+def take_unscaled(ledger: Ledger, unscaled: bool | None) -> bool:
+    """``apply``'s ``unscaled``, refusing None right after ``unscale_gradients``.
+
+    Args:
+        ledger: The wrapper's `Ledger` (its notes since the last ``apply``
+            start again).
+        unscaled: What ``apply`` was told.
+
+    Raises:
+        ValueError: ``unscaled`` is None after ``unscale_gradients``.
+    """
+    pending, ledger.unscaled_since_apply = ledger.unscaled_since_apply, 0
+    ledger.tf_keras_unscaled = False
+    if unscaled is None and pending:
+        raise ValueError(UNSAID_UNSCALED)
+    return bool(unscaled)
+
+
+def check_step(optimizer, ledger: Ledger, trainable_variables, unscaled: bool) -> None:
     """The checks of one ``apply``, before anything is built or changed.
+
+    Args:
+        optimizer: The wrapper (its config, name, inner optimizer).
+        ledger: Its `Ledger`.
+        trainable_variables, unscaled: ``apply``'s, checked.
 
     Raises:
         ValueError: for an unbuilt optimizer whose first step is traced in a
@@ -126,11 +207,9 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "replicas): its state variables cannot be created there. Received: "
             "an unbuilt optimizer. Call `optimizer.build(model.trainable_variables)` "
             "under `strategy.scope()` before the first step (model.fit does).")
-    scratch = optimizer._scratch
-    scaled = scratch.scaled_since_apply
-    scratch.scaled_since_apply = 0
+    scaled, ledger.scaled_since_apply = ledger.scaled_since_apply, 0
     if not unscaled and not scaled and scales(optimizer):
-        _warn_once(optimizer, "unscaled_loss", (
+        _warn_once(ledger, "unscaled_loss", (
             f"{type(optimizer).__name__}.apply() got gradients of a loss that "
             "never went through scale_loss() (or get_scaled_loss()), yet it divides "
             f"them by the loss scale (now {optimizer.config.initial_scale:g} at "
@@ -138,10 +217,10 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "learns nothing. Scale the loss on the tape: "
             "`scaled = opt.scale_loss(loss)` and differentiate `scaled`, or use "
             "tf_mixed.training.apply_scaled_gradients(tape, loss, variables, opt)."))
-    others = [w for w in _WRAPPERS.get(optimizer.inner_optimizer, ())
+    others = [w for w in inner_ledger(optimizer.inner_optimizer).wrappers()
               if w is not optimizer and w.built]
     if others:
-        _warn_once(optimizer, "second_wrapper", (
+        _warn_once(ledger, "second_wrapper", (
             f"{type(optimizer).__name__} '{optimizer.name}' wraps inner optimizer "
             f"'{optimizer.inner_optimizer.name}', which the built wrapper "
             f"'{others[0].name}' already drives: each new wrapper starts its "
@@ -149,11 +228,11 @@ def check_step(optimizer, trainable_variables, unscaled: bool) -> None:
             "batch?). Create the wrapper once, before the loop, and reuse it."))
     else:
         _check_dropped_wrapper(optimizer)
-    _check_built_before_enable(optimizer)
+    _check_built_before_enable(ledger)
     if not scales(optimizer) and any(
             keras.backend.standardize_dtype(v.dtype) == "float16"
             for v in trainable_variables):
-        _warn_once(optimizer, "float16_unscaled", (
+        _warn_once(ledger, "float16_unscaled", (
             f"{type(optimizer).__name__} '{optimizer.name}' does not scale the "
             "loss (a fixed scale of 1: the pass-through wrap_optimizer() returns "
             f"under the global policy '{keras.config.dtype_policy().name}'), but "
@@ -174,12 +253,12 @@ def _check_dropped_wrapper(optimizer) -> None:
     left to compare with, so the inner optimizer remembers who stepped it.
     """
     inner = optimizer.inner_optimizer
-    me = optimizer._scratch.serial
-    before = _STEPPED_BY.get(inner)
-    _STEPPED_BY[inner] = me
-    if before is None or before == me or inner in _TOLD_DROPPED:
+    ledger = inner_ledger(inner)
+    before, ledger.stepped_by = ledger.stepped_by, weakref.ref(optimizer)
+    # A dead reference: the wrapper that stepped it before was dropped.
+    if before is None or before() is optimizer or ledger.told_dropped:
         return
-    _TOLD_DROPPED.add(inner)
+    ledger.told_dropped = True
     warnings.warn(
         f"{type(optimizer).__name__} '{optimizer.name}' is a new wrapper around "
         f"inner optimizer '{inner.name}', which an earlier wrapper (now dropped) "
@@ -194,7 +273,7 @@ _PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
              "DepthwiseConv2dNative", "Einsum")
 
 
-def _check_built_before_enable(optimizer) -> None:
+def _check_built_before_enable(ledger: Ledger) -> None:
     """Warns once when a half global policy meets a step computed in float32.
 
     A layer takes the global policy when it is created: a model built before
@@ -202,7 +281,7 @@ def _check_built_before_enable(optimizer) -> None:
     traced forward pass (the ops before ``scale_loss``): matrix products, and
     none of them in a half dtype. Eagerly no graph is kept: not checked.
     """
-    end = optimizer._scratch.forward_ops_end
+    end = ledger.forward_ops_end
     half = keras.config.dtype_policy().compute_dtype
     if tf.executing_eagerly() or end is None or half not in HALF_DTYPES:
         return
@@ -211,7 +290,7 @@ def _check_built_before_enable(optimizer) -> None:
     if not products or any(op.outputs[0].dtype in (tf.float16, tf.bfloat16)
                            for op in products):
         return
-    _warn_once(optimizer, "built_before_enable", (
+    _warn_once(ledger, "built_before_enable", (
         f"The global dtype policy is '{keras.config.dtype_policy().name}', but "
         f"this step's forward pass computed all {len(products)} of its matrix "
         "products in float32 (e.g. "
@@ -265,22 +344,21 @@ def _reduced_on_read(variable) -> bool:
             == tf.VariableSynchronization.ON_READ)
 
 
-def _untracked_writes(optimizer) -> list:
+def _untracked_writes(optimizer, state) -> list:
     """Floating variables the traced forward pass wrote and no rollback holds."""
     read = _internals.variables_read_so_far()
     if read is None:
         return []
     graph = tf.compat.v1.get_default_graph()
-    end = optimizer._scratch.forward_ops_end
-    ops = graph.get_operations()[:end]
+    ops = graph.get_operations()[:state.ledger.forward_ops_end]
     written = {id(op.inputs[0]) for op in ops if op.type in _ASSIGNS}
     if not written:
         return []
-    tally = optimizer._scratch.tally
+    tally = state.tally
     known = _plain(list(optimizer.variables)
-                   + list(optimizer._scratch.forward.variables)
-                   + list(optimizer._scratch.forward.declined)
-                   + list(optimizer._scratch.forward.backups)
+                   + list(state.forward.variables)
+                   + list(state.forward.declined)
+                   + list(state.forward.backups)
                    + ([v for v in vars(tally).values() if isinstance(v, tf.Variable)]
                       if tally is not None else []))
     known_ids = {id(v) for v in known} | {id(getattr(v, "handle", None)) for v in known}
@@ -296,7 +374,7 @@ def _untracked_writes(optimizer) -> list:
     return found
 
 
-def forward_state_guard(optimizer, finite) -> None:
+def forward_state_guard(optimizer, state, finite) -> None:
     """Refuses the first skipped step that leaves forward state unprotected.
 
     Traced in a ``tf.function``: when the forward pass of this step wrote
@@ -306,12 +384,16 @@ def forward_state_guard(optimizer, finite) -> None:
     Eagerly TensorFlow keeps no record of what the forward pass wrote: the
     first skipped step without tracked forward state gives a
     `MixedPrecisionWarning` saying so.
+
+    Args:
+        optimizer: The wrapper (its own variables are not forward state).
+        state: Its `tf_mixed.scaling.step_state.StepState`.
+        finite: The step's global verdict.
     """
     if tf.executing_eagerly():
-        scratch = optimizer._scratch
-        if (not scratch.forward.variables and not scratch.forward.declined
+        if (not state.forward.variables and not state.forward.declined
                 and not bool(finite)):
-            _warn_once(optimizer, "eager_forward_state", (
+            _warn_once(state.ledger, "eager_forward_state", (
                 "A step was skipped (non-finite gradients) and no forward state "
                 "is handed to the optimizer: if the model has BatchNormalization "
                 "(or any layer whose forward pass writes non-trainable state), "
@@ -320,7 +402,7 @@ def forward_state_guard(optimizer, finite) -> None:
                 "tf.function it refuses the step). Call "
                 "`opt.track_forward_state(model)` once before the first step."))
         return
-    untracked = _untracked_writes(optimizer)
+    untracked = _untracked_writes(optimizer, state)
     if not untracked:
         return
     names = ", ".join(f"'{v.name}'" for v in untracked[:3])

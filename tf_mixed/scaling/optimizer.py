@@ -54,13 +54,14 @@ from tf_mixed.scaling import (
 from tf_mixed.scaling.float8_sync import Float8Sync
 from tf_mixed.scaling.keras_compat import KerasCompat
 from tf_mixed.scaling.loss_tally import LossTally
-from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.scale_state import LossScaleConfig, LossScaleState
 from tf_mixed.scaling.spike import SpikeGuard, SpikeRule
+from tf_mixed.scaling.step_state import StepState
 from tf_mixed.scaling.write_guard import SkipReasons, StepGuard
 
-__all__ = ["LossScaleOptimizer", "guard_spikes", "loss_scale_state", "read_keras_state",
-           "refresh_forward_state", "step_guard", "wrap_optimizer"]
+__all__ = ["LossScaleOptimizer", "float32_on_purpose", "float8_sync_of", "guard_spikes",
+           "loss_scale_state", "read_keras_state", "refresh_forward_state", "step_guard",
+           "step_state_of", "wrap_optimizer"]
 
 _REPLICA_CONTEXT_ERROR = (
     "LossScaleOptimizer.apply() must be called in a replica context. You "
@@ -76,48 +77,6 @@ _JIT_UNDER_STRATEGY_ERROR = (
     "'auto', which turns XLA off under a strategy), or drop `jit_compile=True` "
     "from the tf.function around your step."
 )
-
-
-_UNSAID_UNSCALED = (
-    "LossScaleOptimizer.apply() got gradients after unscale_gradients() was "
-    "called, and no `unscaled=` to say which ones they are. Received: unscaled=None. "
-    "Pass unscaled=True if they are what unscale_gradients() returned (clipped or "
-    "not): without it they would be divided by the loss scale again and the step "
-    "would be that many times too small (torch's unscale_()-then-step() habit). "
-    "Pass unscaled=False if you only inspected the unscaled copy and pass the "
-    "scaled gradients."
-)
-
-
-class _Scratch:
-    """What the optimizer holds outside its checkpoint (not a Trackable).
-
-    Saving the rollback backups or the loss tally would change the
-    optimizer's checkpoint layout, which must stay Keras's.
-    """
-
-    def __init__(self) -> None:
-        self.forward = ForwardState()
-        # What the step writes, checked before it is written (the verdict's
-        # reasons; `tf_mixed.scaling.write_guard`), handed to the pipeline.
-        self.guard = StepGuard(self.forward)
-        self.tally: LossTally | None = None
-        # unscale_gradients() calls since the last apply(): only to refuse an
-        # apply() that does not say what it got (it never changes arithmetic).
-        self.unscaled_since_apply = 0
-        self.float8: Float8Sync | None = None
-        # `tf_mixed.scaling.misuse`: scale_loss() calls since the last apply(),
-        # where the traced forward pass ended, what was said; tf-keras's
-        # get_unscaled_gradients() since the last apply() (`keras_compat`).
-        self.scaled_since_apply = 0
-        self.forward_ops_end: int | None = None
-        self.said: set[str] = set()
-        self.serial = 0  # this wrapper's number (`misuse.note_wrapper`)
-        self.tf_keras_unscaled = False
-        # Checkpoint aliases of the inner optimizer's iterations and learning
-        # rate, one object each for the optimizer's life
-        # (`tf_mixed.scaling.formats.checkpoint_children`).
-        self.checkpoint_aliases: dict = {}
 
 
 @keras.saving.register_keras_serializable(package="tf_mixed")
@@ -137,7 +96,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
       at ``min_scale``).
 
     The rule is `tf_mixed.scaling.scale_state.next_state`; read the state with
-    ``loss_scale_state()``.
+    ``loss_scale_state()``. What a step carries besides (forward state,
+    tally, float8 agreement, attribution, misuse ledger) is one record,
+    ``step_state`` (`tf_mixed.scaling.step_state.StepState`).
 
     Example:
 
@@ -160,13 +121,13 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         growth_factor: Multiplier applied when the scale grows, ``> 1``.
         backoff_factor: Multiplier applied when the scale backs off, in
             ``(0, 1)``.
-        min_scale: Lowest scale backoff can reach, positive.
-        max_scale: Highest scale growth can reach, finite.
+        min_scale, max_scale: Lowest scale backoff can reach (positive),
+            highest growth can reach (finite).
         hysteresis: Consecutive non-finite steps needed before the scale
             backs off (every one of them is still skipped). ``1`` backs off
             on every overflow, as Keras does.
-        dynamic: False keeps ``initial_scale`` fixed (tf-keras's
-            ``dynamic=False``); non-finite steps are still skipped.
+        dynamic: False keeps ``initial_scale`` fixed (tf-keras's); non-finite
+            steps are still skipped.
         config: The knobs above as one `tf_mixed.scaling.LossScaleConfig`
             (instead of giving them one by one; `wrap_optimizer` passes the
             config it chose).
@@ -214,25 +175,17 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     ):
         # One pass: each concern is checked once, before anything changes.
         _check_inner(inner_optimizer)
-        config = _scale_config(config, initial_scale=initial_scale,
-                               dynamic_growth_steps=dynamic_growth_steps,
-                               growth_interval=growth_interval,
-                               growth_factor=growth_factor,
-                               backoff_factor=backoff_factor, min_scale=min_scale,
-                               max_scale=max_scale, hysteresis=hysteresis,
-                               dynamic=dynamic)
+        config = _scale_config(
+            config, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
+            growth_interval=growth_interval, growth_factor=growth_factor,
+            backoff_factor=backoff_factor, min_scale=min_scale, max_scale=max_scale,
+            hysteresis=hysteresis, dynamic=dynamic)
         communication_dtype = allreduce.validate_communication_dtype(communication_dtype)
-        steps = accumulation.steps_to_take_over(inner_optimizer,
-                                                gradient_accumulation_steps)
+        steps = accumulation.steps_to_take_over(inner_optimizer, gradient_accumulation_steps)
         update_rule = compensated.wrapper_rule(inner_optimizer, compensation, state_dtype)
-        super().__init__(
-            inner_optimizer,
-            initial_scale=config.initial_scale,
-            dynamic_growth_steps=config.growth_interval,
-            name=name,
-            **kwargs,
-        )
-        self._scratch = _Scratch()
+        super().__init__(inner_optimizer, initial_scale=config.initial_scale,
+                         dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
+        self._step_state = StepState.new()  # not a Trackable: Keras's layout stays
         self.config = config
         self.communication_dtype = communication_dtype
         compensated.compensate_if_asked(inner_optimizer, update_rule)
@@ -254,111 +207,88 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     def build(self, var_list):
         """Creates the loss-scale state and builds the inner optimizer.
 
-        The first two state variables are Keras's (``step_counter`` int64,
-        ``dynamic_scale`` float32, in that order); the counters Keras lacks
-        follow (`tf_mixed.scaling.formats.EXTRA_STATE`). Under a
-        ``tf.distribute`` strategy call this (or let ``model.fit`` do it)
-        inside ``strategy.scope()``, before the first ``strategy.run``.
+        Keras's state variables first (``step_counter`` int64, ``dynamic_scale``
+        float32), then the counters Keras lacks (`tf_mixed.scaling.formats.EXTRA_STATE`).
+        Under a strategy call this (or let ``model.fit`` do it) inside
+        ``strategy.scope()``, before the first ``strategy.run``.
 
         Args:
             var_list: The trainable variables the optimizer will update.
         """
         # aggregation="none": every replica computes the same new values from
-        # the same all-reduced verdict, so each replica writes its own copy
-        # in replica context without a merge_call or a second collective.
+        # the same all-reduced verdict, and writes its own copy (no merge_call).
         def state(name, dtype, value):
-            return self.add_variable(
-                shape=(), dtype=dtype,
-                initializer=keras.initializers.Constant(value),
-                aggregation="none", name=name,
-            )
+            return self.add_variable(shape=(), dtype=dtype, aggregation="none", name=name,
+                                     initializer=keras.initializers.Constant(value))
 
         self.step_counter = state("step_counter", "int64", 0)
-        self.dynamic_scale = state("dynamic_scale", "float32",
-                                   self.config.initial_scale)
+        self.dynamic_scale = state("dynamic_scale", "float32", self.config.initial_scale)
         self.overflow_streak = state("overflow_streak", "int64", 0)
         self.skipped_steps = state("skipped_steps", "int64", 0)
         self.last_step_skipped = state("last_step_skipped", "int64", 0)
         self.min_scale_skips = state("min_scale_skips", "int64", 0)
-        self._scratch.float8 = Float8Sync.for_variables(
+        float8 = Float8Sync.for_variables(
             var_list, None if self.accumulator is None else self.accumulator.steps)
-        if self._scratch.float8 is not None and self.inner_optimizer.use_ema:
+        self._step_state = self._step_state.with_parts(float8=float8)
+        if float8 is not None and self.inner_optimizer.use_ema:
             # Keras's TF optimizer would write None over the float8 pairs.
             _internals.overwrite_only_averaged_variables(self.inner_optimizer)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
-        self._scratch.guard.build(self.accumulator is not None)
+        self._step_state.guard.build(self.accumulator is not None)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
         keras.optimizers.Optimizer.build(self, var_list)
 
-    def _state_variables(self) -> LossScaleState:
-        return LossScaleState(
-            scale=self.dynamic_scale, good_steps=self.step_counter,
-            overflow_streak=self.overflow_streak,
-            skipped_steps=self.skipped_steps,
-            last_step_skipped=self.last_step_skipped,
-            min_scale_skips=self.min_scale_skips,
-        )
-
     def loss_scale_state(self) -> LossScaleState:
         """The current state in plain Python numbers (one host read).
 
-        Under a strategy the variables hold the same value on every replica
-        and worker (they follow the all-reduced verdict), so this is the
-        global state.
-
-        Returns:
-            A `tf_mixed.scaling.scale_state.LossScaleState`; before the optimizer is
-            built, the initial state.
+        The same on every replica and worker (the variables follow the
+        all-reduced verdict). Returns a `tf_mixed.scaling.scale_state.LossScaleState`;
+        before the optimizer is built, the initial state.
         """
+        reasons = self._step_state.guard.read()
         if not self.built:
-            return scale_state.initial_state(self.config)._replace(
-                skip_reasons=self._scratch.guard.read())
-        values = [keras.ops.convert_to_numpy(v)
-                  for v in self._state_variables()]
-        return LossScaleState(
-            scale=float(values[0]), good_steps=int(values[1]),
-            overflow_streak=int(values[2]), skipped_steps=int(values[3]),
-            last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
-            skip_reasons=self._scratch.guard.read())
+            return scale_state.initial_state(self.config)._replace(skip_reasons=reasons)
+        return scale_state.from_values(
+            [keras.ops.convert_to_numpy(v) for v in pipeline.state_variables(self)], reasons)
+
+    @property
+    def step_state(self) -> StepState:
+        """The record of this optimizer's optional riders (`tf_mixed.scaling.step_state`)."""
+        return self._step_state
 
     # ------------------------------------------- passengers: their own modules
 
     @_internals.no_automatic_dependency_tracking
     def track_forward_state(self, model_or_variables, *, roll_back: bool = True) -> int:
-        """Restores these variables after every skipped step.
+        """Restores these variables after every skipped step; returns how many.
 
         `tf_mixed.scaling.rollback.ForwardState.track` says what is tracked, what
         ``roll_back=False`` declares and when it raises. ``LossScaleMonitor`` calls
         this for ``fit``; a custom loop calls it once, under the strategy's scope,
         before its first step. Calling it again replaces the tracked set.
-
-        Returns:
-            The number of variables tracked (or declared).
         """
-        return self._scratch.forward.track(model_or_variables, roll_back=roll_back)
+        return self._step_state.forward.track(model_or_variables, roll_back=roll_back)
 
     @property
     def tracked_forward_variables(self) -> tuple:
         """The variables ``track_forward_state`` tracks or declared (a tuple)."""
-        return self._scratch.forward.variables or self._scratch.forward.declined
+        return self._step_state.forward.variables or self._step_state.forward.declined
 
     @_internals.no_automatic_dependency_tracking
     def attach_loss_tally(self, tally: LossTally) -> None:
-        """Shows ``tally`` every step's loss and verdict (builds it here).
-
-        ``LossScaleMonitor`` attaches one (`tf_mixed.scaling.loss_tally`). Call it
-        under the strategy's scope; a step traced before does not feed it.
-        """
+        """Shows ``tally`` every step's loss and verdict (builds it here; under the
+        strategy's scope). ``LossScaleMonitor`` attaches one (`tf_mixed.scaling.loss_tally`);
+        a step traced before does not feed it."""
         tally.build()
-        self._scratch.tally = tally
+        self._step_state = self._step_state.with_parts(tally=tally)
 
     @property
     def loss_tally(self) -> LossTally | None:
         """The attached `tf_mixed.scaling.LossTally`, or None."""
-        return self._scratch.tally
+        return self._step_state.tally
 
     # ---------------------------------------------------------- scaling API
 
@@ -381,17 +311,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         return self._scale_tensor(loss, scalar=True)
 
     def _scale_tensor(self, loss, *, scalar: bool):
-        """``scale_loss`` of a scalar, or (``scalar=False``, tf-keras's
-        ``get_scaled_loss``) of a floating tensor of any shape, elementwise."""
-        loss = _checked_loss(loss, scalar=scalar)
-        if loss.dtype in (tf.float16, tf.bfloat16):
-            loss = tf.cast(loss, tf.float32)
-        misuse.note_scaled(self, loss)
-        if not self.built:
-            return loss * tf.cast(self.config.initial_scale, loss.dtype)
-        if self._scratch.tally is not None and loss.shape.rank == 0:
-            self._scratch.tally.observe(loss)
-        return loss * tf.cast(self.dynamic_scale, loss.dtype)
+        """``scale_loss``, or tf-keras's elementwise ``get_scaled_loss`` (`_scaled`)."""
+        return _scaled(self, self._step_state, loss, scalar)
 
     def unscale_gradients(self, grads):
         """Returns the gradients divided by the current loss scale.
@@ -409,10 +330,10 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             grads: A list of gradient tensors, ``tf.IndexedSlices`` or None.
 
         Returns:
-            A new list of the same structure holding the unscaled gradients.
+            A new list of the unscaled gradients.
         """
         scale = self.dynamic_scale if self.built else self.config.initial_scale
-        self._scratch.unscaled_since_apply += 1
+        misuse.note_unscaled(self._step_state.ledger)
         return [pipeline.divide(g, scale) for g in _checked_grads(grads)]
 
     # ----------------------------------------------------------- the update
@@ -435,9 +356,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 ``unscale_gradients`` (say which).
 
         Returns:
-            A scalar bool tensor: True when the step was applied, False when
-            it was skipped. It is the same value on every replica and worker.
-            Accumulating: False only on the last micro-step of a discarded window.
+            A scalar bool tensor, the same on every replica and worker: False
+            when the step was skipped (accumulating: on the last micro-step of
+            a discarded window only), else True.
 
         Raises:
             ValueError: before anything is built or changed, if ``grads`` is
@@ -447,18 +368,9 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """
         grads, trainable_variables, unscaled = _checked_apply_args(
             self, grads, trainable_variables, unscaled)
-        strategy = tf.distribute.get_strategy()
-        if tf.distribute.in_cross_replica_context():
-            raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
-        _refuse_jit_under_strategy(strategy)
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
-        _check_variables_in_scope(self, strategy)
-
+        _ready_to_step(self, trainable_variables)
         with keras.name_scope(self.name, caller=self):
-            return pipeline.step(self, grads, trainable_variables, unscaled,
-                                 self._scratch.guard)
+            return pipeline.step(self, self._step_state, grads, trainable_variables, unscaled)
 
     def finalize_variable_values(self, var_list) -> None:
         """At the end of ``fit``: drops an unfinished accumulation window (a warning)."""
@@ -469,30 +381,21 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
     # ------------------------------------------------- its files and config
 
     def save_own_variables(self, store) -> None:
-        """Saves the wrapper's own state only (``.keras`` files).
-
-        The layout is `tf_mixed.scaling.formats.save_own`: the scalar state as
-        one vector, then each accumulation buffer, every replica's.
-        """
-        formats.save_own(self, store, self._scratch.guard)
+        """Saves the wrapper's own state only (``.keras`` files;
+        `tf_mixed.scaling.formats.save_own`), its step state's parts included."""
+        formats.save_own(self, store, self._step_state)
 
     def load_own_variables(self, store) -> None:
-        """Loads a ``.keras`` file's optimizer state, older layouts included.
-
-        `tf_mixed.scaling.formats.load_own`: this layout, tf_mixed's before it
-        and Keras's wrapper (whose missing counters start at 0); each
-        replica gets its own accumulation buffer back.
-        """
-        formats.load_own(self, store, super().load_own_variables, self._scratch.guard)
+        """Loads a ``.keras`` file's optimizer state, older layouts and Keras's
+        wrapper's included (`tf_mixed.scaling.formats.load_own`)."""
+        formats.load_own(self, store, super().load_own_variables, self._step_state)
 
     def get_config(self):
         """Returns the constructor arguments (Keras's names first)."""
         knobs = self.config.to_dict()
         return {
             "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(
-                self.inner_optimizer
-            ),
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "initial_scale": knobs.pop("initial_scale"),
             "dynamic_growth_steps": knobs.pop("growth_interval"),
             **knobs,
@@ -504,50 +407,72 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """Rebuilds the optimizer from ``get_config()`` output.
-
-        Also reads a ``keras.optimizers.LossScaleOptimizer`` config.
-        """
+        """Rebuilds the optimizer from ``get_config()`` output (or Keras's wrapper's)."""
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
+            config.pop("inner_optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
 
     @classmethod
     def from_keras(cls, optimizer: keras.optimizers.Optimizer,
                    **knobs: Any) -> "LossScaleOptimizer":
-        """A tf_mixed wrapper for a Keras optimizer, a Keras wrapper included.
+        """A new wrapper (with ``knobs``) around a Keras optimizer, sharing it.
 
         A ``keras.optimizers.LossScaleOptimizer`` is replaced: the new wrapper
         goes around its inner optimizer, keeps its initial scale and growth
         steps (unless ``knobs`` override them) and, if it is built, its
-        current scale and step counter, so training continues from where it
-        stands. Any other optimizer is wrapped as the constructor wraps it.
-
-        Args:
-            optimizer: A Keras optimizer or ``keras.optimizers.LossScaleOptimizer``.
-            **knobs: Other ``LossScaleOptimizer`` arguments.
-
-        Returns:
-            A new ``tf_mixed.LossScaleOptimizer`` (built if ``optimizer``
-            was a built Keras wrapper), sharing the inner optimizer.
+        current scale and step counter (the new one is built then), so
+        training continues from where it stands.
         """
-        keras_wrapper, saved = None, None
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            keras_wrapper, optimizer = optimizer, optimizer.inner_optimizer
-            knobs.setdefault("initial_scale", float(keras_wrapper.initial_scale))
-            if "growth_interval" not in knobs:
-                knobs.setdefault("dynamic_growth_steps",
-                                 int(keras_wrapper.dynamic_growth_steps))
-            if keras_wrapper.built:
-                saved = read_keras_state(keras_wrapper)
-        wrapper = cls(optimizer, **knobs)
-        if saved is not None:
-            wrapper.build(_internals.optimizer_trainable_variables(keras_wrapper))
-            wrapper.dynamic_scale.assign(saved.scale)
-            wrapper.step_counter.assign(saved.good_steps)
-        return wrapper
+        return _from_keras(cls, optimizer, knobs)
+
+
+def _from_keras(cls, optimizer, knobs: dict) -> LossScaleOptimizer:
+    """`LossScaleOptimizer.from_keras`."""
+    keras_wrapper, saved = None, None
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        keras_wrapper, optimizer = optimizer, optimizer.inner_optimizer
+        knobs.setdefault("initial_scale", float(keras_wrapper.initial_scale))
+        if "growth_interval" not in knobs:
+            knobs.setdefault("dynamic_growth_steps", int(keras_wrapper.dynamic_growth_steps))
+        if keras_wrapper.built:
+            saved = read_keras_state(keras_wrapper)
+    wrapper = cls(optimizer, **knobs)
+    if saved is not None:
+        wrapper.build(_internals.optimizer_trainable_variables(keras_wrapper))
+        wrapper.dynamic_scale.assign(saved.scale)
+        wrapper.step_counter.assign(saved.good_steps)
+    return wrapper
+
+
+def _scaled(optimizer, state: StepState, loss, scalar: bool):
+    """``scale_loss`` of a scalar, or (``scalar=False``, tf-keras's
+    ``get_scaled_loss``) of a floating tensor of any shape, elementwise."""
+    loss = _checked_loss(loss, scalar=scalar)
+    if loss.dtype in (tf.float16, tf.bfloat16):
+        loss = tf.cast(loss, tf.float32)
+    misuse.note_scaled(state.ledger)
+    if not optimizer.built:
+        return loss * tf.cast(optimizer.config.initial_scale, loss.dtype)
+    if state.tally is not None and loss.shape.rank == 0:
+        state.tally.observe(loss)
+    return loss * tf.cast(optimizer.dynamic_scale, loss.dtype)
+
+
+def _ready_to_step(optimizer, trainable_variables) -> None:
+    """``apply``'s checks of where it runs; builds the optimizer if it is not.
+
+    Raises:
+        ValueError: in a cross-replica context, or jit-compiled under a strategy.
+    """
+    strategy = tf.distribute.get_strategy()
+    if tf.distribute.in_cross_replica_context():
+        raise ValueError(_REPLICA_CONTEXT_ERROR.format(strategy=strategy))
+    _refuse_jit_under_strategy(strategy)
+    if not optimizer.built:
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            optimizer.build(trainable_variables)
+    _check_variables_in_scope(optimizer, strategy)
 
 
 def step_guard(optimizer: LossScaleOptimizer) -> StepGuard:
@@ -557,7 +482,28 @@ def step_guard(optimizer: LossScaleOptimizer) -> StepGuard:
     (``step_guard(opt).note_inputs(data)``); `tf_mixed.callbacks.skip_contract`
     reads its ``last_reason``.
     """
-    return optimizer._scratch.guard
+    return optimizer.step_state.guard
+
+
+def step_state_of(optimizer) -> StepState | None:
+    """The `tf_mixed.scaling.step_state.StepState` of a ``tf_mixed.LossScaleOptimizer``.
+
+    Any other optimizer (a plain Keras one, Keras's wrapper, None): None.
+    """
+    return optimizer.step_state if isinstance(optimizer, LossScaleOptimizer) else None
+
+
+def float32_on_purpose(optimizer) -> None:
+    """Notes that the model ``optimizer`` trains computes in float32 on purpose.
+
+    Auto's check on the model's own step moved it there
+    (`tf_mixed.policy.model_check`): the warning of a model built before
+    ``enable`` is not said for it (`tf_mixed.scaling.misuse`). Any other
+    optimizer: nothing to note.
+    """
+    state = step_state_of(optimizer)
+    if state is not None:
+        misuse.float32_on_purpose(state.ledger)
 
 
 def guard_spikes(optimizer: LossScaleOptimizer, rule: SpikeRule | None = None) -> SpikeGuard:
@@ -587,7 +533,7 @@ def guard_spikes(optimizer: LossScaleOptimizer, rule: SpikeRule | None = None) -
             "guard_spikes() needs a tf_mixed.LossScaleOptimizer. Received: "
             f"optimizer={optimizer!r:.80} (of type {type(optimizer).__name__}). "
             "Wrap it first: tf_mixed.wrap_optimizer(optimizer).")
-    return spike.turn_on(optimizer._scratch.guard, rule)
+    return spike.turn_on(optimizer.step_state.guard, rule)
 
 
 def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
@@ -602,15 +548,20 @@ def refresh_forward_state(optimizer: LossScaleOptimizer) -> None:
     Args:
         optimizer: A ``tf_mixed.LossScaleOptimizer``.
     """
-    optimizer._scratch.forward.refresh()
+    optimizer.step_state.forward.refresh()
 
 
 # A tf.train.Checkpoint of the wrapper has the inner optimizer's layout plus
-# its own state (`tf_mixed.scaling.formats.checkpoint_children`).
+# its own state and its step state's saving parts
+# (`tf_mixed.scaling.formats.checkpoint_children`). The hook is set on the
+# class, once: TensorFlow asks an object for its children through the
+# private ``Trackable._trackable_children`` of its type (no public per-object
+# hook; an instance attribute would be tracked by Keras's ``__setattr__``), and
+# the function it calls reads everything per wrapper, from its record.
 _internals.set_checkpoint_children(
     LossScaleOptimizer,
     lambda wrapper, default: formats.checkpoint_children(wrapper, default,
-                                                         wrapper._scratch.guard))
+                                                         wrapper.step_state))
 
 
 def loss_scale_state(optimizer) -> LossScaleState:
@@ -861,15 +812,6 @@ def _checked_grads(grads) -> list:
             f"{grads!r:.80} (of type {type(grads).__name__}).") from None
 
 
-def _said_unscaled(scratch: _Scratch, unscaled: bool | None) -> bool:
-    """``apply``'s ``unscaled``, refusing None right after ``unscale_gradients``."""
-    pending, scratch.unscaled_since_apply = scratch.unscaled_since_apply, 0
-    scratch.tf_keras_unscaled = False
-    if unscaled is None and pending:
-        raise ValueError(_UNSAID_UNSCALED)
-    return bool(unscaled)
-
-
 def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
     """``apply``'s arguments checked: (gradients, variables, unscaled)."""
     grads = _checked_grads(grads)
@@ -892,8 +834,9 @@ def _checked_apply_args(optimizer, grads, trainable_variables, unscaled):
             f"Received: {len(grads)} gradients for "
             f"{len(trainable_variables)} variables."
         )
-    unscaled = _said_unscaled(optimizer._scratch, unscaled)
-    misuse.check_step(optimizer, trainable_variables, unscaled)
+    ledger = optimizer.step_state.ledger
+    unscaled = misuse.take_unscaled(ledger, unscaled)
+    misuse.check_step(optimizer, ledger, trainable_variables, unscaled)
     return grads, trainable_variables, unscaled
 
 
@@ -982,7 +925,7 @@ def float8_sync_of(optimizer) -> Float8Sync | None:
     None (it keeps Keras's per-replica float8 writes).
     """
     if isinstance(optimizer, LossScaleOptimizer):
-        return optimizer._scratch.float8
+        return optimizer.step_state.float8
     return None
 
 

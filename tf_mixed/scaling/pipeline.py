@@ -1,15 +1,20 @@
 """One optimizer step as an ordered pipeline, each stage a function with one job."""
 
 # `tf_mixed.LossScaleOptimizer.apply` checks its arguments,
-# builds what must be built, then hands the step here (`step`):
+# builds what must be built, then hands the step here (`step`), with its
+# step state (`tf_mixed.scaling.step_state.StepState`), which every stage
+# below takes as an argument. A step without accumulation is a window of one
+# micro-step (`tf_mixed.scaling.accumulation.WindowOfOne`): the same stages
+# run, and what a longer window adds (buffers, a cond on its last
+# micro-step) costs no operation there.
 #
 # 1. **scale**: the gradients arrive scaled by the loss scale (or already
 #    unscaled, ``unscaled=True``); the scale of this step is read once;
-# 2. **accumulate** (`window_step`, with ``gradient_accumulation_steps``): the
-#    unscaled gradients join the window's buffers; the stages below run on the
-#    window's last micro-step only;
-# 3. **reduce** (`reduce`): ONE all-reduce across replicas and workers, in the
-#    communication dtype, float8 amaxes riding along;
+# 2. **collect** (with ``gradient_accumulation_steps``): the unscaled
+#    gradients join the window's buffers; the stages below count on the
+#    window's last micro-step only (a window of one: every step);
+# 3. **reduce** (`reduce_with_flags`): ONE all-reduce across replicas and
+#    workers, in the communication dtype, float8 amaxes riding along;
 # 4. **verdict**: all reduced gradients (and gathered float8 amaxes) finite,
 #    the same bytes everywhere, so the same decision everywhere
 #    (BUILD_NOTES.md, "Loss scaling"); and every write of the step would be
@@ -19,7 +24,7 @@
 # 5. **apply or roll back** (`apply_unscaled`, `roll_back`): the inner
 #    optimizer applies the unscaled gradients (divided by the scale inside
 #    that branch, unless layer attribution needed them unscaled before the
-#    verdict), or the step is skipped and the
+#    verdict; a window's mean), or the step is skipped and the
 #    tracked forward state restored; then the scale state advances
 #    (`advance_state`, `tf_mixed.scaling.scale_state.next_state`) and the
 #    agreed float8 scales are written (`finish_float8`).
@@ -29,47 +34,64 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed.scaling import allreduce, attribution, misuse, scale_state, write_guard
+from tf_mixed.scaling import allreduce, misuse, scale_state, write_guard
+from tf_mixed.scaling.accumulation import WindowOfOne
 from tf_mixed.scaling.scale_state import LossScaleState
 
-__all__ = ["advance_state", "apply_unscaled", "divide", "divide_all", "multiply", "reduce",
-           "reduce_with_flags", "roll_back", "step", "window_step"]
+__all__ = ["advance_state", "apply_unscaled", "divide", "divide_all", "finish_float8",
+           "multiply", "reduce", "reduce_with_flags", "roll_back", "state_variables", "step"]
+
+_ONE = WindowOfOne()
 
 
-def step(optimizer, grads, trainable_variables, unscaled, guard):
+def step(optimizer, state, grads, trainable_variables, unscaled):
     """Runs the stages on one built optimizer; returns the global verdict.
 
     Args:
-        guard: The optimizer's `tf_mixed.scaling.write_guard.StepGuard`:
-            its input and forward flags ride the all-reduce, and the verdict
-            is its reason code (applied: 0).
+        optimizer: The built ``tf_mixed.LossScaleOptimizer`` (its variables,
+            config, inner optimizer, accumulator).
+        state: Its `tf_mixed.scaling.step_state.StepState`: the write guard's
+            input and forward flags ride the all-reduce and the verdict is its
+            reason code (applied: 0); with several replicas layer
+            attribution's per-layer forward flags ride too.
+        grads, trainable_variables, unscaled: ``apply``'s, checked.
 
     Returns:
         A scalar bool tensor, the same on every replica and worker: True when
-        the step was applied (accumulating: unless the window was discarded).
+        the step was applied (accumulating: unless the window was discarded,
+        on its last micro-step only).
     """
-    if optimizer.accumulator is not None:
-        return window_step(optimizer, grads, trainable_variables, unscaled, guard)
+    window = optimizer.accumulator or _ONE
+    guard = state.guard
     scale = tf.convert_to_tensor(optimizer.dynamic_scale.value)
+    grads, unscaled, is_last = window.collect(
+        grads, None if unscaled else lambda g: divide_all(g, trainable_variables, scale))
     # The write guard's per-replica [input, forward] flags (None: nothing
     # to check) ride the one all-reduce; so, with several replicas, do
-    # layer attribution's per-layer forward flags (`tf_mixed.scaling.attribution`).
+    # layer attribution's per-layer forward flags (`tf_mixed.scaling.attribution`;
+    # refused with accumulation).
     guarded = guard.local_flags()
     riders = [] if guarded is None else [guarded]
-    attributing = attribution.of(optimizer)
+    attributing = state.attribution.attached
     records = None
     if attributing is not None:
         records = attributing.local_outputs()
         if _several_replicas():
             riders.append(attributing.forward_flags(records))
     # Without attribution (which reads the unscaled gradients) the division
-    # waits for the applied branch, as in Keras's wrapper: a skipped step
-    # does not divide at all.
+    # of a single step waits for the applied branch, as in Keras's wrapper:
+    # a skipped step does not divide at all. A window's sums arrive unscaled;
+    # their bounds are the window's length times the mean's.
     grads, trainable_variables, within, gathered, riders, divisor = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
-        optimizer.communication_dtype, optimizer._scratch.float8,
+        optimizer.communication_dtype, state.float8,
+        when=None if is_last is True else is_last,
         flags=tf.concat(riders, 0) if riders else None,
-        defer_division=attributing is None, inner=optimizer.inner_optimizer)
+        defer_division=attributing is None and window.steps == 1,
+        inner=optimizer.inner_optimizer,
+        bound_scale=None if window.steps == 1 else tf.constant(float(window.steps)))
+    if window.steps > 1:  # the window's mean
+        grads = [None if g is None else g / float(window.steps) for g in grads]
     flags = None if guarded is None else riders[:2]
     applied = guard.applied(within, flags, grads, divisor)
     if attributing is not None:
@@ -79,15 +101,25 @@ def step(optimizer, grads, trainable_variables, unscaled, guard):
         attributing.record(write_guard.attributable(code), grads, trainable_variables,
                            forward if forward is not None
                            else lambda: attributing.forward_flags(records))
-    apply_unscaled(optimizer.inner_optimizer, applied, grads, trainable_variables,
-                   divisor=divisor)
-    roll_back(optimizer, applied)
-    advance_state(optimizer, applied, scale, guard.branches(flags, grads, within))
-    finish_float8(optimizer, gathered, applied, scale)
-    return applied
+    apply_unscaled(optimizer.inner_optimizer,
+                   applied if is_last is True else tf.logical_and(is_last, applied),
+                   grads, trainable_variables, divisor=divisor)
+
+    def end_window():
+        roll_back(optimizer, state, applied)
+        advance_state(optimizer, state, applied, scale, guard.branches(flags, grads, within))
+        finish_float8(optimizer, state, gathered, applied, scale)
+        guard.end_window()
+
+    if is_last is True:
+        end_window()
+        return applied
+    tf.cond(is_last, end_window, lambda: None)
+    window.end_micro_step(is_last)
+    return tf.logical_or(tf.logical_not(is_last), applied)
 
 
-def advance_state(optimizer, finite, scale=None, also=None):
+def advance_state(optimizer, state, finite, scale=None, also=None):
     """Writes `next_state` of the global verdict into the variables.
 
     One branch per verdict, each `next_state` of that verdict as a Python
@@ -97,9 +129,10 @@ def advance_state(optimizer, finite, scale=None, also=None):
     ``scale``: the scale this step already read, if any. ``also``: the
     write guard's ``(on_applied, on_skipped)`` writes
     (`tf_mixed.scaling.write_guard.StepGuard.branches`), run in the same
-    branches (no cond of their own).
+    branches (no cond of their own). ``state``: the optimizer's step state
+    (an attached loss tally settles on the verdict).
     """
-    variables = optimizer._state_variables()
+    variables = state_variables(optimizer)
 
     def write(verdict):
         def branch():
@@ -118,8 +151,17 @@ def advance_state(optimizer, finite, scale=None, also=None):
         return branch
 
     tf.cond(finite, write(True), write(False))
-    if optimizer._scratch.tally is not None:
-        optimizer._scratch.tally.settle(finite)
+    if state.tally is not None:
+        state.tally.settle(finite)
+
+
+def state_variables(optimizer) -> LossScaleState:
+    """The built optimizer's loss-scale state variables, as a `LossScaleState`."""
+    return LossScaleState(
+        scale=optimizer.dynamic_scale, good_steps=optimizer.step_counter,
+        overflow_streak=optimizer.overflow_streak, skipped_steps=optimizer.skipped_steps,
+        last_step_skipped=optimizer.last_step_skipped,
+        min_scale_skips=optimizer.min_scale_skips)
 
 
 def _several_replicas() -> bool:
@@ -233,46 +275,6 @@ def divide_all(grads, trainable_variables, scale):
     return [g if getattr(v, "overwrite_with_gradient", False) else divide(g, scale)
             for g, v in zip(grads, trainable_variables)]
 
-def window_step(optimizer, grads, trainable_variables, unscaled, guard):
-    """One micro-step of gradient accumulation (`tf_mixed.scaling.accumulation`).
-
-    Adds the unscaled gradients to the float32 buffers; on the window's last
-    micro-step only, all-reduces the buffers once (the window's input and
-    forward flags riding along), applies their mean if the verdict (taken
-    from the reduced sums and the flags) is applied, and advances the
-    scale state, rollback and tally once. Returns False only on the last
-    micro-step of a discarded window.
-    """
-    accumulator = optimizer.accumulator
-    scale = tf.identity(optimizer.dynamic_scale.value)
-    if not unscaled:
-        grads = divide_all(grads, trainable_variables, scale)
-    sums = accumulator.add(grads)
-    is_last = accumulator.is_last()
-    flags = guard.local_flags()
-    steps = float(accumulator.steps)
-    # The one collective of the window, on its last micro-step only, the
-    # window's flags riding along. The sums come back unscaled (no float8
-    # pairs: refused at build); their bounds are the window's length times
-    # the mean's.
-    reduced, _, within, _, flags, _ = reduce_with_flags(
-        sums, trainable_variables, scale, True, optimizer.communication_dtype,
-        when=is_last, flags=flags, inner=optimizer.inner_optimizer,
-        bound_scale=tf.constant(steps))
-    reduced = [None if g is None else g / steps for g in reduced]
-    applied = guard.applied(within, flags, reduced)
-    apply_unscaled(optimizer.inner_optimizer, tf.logical_and(is_last, applied),
-                    reduced, trainable_variables)
-
-    def end_window():
-        roll_back(optimizer, applied)
-        advance_state(optimizer, applied, also=guard.branches(flags, reduced, within))
-        guard.end_window()
-
-    tf.cond(is_last, end_window, lambda: None)
-    accumulator.end_micro_step(is_last)
-    return tf.logical_or(tf.logical_not(is_last), applied)
-
 def apply_unscaled(inner, finite, grads, trainable_variables, divisor=None):
     """(b) Hands the gradients, unscaled, to the inner optimizer when ``finite``.
 
@@ -320,14 +322,14 @@ def _apply_inner(inner, grads, trainable_variables, divisor=None):
         grads = divide_all(grads, trainable_variables, divisor)
     _internals.apply_reduced_gradients(inner, grads, trainable_variables)
 
-def roll_back(optimizer, finite):
+def roll_back(optimizer, state, finite):
     """Rolls tracked forward state back on a skip; refuses untracked state."""
-    misuse.forward_state_guard(optimizer, finite)
-    optimizer._scratch.forward.roll_back(finite)
+    misuse.forward_state_guard(optimizer, state, finite)
+    state.forward.roll_back(finite)
 
-def finish_float8(optimizer, gathered, finite, scale):
+def finish_float8(optimizer, state, gathered, finite, scale):
     """(c) Writes the agreed float8 state after the verdict and the new scale."""
-    sync = optimizer._scratch.float8
+    sync = state.float8
     if sync is not None:
         sync.finish(gathered, finite, scale, optimizer.dynamic_scale.value)
 

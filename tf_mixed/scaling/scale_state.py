@@ -42,6 +42,7 @@ from tf_mixed._internal.facts import dtype_limits
 __all__ = [
     "LossScaleConfig",
     "LossScaleState",
+    "from_values",
     "initial_state",
     "next_state",
     "validate_knob",
@@ -215,6 +216,15 @@ def initial_state(config: LossScaleConfig) -> LossScaleState:
         scale=config.initial_scale, good_steps=0, overflow_streak=0,
         skipped_steps=0, last_step_skipped=False, min_scale_skips=0,
     )
+
+
+def from_values(values, skip_reasons=None) -> LossScaleState:
+    """The state from its six variables' host values, in `LossScaleState` order."""
+    return LossScaleState(
+        scale=float(values[0]), good_steps=int(values[1]),
+        overflow_streak=int(values[2]), skipped_steps=int(values[3]),
+        last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
+        skip_reasons=skip_reasons)
 
 
 def _value(x):

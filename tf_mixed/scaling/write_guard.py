@@ -44,6 +44,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed.scaling import spike as _spike
+
 __all__ = ["REASONS", "SkipReasons", "StepGuard", "inputs_flag", "update_bound"]
 
 REASONS = ("input", "forward", "gradients", "update", "spike")
@@ -237,8 +239,9 @@ class StepGuard:
         return flags
 
     def end_window(self) -> None:
-        """After a window's last micro-step: its flags start again at 0."""
-        self.window.assign(tf.zeros([2], tf.float32))
+        """After a window's last micro-step: its flags start again at 0 (none: nothing)."""
+        if self.window is not None:
+            self.window.assign(tf.zeros([2], tf.float32))
 
     @staticmethod
     def bounds(inner, variables) -> list:
@@ -321,26 +324,24 @@ class StepGuard:
 
     # ------------------------------------------------------- its files
 
+    store_keys = (_spike.STORE_KEY,)
+
     def save_into(self, store) -> None:
         """Adds the spike history to a ``.keras``/``.weights.h5`` store (if on)."""
         if self.spike is not None:
-            from tf_mixed.scaling import spike
-
-            store[spike.STORE_KEY] = self.spike.saved()
+            store[_spike.STORE_KEY] = self.spike.saved()
 
     def load_from(self, store) -> None:
         """Reads a saved spike history (kept for ``guard_spikes`` when off)."""
-        from tf_mixed.scaling import spike
-
-        if spike.STORE_KEY not in list(store.keys()):
+        if _spike.STORE_KEY not in list(store.keys()):
             return
-        saved = np.asarray(store[spike.STORE_KEY][...], np.float64)
+        saved = np.asarray(store[_spike.STORE_KEY][...], np.float64)
         if self.spike is None:
             self.pending_spike = saved
         else:
             self.spike.assign_saved(saved)
 
-    def checkpoint_child(self) -> dict:
+    def checkpoint_children(self) -> dict:
         """The spike history's ``tf.train.Checkpoint`` children, or ``{}`` (off)."""
         if self.spike is None:
             return {}

@@ -483,14 +483,14 @@ def audit(model, batch_size: int | None = None, *,
 
 def _healed_findings(model) -> list[Finding]:
     """Layers healing moved to float32 (the optimizer's state says which)."""
-    from tf_mixed.scaling import attribution
+    from tf_mixed.scaling.optimizer import step_state_of
 
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
+    state = step_state_of(getattr(model, "optimizer", None))
+    if state is None:
         return []
-    attached = attribution.of(optimizer)
+    attached = state.attribution.attached
     names = attached.read().healed if attached is not None else \
-        attribution.pending_healed(optimizer)
+        state.attribution.pending_healed()
     return [Finding(
         "info", "healed", name,
         f"Layer '{name}' computes in float32 because healing moved it there during "
