@@ -220,6 +220,25 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
     return _apply(found, precision, pad_to)
 
 
+def apply_surveyed(found: precision_map.Survey, precision: precision_map.PrecisionMap,
+                   pad_to: int | None = None) -> keras.Model:
+    """`convert`'s copy from a checked model's survey and the map decided on it.
+
+    `tf_mixed.plan`'s step check calls it with the plan's one survey; what
+    `convert` does after surveying, so the copy is the one `convert` makes
+    (``policy="auto"``'s mark aside).
+
+    Args:
+        found: The model's `tf_mixed.policy.precision_map.survey`.
+        precision: The map `decide` made on it.
+        pad_to: As `convert` (validated by the caller).
+
+    Returns:
+        As `convert`.
+    """
+    return _apply(found, precision, pad_to)
+
+
 def _apply(found: precision_map.Survey, precision, pad_to):
     model, target = found.model, precision.target
     names = found.names

@@ -41,9 +41,10 @@
 # inside nested models), as ``keep_float32`` and the plan's rows name layers.
 #
 # The walk itself is a value, `survey(model)` (layers and their names, the
-# outputs and what makes them, who reads each layer, every operation's name):
-# `decide` reads it, and so do the stages after it (`convert`'s copy and its
-# padding), instead of walking the model again.
+# outputs and what makes them, who reads each layer, every operation's name,
+# the top layers and the inputs): `decide` reads it, and so do the stages
+# after it (`convert`'s copy and its padding; `tf_mixed.plan`'s layer graph,
+# probe, step check and rows), instead of walking the model again.
 #
 # A built model's precision moves in one way, `move(model, map)`: healing
 # (`observed(model).healed(names)`: rule 6 applied to what the model computes
@@ -295,6 +296,9 @@ class Survey:
             (the model's own layers, not those inside nested models).
         operations: The name of every operation of the model and of the
             models nested in it (a copy's new names avoid them).
+        top: The model's own layers, input layers left out, in its order.
+        inputs: ``id`` of every input layer met: the model's inputs' and
+            those of the walk (nested models' own).
     """
 
     model: Any
@@ -304,6 +308,8 @@ class Survey:
     output_layers: tuple
     consumers: Mapping[int, list]
     operations: frozenset
+    top: tuple = ()
+    inputs: frozenset = frozenset()
 
 
 def survey(model: keras.Model) -> Survey:
@@ -334,8 +340,11 @@ def survey(model: keras.Model) -> Survey:
             owner.layers if isinstance(owner, keras.Sequential) else owner.operations))
     for name, layer in walked:
         names.setdefault(id(layer), name)
+    inputs = {id(layer) for _, layer in walked if is_input_layer(layer)}
+    inputs.update(id(producer(t)) for t in keras.tree.flatten(model.inputs))
+    top = tuple(layer for layer in model.layers if id(layer) not in inputs)
     return Survey(model, walked, names, outputs, tuple(output_layers), consumers,
-                  frozenset(operations))
+                  frozenset(operations), top, frozenset(inputs))
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:

@@ -75,7 +75,6 @@ from tf_mixed._internal.facts import (
     layer_outputs,
     out_of_range,
     policy_fix,
-    walk_layers,
 )
 from tf_mixed.float8 import readiness as float8_readiness
 from tf_mixed.float8 import reading as float8_reading
@@ -145,16 +144,30 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         model, "probe()",
         why_traced="its layer outputs exist only inside Python code",
         fix="Probe a Sequential or functional version of it.")
+    return probe_surveyed(precision_map.survey(model), x, y, loss=loss, policy=policy,
+                          batches=batches, half_gradients=half_gradients)
+
+
+def probe_surveyed(found: precision_map.Survey, x, y=None, *, loss=None,
+                   policy: str | None = None, batches: int = 1,
+                   half_gradients: bool | None = None) -> ProbeReport:
+    """`probe` of a model already checked and surveyed (`precision_map.survey`).
+
+    `tf_mixed.plan` calls it with the survey it made once, so the probe reads
+    that walk instead of walking the model again. Arguments, returns and
+    errors (the model's kind aside) as `probe`'s.
+    """
+    model = found.model
     loss_fn = _resolve_loss(model, loss)
     batches_list = _batches(model, x, y, batches)
-    target = _resolve_policy(model, policy)
+    target = _resolve_policy(found, policy)
     half_dtype = keras.DTypePolicy(target).compute_dtype
-    kept = _kept_float32(model, target)
+    kept = _kept_float32(found, target)
+    mixed = _has_half_layers(found)
     half = _Tap(_without_random_draws(
-        _clone(model, lambda layer: _half_dtype(model, layer, target, kept))))
+        _clone(model, lambda layer: _half_dtype(layer, target, kept, mixed))))
     ref = _Tap(_without_random_draws(_clone(model, _float32_dtype)))
     current = _current_scale(model, half_dtype)
-
     if half_gradients is None:
         # Measuring means a float16 backward pass; on a CPU TF's float16
         # Conv2D filter gradient (computed with every input gradient) takes
@@ -223,7 +236,7 @@ def _resolve_loss(model, loss):
     return _losses.resolve(loss, model, "probe()")
 
 
-def _resolve_policy(model, policy) -> str:
+def _resolve_policy(found: precision_map.Survey, policy) -> str:
     if policy is not None:
         name = policy.name if isinstance(policy, keras.DTypePolicy) else policy
         key = name.strip().lower() if isinstance(name, str) else name
@@ -232,12 +245,12 @@ def _resolve_policy(model, policy) -> str:
                 "policy must be a half-precision policy: "
                 f"{', '.join(_POLICY_ALIASES)}, or None. Received: policy={policy!r}")
         return _POLICY_ALIASES[key]
-    for layer in _leaves(model):
-        found = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
-        if found:
-            return found
+    for layer in _leaves(found):
+        half = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
+        if half:
+            return half
     own = half_policy(keras.backend.standardize_dtype(
-        getattr(model.dtype_policy, "compute_dtype", "float32")))
+        getattr(found.model.dtype_policy, "compute_dtype", "float32")))
     global_dtype = keras.config.dtype_policy().compute_dtype
     return own or half_policy(global_dtype) or MIXED_FLOAT16
 
@@ -331,10 +344,12 @@ def _check_fits(model, x) -> None:
 # ------------------------------------------------------------------ clones
 
 
-def _half_dtype(model, layer, target, kept: frozenset = frozenset()) -> str | None:
+def _half_dtype(layer, target, kept: frozenset = frozenset(),
+                mixed: bool = False) -> str | None:
     """The policy `layer` gets in the half clone (None: keep its own).
 
-    ``kept``: ids of the layers the active `enable` rules keep in float32.
+    ``kept``: ids of the layers the active `enable` rules keep in float32;
+    ``mixed``: the model was made mixed (`_has_half_layers`).
     """
     name = _policy_name(layer)
     if name not in FLOAT_POLICIES or is_input_layer(layer):
@@ -342,21 +357,21 @@ def _half_dtype(model, layer, target, kept: frozenset = frozenset()) -> str | No
     if keras.backend.standardize_dtype(layer.compute_dtype) in HALF_DTYPES:
         return target
     if (type(layer).__name__ in FLOAT32_HEADS or id(layer) in kept
-            or _has_half_layers(model)):
+            or mixed):
         return None  # float32 on purpose
     return target
 
 
-def _kept_float32(model, target: str) -> frozenset:
+def _kept_float32(found: precision_map.Survey, target: str) -> frozenset:
     """Ids of the layers of a float32-built model that stay float32 when it is
     made ``target``: `tf_mixed.policy.precision_map.decide`'s, with the
     ``keep_float32`` rules of `enable` active in this thread. Output layers
     compute in half precision, as under `enable` (only `convert` keeps them
     float32: ``outputs=False``)."""
     precision = precision_map.decide(
-        model, target, keep_float32=keep_float32_rules.active(), outputs=False,
-        check_names=False)
-    return frozenset(key for key, name in precision_map.layer_names(model).items()
+        found.model, target, keep_float32=keep_float32_rules.active(), outputs=False,
+        check_names=False, found=found)
+    return frozenset(key for key, name in found.names.items()
                      if precision.policy(name) == "float32")
 
 
@@ -395,17 +410,18 @@ def _float32_dtype(layer) -> str | None:
     return "float32" if _policy_name(layer) in FLOAT_POLICIES else None
 
 
-def _leaves(model) -> list:
-    return [layer for _, layer in walk_layers(model)
-            if not isinstance(layer, keras.Model) and not is_input_layer(layer)]
+def _leaves(found: precision_map.Survey) -> list:
+    return [layer for _, layer in found.layers
+            if not isinstance(layer, keras.Model) and id(layer) not in found.inputs]
 
 
-def _has_half_layers(model) -> bool:
-    """Whether `model` was made mixed: a layer computes in half precision, or
+def _has_half_layers(found: precision_map.Survey) -> bool:
+    """Whether the model was made mixed: a layer computes in half precision, or
     the model's own policy does (`convert` gives the new model the target
     policy, even when every layer it left ended up float32 on purpose)."""
-    dtypes = [keras.backend.standardize_dtype(layer.compute_dtype) for layer in _leaves(model)]
-    own = keras.backend.standardize_dtype(getattr(model.dtype_policy, "compute_dtype", "float32"))
+    dtypes = [keras.backend.standardize_dtype(layer.compute_dtype) for layer in _leaves(found)]
+    own = keras.backend.standardize_dtype(
+        getattr(found.model.dtype_policy, "compute_dtype", "float32"))
     return own in HALF_DTYPES or any(d in HALF_DTYPES for d in dtypes)
 
 

@@ -51,7 +51,7 @@ def no_probe(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the probe ran although the catalog covers every layer")
 
-    monkeypatch.setattr(probing, "probe", refuse)
+    monkeypatch.setattr(probing, "probe_surveyed", refuse)  # what tf_mixed.plan runs
 
 
 def _plan(model, x, y, **kwargs):
@@ -84,8 +84,8 @@ def test_a_layer_whose_inputs_overflow_its_row_stays_float32(no_probe):
 
 def test_one_layer_not_covered_runs_the_probe_for_all(monkeypatch):
     ran = []
-    real = probing.probe
-    monkeypatch.setattr(probing, "probe", lambda *a, **k: ran.append(1) or real(*a, **k))
+    real = probing.probe_surveyed
+    monkeypatch.setattr(probing, "probe_surveyed", lambda *a, **k: ran.append(1) or real(*a, **k))
     x, y = _data()
     p = _plan(_model(last=OwnDense), x, y)  # a class the catalog does not measure
     assert ran and p.from_catalog == {}
@@ -94,8 +94,8 @@ def test_one_layer_not_covered_runs_the_probe_for_all(monkeypatch):
 
 def test_use_catalog_false_always_probes(monkeypatch):
     ran = []
-    real = probing.probe
-    monkeypatch.setattr(probing, "probe", lambda *a, **k: ran.append(1) or real(*a, **k))
+    real = probing.probe_surveyed
+    monkeypatch.setattr(probing, "probe_surveyed", lambda *a, **k: ran.append(1) or real(*a, **k))
     x, y = _data()
     assert _plan(_model(), x, y, use_catalog=False).from_catalog == {} and ran
     with pytest.raises(TypeError, match="use_catalog"):

@@ -40,14 +40,15 @@ import keras
 
 from tf_mixed._internal import progress
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal.facts import COMPUTE_DTYPES, is_input_layer
+from tf_mixed._internal.facts import COMPUTE_DTYPES
 from tf_mixed.models import cloning
-from tf_mixed.policy import autotune
+from tf_mixed.policy import autotune, precision_map
 
 # The source of a layer fed by a model input.
 _NO_SOURCE: tuple[str, ...] = ("",)
 
-__all__ = ["LayerTiming", "Measurement", "PRECISION_POLICIES", "layer_graph", "time_layers"]
+__all__ = ["LayerTiming", "Measurement", "PRECISION_POLICIES", "layer_graph", "surveyed_graph",
+           "time_layers"]
 
 # A precision of the plan -> the Keras policy a layer computes under. float8
 # is Keras's float8 quantization on top of the half policy (see `time_layers`).
@@ -132,8 +133,23 @@ class Measurement:
 def layer_graph(model: keras.Model) -> tuple[list, dict[str, tuple[str, ...]], dict[str, str]]:
     """Which layers of `model` are timed, what feeds them, and who follows whom.
 
+    `surveyed_graph` of its survey (`tf_mixed.policy.precision_map.survey`).
+
     Args:
         model: A built Sequential or functional model.
+
+    Returns:
+        As `surveyed_graph`.
+    """
+    return surveyed_graph(precision_map.survey(model))
+
+
+def surveyed_graph(surveyed: precision_map.Survey,
+                   ) -> tuple[list, dict[str, tuple[str, ...]], dict[str, str]]:
+    """`layer_graph` of a model surveyed once (`tf_mixed.plan` reads its own survey).
+
+    Args:
+        surveyed: The model's `tf_mixed.policy.precision_map.survey`.
 
     Returns:
         ``(timed, producers, followers)``: the layers timed (those holding
@@ -142,7 +158,7 @@ def layer_graph(model: keras.Model) -> tuple[list, dict[str, tuple[str, ...]], d
         model input); for each other layer, the first timed layer feeding it
         ("" if none).
     """
-    top = [layer for layer in model.layers if not is_input_layer(layer)]
+    top = list(surveyed.top)
     timed = [layer for layer in top if isinstance(layer, keras.Model)
              or (layer.weights and not isinstance(layer, _FOLLOWING))]
     timed_ids = {id(layer) for layer in timed}
@@ -158,7 +174,7 @@ def layer_graph(model: keras.Model) -> tuple[list, dict[str, tuple[str, ...]], d
         for tensor in _internals.call_inputs(operation):
             history = _internals.keras_history(tensor)
             producer = history.operation if history is not None else None
-            if producer is None or is_input_layer(producer):
+            if producer is None or id(producer) in surveyed.inputs:
                 names = _NO_SOURCE
             elif id(producer) in timed_ids:
                 names = (producer.name,)

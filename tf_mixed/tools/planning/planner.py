@@ -41,12 +41,16 @@ from tf_mixed._internal.facts import (
     HALF_DTYPES,
     POLICY_ALIASES,
     check_model_kind,
-    is_input_layer,
 )
 from tf_mixed.policy import autotune, hardware, model_check, precision_map
 from tf_mixed.tools.planning import catalog_errors, choosing, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
-from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement, layer_graph, time_layers
+from tf_mixed.tools.planning.layer_timing import (
+    FLOAT8,
+    Measurement,
+    surveyed_graph,
+    time_layers,
+)
 from tf_mixed.tools.planning.plan_table import LayerChoice, Plan
 
 __all__ = ["plan"]
@@ -235,11 +239,12 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     half_policy = _half_policy(policy, info)
     half_dtype = COMPUTE_DTYPES[half_policy]
     host = _host(info)
-    timed, _, followers = layer_graph(model)
+    found = precision_map.survey(model)  # the one walk: the probe and the map read it
+    timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
     emulated = _emulated(half_dtype, info) if measurement is None else ""
     if emulated:
-        return _all_float32(model, half_dtype, host, emulated)
+        return _all_float32(found, half_dtype, host, emulated)
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
     with progress.heartbeat("tf_mixed.plan"):
         cached, path, not_cached, when = False, "", "", ""
@@ -270,10 +275,10 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                         if probe_report is None and use_catalog else None)
         if catalog_read is None and probe_report is None:
             progress.update("plan: probing each layer's error in " + half_dtype)
-            from tf_mixed.tools.probing import probe
+            from tf_mixed.tools.probing import probe_surveyed
 
             px, py = _probe_slice(x, y)
-            probe_report = probe(model, px, py, loss=loss, policy=half_policy)
+            probe_report = probe_surveyed(found, px, py, loss=loss, policy=half_policy)
         errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
                            if catalog_read is not None
                            else _errors(probe_report, float(tolerance), names))
@@ -285,18 +290,18 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             candidates = {}
             for name, assign in (*wholes.items(), ("plan", dict(choice.precisions))):
                 variant = dataclasses.replace(choice, precisions=assign)
-                variant_rows = _rows(model, measurement, variant, errors, followers, half_dtype)
+                variant_rows = _rows(found, measurement, variant, errors, followers, half_dtype)
                 candidates[name] = _carrier(variant_rows, half_policy)
-            step_rounds = (step_timer or _default_step_timer(model, x, y, loss))(candidates)
+            step_rounds = (step_timer or _default_step_timer(found, x, y, loss))(candidates)
             winner, checked = step_check_module.confirm(step_rounds, half_dtype)
             if winner != "plan":
                 whys = {n: checked for n in names if n not in blocked}
                 choice = dataclasses.replace(choice, precisions=wholes[winner],
                                              whys={**choice.whys, **whys})
-    rows = _rows(model, measurement, choice, errors, followers, half_dtype)
+    rows = _rows(found, measurement, choice, errors, followers, half_dtype)
     chosen = {row.choice for row in rows}
     final = half_policy if chosen - {"float32"} else "float32"
-    precision, rows = _decided(model, final, rows)
+    precision, rows = _decided(found, final, rows)
     summary = _summary(choice, rows, half_dtype, final)
     if checked:
         summary += f"; {checked}"
@@ -314,12 +319,13 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                 dict(catalog_read.rows) if catalog_read is not None else {})
 
 
-def _decided(model, policy: str, rows) -> tuple[precision_map.PrecisionMap, list[LayerChoice]]:
+def _decided(found: precision_map.Survey, policy: str,
+             rows) -> tuple[precision_map.PrecisionMap, list[LayerChoice]]:
     """The model's precision map with the rows' choices as its plan, and the
     rows as that map builds them: a layer an earlier rule keeps float32 (a
     float32 head, statistics, token ids) says so (`precision_map.RULES`)."""
     choices = {row.name: plan_table.choice_policy(row.choice, policy) for row in rows}
-    precision = precision_map.decide(model, policy, plan=choices)
+    precision = precision_map.decide(found.model, policy, plan=choices, found=found)
     decided = []
     for row in rows:
         rule = precision.reasons.get(row.name)
@@ -355,14 +361,14 @@ def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
                               and row.class_name not in FLOAT32_HEADS)
 
 
-def _default_step_timer(model, x, y, loss) -> StepTimer:
+def _default_step_timer(found: precision_map.Survey, x, y, loss) -> StepTimer:
     import tensorflow as tf
 
     def timer(candidates):
         bx, by = x, y
         if isinstance(x, tf.data.Dataset):
             bx, by = next(iter(x))[:2]
-        return step_check_module.time_steps(model, bx, by, loss, candidates)
+        return step_check_module.time_steps(found, bx, by, loss, candidates)
 
     return timer
 
@@ -375,12 +381,11 @@ def _default_timer(rounds: int, budget_s: float | None) -> Timer:
     return timer
 
 
-def _rows(model, measurement, choice, errors, followers, half_dtype) -> list[LayerChoice]:
+def _rows(found: precision_map.Survey, measurement, choice, errors, followers,
+          half_dtype) -> list[LayerChoice]:
     timings = {t.name: t for t in measurement.layers}
     rows = []
-    for layer in model.layers:
-        if is_input_layer(layer):
-            continue
+    for layer in found.top:
         name = layer.name
         timing = timings.get(name)
         if timing is not None:
@@ -415,10 +420,10 @@ def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
             f"{ms[half_dtype]})")
 
 
-def _all_float32(model, half_dtype: str, host: str, why: str) -> Plan:
+def _all_float32(found: precision_map.Survey, half_dtype: str, host: str, why: str) -> Plan:
     rows = tuple(LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
-                 for layer in model.layers if not is_input_layer(layer))
-    precision = precision_map.decide(model, "float32")
-    return Plan(model.name, "float32", half_dtype, ("float32",), rows, {},
+                 for layer in found.top)
+    precision = precision_map.decide(found.model, "float32", found=found)
+    return Plan(found.model.name, "float32", half_dtype, ("float32",), rows, {},
                 f"float32 for every layer: {why}", host, precision=precision)
 

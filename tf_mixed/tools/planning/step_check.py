@@ -19,7 +19,7 @@ import keras
 
 from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
-from tf_mixed.policy import autotune
+from tf_mixed.policy import autotune, precision_map
 
 __all__ = ["confirm", "time_steps"]
 
@@ -53,16 +53,18 @@ def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
                        f"beyond the rounds' spread, so whole-model {best_name}")
 
 
-def time_steps(model: keras.Model, x, y, loss, candidates: Mapping[str, tuple[str, Sequence[str]]],
+def time_steps(found: precision_map.Survey, x, y, loss,
+               candidates: Mapping[str, tuple[str, Sequence[str]]],
                *, rounds: int = 3) -> dict[str, list[float]]:
     """Times the whole model's forward+backward step for each candidate.
 
     Args:
-        model: The float32 model planned.
+        found: The float32 model planned, surveyed
+            (`tf_mixed.policy.precision_map.survey`: the plan's one walk).
         x, y: One batch and its targets.
         loss: As `compile` takes it (None: the compiled loss).
-        candidates: Name -> ``(policy, keep_float32 names)``, converted with
-            `tf_mixed.convert`.
+        candidates: Name -> ``(policy, keep_float32 names)``, each copy
+            what `tf_mixed.convert` makes (its map decided on the survey).
         rounds: Interleaved rounds (one step each).
 
     Returns:
@@ -70,8 +72,9 @@ def time_steps(model: keras.Model, x, y, loss, candidates: Mapping[str, tuple[st
     """
     import tensorflow as tf
 
-    from tf_mixed.models.conversion import convert
+    from tf_mixed.models import conversion
 
+    model = found.model
     if loss is None:
         loss = getattr(model, "loss", None)
     loss_fn = _losses.resolve(loss, model, "tf_mixed.plan()")
@@ -80,7 +83,8 @@ def time_steps(model: keras.Model, x, y, loss, candidates: Mapping[str, tuple[st
     steps: dict[str, Callable[..., Any]] = {}
     for name, (policy, keep) in candidates.items():
         progress.update(f"plan: tracing the whole step as {name}")
-        copy = convert(model, policy, keep_float32=list(keep))  # a copy: the model is untouched
+        precision = precision_map.decide(model, policy, keep_float32=list(keep), found=found)
+        copy = conversion.apply_surveyed(found, precision)  # a copy: the model is untouched
         steps[name] = _step(copy, loss_fn)
         autotune.first_call(steps[name], (inputs, targets), remapping_off=policy == "mixed_float16")
     figures: dict[str, list[float]] = {name: [] for name in candidates}
