@@ -114,10 +114,11 @@ def test_under_a_strategy_every_replica_judges_the_global_magnitude(fp16, mirror
     assert "max |x| = 1e+05" in message
     found = first_batch.install(model)  # armed again
     model.fit(*_data(8, scale_rows=[7], scale=300.0), batch_size=8, verbose=0)
-    # Each replica read its own half; the check judges the largest of them.
+    # Each replica read its own half (which replica gets which half is the
+    # input pipeline's choice); the check judges the largest of them.
     copies = first_batch._gathered(mirrored, found._seen)
     column = found.names.index("norm")
-    assert copies[:, column].tolist() == [1.0, 300.0]
+    assert sorted(copies[:, column].tolist()) == [1.0, 300.0]
     assert found.read()["norm"] == 300.0
 
 

@@ -38,7 +38,7 @@ class Row:
         no_gradient: why its gradients were not measured ("" if they were).
         covers: other classes this row measures (a cell inside ``RNN``).
         args: the configuration's values a model's layer is matched against
-            (`tf_mixed.tools.catalog.registry.Case`'s ``args``).
+            (`tf_mixed.tools.catalog.Case`'s ``args``).
     """
 
     layer: str
