@@ -132,7 +132,8 @@ def policies_of(model) -> Policies:
     Returns:
         `Policies`.
     """
-    return {_path(layer): _policy_name(layer) for layer in _internals.sublayers(model)}
+    return {precision_map.layer_path(layer): precision_map.live_policy(layer)
+            for layer in _internals.sublayers(model)}
 
 
 def set_policies(model, policies: Mapping[str, str]) -> list[str]:
@@ -151,7 +152,7 @@ def set_policies(model, policies: Mapping[str, str]) -> list[str]:
     Returns:
         The paths whose policy changed.
     """
-    return [_path(layer) for layer in precision_map.move(model, policies)]
+    return [precision_map.layer_path(layer) for layer in precision_map.move(model, policies)]
 
 
 def float32_of(policies: Mapping[str, str]) -> Policies:
@@ -184,9 +185,6 @@ def half_of(policies: Mapping[str, str]) -> tuple[str | None, str]:
         return None, "it computes in float32"
     return max(halves, key=lambda n: halves[n]), ""
 
-
-_path = precision_map.layer_path
-_policy_name = precision_map.live_policy
 
 
 # ---------------------------------------------------------------- where auto chose
