@@ -38,6 +38,14 @@ def test_a_layer_outside_its_safe_range_is_named_with_the_range_and_the_fix():
     assert not tf_mixed.audit(_unit_model(), magnitudes={"u": 1.0}).by_code("catalog_range")
 
 
+def test_all_zero_inputs_are_not_outside_a_range():
+    # A float16 Normalization adapted near 1e4 (spacing 8) zeroed every input of
+    # the Dense after it; the fit-start check told the user to keep that Dense in
+    # float32 ("max |x| = 0, outside ... 1e-05 .. 1e+04"), the wrong layer.
+    report = tf_mixed.audit(_unit_model(), magnitudes={"u": 0.0, "d": 0.0})
+    assert not report.by_code("catalog_range")
+
+
 def test_a_probe_report_gives_the_magnitudes():
     class Stats:
         def __init__(self, name, value):
