@@ -380,6 +380,8 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
     assert monitor.model_check.verdict is None
     assert "NOT checked against float32" in monitor.model_check.skipped
     assert "its trace took 30.0 s of CPU" in caplog.text
+    # 5% of 16 steps of 0.01 s; it read "budget of 0.0 s" (README's own fit example)
+    assert "over the check's budget of 0.008 s" in caplog.text
     assert model.get_layer("hidden").compute_dtype == "bfloat16"
 
 

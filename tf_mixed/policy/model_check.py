@@ -945,7 +945,7 @@ class Check:
                else "requested explicitly")
             + f") and is NOT checked against float32 on its own step: its trace took "
             f"{trace:.1f} s of CPU, so tracing it in float32 would cost about as much again, "
-            f"over the check's budget of {budget:.1f} s (the smaller of {CHECK_SECONDS:.0f} s "
+            f"over the check's budget of {budget:.2g} s (the smaller of {CHECK_SECONDS:.0f} s "
             f"and {100 * CHECK_FRACTION:.0f}% of the planned training; {SECONDS_ENV} sets "
             "it). tf_mixed.plan(model, x, y) compares the policies on this model")
         logging.warning("tf_mixed: %s.", self.skipped)
