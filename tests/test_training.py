@@ -102,6 +102,20 @@ def test_clip_norm_refuses_a_bool_as_a_type_error(clip_norm):
                                  keras.optimizers.SGD(), clip_norm=clip_norm)
 
 
+def test_make_train_step_refuses_the_loss_and_optimizer_swapped_by_name():
+    # model.compile's order is (optimizer, loss); make_train_step(model, opt, loss)
+    # failed inside the first trace with "'SGD' object is not callable".
+    with pytest.raises(TypeError, match=r"make_train_step\(\) argument `optimizer` must be a "
+                       r"Keras optimizer and `loss_fn` a loss\. Received: "
+                       r"loss_fn=SGD, optimizer=MeanSquaredError\. Fix: pass them in the "
+                       r"order \(model, loss_fn, optimizer\)"):
+        training.make_train_step(_linear(), keras.optimizers.SGD(),
+                                 keras.losses.MeanSquaredError())
+    with pytest.raises(TypeError, match=r"Received: loss_fn=str, optimizer=str\. "
+                       r"Fix: pass a Keras optimizer"):
+        training.make_train_step(_linear(), "mse", "adam")
+
+
 def test_plain_optimizer_always_applies():
     model = _linear()
     with tf.GradientTape() as tape:

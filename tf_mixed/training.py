@@ -71,6 +71,27 @@ def _check_clip_norm(clip_norm, owner: str) -> float | None:
                             rule=lambda v: 0 < v < math.inf)
 
 
+def _check_step_arguments(loss_fn, optimizer) -> None:
+    """``make_train_step``'s loss and optimizer, refused by name when they are not.
+
+    Its order is (model, loss_fn, optimizer); ``model.compile``'s is
+    (optimizer, loss), so the two are easily swapped, which failed inside the
+    first trace with TensorFlow's "'Adam' object is not callable".
+    """
+    swapped = isinstance(loss_fn, keras.optimizers.Optimizer)
+    if swapped or not isinstance(optimizer, keras.optimizers.Optimizer):
+        fix = ("pass them in the order (model, loss_fn, optimizer), or by name: "
+               "make_train_step(model, loss_fn=..., optimizer=...)" if swapped else
+               "pass a Keras optimizer, e.g. tf_mixed.LossScaleOptimizer("
+               "keras.optimizers.Adam())")
+        raise TypeError(
+            "make_train_step() argument `optimizer` must be a Keras optimizer and "
+            "`loss_fn` a loss. Received: loss_fn="
+            f"{type(loss_fn).__name__}, optimizer={type(optimizer).__name__}. "
+            f"Fix: {fix} (model.compile takes the optimizer first; make_train_step "
+            "takes the loss first).")
+
+
 def apply_scaled_gradients(
     tape: tf.GradientTape,
     loss,
@@ -203,9 +224,12 @@ def make_train_step(
         ValueError: if ``jit_compile`` is True under a multi-replica strategy,
             or ``clip_norm`` is not a positive finite number (a bool is
             refused, see ``apply_scaled_gradients``).
+        TypeError: if ``optimizer`` is not a Keras optimizer, or ``loss_fn``
+            is one (the two swapped, in ``model.compile``'s order).
     """
     tf_keras_check.check_objects(
         "tf_mixed.training.make_train_step", model=model, optimizer=optimizer)
+    _check_step_arguments(loss_fn, optimizer)
     clip_norm = _check_clip_norm(clip_norm, "make_train_step()")
     if isinstance(loss_fn, (str, list, tuple, dict)):
         from tf_mixed._internal import losses as _losses
