@@ -1,5 +1,7 @@
 """The monitor does not stop a run whose short first epochs are the loss scale's search."""
 
+import math
+
 import keras
 import pytest
 from zoo import ZOO
@@ -27,5 +29,22 @@ def test_epochs_of_the_scales_first_search_are_not_a_stop(name):
     model.compile(optimizer=opt, loss=spec.loss)
     history = model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[monitor])
     assert history.history["skipped_steps"] == [4.0, 4.0]  # per epoch
+    # No step applied: no training loss (it read 0.0, a perfect loss where nothing trained).
+    assert all(math.isnan(v) for v in history.history["loss"]), history.history["loss"]
     assert monitor.stop_reason is None and not model.stop_training
     assert tf_mixed.loss_scale_state(opt).scale == 2.0**16
+
+
+def test_an_epoch_with_no_applied_step_has_nan_training_metrics_and_real_validation():
+    keras.config.set_dtype_policy("mixed_float16")
+    spec = ZOO["sequential_input"]
+    model = spec.ready()
+    x, y = spec.data(16)
+    opt = tf_mixed.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**24)
+    model.compile(optimizer=opt, loss=spec.loss, metrics=["mae"])
+    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0, validation_data=(x, y),
+                        callbacks=[tf_mixed.LossScaleMonitor(check_setup=False)])
+    logs = {k: v[0] for k, v in history.history.items()}
+    assert math.isnan(logs["loss"]) and math.isnan(logs["mae"]), logs
+    assert math.isfinite(logs["val_loss"]) and math.isfinite(logs["val_mae"]), logs
+    assert logs["skipped_steps"] == 4.0 and logs["loss_scale"] == 2.0**20

@@ -535,6 +535,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
         getattr(self, "_reasons", EpochReasons(None)).write(logs)
         _write(self, logs, epoch_end=True)
         self._check(logs, epoch=epoch)
+        skip_contract.no_applied_step(  # after the check, which reads the counters instead
+            logs, self.model, self._progress.steps_in_epoch,
+            self._progress.skipped_in_epoch)
 
     # -- reading, logging, judging
 

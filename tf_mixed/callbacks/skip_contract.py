@@ -142,6 +142,29 @@ def install(model: keras.Model) -> bool:
     return True
 
 
+def no_applied_step(logs: dict, model: keras.Model, steps: int, skipped: int) -> None:
+    """An epoch none of whose steps was applied has no training loss or metric: nan.
+
+    The contract keeps skipped batches out of Keras's means; with every batch
+    of the epoch skipped, those means are over nothing, and Keras's reads 0.0
+    (``divide_no_nan``): a perfect loss where nothing trained. Validation
+    values (``val_``) are real and stay.
+
+    Args:
+        logs: the epoch logs, changed in place.
+        model: the model (its training metrics' keys, as Keras's
+            ``get_metrics_result`` names them in the logs).
+        steps: the epoch's steps, applied and skipped (the same on every
+            replica and worker).
+        skipped: the epoch's skipped steps (the same on every replica and worker).
+    """
+    if steps <= 0 or skipped < steps:
+        return
+    for name in model.get_metrics_result():
+        if name in logs:
+            logs[name] = float("nan")
+
+
 def step_skipped(optimizer) -> tf.Tensor:
     """This step's global verdict as a scalar bool tensor: True when skipped.
 
