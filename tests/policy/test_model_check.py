@@ -375,8 +375,10 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)),
                   loss="sparse_categorical_crossentropy")
     monitor = tf_mixed.LossScaleMonitor()
-    with caplog.at_level(std_logging.WARNING):
+    with caplog.at_level(std_logging.INFO):
         model.fit(*_data(), batch_size=16, verbose=0, callbacks=[monitor])
+    # It read "reaches 60 s of CPU and 5% of the planned training": the smaller one stops it.
+    assert "reaches its budget, the smaller of 60 s of CPU and 5% of the planned" in caplog.text
     assert monitor.model_check.verdict is None
     assert "NOT checked against float32" in monitor.model_check.skipped
     assert "its trace took 30.0 s of CPU" in caplog.text

@@ -793,8 +793,8 @@ class Check:
         logging.info(
             "tf_mixed: model '%s' computes in %s (%s); checking it against float32 on "
             "its own training step in %s: %d to %d rounds, each a real step, new rounds "
-            "until the interval answers or the cost reaches %.0f s of CPU and %.0f%% of "
-            "the planned training.", model.name, half,
+            "until the interval answers or the cost reaches its budget, the smaller of "
+            "%.0f s of CPU and %.0f%% of the planned training.", model.name, half,
             "chosen by auto from the host probe" if self.requested == AUTO
             else "requested explicitly", where, MIN_ROUNDS, MAX_ROUNDS, CHECK_SECONDS,
             100 * CHECK_FRACTION)
