@@ -100,4 +100,5 @@ def test_the_throughput_part_says_auto_measured_the_probe_not_a_model():
     text = check_command.render(Result(), hardware.HardwareInfo(cpu_model="Test CPU"))
     assert "=> enable('auto') picks float32" in text
     assert ("   measured on: the probe above (one Dense, one Conv2D), not a model of yours; "
-            "each model's own training step is checked against float32 when it trains") in text
+            "each model's own training step is checked against float32 when it trains, "
+            "where the check costs under 5% of the planned training and 60 s of CPU") in text

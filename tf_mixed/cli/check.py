@@ -116,6 +116,8 @@ def render(result, info) -> str:
     import keras
     import tensorflow as tf
 
+    from tf_mixed.policy import model_check
+
     parts = [
         f"tf_mixed check: TensorFlow {tf.__version__}, Keras {keras.__version__}, "
         f"Python {platform.python_version()}; CPU {info.cpu_model or 'unknown'}; "
@@ -158,8 +160,7 @@ def render(result, info) -> str:
             "",
             f"=> enable('auto') picks {t.auto_policy}: {t.auto_reason}",
             "   measured on: the probe above (one Dense, one Conv2D), not a model of yours; "
-            "each model's own training step is checked against float32 when it trains "
-            "(LossScaleMonitor in fit, tf_mixed.training.make_train_step; docs/policies.md)",
+            + model_check.when_checked(),
         ]
     if result.defects:
         rows = [(d.spec.key, ["-" if d.present is None else ("present" if d.present else "absent"),

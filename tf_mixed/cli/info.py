@@ -48,10 +48,9 @@ def report(info: hardware.HardwareInfo | None = None) -> str:
 
 def measured_on(info: hardware.HardwareInfo) -> str:
     """What auto's host-wide choice was measured on, and where a model's own step is."""
-    from tf_mixed.policy import autotune
+    from tf_mixed.policy import autotune, model_check
 
-    model = ("each model's own training step is checked against float32 when it trains "
-             "(LossScaleMonitor in fit, tf_mixed.training.make_train_step; docs/policies.md)")
+    model = model_check.when_checked()
     if info.gpus or info.tpu:
         return f"nothing: GPUs and TPUs follow a rule; {model}"
     if not autotune.measure_by_default():

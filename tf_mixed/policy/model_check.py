@@ -63,7 +63,7 @@ from tf_mixed.policy import state as policy_state
 
 __all__ = ["CHECK_FRACTION", "CHECK_SECONDS", "Figures", "PlanTrial", "StepRounds",
            "Verdict", "budget_s", "decide", "figures", "half_of", "model_digest",
-           "policies_of", "provenance", "set_policies", "with_plan"]
+           "policies_of", "provenance", "set_policies", "when_checked", "with_plan"]
 
 CHECK_FRACTION = 0.05
 """The check's budget: this fraction of the training the loop plans (fit's
@@ -346,6 +346,14 @@ def rounds_within(planned_steps: int | None) -> int:
     if not planned_steps:
         return MAX_ROUNDS
     return max(MIN_ROUNDS, min(MAX_ROUNDS, (planned_steps - 3 - 2) // 2))
+
+
+def when_checked() -> str:
+    """The sentence `info` and `check` say about where a model's own step is checked."""
+    return ("each model's own training step is checked against float32 when it trains, "
+            f"where the check costs under {100 * CHECK_FRACTION:.0f}% of the planned "
+            f"training and {CHECK_SECONDS:.0f} s of CPU (LossScaleMonitor in fit, "
+            "tf_mixed.training.make_train_step; docs/policies.md)")
 
 
 def budget_s(planned_steps: int | None, step_s: float) -> float:
