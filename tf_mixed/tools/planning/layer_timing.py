@@ -22,8 +22,8 @@
 # that feeds them (`Measurement.followers`), so they never add a cast of
 # their own. Halving the layers to trace keeps a ResNet's plan short.
 #
-# Timing is in interleaved rounds (`tf_mixed._internal.measuring.grouped_rounds`,
-# the order `enable("auto")`'s probe is timed in; `tf_mixed.policy.autotune`'s
+# Timing is in interleaved rounds (`tf_mixed._internal.measuring.grouped_rounds`),
+# as `enable("auto")` times its probe (`tf_mixed.policy.autotune`'s
 # `first_call` and `time_steps` are used): in each round every layer runs in
 # every precision and its cast back to back, so load from other processes
 # hits the candidates of a layer alike, and both the layers and each layer's
