@@ -560,3 +560,15 @@ def test_under_several_workers_the_rounds_are_fixed_and_the_cache_unread(
     while (name := check.next_policy()) is not None:
         check.record({"float32": 0.01, HALF: 0.02}[name])
     assert check.verdict.action == "moved" and switched[-1] == "float32"
+
+
+def test_the_monitors_first_line_says_the_check_runs_within_its_budget():
+    # It said "is checked against float32 in the first steps", then a warning
+    # said "NOT checked" for every short fit (README's own example).
+    tf_mixed.enable("mixed_bfloat16")
+    text = model_check.describe(checked_model())
+    assert text == (
+        "model 'checked' computes in mixed_bfloat16, requested explicitly (tf_mixed measured "
+        "nothing for it); its own training step is checked against float32 in the first "
+        "steps where the check fits its budget (the smaller of 60 s of CPU and 5% of the "
+        "planned training)")

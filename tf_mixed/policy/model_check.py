@@ -229,7 +229,9 @@ def describe(model) -> str:
                "not measured on this model)")
     else:
         who = "requested explicitly (tf_mixed measured nothing for it)"
-    then = ("its own training step is checked against float32 in the first steps"
+    then = ("its own training step is checked against float32 in the first steps where "
+            f"the check fits its budget (the smaller of {CHECK_SECONDS:.0f} s of CPU and "
+            f"{100 * CHECK_FRACTION:.0f}% of the planned training)"
             if enabled() else f"its own step is not checked ({ENV} is off)")
     return f"model '{model.name}' computes in {half}, {who}; {then}"
 
