@@ -375,7 +375,7 @@ def test_a_model_whose_trace_is_over_the_budget_is_told_not_checked(
     model.compile(optimizer=tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01)),
                   loss="sparse_categorical_crossentropy")
     monitor = tf_mixed.LossScaleMonitor()
-    with caplog.at_level(std_logging.INFO):
+    with caplog.at_level(std_logging.INFO, logger="absl"):
         model.fit(*_data(), batch_size=16, verbose=0, callbacks=[monitor])
     # It read "reaches 60 s of CPU and 5% of the planned training": the smaller one stops it.
     assert "reaches its budget, the smaller of 60 s of CPU and 5% of the planned" in caplog.text
