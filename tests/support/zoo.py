@@ -55,6 +55,7 @@ import atexit
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -841,3 +842,13 @@ _HUB_SPECS = (
 )
 HUB: dict[str, HubSpec] = {spec.name: spec for spec in _HUB_SPECS}
 assert all(spec.kind in HUB_KINDS for spec in _HUB_SPECS)
+
+
+def epoch_loss_is_honest(history) -> bool:
+    """The last epoch's loss: finite where a step was applied; nan where every
+    step was skipped (a float16 run's first loss-scale search on one or two
+    steps), not Keras's 0.0 over no batch."""
+    loss = history.history["loss"][-1]
+    if history.history["skipped_fraction"][-1] == 1.0:
+        return math.isnan(loss)
+    return math.isfinite(loss)
