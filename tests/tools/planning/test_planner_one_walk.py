@@ -47,9 +47,9 @@ def surveys(monkeypatch):
     walked = []
     real = precision_map.survey
 
-    def counting(model):
+    def counting(model, *args, **kwargs):
         walked.append(model.name)
-        return real(model)
+        return real(model, *args, **kwargs)
 
     monkeypatch.setattr(precision_map, "survey", counting)
     return walked
