@@ -325,8 +325,12 @@ class Survey:
             those of the walk (nested models' own).
         facts: ``id(layer) -> LayerFacts`` for every layer walked (`fact`
             reads it; a Keras op making an output has none).
-        calls: ``id(layer) -> (its symbolic call inputs, flat)`` for every
-            layer walked (`tf_mixed._internal.shims.call_inputs`).
+        calls: ``id(operation) -> (its symbolic call inputs, flat)`` for every
+            layer walked and every operation of the model's graph (its Keras
+            ops too; `tf_mixed._internal.shims.call_inputs`).
+        made_by: ``id(tensor) -> the layer or Keras op that makes it`` (None:
+            no history) for every tensor of ``calls`` and the model's inputs
+            and outputs (`tf_mixed._internal.shims.keras_history`).
     """
 
     model: Any
@@ -340,6 +344,7 @@ class Survey:
     inputs: frozenset = frozenset()
     facts: Mapping[int, LayerFacts] = dataclasses.field(default_factory=dict)
     calls: Mapping[int, tuple] = dataclasses.field(default_factory=dict)
+    made_by: Mapping[int, Any] = dataclasses.field(default_factory=dict)
 
     def fact(self, layer) -> LayerFacts:
         """The `LayerFacts` of one layer (or output op) of the model."""
@@ -380,21 +385,22 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
         frozenset(dtype for dtype in HALF_DTYPES if not isinstance(layer, keras.Model) and any(
             rounded_ids(layer, tensor, dtype) for tensor in _internals.call_inputs(layer))))
         for _, layer in walked}
-    calls = {id(layer): tuple(_internals.call_inputs(layer)) for _, layer in walked}
-
-    def producer(tensor):
-        history = _internals.keras_history(tensor)
-        return history.operation if history is not None else None
-
-    outputs = tuple((t, producer(t)) for t in keras.tree.flatten(model.outputs))
+    # Every operation's call inputs (a functional model's Keras ops too).
+    calls = {id(op): tuple(_internals.call_inputs(op)) for op in (
+        *(layer for _, layer in walked), *getattr(model, "operations", ()))}
+    tensors = [*(t for ts in calls.values() for t in ts), *keras.tree.flatten(model.outputs),
+               *keras.tree.flatten(model.inputs)]
+    histories = {id(t): _internals.keras_history(t) for t in tensors}
+    made_by = {key: getattr(history, "operation", None) for key, history in histories.items()}
+    outputs = tuple((t, made_by[id(t)]) for t in keras.tree.flatten(model.outputs))
     inputs = {id(layer) for _, layer in walked if facts[id(layer)].input}
-    inputs.update(id(producer(t)) for t in keras.tree.flatten(model.inputs))
+    inputs.update(id(made_by[id(t)]) for t in keras.tree.flatten(model.inputs))
     consumers: dict[int, list] = {}
     for layer in model.layers:
         for tensor in calls[id(layer)]:
-            made_by = producer(tensor)
-            if made_by is not None:
-                consumers.setdefault(id(made_by), []).append(layer)
+            producer = made_by[id(tensor)]
+            if producer is not None:
+                consumers.setdefault(id(producer), []).append(layer)
     output_layers = {id(layer): layer for _, layer in outputs
                      if layer is not None and id(layer) not in inputs}
     names: dict[int, str] = {}
@@ -408,7 +414,7 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
         names.setdefault(id(layer), name)
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
     return Survey(model, walked, names, outputs, tuple(output_layers.values()), consumers,
-                  frozenset(operations), top, frozenset(inputs), facts, calls)
+                  frozenset(operations), top, frozenset(inputs), facts, calls, made_by)
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:

@@ -89,8 +89,8 @@ def match_for(catalog: Catalog, layer, policy: str) -> matching.Match | None:
 def surveyed_match(catalog: Catalog, found, layer, policy: str) -> matching.Match | None:
     """`match_for` of a layer of a surveyed model (its activation and call
     inputs read from the survey, `tf_mixed.policy.precision_map.Survey`)."""
-    return matching.nearest_described(_class_rows(catalog, type(layer), policy), layer,
-                                      found.fact(layer).activation,
+    rows = _class_rows(catalog, type(layer), policy)
+    return matching.nearest_described(rows, layer, found.fact(layer).activation,
                                       found.calls.get(id(layer), ()))
 
 

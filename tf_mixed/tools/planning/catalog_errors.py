@@ -70,21 +70,18 @@ def read(found: precision_map.Survey, batch, names: Sequence[str], half_policy: 
     """
     catalog = catalog if catalog is not None else stored()
     top = {layer.name: layer for layer in found.top}
-    layers = {}
-    for name in names:
-        layer = top[name]
-        match = (None if isinstance(layer, keras.Model)
-                 else model_check.surveyed_match(catalog, found, layer, half_policy))
-        if match is None or not match.close or match.row.failure:
-            return None
-        layers[name] = match.row
+    # What the batch gives each layer (one float32 pass of a tap on the
+    # survey's tensors), then what the catalog measured there.
     magnitudes = model_check.surveyed_magnitudes(found, batch)
     errors, blocked, rows = {}, {}, {}
-    for name, row in layers.items():
-        magnitude = magnitudes.get(name)
+    for name in names:
+        layer, magnitude = top[name], magnitudes.get(name)
+        match = (None if isinstance(layer, keras.Model)
+                 else model_check.surveyed_match(catalog, found, layer, half_policy))
         points = catalog.points_around(magnitude)
-        if points is None:
+        if match is None or not match.close or match.row.failure or points is None:
             return None
+        row = match.row
         statuses = {row.status[i] for i in points}
         values = [row.forward[i] for i in points]
         if "float32_nonfinite" in statuses or any(v is None or v != v for v in values):
