@@ -41,10 +41,16 @@
 # inside nested models), as ``keep_float32`` and the plan's rows name layers.
 #
 # The walk itself is a value, `survey(model)` (layers and their names, the
-# outputs and what makes them, who reads each layer, every operation's name,
-# the top layers and the inputs): `decide` reads it, and so do the stages
-# after it (`convert`'s copy and its padding; `tf_mixed.plan`'s layer graph,
-# probe, step check and rows), instead of walking the model again.
+# outputs and what makes them, who reads each layer, every operation's name
+# and call inputs, each tensor's producer, the top layers and the inputs),
+# and it is the one place that asks tf_mixed/_internal/facts.py and the
+# shims about the model: each layer's `LayerFacts` (input layer, adapted
+# statistics, activation, the half dtypes that would round its token ids)
+# are recorded there, and `survey(model, owner, ...)` checks the model's
+# kind in its caller's name. `decide` reads only the survey, and so do the
+# stages after it (`convert`'s copy and its padding; `tf_mixed.plan`'s layer
+# graph, catalog read, probe, step check, rows and map), instead of walking
+# the model or asking about its layers again.
 #
 # A built model's precision moves in one way, `move(model, map)`: healing
 # (`observed(model).healed(names)`: rule 6 applied to what the model computes

@@ -14,7 +14,14 @@
 # layer, or reads a measurement cached for this host and model. (3)
 # `tf_mixed.probe` measures each layer's error in the half dtype, unless the
 # numerics catalog covers every timed layer (`catalog_errors`). (4)
-# `tf_mixed.tools.planning.choosing.choose` chooses.
+# `tf_mixed.tools.planning.choosing.choose` chooses. (5) Its rows
+# (`plan_rows.candidates`) go through the whole-step check (`step_check.check`)
+# and become the plan's map and table (`plan_table.decided`).
+#
+# The model is walked once, by `tf_mixed.policy.precision_map.survey` (its
+# kind checked there too); every stage above takes that survey and none asks
+# the model's layers anything again, so `plan` reads top-down: its arguments,
+# the survey, then each stage once.
 #
 # The cache is `tf_mixed._internal.measuring`'s, keyed as auto's is: one JSON
 # file per host (`tf_mixed.policy.autotune.cache_key`: CPU model and flags, TF

@@ -84,13 +84,11 @@ def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
     if len(candidates) == 1:
         return list(candidates["plan"]), ""
     half = keras.DTypePolicy(half_policy).compute_dtype
-    step_rounds: StepRounds
     carriers = {name: _carrier(rows, half_policy) for name, rows in candidates.items()}
-    if step_timer is None:
-        bx, by = (next(iter(x))[:2] if isinstance(x, tf.data.Dataset) else (x, y))
-        step_rounds = time_steps(found, bx, by, loss, carriers)
-    else:
-        step_rounds = step_timer(carriers)
+    bx, by = (next(iter(x))[:2] if step_timer is None and isinstance(x, tf.data.Dataset)
+              else (x, y))  # a data set's first batch
+    step_rounds = (step_timer(carriers) if step_timer is not None
+                   else time_steps(found, bx, by, loss, carriers))
     winner, sentence = confirm(step_rounds, half)
     if winner == "plan":
         return list(candidates["plan"]), sentence
