@@ -65,6 +65,7 @@ from tf_mixed._internal.facts import (
     HALF_DTYPES,
     SQUASHING_ACTIVATIONS,
     activation_name,
+    half_policy,
     is_input_layer,
     keeps_float32_statistics,
     rounded_ids,
@@ -299,6 +300,14 @@ class Survey:
         top: The model's own layers, input layers left out, in its order.
         inputs: ``id`` of every input layer met: the model's inputs' and
             those of the walk (nested models' own).
+        output_names: The name of each output, flat, in order, as a loss dict
+            is keyed (``model.output_names``; a Sequential model's: the
+            producers' names), read by `tf_mixed.probe`'s and the plan's loss.
+        half_policy: The mixed policy of the half dtype the model computes in:
+            its first half-precision leaf layer's, else its own policy's;
+            None for a model computing in float32 throughout (`tf_mixed.probe`
+            probes in it, and probes every float32 layer of such a mixed
+            model in float32).
     """
 
     model: Any
@@ -310,6 +319,8 @@ class Survey:
     operations: frozenset
     top: tuple = ()
     inputs: frozenset = frozenset()
+    output_names: tuple = ()
+    half_policy: str | None = None
 
 
 def survey(model: keras.Model) -> Survey:
@@ -343,8 +354,19 @@ def survey(model: keras.Model) -> Survey:
     inputs = {id(layer) for _, layer in walked if is_input_layer(layer)}
     inputs.update(id(producer(t)) for t in keras.tree.flatten(model.inputs))
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
+    # What the probe asks of a model: its outputs' names (Keras's, else the
+    # producers'), and the half dtype it computes in (the first leaf
+    # layer's, else its own policy's) as a mixed policy.
+    output_names = getattr(model, "output_names", None) or [
+        made_by.name if made_by is not None else str(i)
+        for i, (_, made_by) in enumerate(outputs)]
+    dtypes = [layer.compute_dtype for _, layer in walked
+              if not isinstance(layer, keras.Model) and id(layer) not in inputs]
+    dtypes.append(getattr(model.dtype_policy, "compute_dtype", "float32"))
+    halves = [half_policy(keras.backend.standardize_dtype(d)) for d in dtypes]
     return Survey(model, walked, names, outputs, tuple(output_layers), consumers,
-                  frozenset(operations), top, frozenset(inputs))
+                  frozenset(operations), top, frozenset(inputs), tuple(output_names),
+                  next((half for half in halves if half), None))
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:
