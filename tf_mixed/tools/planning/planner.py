@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from typing import Any, Callable, Mapping
 
 import keras
 
+from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
@@ -240,6 +242,10 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     half_dtype = COMPUTE_DTYPES[half_policy]
     host = _host(info)
     found = precision_map.survey(model)  # the one walk: the probe and the map read it
+    # The loss, resolved from the survey at its first use (the probe's or the
+    # step check's), once; a plan that needs neither needs no loss.
+    plan_loss = functools.cache(lambda: _losses.resolve_named(
+        loss, found.output_names, model, "tf_mixed.plan()"))
     timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
     emulated = _emulated(half_dtype, info) if measurement is None else ""
@@ -278,7 +284,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             from tf_mixed.tools.probing import probe_surveyed
 
             px, py = _probe_slice(x, y)
-            probe_report = probe_surveyed(found, px, py, loss=loss, policy=half_policy)
+            probe_report = probe_surveyed(found, px, py, plan_loss(), policy=half_policy)
         errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
                            if catalog_read is not None
                            else _errors(probe_report, float(tolerance), names))
@@ -292,7 +298,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                 variant = dataclasses.replace(choice, precisions=assign)
                 variant_rows = _rows(found, measurement, variant, errors, followers, half_dtype)
                 candidates[name] = _carrier(variant_rows, half_policy)
-            step_rounds = (step_timer or _default_step_timer(found, x, y, loss))(candidates)
+            step_rounds = (step_timer or _default_step_timer(found, x, y, plan_loss))(candidates)
             winner, checked = step_check_module.confirm(step_rounds, half_dtype)
             if winner != "plan":
                 whys = {n: checked for n in names if n not in blocked}
@@ -361,14 +367,15 @@ def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
                               and row.class_name not in FLOAT32_HEADS)
 
 
-def _default_step_timer(found: precision_map.Survey, x, y, loss) -> StepTimer:
+def _default_step_timer(found: precision_map.Survey, x, y,
+                        plan_loss: Callable[[], Callable]) -> StepTimer:
     import tensorflow as tf
 
     def timer(candidates):
         bx, by = x, y
         if isinstance(x, tf.data.Dataset):
             bx, by = next(iter(x))[:2]
-        return step_check_module.time_steps(found, bx, by, loss, candidates)
+        return step_check_module.time_steps(found, bx, by, plan_loss(), candidates)
 
     return timer
 

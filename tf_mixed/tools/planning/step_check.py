@@ -17,7 +17,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import keras
 
-from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
 from tf_mixed.policy import autotune, precision_map
 
@@ -53,7 +52,7 @@ def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
                        f"beyond the rounds' spread, so whole-model {best_name}")
 
 
-def time_steps(found: precision_map.Survey, x, y, loss,
+def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
                candidates: Mapping[str, tuple[str, Sequence[str]]],
                *, rounds: int = 3) -> dict[str, list[float]]:
     """Times the whole model's forward+backward step for each candidate.
@@ -62,7 +61,8 @@ def time_steps(found: precision_map.Survey, x, y, loss,
         found: The float32 model planned, surveyed
             (`tf_mixed.policy.precision_map.survey`: the plan's one walk).
         x, y: One batch and its targets.
-        loss: As `compile` takes it (None: the compiled loss).
+        loss_fn: The plan's loss, resolved once for the probe and this
+            check (``loss_fn(y_true, y_pred) -> float32 scalar``).
         candidates: Name -> ``(policy, keep_float32 names)``, each copy
             what `tf_mixed.convert` makes (its map decided on the survey).
         rounds: Interleaved rounds (one step each).
@@ -75,9 +75,6 @@ def time_steps(found: precision_map.Survey, x, y, loss,
     from tf_mixed.models import conversion
 
     model = found.model
-    if loss is None:
-        loss = getattr(model, "loss", None)
-    loss_fn = _losses.resolve(loss, model, "tf_mixed.plan()")
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     targets = keras.tree.map_structure(tf.convert_to_tensor, y)
     steps: dict[str, Callable[..., Any]] = {}
