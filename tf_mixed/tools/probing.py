@@ -171,8 +171,13 @@ def probe_surveyed(found: precision_map.Survey, x, y, loss_fn: Callable, *,
     half_dtype = keras.DTypePolicy(target).compute_dtype
     kept = _kept_float32(found, target)
     mixed = found.half_policy is not None  # made mixed: its float32 layers stay so
-    half = _Tap(_clone(model, lambda layer: _half_dtype(layer, target, kept, mixed)))
-    ref = _Tap(_clone(model, _float32_dtype))
+    # The half and the float32 copy, nested models inlined (each leaf layer's
+    # outputs are tensors of one graph, which the copy records), random
+    # layers drawing nothing (see the module's comment); then a tap on each.
+    copies = [_cloning.clone(model, policy_for, inline_nested=True, random_draws=False)
+              for policy_for in (lambda layer: _half_dtype(layer, target, kept, mixed),
+                                 _float32_dtype)]
+    half, ref = (_Tap(copy) for copy in copies)
     current = _current_scale(model, half_dtype)
     if half_gradients is None:
         # Measuring means a float16 backward pass; on a CPU TF's float16
@@ -376,13 +381,6 @@ def _policy_name(layer) -> str | None:
     if float8_readiness.is_float8(layer):
         return layer.dtype_policy.name.partition("_from_")[2] or None
     return getattr(layer.dtype_policy, "name", None)
-
-
-def _clone(model, policy_for) -> _cloning.Clone:
-    """A copy computing under ``policy_for(layer)``, nested models inlined
-    (each leaf layer's outputs are tensors of its one graph), its random
-    layers drawing nothing (see the module's comment)."""
-    return _cloning.clone(model, policy_for, inline_nested=True, random_draws=False)
 
 
 class _Tap:
