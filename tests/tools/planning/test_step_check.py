@@ -2,36 +2,34 @@
 probe and the whole-step check run with that one function."""
 
 import keras
-import numpy as np
 import pytest
+from zoo import ZOO
 
 from tf_mixed._internal import losses
 from tf_mixed.policy import hardware, precision_map
-from tf_mixed.tools.planning import LayerTiming, Measurement, step_check
+from tf_mixed.tools.planning import LayerTiming, Measurement, layer_timing, step_check
 from tf_mixed.tools.planning.planner import plan
 
 AMX_CPU = hardware.HardwareInfo(cpu_model="Test Xeon", cpu_flags=frozenset({"avx512_bf16"}))
 
 
-def _model():
-    inputs = keras.Input((8,))
-    h = keras.layers.Dense(16, name="first")(inputs)
-    return keras.Model(inputs, keras.layers.Dense(1, name="last")(h), name="pair")
+def _planned(name="functional"):
+    """A zoo model, a batch, and timings where its first timed layer is faster
+    in half precision and its last in float32: the plan is neither whole model."""
+    spec = ZOO[name]
+    model = spec.ready()
+    timed, producers, followers = layer_timing.layer_graph(model)
 
-
-def _data():
-    rng = np.random.default_rng(1)
-    return rng.normal(size=(8, 8)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
-
-
-def _measurement():
-    """'first' faster in half, 'last' in float32: the plan is neither whole model."""
-    def timing(name, producer, f32, half):
+    def timing(i, layer):
+        f32, half = (1, 3) if i == len(timed) - 1 else (4, 2)
         seconds = {"float32": (f32 * 1e-3,) * 5, "bfloat16": (half * 1e-3,) * 5}
-        return LayerTiming(name, "Dense", (producer,), seconds, (1e-4,) * 5)
+        return LayerTiming(layer.name, type(layer).__name__, producers[layer.name], seconds,
+                           (1e-4,) * 5)
 
-    return Measurement(("float32", "bfloat16"),
-                       (timing("first", "", 4, 2), timing("last", "first", 1, 3)), {})
+    measurement = Measurement(("float32", "bfloat16"),
+                              tuple(timing(i, layer) for i, layer in enumerate(timed)),
+                              followers)
+    return model, spec.data(8), measurement, spec.loss
 
 
 @pytest.fixture
@@ -48,48 +46,49 @@ def resolved(monkeypatch):
     return calls
 
 
-def test_a_plan_resolves_its_loss_once_for_the_probe_and_the_step_check(resolved):
-    x, y = _data()
-    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU,
-             use_catalog=False)
+@pytest.mark.parametrize("name", ["functional", "multi_output"])
+def test_a_plan_resolves_its_loss_once_for_the_probe_and_the_step_check(name, resolved):
+    model, (x, y), measurement, loss = _planned(name)
+    p = plan(model, x, y, loss=loss, measurement=measurement, info=AMX_CPU, use_catalog=False)
     assert "whole step, median of 3 rounds" in p.summary  # the step check ran
-    assert all(row.error is not None for row in p.layers)  # the probe ran
+    assert all(row.error is not None for row in p.layers if row.seconds)  # the probe ran
     assert resolved == ["tf_mixed.plan()"]
 
 
 def test_a_plan_needing_no_loss_resolves_none(resolved):
-    x, _ = _data()
-    p = plan(_model(), x, measurement=_measurement(), info=AMX_CPU,
-             probe_report={"first": 0.0, "last": 0.0}, step_check=False)
+    model, (x, _), measurement, _ = _planned()
+    errors = {timing.name: 0.0 for timing in measurement.layers}
+    p = plan(model, x, measurement=measurement, info=AMX_CPU, probe_report=errors,
+             step_check=False)
     assert p.layers and resolved == []
 
 
 def test_a_plan_without_a_loss_says_so_naming_the_plan():
-    x, y = _data()
+    model, (x, y), measurement, _ = _planned()
     with pytest.raises(ValueError, match=r"^tf_mixed\.plan\(\) needs a loss to differentiate"):
-        plan(_model(), x, y, measurement=_measurement(), info=AMX_CPU, use_catalog=False)
+        plan(model, x, y, measurement=measurement, info=AMX_CPU, use_catalog=False)
 
 
 def test_a_compiled_plan_takes_the_compiled_loss(resolved):
-    model = _model()
-    model.compile(optimizer="sgd", loss="mse")
-    x, y = _data()
-    p = plan(model, x, y, measurement=_measurement(), info=AMX_CPU, step_check=False,
+    model, (x, y), measurement, loss = _planned()
+    model.compile(optimizer="sgd", loss=loss)
+    p = plan(model, x, y, measurement=measurement, info=AMX_CPU, step_check=False,
              use_catalog=False)
-    assert all(row.error is not None for row in p.layers) and len(resolved) == 1
+    assert all(row.error is not None for row in p.layers if row.seconds)
+    assert len(resolved) == 1
 
 
 def test_the_step_check_steps_with_the_loss_it_is_handed():
-    x, y = _data()
+    model, (x, y), measurement, _ = _planned()
     seen = []
 
     def loss_fn(y_true, y_pred):
         seen.append(tuple(y_pred.shape))
         return keras.ops.mean(keras.ops.square(y_true - y_pred))
 
-    found = precision_map.survey(_model())
-    rounds = step_check.time_steps(found, x, y, loss_fn,
+    last = measurement.layers[-1].name
+    rounds = step_check.time_steps(precision_map.survey(model), x, y, loss_fn,
                                    {"float32": ("float32", ()),
-                                    "plan": ("mixed_bfloat16", ("last",))}, rounds=1)
+                                    "plan": ("mixed_bfloat16", (last,))}, rounds=1)
     assert set(rounds) == {"float32", "plan"} and all(len(v) == 1 for v in rounds.values())
-    assert seen and set(seen) == {(8, 1)}  # traced with it, once per candidate step
+    assert seen and set(seen) == {tuple(y.shape)}  # each candidate's step traced with it
