@@ -3,6 +3,8 @@
 No test times this host: the steps' timer and the clock are fakes.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -82,3 +84,21 @@ def test_the_budget_stops_after_min_rounds(timed):
     assert measurement.rounds == 3
     assert timed == [label for order in ROUNDS[:3] for label in order]
     assert next(ticks) == 2  # read at the start and after the third round only
+
+
+@pytest.mark.parametrize("inputs", ["one", "list", "dict"])
+def test_capturing_the_timed_layers_inputs_raises_no_keras_structure_warning(inputs):
+    # The capture model took `model.inputs` (a list) for a one-input model,
+    # and Keras warned that the batch's structure does not match.
+    from tf_mixed.tools.planning.layer_timing import capture_inputs
+
+    a, b = keras.Input((8,), name="a"), keras.Input((8,), name="b")
+    given = {"one": a, "list": [a, b], "dict": {"a": a, "b": b}}[inputs]
+    joined = a if inputs == "one" else keras.layers.Add(name="add")([a, b])
+    dense = keras.layers.Dense(4, name="dense")
+    model = keras.Model(given, dense(joined))
+    batch = keras.tree.map_structure(lambda t: np.ones((3, 8), "float32"), given)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        captured = capture_inputs(model, [dense], batch)
+    assert [tuple(v.shape) for v in captured.values()] == [(3, 8)]

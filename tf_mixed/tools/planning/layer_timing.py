@@ -316,7 +316,7 @@ def capture_inputs(model: keras.Model, timed: Sequence, x) -> dict[int, Any]:
     tensors = list(needed.values())
     if not tensors:
         return {}
-    capture = keras.Model(model.inputs, tensors)
+    capture = keras.Model(model.input, tensors)  # the structure x has (no Keras warning)
     values = capture(x, training=False)
     values = values if isinstance(values, (list, tuple)) else [values]
     return {id(t): v for t, v in zip(tensors, values)}
