@@ -358,8 +358,8 @@ def survey(model: keras.Model) -> Survey:
     # producers'), and the half dtype it computes in (the first leaf
     # layer's, else its own policy's) as a mixed policy.
     output_names = getattr(model, "output_names", None) or [
-        made_by.name if made_by is not None else str(i)
-        for i, (_, made_by) in enumerate(outputs)]
+        maker.name if maker is not None else str(i)
+        for i, (_, maker) in enumerate(outputs)]
     dtypes = [layer.compute_dtype for _, layer in walked
               if not isinstance(layer, keras.Model) and id(layer) not in inputs]
     dtypes.append(getattr(model.dtype_policy, "compute_dtype", "float32"))
