@@ -629,6 +629,37 @@ def test_keras_weight_keys_are_the_keys_of_keras_weights_files(tmp_path):
         "layers/layer_normalization/vars/0", "layers/layer_normalization/vars/1"]
 
 
+def test_keras_model_loading_finds_the_model_owning_the_optimizer(tmp_path):
+    """Guards keras.src.saving.saving_lib._load_state (keras_model_loading)."""
+    seen, strangers = [], []
+    stranger = keras.optimizers.SGD()        # no model owns it
+
+    class Recording(keras.optimizers.SGD):
+        def load_own_variables(self, store):
+            seen.append(_internals.keras_model_loading(self))
+            strangers.append(_internals.keras_model_loading(stranger))
+            super().load_own_variables(store)
+
+    def model(optimizer):
+        m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+        m.compile(optimizer=optimizer, loss="mse")
+        m.optimizer.build(m.trainable_variables)
+        return m
+
+    saved = model(Recording())
+    saved.save_weights(str(tmp_path / "m.weights.h5"))
+    saved.save(str(tmp_path / "m.keras"))
+    loading = model(Recording())
+    loading.load_weights(str(tmp_path / "m.weights.h5"))
+    loading.load_weights(str(tmp_path / "m.keras"))
+    assert seen == [loading, loading]
+    loaded = keras.saving.load_model(str(tmp_path / "m.keras"),
+                                     custom_objects={"Recording": Recording})
+    assert seen[-1] is loaded
+    assert strangers == [None, None, None]    # a model owning another optimizer: never
+    assert _internals.keras_model_loading(loading.optimizer) is None   # no load under way
+
+
 def test_sublayers_lists_a_layers_inner_layers():  # Layer._flatten_layers
     mha = keras.layers.MultiHeadAttention(2, 4, dropout=0.5, name="mha")
     q = np.ones((1, 3, 4), "float32")

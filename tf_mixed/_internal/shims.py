@@ -1064,6 +1064,46 @@ def keras_weight_keys(model) -> dict[int, str]:
     return keys
 
 
+def keras_model_loading(optimizer):
+    """The model Keras is loading a file into now, when ``optimizer`` is its optimizer.
+
+    Reaches: ``keras.src.saving.saving_lib._load_state`` (Keras 3.15.1), the
+    walk behind ``model.load_weights`` (``.weights.h5`` and ``.keras``) and
+    ``keras.saving.load_model``: it calls a model's ``load_own_variables``,
+    then each child's, the ``optimizer`` among them, handing each only its own
+    entries of the file.
+
+    Why: no public API tells an optimizer's ``load_own_variables`` which
+    model the file is being loaded into, and the healed set the optimizer's
+    entries hold moves that model's layers at once (docs/healing.md). The
+    walk's own frames say it: the innermost ``_load_state`` whose ``saveable``
+    is a model whose ``optimizer`` is this one (checked by identity, so a
+    model that does not own ``optimizer`` is never returned).
+
+    Args:
+      optimizer: The optimizer whose ``load_own_variables`` runs now.
+
+    Returns:
+      The model, or None (the optimizer is loaded on its own, or outside
+      Keras's walk).
+    """
+    import sys
+
+    import keras
+    from keras.src.saving import saving_lib
+
+    code = saving_lib._load_state.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            saveable = frame.f_locals.get("saveable")
+            if (isinstance(saveable, keras.Model)
+                    and getattr(saveable, "optimizer", None) is optimizer):
+                return saveable
+        frame = frame.f_back
+    return None
+
+
 def variables_read_so_far():
     """The variables the ``tf.function`` being traced has read so far, or None.
 

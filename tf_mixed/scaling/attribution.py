@@ -418,10 +418,15 @@ class AttributionSlot:
         self.pending: dict | None = None
 
     def save_into(self, store) -> None:
-        """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry."""
-        if self.attached is None:
+        """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry.
+
+        Nothing attached, a state read from a file (`pending`) is written back
+        as read: a load and a save without healing keep the healed set.
+        """
+        saved = self.pending if self.attached is None else self.attached.saved()
+        if saved is None:
             return
-        text = json.dumps(self.attached.saved()).encode()
+        text = json.dumps(saved).encode()
         store[STORE_KEY] = np.frombuffer(text, np.uint8)
 
     def load_from(self, store) -> None:

@@ -32,8 +32,8 @@ from tf_mixed.scaling.attribution import (
     LayerAttribution,
 )
 
-__all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe", "heal",
-           "healed_map", "move_to_float32"]
+__all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "apply_loaded", "apply_restored",
+           "decide", "describe", "heal", "healed_map", "move_to_float32", "moves"]
 
 FLOAT32 = "float32"
 
@@ -177,8 +177,93 @@ def heal(model, names) -> tuple:
     """
     change = healed_map(model, names)
     moved = {id(layer) for layer in precision_map.move(model, change)}
+    if moved:
+        _internals.rider(model, "healing_moves", _Moves).count += 1
     return tuple(n for n, layer in _named(model, names)
                  if any(id(sub) in moved for sub in _internals.sublayers(layer)))
+
+
+@dataclasses.dataclass
+class _Moves:
+    """How many times `heal` moved a model's layers (kept on the model)."""
+
+    count: int = 0
+
+
+def moves(model) -> int:
+    """How many times healing moved ``model``'s layers so far.
+
+    A step function traced before a move computes the moved layers in their
+    old precision: `tf_mixed.training.make_train_step` compares this count
+    at each call and traces its step again when it changed.
+    """
+    return _internals.rider(model, "healing_moves", _Moves).count
+
+
+def apply_restored(model, names) -> tuple:
+    """Moves the layers a restored healed set names, at once: every restore ends here.
+
+    A ``tf.train.Checkpoint`` of the optimizer (its ``healed_map`` child) and a
+    ``.weights.h5``/``.keras`` load of it (`apply_loaded`) both apply the
+    healed set through this one function, whatever trains the model next.
+    Keras's traced functions (``fit``, ``evaluate``, ``predict``) are traced
+    again; a `tf_mixed.training.make_train_step` step traces itself again at
+    its next call (`moves`); a step function of the caller's own, traced
+    before, must be created again: the warning says so.
+
+    Args:
+        model: The built model the optimizer trains.
+        names: The healed layer names the restored state holds.
+
+    Returns:
+        The names whose layer (or a sublayer) moved now. A name ``model``
+        lacks moves nothing (a warning names it): the load goes on.
+    """
+    from absl import logging
+
+    known = [name for name, _ in _named(model, names)]
+    lacking = [name for name in names if name not in known]
+    if lacking:
+        logging.warning(
+            "tf_mixed healing: the restored optimizer state names healed layers model "
+            "'%s' lacks: %s; they are not moved. Its layers: %s.", model.name, lacking,
+            [name for name, _ in walk_layers(model)])
+    moved = heal(model, known) if known else ()
+    if not moved:
+        return ()
+    if any(getattr(model, attribute, None) is not None
+           for attribute in ("train_function", "test_function", "predict_function")):
+        retrace_keras_functions(model)
+    logging.warning(
+        "tf_mixed healing: the restored optimizer state moved layers %s to float32 "
+        "compute (healed before it was saved). fit and make_train_step retrace; a step "
+        "function of your own traced before the restore must be created again.",
+        list(moved))
+    return moved
+
+
+def apply_loaded(optimizer) -> tuple:
+    """Applies the healed set a ``.keras``/``.weights.h5`` load gave ``optimizer``.
+
+    Called by the optimizer's ``load_own_variables`` once its entries are
+    read. With healing attached the set is the attribution's (the file's,
+    just assigned) and the model is the attribution's; without, the set
+    waits in the optimizer's state for a later `Healer` and the model is
+    the one Keras is loading the file into
+    (``model.load_weights``, ``keras.saving.load_model``), when it owns
+    ``optimizer``; an optimizer loaded on its own moves nothing.
+
+    Returns:
+        The names whose layer moved now (`apply_restored`).
+    """
+    slot = optimizer.step_state.attribution
+    if slot.attached is not None:
+        model, names = slot.attached.model, slot.attached.read().healed
+    else:
+        model, names = _internals.keras_model_loading(optimizer), slot.pending_healed()
+    if model is None:
+        return ()
+    return apply_restored(model, names)
 
 
 def _named(model, names) -> list:
@@ -230,8 +315,6 @@ class Healer:
         self.rule = rule or HealRule()
         self.attribution = LayerAttribution.attach(model, optimizer)
         self._seen = -1
-        self.version = 0
-        """Counts the moves this healer made (a step built before one retraces)."""
         # A tf.train.Checkpoint of the optimizer holds the healed map beside the
         # attribution's counters and applies it when restored (or, restored
         # before this call, when this child is first listed).
@@ -249,11 +332,8 @@ class Healer:
         return healed_map(self.attribution.model, self.healed)
 
     def _move(self, names) -> tuple:
-        """Heals ``names`` through the map; counts a change in `version`."""
-        moved = heal(self.attribution.model, names)
-        if moved:
-            self.version += 1
-        return moved
+        """Heals ``names`` through the map (`moves` counts a change)."""
+        return heal(self.attribution.model, names)
 
     def reapply(self) -> tuple:
         """Moves the layers the state says were healed (a resumed run).
@@ -285,25 +365,13 @@ class Healer:
         """A restored checkpoint applies the healed map it holds, at once."""
         import json
 
-        from absl import logging
-
         text = keras.ops.convert_to_numpy(tensors["healed_map"]).item()
         record = precision_map.PrecisionMap.from_dict(json.loads(
             text.decode() if isinstance(text, bytes) else text))
         names = [n for n in self.attribution.names if n in record.layers]
-        moved = self._move(names)
         if names:
             self.attribution.mark_healed(names)
-        if not moved:
-            return
-        model = self.attribution.model
-        if getattr(model, "train_function", None) is not None:
-            retrace_keras_functions(model)
-        logging.warning(
-            "tf_mixed healing: a restored checkpoint moved layers %s to float32 compute "
-            "(healed before it was saved). fit and make_train_step retrace; a step "
-            "function of your own traced before the restore must be created again.",
-            list(moved))
+        apply_restored(self.attribution.model, names)
 
     def check(self) -> Decision:
         """Applies the rule to what the step recorded; moves the layers it names.
