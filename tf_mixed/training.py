@@ -281,15 +281,15 @@ def _traced_again_after_healing(model, trace):
     """``trace()``'s function, made again at the next call after healing moved layers.
 
     A restored checkpoint or weights file moves the healed layers at once
-    (`tf_mixed.scaling.healing.apply_restored`); a function traced before
+    (`tf_mixed.scaling.healed_set.apply_restored`); a function traced before
     would compute them in their old precision.
     """
-    from tf_mixed.scaling import healing
+    from tf_mixed.scaling import healed_set
 
-    current, seen = [trace()], [healing.moves(model)]
+    current, seen = [trace()], [healed_set.moves(model)]
 
     def step(x, y):
-        now = healing.moves(model)
+        now = healed_set.moves(model)
         if now != seen[0]:
             current[0], seen[0] = trace(), now
         return current[0](x, y)

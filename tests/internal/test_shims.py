@@ -629,35 +629,44 @@ def test_keras_weight_keys_are_the_keys_of_keras_weights_files(tmp_path):
         "layers/layer_normalization/vars/0", "layers/layer_normalization/vars/1"]
 
 
-def test_keras_model_loading_finds_the_model_owning_the_optimizer(tmp_path):
-    """Guards keras.src.saving.saving_lib._load_state (keras_model_loading)."""
+def test_model_being_restored_finds_the_model_owning_the_optimizer(tmp_path):
+    """Guards keras.src.saving.saving_lib._load_state and the frames of
+    tf.train.Checkpoint.read/restore (model_being_restored)."""
     seen, strangers = [], []
     stranger = keras.optimizers.SGD()        # no model owns it
 
+    def note(optimizer):
+        seen.append(_internals.model_being_restored(lambda m: m.optimizer is optimizer))
+        strangers.append(_internals.model_being_restored(lambda m: m.optimizer is stranger))
+
     class Recording(keras.optimizers.SGD):
         def load_own_variables(self, store):
-            seen.append(_internals.keras_model_loading(self))
-            strangers.append(_internals.keras_model_loading(stranger))
+            note(self)
             super().load_own_variables(store)
 
     def model(optimizer):
         m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
         m.compile(optimizer=optimizer, loss="mse")
         m.optimizer.build(m.trainable_variables)
+        m.optimizer.restored = _internals.checkpoint_value(
+            lambda: {"x": tf.constant(1.0)}, lambda tensors, o=m.optimizer: note(o))
         return m
 
     saved = model(Recording())
     saved.save_weights(str(tmp_path / "m.weights.h5"))
     saved.save(str(tmp_path / "m.keras"))
+    checkpoint = tf.train.Checkpoint(model=saved).write(str(tmp_path / "ckpt"))
     loading = model(Recording())
     loading.load_weights(str(tmp_path / "m.weights.h5"))
     loading.load_weights(str(tmp_path / "m.keras"))
-    assert seen == [loading, loading]
+    tf.train.Checkpoint(model=loading).read(checkpoint)
+    tf.train.Checkpoint(model=loading).restore(checkpoint)
+    assert seen == [loading] * 4
     loaded = keras.saving.load_model(str(tmp_path / "m.keras"),
                                      custom_objects={"Recording": Recording})
     assert seen[-1] is loaded
-    assert strangers == [None, None, None]    # a model owning another optimizer: never
-    assert _internals.keras_model_loading(loading.optimizer) is None   # no load under way
+    assert strangers == [None] * 5           # a model owning another optimizer: never
+    assert _internals.model_being_restored(lambda m: True) is None   # no restore under way
 
 
 def test_sublayers_lists_a_layers_inner_layers():  # Layer._flatten_layers

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import tf_mixed
 from tf_mixed.policy import precision_map
-from tf_mixed.scaling.healing import Healer, heal, healed_map, moves
+from tf_mixed.scaling.healed_set import moves
+from tf_mixed.scaling.healing import Healer, heal, healed_map
 
 
 @keras.saving.register_keras_serializable(package="test_healing_restore")
@@ -156,7 +157,7 @@ def test_a_hand_written_loop_restored_before_its_first_trace_computes_healed(
 
 @pytest.mark.slow  # 6.8 s of CPU: it traces the whole step twice
 @pytest.mark.parametrize("restore, heal", [
-    ("checkpoint", True), (".weights.h5", True), (".weights.h5", None)])
+    ("checkpoint", True), ("checkpoint", None), (".weights.h5", True), (".weights.h5", None)])
 def test_make_train_step_built_before_the_restore_retraces_healed(tmp_path, restore, heal):
     path = _saved_healed(tmp_path, restore)
     fresh = _model()
@@ -180,7 +181,8 @@ def test_make_train_step_built_after_the_restore_computes_healed(tmp_path, resto
 
 
 @pytest.mark.parametrize("restore, heal_callback", [
-    ("checkpoint", True), (".weights.h5", True), (".keras", True), (".weights.h5", False)])
+    ("checkpoint", True), (".weights.h5", True), (".keras", True), ("checkpoint", False),
+    (".weights.h5", False)])
 def test_fit_after_a_restore_runs_healed_though_its_functions_were_traced(
         tmp_path, restore, heal_callback):
     path = _saved_healed(tmp_path, restore)
@@ -198,20 +200,29 @@ def test_fit_after_a_restore_runs_healed_though_its_functions_were_traced(
     assert fresh.optimizer.loss_scale_state().skipped_steps == skipped
 
 
-def test_a_checkpoint_restored_before_healing_is_attached_applies_when_it_is(tmp_path):
-    path = _saved_healed(tmp_path)
+def test_a_checkpoint_restored_before_healing_is_attached_hands_it_its_counters(tmp_path):
+    # The healed map moves the layer at the restore; the attribution's
+    # counters wait until healing is attached, and are then its own.
+    tf_mixed.enable("mixed_float16")
+    model = _model()
+    healer = Healer(model, model.optimizer)
+    healer.attribution.state.counts.assign(np.array([0, 3, 0], np.int64))
+    tf_mixed.training.heal_layers(model, ["gate"], model.optimizer)
+    path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+        str(tmp_path / "ckpt"))
     fresh = _model()
-    _restore(fresh, path)                       # nothing attached yet: deferred
-    assert fresh.get_layer("gate").compute_dtype == "float16"
-    step = tf_mixed.training.make_train_step(fresh, "mse", fresh.optimizer, heal=True)
+    _restore(fresh, path)                       # nothing attached
     assert fresh.get_layer("gate").compute_dtype == "float32"
+    step = tf_mixed.training.make_train_step(fresh, "mse", fresh.optimizer, heal=True)
+    reading = fresh.optimizer.step_state.attribution.attached.read()
+    assert reading.healed == ("gate",) and reading.counts == {"gate": 3}
     assert bool(step(*_data())["applied"])
 
 
-@pytest.mark.parametrize("restore", FILES)
-def test_a_file_loaded_with_nothing_attached_heals_at_once(tmp_path, restore, caplog):
-    # No Heal, no Healer, no make_train_step(heal=...): the load moves the
-    # layer itself (the model Keras loads into owns the optimizer).
+@pytest.mark.parametrize("restore", RESTORES)
+def test_a_restore_with_nothing_attached_heals_at_once(tmp_path, restore, caplog):
+    # No Heal, no Healer, no make_train_step(heal=...): the restore moves the
+    # layer itself (the model restored into owns the optimizer).
     path = _saved_healed(tmp_path, restore)
     fresh = _model()
     assert fresh.get_layer("gate").compute_dtype == "float16"
@@ -229,15 +240,32 @@ def test_a_file_loaded_with_nothing_attached_heals_at_once(tmp_path, restore, ca
     assert moves(fresh) == 1
 
 
-def test_a_load_and_a_save_without_healing_keep_the_healed_set(tmp_path):
-    path = _saved_healed(tmp_path, ".weights.h5")
+@pytest.mark.parametrize("restore", RESTORES[:2])
+def test_a_restore_and_a_save_without_healing_keep_the_healed_set(tmp_path, restore):
+    path = _saved_healed(tmp_path, restore)
     middle = _model()
-    middle.load_weights(path)                  # nothing attached: held as read
-    again = str(tmp_path / "again.weights.h5")
-    middle.save_weights(again)
+    _restore(middle, path)                     # nothing attached: held as read
+    if restore == "checkpoint":
+        again = tf.train.Checkpoint(model=middle, optimizer=middle.optimizer).write(
+            str(tmp_path / "again"))
+    else:
+        again = str(tmp_path / "again.weights.h5")
+        middle.save_weights(again)
     last = _model()
-    last.load_weights(again)
+    _restore(last, again)
     assert last.get_layer("gate").compute_dtype == "float32"
+
+
+def test_a_checkpoint_of_an_optimizer_never_healed_holds_no_healed_map(tmp_path):
+    tf_mixed.enable("mixed_float16")
+    model = _model()
+    path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+        str(tmp_path / "plain"))
+    assert not [key for key, _ in tf.train.list_variables(path) if "layer_attribution" in key]
+    fresh = _model()
+    _restore(fresh, path)
+    assert fresh.get_layer("gate").compute_dtype == "float16"
+    assert moves(fresh) == 0
 
 
 def test_load_model_of_a_keras_file_computes_healed_and_keeps_the_set(tmp_path):
@@ -281,14 +309,19 @@ def test_a_healed_name_the_model_lacks_moves_nothing_and_says_so(tmp_path, caplo
 
 
 @pytest.mark.slow  # traces the whole step under two replicas: about 8 s of CPU
-def test_a_weights_file_heals_at_once_under_two_replicas(tmp_path, mirrored):
+@pytest.mark.parametrize("restore", RESTORES[:2])
+def test_a_restore_heals_at_once_under_two_replicas(tmp_path, mirrored, restore):
     tf_mixed.enable("mixed_float16")
     with mirrored.scope():
         model = _model()
         Healer(model, model.optimizer)
     tf_mixed.training.heal_layers(model, ["gate"], model.optimizer)
-    path = str(tmp_path / "healed.weights.h5")
-    model.save_weights(path)
+    if restore == "checkpoint":
+        path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+            str(tmp_path / "ckpt"))
+    else:
+        path = str(tmp_path / "healed.weights.h5")
+        model.save_weights(path)
     with mirrored.scope():
         fresh = _model()
     step = tf_mixed.training.make_train_step(fresh, "mse", fresh.optimizer,
@@ -297,6 +330,6 @@ def test_a_weights_file_heals_at_once_under_two_replicas(tmp_path, mirrored):
         tf.data.Dataset.from_tensor_slices(_data()).batch(8))
     batch = next(iter(batch))
     assert not bool(step(*batch)["applied"])                     # traced in float16
-    fresh.load_weights(path)
+    _restore(fresh, path)
     assert fresh.get_layer("gate").compute_dtype == "float32"     # at once
     assert bool(step(*batch)["applied"])                          # traced again

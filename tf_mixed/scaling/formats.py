@@ -78,22 +78,10 @@ def load_own(optimizer, store, keras_load, state) -> None:
             before it was built: Keras's own error then).
         state: The optimizer's `tf_mixed.scaling.step_state.StepState`
             (each part that saves reads its entries).
-
-    The healed layers the entries hold move to float32 compute at once
-    (`tf_mixed.scaling.healing.apply_loaded`).
     """
-    state.load_from(store)
-    _load_variables(optimizer, store, keras_load, state.store_keys())
-    # The healed set the file holds moves the model's layers now, as a
-    # restored tf.train.Checkpoint does (one function for both restores).
-    from tf_mixed.scaling import healing
-
-    healing.apply_loaded(optimizer)
-
-
-def _load_variables(optimizer, store, keras_load, riders) -> None:
-    """The wrapper's own variables from whichever layout ``store`` holds."""
     scalars, arrays = _own(optimizer)
+    state.load_from(store)
+    riders = state.store_keys()
     keys = [k for k in store.keys() if k not in riders]
     if (optimizer.built and "0" in keys and len(store["0"].shape) == 1
             and store["0"].shape[0] == len(scalars)

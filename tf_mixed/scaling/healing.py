@@ -22,7 +22,6 @@ import keras
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import walk_layers
 from tf_mixed.policy import precision_map
 from tf_mixed.scaling.attribution import (
     FORWARD,
@@ -31,9 +30,10 @@ from tf_mixed.scaling.attribution import (
     STORE_KEY,
     LayerAttribution,
 )
+from tf_mixed.scaling.healed_set import apply_restored, from_tensors, heal, healed_map, to_tensors
 
-__all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "apply_loaded", "apply_restored",
-           "decide", "describe", "heal", "healed_map", "move_to_float32", "moves"]
+__all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe", "heal",
+           "healed_map", "move_to_float32"]
 
 FLOAT32 = "float32"
 
@@ -159,137 +159,6 @@ def move_to_float32(layer) -> list:
                                       for sub in _internals.sublayers(layer)})
 
 
-def healed_map(model, names) -> precision_map.PrecisionMap:
-    """The map ``model`` computes in with ``names`` healed (rule 6 of
-    `tf_mixed.policy.precision_map.RULES` applied to what it computes in now)."""
-    return precision_map.observed(model).healed(names)
-
-
-def heal(model, names) -> tuple:
-    """Moves the named layers of a built model to float32 compute, through the map.
-
-    Args:
-        model: A built model.
-        names: Layer names as `tf_mixed.scaling.attributed_layers` gives them.
-
-    Returns:
-        The names among ``names`` whose layer (or a sublayer) moved now.
-    """
-    change = healed_map(model, names)
-    moved = {id(layer) for layer in precision_map.move(model, change)}
-    if moved:
-        _internals.rider(model, "healing_moves", _Moves).count += 1
-    return tuple(n for n, layer in _named(model, names)
-                 if any(id(sub) in moved for sub in _internals.sublayers(layer)))
-
-
-@dataclasses.dataclass
-class _Moves:
-    """How many times `heal` moved a model's layers (kept on the model)."""
-
-    count: int = 0
-
-
-def moves(model) -> int:
-    """How many times healing moved ``model``'s layers so far.
-
-    A step function traced before a move computes the moved layers in their
-    old precision: `tf_mixed.training.make_train_step` compares this count
-    at each call and traces its step again when it changed.
-    """
-    return _internals.rider(model, "healing_moves", _Moves).count
-
-
-def apply_restored(model, names) -> tuple:
-    """Moves the layers a restored healed set names, at once: every restore ends here.
-
-    A ``tf.train.Checkpoint`` of the optimizer (its ``healed_map`` child) and a
-    ``.weights.h5``/``.keras`` load of it (`apply_loaded`) both apply the
-    healed set through this one function, whatever trains the model next.
-    Keras's traced functions (``fit``, ``evaluate``, ``predict``) are traced
-    again; a `tf_mixed.training.make_train_step` step traces itself again at
-    its next call (`moves`); a step function of the caller's own, traced
-    before, must be created again: the warning says so.
-
-    Args:
-        model: The built model the optimizer trains.
-        names: The healed layer names the restored state holds.
-
-    Returns:
-        The names whose layer (or a sublayer) moved now. A name ``model``
-        lacks moves nothing (a warning names it): the load goes on.
-    """
-    from absl import logging
-
-    known = [name for name, _ in _named(model, names)]
-    lacking = [name for name in names if name not in known]
-    if lacking:
-        logging.warning(
-            "tf_mixed healing: the restored optimizer state names healed layers model "
-            "'%s' lacks: %s; they are not moved. Its layers: %s.", model.name, lacking,
-            [name for name, _ in walk_layers(model)])
-    moved = heal(model, known) if known else ()
-    if not moved:
-        return ()
-    if any(getattr(model, attribute, None) is not None
-           for attribute in ("train_function", "test_function", "predict_function")):
-        retrace_keras_functions(model)
-    logging.warning(
-        "tf_mixed healing: the restored optimizer state moved layers %s to float32 "
-        "compute (healed before it was saved). fit and make_train_step retrace; a step "
-        "function of your own traced before the restore must be created again.",
-        list(moved))
-    return moved
-
-
-def apply_loaded(optimizer) -> tuple:
-    """Applies the healed set a ``.keras``/``.weights.h5`` load gave ``optimizer``.
-
-    Called by the optimizer's ``load_own_variables`` once its entries are
-    read. With healing attached the set is the attribution's (the file's,
-    just assigned) and the model is the attribution's; without, the set
-    waits in the optimizer's state for a later `Healer` and the model is
-    the one Keras is loading the file into
-    (``model.load_weights``, ``keras.saving.load_model``), when it owns
-    ``optimizer``; an optimizer loaded on its own moves nothing.
-
-    Returns:
-        The names whose layer moved now (`apply_restored`).
-    """
-    slot = optimizer.step_state.attribution
-    if slot.attached is not None:
-        model, names = slot.attached.model, slot.attached.read().healed
-    else:
-        model, names = _internals.keras_model_loading(optimizer), slot.pending_healed()
-    if model is None:
-        return ()
-    return apply_restored(model, names)
-
-
-def _named(model, names) -> list:
-    """``(name, layer)`` for ``names``, in the model's order."""
-    wanted = set(names)
-    found, seen = [], set()
-    for name, layer in walk_layers(model):
-        if name in wanted and name not in seen:
-            seen.add(name)
-            found.append((name, layer))
-    return found
-
-
-def retrace_keras_functions(model) -> None:
-    """Forces Keras to trace the model's train, test and predict functions again.
-
-    Keras keeps each traced function until forced: without the last two,
-    validation in a ``fit`` and a later evaluate/predict would run moved
-    layers in their old precision. ``fit`` reads ``model.train_function`` at
-    every step, so the next step runs the new trace.
-    """
-    model.make_train_function(force=True)
-    model.make_test_function(force=True)
-    model.make_predict_function(force=True)
-
-
 class Healer:
     """Reads the attribution, applies the rule, moves layers (no retrace).
 
@@ -318,9 +187,16 @@ class Healer:
         # A tf.train.Checkpoint of the optimizer holds the healed map beside the
         # attribution's counters and applies it when restored (or, restored
         # before this call, when this child is first listed).
-        self.attribution.state.healed_map = _internals.checkpoint_value(
-            self._save_healed, self._restore_healed)
-        _internals.restore_deferred(optimizer, STORE_KEY, self.attribution.state)
+        state = self.attribution.state
+        state.healed_map = _internals.checkpoint_value(
+            lambda: to_tensors(self.healed), self._restore_healed)
+        _internals.restore_deferred(optimizer, STORE_KEY, state)
+        # Read before healing was attached, a checkpoint's counters wait on
+        # the child the optimizer listed then (`AttributionSlot.waiting`).
+        waiting = self.attribution.slot.waiting
+        if waiting is not None:
+            for name, child in _internals.trackable_children(state).items():
+                _internals.restore_deferred(waiting, name, child)
 
     @property
     def healed(self) -> tuple:
@@ -350,25 +226,10 @@ class Healer:
             self.attribution.mark_healed(names)
         return moved
 
-    def _save_healed(self) -> dict:
-        """The checkpoint's copy of the healed set: the healed map, as JSON."""
-        import json
-
-        import tensorflow as tf
-
-        change = {n: FLOAT32 for n in self.healed}
-        record = precision_map.PrecisionMap(
-            FLOAT32, change, {n: precision_map.HEALED for n in change}).to_dict()
-        return {"healed_map": tf.constant(json.dumps(record))}
-
     def _restore_healed(self, tensors: dict) -> None:
         """A restored checkpoint applies the healed map it holds, at once."""
-        import json
-
-        text = keras.ops.convert_to_numpy(tensors["healed_map"]).item()
-        record = precision_map.PrecisionMap.from_dict(json.loads(
-            text.decode() if isinstance(text, bytes) else text))
-        names = [n for n in self.attribution.names if n in record.layers]
+        healed = from_tensors(tensors)
+        names = [n for n in self.attribution.names if n in healed]
         if names:
             self.attribution.mark_healed(names)
         apply_restored(self.attribution.model, names)
