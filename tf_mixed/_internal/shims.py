@@ -1098,9 +1098,10 @@ def model_being_restored(owns: Callable[[Any], bool]):
 
     load_state = saving_lib._load_state.__code__
     frame: Any = sys._getframe(1)
+    candidates: list = []
     while frame is not None:
         code = frame.f_code
-        candidates: list = []
+        candidates = []
         if code is load_state:
             candidates = [frame.f_locals.get("saveable")]
         elif code.co_name in ("read", "restore"):
