@@ -52,10 +52,14 @@ def _saved_healed(tmp_path, restore="checkpoint") -> str:
     Healer(model, model.optimizer)
     tf_mixed.training.heal_layers(model, ["gate"], model.optimizer)
     assert model.get_layer("gate").compute_dtype == "float32"
+    return _save(model, tmp_path / "healed", restore)
+
+
+def _save(model, stem, restore) -> str:
+    """Saves ``model`` and its optimizer as ``restore`` says; returns the path."""
     if restore == "checkpoint":
-        return tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
-            str(tmp_path / "ckpt"))
-    path = str(tmp_path / f"healed{restore}")
+        return tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(stem))
+    path = f"{stem}{restore}"
     if restore == ".keras":
         model.save(path)
     else:
@@ -181,8 +185,10 @@ def test_make_train_step_built_after_the_restore_computes_healed(tmp_path, resto
 
 
 @pytest.mark.parametrize("restore, heal_callback", [
-    ("checkpoint", True), (".weights.h5", True), (".keras", True), ("checkpoint", False),
-    (".weights.h5", False)])
+    ("checkpoint", True), (".weights.h5", False),
+    # about 4 s of CPU each: the rest in the slow tier
+    *(pytest.param(*p, marks=pytest.mark.slow)
+      for p in ((".weights.h5", True), (".keras", True), ("checkpoint", False)))])
 def test_fit_after_a_restore_runs_healed_though_its_functions_were_traced(
         tmp_path, restore, heal_callback):
     path = _saved_healed(tmp_path, restore)
@@ -245,12 +251,7 @@ def test_a_restore_and_a_save_without_healing_keep_the_healed_set(tmp_path, rest
     path = _saved_healed(tmp_path, restore)
     middle = _model()
     _restore(middle, path)                     # nothing attached: held as read
-    if restore == "checkpoint":
-        again = tf.train.Checkpoint(model=middle, optimizer=middle.optimizer).write(
-            str(tmp_path / "again"))
-    else:
-        again = str(tmp_path / "again.weights.h5")
-        middle.save_weights(again)
+    again = _save(middle, tmp_path / "again", restore)
     last = _model()
     _restore(last, again)
     assert last.get_layer("gate").compute_dtype == "float32"
@@ -316,12 +317,7 @@ def test_a_restore_heals_at_once_under_two_replicas(tmp_path, mirrored, restore)
         model = _model()
         Healer(model, model.optimizer)
     tf_mixed.training.heal_layers(model, ["gate"], model.optimizer)
-    if restore == "checkpoint":
-        path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
-            str(tmp_path / "ckpt"))
-    else:
-        path = str(tmp_path / "healed.weights.h5")
-        model.save_weights(path)
+    path = _save(model, tmp_path / "healed", restore)
     with mirrored.scope():
         fresh = _model()
     step = tf_mixed.training.make_train_step(fresh, "mse", fresh.optimizer,
