@@ -535,9 +535,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         getattr(self, "_reasons", EpochReasons(None)).write(logs)
         _write(self, logs, epoch_end=True)
         self._check(logs, epoch=epoch)
-        skip_contract.no_applied_step(  # after the check, which reads the counters instead
-            logs, self.model, self._progress.steps_in_epoch,
-            self._progress.skipped_in_epoch)
+        if self._view.kind == "tf_mixed":  # exact counters (Keras's wrapper's loss is nan)
+            skip_contract.no_applied_step(  # after the check, which reads the counters
+                logs, self.model, self._progress.steps_in_epoch,
+                self._progress.skipped_in_epoch)
 
     # -- reading, logging, judging
 
