@@ -371,12 +371,6 @@ def test_one_quantile_function_and_one_read_of_the_load():
         "quantiles": ["def quantile", "def quartiles"], "load": ["os.getloadavg"]}
 
 
-# The plan's own timing loops (tools/planning/layer_timing.py, step_check.py) are issue 43
-# point 1's owners' this session; they move onto `measuring.rotated` with it.
-FIXED_ORDER_ROUNDS_LEFT = {"tf_mixed/tools/planning/layer_timing.py",
-                           "tf_mixed/tools/planning/step_check.py"}
-
-
 def _fixed_order_rounds(source: str) -> list[str]:
     """Loops over rounds that run their candidates in one fixed order.
 
@@ -408,15 +402,29 @@ def test_the_round_order_check_can_fail():
         "2: for (name, step) in steps.items()"]
 
 
+def test_the_round_order_check_finds_the_plans_fixed_order_loops():
+    """The plan's two loops as they were before issue 43 (layer_timing.py, step_check.py)."""
+    layer_loop = ("for r in range(max(rounds, 1)):\n"
+                  "    progress.update(f'plan: round {r + 1}/{rounds}')\n"
+                  "    for layer in timed:\n"
+                  "        for precision in precisions:\n"
+                  "            figures[layer.name, precision].append(time_steps(layer))\n"
+                  "        cast_figures[layer.name].append(time_steps(casts[layer.name]))\n"
+                  "    if r + 1 >= min_rounds and clock() - start >= budget_s:\n"
+                  "        break\n")
+    step_loop = ("for r in range(rounds):\n"
+                 "    for name, step in steps.items():\n"
+                 "        figures[name].append(autotune.time_steps(step, batch, 1))\n")
+    assert _fixed_order_rounds(layer_loop) == ["3: for layer in timed",
+                                               "4: for precision in precisions"]
+    assert _fixed_order_rounds(step_loop) == ["2: for (name, step) in steps.items()"]
+
+
 def test_rounds_take_their_order_from_measuring():
     """Every loop over rounds interleaves its candidates as measuring.py does (issue 43)."""
     offenders = {str(path.relative_to(ROOT)): found for path in _py_files(PACKAGE)
-                 if str(path.relative_to(ROOT)) not in FIXED_ORDER_ROUNDS_LEFT
                  for found in [_fixed_order_rounds(path.read_text())] if found}
     assert not offenders, offenders
-    left = {name: _fixed_order_rounds((ROOT / name).read_text())
-            for name in FIXED_ORDER_ROUNDS_LEFT}
-    assert all(left.values()), left  # a loop that moved leaves this list
 
 
 # Who measures speed: `auto`, the model check, the plan, doctor --measure and the suites

@@ -230,3 +230,23 @@ def test_the_next_policy_suggested_is_this_hosts():
     text = doctor.first_change(Report(), "m.keras", "mixed_bfloat16")
     assert "python -m tf_mixed doctor m.keras --policy=mixed_bfloat16; or let" in text
     assert "tf_mixed.convert(model, 'mixed_bfloat16') on this host" in text
+
+
+@pytest.mark.slow
+def test_doctor_plan_on_the_default_generated_dataset(tmp_path, capsys):
+    # `--plan` with the default --dataset=shapes failed: the generated set is
+    # a tf.data dataset of batches, which the plan takes as it is.
+    inp = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(8, 3, activation="relu", name="conv")(inp)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    out = keras.layers.Dense(10, name="logits")(h)
+    path = tmp_path / "cnn.keras"
+    keras.Model(inp, out, name="cnn").save(path)
+    out_dir = tmp_path / "out"
+    code = main(["tf_mixed", "doctor", str(path), "--batch_size=8", "--batches=1",
+                 "--plan", f"--output_dir={out_dir}"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    plan = json.loads((out_dir / "doctor.json").read_text())["plan"]
+    assert [row["name"] for row in plan["layers"]] == ["conv", "pool", "logits"]
+    assert "Plan for model 'cnn'" in printed.out

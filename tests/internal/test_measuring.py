@@ -5,6 +5,7 @@ No test times this host: every figure and clock reading is given.
 
 import json
 import os
+import re
 import statistics
 
 import pytest
@@ -66,6 +67,65 @@ def test_interleaved_rounds_rotate_and_keep_to_the_budget():
     assert figures == {"a": [1.0, 1.0]}
     with pytest.raises(ValueError, match="rounds >= 1"):
         measuring.interleaved_rounds({"a": measure("a", 1.0)}, 0)
+
+
+def test_interleaved_rounds_keep_min_rounds_and_say_each_round():
+    calls, said = [], []
+    ticks = iter(range(100))
+
+    def measure(name):
+        def run():
+            calls.append(name)
+            return 1.0
+        return run
+
+    # The clock moves 1 s per reading (read at the start and after each round
+    # from the third): a spent budget of 0 s still runs the first 3 rounds.
+    figures = measuring.interleaved_rounds(
+        {"a": measure("a"), "b": measure("b")}, 10, budget_s=0.0, min_rounds=3,
+        clock=lambda: float(next(ticks)), on_round=said.append)
+    assert figures == {"a": [1.0] * 3, "b": [1.0] * 3}
+    assert calls == [*"ab", *"ba", *"ba"] and said == [0, 1, 2]
+    assert next(ticks) == 2  # one reading at the start, one after the third round
+
+
+def test_grouped_rounds_rotate_the_groups_and_within_each_group():
+    calls = []
+
+    def measure(group, name):
+        def run():
+            calls.append(f"{group}.{name}")
+            return float(len(calls))  # the call's place in the whole sequence
+        return run
+
+    groups = {"x": {"f": measure("x", "f"), "h": measure("x", "h")},
+              "y": {"f": measure("y", "f"), "h": measure("y", "h"), "c": measure("y", "c")},
+              "z": {"f": measure("z", "f")}}
+    figures = measuring.grouped_rounds(groups, 4)
+    assert calls == [
+        "x.f", "x.h", "y.f", "y.h", "y.c", "z.f",  # round 0: both levels as given
+        "y.h", "y.c", "y.f", "z.f", "x.h", "x.f",  # round 1: each from its second
+        "z.f", "x.h", "x.f", "y.c", "y.f", "y.h",  # round 2: x's second cycle runs backwards
+        "z.f", "y.c", "y.h", "y.f", "x.f", "x.h"]  # round 3: so do the groups' and y's
+    # Each figure lands in its group and name, round by round.
+    assert figures == {"x": {"f": [1.0, 12.0, 15.0, 23.0], "h": [2.0, 11.0, 14.0, 24.0]},
+                       "y": {"f": [3.0, 9.0, 17.0, 22.0], "h": [4.0, 7.0, 18.0, 21.0],
+                             "c": [5.0, 8.0, 16.0, 20.0]},
+                       "z": {"f": [6.0, 10.0, 13.0, 19.0]}}
+    # One group is `interleaved_rounds`.
+    calls.clear()
+    assert measuring.grouped_rounds({"y": groups["y"]}, 2)["y"] == {
+        "f": [1.0, 6.0], "h": [2.0, 4.0], "c": [3.0, 5.0]}
+    assert calls == ["y.f", "y.h", "y.c", "y.h", "y.c", "y.f"]
+
+
+@pytest.mark.parametrize("groups, rounds, found", [
+    ({}, 1, "Received: 0 groups, rounds=1"),
+    ({"a": {}}, 1, "Received: 1 groups ('a' empty), rounds=1"),
+    ({"a": {"f": lambda: 1.0}}, 0, "Received: 1 groups, rounds=0")])
+def test_grouped_rounds_refuse_no_group_an_empty_group_or_no_round(groups, rounds, found):
+    with pytest.raises(ValueError, match=re.escape(found)):
+        measuring.grouped_rounds(groups, rounds)
 
 
 def test_fastest_keeps_the_shortest_call():

@@ -4,10 +4,12 @@
 # and step timings, `doctor --measure`, the main job and every bench suite)
 # rests on these primitives, so a rule about noise is stated once:
 #
-# - **Interleaved rounds** (`interleaved_rounds`, `rotated`): each candidate
-#   runs once per round, the order rotating so that every candidate runs
-#   before and after every other equally often; load from other processes then
-#   lands on every side of a ratio alike.
+# - **Interleaved rounds** (`interleaved_rounds`, `grouped_rounds`, `rotated`):
+#   each candidate runs once per round, the order rotating so that every
+#   candidate runs before and after every other equally often; load from other
+#   processes then lands on every side of a ratio alike. Grouped rounds (the
+#   plan's layers, each with its precisions) rotate the groups and, within
+#   each, its candidates.
 # - **Paired ratios** (`pair_ratios`): round i of one side over round i of the
 #   other (the pair shares the host's load at that moment).
 # - **A median with its interval** (`estimate`, an `Estimate`): the median of
@@ -46,9 +48,9 @@ from absl import logging
 __all__ = [
     "BUSY_LOAD_PER_CPU", "CACHE_DIR_ENV", "CACHE_FORMAT", "CONFIDENCE", "Estimate",
     "MIN_PAIRS", "NARROW", "RESAMPLES", "busy", "cache_dir", "cache_path", "estimate",
-    "fastest", "interleaved_rounds", "load_averages", "machine_load", "pair_ratios",
-    "pooled_ratio", "quantile", "quartiles", "ratio_interval", "read_cache", "relative_spread",
-    "rotated", "spread", "write_cache",
+    "fastest", "grouped_rounds", "interleaved_rounds", "load_averages", "machine_load",
+    "pair_ratios", "pooled_ratio", "quantile", "quartiles", "ratio_interval", "read_cache",
+    "relative_spread", "rotated", "spread", "write_cache",
 ]
 
 CONFIDENCE = 0.9
@@ -184,7 +186,9 @@ def interleaved_rounds(
     rounds: int,
     *,
     budget_s: float | None = None,
+    min_rounds: int = 1,
     clock: Callable[[], float] = time.perf_counter,
+    on_round: Callable[[int], object] | None = None,
 ) -> dict[str, list[float]]:
     """Runs each measure once per round, in `rotated` order, and collects the figures.
 
@@ -193,8 +197,12 @@ def interleaved_rounds(
             say); index i of every list returned is the same round.
         rounds: Rounds to run, at least 1.
         budget_s: If given, no new round starts after this many seconds
-            (at least one round always runs).
+            (the first ``min_rounds`` rounds always run).
+        min_rounds: Rounds that run whatever ``budget_s`` (at least one
+            always does).
         clock: Seconds, for the budget.
+        on_round: Called with each round's index before it runs (a
+            progress line, say).
 
     Returns:
         Name -> its figures, one per round run, in the order of ``measures``.
@@ -205,13 +213,58 @@ def interleaved_rounds(
     if not measures or rounds < 1:
         raise ValueError("interleaved_rounds() needs at least one measure and rounds >= 1. "
                          f"Received: {len(measures)} measures, rounds={rounds!r}.")
-    names = list(measures)
-    figures: dict[str, list[float]] = {name: [] for name in names}
+    return _rounds({"": measures}, rounds, budget_s, min_rounds, clock, on_round)[""]
+
+
+def grouped_rounds(
+    groups: Mapping[str, Mapping[str, Callable[[], float]]],
+    rounds: int,
+    *,
+    budget_s: float | None = None,
+    min_rounds: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+    on_round: Callable[[int], object] | None = None,
+) -> dict[str, dict[str, list[float]]]:
+    """`interleaved_rounds` of groups of measures, both levels in `rotated` order.
+
+    Each round runs the groups in `rotated` order and, within each group,
+    its measures back to back in `rotated` order: candidates compared within
+    a group (a layer's precisions and its cast, in the plan) run next to each
+    other, so load from other processes lands on them alike, and each leads
+    its group in turn.
+
+    Args:
+        groups: Group name -> (name -> a call returning one figure); a
+            group may hold other names than another.
+        rounds, budget_s, min_rounds, clock, on_round: As `interleaved_rounds`.
+
+    Returns:
+        Group name -> name -> its figures, one per round run, in the order
+        of ``groups``.
+
+    Raises:
+        ValueError: For no groups, an empty group or ``rounds`` < 1.
+    """
+    empty = [name for name, measures in groups.items() if not measures]
+    if not groups or empty or rounds < 1:
+        raise ValueError("grouped_rounds() needs at least one group, each with at least one "
+                         f"measure, and rounds >= 1. Received: {len(groups)} groups"
+                         f"{f' ({empty[0]!r} empty)' if empty else ''}, rounds={rounds!r}.")
+    return _rounds(groups, rounds, budget_s, min_rounds, clock, on_round)
+
+
+def _rounds(groups, rounds, budget_s, min_rounds, clock, on_round):
+    group_names = list(groups)
+    names = {group: list(measures) for group, measures in groups.items()}
+    figures = {group: {name: [] for name in names[group]} for group in group_names}
     start = clock()
     for index in range(rounds):
-        for name in rotated(names, index):
-            figures[name].append(float(measures[name]()))
-        if budget_s is not None and clock() - start >= budget_s:
+        if on_round is not None:
+            on_round(index)
+        for group in rotated(group_names, index):
+            for name in rotated(names[group], index):
+                figures[group][name].append(float(groups[group][name]()))
+        if index + 1 >= min_rounds and budget_s is not None and clock() - start >= budget_s:
             break
     return figures
 

@@ -274,7 +274,9 @@ def propose_plan(model, x, y, loss, batch_size: int):
 
     Args:
         model: The model as censused.
-        x, y: The doctor's data (arrays, or lists of arrays per input).
+        x, y: The doctor's data: arrays (or lists of arrays per input), or
+            a `tf.data` dataset of ``(x, y)`` batches of `batch_size` with
+            ``y`` None (a generated set), whose first batch is planned on.
         loss: The loss, or None for the compiled one.
         batch_size: Examples in the batch planned on.
 
@@ -282,8 +284,12 @@ def propose_plan(model, x, y, loss, batch_size: int):
         The `tf_mixed.tools.planning.Plan`.
     """
     import keras
+    import tensorflow as tf
 
     import tf_mixed
+
+    if isinstance(x, tf.data.Dataset):
+        return tf_mixed.plan(model, x, loss=loss)
 
     def first(a):
         return a[:batch_size]

@@ -22,23 +22,27 @@
 # that feeds them (`Measurement.followers`), so they never add a cast of
 # their own. Halving the layers to trace keeps a ResNet's plan short.
 #
-# Timing is in interleaved rounds as `tf_mixed.policy.autotune` times its
-# probe (its `first_call` and `time_steps` are used): in each round every
-# layer runs in every precision back to back, so load from other processes
-# hits the precisions of a layer alike; a round's figure is the fastest of
-# ``steps_per_round`` steps (preemption only lengthens a step). A float16 step
-# is traced with Grappler's remapping off, as `enable("mixed_float16")` runs
-# it on a CPU.
+# Timing is in interleaved rounds (`tf_mixed._internal.measuring.grouped_rounds`),
+# as `enable("auto")` times its probe (`tf_mixed.policy.autotune`'s
+# `first_call` and `time_steps` are used): in each round every layer runs in
+# every precision and its cast back to back, so load from other processes
+# hits the candidates of a layer alike, and both the layers and each layer's
+# candidates run in `measuring.rotated` order, each leading in turn (in a
+# fixed order the first would pay the round's warm-up alone); a round's
+# figure is the fastest of ``steps_per_round`` steps (preemption only
+# lengthens a step). A float16 step is traced with Grappler's remapping off,
+# as `enable("mixed_float16")` runs it on a CPU.
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 import keras
 
-from tf_mixed._internal import progress
+from tf_mixed._internal import measuring, progress
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import COMPUTE_DTYPES
 from tf_mixed.models import cloning
@@ -312,7 +316,7 @@ def capture_inputs(model: keras.Model, timed: Sequence, x) -> dict[int, Any]:
     tensors = list(needed.values())
     if not tensors:
         return {}
-    capture = keras.Model(model.inputs, tensors)
+    capture = keras.Model(model.input, tensors)  # the structure x has (no Keras warning)
     values = capture(x, training=False)
     values = values if isinstance(values, (list, tuple)) else [values]
     return {id(t): v for t, v in zip(tensors, values)}
@@ -367,54 +371,70 @@ def _time_layers(model, x, precisions, half_policy, rounds, min_rounds, budget_s
                  steps_per_round, clock) -> Measurement:
     timed, producers, followers = layer_graph(model)
     values = capture_inputs(model, timed, x)
-    half_dtype = keras.dtype_policies.get(half_policy).compute_dtype
-    steps: dict[tuple[str, str], tuple[Any, list]] = {}
-    casts: dict[str, tuple[Any, list] | None] = {}
     ready = {layer.name: _float8_ready(layer) for layer in timed}
+    groups: dict[str, dict[str, Callable[[], float]]] = {}
     for index, layer in enumerate(timed):
         progress.update(f"plan: tracing {layer.name} ({index + 1}/{len(timed)})")
-        call = _Call(layer, values)
-        for precision in precisions:
-            if precision == FLOAT8 and not ready[layer.name]:
-                continue
-            twin = _twin(layer, precision, half_policy)
-            dtype = (half_dtype if precision == FLOAT8
-                     else keras.dtype_policies.get(PRECISION_POLICIES[precision]).compute_dtype)
-            inputs = call.inputs(dtype)
-            call.call(twin, call.symbolic(dtype), training=False)  # builds it, computes nothing
-            if precision == FLOAT8:
-                twin.quantize("float8")
-            step = _layer_step(call, twin)
-            autotune.first_call(step, inputs, remapping_off=precision == "float16")
-            steps[(layer.name, precision)] = (step, inputs)
-        floats = [v for v in call.values if _is_float(v)]
-        if floats:
-            cast = _cast_step(half_dtype)
-            autotune.first_call(cast, floats, remapping_off=False)
-            casts[layer.name] = (cast, floats)
-        else:
-            casts[layer.name] = None
-    figures: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
-    cast_figures: dict[str, list[float]] = {layer.name: [] for layer in timed}
-    start = clock()
-    for r in range(max(rounds, 1)):
-        progress.update(f"plan: round {r + 1}/{rounds} over {len(timed)} layers")
-        for layer in timed:
-            for precision in precisions:
-                if (layer.name, precision) in steps:
-                    step, inputs = steps[(layer.name, precision)]
-                    figures[(layer.name, precision)].append(
-                        autotune.time_steps(step, inputs, steps_per_round))
-            entry = casts[layer.name]
-            cast_figures[layer.name].append(
-                autotune.time_steps(entry[0], entry[1], steps_per_round) if entry else 0.0)
-        if r + 1 >= min_rounds and budget_s is not None and clock() - start >= budget_s:
-            break
+        steps = _traced_steps(_Call(layer, values), layer, precisions, half_policy,
+                              ready[layer.name])
+        groups[layer.name] = {
+            name: functools.partial(autotune.time_steps, step, inputs, steps_per_round)
+            for name, (step, inputs) in steps.items()}
+    figures = _timed_rounds(groups, rounds, min_rounds, budget_s, clock)
     layers = tuple(
         LayerTiming(
             layer.name, type(layer).__name__, producers[layer.name],
-            {p: tuple(figures[(layer.name, p)]) for p in precisions
-             if (layer.name, p) in figures},
-            tuple(cast_figures[layer.name]), ready[layer.name])
+            {p: tuple(figures[layer.name][p]) for p in precisions if p in figures[layer.name]},
+            _cast_seconds(figures[layer.name]), ready[layer.name])
         for layer in timed)
     return Measurement(tuple(precisions), layers, followers)
+
+
+def _traced_steps(call: _Call, layer, precisions: Sequence[str], half_policy: str,
+                  ready: bool) -> dict[str, tuple[Any, list]]:
+    """A layer's steps, each traced once: precision (or `_CAST`) -> (step, its inputs)."""
+    half_dtype = keras.dtype_policies.get(half_policy).compute_dtype
+    steps: dict[str, tuple[Any, list]] = {}
+    for precision in precisions:
+        if precision == FLOAT8 and not ready:
+            continue
+        twin = _twin(layer, precision, half_policy)
+        dtype = (half_dtype if precision == FLOAT8
+                 else keras.dtype_policies.get(PRECISION_POLICIES[precision]).compute_dtype)
+        inputs = call.inputs(dtype)
+        call.call(twin, call.symbolic(dtype), training=False)  # builds it, computes nothing
+        if precision == FLOAT8:
+            twin.quantize("float8")
+        step = _layer_step(call, twin)
+        autotune.first_call(step, inputs, remapping_off=precision == "float16")
+        steps[precision] = (step, inputs)
+    floats = [v for v in call.values if _is_float(v)]
+    if floats:
+        cast = _cast_step(half_dtype)
+        autotune.first_call(cast, floats, remapping_off=False)
+        steps[_CAST] = (cast, floats)
+    return steps
+
+
+# A layer's cast step among its candidates (not a precision's name).
+_CAST = "cast"
+
+
+def _timed_rounds(groups: Mapping[str, Mapping[str, Callable[[], float]]], rounds: int,
+                  min_rounds: int, budget_s: float | None,
+                  clock: Callable[[], float]) -> dict[str, dict[str, list[float]]]:
+    """Each layer's candidates timed in `measuring.grouped_rounds` (see the module)."""
+    if not groups:  # a model without a timed layer: nothing to time
+        return {}
+    total = max(rounds, 1)
+    return measuring.grouped_rounds(
+        groups, total, budget_s=budget_s, min_rounds=min_rounds, clock=clock,
+        on_round=lambda r: progress.update(
+            f"plan: round {r + 1}/{total} over {len(groups)} layers"))
+
+
+def _cast_seconds(figures: Mapping[str, Sequence[float]]) -> tuple[float, ...]:
+    """A layer's cast figures; 0.0 each round for a layer whose inputs are integers."""
+    if _CAST in figures:
+        return tuple(figures[_CAST])
+    return (0.0,) * min((len(v) for v in figures.values()), default=0)

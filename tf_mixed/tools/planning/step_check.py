@@ -4,7 +4,8 @@
 # the loss, dispatch) and what the graph fuses; so, where the plan differs
 # from both whole-model policies, `time_steps` times the whole model's
 # forward+backward step in all three (each a `tf_mixed.convert` copy of the
-# model, in interleaved rounds, `tf_mixed.policy.autotune`'s helpers), and
+# model, in `tf_mixed._internal.measuring.interleaved_rounds`: each candidate
+# leads a round in turn; `tf_mixed.policy.autotune`'s helpers), and
 # `confirm` (pure) keeps the plan only when it is faster than the faster
 # whole-model policy in three rounds of four (the third quartile of the
 # per-round ratio plan / best below 1). Otherwise the faster whole-model
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import keras
@@ -87,12 +89,17 @@ def time_steps(found: precision_map.Survey, x, y, loss,
         copy = conversion.apply_surveyed(found, precision)  # a copy: the model is untouched
         steps[name] = _step(copy, loss_fn)
         autotune.first_call(steps[name], (inputs, targets), remapping_off=policy == "mixed_float16")
-    figures: dict[str, list[float]] = {name: [] for name in candidates}
-    for r in range(rounds):
-        progress.update(f"plan: whole-step check, round {r + 1}/{rounds}")
-        for name, step in steps.items():
-            figures[name].append(autotune.time_steps(step, (inputs, targets), 1))
-    return figures
+    return _timed_rounds(steps, (inputs, targets), rounds)
+
+
+def _timed_rounds(steps: Mapping[str, Callable[..., Any]], batch: tuple,
+                  rounds: int) -> dict[str, list[float]]:
+    """One step of each candidate a round, in `measuring.interleaved_rounds` (rotated) order."""
+    return measuring.interleaved_rounds(
+        {name: functools.partial(autotune.time_steps, step, batch, 1)
+         for name, step in steps.items()},
+        rounds, on_round=lambda r: progress.update(
+            f"plan: whole-step check, round {r + 1}/{rounds}"))
 
 
 def _step(model, loss_fn):
