@@ -12,6 +12,9 @@
 #    ``communication_dtype`` if set), so every replica then holds the same
 #    sum, and the verdict is taken from that sum: any NaN/inf of any
 #    micro-step on any replica is in it (an inf or NaN never leaves a sum).
+#    The update bound is the mean's: a sum passes within ``bound * N``,
+#    times the loss scale when it travels scaled on a half-precision wire
+#    (``bound_factor`` in tf_mixed/scaling/pipeline.py).
 # 3. Finite: the inner optimizer applies ``sum / N`` once (so N micro-batches
 #    of B examples give the update of one batch of N*B, for losses that are
 #    means over the batch). Not finite: the whole window is discarded, on

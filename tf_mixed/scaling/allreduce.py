@@ -132,8 +132,10 @@ def reduce_gradients(
             accepts (`tf_mixed.scaling.write_guard.update_bound`; None or
             infinity: any finite value), times ``bound_scale`` when given.
             Checked in the same pass as finiteness (NaN is out of bounds).
-        bound_scale: Optional scalar tensor the gradients still carry (the
-            loss scale).
+        bound_scale: Optional scalar tensor: what the gradients carry over
+            the ones the update will take, the loss scale they still hold
+            times the micro-steps a window's sums add up
+            (``bound_factor`` in tf_mixed/scaling/pipeline.py).
 
     Returns:
         ``(reduced, finite)``: the summed gradients, each in its input dtype

@@ -38,8 +38,9 @@ from tf_mixed.scaling import allreduce, misuse, scale_state, write_guard
 from tf_mixed.scaling.accumulation import WindowOfOne
 from tf_mixed.scaling.scale_state import LossScaleState
 
-__all__ = ["advance_state", "apply_unscaled", "divide", "divide_all", "finish_float8",
-           "multiply", "reduce", "reduce_with_flags", "roll_back", "state_variables", "step"]
+__all__ = ["advance_state", "apply_unscaled", "bound_factor", "divide", "divide_all",
+           "finish_float8", "multiply", "reduce", "reduce_with_flags", "roll_back",
+           "state_variables", "step"]
 
 _ONE = WindowOfOne()
 
@@ -80,16 +81,15 @@ def step(optimizer, state, grads, trainable_variables, unscaled):
             riders.append(attributing.forward_flags(records))
     # Without attribution (which reads the unscaled gradients) the division
     # of a single step waits for the applied branch, as in Keras's wrapper:
-    # a skipped step does not divide at all. A window's sums arrive unscaled;
-    # their bounds are the window's length times the mean's.
+    # a skipped step does not divide at all. A window's sums arrive unscaled
+    # (and travel scaled again on a half-precision wire): `bound_factor`.
     grads, trainable_variables, within, gathered, riders, divisor = reduce_with_flags(
         grads, trainable_variables, scale, unscaled,
         optimizer.communication_dtype, state.float8,
         when=None if is_last is True else is_last,
         flags=tf.concat(riders, 0) if riders else None,
         defer_division=attributing is None and window.steps == 1,
-        inner=optimizer.inner_optimizer,
-        bound_scale=None if window.steps == 1 else tf.constant(float(window.steps)))
+        inner=optimizer.inner_optimizer, window_steps=window.steps)
     if window.steps > 1:  # the window's mean
         grads = [None if g is None else g / float(window.steps) for g in grads]
     flags = None if guarded is None else riders[:2]
@@ -196,7 +196,7 @@ def reduce(grads, trainable_variables, scale, unscaled, communication_dtype,
 
 def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication_dtype,
                       float8=None, when=None, flags=None, defer_division=False,
-                      inner=None, bound_scale=None):
+                      inner=None, window_steps=1):
     """(a) Sums the gradients over all replicas once, unscales them; the verdict.
 
     Each replica's own gradients can differ (its batch shard overflowed,
@@ -231,8 +231,10 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     ``inner`` (the inner optimizer): the verdict also requires every reduced
     gradient within the update bound of its variable
     (`tf_mixed.scaling.write_guard.update_bound`), checked in the same pass
-    as finiteness; ``bound_scale`` multiplies the bounds (accumulation: the
-    window's length, the reduced values being sums).
+    as finiteness, times what the reduced values carry over the gradient
+    the inner optimizer will apply (`bound_factor`: ``window_steps``, the
+    micro-steps a window's sums add up, times the loss scale when they
+    travel scaled).
 
     Returns:
         ``(unscaled, variables, finite, gathered, flags, divisor)``: the
@@ -262,12 +264,11 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
         local = local + [False]
     elif float8_step is not None:
         gathered = float8.gather(float8_step, context)
-    bounds = None
+    bounds = bound_scale = None
     if inner is not None:
         bounds = write_guard.StepGuard.bounds(inner, trainable_variables)
         bounds += [None] * (len(grads) - len(bounds))  # float8 payload
-        if bound_scale is None and scaled:
-            bound_scale = scale
+        bound_scale = bound_factor(window_steps, scale if scaled else None)
     riding = flags is not None and several
     if riding:
         grads = grads + [flags]
@@ -286,6 +287,33 @@ def reduce_with_flags(grads, trainable_variables, scale, unscaled, communication
     if scaled and not defer_division:
         reduced, scaled = divide_all(reduced, trainable_variables, scale), False
     return reduced, trainable_variables, finite, gathered, flags, scale if scaled else None
+
+
+def bound_factor(window_steps, scale=None):
+    """What the reduced gradients carry over the gradients the update takes.
+
+    The one source of the factor the update bounds are multiplied by
+    before the verdict compares them with the reduced gradients
+    (`tf_mixed.scaling.allreduce.reduce_gradients`'s ``bound_scale``).
+    The inner optimizer applies ``reduced / scale / window_steps`` (the
+    window's mean, unscaled), so a reduced value is within its bound when
+    ``|reduced| <= bound * window_steps * scale``: a window of 4 sums 4
+    micro-steps, and gradients all-reduced on a float16/bfloat16 wire carry
+    the loss scale again (multiplied back so small ones do not flush to zero).
+
+    Args:
+        window_steps: The micro-steps the reduced values sum (1 without
+            gradient accumulation).
+        scale: The loss scale the reduced values still carry (a scalar
+            tensor), or None when they arrive unscaled.
+
+    Returns:
+        None (a factor of 1: nothing to multiply), or a scalar float32 tensor.
+    """
+    if scale is None:
+        return None if window_steps == 1 else tf.constant(float(window_steps))
+    scale = tf.cast(scale, tf.float32)
+    return scale if window_steps == 1 else scale * float(window_steps)
 
 
 def divide_all(grads, trainable_variables, scale):

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed._internal.facts import HALF_DTYPES, dtype_limits
 from tf_mixed.scaling import spike as _spike
 
 __all__ = ["REASONS", "SkipReasons", "StepGuard", "inputs_flag", "update_bound"]
@@ -90,9 +91,12 @@ def update_bound(inner, variable) -> float:
     For an optimizer that squares gradients into a slot (Adam, AdamW, Nadam,
     RMSprop, Adagrad, Adadelta, Adafactor, Lamb, Ftrl, and any optimizer not
     known to be linear): the largest value whose square is finite in the
-    slot's dtype (float32, or float16 for a float16 variable), about
-    1.8e19 in float32. For SGD, Lion and Adamax: infinity (only a
-    non-finite gradient is refused).
+    slot's dtype, which is the variable's (Keras makes slots like their
+    variable; the gradient is cast to it before the square): about 1.8e19
+    for float32, 1.8375e19 for bfloat16 (2**64, float32's bound rounded,
+    squares to inf in bfloat16), 255.875 for float16 (float32's for a
+    float64 variable: the safe side). For SGD, Lion and Adamax: infinity
+    (only a non-finite gradient is refused).
 
     Args:
         inner: The inner Keras optimizer.
@@ -104,18 +108,23 @@ def update_bound(inner, variable) -> float:
     kind = type(inner)  # a subclass may override the update: not known linear
     if kind.__name__ in _LINEAR and kind.__module__.startswith("keras."):
         return math.inf
-    dtype = np.float16 if _dtype_name(variable) == "float16" else np.float32
-    return _largest_square_root(dtype)
+    return _largest_square_root(_slot_dtype(variable))
 
 
-def _dtype_name(variable) -> str:
-    return tf.as_dtype(getattr(variable, "dtype", tf.float32)).name
+def _slot_dtype(variable) -> str:
+    """The dtype the update squares in: a half variable's own, else float32.
+
+    float64 slots keep float32's bound (the safe side: the verdict compares
+    in float32, where a float64 gradient above float32's range is inf).
+    """
+    name = tf.as_dtype(getattr(variable, "dtype", tf.float32)).name
+    return name if name in HALF_DTYPES else "float32"
 
 
-def _largest_square_root(dtype) -> float:
-    """The largest value of ``dtype`` whose square in ``dtype`` is finite."""
-    big = np.finfo(dtype).max
-    x = dtype(np.sqrt(np.float64(big)))
+def _largest_square_root(name: str) -> float:
+    """The largest value of dtype ``name`` whose square in that dtype is finite."""
+    dtype = tf.as_dtype(name).as_numpy_dtype  # ml_dtypes' type for bfloat16
+    x = dtype(np.sqrt(np.float64(dtype_limits(name).max)))
     with np.errstate(over="ignore"):
         while not np.isfinite(x * x):
             x = np.nextafter(x, dtype(0))
