@@ -99,9 +99,24 @@ class KeepFloat32:
         by its name or class), so ``lambda layer: layer.units > 512`` need
         not guard against the model itself.
         """
-        if self.matches_by_name_or_class(layer):
+        return self.matches_surveyed(layer, is_input=is_input_layer(layer))
+
+    def matches_surveyed(self, layer: keras.layers.Layer, *, is_input: bool) -> bool:
+        """`matches`, told whether `layer` is an ``InputLayer`` (as a
+        model's survey found it, `tf_mixed.policy.precision_map.LayerFacts`).
+
+        Args:
+            layer: A layer of the model.
+            is_input: Whether it is an input layer (never matched).
+
+        Returns:
+            Whether `layer` is to compute in float32.
+        """
+        if is_input:
+            return False  # an input's dtype is the data's, not a compute dtype
+        if layer.name in self.names or isinstance(layer, self.classes):
             return True
-        if is_input_layer(layer) or isinstance(layer, keras.Model):
+        if isinstance(layer, keras.Model):
             return False
         return any(_call(p, layer) for p in self.predicates)
 

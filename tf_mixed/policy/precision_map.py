@@ -41,10 +41,16 @@
 # inside nested models), as ``keep_float32`` and the plan's rows name layers.
 #
 # The walk itself is a value, `survey(model)` (layers and their names, the
-# outputs and what makes them, who reads each layer, every operation's name,
-# the top layers and the inputs): `decide` reads it, and so do the stages
-# after it (`convert`'s copy and its padding; `tf_mixed.plan`'s layer graph,
-# probe, step check and rows), instead of walking the model again.
+# outputs and what makes them, who reads each layer, every operation's name
+# and call inputs, each tensor's producer, the top layers and the inputs),
+# and it is the one place that asks tf_mixed/_internal/facts.py and the
+# shims about the model: each layer's `LayerFacts` (input layer, adapted
+# statistics, activation, the half dtypes that would round its token ids)
+# are recorded there, and `survey(model, owner, ...)` checks the model's
+# kind in its caller's name. `decide` reads only the survey, and so do the
+# stages after it (`convert`'s copy and its padding; `tf_mixed.plan`'s layer
+# graph, catalog read, probe, step check, rows and map), instead of walking
+# the model or asking about its layers again.
 #
 # A built model's precision moves in one way, `move(model, map)`: healing
 # (`observed(model).healed(names)`: rule 6 applied to what the model computes
@@ -65,6 +71,7 @@ from tf_mixed._internal.facts import (
     HALF_DTYPES,
     SQUASHING_ACTIVATIONS,
     activation_name,
+    check_model_kind,
     is_input_layer,
     keeps_float32_statistics,
     rounded_ids,
@@ -72,8 +79,8 @@ from tf_mixed._internal.facts import (
 )
 from tf_mixed.policy import keep_float32 as keep_float32_rules
 
-__all__ = ["RULES", "PrecisionMap", "Survey", "built_as", "decide", "layer_names", "layer_path",
-           "live_policy", "move", "observed", "survey", "validated_policy"]
+__all__ = ["RULES", "LayerFacts", "PrecisionMap", "Survey", "built_as", "decide", "layer_names",
+           "layer_path", "live_policy", "move", "observed", "survey", "validated_policy"]
 
 FLOAT32 = "float32"
 HEAD, STATISTICS, TOKEN_IDS, KEEP, PLAN, HEALED, TARGET, AS_IS = (
@@ -278,11 +285,34 @@ class PrecisionMap:
                    record.get("heads", {}))
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerFacts:
+    """What `decide` and the plan's stages need to know about one layer,
+    asked once, by `survey` (from `tf_mixed._internal.facts`).
+
+    Attributes:
+        input: The layer is an ``InputLayer`` (no compute: never in a map).
+        statistics: It computes with adapted statistics (``Normalization``,
+            ``Discretization``: `facts.keeps_float32_statistics`).
+        activation: The name of the activation it applies last (None: none
+            named; `facts.activation_name`).
+        rounds_ids: The half dtypes in which it would round the float token
+            ids a model input feeds it (`facts.rounded_ids`): "float16",
+            "bfloat16", both or neither.
+    """
+
+    input: bool = False
+    statistics: bool = False
+    activation: str | None = None
+    rounds_ids: frozenset = frozenset()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Survey:
     """What one walk of a model finds: `decide` reads it, and so do the
-    stages that build the map (`tf_mixed.convert`'s copy, its padding),
-    instead of walking the model again.
+    stages that build the map (`tf_mixed.convert`'s copy, its padding) and
+    every stage of `tf_mixed.plan` after its survey, instead of walking the
+    model or asking `tf_mixed._internal.facts` about its layers again.
 
     Attributes:
         model: The model walked.
@@ -299,6 +329,14 @@ class Survey:
         top: The model's own layers, input layers left out, in its order.
         inputs: ``id`` of every input layer met: the model's inputs' and
             those of the walk (nested models' own).
+        facts: ``id(layer) -> LayerFacts`` for every layer walked (`fact`
+            reads it; a Keras op making an output has none).
+        calls: ``id(operation) -> (its symbolic call inputs, flat)`` for every
+            layer walked and every operation of the model's graph (its Keras
+            ops too; `tf_mixed._internal.shims.call_inputs`).
+        made_by: ``id(tensor) -> the layer or Keras op that makes it`` (None:
+            no history) for every tensor of ``calls`` and the model's inputs
+            and outputs (`tf_mixed._internal.shims.keras_history`).
     """
 
     model: Any
@@ -310,41 +348,79 @@ class Survey:
     operations: frozenset
     top: tuple = ()
     inputs: frozenset = frozenset()
+    facts: Mapping[int, LayerFacts] = dataclasses.field(default_factory=dict)
+    calls: Mapping[int, tuple] = dataclasses.field(default_factory=dict)
+    made_by: Mapping[int, Any] = dataclasses.field(default_factory=dict)
+
+    def fact(self, layer) -> LayerFacts:
+        """The `LayerFacts` of one layer (or output op) of the model."""
+        return self.facts.get(id(layer), _NO_FACTS)
 
 
-def survey(model: keras.Model) -> Survey:
-    """One walk of a built Sequential or functional model (`Survey`)."""
-    def producer(tensor):
-        history = _internals.keras_history(tensor)
-        return history.operation if history is not None else None
+_NO_FACTS = LayerFacts()
 
-    outputs = tuple((t, producer(t)) for t in keras.tree.flatten(model.outputs))
+
+def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = "",
+           fix: str = "") -> Survey:
+    """One walk of a built Sequential or functional model (`Survey`).
+
+    Args:
+        model: The model.
+        owner: The public function surveying it ("tf_mixed.plan()"): the
+            model's kind is checked first, in its name
+            (`tf_mixed._internal.facts.check_model_kind`). None: the caller
+            checked it.
+        why_traced: Why that function cannot take a subclassed model (a clause).
+        fix: What to do instead (a sentence).
+
+    Returns:
+        The `Survey`.
+
+    Raises:
+        TypeError: (``owner`` given) ``model`` is not a Keras model, or is
+            subclassed.
+        ValueError: (``owner`` given) a Sequential model that is not built.
+    """
+    if owner is not None:
+        check_model_kind(model, owner, why_traced=why_traced, fix=fix)
+    walked = tuple(walk_layers(model))
+    # Every layer asked once, here: what tf_mixed's facts say of it, then
+    # what Keras's graph holds (its call inputs, each tensor's producer).
+    facts = {id(layer): LayerFacts(
+        is_input_layer(layer), keeps_float32_statistics(layer), activation_name(layer),
+        frozenset(dtype for dtype in HALF_DTYPES if not isinstance(layer, keras.Model) and any(
+            rounded_ids(layer, tensor, dtype) for tensor in _internals.call_inputs(layer))))
+        for _, layer in walked}
+    # Every operation's call inputs (a functional model's Keras ops too).
+    calls = {id(op): tuple(_internals.call_inputs(op)) for op in (
+        *(layer for _, layer in walked), *getattr(model, "operations", ()))}
+    tensors = [*(t for ts in calls.values() for t in ts), *keras.tree.flatten(model.outputs),
+               *keras.tree.flatten(model.inputs)]
+    histories = {id(t): _internals.keras_history(t) for t in tensors}
+    made_by = {key: getattr(history, "operation", None) for key, history in histories.items()}
+    outputs = tuple((t, made_by[id(t)]) for t in keras.tree.flatten(model.outputs))
+    inputs = {id(layer) for _, layer in walked if facts[id(layer)].input}
+    inputs.update(id(made_by[id(t)]) for t in keras.tree.flatten(model.inputs))
     consumers: dict[int, list] = {}
     for layer in model.layers:
-        for tensor in _internals.call_inputs(layer):
-            made_by = producer(tensor)
-            if made_by is not None:
-                consumers.setdefault(id(made_by), []).append(layer)
-    walked = tuple(walk_layers(model))
-    seen: set[int] = set()
-    output_layers = []
-    for _, layer in outputs:
-        if layer is not None and id(layer) not in seen and not is_input_layer(layer):
-            seen.add(id(layer))
-            output_layers.append(layer)
+        for tensor in calls[id(layer)]:
+            producer = made_by[id(tensor)]
+            if producer is not None:
+                consumers.setdefault(id(producer), []).append(layer)
+    output_layers = {id(layer): layer for _, layer in outputs
+                     if layer is not None and id(layer) not in inputs}
     names: dict[int, str] = {}
     operations: set[str] = set()
     # A Sequential model lists its layers only.
-    for owner in [model] + [layer for _, layer in walked if isinstance(layer, keras.Model)]:
+    for owner_model in [model] + [layer for _, layer in walked if isinstance(layer, keras.Model)]:
         operations.update(op.name for op in (
-            owner.layers if isinstance(owner, keras.Sequential) else owner.operations))
+            owner_model.layers if isinstance(owner_model, keras.Sequential)
+            else owner_model.operations))
     for name, layer in walked:
         names.setdefault(id(layer), name)
-    inputs = {id(layer) for _, layer in walked if is_input_layer(layer)}
-    inputs.update(id(producer(t)) for t in keras.tree.flatten(model.inputs))
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
-    return Survey(model, walked, names, outputs, tuple(output_layers), consumers,
-                  frozenset(operations), top, frozenset(inputs))
+    return Survey(model, walked, names, outputs, tuple(output_layers.values()), consumers,
+                  frozenset(operations), top, frozenset(inputs), facts, calls, made_by)
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:
@@ -362,8 +438,9 @@ def decide(model: keras.Model, target: str, *,
            found: Survey | None = None) -> PrecisionMap:
     """The precision of every layer of ``model`` made ``target``: the rules in order.
 
-    Walks the model once (`tf_mixed._internal.facts.walk_layers`); see the
-    module's comment for the rules and their order (`RULES`).
+    Reads the model's `survey` only (one walk, every layer's `LayerFacts`
+    asked there); see the module's comment for the rules and their order
+    (`RULES`).
 
     Args:
         model: A built Sequential or functional model; not modified.
@@ -401,7 +478,7 @@ def decide(model: keras.Model, target: str, *,
     found = found if found is not None else survey(model)
     if half and outputs:
         for layer in found.output_layers:
-            activation = activation_name(layer)
+            activation = found.fact(layer).activation
             if isinstance(layer, keras.Model):
                 continue  # converted as a whole: convert notes it
             if not isinstance(layer, keras.layers.Layer):
@@ -420,9 +497,10 @@ def decide(model: keras.Model, target: str, *,
     known: set[str] = set()
     for name, layer in found.layers:
         known.add(layer.name)
+        fact = found.fact(layer)
         if id(layer) in heads:
             head_names[name] = heads[id(layer)]
-        if is_input_layer(layer):
+        if fact.input:
             continue
         own = getattr(layer.dtype_policy, "name", None)
         if own not in FLOAT_POLICIES:
@@ -431,12 +509,12 @@ def decide(model: keras.Model, target: str, *,
             rule = AS_IS  # tf_mixed's own head: float32 by design
         elif id(layer) in kept_outputs:
             rule = HEAD
-        elif half and keeps_float32_statistics(layer):
+        elif half and fact.statistics:
             rule = STATISTICS
-        elif half and not isinstance(layer, keras.Model) and any(
-                rounded_ids(layer, tensor, compute) for tensor in _internals.call_inputs(layer)):
+        elif half and compute in fact.rounds_ids:
             rule = TOKEN_IDS
-        elif keep.matches(layer) or any(name.startswith(m) for m in kept_models):
+        elif (keep.matches_surveyed(layer, is_input=fact.input)
+              or any(name.startswith(m) for m in kept_models)):
             rule = KEEP
             if isinstance(layer, keras.Model):
                 kept_models.append(name + "/")
@@ -461,7 +539,7 @@ def decide(model: keras.Model, target: str, *,
             policy = target if rule == TARGET else FLOAT32 if rule != AS_IS else own
         layers[name], reasons[name] = policy, rule
     if check_names:
-        keep.check_names(known, model.name)
+        keep.check_names(known, found.model.name)
     return PrecisionMap(target, layers, reasons, head_names)
 
 

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from tf_mixed.policy import hardware
+from tf_mixed.policy import hardware, precision_map
 from tf_mixed.tools import probing
 from tf_mixed.tools.catalog import model_check, results
 from tf_mixed.tools.planning import LayerTiming, Measurement, catalog_errors
@@ -106,8 +106,9 @@ def test_between_grid_points_the_worse_neighbour_counts():
     model = _model()
     grid = results.stored().magnitudes
     x, _ = _data(scale=2.0)  # 'first' sees 2: between 1 and 3.16
-    found = catalog_errors.read(model, x, ["first"], "mixed_float16", 0.1)
+    surveyed = precision_map.survey(model)
+    found = catalog_errors.read(surveyed, x, ["first"], "mixed_float16", 0.1)
     row = model_check.match_for(results.stored(), model.get_layer("first"), "mixed_float16").row
     i = grid.index(1.0)
     assert found.errors["first"] == max(row.forward[i], row.forward[i + 1])
-    assert catalog_errors.read(model, x * 1e7, ["first"], "mixed_float16", 0.1) is None  # off
+    assert catalog_errors.read(surveyed, x * 1e7, ["first"], "mixed_float16", 0.1) is None  # off

@@ -1,6 +1,7 @@
 """tf_mixed.plan walks its model once: the survey it makes is what the layer
-graph, the probe, the step check and its rows read (each entry point that
-takes the survey gives what its public twin gives)."""
+graph, the catalog read, the probe, the step check, its rows and its map
+read, and no stage asks tf_mixed's facts or the shims about the model again
+(each entry point that takes the survey gives what its public twin gives)."""
 
 import keras
 import numpy as np
@@ -8,10 +9,21 @@ import pytest
 from zoo import ZOO
 
 import tf_mixed
+from tf_mixed._internal import facts, shims
 from tf_mixed.models import conversion
-from tf_mixed.policy import hardware, precision_map
+from tf_mixed.policy import hardware, keep_float32, precision_map
 from tf_mixed.tools import probing
-from tf_mixed.tools.planning import LayerTiming, Measurement, layer_timing
+from tf_mixed.tools.catalog import matching, model_check
+from tf_mixed.tools.planning import (
+    LayerTiming,
+    Measurement,
+    catalog_errors,
+    choosing,
+    layer_timing,
+    plan_rows,
+    plan_table,
+    planner,
+)
 from tf_mixed.tools.planning.planner import plan
 
 AMX_CPU = hardware.HardwareInfo(cpu_model="Test Xeon", cpu_flags=frozenset({"avx512_bf16"}))
@@ -47,9 +59,9 @@ def surveys(monkeypatch):
     walked = []
     real = precision_map.survey
 
-    def counting(model):
+    def counting(model, *args, **kwargs):
         walked.append(model.name)
-        return real(model)
+        return real(model, *args, **kwargs)
 
     monkeypatch.setattr(precision_map, "survey", counting)
     return walked
@@ -120,3 +132,174 @@ def test_apply_surveyed_builds_what_convert_builds(name):
         (layer.name, layer.dtype_policy.name) for layer in same.layers]
     for a, b in zip(copy.weights, same.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+# ---------------------------------------------------------------- one survey, read by every stage
+
+# What the survey asks about each layer (tf_mixed/_internal/facts.py and the
+# shims), and the modules of the plan's stages that read the survey instead.
+FACTS = ("activation_name", "is_input_layer", "keeps_float32_statistics", "rounded_ids",
+         "walk_layers", "check_model_kind")
+SHIMS = ("call_inputs", "keras_history")
+READERS = (precision_map, keep_float32, layer_timing, catalog_errors, model_check, matching,
+           choosing, plan_rows, plan_table, planner)
+
+
+class _Recording:
+    """A module's view of the shims that notes the calls made after the survey."""
+
+    def __init__(self, module, late, state):
+        self._module, self._late, self._state = module, late, state
+
+    def __getattr__(self, name):
+        real = getattr(shims, name)
+        if name not in SHIMS:
+            return real
+
+        def recorded(*args, **kwargs):
+            if self._state["surveyed"]:
+                self._late.append(f"{self._module}: shims.{name}")
+            return real(*args, **kwargs)
+
+        return recorded
+
+
+@pytest.fixture
+def asked_late(monkeypatch):
+    """The facts and shims the plan's stages ask about the model after its survey."""
+    late: list[str] = []
+    state = {"surveyed": False}
+    real_survey = precision_map.survey
+
+    def survey(model, *args, **kwargs):
+        state["surveyed"] = False  # the survey itself asks
+        found = real_survey(model, *args, **kwargs)
+        state["surveyed"] = True
+        return found
+
+    for module in READERS:
+        short = module.__name__.rsplit(".", 1)[-1]
+        for name in FACTS:
+            real = getattr(module, name, None)
+            if real is None:
+                continue
+
+            def recorded(*args, _real=real, _where=f"{short}: facts.{name}", **kwargs):
+                if state["surveyed"]:
+                    late.append(_where)
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(module, name, recorded)
+        if hasattr(module, "_internals"):
+            monkeypatch.setattr(module, "_internals", _Recording(short, late, state))
+    monkeypatch.setattr(precision_map, "survey", survey)
+    return late
+
+
+def _timings_of(model, half="bfloat16"):
+    """A measurement of every timed layer (the half dtype twice as fast)."""
+    timed, producers, followers = layer_timing.layer_graph(model)
+    return Measurement(("float32", half), tuple(
+        LayerTiming(layer.name, type(layer).__name__, producers[layer.name],
+                    {"float32": (2e-3,) * 3, half: (1e-3,) * 3}, (1e-4,) * 3)
+        for layer in timed), followers)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_after_its_survey_a_plan_asks_no_fact_of_the_model_again(name, asked_late):
+    spec = ZOO[name]
+    model = spec.ready()
+    x, y = spec.data(8)
+    measured = _timings_of(model)
+    errors = {t.name: 0.0 for t in measured.layers}
+    p = plan(model, x, y, loss=spec.loss, measurement=measured, probe_report=errors,
+             info=AMX_CPU, step_check=False, cache=False)
+    assert asked_late == []
+    assert p.precision.layers  # the map was decided (from the survey)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_catalog_read_asks_no_fact_of_the_model_after_the_survey(name, asked_late):
+    spec = ZOO[name]
+    model = spec.ready()
+    x, _ = spec.data(8)
+    found = precision_map.survey(model)
+    names = [layer.name for layer in layer_timing.surveyed_graph(found)[0]]
+    read = catalog_errors.read(found, x, names, "mixed_bfloat16", 0.1)
+    assert asked_late == []
+    if read is not None:  # covered: the same errors as a read on a fresh survey
+        assert read == catalog_errors.read(precision_map.survey(model), x, names,
+                                           "mixed_bfloat16", 0.1)
+
+
+def test_the_probe_and_step_check_stages_ask_no_fact_of_the_survey_side_again(asked_late):
+    x, y = _data()
+    p = plan(_model(), x, y, loss="mse", measurement=_measurement(), info=AMX_CPU)
+    assert "whole step, median of 3 rounds" in p.summary and p.layers[0].error is not None
+    assert asked_late == []
+
+
+def test_an_emulated_plan_asks_no_fact_after_its_survey(asked_late):
+    x, y = _data()
+    cpu = hardware.HardwareInfo(cpu_model="Test EPYC", cpu_flags=frozenset({"avx2"}))
+    p = plan(_model(), x, y, loss="mse", info=cpu)
+    assert set(p.choices.values()) == {"float32"} and p.precision.target == "float32"
+    assert asked_late == []
+
+
+def test_a_plan_checks_the_model_kind_in_its_survey():
+    class Sub(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"tf_mixed.plan\(\) cannot use the subclassed model"):
+        plan(Sub(), np.zeros((2, 3), "float32"))
+    with pytest.raises(TypeError, match="tf_mixed.plan"):
+        plan("not a model", np.zeros((2, 3), "float32"))
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_survey_holds_each_layers_facts(name):
+    model = ZOO[name].ready()
+    found = precision_map.survey(model)
+    for _, layer in facts.walk_layers(model):
+        fact = found.fact(layer)
+        assert fact.input == facts.is_input_layer(layer)
+        assert fact.statistics == facts.keeps_float32_statistics(layer)
+        assert fact.activation == facts.activation_name(layer)
+        tensors = shims.call_inputs(layer)
+        assert found.calls[id(layer)] == tuple(tensors)
+        for dtype in ("float16", "bfloat16"):
+            rounds = not isinstance(layer, keras.Model) and any(
+                facts.rounded_ids(layer, t, dtype) for t in tensors)
+            assert (dtype in fact.rounds_ids) == rounds, (layer.name, dtype)
+
+
+def test_the_survey_knows_which_half_dtype_rounds_token_ids():
+    inputs = keras.Input((4,))  # float ids up to 999: bfloat16 rounds them, float16 does not
+    ids = keras.layers.Embedding(1000, 8, name="emb")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(ids))
+    assert precision_map.survey(model).fact(model.get_layer("emb")).rounds_ids == {"bfloat16"}
+    assert precision_map.decide(model, "mixed_bfloat16").reasons["emb"] == "token ids"
+    assert precision_map.decide(model, "mixed_float16").reasons["emb"] == "target"
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_keep_float32_matches_a_surveyed_layer_as_it_matches_the_layer(name):
+    model = ZOO[name].ready()
+    found = precision_map.survey(model)
+    layers = [layer for _, layer in found.layers]
+    rules = keep_float32.parse([layers[-1].name, keras.layers.Dense,
+                                lambda layer: "norm" in layer.name])
+    for layer in layers:
+        assert rules.matches_surveyed(layer, is_input=found.fact(layer).input) == rules.matches(
+            layer), layer.name
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_surveyed_tap_is_the_input_tap(name):
+    spec = ZOO[name]
+    model = spec.ready()
+    x, _ = spec.data(4)
+    assert model_check.surveyed_magnitudes(precision_map.survey(model), x) == (
+        model_check.input_magnitudes(model, x))

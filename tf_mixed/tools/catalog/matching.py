@@ -71,6 +71,13 @@ def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:
         ``activation`` by its function's name, ``input_dim`` the last axis
         of the layer's first input.
     """
+    return described(layer, keys, activation_name(layer), _internals.call_inputs(layer))
+
+
+def described(layer, keys: Sequence[str], activation: str | None,
+              inputs: Sequence[Any]) -> dict[str, Any]:
+    """`describe`, told the layer's activation name and symbolic call inputs
+    (as a model's survey found them: `tf_mixed.policy.precision_map.Survey`)."""
     try:
         config = layer.get_config()
     except Exception:  # noqa: BLE001 - a layer without a config: matched on what it shows
@@ -79,9 +86,9 @@ def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:
     value: Any = None
     for key in keys:
         if key == "activation":
-            value = activation_name(layer)
+            value = activation
         elif key == "input_dim":
-            value = _input_dim(layer)
+            value = _input_dim(layer, inputs)
         else:
             value = config.get(key)
         if value is not None:
@@ -89,8 +96,8 @@ def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:
     return found
 
 
-def _input_dim(layer) -> int | None:
-    for tensor in _internals.call_inputs(layer):
+def _input_dim(layer, inputs: Sequence[Any]) -> int | None:
+    for tensor in inputs:
         shape = getattr(tensor, "shape", None)
         if shape and shape[-1] is not None:
             return int(shape[-1])
@@ -121,12 +128,18 @@ def nearest(rows: Sequence[Row], layer) -> Match | None:
     Returns:
         A `Match`, or None when ``rows`` is empty.
     """
+    return nearest_described(rows, layer, activation_name(layer), _internals.call_inputs(layer))
+
+
+def nearest_described(rows: Sequence[Row], layer, activation: str | None,
+                      inputs: Sequence[Any]) -> Match | None:
+    """`nearest`, told the layer's activation name and call inputs (`described`)."""
     if not rows:
         return None
     plain = [row for row in rows if not any(key in row.args for key in CONDITIONS)]
     candidates = plain or list(rows)
     keys = [key for key in MATCH_KEYS if any(key in row.args for row in candidates)]
-    mine = describe(layer, keys)
+    mine = described(layer, keys, activation, inputs)
     scored = []
     for index, row in enumerate(candidates):
         gaps = {key: _gap(mine[key], row.args[key]) for key in keys

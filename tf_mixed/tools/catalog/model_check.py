@@ -34,11 +34,13 @@ from tf_mixed._internal.facts import (
     is_input_layer,
     walk_layers,
 )
+from tf_mixed.policy import precision_map
 from tf_mixed.tools.catalog import matching
 from tf_mixed.tools.catalog.results import Catalog, Row, stored
 
 __all__ = ["NARROW", "CatalogNote", "bounded_layers", "check_model", "input_magnitudes",
-           "input_tap", "magnitudes_from_probe", "match_for", "row_for"]
+           "input_tap", "magnitudes_from_probe", "match_for", "row_for", "surveyed_magnitudes",
+           "surveyed_match", "surveyed_tap"]
 
 NARROW = (1e-3, 1e3)
 """A safe range that does not cover this is reported without magnitudes."""
@@ -81,14 +83,25 @@ def match_for(catalog: Catalog, layer, policy: str) -> matching.Match | None:
         A `tf_mixed.tools.catalog.matching.Match` (its ``close`` says whether
         the row is near enough to judge the layer by).
     """
+    return matching.nearest(_class_rows(catalog, type(layer), policy), layer)
+
+
+def surveyed_match(catalog: Catalog, found, layer, policy: str) -> matching.Match | None:
+    """`match_for` of a layer of a surveyed model (its activation and call
+    inputs read from the survey, `tf_mixed.policy.precision_map.Survey`)."""
+    rows = _class_rows(catalog, type(layer), policy)
+    return matching.nearest_described(rows, layer, found.fact(layer).activation,
+                                      found.calls.get(id(layer), ()))
+
+
+def _class_rows(catalog: Catalog, cls: type, policy: str) -> list[Row]:
+    """The catalog's rows of a layer class under one policy (users' rows left out)."""
     import keras
 
-    cls = type(layer)
     # keras.layers may export a class under another name (GroupQueryAttention).
     names = {cls.__name__} | {n for n, c in vars(keras.layers).items() if c is cls}
-    rows = [row for row in catalog.rows
+    return [row for row in catalog.rows
             if row.layer in names and row.policy == policy and row.source != "user"]
-    return matching.nearest(rows, layer)
 
 
 def row_for(catalog: Catalog, layer, policy: str) -> Row | None:
@@ -223,18 +236,25 @@ def input_tap(model, names=None) -> tuple[list[str], Any]:
         to tap: layers inside nested models and layers without a symbolic
         call are left out).
     """
+    return surveyed_tap(precision_map.survey(model), names)
+
+
+def surveyed_tap(found, names=None) -> tuple[list[str], Any]:
+    """`input_tap` of a surveyed model (`tf_mixed.policy.precision_map.survey`:
+    its top layers and their call inputs; nothing walked again)."""
     import keras
 
     owners, tensors = [], []
-    for layer in model.layers:
-        if isinstance(layer, keras.Model) or is_input_layer(layer):
+    for layer in found.top:
+        if isinstance(layer, keras.Model):
             continue
         if names is not None and layer.name not in names:
             continue
-        for tensor in _internals.call_inputs(layer):
+        for tensor in found.calls.get(id(layer), ()):
             if keras.backend.is_float_dtype(getattr(tensor, "dtype", "int32")):
                 owners.append(layer.name)
                 tensors.append(tensor)
+    model = found.model
     if not tensors or not getattr(model, "inputs", None):
         return [], None
     try:  # the structure the model is called with (a dict of inputs stays a dict)
@@ -255,19 +275,24 @@ def input_magnitudes(model, x) -> dict[str, float]:
         ``{layer name: max |input|}`` (inf where an input is not finite);
         layers inside nested models and layers without a symbolic call are left out.
     """
+    return surveyed_magnitudes(precision_map.survey(model), x)
+
+
+def surveyed_magnitudes(found, x) -> dict[str, float]:
+    """`input_magnitudes` of a surveyed model (`surveyed_tap`)."""
     import keras
     import numpy as np
 
-    owners, tap = input_tap(model)
+    owners, tap = surveyed_tap(found)
     if tap is None:
         return {}
     values = tap(x, training=False)
-    found: dict[str, float] = {}
+    magnitudes: dict[str, float] = {}
     for name, value in zip(owners, keras.tree.flatten(values)):
         array = np.abs(keras.ops.convert_to_numpy(keras.ops.cast(value, "float32")))
         peak = float(np.nan_to_num(array, nan=np.inf).max()) if array.size else 0.0
-        found[name] = max(found.get(name, 0.0), peak)
-    return found
+        magnitudes[name] = max(magnitudes.get(name, 0.0), peak)
+    return magnitudes
 
 
 def magnitudes_from_probe(model, report) -> dict[str, float]:

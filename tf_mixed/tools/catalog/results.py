@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import math
@@ -116,6 +117,14 @@ class Catalog:
             names[row.layer] = None
             names.update(dict.fromkeys(row.covers))
         return tuple(names)
+
+    def points_around(self, magnitude: float | None) -> tuple[int, ...] | None:
+        """The indices of the grid points at and around a max |input| (None: off the grid)."""
+        grid = self.magnitudes
+        if magnitude is None or not grid[0] <= magnitude <= grid[-1]:
+            return None
+        high = bisect.bisect_left(grid, magnitude)
+        return (high,) if grid[high] == magnitude else (high - 1, high)
 
     def coverage(self, source: str = "keras") -> tuple[int, int]:
         """``(classes measured, classes measured + left out)`` of one source."""

@@ -7,8 +7,8 @@
 # in each half policy against float32. So when every timed layer is covered
 # — its class is in the catalog, a measured configuration is close to its
 # own (`tf_mixed.tools.catalog.matching`), and the max |input| it sees on the
-# batch (one float32 forward pass of a tap,
-# `tf_mixed.tools.catalog.model_check.input_magnitudes`) lies on the
+# batch (one float32 forward pass of a tap on the plan's survey,
+# `tf_mixed.tools.catalog.model_check.surveyed_magnitudes`) lies on the
 # catalog's grid — the plan takes the catalog's errors and skips the probe.
 # One layer not covered (a nested model, a class the catalog does not
 # measure, a configuration none is close to, ids into an Embedding) and the
@@ -25,11 +25,11 @@
 
 from __future__ import annotations
 
-import bisect
 from typing import NamedTuple, Sequence
 
 import keras
 
+from tf_mixed.policy import precision_map
 from tf_mixed.tools.catalog import model_check
 from tf_mixed.tools.catalog.results import Catalog, stored
 
@@ -51,12 +51,13 @@ class FromCatalog(NamedTuple):
     rows: dict[str, str]
 
 
-def read(model: keras.Model, batch, names: Sequence[str], half_policy: str, tolerance: float,
-         catalog: Catalog | None = None) -> FromCatalog | None:
+def read(found: precision_map.Survey, batch, names: Sequence[str], half_policy: str,
+         tolerance: float, catalog: Catalog | None = None) -> FromCatalog | None:
     """The errors of the layers ``names`` from the catalog, or None if one is not covered.
 
     Args:
-        model: the planned Sequential or functional model.
+        found: the planned Sequential or functional model's survey
+            (`tf_mixed.policy.precision_map.survey`: the plan's one walk).
         batch: inputs the model takes (the probe's examples).
         names: the timed top-level layers.
         half_policy: "mixed_float16" or "mixed_bfloat16".
@@ -68,22 +69,19 @@ def read(model: keras.Model, batch, names: Sequence[str], half_policy: str, tole
         measures them all then).
     """
     catalog = catalog if catalog is not None else stored()
-    grid = catalog.magnitudes
-    layers = {}
-    for name in names:
-        layer = model.get_layer(name)
-        found = (None if isinstance(layer, keras.Model)
-                 else model_check.match_for(catalog, layer, half_policy))
-        if found is None or not found.close or found.row.failure:
-            return None
-        layers[name] = found.row
-    magnitudes = model_check.input_magnitudes(model, batch)
+    top = {layer.name: layer for layer in found.top}
+    # What the batch gives each layer (one float32 pass of a tap on the
+    # survey's tensors), then what the catalog measured there.
+    magnitudes = model_check.surveyed_magnitudes(found, batch)
     errors, blocked, rows = {}, {}, {}
-    for name, row in layers.items():
-        magnitude = magnitudes.get(name)
-        points = _around(grid, magnitude)
-        if points is None:
+    for name in names:
+        layer, magnitude = top[name], magnitudes.get(name)
+        match = (None if isinstance(layer, keras.Model)
+                 else model_check.surveyed_match(catalog, found, layer, half_policy))
+        points = catalog.points_around(magnitude)
+        if match is None or not match.close or match.row.failure or points is None:
             return None
+        row = match.row
         statuses = {row.status[i] for i in points}
         values = [row.forward[i] for i in points]
         if "float32_nonfinite" in statuses or any(v is None or v != v for v in values):
@@ -97,13 +95,3 @@ def read(model: keras.Model, batch, names: Sequence[str], half_policy: str, tole
             blocked[name] = (f"error {error:.2g} above the tolerance {tolerance:g} "
                              f"(catalog {where}): float32")
     return FromCatalog(errors, blocked, rows)
-
-
-def _around(grid: Sequence[float], magnitude: float | None) -> tuple[int, ...] | None:
-    """The grid points at and around ``magnitude`` (None: off the grid)."""
-    if magnitude is None or not grid[0] <= magnitude <= grid[-1]:
-        return None
-    high = bisect.bisect_left(grid, magnitude)
-    if grid[high] == magnitude:
-        return (high,)
-    return (high - 1, high)

@@ -21,6 +21,9 @@
 #    has its third quartile below 0: a difference larger than the rounds'
 #    spread. Of several such precisions the largest median saving wins.
 #    Otherwise the layer keeps the whole-model choice (the simpler plan).
+#
+# `probed_errors` reads step 1's errors from a probe's report (the numerics
+# catalog's are read by tf_mixed/tools/planning/catalog_errors.py).
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from typing import Mapping, Sequence
 from tf_mixed._internal.measuring import quartiles
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
 
-__all__ = ["Choice", "MAX_PASSES", "choose"]
+__all__ = ["Choice", "MAX_PASSES", "choose", "probed_errors"]
 
 MAX_PASSES = 3
 FLOAT32 = "float32"
@@ -181,6 +184,37 @@ def choose(measurement: Measurement, blocked: Mapping[str, str] | None = None) -
     return Choice(assign, whys, start, step_seconds, unsettled)
 
 
-def medians(figures: Sequence[float]) -> float:
-    """The median of per-round figures."""
-    return quartiles(figures)[1]
+def probed_errors(report, tolerance: float,
+                  names: Sequence[str]) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Each timed layer's worst error in a probe's report, and why the unsafe ones stay float32.
+
+    Args:
+        report: A `tf_mixed.tools.probe_report.ProbeReport`, a mapping layer
+            name -> relative error, or None (no errors known).
+        tolerance: The largest error of a half-precision layer.
+        names: The timed top-level layers (a nested model's error is the
+            worst of the layers inside it).
+
+    Returns:
+        ``(errors, blocked)``: layer -> its worst finite error (None: none),
+        and layer -> why it stays float32 (not finite, or above ``tolerance``).
+    """
+    if report is None:
+        return {name: None for name in names}, {}
+    if isinstance(report, Mapping):
+        rows = [(str(k), float(v), 0.0, None) for k, v in report.items()]
+    else:
+        rows = [(s.name, s.rel_error, s.nonfinite, s.grad_nonfinite) for s in report.layers]
+    errors: dict[str, float | None] = {}
+    blocked: dict[str, str] = {}
+    for name in names:
+        mine = [r for r in rows if r[0] == name or r[0].startswith(name + "/")]
+        finite = [r[1] for r in mine if r[1] == r[1]]  # NaN: a float32 output of zeros
+        worst = max(finite) if finite else None
+        errors[name] = worst
+        if any(r[2] or r[3] for r in mine):
+            blocked[name] = "not finite in half precision (probe): float32"
+        elif worst is not None and worst > tolerance:
+            blocked[name] = (f"error {worst:.2g} above the tolerance {tolerance:g} "
+                             "(probe): float32")
+    return errors, blocked

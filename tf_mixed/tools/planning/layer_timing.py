@@ -175,9 +175,8 @@ def surveyed_graph(surveyed: precision_map.Survey,
             return memo[key]
         memo[key] = ()  # a cycle cannot occur in a graph; guards recursion anyway
         found: list[str] = []
-        for tensor in _internals.call_inputs(operation):
-            history = _internals.keras_history(tensor)
-            producer = history.operation if history is not None else None
+        for tensor in surveyed.calls.get(id(operation), ()):
+            producer = surveyed.made_by.get(id(tensor))
             if producer is None or id(producer) in surveyed.inputs:
                 names = _NO_SOURCE
             elif id(producer) in timed_ids:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tf_mixed._internal.facts import COMPUTE_DTYPES, FLOAT32_HEADS
-from tf_mixed.policy.precision_map import PrecisionMap
+from tf_mixed.policy import precision_map
+from tf_mixed.policy.precision_map import PrecisionMap, Survey
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
 
-__all__ = ["LayerChoice", "Plan"]
+__all__ = ["LayerChoice", "Plan", "decided"]
 
 def ms(seconds: float) -> str:
     """Milliseconds, three significant digits, never in exponent form."""
@@ -225,6 +226,57 @@ def rows_map(policy: str, rows) -> PrecisionMap:
     """The precision map a plan's rows say (for a plan made without one)."""
     return PrecisionMap(policy, {row.name: choice_policy(row.choice, policy) for row in rows},
                         {row.name: "plan" for row in rows})
+
+
+def decided(found: Survey, rows: Sequence["LayerChoice"], half_policy: str,
+          half_dtype: str, step_seconds: Mapping[str, float], *, emulated: str = ""
+          ) -> tuple[str, PrecisionMap, list["LayerChoice"], str]:
+    """The plan's policy, its precision map, its rows as the map builds them, and its summary.
+
+    The map is `tf_mixed.policy.precision_map.decide`'s with the rows'
+    choices as its plan: a layer an earlier rule keeps float32 (a float32
+    head, statistics, token ids) says so in its row (`precision_map.RULES`).
+
+    Args:
+        found: The planned model's survey.
+        rows: The rows the step check kept (ignored when ``emulated``: one
+            float32 row per top layer then).
+        half_policy: "mixed_float16" or "mixed_bfloat16".
+        half_dtype: Its compute dtype.
+        step_seconds: The choice's step seconds (`tf_mixed.tools.planning.choosing.Choice`).
+        emulated: Why the half dtype is emulated on this host ("": it is
+            not): the model stays float32, no layer planned.
+
+    Returns:
+        ``(policy, precision map, rows, summary line)``; the policy is
+        ``half_policy``, or "float32" when no row computes in half precision.
+    """
+    if emulated:
+        rows = [LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", emulated)
+                for layer in found.top]
+    final = half_policy if {row.choice for row in rows} - {"float32"} else "float32"
+    choices = {} if emulated else {
+        row.name: choice_policy(row.choice, final) for row in rows}
+    precision = precision_map.decide(found.model, final, plan=choices, found=found)
+    decided = []
+    for row in rows:
+        rule = precision.reasons.get(row.name)
+        if rule in (None, precision_map.PLAN, "as is") or row.choice == "float32":
+            decided.append(row)
+            continue
+        decided.append(dataclasses.replace(
+            row, choice=precision.compute_dtype(row.name) or row.choice,
+            why=f"{rule}: float32 whatever the timings (tf_mixed.policy.precision_map)"))
+    if emulated:
+        return final, precision, decided, f"float32 for every layer: {emulated}"
+    timed = [row for row in decided if row.seconds]
+    counts = {p: sum(row.choice == p for row in timed) for p in ("float32", half_dtype, FLOAT8)}
+    shown = {k: f"{ms(v)} ms" for k, v in step_seconds.items()}
+    split = ", ".join(f"{n} {p}" for p, n in counts.items() if n)
+    summary = (f"{final}: {split} of {len(timed)} timed layers; timed layers' step "
+               f"{shown['plan']} (float32 {shown['float32']}, whole-model {half_dtype} "
+               f"{shown[half_dtype]})")
+    return final, precision, decided, summary
 
 
 _FIELDS: dict[str, Any] = {

@@ -14,7 +14,14 @@
 # layer, or reads a measurement cached for this host and model. (3)
 # `tf_mixed.probe` measures each layer's error in the half dtype, unless the
 # numerics catalog covers every timed layer (`catalog_errors`). (4)
-# `tf_mixed.tools.planning.choosing.choose` chooses.
+# `tf_mixed.tools.planning.choosing.choose` chooses. (5) Its rows
+# (`plan_rows.candidates`) go through the whole-step check (`step_check.check`)
+# and become the plan's map and table (`plan_table.decided`).
+#
+# The model is walked once, by `tf_mixed.policy.precision_map.survey` (its
+# kind checked there too); every stage above takes that survey and none asks
+# the model's layers anything again, so `plan` reads top-down: its arguments,
+# the survey, then each stage once.
 #
 # The cache is `tf_mixed._internal.measuring`'s, keyed as auto's is: one JSON
 # file per host (`tf_mixed.policy.autotune.cache_key`: CPU model and flags, TF
@@ -27,7 +34,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from typing import Any, Callable, Mapping
 
@@ -35,15 +41,9 @@ import keras
 
 from tf_mixed._internal import measuring, progress
 from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import (
-    COMPUTE_DTYPES,
-    FLOAT32_HEADS,
-    HALF_DTYPES,
-    POLICY_ALIASES,
-    check_model_kind,
-)
+from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
 from tf_mixed.policy import autotune, hardware, model_check, precision_map
-from tf_mixed.tools.planning import catalog_errors, choosing, plan_table
+from tf_mixed.tools.planning import catalog_errors, choosing, plan_rows, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
 from tf_mixed.tools.planning.layer_timing import (
     FLOAT8,
@@ -131,29 +131,6 @@ def _first_batch(x):
 _model_digest = model_check.model_digest  # one digest for the plan's and the check's cache
 
 
-def _errors(report, tolerance: float, names) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Each top-level layer's worst error, and why the unsafe ones stay float32."""
-    if report is None:
-        return {name: None for name in names}, {}
-    if isinstance(report, Mapping):
-        rows = [(str(k), float(v), 0.0, None) for k, v in report.items()]
-    else:
-        rows = [(s.name, s.rel_error, s.nonfinite, s.grad_nonfinite) for s in report.layers]
-    errors: dict[str, float | None] = {}
-    blocked: dict[str, str] = {}
-    for name in names:
-        mine = [r for r in rows if r[0] == name or r[0].startswith(name + "/")]
-        finite = [r[1] for r in mine if r[1] == r[1]]  # NaN: a float32 output of zeros
-        worst = max(finite) if finite else None
-        errors[name] = worst
-        if any(r[2] or r[3] for r in mine):
-            blocked[name] = "not finite in half precision (probe): float32"
-        elif worst is not None and worst > tolerance:
-            blocked[name] = (f"error {worst:.2g} above the tolerance {tolerance:g} "
-                             "(probe): float32")
-    return errors, blocked
-
-
 def _record_problem(names: list[str]) -> Callable[[dict], str]:
     def problem(record: dict) -> str:
         measurement = Measurement.from_dict(record["measurement"])
@@ -222,9 +199,6 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             `budget_s` is out of range; the model is not built; the probe's
             errors (`tf_mixed.probe`).
     """
-    check_model_kind(model, "tf_mixed.plan()",
-                     why_traced="its layers' inputs exist only inside Python code",
-                     fix="Plan a Sequential or functional version of it.")
     _validate.number(tolerance, "tolerance", rule=lambda v: v > 0, valid="a number > 0")
     _validate.boolean(use_catalog, "use_catalog", owner="tf_mixed.plan()")
     _validate.number(rounds, "rounds", integer=True, rule=lambda v: v >= 1, valid="an int >= 1")
@@ -239,17 +213,21 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     half_policy = _half_policy(policy, info)
     half_dtype = COMPUTE_DTYPES[half_policy]
     host = _host(info)
-    found = precision_map.survey(model)  # the one walk: the probe and the map read it
+    # The one walk of the model: every stage below reads it, none asks the model again.
+    found = precision_map.survey(
+        model, "tf_mixed.plan()", why_traced="its layers' inputs exist only inside Python code",
+        fix="Plan a Sequential or functional version of it.")
     timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
     emulated = _emulated(half_dtype, info) if measurement is None else ""
-    if emulated:
-        return _all_float32(found, half_dtype, host, emulated)
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
+    cached, path, not_cached, when, catalog_read, checked = False, "", "", "", None, ""
+    rows: list[LayerChoice] = []
+    step_seconds: dict[str, float] = {}
     with progress.heartbeat("tf_mixed.plan"):
-        cached, path, not_cached, when = False, "", "", ""
         batch = _first_batch(x)
-        if measurement is None:
+        if measurement is None and not emulated:
+            # (1) The layers' timings: cached for this host and model, or measured now.
             key = dict(autotune.cache_key(info), plan=PLAN_VERSION, half_policy=half_policy,
                        precisions=list(precisions), model=_model_digest(model, batch))
             path = measuring.cache_path(key, cache_directory, prefix="plan") if cache else ""
@@ -269,40 +247,32 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                           "measurement": measurement.to_dict()}
                 if not cache or not_cached or not measuring.write_cache(path, record):
                     path = ""
-        # Every layer's error in the catalog: no probe (tools/planning/catalog_errors.py).
-        catalog_read = (catalog_errors.read(model, _probe_slice(batch, None)[0], names,
-                                            half_policy, float(tolerance))
-                        if probe_report is None and use_catalog else None)
-        if catalog_read is None and probe_report is None:
-            progress.update("plan: probing each layer's error in " + half_dtype)
-            from tf_mixed.tools.probing import probe_surveyed
+        if measurement is not None:
+            # (2) Each layer's error: the numerics catalog's where it covers
+            # every timed layer (tools/planning/catalog_errors.py), else the probe's.
+            catalog_read = (catalog_errors.read(found, _probe_slice(batch, None)[0], names,
+                                                half_policy, float(tolerance))
+                            if probe_report is None and use_catalog else None)
+            if catalog_read is None and probe_report is None:
+                progress.update("plan: probing each layer's error in " + half_dtype)
+                from tf_mixed.tools.probing import probe_surveyed
 
-            px, py = _probe_slice(x, y)
-            probe_report = probe_surveyed(found, px, py, loss=loss, policy=half_policy)
-        errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
-                           if catalog_read is not None
-                           else _errors(probe_report, float(tolerance), names))
-        choice = choosing.choose(measurement, blocked)
-        checked = ""
-        wholes = {"float32": {n: "float32" for n in names},
-                  half_dtype: {n: "float32" if n in blocked else half_dtype for n in names}}
-        if step_check and dict(choice.precisions) not in wholes.values():
-            candidates = {}
-            for name, assign in (*wholes.items(), ("plan", dict(choice.precisions))):
-                variant = dataclasses.replace(choice, precisions=assign)
-                variant_rows = _rows(found, measurement, variant, errors, followers, half_dtype)
-                candidates[name] = _carrier(variant_rows, half_policy)
-            step_rounds = (step_timer or _default_step_timer(found, x, y, loss))(candidates)
-            winner, checked = step_check_module.confirm(step_rounds, half_dtype)
-            if winner != "plan":
-                whys = {n: checked for n in names if n not in blocked}
-                choice = dataclasses.replace(choice, precisions=wholes[winner],
-                                             whys={**choice.whys, **whys})
-    rows = _rows(found, measurement, choice, errors, followers, half_dtype)
-    chosen = {row.choice for row in rows}
-    final = half_policy if chosen - {"float32"} else "float32"
-    precision, rows = _decided(found, final, rows)
-    summary = _summary(choice, rows, half_dtype, final)
+                px, py = _probe_slice(x, y)
+                probe_report = probe_surveyed(found, px, py, loss=loss, policy=half_policy)
+            # (3) The choice per layer.
+            errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
+                               if catalog_read is not None
+                               else choosing.probed_errors(probe_report, float(tolerance), names))
+            choice = choosing.choose(measurement, blocked)
+            step_seconds = dict(choice.step_seconds)
+            # (4) Its rows, and the whole step timed against both whole models.
+            candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
+                                              followers, half_dtype, whole_models=step_check)
+            rows, checked = step_check_module.check(found, candidates, blocked, half_policy,
+                                                    x, y, loss, step_timer)
+    # (5) The map the rows decide, and the rows as it builds them.
+    final, precision, rows, summary = plan_table.decided(found, rows, half_policy, half_dtype,
+                                                         step_seconds, emulated=emulated)
     if checked:
         summary += f"; {checked}"
     if catalog_read is not None:
@@ -314,29 +284,10 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         summary += f"; timed now, not cached ({not_cached})"
     elif path:
         summary += f"; timed now, cached in {path}"
-    return Plan(model.name, final, half_dtype, tuple(measurement.precisions), tuple(rows),
-                dict(choice.step_seconds), summary, host, cached, path, measurement, precision,
+    return Plan(model.name, final, half_dtype,
+                tuple(measurement.precisions) if measurement else ("float32",), tuple(rows),
+                step_seconds, summary, host, cached, path, measurement, precision,
                 dict(catalog_read.rows) if catalog_read is not None else {})
-
-
-def _decided(found: precision_map.Survey, policy: str,
-             rows) -> tuple[precision_map.PrecisionMap, list[LayerChoice]]:
-    """The model's precision map with the rows' choices as its plan, and the
-    rows as that map builds them: a layer an earlier rule keeps float32 (a
-    float32 head, statistics, token ids) says so (`precision_map.RULES`)."""
-    choices = {row.name: plan_table.choice_policy(row.choice, policy) for row in rows}
-    precision = precision_map.decide(found.model, policy, plan=choices, found=found)
-    decided = []
-    for row in rows:
-        rule = precision.reasons.get(row.name)
-        if rule in (None, precision_map.PLAN, "as is") or row.choice == "float32":
-            decided.append(row)
-            continue
-        built = precision.compute_dtype(row.name) or row.choice
-        decided.append(dataclasses.replace(
-            row, choice=built, why=f"{rule}: float32 whatever the timings "
-            "(tf_mixed.policy.precision_map)"))
-    return precision, decided
 
 
 def _probe_slice(x, y):
@@ -353,77 +304,9 @@ def _probe_slice(x, y):
         None if y is None else keras.tree.map_structure(head, y))
 
 
-def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
-    """(policy, keep_float32 names) that carry these rows' choices."""
-    if all(row.choice == "float32" for row in rows):
-        return "float32", ()
-    return half_policy, tuple(row.name for row in rows if row.choice == "float32"
-                              and row.class_name not in FLOAT32_HEADS)
-
-
-def _default_step_timer(found: precision_map.Survey, x, y, loss) -> StepTimer:
-    import tensorflow as tf
-
-    def timer(candidates):
-        bx, by = x, y
-        if isinstance(x, tf.data.Dataset):
-            bx, by = next(iter(x))[:2]
-        return step_check_module.time_steps(found, bx, by, loss, candidates)
-
-    return timer
-
-
 def _default_timer(rounds: int, budget_s: float | None) -> Timer:
     def timer(model, batch, precisions, half_policy) -> Measurement:
         return time_layers(model, batch, precisions, half_policy, rounds=rounds,
                            min_rounds=min(3, rounds), budget_s=budget_s)
 
     return timer
-
-
-def _rows(found: precision_map.Survey, measurement, choice, errors, followers,
-          half_dtype) -> list[LayerChoice]:
-    timings = {t.name: t for t in measurement.layers}
-    rows = []
-    for layer in found.top:
-        name = layer.name
-        timing = timings.get(name)
-        if timing is not None:
-            rows.append(LayerChoice(
-                name, timing.class_name,
-                {p: choosing.medians(v) for p, v in timing.seconds.items()},
-                choosing.medians(timing.cast_seconds), errors.get(name),
-                choice.precisions[name], choice.whys[name]))
-            continue
-        if type(layer).__name__ in FLOAT32_HEADS:
-            rows.append(LayerChoice(name, type(layer).__name__, {}, 0.0, None, "float32",
-                                    "tf_mixed's float32 head: float32 under any policy"))
-            continue
-        source = followers.get(name, "")
-        followed = choice.precisions.get(source, choice.start) if source else choice.start
-        precision = "float32" if followed == "float32" else half_dtype
-        kind = "normalization" if layer.weights else "no weights"
-        why = (f"{kind}: follows {source}" if source
-               else f"{kind}, fed by the model's inputs: the whole-model {choice.start}")
-        rows.append(LayerChoice(name, type(layer).__name__, {}, 0.0, None, precision, why))
-    return rows
-
-
-def _summary(choice: choosing.Choice, rows, half_dtype: str, final: str) -> str:
-    timed = [row for row in rows if row.seconds]
-    counts = {p: sum(row.choice == p for row in timed) for p in ("float32", half_dtype, FLOAT8)}
-    steps = choice.step_seconds
-    ms = {k: f"{plan_table.ms(v)} ms" for k, v in steps.items()}
-    split = ", ".join(f"{n} {p}" for p, n in counts.items() if n)
-    return (f"{final}: {split} of {len(timed)} timed layers; timed layers' step "
-            f"{ms['plan']} (float32 {ms['float32']}, whole-model {half_dtype} "
-            f"{ms[half_dtype]})")
-
-
-def _all_float32(found: precision_map.Survey, half_dtype: str, host: str, why: str) -> Plan:
-    rows = tuple(LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
-                 for layer in found.top)
-    precision = precision_map.decide(found.model, "float32", found=found)
-    return Plan(found.model.name, "float32", half_dtype, ("float32",), rows, {},
-                f"float32 for every layer: {why}", host, precision=precision)
-

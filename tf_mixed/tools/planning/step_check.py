@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Mapping, Sequence
 
@@ -21,9 +22,10 @@ import keras
 
 from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
+from tf_mixed._internal.facts import FLOAT32_HEADS
 from tf_mixed.policy import autotune, precision_map
 
-__all__ = ["confirm", "time_steps"]
+__all__ = ["check", "confirm", "time_steps"]
 
 StepRounds = Mapping[str, Sequence[float]]
 """Seconds of one whole-model step by candidate ("float32", the half dtype,
@@ -53,6 +55,55 @@ def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
         return "plan", f"{figures}: the plan is {1 / median:.2f}x the faster whole model"
     return best_name, (f"{figures}: the plan is not faster than whole-model {best_name} "
                        f"beyond the rounds' spread, so whole-model {best_name}")
+
+
+def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
+          blocked: Mapping[str, str], half_policy: str, x, y, loss,
+          step_timer: Callable[[Mapping[str, tuple[str, tuple[str, ...]]]], StepRounds]
+          | None = None) -> tuple[list, str]:
+    """The rows the whole-step timings support, and why ("" when nothing was timed).
+
+    Args:
+        found: The planned model's survey.
+        candidates: Candidate -> its rows
+            (`tf_mixed.tools.planning.plan_rows.candidates`): "plan" alone
+            (nothing to time: its rows are kept), or "plan" with "float32"
+            and the half dtype.
+        blocked: Timed layer -> why it stays float32 (its row keeps that why).
+        half_policy: "mixed_float16" or "mixed_bfloat16".
+        x, y: The plan's batch (an array structure or a `tf.data` data set)
+            and targets.
+        loss: As `compile` takes it (None: the compiled loss).
+        step_timer: ``step_timer({name: (policy, keep_float32)}) -> StepRounds``
+            replacing `time_steps` (a test's figures).
+
+    Returns:
+        ``(rows, sentence)``: the winner's rows, each timed layer's why the
+        sentence (`confirm`) when a whole model won.
+    """
+    import tensorflow as tf
+
+    if len(candidates) == 1:
+        return list(candidates["plan"]), ""
+    half = keras.DTypePolicy(half_policy).compute_dtype
+    carriers = {name: _carrier(rows, half_policy) for name, rows in candidates.items()}
+    bx, by = (next(iter(x))[:2] if step_timer is None and isinstance(x, tf.data.Dataset)
+              else (x, y))  # a data set's first batch
+    step_rounds = (step_timer(carriers) if step_timer is not None
+                   else time_steps(found, bx, by, loss, carriers))
+    winner, sentence = confirm(step_rounds, half)
+    if winner == "plan":
+        return list(candidates["plan"]), sentence
+    return [dataclasses.replace(row, why=sentence) if row.seconds and row.name not in blocked
+            else row for row in candidates[winner]], sentence
+
+
+def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
+    """(policy, keep_float32 names) that carry these rows' choices."""
+    if all(row.choice == "float32" for row in rows):
+        return "float32", ()
+    return half_policy, tuple(row.name for row in rows if row.choice == "float32"
+                              and row.class_name not in FLOAT32_HEADS)
 
 
 def time_steps(found: precision_map.Survey, x, y, loss,
