@@ -68,3 +68,20 @@ def test_census_marks_only_paddable_misfits_automatic():
                              np.zeros((16, 3), "float32"), loss="mse", batch_size=16)
     assert {f.layer: f.automatic for f in report.by_code("tile_misfit")} == {
         "wide": True, "mid": False, "side": False}
+
+
+def test_copy_weights_pads_a_widened_layer_and_copies_any_other_as_is():
+    source = keras.layers.Dense(3, name="d")
+    source.build((None, 2))
+    source.set_weights([np.arange(6, dtype="float32").reshape(2, 3), np.ones(3, "float32")])
+    wide = keras.layers.Dense(8, name="d")
+    wide.build((None, 2))
+    padding.copy_weights(source, wide)
+    kernel, bias = wide.get_weights()
+    np.testing.assert_array_equal(kernel[:, :3], source.get_weights()[0])
+    assert not kernel[:, 3:].any() and list(bias) == [1.0] * 3 + [0.0] * 5
+    same = keras.layers.Dense(3, name="d", dtype="mixed_bfloat16")
+    same.build((None, 2))
+    padding.copy_weights(source, same)
+    for a, b in zip(same.get_weights(), source.get_weights()):
+        np.testing.assert_array_equal(a, b)

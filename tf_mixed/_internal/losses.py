@@ -6,15 +6,18 @@
 # per output) or a dict keyed by output name. `resolve` turns any of these into
 # ``fn(y_true, y_pred) -> float32 scalar``: the mean of each output's loss,
 # summed over outputs (Keras's compiled loss with unit loss weights).
+# `resolve_named` does it for a model whose output names the caller knows
+# already (`tf_mixed.probe` and `tf_mixed.plan` read them from their survey of
+# the model), with None meaning the compiled loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
-__all__ = ["output_names", "resolve"]
+__all__ = ["output_names", "resolve", "resolve_named"]
 
 _HINT = ("a Keras loss name such as 'mean_squared_error', a keras.losses.Loss, a "
          "callable loss(y_true, y_pred), or for several outputs a list of these (one "
@@ -73,12 +76,46 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
             keys do not match the model's outputs; one loss for several outputs.
         TypeError: an element is not a loss.
     """
-    names = output_names(model)
+    return _resolved(loss, output_names(model), model.name, caller)
+
+
+def resolve_named(loss, names: Sequence[str], model: keras.Model,
+                  caller: str) -> Callable:
+    """`resolve` for a Sequential or functional model whose output names the
+    caller has (a survey's), None meaning the model's compiled loss.
+
+    Args:
+        loss: As `resolve` takes it; None: ``model.loss`` of a compiled model.
+        names: The model's output names, in order
+            (`tf_mixed.policy.precision_map.Survey.output_names`).
+        model: The model (its compiled loss; its name in messages).
+        caller: Named in error messages.
+
+    Returns:
+        The scalar loss function, as `resolve`'s.
+
+    Raises:
+        ValueError: `loss` is None and the model is not compiled with a
+            loss; as `resolve`.
+        TypeError: as `resolve`.
+    """
+    if loss is None:
+        loss = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
+        if loss is None:
+            raise ValueError(
+                f"{caller} needs a loss to differentiate. Pass loss=..., such as "
+                "loss='sparse_categorical_crossentropy', or compile the model "
+                "with one. Received: loss=None")
+    return _resolved(loss, list(names), model.name, caller)
+
+
+def _resolved(loss, names: list[str] | None, model_name: str, caller: str) -> Callable:
+    """The resolution itself, given the output names (None: a subclassed model)."""
     if names is None:  # a subclassed model: its outputs are known only when called
         if isinstance(loss, Mapping) and not _is_config(loss):
             raise ValueError(
                 f"{caller}: a loss dict needs output names, which the subclassed model "
-                f"'{model.name}' does not have. Pass a list with one loss per output. "
+                f"'{model_name}' does not have. Pass a list with one loss per output. "
                 f"Received: loss={dict(loss)!r}")
         if isinstance(loss, (list, tuple)):
             per_output = list[Callable | None](_single(each, caller) for each in loss)
@@ -90,14 +127,14 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
         unknown = sorted(set(loss) - set(names))
         if unknown:
             raise ValueError(
-                f"{caller}: the loss dict names outputs model '{model.name}' does not have: "
+                f"{caller}: the loss dict names outputs model '{model_name}' does not have: "
                 f"{unknown}. Its outputs are {names}. Received: loss={dict(loss)!r}")
         per_output = [(_single(loss[n], caller) if n in loss else None) for n in names]
     elif isinstance(loss, (list, tuple)):
         if len(loss) != len(names):
             raise ValueError(
                 f"{caller}: {len(loss)} losses for the {len(names)} output(s) of model "
-                f"'{model.name}' ({names}); pass one loss per output. "
+                f"'{model_name}' ({names}); pass one loss per output. "
                 f"Received: loss={list(loss)!r}")
         per_output = [_single(each, caller) for each in loss]
     else:
@@ -107,7 +144,7 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
         if isinstance(loss, str):
             raise ValueError(
                 f"{caller}: one loss name for the {len(names)} outputs of model "
-                f"'{model.name}' ({names}); pass a list with one loss per output, "
+                f"'{model_name}' ({names}); pass a list with one loss per output, "
                 f"such as loss={[loss] * len(names)!r}. Received: loss={loss!r}")
         return lambda y_true, y_pred: _mean(fn(y_true, y_pred))  # handles the structure
 
@@ -118,7 +155,7 @@ def resolve(loss, model: keras.Model, caller: str = "probe()") -> Callable:
         if len(trues) != len(preds):
             raise ValueError(
                 f"{caller}: y has {len(trues)} target(s) for the {len(preds)} outputs of "
-                f"model '{model.name}' ({names}); pass one target per output.")
+                f"model '{model_name}' ({names}); pass one target per output.")
         total = tf.constant(0.0)
         for each, true, pred in zip(per_output, trues, preds):
             if each is not None:

@@ -29,7 +29,11 @@
 #   the layer (by position where a custom layer's inner names differ), and
 #   cast to the clone's variable dtype;
 # * ``inline_nested=True`` (for `probe`) inlines nested models, so the output
-#   of every leaf layer, inner ones included, is a tensor of one graph.
+#   of every leaf layer, inner ones included, is a tensor of one graph; the
+#   clone records each layer's outputs as it calls it (`Clone.outputs`), so
+#   a caller taps them without asking Keras's graph again;
+# * ``random_draws=False`` (for `probe`) makes every random layer of the
+#   copy run as in inference, so two copies cannot draw different values.
 #
 # The compiled state is not carried (`convert` compiles again). Subclassed
 # models have no graph to walk; callers refuse them before calling `clone`.
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,10 +70,16 @@ class Clone:
             were cloned; qualified names join the enclosing models' names
             with "/" (``encoder/dense``), as
             `tf_mixed._internal.facts.walk_layers` does.
+        outputs: Per entry of `layers`, the clone layer's symbolic outputs
+            in the new model's graph (every call, flat), for the layers the
+            clone calls itself: all with ``inline_nested``; in a functional
+            graph otherwise (a Sequential model's own layers, which Keras
+            calls, have ()).
     """
 
     model: keras.Model
     layers: tuple[tuple[str, keras.layers.Layer, keras.layers.Layer], ...]
+    outputs: tuple[tuple[Any, ...], ...] = ()
 
 
 def clone(model: keras.Model, policy_for: PolicyFor, *,
@@ -76,7 +87,7 @@ def clone(model: keras.Model, policy_for: PolicyFor, *,
           changes: Callable[[keras.layers.Layer], dict] | None = None,
           after_call: Callable[[keras.layers.Layer, Any], Any] | None = None,
           copy: Callable[[keras.layers.Layer, keras.layers.Layer], None] | None = None,
-          ) -> Clone:
+          random_draws: bool = True) -> Clone:
     """A copy of a Sequential or functional ``model`` in other dtypes, same weights.
 
     Args:
@@ -93,6 +104,12 @@ def clone(model: keras.Model, policy_for: PolicyFor, *,
             append a head).
         copy: ``copy(original_layer, clone_layer)`` copies one layer's
             weights; None: `copy_weights`.
+        random_draws: False: every random layer of the copy (one holding a
+            `keras.random.SeedGenerator`, also inside another layer: the
+            dropout of a MultiHeadAttention) runs as in inference whatever
+            ``training`` its caller passes (Dropout passes its input
+            through, noise adds nothing), so two copies cannot draw
+            different values. The model's own layers are not changed.
 
     Returns:
         A `Clone`.
@@ -107,7 +124,10 @@ def clone(model: keras.Model, policy_for: PolicyFor, *,
         if layer.weights:
             (copy or copy_weights)(layer, twin)
         _carry.carry_state(layer, twin)  # what keras.saving carries besides variables
-    return Clone(new, tuple(builder.pairs))
+        if not random_draws:
+            _draw_nothing(twin)
+    return Clone(new, tuple(builder.pairs),
+                 tuple(tuple(builder.outputs.get(id(twin), ())) for _, _, twin in builder.pairs))
 
 
 def recreate(layer: keras.layers.Layer, dtype: Any = None,
@@ -226,6 +246,7 @@ class _Builder:
         self.pairs: list[tuple[str, keras.layers.Layer, keras.layers.Layer]] = []
         self.taken: set[str] = set()
         self.originals: dict[int, keras.layers.Layer] = {}  # id(clone) -> original
+        self.outputs: dict[int, list] = {}  # id(clone layer) -> its outputs, every call
 
     def model(self, model):
         if self.inline_nested:
@@ -289,9 +310,29 @@ class _Builder:
         policy = new.dtype_policy if isinstance(new, keras.layers.Layer) else None
         with _global_policy(policy):
             outputs = _refused_in_one_sentence(new, self.originals[id(new)], *args, **kwargs)
+        if isinstance(new, keras.layers.Layer):
+            self.outputs.setdefault(id(new), []).extend(
+                t for t in keras.tree.flatten(outputs) if isinstance(t, keras.KerasTensor))
         if self.after_call is not None:
             outputs = self.after_call(self.originals[id(new)], outputs)
         return outputs
+
+
+def _draw_nothing(layer) -> None:
+    """Makes ``layer`` and every random layer inside it run as in inference."""
+    for sub in _internals.sublayers(layer):
+        takes_training = "training" in inspect.signature(sub.call).parameters
+        if takes_training and any(isinstance(value, keras.random.SeedGenerator)
+                                  for value in vars(sub).values()):
+            sub.call = _inference_call(sub.call)
+
+
+def _inference_call(call):
+    @functools.wraps(call)
+    def inference_call(*args, **kwargs):
+        kwargs["training"] = False
+        return call(*args, **kwargs)
+    return inference_call
 
 
 @contextlib.contextmanager

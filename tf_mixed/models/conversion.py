@@ -242,7 +242,6 @@ def apply_surveyed(found: precision_map.Survey, precision: precision_map.Precisi
 def _apply(found: precision_map.Survey, precision, pad_to):
     model, target = found.model, precision.target
     names = found.names
-    widths = padding.plan(found, pad_to) if pad_to else {}
     taken = set(found.operations)
     notes = []
     # Output layers whose squashing activation moves into a float32 head, and
@@ -293,18 +292,13 @@ def _apply(found: precision_map.Survey, precision, pad_to):
     def after_call(layer, outputs):
         return head(layer)(outputs) if id(layer) in heads else outputs
 
-    def copy(layer, twin):
-        shapes = [tuple(w.shape) for w in layer.weights]
-        if widths and shapes != [tuple(w.shape) for w in twin.weights]:
-            padding.copy_padded(layer.get_weights(), twin)  # widened, or reads a widened one
-        else:
-            _cloning.copy_weights(layer, twin)
-
+    # The Dense layers to widen, and their weights followed zero-padded.
+    widths = padding.plan(found, pad_to) if pad_to else {}
     saved = keras.config.dtype_policy()
     keras.config.set_dtype_policy(target)  # the clone's own policy
     try:
         new = _cloning.clone(model, policy_for, changes=changes, after_call=after_call,
-                             copy=copy).model
+                             copy=padding.copy_weights if widths else None).model
         if heads and isinstance(model, keras.Sequential):
             new.add(head(model.layers[-1]))
     finally:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tf_mixed.models import cloning
 from tf_mixed.policy import precision_map
 
-__all__ = ["copy_padded", "plan"]
+__all__ = ["copy_padded", "copy_weights", "plan"]
 
 
 def plan(found: precision_map.Survey, multiple: int) -> dict[str, int]:
@@ -62,3 +63,20 @@ def copy_padded(source_weights: list, target_layer) -> None:
         new[tuple(slice(0, n) for n in old.shape)] = old
         values.append(new)
     target_layer.set_weights(values)
+
+
+def copy_weights(layer, twin) -> None:
+    """Copies ``layer``'s weights into its copy ``twin`` in a padded model.
+
+    A layer `plan` widened, or one reading a widened layer, gets them
+    zero-padded (`copy_padded`); any other as
+    `tf_mixed.models.cloning.copy_weights` copies them (by path, cast).
+
+    Args:
+      layer: the original layer.
+      twin: its copy, as `tf_mixed.models.cloning.clone` built it.
+    """
+    if [tuple(w.shape) for w in layer.weights] != [tuple(w.shape) for w in twin.weights]:
+        copy_padded(layer.get_weights(), twin)  # widened, or reads a widened one
+    else:
+        cloning.copy_weights(layer, twin)

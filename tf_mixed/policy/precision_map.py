@@ -72,6 +72,7 @@ from tf_mixed._internal.facts import (
     SQUASHING_ACTIVATIONS,
     activation_name,
     check_model_kind,
+    half_policy,
     is_input_layer,
     keeps_float32_statistics,
     rounded_ids,
@@ -337,6 +338,14 @@ class Survey:
         made_by: ``id(tensor) -> the layer or Keras op that makes it`` (None:
             no history) for every tensor of ``calls`` and the model's inputs
             and outputs (`tf_mixed._internal.shims.keras_history`).
+        output_names: The name of each output, flat, in order, as a loss dict
+            is keyed (``model.output_names``; a Sequential model's: the
+            producers' names), read by `tf_mixed.probe`'s and the plan's loss.
+        half_policy: The mixed policy of the half dtype the model computes in:
+            its first half-precision leaf layer's, else its own policy's;
+            None for a model computing in float32 throughout (`tf_mixed.probe`
+            probes in it, and probes every float32 layer of such a mixed
+            model in float32).
     """
 
     model: Any
@@ -351,6 +360,8 @@ class Survey:
     facts: Mapping[int, LayerFacts] = dataclasses.field(default_factory=dict)
     calls: Mapping[int, tuple] = dataclasses.field(default_factory=dict)
     made_by: Mapping[int, Any] = dataclasses.field(default_factory=dict)
+    output_names: tuple = ()
+    half_policy: str | None = None
 
     def fact(self, layer) -> LayerFacts:
         """The `LayerFacts` of one layer (or output op) of the model."""
@@ -419,8 +430,20 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     for name, layer in walked:
         names.setdefault(id(layer), name)
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
+    # What the probe asks of a model: its outputs' names (Keras's, else the
+    # producers'), and the half dtype it computes in (the first leaf
+    # layer's, else its own policy's) as a mixed policy.
+    output_names = getattr(model, "output_names", None) or [
+        maker.name if maker is not None else str(i)
+        for i, (_, maker) in enumerate(outputs)]
+    dtypes = [layer.compute_dtype for _, layer in walked
+              if not isinstance(layer, keras.Model) and id(layer) not in inputs]
+    dtypes.append(getattr(model.dtype_policy, "compute_dtype", "float32"))
+    halves = [half_policy(keras.backend.standardize_dtype(d)) for d in dtypes]
     return Survey(model, walked, names, outputs, tuple(output_layers.values()), consumers,
-                  frozenset(operations), top, frozenset(inputs), facts, calls, made_by)
+                  frozenset(operations), top, frozenset(inputs), facts, calls, made_by,
+                  tuple(output_names),
+                  next((half for half in halves if half), None))
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:

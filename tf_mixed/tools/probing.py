@@ -49,17 +49,14 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import losses as _losses
-from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import (
@@ -72,7 +69,6 @@ from tf_mixed._internal.facts import (
     check_model_kind,
     half_policy,
     is_input_layer,
-    layer_outputs,
     out_of_range,
     policy_fix,
 )
@@ -144,29 +140,44 @@ def probe(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None
         model, "probe()",
         why_traced="its layer outputs exist only inside Python code",
         fix="Probe a Sequential or functional version of it.")
-    return probe_surveyed(precision_map.survey(model), x, y, loss=loss, policy=policy,
-                          batches=batches, half_gradients=half_gradients)
+    found = precision_map.survey(model)
+    loss_fn = _losses.resolve_named(loss, found.output_names, model, "probe()")
+    return probe_surveyed(found, x, y, loss_fn, policy=policy, batches=batches,
+                          half_gradients=half_gradients)
 
 
-def probe_surveyed(found: precision_map.Survey, x, y=None, *, loss=None,
+def probe_surveyed(found: precision_map.Survey, x, y, loss_fn: Callable, *,
                    policy: str | None = None, batches: int = 1,
                    half_gradients: bool | None = None) -> ProbeReport:
-    """`probe` of a model already checked and surveyed (`precision_map.survey`).
+    """`probe` of a model already checked and surveyed (`precision_map.survey`),
+    its loss resolved.
 
-    `tf_mixed.plan` calls it with the survey it made once, so the probe reads
-    that walk instead of walking the model again. Arguments, returns and
-    errors (the model's kind aside) as `probe`'s.
+    `tf_mixed.plan` calls it with the survey it made once and the loss it
+    resolved once (`tf_mixed._internal.losses.resolve_named`, on the survey's
+    output names), so the probe reads that walk and that loss: it asks
+    nothing more about the model than the survey holds and the copies it
+    makes (`tf_mixed.models.cloning.clone`) give.
+
+    Args:
+        found: The model's survey.
+        x, y, policy, batches, half_gradients: As `probe` takes them.
+        loss_fn: ``loss_fn(y_true, y_pred) -> float32 scalar``.
+
+    Returns and errors (the model's kind and loss aside) as `probe`'s.
     """
     model = found.model
-    loss_fn = _resolve_loss(model, loss)
     batches_list = _batches(model, x, y, batches)
     target = _resolve_policy(found, policy)
     half_dtype = keras.DTypePolicy(target).compute_dtype
     kept = _kept_float32(found, target)
-    mixed = _has_half_layers(found)
-    half = _Tap(_without_random_draws(
-        _clone(model, lambda layer: _half_dtype(layer, target, kept, mixed))))
-    ref = _Tap(_without_random_draws(_clone(model, _float32_dtype)))
+    mixed = found.half_policy is not None  # made mixed: its float32 layers stay so
+    # The half and the float32 copy, nested models inlined (each leaf layer's
+    # outputs are tensors of one graph, which the copy records), random
+    # layers drawing nothing (see the module's comment); then a tap on each.
+    copies = [_cloning.clone(model, policy_for, inline_nested=True, random_draws=False)
+              for policy_for in (lambda layer: _half_dtype(layer, target, kept, mixed),
+                                 _float32_dtype)]
+    half, ref = (_Tap(copy) for copy in copies)
     current = _current_scale(model, half_dtype)
     if half_gradients is None:
         # Measuring means a float16 backward pass; on a CPU TF's float16
@@ -225,17 +236,6 @@ def _float8_section(model, batch, loss_fn) -> tuple:
 # ------------------------------------------------------------------ checks
 
 
-def _resolve_loss(model, loss):
-    if loss is None:
-        loss = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
-        if loss is None:
-            raise ValueError(
-                "probe() needs a loss to differentiate. Pass loss=..., such as "
-                "loss='sparse_categorical_crossentropy', or compile the model "
-                "with one. Received: loss=None")
-    return _losses.resolve(loss, model, "probe()")
-
-
 def _resolve_policy(found: precision_map.Survey, policy) -> str:
     if policy is not None:
         name = policy.name if isinstance(policy, keras.DTypePolicy) else policy
@@ -245,14 +245,9 @@ def _resolve_policy(found: precision_map.Survey, policy) -> str:
                 "policy must be a half-precision policy: "
                 f"{', '.join(_POLICY_ALIASES)}, or None. Received: policy={policy!r}")
         return _POLICY_ALIASES[key]
-    for layer in _leaves(found):
-        half = half_policy(keras.backend.standardize_dtype(layer.compute_dtype))
-        if half:
-            return half
-    own = half_policy(keras.backend.standardize_dtype(
-        getattr(found.model.dtype_policy, "compute_dtype", "float32")))
-    global_dtype = keras.config.dtype_policy().compute_dtype
-    return own or half_policy(global_dtype) or MIXED_FLOAT16
+    if found.half_policy is not None:  # the model's own half dtype
+        return found.half_policy
+    return half_policy(keras.config.dtype_policy().compute_dtype) or MIXED_FLOAT16
 
 
 def _length(xb) -> int:
@@ -349,7 +344,7 @@ def _half_dtype(layer, target, kept: frozenset = frozenset(),
     """The policy `layer` gets in the half clone (None: keep its own).
 
     ``kept``: ids of the layers the active `enable` rules keep in float32;
-    ``mixed``: the model was made mixed (`_has_half_layers`).
+    ``mixed``: the model was made mixed (`precision_map.Survey.half_policy`).
     """
     name = _policy_name(layer)
     if name not in FLOAT_POLICIES or is_input_layer(layer):
@@ -375,54 +370,9 @@ def _kept_float32(found: precision_map.Survey, target: str) -> frozenset:
                      if precision.policy(name) == "float32")
 
 
-def _without_random_draws(flat: _cloning.Clone) -> _cloning.Clone:
-    """Makes every random layer of a clone run as in inference.
-
-    A random layer is one holding a `keras.random.SeedGenerator` (Dropout,
-    noise, random augmentation), also inside another layer (the dropout of
-    MultiHeadAttention). Its ``call`` gets ``training=False`` whatever the
-    caller passes, so the half and float32 runs cannot draw different values.
-    Only the probe's own clones are changed.
-    """
-    for _, _, clone in flat.layers:
-        for layer in _internals.sublayers(clone):
-            if _is_random(layer):
-                layer.call = _inference_call(layer.call)
-    return flat
-
-
-def _is_random(layer) -> bool:
-    takes_training = "training" in inspect.signature(layer.call).parameters
-    return takes_training and any(isinstance(value, keras.random.SeedGenerator)
-                                  for value in vars(layer).values())
-
-
-def _inference_call(call):
-    @functools.wraps(call)
-    def inference_call(*args, **kwargs):
-        kwargs["training"] = False
-        return call(*args, **kwargs)
-    return inference_call
-
-
 def _float32_dtype(layer) -> str | None:
     """The policy `layer` gets in the float32 clone (None: keep its own)."""
     return "float32" if _policy_name(layer) in FLOAT_POLICIES else None
-
-
-def _leaves(found: precision_map.Survey) -> list:
-    return [layer for _, layer in found.layers
-            if not isinstance(layer, keras.Model) and id(layer) not in found.inputs]
-
-
-def _has_half_layers(found: precision_map.Survey) -> bool:
-    """Whether the model was made mixed: a layer computes in half precision, or
-    the model's own policy does (`convert` gives the new model the target
-    policy, even when every layer it left ended up float32 on purpose)."""
-    dtypes = [keras.backend.standardize_dtype(layer.compute_dtype) for layer in _leaves(found)]
-    own = keras.backend.standardize_dtype(
-        getattr(found.model.dtype_policy, "compute_dtype", "float32"))
-    return own in HALF_DTYPES or any(d in HALF_DTYPES for d in dtypes)
 
 
 def _policy_name(layer) -> str | None:
@@ -433,11 +383,6 @@ def _policy_name(layer) -> str | None:
     return getattr(layer.dtype_policy, "name", None)
 
 
-def _clone(model, policy_for) -> _cloning.Clone:
-    """A copy computing under ``policy_for(layer)``, nested models inlined."""
-    return _cloning.clone(model, policy_for, inline_nested=True)
-
-
 class _Tap:
     """A flat clone and a model returning every leaf layer's outputs, then its own."""
 
@@ -446,9 +391,8 @@ class _Tap:
         self.model = model
         self.layers = []  # (qualified name, layer, number of float outputs)
         outputs = []
-        for name, _, layer in flat.layers:
-            outs = [t for t in layer_outputs(layer)
-                    if "float" in keras.backend.standardize_dtype(t.dtype)]
+        for (name, _, layer), made in zip(flat.layers, flat.outputs):
+            outs = [t for t in made if "float" in keras.backend.standardize_dtype(t.dtype)]
             if not outs:
                 continue
             self.layers.append((name, layer, len(outs)))

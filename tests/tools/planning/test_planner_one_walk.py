@@ -9,7 +9,7 @@ import pytest
 from zoo import ZOO
 
 import tf_mixed
-from tf_mixed._internal import facts, shims
+from tf_mixed._internal import facts, losses, shims
 from tf_mixed.models import conversion
 from tf_mixed.policy import hardware, keep_float32, precision_map
 from tf_mixed.tools import probing
@@ -110,8 +110,9 @@ def test_probe_surveyed_gives_probes_report(name):
     model = spec.ready()
     x, y = spec.data(8)
     report = tf_mixed.probe(model, x, y, loss=spec.loss, policy="mixed_bfloat16")
-    again = probing.probe_surveyed(precision_map.survey(model), x, y, loss=spec.loss,
-                                   policy="mixed_bfloat16")
+    found = precision_map.survey(model)
+    loss_fn = losses.resolve_named(spec.loss, found.output_names, model, "probe()")
+    again = probing.probe_surveyed(found, x, y, loss_fn, policy="mixed_bfloat16")
     assert [(s.name, s.compute_dtype) for s in again.layers] == [
         (s.name, s.compute_dtype) for s in report.layers]
     np.testing.assert_allclose([s.rel_error for s in again.layers],

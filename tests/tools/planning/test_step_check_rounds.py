@@ -34,8 +34,8 @@ def test_each_candidate_leads_a_round_in_turn(monkeypatch):
     monkeypatch.setattr(autotune, "time_steps", time_steps)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(4, 8)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")
-    rounds = step_check.time_steps(precision_map.survey(_model()), x, y, "mse", CANDIDATES,
-                                   rounds=4)
+    rounds = step_check.time_steps(precision_map.survey(_model()), x, y,
+                                   keras.losses.mean_squared_error, CANDIDATES, rounds=4)
     # measuring.rotated: each leads in turn, the second cycle backwards.
     assert calls == ["float32", "bfloat16", "plan",
                      "bfloat16", "plan", "float32",

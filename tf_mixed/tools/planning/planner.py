@@ -35,10 +35,12 @@
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Any, Callable, Mapping
 
 import keras
 
+from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
@@ -217,6 +219,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     found = precision_map.survey(
         model, "tf_mixed.plan()", why_traced="its layers' inputs exist only inside Python code",
         fix="Plan a Sequential or functional version of it.")
+    plan_loss = functools.cache(lambda: _losses.resolve_named(
+        loss, found.output_names, model, "tf_mixed.plan()"))
     timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
     emulated = _emulated(half_dtype, info) if measurement is None else ""
@@ -258,7 +262,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                 from tf_mixed.tools.probing import probe_surveyed
 
                 px, py = _probe_slice(x, y)
-                probe_report = probe_surveyed(found, px, py, loss=loss, policy=half_policy)
+                probe_report = probe_surveyed(found, px, py, plan_loss(), policy=half_policy)
             # (3) The choice per layer.
             errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
                                if catalog_read is not None
@@ -269,7 +273,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
                                               followers, half_dtype, whole_models=step_check)
             rows, checked = step_check_module.check(found, candidates, blocked, half_policy,
-                                                    x, y, loss, step_timer)
+                                                    x, y, plan_loss, step_timer)
     # (5) The map the rows decide, and the rows as it builds them.
     final, precision, rows, summary = plan_table.decided(found, rows, half_policy, half_dtype,
                                                          step_seconds, emulated=emulated)

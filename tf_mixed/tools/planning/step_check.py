@@ -20,7 +20,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import keras
 
-from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
 from tf_mixed._internal.facts import FLOAT32_HEADS
 from tf_mixed.policy import autotune, precision_map
@@ -73,7 +72,7 @@ def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
         half_policy: "mixed_float16" or "mixed_bfloat16".
         x, y: The plan's batch (an array structure or a `tf.data` data set)
             and targets.
-        loss: As `compile` takes it (None: the compiled loss).
+        loss: The plan's loss, resolved at its first call (`planner`'s ``plan_loss``).
         step_timer: ``step_timer({name: (policy, keep_float32)}) -> StepRounds``
             replacing `time_steps` (a test's figures).
 
@@ -90,7 +89,7 @@ def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
     bx, by = (next(iter(x))[:2] if step_timer is None and isinstance(x, tf.data.Dataset)
               else (x, y))  # a data set's first batch
     step_rounds = (step_timer(carriers) if step_timer is not None
-                   else time_steps(found, bx, by, loss, carriers))
+                   else time_steps(found, bx, by, loss(), carriers))
     winner, sentence = confirm(step_rounds, half)
     if winner == "plan":
         return list(candidates["plan"]), sentence
@@ -106,7 +105,7 @@ def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
                               and row.class_name not in FLOAT32_HEADS)
 
 
-def time_steps(found: precision_map.Survey, x, y, loss,
+def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
                candidates: Mapping[str, tuple[str, Sequence[str]]],
                *, rounds: int = 3) -> dict[str, list[float]]:
     """Times the whole model's forward+backward step for each candidate.
@@ -115,7 +114,8 @@ def time_steps(found: precision_map.Survey, x, y, loss,
         found: The float32 model planned, surveyed
             (`tf_mixed.policy.precision_map.survey`: the plan's one walk).
         x, y: One batch and its targets.
-        loss: As `compile` takes it (None: the compiled loss).
+        loss_fn: The plan's loss, resolved once for the probe and this
+            check (``loss_fn(y_true, y_pred) -> float32 scalar``).
         candidates: Name -> ``(policy, keep_float32 names)``, each copy
             what `tf_mixed.convert` makes (its map decided on the survey).
         rounds: Interleaved rounds (one step each).
@@ -128,9 +128,6 @@ def time_steps(found: precision_map.Survey, x, y, loss,
     from tf_mixed.models import conversion
 
     model = found.model
-    if loss is None:
-        loss = getattr(model, "loss", None)
-    loss_fn = _losses.resolve(loss, model, "tf_mixed.plan()")
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     targets = keras.tree.map_structure(tf.convert_to_tensor, y)
     steps: dict[str, Callable[..., Any]] = {}

@@ -1,0 +1,94 @@
+"""The plan's loss is resolved once, from its survey, at its first use: the
+probe and the whole-step check run with that one function."""
+
+import keras
+import pytest
+from zoo import ZOO
+
+from tf_mixed._internal import losses
+from tf_mixed.policy import hardware, precision_map
+from tf_mixed.tools.planning import LayerTiming, Measurement, layer_timing, step_check
+from tf_mixed.tools.planning.planner import plan
+
+AMX_CPU = hardware.HardwareInfo(cpu_model="Test Xeon", cpu_flags=frozenset({"avx512_bf16"}))
+
+
+def _planned(name="functional"):
+    """A zoo model, a batch, and timings where its first timed layer is faster
+    in half precision and its last in float32: the plan is neither whole model."""
+    spec = ZOO[name]
+    model = spec.ready()
+    timed, producers, followers = layer_timing.layer_graph(model)
+
+    def timing(i, layer):
+        f32, half = (1, 3) if i == len(timed) - 1 else (4, 2)
+        seconds = {"float32": (f32 * 1e-3,) * 5, "bfloat16": (half * 1e-3,) * 5}
+        return LayerTiming(layer.name, type(layer).__name__, producers[layer.name], seconds,
+                           (1e-4,) * 5)
+
+    measurement = Measurement(("float32", "bfloat16"),
+                              tuple(timing(i, layer) for i, layer in enumerate(timed)),
+                              followers)
+    return model, spec.data(8), measurement, spec.loss
+
+
+@pytest.fixture
+def resolved(monkeypatch):
+    """The callers of every loss resolution while the test runs."""
+    calls = []
+    for name in ("resolve", "resolve_named"):
+        real = getattr(losses, name, None)
+        if real is not None:
+            def counting(*args, real=real, **kwargs):
+                calls.append(args[-1])
+                return real(*args, **kwargs)
+            monkeypatch.setattr(losses, name, counting)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["functional", "multi_output"])
+def test_a_plan_resolves_its_loss_once_for_the_probe_and_the_step_check(name, resolved):
+    model, (x, y), measurement, loss = _planned(name)
+    p = plan(model, x, y, loss=loss, measurement=measurement, info=AMX_CPU, use_catalog=False)
+    assert "whole step, median of 3 rounds" in p.summary  # the step check ran
+    assert all(row.error is not None for row in p.layers if row.seconds)  # the probe ran
+    assert resolved == ["tf_mixed.plan()"]
+
+
+def test_a_plan_needing_no_loss_resolves_none(resolved):
+    model, (x, _), measurement, _ = _planned()
+    errors = {timing.name: 0.0 for timing in measurement.layers}
+    p = plan(model, x, measurement=measurement, info=AMX_CPU, probe_report=errors,
+             step_check=False)
+    assert p.layers and resolved == []
+
+
+def test_a_plan_without_a_loss_says_so_naming_the_plan():
+    model, (x, y), measurement, _ = _planned()
+    with pytest.raises(ValueError, match=r"^tf_mixed\.plan\(\) needs a loss to differentiate"):
+        plan(model, x, y, measurement=measurement, info=AMX_CPU, use_catalog=False)
+
+
+def test_a_compiled_plan_takes_the_compiled_loss(resolved):
+    model, (x, y), measurement, loss = _planned()
+    model.compile(optimizer="sgd", loss=loss)
+    p = plan(model, x, y, measurement=measurement, info=AMX_CPU, step_check=False,
+             use_catalog=False)
+    assert all(row.error is not None for row in p.layers if row.seconds)
+    assert len(resolved) == 1
+
+
+def test_the_step_check_steps_with_the_loss_it_is_handed():
+    model, (x, y), measurement, _ = _planned()
+    seen = []
+
+    def loss_fn(y_true, y_pred):
+        seen.append(tuple(y_pred.shape))
+        return keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+    last = measurement.layers[-1].name
+    rounds = step_check.time_steps(precision_map.survey(model), x, y, loss_fn,
+                                   {"float32": ("float32", ()),
+                                    "plan": ("mixed_bfloat16", (last,))}, rounds=1)
+    assert set(rounds) == {"float32", "plan"} and all(len(v) == 1 for v in rounds.values())
+    assert seen and set(seen) == {tuple(y.shape)}  # each candidate's step traced with it
