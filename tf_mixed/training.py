@@ -248,13 +248,15 @@ def make_train_step(
         applied = strategy.experimental_local_results(applied)[0]
         return {"loss": loss, "applied": applied}
 
-    step = tf.function(distributed_step, jit_compile=jit_compile)
+    def build():
+        return _traced_again_after_healing(
+            model, lambda: tf.function(distributed_step, jit_compile=jit_compile))
+
+    step = build()
     if healer is not None:
-        return _healing_step(healer, lambda: tf.function(
-            distributed_step, jit_compile=jit_compile), step)
+        return _healing_step(healer, step)
     if not ours or model.built:
-        return _checking_step(model, optimizer, strategy, lambda: tf.function(
-            distributed_step, jit_compile=jit_compile), step)
+        return _checking_step(model, optimizer, strategy, build, step)
 
     def first_step(x, y):
         """A model built by its first call (no keras.Input) has no forward
@@ -272,8 +274,27 @@ def make_train_step(
 
     handed_over: list[bool] = []
 
-    return _checking_step(model, optimizer, strategy, lambda: tf.function(
-        distributed_step, jit_compile=jit_compile), first_step)
+    return _checking_step(model, optimizer, strategy, build, first_step)
+
+
+def _traced_again_after_healing(model, trace):
+    """``trace()``'s function, made again at the next call after healing moved layers.
+
+    A restored checkpoint or weights file moves the healed layers at once
+    (`tf_mixed.scaling.healed_set.apply_restored`); a function traced before
+    would compute them in their old precision.
+    """
+    from tf_mixed.scaling import healed_set
+
+    current, seen = [trace()], [healed_set.moves(model)]
+
+    def step(x, y):
+        now = healed_set.moves(model)
+        if now != seen[0]:
+            current[0], seen[0] = trace(), now
+        return current[0](x, y)
+
+    return step
 
 
 def _checking_step(model, optimizer, strategy, build, first):
@@ -348,17 +369,13 @@ def _healer(model, optimizer, heal, strategy):
     return healer
 
 
-def _healing_step(healer, build, first):
+def _healing_step(healer, first):
     """A step that applies the healing rule after each call and retraces on a move."""
     from tf_mixed.scaling import healing
 
-    current = [first]
-    built = [healer.version]
-
     def step(x, y):
-        if built[0] != healer.version:  # a restored checkpoint moved layers since
-            current[0], built[0] = build(), healer.version
-        out = dict(current[0](x, y))
+        # `first` traces itself again after any move (`_traced_again_after_healing`).
+        out = dict(first(x, y))
         decision = healer.check()
         if decision.stop is not None:
             raise healing.HealingLimit(decision.stop)
@@ -366,7 +383,6 @@ def _healing_step(healer, build, first):
             from absl import logging
 
             logging.warning(healer.message(decision))
-            current[0], built[0] = build(), healer.version
         out["healed_layers"] = tf.constant(float(len(healer.healed)))
         return out
 

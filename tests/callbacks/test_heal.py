@@ -196,16 +196,21 @@ def _check_checkpoints(model, whole, weights, strategy=None):
     assert loaded.get_layer("d2").compute_dtype == "float16"
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), served)
     # Weights only: the model built again as written computes gate in float16
-    # until the healed set, read from the optimizer's saved state, moves it.
-    with _scope(strategy):
-        fresh = _model(SquaredGate(name="gate"), name="fresh")
-        fresh.optimizer.build(fresh.trainable_variables)
-    healer = Healer(fresh, fresh.optimizer)
-    fresh.load_weights(weights)
-    assert fresh.get_layer("gate").compute_dtype == "float16"
-    assert healer.reapply() == ("gate",)
-    assert fresh.get_layer("gate").dtype_policy.name == "float32"
-    np.testing.assert_array_equal(fresh.predict(x, verbose=0), served)
+    # until the healed set, read from the optimizer's saved state, moves it:
+    # at the load, with healing attached or not.
+    for attach in (True, False):
+        with _scope(strategy):
+            fresh = _model(SquaredGate(name="gate"), name="fresh")
+            fresh.optimizer.build(fresh.trainable_variables)
+        healer = Healer(fresh, fresh.optimizer) if attach else None
+        assert fresh.get_layer("gate").compute_dtype == "float16"
+        fresh.load_weights(weights)
+        assert fresh.get_layer("gate").dtype_policy.name == "float32"
+        assert fresh.get_layer("d2").compute_dtype == "float16"
+        if healer is not None:
+            assert healer.reapply() == ()
+            assert healer.healed == ("gate",)
+        np.testing.assert_array_equal(fresh.predict(x, verbose=0), served)
 
 
 @pytest.mark.slow

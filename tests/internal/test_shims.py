@@ -629,6 +629,46 @@ def test_keras_weight_keys_are_the_keys_of_keras_weights_files(tmp_path):
         "layers/layer_normalization/vars/0", "layers/layer_normalization/vars/1"]
 
 
+def test_model_being_restored_finds_the_model_owning_the_optimizer(tmp_path):
+    """Guards keras.src.saving.saving_lib._load_state and the frames of
+    tf.train.Checkpoint.read/restore (model_being_restored)."""
+    seen, strangers = [], []
+    stranger = keras.optimizers.SGD()        # no model owns it
+
+    def note(optimizer):
+        seen.append(_internals.model_being_restored(lambda m: m.optimizer is optimizer))
+        strangers.append(_internals.model_being_restored(lambda m: m.optimizer is stranger))
+
+    class Recording(keras.optimizers.SGD):
+        def load_own_variables(self, store):
+            note(self)
+            super().load_own_variables(store)
+
+    def model(optimizer):
+        m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+        m.compile(optimizer=optimizer, loss="mse")
+        m.optimizer.build(m.trainable_variables)
+        m.optimizer.restored = _internals.checkpoint_value(
+            lambda: {"x": tf.constant(1.0)}, lambda tensors, o=m.optimizer: note(o))
+        return m
+
+    saved = model(Recording())
+    saved.save_weights(str(tmp_path / "m.weights.h5"))
+    saved.save(str(tmp_path / "m.keras"))
+    checkpoint = tf.train.Checkpoint(model=saved).write(str(tmp_path / "ckpt"))
+    loading = model(Recording())
+    loading.load_weights(str(tmp_path / "m.weights.h5"))
+    loading.load_weights(str(tmp_path / "m.keras"))
+    tf.train.Checkpoint(model=loading).read(checkpoint)
+    tf.train.Checkpoint(model=loading).restore(checkpoint)
+    assert seen == [loading] * 4
+    loaded = keras.saving.load_model(str(tmp_path / "m.keras"),
+                                     custom_objects={"Recording": Recording})
+    assert seen[-1] is loaded
+    assert strangers == [None] * 5           # a model owning another optimizer: never
+    assert _internals.model_being_restored(lambda m: True) is None   # no restore under way
+
+
 def test_sublayers_lists_a_layers_inner_layers():  # Layer._flatten_layers
     mha = keras.layers.MultiHeadAttention(2, 4, dropout=0.5, name="mha")
     q = np.ones((1, 3, 4), "float32")

@@ -1064,6 +1064,57 @@ def keras_weight_keys(model) -> dict[int, str]:
     return keys
 
 
+def model_being_restored(owns: Callable[[Any], bool]):
+    """The model whose saved state Keras or TensorFlow is restoring now, if ``owns`` it.
+
+    Reaches: ``keras.src.saving.saving_lib._load_state`` (Keras 3.15.1), the
+    walk behind ``model.load_weights`` (``.weights.h5`` and ``.keras``) and
+    ``keras.saving.load_model``: it calls a model's ``load_own_variables``,
+    then each child's, the ``optimizer`` among them, handing each only its own
+    entries. And the frames of ``tf.train.Checkpoint.read`` / ``restore``
+    (TensorFlow 2.21.0), which restore each object's values before they
+    return (eagerly); the checkpoint's direct children are looked at.
+
+    Why: no public API tells an optimizer's ``load_own_variables`` or a
+    checkpoint child's restore which model the state is being restored
+    into, and the healed set the optimizer's state holds moves that model's
+    layers at once (docs/healing.md). The restore's own frames say it: the
+    innermost ``_load_state`` whose ``saveable`` is a model ``owns`` accepts,
+    or the innermost ``tf.train.Checkpoint`` being read that holds one.
+
+    Args:
+      owns: ``owns(model) -> bool``: whether ``model`` is the one wanted
+        (for an optimizer: ``model.optimizer is optimizer``), so a model
+        that does not own the state is never returned.
+
+    Returns:
+      The model, or None (no restore under way, or none of its models owned).
+    """
+    import sys
+
+    import keras
+    import tensorflow as tf
+    from keras.src.saving import saving_lib
+
+    load_state = saving_lib._load_state.__code__
+    frame: Any = sys._getframe(1)
+    candidates: list = []
+    while frame is not None:
+        code = frame.f_code
+        candidates = []
+        if code is load_state:
+            candidates = [frame.f_locals.get("saveable")]
+        elif code.co_name in ("read", "restore"):
+            reading = frame.f_locals.get("self")
+            if isinstance(reading, tf.train.Checkpoint):
+                candidates = list(trackable_children(reading).values())
+        for candidate in candidates:
+            if isinstance(candidate, keras.Model) and owns(candidate):
+                return candidate
+        frame = frame.f_back
+    return None
+
+
 def variables_read_so_far():
     """The variables the ``tf.function`` being traced has read so far, or None.
 

@@ -9,7 +9,8 @@ from absl import logging
 
 from tf_mixed._internal import validate as _validate
 from tf_mixed.callbacks.monitor import LossScaleFailure
-from tf_mixed.scaling.healing import Decision, Healer, HealRule, retrace_keras_functions
+from tf_mixed.scaling.healed_set import retrace_keras_functions
+from tf_mixed.scaling.healing import Decision, Healer, HealRule
 
 __all__ = ["Heal"]
 

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
+from tf_mixed.scaling import healed_set
 
 __all__ = ["FORWARD", "GRADIENT", "GRADIENT_AT_MIN_SCALE", "KINDS", "LOG_SIZE",
            "STORE_KEY", "AttributedSkip", "AttributionReading", "AttributionSlot",
@@ -405,10 +406,19 @@ def _noting(recorder: _Recorder, group: int):
 class AttributionSlot:
     """Where an optimizer keeps its layer attribution (a part of its step state).
 
+    Every restore of the healed set it saves moves the layers at once
+    (`tf_mixed.scaling.healed_set.apply_restored`): with an attribution
+    attached, in its model; without, in the model whose state is being
+    restored when that model's optimizer owns this slot (Keras's
+    ``load_weights``/``load_model``, a ``tf.train.Checkpoint`` holding the
+    model), the set kept for a later `LayerAttribution.attach`.
+
     Attributes:
         attached: The `LayerAttribution` attached to the optimizer, or None.
-        pending: A state read from a file before any attribution was
-            attached (applied by `LayerAttribution.attach`), or None.
+        pending: A state read from a file or checkpoint before any attribution
+            was attached (applied by `LayerAttribution.attach`), or None.
+        waiting: The checkpoint child listed while nothing is attached
+            (`checkpoint_children`), once made, or None.
     """
 
     store_keys = (STORE_KEY,)
@@ -416,16 +426,25 @@ class AttributionSlot:
     def __init__(self) -> None:
         self.attached: LayerAttribution | None = None
         self.pending: dict | None = None
+        self.waiting: tf.Module | None = None
 
     def save_into(self, store) -> None:
-        """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry."""
-        if self.attached is None:
+        """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry.
+
+        Nothing attached, a state read from a file (`pending`) is written back
+        as read: a load and a save without healing keep the healed set.
+        """
+        saved = self.pending if self.attached is None else self.attached.saved()
+        if saved is None:
             return
-        text = json.dumps(self.attached.saved()).encode()
+        text = json.dumps(saved).encode()
         store[STORE_KEY] = np.frombuffer(text, np.uint8)
 
     def load_from(self, store) -> None:
-        """Reads `STORE_KEY` from a store; kept for a later `attach` when none is attached."""
+        """Reads `STORE_KEY` from a store and moves the healed layers it names.
+
+        Nothing attached, the state is kept for a later `attach`.
+        """
         if STORE_KEY not in list(store.keys()):
             return
         saved = json.loads(bytes(np.asarray(store[STORE_KEY][...], np.uint8)).decode())
@@ -433,11 +452,48 @@ class AttributionSlot:
             self.pending = saved
         else:
             self.attached.assign_saved(saved)
+        self._apply(list(saved.get("healed", ())))
 
     def checkpoint_children(self) -> dict:
-        """``{"layer_attribution": state}`` for a ``tf.train.Checkpoint``, or ``{}``."""
-        return {} if self.attached is None else {STORE_KEY: self.attached.state}
+        """``{"layer_attribution": ...}`` for a ``tf.train.Checkpoint``, or ``{}``.
+
+        Attached, the attribution's state. Nothing attached, `waiting`: a
+        child holding the healed map alone (a checkpoint hands a value only to
+        an object listed when it is read), listed while a model owning this
+        slot is being restored, or while `pending` holds a healed set (a save
+        writes it back); else nothing, as before healing existed.
+        """
+        if self.attached is not None:
+            return {STORE_KEY: self.attached.state}
+        if not self.pending_healed() and self._restoring() is None:
+            return {}
+        if self.waiting is None:
+            waiting = tf.Module(name=STORE_KEY)
+            waiting.healed_map = _internals.checkpoint_value(
+                lambda: healed_set.to_tensors(self.pending_healed()), self._restore_waiting)
+            self.waiting = waiting
+        return {STORE_KEY: self.waiting}
 
     def pending_healed(self) -> tuple:
         """Healed layer names read from a file before any attribution was attached."""
         return tuple((self.pending or {}).get("healed", ()))
+
+    def _restore_waiting(self, tensors: dict) -> None:
+        names = healed_set.from_tensors(tensors)
+        if names:
+            self.pending = dict(self.pending or {}, healed=names)
+            self._apply(names)
+
+    def _apply(self, names: list) -> None:
+        """Moves ``names`` in the attached model, or in the model being restored."""
+        model = self.attached.model if self.attached is not None else self._restoring()
+        if model is not None:
+            healed_set.apply_restored(model, names)
+
+    def _restoring(self):
+        """The model whose state is being restored now, when its optimizer owns this slot."""
+        def owns(model) -> bool:
+            state = getattr(getattr(model, "optimizer", None), "step_state", None)
+            return state is not None and state.attribution is self
+
+        return _internals.model_being_restored(owns)

@@ -22,7 +22,6 @@ import keras
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
-from tf_mixed._internal.facts import walk_layers
 from tf_mixed.policy import precision_map
 from tf_mixed.scaling.attribution import (
     FORWARD,
@@ -31,6 +30,7 @@ from tf_mixed.scaling.attribution import (
     STORE_KEY,
     LayerAttribution,
 )
+from tf_mixed.scaling.healed_set import apply_restored, from_tensors, heal, healed_map, to_tensors
 
 __all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe", "heal",
            "healed_map", "move_to_float32"]
@@ -159,52 +159,6 @@ def move_to_float32(layer) -> list:
                                       for sub in _internals.sublayers(layer)})
 
 
-def healed_map(model, names) -> precision_map.PrecisionMap:
-    """The map ``model`` computes in with ``names`` healed (rule 6 of
-    `tf_mixed.policy.precision_map.RULES` applied to what it computes in now)."""
-    return precision_map.observed(model).healed(names)
-
-
-def heal(model, names) -> tuple:
-    """Moves the named layers of a built model to float32 compute, through the map.
-
-    Args:
-        model: A built model.
-        names: Layer names as `tf_mixed.scaling.attributed_layers` gives them.
-
-    Returns:
-        The names among ``names`` whose layer (or a sublayer) moved now.
-    """
-    change = healed_map(model, names)
-    moved = {id(layer) for layer in precision_map.move(model, change)}
-    return tuple(n for n, layer in _named(model, names)
-                 if any(id(sub) in moved for sub in _internals.sublayers(layer)))
-
-
-def _named(model, names) -> list:
-    """``(name, layer)`` for ``names``, in the model's order."""
-    wanted = set(names)
-    found, seen = [], set()
-    for name, layer in walk_layers(model):
-        if name in wanted and name not in seen:
-            seen.add(name)
-            found.append((name, layer))
-    return found
-
-
-def retrace_keras_functions(model) -> None:
-    """Forces Keras to trace the model's train, test and predict functions again.
-
-    Keras keeps each traced function until forced: without the last two,
-    validation in a ``fit`` and a later evaluate/predict would run moved
-    layers in their old precision. ``fit`` reads ``model.train_function`` at
-    every step, so the next step runs the new trace.
-    """
-    model.make_train_function(force=True)
-    model.make_test_function(force=True)
-    model.make_predict_function(force=True)
-
-
 class Healer:
     """Reads the attribution, applies the rule, moves layers (no retrace).
 
@@ -230,14 +184,19 @@ class Healer:
         self.rule = rule or HealRule()
         self.attribution = LayerAttribution.attach(model, optimizer)
         self._seen = -1
-        self.version = 0
-        """Counts the moves this healer made (a step built before one retraces)."""
         # A tf.train.Checkpoint of the optimizer holds the healed map beside the
         # attribution's counters and applies it when restored (or, restored
         # before this call, when this child is first listed).
-        self.attribution.state.healed_map = _internals.checkpoint_value(
-            self._save_healed, self._restore_healed)
-        _internals.restore_deferred(optimizer, STORE_KEY, self.attribution.state)
+        state = self.attribution.state
+        state.healed_map = _internals.checkpoint_value(
+            lambda: to_tensors(self.healed), self._restore_healed)
+        _internals.restore_deferred(optimizer, STORE_KEY, state)
+        # Read before healing was attached, a checkpoint's counters wait on
+        # the child the optimizer listed then (`AttributionSlot.waiting`).
+        waiting = self.attribution.slot.waiting
+        if waiting is not None:
+            for name, child in _internals.trackable_children(state).items():
+                _internals.restore_deferred(waiting, name, child)
 
     @property
     def healed(self) -> tuple:
@@ -249,11 +208,8 @@ class Healer:
         return healed_map(self.attribution.model, self.healed)
 
     def _move(self, names) -> tuple:
-        """Heals ``names`` through the map; counts a change in `version`."""
-        moved = heal(self.attribution.model, names)
-        if moved:
-            self.version += 1
-        return moved
+        """Heals ``names`` through the map (`moves` counts a change)."""
+        return heal(self.attribution.model, names)
 
     def reapply(self) -> tuple:
         """Moves the layers the state says were healed (a resumed run).
@@ -270,40 +226,13 @@ class Healer:
             self.attribution.mark_healed(names)
         return moved
 
-    def _save_healed(self) -> dict:
-        """The checkpoint's copy of the healed set: the healed map, as JSON."""
-        import json
-
-        import tensorflow as tf
-
-        change = {n: FLOAT32 for n in self.healed}
-        record = precision_map.PrecisionMap(
-            FLOAT32, change, {n: precision_map.HEALED for n in change}).to_dict()
-        return {"healed_map": tf.constant(json.dumps(record))}
-
     def _restore_healed(self, tensors: dict) -> None:
         """A restored checkpoint applies the healed map it holds, at once."""
-        import json
-
-        from absl import logging
-
-        text = keras.ops.convert_to_numpy(tensors["healed_map"]).item()
-        record = precision_map.PrecisionMap.from_dict(json.loads(
-            text.decode() if isinstance(text, bytes) else text))
-        names = [n for n in self.attribution.names if n in record.layers]
-        moved = self._move(names)
+        healed = from_tensors(tensors)
+        names = [n for n in self.attribution.names if n in healed]
         if names:
             self.attribution.mark_healed(names)
-        if not moved:
-            return
-        model = self.attribution.model
-        if getattr(model, "train_function", None) is not None:
-            retrace_keras_functions(model)
-        logging.warning(
-            "tf_mixed healing: a restored checkpoint moved layers %s to float32 compute "
-            "(healed before it was saved). fit and make_train_step retrace; a step "
-            "function of your own traced before the restore must be created again.",
-            list(moved))
+        apply_restored(self.attribution.model, names)
 
     def check(self) -> Decision:
         """Applies the rule to what the step recorded; moves the layers it names.

@@ -1,0 +1,154 @@
+"""The healed set as a precision map: moving a model to it, and its checkpoint form."""
+
+# Healing (`tf_mixed.scaling.healing`) decides which layers move; this module
+# moves them, as rule 6 of `tf_mixed.policy.precision_map` ("healed": float32
+# compute), and is the one way every restore of a healed set moves them
+# (`apply_restored`): a ``tf.train.Checkpoint`` of the optimizer and a
+# ``.weights.h5``/``.keras`` load of it alike, with healing attached or not
+# (`tf_mixed.scaling.attribution.AttributionSlot`). A step traced before a
+# move computes the old precision: `moves` counts them, so a step built by
+# `tf_mixed.training.make_train_step` traces itself again.
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import keras
+
+from tf_mixed._internal import shims as _internals
+from tf_mixed._internal.facts import walk_layers
+from tf_mixed.policy import precision_map
+
+__all__ = ["apply_restored", "from_tensors", "heal", "healed_map", "moves",
+           "retrace_keras_functions", "to_tensors"]
+
+FLOAT32 = "float32"
+
+
+def healed_map(model, names) -> precision_map.PrecisionMap:
+    """The map ``model`` computes in with ``names`` healed (rule 6 of
+    `tf_mixed.policy.precision_map.RULES` applied to what it computes in now)."""
+    return precision_map.observed(model).healed(names)
+
+
+def heal(model, names) -> tuple:
+    """Moves the named layers of a built model to float32 compute, through the map.
+
+    Args:
+        model: A built model.
+        names: Layer names as `tf_mixed.scaling.attributed_layers` gives them.
+
+    Returns:
+        The names among ``names`` whose layer (or a sublayer) moved now.
+
+    Raises:
+        ValueError: A name the model's map does not hold (the valid ones listed).
+    """
+    change = healed_map(model, names)
+    moved = {id(layer) for layer in precision_map.move(model, change)}
+    if moved:
+        _internals.rider(model, "healing_moves", _Moves).count += 1
+    return tuple(n for n, layer in _named(model, names)
+                 if any(id(sub) in moved for sub in _internals.sublayers(layer)))
+
+
+@dataclasses.dataclass
+class _Moves:
+    """How many times `heal` moved a model's layers (kept on the model)."""
+
+    count: int = 0
+
+
+def moves(model) -> int:
+    """How many times healing moved ``model``'s layers so far.
+
+    A step function traced before a move computes the moved layers in their
+    old precision: `tf_mixed.training.make_train_step` compares this count
+    at each call and traces its step again when it changed.
+    """
+    return _internals.rider(model, "healing_moves", _Moves).count
+
+
+def apply_restored(model, names) -> tuple:
+    """Moves the layers a restored healed set names, at once: every restore ends here.
+
+    A ``tf.train.Checkpoint`` of the optimizer (its ``healed_map`` child) and a
+    ``.weights.h5``/``.keras`` load of it both apply the healed set through
+    this one function, whatever trains the model next. Keras's traced
+    functions (``fit``, ``evaluate``, ``predict``) are traced again; a
+    `tf_mixed.training.make_train_step` step traces itself again at its next
+    call (`moves`); a step function of the caller's own, traced before, must
+    be created again: the warning says so.
+
+    Args:
+        model: The built model the optimizer trains.
+        names: The healed layer names the restored state holds.
+
+    Returns:
+        The names whose layer (or a sublayer) moved now. A name ``model``
+        lacks moves nothing (a warning names it): the restore goes on.
+    """
+    from absl import logging
+
+    known = [name for name, _ in _named(model, names)]
+    lacking = [name for name in names if name not in known]
+    if lacking:
+        logging.warning(
+            "tf_mixed healing: the restored optimizer state names healed layers model "
+            "'%s' lacks: %s; they are not moved. Its layers: %s.", model.name, lacking,
+            [name for name, _ in walk_layers(model)])
+    moved = heal(model, known) if known else ()
+    if not moved:
+        return ()
+    if any(getattr(model, attribute, None) is not None
+           for attribute in ("train_function", "test_function", "predict_function")):
+        retrace_keras_functions(model)
+    logging.warning(
+        "tf_mixed healing: the restored optimizer state moved layers %s to float32 "
+        "compute (healed before it was saved). fit and make_train_step retrace; a step "
+        "function of your own traced before the restore must be created again.",
+        list(moved))
+    return moved
+
+
+def retrace_keras_functions(model) -> None:
+    """Forces Keras to trace the model's train, test and predict functions again.
+
+    Keras keeps each traced function until forced: without the last two,
+    validation in a ``fit`` and a later evaluate/predict would run moved
+    layers in their old precision. ``fit`` reads ``model.train_function`` at
+    every step, so the next step runs the new trace.
+    """
+    model.make_train_function(force=True)
+    model.make_test_function(force=True)
+    model.make_predict_function(force=True)
+
+
+def to_tensors(names) -> dict:
+    """A checkpoint's copy of a healed set: ``{"healed_map": the map as JSON}``."""
+    import tensorflow as tf
+
+    change = {n: FLOAT32 for n in names}
+    record = precision_map.PrecisionMap(
+        FLOAT32, change, {n: precision_map.HEALED for n in change}).to_dict()
+    return {"healed_map": tf.constant(json.dumps(record))}
+
+
+def from_tensors(tensors: dict) -> list:
+    """The layer names a checkpoint's healed map (`to_tensors`) holds."""
+    text = keras.ops.convert_to_numpy(tensors["healed_map"]).item()
+    record = precision_map.PrecisionMap.from_dict(json.loads(
+        text.decode() if isinstance(text, bytes) else text))
+    return list(record.layers)
+
+
+def _named(model, names) -> list:
+    """``(name, layer)`` for ``names``, in the model's order."""
+    wanted = set(names)
+    found, seen = [], set()
+    for name, layer in walk_layers(model):
+        if name in wanted and name not in seen:
+            seen.add(name)
+            found.append((name, layer))
+    return found
