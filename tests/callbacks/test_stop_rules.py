@@ -177,3 +177,23 @@ def test_every_other_epoch_counts_all_its_skips(start, last):
     assert stop_rules.search_skips(progress) == 0
     assert stop_rules.decide(RULES, Reading("tf_mixed", progress, 1.0, epoch=0)).startswith(
         "4 of 4 steps in epoch 1 were skipped (100% > max_skip_fraction=0.5)")
+
+
+def test_the_optimizers_calibration_count_is_left_out_exactly():
+    # tf_mixed's count (Snapshot.calibration) in the epoch of the first applied
+    # step: 3 calibration skips, then 1 applied step; then one real skip too.
+    healthy = _epoch(Snapshot(2048.0, 0, skipped=4, calibration=4),
+                     Snapshot(256.0, 1, skipped=7, calibration=7), steps=4, skipped=3)
+    assert stop_rules.search_skips(healthy) == 3
+    assert stop_rules.decide(RULES, Reading("tf_mixed", healthy, 1.0, epoch=1)) is None
+    failing = _epoch(Snapshot(2048.0, 0, skipped=4, calibration=4),
+                     Snapshot(128.0, 2, skipped=9, calibration=5), steps=7, skipped=5)
+    assert stop_rules.search_skips(failing) == 1
+    assert stop_rules.decide(RULES, Reading("tf_mixed", failing, 1.0, epoch=1)).startswith(
+        "4 of 6 steps in epoch 2 were skipped, not counting its 1 calibration skip of the "
+        "loss scale (67% > max_skip_fraction=0.5)")
+    # Without the count (Keras's wrapper) that epoch counts all its skips.
+    blind = _epoch(Snapshot(2048.0, 0), Snapshot(256.0, 1), steps=4, skipped=3)
+    assert stop_rules.search_skips(blind) == 0
+    assert stop_rules.decide(RULES, Reading("keras", blind, 1.0, epoch=1)).startswith(
+        "3 of 4 steps in epoch 2 were skipped (75%")

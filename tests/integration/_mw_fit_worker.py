@@ -81,6 +81,7 @@ def state(model, optimizer, history):
         "loss_scale": float(optimizer.loss_scale.numpy()),
         "skipped_steps": int(optimizer.skipped_steps.numpy()),
         "iterations": int(optimizer.iterations.numpy()),
+        "calibration_skips": optimizer.loss_scale_state().calibration_skips,
         "loss": [float(v) for v in history.get("loss", [])],
         "epoch_logs": {k: [float(v) for v in vals] for k, vals in history.items()},
     }

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.slow
 
 WORKER = pathlib.Path(__file__).with_name("_mw_fit_worker.py")
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32")
-BAD_STEP = 2  # worker 1's second batch overflows float16
+# Worker 1's first batch overflows float16: in epoch 1 before any step was
+# applied (the loss scale's calibration, counted once: the same batch in
+# later epochs is a skip like any other).
+BAD_STEP = 1
 LAUNCH_TIMEOUT_S = 240  # bounds a hang; a 2-worker run takes 10-30 s under load
 
 
@@ -164,11 +167,14 @@ def test_overflow_on_worker_1_is_skipped_on_both_like_one_process(fit_runs):
     a, b, ref = w0["mixed_float16"], w1["mixed_float16"], reference["mixed_float16"]
     assert w0["replicas"] == w1["replicas"] == 2
     assert a == b  # every weight bit, the scale, the counters, the logs
-    # 2 epochs x 4 steps, step 2 of each epoch overflows (the same data again):
-    # 2 skipped, 6 applied; the scale halves twice from 2**10.
+    # 2 epochs x 4 steps, step 1 of each epoch overflows (the same data again):
+    # 2 skipped, 6 applied; the scale halves twice from 2**10. The first skip
+    # came before any applied step: calibration, on both workers alike.
     assert (a["skipped_steps"], a["iterations"], a["loss_scale"]) == (2, 6, 256.0)
     assert (ref["skipped_steps"], ref["iterations"], ref["loss_scale"]) == (2, 6, 256.0)
     assert a["epoch_logs"]["skipped_steps"] == [1.0, 1.0]
+    assert a["epoch_logs"]["calibration_steps"] == [1.0, 0.0]
+    assert a["calibration_skips"] == ref["calibration_skips"] == 1
     for got, want in zip(a["weights"], ref["weights"]):
         assert np.all(np.isfinite(got))
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)  # float16 rounding
@@ -308,6 +314,8 @@ def test_killed_worker_resumes_from_backup_like_an_uninterrupted_run(tmp_path):
     assert got["weights"] == want["weights"]
     assert (got["loss_scale"], got["skipped_steps"], got["iterations"]) == (
         want["loss_scale"], want["skipped_steps"], want["iterations"])
+    # The calibration count came back from the backup in the new processes.
+    assert got["calibration_skips"] == want["calibration_skips"] == 1
     # Resumed at epoch 2 of 3: its History holds the last two epochs only.
     assert len(got["loss"]) == 2 and len(want["loss"]) == 3
     assert got["epoch_logs"]["loss_scale"] == want["epoch_logs"]["loss_scale"][1:]

@@ -36,7 +36,7 @@ def test_a_new_optimizer_owns_one_record_with_every_part():
     assert isinstance(state.ledger, misuse.Ledger) and state.ledger.said == set()
     assert state.tally is None and state.float8 is None and state.aliases == {}
     assert [name for name, _ in state.parts()] == [
-        "forward", "attribution", "guard", "ledger", "aliases"]
+        "forward", "attribution", "guard", "ledger", "aliases", "calibration"]
     # Another optimizer has none.
     assert step_state_of(keras.optimizers.SGD(1.0)) is None and step_state_of(None) is None
 
@@ -53,16 +53,17 @@ def test_the_record_is_frozen_and_a_later_part_makes_a_new_one():
     assert after.tally is tally and opt.loss_tally is tally
     # Every other part is the same object: what was tracked or said stays.
     assert all(getattr(after, f) is getattr(before, f)
-               for f in ("forward", "attribution", "guard", "ledger", "aliases"))
+               for f in ("forward", "attribution", "guard", "ledger", "aliases",
+                         "calibration"))
 
 
-def test_the_parts_that_save_are_the_attribution_and_the_guard():
+def test_the_parts_that_save_are_the_attribution_the_guard_and_the_calibration():
     state = StepState.new()
-    assert state.saved_parts() == [state.attribution, state.guard]
+    assert state.saved_parts() == [state.attribution, state.guard, state.calibration]
     assert all(isinstance(part, Saved) for part in state.saved_parts())
     assert not isinstance(state.ledger, Saved) and not isinstance(state.forward, Saved)
-    assert state.store_keys() == {"layer_attribution", "spike_guard"}
-    # Nothing attached, no spike rule: nothing written, no child.
+    assert state.store_keys() == {"layer_attribution", "spike_guard", "calibration_skips"}
+    # Nothing attached, no spike rule, not built: nothing written, no child.
     store: dict = {}
     state.save_into(store)
     assert store == {} and state.checkpoint_children() == {}
@@ -105,7 +106,7 @@ def test_saving_and_loading_iterate_the_parts_without_naming_them():
                        extra=extra)
     store = _Store()
     formats.save_own(opt, store, state)
-    assert set(store) == {"0", "extra"}
+    assert set(store) == {"0", "extra", "calibration_skips"}
     _, fresh = _built()
     fresh.step_counter.assign(7)
     formats.load_own(fresh, store, lambda s: pytest.fail("Keras's layout"), state)

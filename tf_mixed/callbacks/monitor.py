@@ -13,8 +13,11 @@
 # a read every N batches is as exact as a read every step, whatever
 # ``steps_per_execution`` is.
 #
-# 1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch) and
-#    ``skipped_fraction`` into the epoch ``logs`` as Python floats, so
+# 1. **Reports** ``loss_scale``, ``skipped_steps`` (in the epoch),
+#    ``skipped_fraction`` and ``calibration_steps`` (of the epoch's skips,
+#    those of the loss scale's calibration before the first applied step,
+#    counted in the optimizer's step: `tf_mixed.scaling.calibration`) into
+#    the epoch ``logs`` as Python floats, so
 #    `History`, Keras's `TensorBoard` callback and the progress bar show them;
 #    with ``log_every_n_batches=N`` also into the batch logs every N batches.
 # 2. **Keeps skipped batches out of what the user sees.** With
@@ -364,12 +367,18 @@ def _nonfinite_weights(model) -> list[str]:
 
 
 def _write(monitor: "LossScaleMonitor", logs: dict, epoch_end: bool = False) -> None:
-    """Writes the monitor's loss scale, skipped steps and (at an epoch's end) loss into ``logs``."""
+    """Writes the monitor's loss scale, skipped steps and (at an epoch's end) loss into ``logs``.
+
+    ``calibration_steps``: of the epoch's ``skipped_steps``, those the loss
+    scale's calibration skipped (`tf_mixed.callbacks.stop_rules.search_skips`),
+    which the epoch rule leaves out.
+    """
     progress = monitor._progress
     steps, skipped = progress.steps_in_epoch, progress.skipped_in_epoch
     logs["loss_scale"] = float(progress.last.scale)
     logs["skipped_steps"] = float(skipped)
     logs["skipped_fraction"] = float(skipped / steps) if steps else 0.0
+    logs["calibration_steps"] = float(stop_rules.search_skips(progress))
     applied = progress.epoch_loss_steps
     # With the skip contract Keras's own loss already leaves skipped
     # batches out (weighted by batch size, as without a skip).

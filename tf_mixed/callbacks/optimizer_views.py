@@ -170,7 +170,8 @@ class TfMixedView(KerasWrapperView):
         return Snapshot(scale=float(state.scale), applied=self._applied(),
                         skipped=state.skipped_steps,
                         min_scale_skips=state.min_scale_skips,
-                        loss_sum=loss_sum, loss_steps=loss_steps)
+                        loss_sum=loss_sum, loss_steps=loss_steps,
+                        calibration=state.calibration_skips)
 
     def updates(self, batches):
         # With accumulation, one update per window.

@@ -63,6 +63,9 @@ class Snapshot:
         loss_sum: Sum of the losses of applied steps over this worker's
             replicas (`tf_mixed.scaling.loss_tally.LossTotals`), else 0.0.
         loss_steps: The applied steps that sum covers, else 0.
+        calibration: tf_mixed's cumulative count of skipped steps that were
+            the loss scale's calibration (`tf_mixed.scaling.calibration`),
+            else None (not counted: `search_skips` falls back on epochs).
     """
 
     scale: float
@@ -71,6 +74,7 @@ class Snapshot:
     min_scale_skips: int = 0
     loss_sum: float = 0.0
     loss_steps: int = 0
+    calibration: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,22 +280,34 @@ def loss_problem(kind: Kind, progress: Progress,
 
 
 def search_skips(progress: Progress) -> int:
-    """The epoch's skips that were all the loss scale finding its first level.
+    """The epoch's skips that were the loss scale finding its first level.
 
     Until a run applies its first step, each skip halves the scale from its
     initial value (2**15 by default) toward a level the gradients fit:
-    dynamic loss scaling's search, not trouble (keras.applications'
-    MobileNetV3Small, weights=None, skips its first 7 steps, so an epoch of
-    4 steps is all search). An epoch that applied no step, in a run that had
-    applied none before, is such a search throughout; a run that never finds
-    a level is stopped by the ``patience`` rule at the minimum scale. (In the
-    epoch where the first step is applied, the reads at the epoch's ends
-    cannot tell search skips from later ones: they all count.)
+    dynamic loss scaling's calibration, not trouble (keras.applications'
+    MobileNetV3Small, weights=None, skips its first 7 steps, so with epochs
+    of 4 steps the first is all calibration and the second holds 3
+    calibration skips before its first applied step).
+
+    * tf_mixed's optimizer counts them in the step itself
+      (`Snapshot.calibration`, `tf_mixed.scaling.calibration`: skipped for
+      non-finite gradients, above the minimum scale, before the first
+      applied step), so the epoch's share is exact in every epoch, the one
+      holding the first applied step included, however rarely it is read.
+    * Without that count (Keras's wrapper): an epoch that applied no step,
+      in a run that had applied none before, and whose scale came down, is
+      calibration throughout; in the epoch of the first applied step the
+      reads cannot tell calibration from later skips: they all count.
+
+    A run that never finds a level is stopped by the ``patience`` rule at the
+    minimum scale (those skips are not calibration).
 
     Returns:
         How many of the epoch's skipped steps the epoch rule leaves out.
     """
     start, last = progress.epoch_start, progress.last
+    if last.calibration is not None and start.calibration is not None:
+        return last.calibration - start.calibration
     if start.applied or last.applied or not 0 < last.scale < start.scale:
         return 0
     return progress.skipped_in_epoch
@@ -303,7 +319,7 @@ def decide(rules: StopRules, reading: Reading) -> str | None:
     The rules, in order: ``patience`` consecutive skips at the minimum
     scale; a non-finite loss on applied steps; NaN/inf in the weights; at an
     epoch end, more than ``max_skip_fraction`` of its steps skipped (the
-    epoch that was the scale's first search left out, `search_skips`).
+    loss scale's calibration skips left out of both counts, `search_skips`).
 
     Args:
         rules: The thresholds.
@@ -335,13 +351,15 @@ def decide(rules: StopRules, reading: Reading) -> str | None:
             "least one replica's copy): an earlier update corrupted them and "
             "no later step can repair them. Restore a checkpoint."
             + _advice(reading.kind, nan=True, advice=advice))
-    search = search_skips(progress)  # an epoch of the scale's first search only
+    search = search_skips(progress)  # the scale's calibration: not a failure
     steps, skipped = progress.steps_in_epoch - search, progress.skipped_in_epoch - search
     if (reading.epoch is not None and steps
             and skipped / steps > rules.max_skip_fraction):
+        left_out = (f", not counting its {search} calibration skip"
+                    f"{'s' if search > 1 else ''} of the loss scale" if search else "")
         return (
             f"{skipped} of {steps} steps in epoch {reading.epoch + 1} were "
-            f"skipped ({skipped / steps:.0%} > max_skip_fraction="
+            f"skipped{left_out} ({skipped / steps:.0%} > max_skip_fraction="
             f"{rules.max_skip_fraction:g}): "
             + ("the loss scale keeps finding non-finite gradients"
                if advice is None or advice.scaled else

@@ -236,6 +236,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
         self._step_state.guard.build(self.accumulator is not None)
+        self._step_state.calibration.build(self)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a
         # second pair of state variables.
@@ -249,10 +250,13 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         before the optimizer is built, the initial state.
         """
         reasons = self._step_state.guard.read()
+        calibration = self._step_state.calibration.read()
         if not self.built:
-            return scale_state.initial_state(self.config)._replace(skip_reasons=reasons)
+            return scale_state.initial_state(self.config)._replace(
+                skip_reasons=reasons, calibration_skips=calibration)
         return scale_state.from_values(
-            [keras.ops.convert_to_numpy(v) for v in pipeline.state_variables(self)], reasons)
+            [keras.ops.convert_to_numpy(v) for v in pipeline.state_variables(self)], reasons,
+            calibration)
 
     @property
     def step_state(self) -> StepState:
@@ -594,7 +598,7 @@ def loss_scale_state(optimizer) -> LossScaleState:
     return LossScaleState(
         scale=1.0 if factor is None else float(factor), good_steps=0,
         overflow_streak=0, skipped_steps=0, last_step_skipped=False,
-        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0, 0))
+        min_scale_skips=0, skip_reasons=SkipReasons(0, 0, 0, 0, 0), calibration_skips=0)
 
 
 def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScaleState:

@@ -107,7 +107,8 @@ def step(optimizer, state, grads, trainable_variables, unscaled):
 
     def end_window():
         roll_back(optimizer, state, applied)
-        advance_state(optimizer, state, applied, scale, guard.branches(flags, grads, within))
+        advance_state(optimizer, state, applied, scale,
+                      _skip_writes(optimizer, state, scale, flags, grads, within))
         finish_float8(optimizer, state, gathered, applied, scale)
         guard.end_window()
 
@@ -153,6 +154,23 @@ def advance_state(optimizer, state, finite, scale=None, also=None):
     tf.cond(finite, write(True), write(False))
     if state.tally is not None:
         state.tally.settle(finite)
+
+
+def _skip_writes(optimizer, state, scale, flags, grads, within) -> tuple:
+    """The verdict branches' writes beside the scale state: ``(on_applied, on_skipped)``.
+
+    The write guard's (`tf_mixed.scaling.write_guard.StepGuard.branches`);
+    a skipped step also counts itself as calibration when it was
+    (`tf_mixed.scaling.calibration`, from the reason the guard just wrote).
+    """
+    guard = state.guard
+    on_applied, on_skipped = guard.branches(flags, grads, within)
+
+    def skipped():
+        on_skipped()
+        state.calibration.count(optimizer, scale, guard.last_reason.read_value())
+
+    return on_applied, skipped
 
 
 def state_variables(optimizer) -> LossScaleState:

@@ -195,6 +195,11 @@ class LossScaleState(NamedTuple):
             `tf_mixed.scaling.write_guard.SkipReasons` (input, forward,
             gradients, update, spike); None where the optimizer does not
             count them. Not part of the scale rule: `next_state` passes it on.
+        calibration_skips: Skipped steps that were the scale's calibration:
+            before the first applied step, above ``min_scale``, for
+            non-finite gradients (`tf_mixed.scaling.calibration`); None where
+            the optimizer does not count them. Not part of the scale rule:
+            `next_state` passes it on.
     """
 
     scale: Any
@@ -204,6 +209,7 @@ class LossScaleState(NamedTuple):
     last_step_skipped: Any
     min_scale_skips: Any
     skip_reasons: Any = None
+    calibration_skips: Any = None
 
 
 RULE_FIELDS = 6
@@ -218,13 +224,13 @@ def initial_state(config: LossScaleConfig) -> LossScaleState:
     )
 
 
-def from_values(values, skip_reasons=None) -> LossScaleState:
+def from_values(values, skip_reasons=None, calibration_skips=None) -> LossScaleState:
     """The state from its six variables' host values, in `LossScaleState` order."""
     return LossScaleState(
         scale=float(values[0]), good_steps=int(values[1]),
         overflow_streak=int(values[2]), skipped_steps=int(values[3]),
         last_step_skipped=bool(values[4]), min_scale_skips=int(values[5]),
-        skip_reasons=skip_reasons)
+        skip_reasons=skip_reasons, calibration_skips=calibration_skips)
 
 
 def _value(x):
@@ -347,4 +353,5 @@ def next_state(config: LossScaleConfig, state: LossScaleState,
         last_step_skipped=skipped,
         min_scale_skips=min_scale_skips,
         skip_reasons=state.skip_reasons,
+        calibration_skips=state.calibration_skips,
     )

@@ -17,7 +17,10 @@
 # * ``float8``: the float8 scales every replica agrees on
 #   (`tf_mixed.scaling.float8_sync`), made at ``build``, or None;
 # * ``aliases``: the checkpoint aliases `tf_mixed.scaling.formats` keeps for
-#   the optimizer's life (one object per alias).
+#   the optimizer's life (one object per alias);
+# * ``calibration``: the count of skipped steps that were the loss scale's
+#   calibration, before the first applied step
+#   (`tf_mixed.scaling.calibration`), made at ``build``.
 #
 # The record itself is frozen: a part that comes later (the tally, the
 # float8 agreement) is a new record (`StepState.with_parts`), made by the
@@ -33,6 +36,7 @@ import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 from tf_mixed.scaling.attribution import AttributionSlot
+from tf_mixed.scaling.calibration import Calibration
 from tf_mixed.scaling.misuse import Ledger
 from tf_mixed.scaling.rollback import ForwardState
 from tf_mixed.scaling.write_guard import StepGuard
@@ -74,6 +78,7 @@ class StepState:
         float8: `tf_mixed.scaling.float8_sync.Float8Sync`, or None.
         aliases: `tf_mixed.scaling.formats`'s checkpoint aliases, name to
             ``(target, alias)``.
+        calibration: `tf_mixed.scaling.calibration.Calibration`.
     """
 
     forward: ForwardState
@@ -83,6 +88,7 @@ class StepState:
     tally: Any = None
     float8: Any = None
     aliases: dict = dataclasses.field(default_factory=dict)
+    calibration: Calibration = dataclasses.field(default_factory=Calibration)
 
     @classmethod
     def new(cls) -> StepState:
