@@ -544,10 +544,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         getattr(self, "_reasons", EpochReasons(None)).write(logs)
         _write(self, logs, epoch_end=True)
         self._check(logs, epoch=epoch)
-        if self._view.kind == "tf_mixed":  # exact counters (Keras's wrapper's loss is nan)
-            skip_contract.no_applied_step(  # after the check, which reads the counters
-                logs, self.model, self._progress.steps_in_epoch,
-                self._progress.skipped_in_epoch)
+        if self._view.applied_nothing(self._progress):  # after the check, which reads counters
+            skip_contract.no_applied_step(logs, self.model)
 
     # -- reading, logging, judging
 

@@ -85,6 +85,10 @@ class PlainView:
         """Optimizer steps taken for ``batches`` batches."""
         return batches
 
+    def applied_nothing(self, progress) -> bool:
+        """Whether the epoch so far applied no step, from exact counters (False: unknown)."""
+        return False
+
     def refresh(self, rollback: bool) -> None:
         """At an epoch's start: refreshes the rollback copies (nothing here)."""
 
@@ -172,6 +176,11 @@ class TfMixedView(KerasWrapperView):
                         min_scale_skips=state.min_scale_skips,
                         loss_sum=loss_sum, loss_steps=loss_steps,
                         calibration=state.calibration_skips)
+
+    def applied_nothing(self, progress) -> bool:
+        # tf_mixed's counters are exact (Keras's wrapper's skips are derived
+        # from batch counts, and its epoch loss is nan there anyway).
+        return 0 < progress.steps_in_epoch <= progress.skipped_in_epoch
 
     def updates(self, batches):
         # With accumulation, one update per window.

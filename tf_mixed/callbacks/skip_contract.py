@@ -142,8 +142,8 @@ def install(model: keras.Model) -> bool:
     return True
 
 
-def no_applied_step(logs: dict, model: keras.Model, steps: int, skipped: int) -> None:
-    """An epoch none of whose steps was applied has no training loss or metric: nan.
+def no_applied_step(logs: dict, model: keras.Model) -> None:
+    """Writes nan over an epoch's training loss and metrics: none of its steps was applied.
 
     The contract keeps skipped batches out of Keras's means; with every batch
     of the epoch skipped, those means are over nothing, and Keras's reads 0.0
@@ -154,12 +154,7 @@ def no_applied_step(logs: dict, model: keras.Model, steps: int, skipped: int) ->
         logs: the epoch logs, changed in place.
         model: the model (its training metrics' keys, as Keras's
             ``get_metrics_result`` names them in the logs).
-        steps: the epoch's steps, applied and skipped (the same on every
-            replica and worker).
-        skipped: the epoch's skipped steps (the same on every replica and worker).
     """
-    if steps <= 0 or skipped < steps:
-        return
     for name in model.get_metrics_result():
         if name in logs:
             logs[name] = float("nan")
