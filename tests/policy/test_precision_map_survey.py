@@ -3,6 +3,7 @@ the model computes in (`precision_map.Survey.output_names`, `.half_policy`),
 so the probe and the plan's loss ask the model nothing more."""
 
 import keras
+import numpy as np
 import pytest
 from zoo import ZOO
 
@@ -59,3 +60,22 @@ def test_a_model_whose_layers_all_stay_float32_has_its_own_policys():
     model = keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(inputs))
     model.dtype_policy = keras.DTypePolicy("mixed_float16")
     assert precision_map.survey(model).half_policy == "mixed_float16"
+
+
+def test_a_subclassed_model_is_surveyed_without_a_graph():
+    # The monitor's fit-start tap surveys whatever model fit trains; a
+    # subclassed model has no inputs, outputs or operations (AttributeError).
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3, name="dense")
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Subclassed()
+    model(np.ones((2, 4), "float32"))
+    found = precision_map.survey(model)
+    assert found.outputs == () and found.output_layers == ()
+    assert [name for name, _ in found.layers] == ["dense"]
+    assert "dense" in found.operations

@@ -75,6 +75,7 @@ from tf_mixed._internal.facts import (
     half_policy,
     is_input_layer,
     keeps_float32_statistics,
+    model_inputs_and_outputs,
     rounded_ids,
     walk_layers,
 )
@@ -394,6 +395,10 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     """
     if owner is not None:
         check_model_kind(model, owner, why_traced=why_traced, fix=fix)
+    # A subclassed model has no graph: its layers are walked, its ends are none.
+    graph = model_inputs_and_outputs(model)
+    model_outputs = keras.tree.flatten(model.outputs) if graph else []
+    model_inputs = keras.tree.flatten(model.inputs) if graph else []
     walked = tuple(walk_layers(model))
     # Every layer asked once, here: what tf_mixed's facts say of it, then
     # what Keras's graph holds (its call inputs, each tensor's producer).
@@ -405,13 +410,12 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     # Every operation's call inputs (a functional model's Keras ops too).
     calls = {id(op): tuple(_internals.call_inputs(op)) for op in (
         *(layer for _, layer in walked), *getattr(model, "operations", ()))}
-    tensors = [*(t for ts in calls.values() for t in ts), *keras.tree.flatten(model.outputs),
-               *keras.tree.flatten(model.inputs)]
+    tensors = [*(t for ts in calls.values() for t in ts), *model_outputs, *model_inputs]
     histories = {id(t): _internals.keras_history(t) for t in tensors}
     made_by = {key: getattr(history, "operation", None) for key, history in histories.items()}
-    outputs = tuple((t, made_by[id(t)]) for t in keras.tree.flatten(model.outputs))
+    outputs = tuple((t, made_by[id(t)]) for t in model_outputs)
     inputs = {id(layer) for _, layer in walked if facts[id(layer)].input}
-    inputs.update(id(made_by[id(t)]) for t in keras.tree.flatten(model.inputs))
+    inputs.update(id(made_by[id(t)]) for t in model_inputs)
     consumers: dict[int, list] = {}
     for layer in model.layers:
         for tensor in calls[id(layer)]:
@@ -422,11 +426,11 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
                      if layer is not None and id(layer) not in inputs}
     names: dict[int, str] = {}
     operations: set[str] = set()
-    # A Sequential model lists its layers only.
+    # A Sequential model lists its layers only (a subclassed one has no operations).
     for owner_model in [model] + [layer for _, layer in walked if isinstance(layer, keras.Model)]:
         operations.update(op.name for op in (
             owner_model.layers if isinstance(owner_model, keras.Sequential)
-            else owner_model.operations))
+            else getattr(owner_model, "operations", owner_model.layers)))
     for name, layer in walked:
         names.setdefault(id(layer), name)
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
