@@ -75,6 +75,20 @@ def test_a_plan_with_its_probe_and_step_check_walks_the_model_once(surveys):
     assert surveys == ["chain"]
 
 
+def test_a_plan_that_times_its_layers_walks_the_model_once(surveys, monkeypatch):
+    # The default timer timed on a second survey of the model (its layer
+    # graph walked again); it reads the plan's. The timings are fakes.
+    from tf_mixed.policy import autotune
+
+    monkeypatch.setattr(autotune, "first_call", lambda step, inputs, remapping_off: None)
+    monkeypatch.setattr(autotune, "time_steps", lambda step, inputs, count: 1e-3)
+    x, y = _data()
+    p = plan(_model(), x, y, loss="mse", info=AMX_CPU, rounds=3, cache=False,
+             step_check=False, probe_report={"first": 0.0, "second": 0.0, "last": 0.0})
+    assert [row.name for row in p.layers if row.seconds] == ["first", "second", "last"]
+    assert surveys == ["chain"]
+
+
 def test_an_emulated_plan_walks_the_model_once(surveys):
     x, y = _data()
     cpu = hardware.HardwareInfo(cpu_model="Test EPYC", cpu_flags=frozenset({"avx2"}))

@@ -352,6 +352,27 @@ def time_layers(
     Returns:
         A `Measurement`.
     """
+    return time_surveyed(precision_map.survey(model), x, precisions, half_policy,
+                         rounds=rounds, min_rounds=min_rounds, budget_s=budget_s,
+                         steps_per_round=steps_per_round, clock=clock)
+
+
+def time_surveyed(found: precision_map.Survey, x, precisions: Sequence[str], half_policy: str,
+                  *, rounds: int = 5, min_rounds: int = 3, budget_s: float | None = None,
+                  steps_per_round: int = 2,
+                  clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """`time_layers` of a surveyed model: its layer graph is read from the
+    survey (`tf_mixed.policy.precision_map.survey`, the plan's one walk), not
+    walked again.
+
+    Args:
+        found: The model's survey.
+        x, precisions, half_policy, rounds, min_rounds, budget_s,
+            steps_per_round, clock: As `time_layers` takes them.
+
+    Returns:
+        A `Measurement`.
+    """
     import tensorflow as tf
 
     # Each layer and precision is its own tf.function, traced once: TF's
@@ -360,15 +381,16 @@ def time_layers(
     level = tf_logger.level
     tf_logger.setLevel("ERROR")
     try:
-        return _time_layers(model, x, precisions, half_policy, rounds, min_rounds, budget_s,
+        return _time_layers(found, x, precisions, half_policy, rounds, min_rounds, budget_s,
                             steps_per_round, clock)
     finally:
         tf_logger.setLevel(level)
 
 
-def _time_layers(model, x, precisions, half_policy, rounds, min_rounds, budget_s,
+def _time_layers(found, x, precisions, half_policy, rounds, min_rounds, budget_s,
                  steps_per_round, clock) -> Measurement:
-    timed, producers, followers = layer_graph(model)
+    model = found.model
+    timed, producers, followers = surveyed_graph(found)
     values = capture_inputs(model, timed, x)
     ready = {layer.name: _float8_ready(layer) for layer in timed}
     groups: dict[str, dict[str, Callable[[], float]]] = {}

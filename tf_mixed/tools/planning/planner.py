@@ -51,7 +51,7 @@ from tf_mixed.tools.planning.layer_timing import (
     FLOAT8,
     Measurement,
     surveyed_graph,
-    time_layers,
+    time_surveyed,
 )
 from tf_mixed.tools.planning.plan_table import LayerChoice, Plan
 
@@ -242,7 +242,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             else:
                 load, cpus = measuring.machine_load()
                 progress.update(f"plan: timing {len(names)} layers in {', '.join(precisions)}")
-                measurement = (timer or _default_timer(rounds, budget_s))(
+                measurement = (timer or _default_timer(found, rounds, budget_s))(
                     model, batch, precisions, half_policy)
                 unsettled = choosing.choose(measurement).unsettled
                 not_cached = measuring.busy(load, cpus) or unsettled
@@ -308,9 +308,10 @@ def _probe_slice(x, y):
         None if y is None else keras.tree.map_structure(head, y))
 
 
-def _default_timer(rounds: int, budget_s: float | None) -> Timer:
+def _default_timer(found: precision_map.Survey, rounds: int, budget_s: float | None) -> Timer:
+    """`time_layers` on the plan's survey (``found.model`` is the model timed)."""
     def timer(model, batch, precisions, half_policy) -> Measurement:
-        return time_layers(model, batch, precisions, half_policy, rounds=rounds,
-                           min_rounds=min(3, rounds), budget_s=budget_s)
+        return time_surveyed(found, batch, precisions, half_policy, rounds=rounds,
+                             min_rounds=min(3, rounds), budget_s=budget_s)
 
     return timer
