@@ -418,10 +418,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
       raise_on_failure: raise `LossScaleFailure` instead of setting
         ``model.stop_training``.
       check_setup: run the set-up checks (``on_train_begin``; the catalog's after step 1).
-      rollback_forward_state: hand the model to a
-        ``tf_mixed.LossScaleOptimizer`` so skipped steps roll back its
-        non-trainable state (BatchNormalization statistics); False leaves
-        it as a skipped batch wrote it, on purpose (not refused).
+      rollback_forward_state: hand the model to a ``tf_mixed.LossScaleOptimizer``
+        so skipped steps roll back its non-trainable state (BatchNormalization
+        statistics); False leaves it as a skipped batch wrote it, on purpose (not refused).
       check_policy: time the model's half policy against float32 on its own
         first steps (`tf_mixed.policy.model_check`): under a policy auto
         chose, a slower half policy is replaced by float32; under an

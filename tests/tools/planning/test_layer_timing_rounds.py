@@ -86,12 +86,20 @@ def test_the_budget_stops_after_min_rounds(timed):
     assert next(ticks) == 2  # read at the start and after the third round only
 
 
-@pytest.mark.parametrize("inputs", ["one", "list", "dict"])
+@pytest.mark.parametrize("inputs", ["one", "list", "dict", "sequential"])
 def test_capturing_the_timed_layers_inputs_raises_no_keras_structure_warning(inputs):
     # The capture model took `model.inputs` (a list) for a one-input model,
     # and Keras warned that the batch's structure does not match.
     from tf_mixed.tools.planning.layer_timing import capture_inputs
 
+    if inputs == "sequential":  # no `.input` of its own: built by its Input
+        dense = keras.layers.Dense(4, name="dense")
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="first"), dense])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            captured = capture_inputs(model, [dense], np.ones((3, 8), "float32"))
+        assert [tuple(v.shape) for v in captured.values()] == [(3, 8)]
+        return
     a, b = keras.Input((8,), name="a"), keras.Input((8,), name="b")
     given = {"one": a, "list": [a, b], "dict": {"a": a, "b": b}}[inputs]
     joined = a if inputs == "one" else keras.layers.Add(name="add")([a, b])

@@ -315,7 +315,10 @@ def capture_inputs(model: keras.Model, timed: Sequence, x) -> dict[int, Any]:
     tensors = list(needed.values())
     if not tensors:
         return {}
-    capture = keras.Model(model.input, tensors)  # the structure x has (no Keras warning)
+    # The inputs in the structure x has (a list for a one-input model makes
+    # Keras warn); a Sequential model has one input and no `.input` of its own.
+    given = model.inputs[0] if isinstance(model, keras.Sequential) else model.input
+    capture = keras.Model(given, tensors)
     values = capture(x, training=False)
     values = values if isinstance(values, (list, tuple)) else [values]
     return {id(t): v for t, v in zip(tensors, values)}
