@@ -370,24 +370,36 @@ class LayerAttribution:
                 "skips": [list(s) for s in reading.skips], "healed": list(reading.healed)}
 
     def assign_saved(self, saved: dict) -> None:
-        """Writes a `saved` dict back (layers matched by name; unknown names refused)."""
-        unknown = [n for n in list(saved.get("healed", ())) + list(saved.get("counts", {}))
-                   if n not in self.names]
+        """Writes a `saved` dict back (unknown names refused).
+
+        Saved names are matched to this model's as
+        `tf_mixed.scaling.healed_set.resolve` says: by name, or the layer
+        Keras renamed with an ``_N`` suffix at this load.
+        """
+        skips = saved.get("skips", [])[-LOG_SIZE:]
+        wanted = (list(saved.get("healed", ())) + list(saved.get("counts", {}))
+                  + [name for _, name, _ in skips])
+        resolution = healed_set.resolve(self.model, wanted, saved.get("layers"))
+        unknown = [n for n in dict.fromkeys(wanted)
+                   if resolution.names.get(n) not in self.names]
         if unknown:
             raise ValueError(
                 f"The saved layer attribution names layers this model lacks: {unknown}. "
                 f"Received a state for layers {saved.get('layers')}; this model's: "
                 f"{self.names}. Restore into the model that was saved.")
+
+        def index(name):
+            return self.index(resolution.names[name])
+
         counts = np.zeros(len(self.names), np.int64)
         for name, count in saved.get("counts", {}).items():
-            counts[self.index(name)] = count
+            counts[index(name)] = count
         log = np.zeros((LOG_SIZE, 3), np.int64)
-        skips = saved.get("skips", [])[-LOG_SIZE:]
         for i, (step, name, kind) in enumerate(skips):
-            log[i] = (step, self.index(name), kind)
+            log[i] = (step, index(name), kind)
         healed = np.zeros(len(self.names), np.int64)
         for name in saved.get("healed", ()):
-            healed[self.index(name)] = 1
+            healed[index(name)] = 1
         self.state.counts.assign(counts)
         self.state.log.assign(log)
         self.state.log_size.assign(np.array([len(skips)], np.int64))
@@ -452,7 +464,7 @@ class AttributionSlot:
             self.pending = saved
         else:
             self.attached.assign_saved(saved)
-        self._apply(list(saved.get("healed", ())))
+        self._apply(list(saved.get("healed", ())), saved.get("layers"))
 
     def checkpoint_children(self) -> dict:
         """``{"layer_attribution": ...}`` for a ``tf.train.Checkpoint``, or ``{}``.
@@ -484,11 +496,11 @@ class AttributionSlot:
             self.pending = dict(self.pending or {}, healed=names)
             self._apply(names)
 
-    def _apply(self, names: list) -> None:
+    def _apply(self, names: list, order=None) -> None:
         """Moves ``names`` in the attached model, or in the model being restored."""
         model = self.attached.model if self.attached is not None else self._restoring()
         if model is not None:
-            healed_set.apply_restored(model, names)
+            healed_set.apply_restored(model, names, order)
 
     def _restoring(self):
         """The model whose state is being restored now, when its optimizer owns this slot."""
