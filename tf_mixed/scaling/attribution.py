@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed.scaling import healed_set
+from tf_mixed.scaling.healed_set import attributed_layers
 from tf_mixed.scaling.waiting import Waiting, note_model_call
 
 __all__ = ["FORWARD", "GRADIENT", "GRADIENT_AT_MIN_SCALE", "KINDS", "LOG_SIZE",
@@ -76,27 +77,6 @@ class AttributionReading(NamedTuple):
     counts: dict
     skips: tuple
     healed: tuple
-
-
-def attributed_layers(model) -> list:
-    """The ``(name, layer)`` pairs attribution can name, in the model's order.
-
-    Nested models are entered; any other layer counts as one block with the
-    layers inside it (a ``MultiHeadAttention`` with its projections); input
-    layers and layers shared by several places are listed once.
-    """
-    from tf_mixed._internal.facts import is_input_layer, walk_layers
-
-    seen: set = set()
-    out = []
-    for name, layer in walk_layers(model):
-        if isinstance(layer, keras.Model) or is_input_layer(layer):
-            continue
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        out.append((name, layer))
-    return out
 
 
 class _Recorder:

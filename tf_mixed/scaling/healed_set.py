@@ -19,11 +19,12 @@ from typing import NamedTuple
 import keras
 
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal.facts import walk_layers
+from tf_mixed._internal.facts import is_input_layer, walk_layers
 from tf_mixed.policy import precision_map
 
-__all__ = ["Resolution", "apply_restored", "from_tensors", "heal", "healed_map", "moves",
-           "resolve", "retrace_keras_functions", "to_tensors", "warn_unmatched"]
+__all__ = ["Resolution", "apply_restored", "attributed_layers", "from_tensors", "heal",
+           "healed_map", "moves", "resolve", "retrace_keras_functions", "to_tensors",
+           "warn_unmatched"]
 
 FLOAT32 = "float32"
 
@@ -165,8 +166,6 @@ def resolve(model, saved, order=None) -> Resolution:
     Returns:
         A `Resolution`.
     """
-    from tf_mixed.scaling.attribution import attributed_layers
-
     live = [name for name, _ in walk_layers(model)]
     saved = list(dict.fromkeys(saved))
     present = set(live)
@@ -245,6 +244,25 @@ def from_tensors(tensors: dict) -> list:
     record = precision_map.PrecisionMap.from_dict(json.loads(
         text.decode() if isinstance(text, bytes) else text))
     return list(record.layers)
+
+
+def attributed_layers(model) -> list:
+    """The ``(name, layer)`` pairs attribution can name, in the model's order.
+
+    Nested models are entered; any other layer counts as one block with the
+    layers inside it (a ``MultiHeadAttention`` with its projections); input
+    layers and layers shared by several places are listed once.
+    """
+    seen: set = set()
+    out = []
+    for name, layer in walk_layers(model):
+        if isinstance(layer, keras.Model) or is_input_layer(layer):
+            continue
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        out.append((name, layer))
+    return out
 
 
 def _named(model, names) -> list:
