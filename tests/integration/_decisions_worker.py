@@ -37,7 +37,7 @@ monitor's error log lines.
 
 import json
 import logging
-import os
+import pathlib
 import sys
 import warnings
 
@@ -146,8 +146,7 @@ def run(keras, tf, tf_mixed, strategy, scenario):
             warnings.simplefilter("always")
             try:
                 model.fit(dataset(scenario), epochs=1 if scenario == "first_batch" else EPOCHS,
-                          verbose=0,
-                          callbacks=[monitor, record_batches])
+                          verbose=0, callbacks=[monitor, record_batches])
             except LossScaleFailure as failure:
                 result["raised"] = str(failure)
             if scenario == "first_batch":
@@ -181,12 +180,9 @@ def main(config):
     results = {"worker": index, "replicas": int(strategy.num_replicas_in_sync)}
     for scenario in config["scenarios"]:
         results[scenario] = run(keras, tf, tf_mixed, strategy, scenario)
-    out = config["out"].replace("{i}", str(index))
-    with open(out + ".tmp", "w") as f:
-        json.dump(results, f)
-    os.replace(out + ".tmp", out)
+    # Read only after this process has exited: no partial file is ever read.
+    pathlib.Path(config["out"].replace("{i}", str(index))).write_text(json.dumps(results))
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        main(json.load(f))
+    main(json.loads(pathlib.Path(sys.argv[1]).read_text()))
