@@ -347,6 +347,12 @@ class Survey:
             None for a model computing in float32 throughout (`tf_mixed.probe`
             probes in it, and probes every float32 layer of such a mixed
             model in float32).
+        arguments: ``id(operation) -> (args, kwargs)`` of its first symbolic
+            call, KerasTensors in place of tensors, for every operation of
+            ``calls``
+            (`tf_mixed._internal.shims.first_call_arguments`; `first_call`
+            reads it): the plan's layer timing calls a copy of each layer as
+            the model calls it.
     """
 
     model: Any
@@ -363,10 +369,15 @@ class Survey:
     made_by: Mapping[int, Any] = dataclasses.field(default_factory=dict)
     output_names: tuple = ()
     half_policy: str | None = None
+    arguments: Mapping[int, tuple] = dataclasses.field(default_factory=dict)
 
     def fact(self, layer) -> LayerFacts:
         """The `LayerFacts` of one layer (or output op) of the model."""
         return self.facts.get(id(layer), _NO_FACTS)
+
+    def first_call(self, layer) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of a layer's first symbolic call (``((), {})``: none)."""
+        return self.arguments.get(id(layer), ((), {}))
 
 
 _NO_FACTS = LayerFacts()
@@ -407,9 +418,11 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
         frozenset(dtype for dtype in HALF_DTYPES if not isinstance(layer, keras.Model) and any(
             rounded_ids(layer, tensor, dtype) for tensor in _internals.call_inputs(layer))))
         for _, layer in walked}
-    # Every operation's call inputs (a functional model's Keras ops too).
-    calls = {id(op): tuple(_internals.call_inputs(op)) for op in (
-        *(layer for _, layer in walked), *getattr(model, "operations", ()))}
+    # Every operation's calls (a functional model's Keras ops too): the
+    # inputs of each, and the arguments of the first, as it was made.
+    operations_walked = (*(layer for _, layer in walked), *getattr(model, "operations", ()))
+    calls = {id(op): tuple(_internals.call_inputs(op)) for op in operations_walked}
+    arguments = {id(op): _internals.first_call_arguments(op) for op in operations_walked}
     tensors = [*(t for ts in calls.values() for t in ts), *model_outputs, *model_inputs]
     histories = {id(t): _internals.keras_history(t) for t in tensors}
     made_by = {key: getattr(history, "operation", None) for key, history in histories.items()}
@@ -447,7 +460,7 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     return Survey(model, walked, names, outputs, tuple(output_layers.values()), consumers,
                   frozenset(operations), top, frozenset(inputs), facts, calls, made_by,
                   tuple(output_names),
-                  next((half for half in halves if half), None))
+                  next((half for half in halves if half), None), arguments)
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:
