@@ -225,6 +225,26 @@ def serialize_as_keras_class(cls, keras_name: str) -> None:
     api_export.REGISTERED_OBJS_TO_NAMES[cls] = keras_name
 
 
+def resolve_keras_name(keras_name: str, obj) -> None:
+    """Makes ``keras.saving`` resolve Keras's public class name ``keras_name`` to `obj`.
+
+    A config naming a Keras class (module ``keras.*``, no registered name)
+    is resolved through ``keras.src.api_export.REGISTERED_NAMES_TO_OBJS``
+    (``serialization_lib._retrieve_class_or_fn``, its only reader), and
+    Keras then calls ``obj.from_config(config)``. The public attribute
+    (``keras.optimizers.LossScaleOptimizer``) and the class -> name direction
+    stay Keras's. For tf_mixed's optimizer, whose files name Keras's wrapper
+    (`tf_mixed.scaling.portable`). Keras 3.15.1 (``keras/src/api_export.py``).
+
+    Args:
+        keras_name: A public Keras name, such as "keras.optimizers.LossScaleOptimizer".
+        obj: What the name resolves to: anything with a ``from_config``.
+    """
+    from keras.src import api_export
+
+    api_export.REGISTERED_NAMES_TO_OBJS[keras_name] = obj
+
+
 def optimizer_trainable_variables(optimizer) -> list:
     """The variables a built optimizer was built for (``_trainable_variables``).
 
