@@ -888,3 +888,19 @@ def test_distinct_function_omits_the_frequent_retracing_warning():
     function = _internals.distinct_function(lambda x: x + 1)
     assert function._omit_frequent_tracing_warning is True
     assert float(function(tf.constant(1.0))) == 2.0
+
+
+def test_checkpoint_being_read_is_true_inside_a_read_or_restore_only(tmp_path):
+    """Guards the frames of tf.train.Checkpoint.read/restore (checkpoint_being_read)."""
+    seen = []
+    module = tf.Module()
+    module.value = _internals.checkpoint_value(
+        lambda: (seen.append(("save", _internals.checkpoint_being_read()))
+                 or {"x": tf.constant(1.0)}),
+        lambda tensors: seen.append(("restore", _internals.checkpoint_being_read())))
+    path = tf.train.Checkpoint(root=module).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(root=module).read(path)
+    tf.train.Checkpoint(root=module).restore(path)
+    assert seen[0] == ("save", False)
+    assert [read for kind, read in seen[1:] if kind == "restore"] == [True, True]
+    assert not _internals.checkpoint_being_read()

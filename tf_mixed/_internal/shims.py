@@ -1114,6 +1114,36 @@ def model_being_restored(owns: Callable[[Any], bool]):
     return None
 
 
+def checkpoint_being_read() -> bool:
+    """Whether a ``tf.train.Checkpoint`` ``read`` / ``restore`` is under way now.
+
+    Reaches: the frames of ``tf.train.Checkpoint.read`` / ``restore``
+    (TensorFlow 2.21.0), as `model_being_restored` does. TensorFlow asks each
+    object for its checkpoint children (``_trackable_children``) both when it
+    saves and when it restores, and hands a value only to a child listed then.
+
+    Why: an optimizer with no healing attached lists a child that takes a
+    restored healed set and the attribution's counters during a read only,
+    so a save of an optimizer that never held them writes nothing new
+    (docs/healing.md). No public API says whether a listing is for a save or
+    a restore.
+
+    Returns:
+      True inside a ``tf.train.Checkpoint`` read or restore, else False.
+    """
+    import sys
+
+    import tensorflow as tf
+
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("read", "restore") and isinstance(
+                frame.f_locals.get("self"), tf.train.Checkpoint):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def variables_read_so_far():
     """The variables the ``tf.function`` being traced has read so far, or None.
 

@@ -372,6 +372,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """
         grads, trainable_variables, unscaled = _checked_apply_args(
             self, grads, trainable_variables, unscaled)
+        self._step_state.attribution.refuse_unapplied()  # a healed set no model took
         _ready_to_step(self, trainable_variables)
         with keras.name_scope(self.name, caller=self):
             return pipeline.step(self, self._step_state, grads, trainable_variables, unscaled)
