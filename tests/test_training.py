@@ -253,14 +253,16 @@ def test_mixed_float16_reaches_the_float32_loss(loop):
 def test_shared_mirrored_strategy_takes_one_device_string(devices, monkeypatch):
     # A fake strategy class: a real second MirroredStrategy in this process
     # would collide with the shared one (see shared_mirrored_strategy).
+    from tf_mixed.distribute import mirrored
+
     made = []
-    monkeypatch.setattr(training, "_MIRRORED_STRATEGIES", {})
+    monkeypatch.setattr(mirrored, "_MIRRORED_STRATEGIES", {})
     monkeypatch.setattr(tf.distribute, "MirroredStrategy",
                         lambda devices: made.append(devices) or object())
     first = training.shared_mirrored_strategy("CPU:0")
     assert training.shared_mirrored_strategy(devices) is first
     assert made == [["CPU:0"]]
-    assert list(training._MIRRORED_STRATEGIES) == [("CPU:0",)]
+    assert list(mirrored._MIRRORED_STRATEGIES) == [("CPU:0",)]
 
 
 # ------------------------------------------- issue 34.6: the README's loop

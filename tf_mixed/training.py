@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tf_mixed._internal import tf_keras_check
 from tf_mixed._internal import validate as _validate
+from tf_mixed.distribute.mirrored import shared_mirrored_strategy
 from tf_mixed.scaling import optimizer as loss_scale_module
 from tf_mixed.scaling import unscaled_loop
 
@@ -33,10 +34,6 @@ __all__ = [
     "make_train_step",
     "shared_mirrored_strategy",
 ]
-
-# One MirroredStrategy per device set per process; see shared_mirrored_strategy.
-_MIRRORED_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
-
 
 def current_scale(optimizer) -> tf.Tensor:
     """The loss scale ``optimizer`` multiplies losses by, as a float32 tensor.
@@ -207,9 +204,11 @@ def make_train_step(
     The first calls check the model's half policy against float32 on this
     very step (`tf_mixed.policy.model_check`): each is a real training step,
     in one policy or the other, and then the model keeps the half policy,
-    or, where auto chose it and float32 is faster, moves to float32; an
-    explicit policy slower than float32 is kept with one warning
-    (docs/policies.md; ``TF_MIXED_MODEL_CHECK=0`` turns it off).
+    or, where auto chose it and float32 is faster, moves to float32 (or to
+    a per-layer plan timed on this step, planned on the shapes of the first
+    call's batch, when the check's budget allows and it beats float32 too,
+    as in ``fit``); an explicit policy slower than float32 is kept with one
+    warning (docs/policies.md; ``TF_MIXED_MODEL_CHECK=0`` turns it off).
 
     Returns:
         A function ``step(x, y) -> {"loss": float32 tensor, "applied": bool
@@ -336,10 +335,13 @@ def _checking_step(model, optimizer, strategy, build, first):
 
     `tf_mixed.policy.model_check.Check` runs its rounds on these calls (each
     a real step, in one policy or the other; each policy's step traced once
-    by ``build``) and keeps the verdict's policy (docs/policies.md). A model
-    not built yet is checked from its second call.
+    by ``build``) and keeps the verdict's policy (docs/policies.md). Under
+    auto, a per-layer plan is its third candidate, planned on the shapes of
+    the first checked call's batch (`tf_mixed.tools.planning.step_candidate`,
+    as in fit). A model not built yet is checked from its second call.
     """
     from tf_mixed.policy import model_check
+    from tf_mixed.tools.planning import step_candidate
 
     if not model_check.enabled():
         return first
@@ -358,11 +360,15 @@ def _checking_step(model, optimizer, strategy, build, first):
 
     def step(x, y):
         if not checks and model.built:
-            local = tf.nest.map_structure(
-                lambda v: strategy.experimental_local_results(v)[0], x)
+            local_x, local_y = tf.nest.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0], (x, y))
+            # The plan candidate times its layers on this call's shapes (one
+            # replica's share), as fit's does on fit's (one source).
+            seen = [step_candidate.spec_of((local_x, local_y))]
             check = model_check.Check(
                 model, "make_train_step's first calls", switch, strategy=strategy,
-                batch=local, on_verdict=on_verdict)
+                batch=local_x, on_verdict=on_verdict,
+                plan_source=step_candidate.plan_source(seen, who="make_train_step"))
             if check.active:
                 functions[check.half] = current[0]
             checks.append(check)
@@ -463,35 +469,3 @@ def heal_layers(model, names, optimizer=None) -> list:
     if attached is not None:
         attached.mark_healed(list(names))
     return changed
-
-
-def shared_mirrored_strategy(devices=None) -> tf.distribute.MirroredStrategy:
-    """The process's one ``MirroredStrategy`` over ``devices``.
-
-    In TF 2.21 every ``MirroredStrategy`` object numbers its collective
-    all-reduces from the same keys. A second strategy over the same devices in
-    one process therefore reuses the first one's collective instances, and as
-    soon as a tensor shape differs (another model) TF aborts every collective
-    in the process: "Shape mismatch in the collective instance 100 ... Restart
-    your program". Sharing one strategy per device set avoids it; the bench
-    and the tests use this.
-
-    Args:
-        devices: Device names such as ``["CPU:0", "CPU:1"]``, one device name
-            such as ``"GPU:0"``, or None for all GPUs (TF's default).
-
-    Returns:
-        A ``tf.distribute.MirroredStrategy``, the same object for the same
-        devices however they are spelled.
-    """
-    if isinstance(devices, str):  # one device, not its characters
-        devices = [devices]
-    key: tuple[str, ...] = ()
-    if devices is not None:
-        specs = [tf.DeviceSpec.from_string(d) for d in devices]
-        key = tuple(f"{s.device_type}:{s.device_index}" for s in specs)
-    if key not in _MIRRORED_STRATEGIES:
-        _MIRRORED_STRATEGIES[key] = tf.distribute.MirroredStrategy(
-            list(devices) if devices is not None else None
-        )
-    return _MIRRORED_STRATEGIES[key]

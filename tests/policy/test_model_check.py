@@ -20,6 +20,7 @@ from tf_mixed import training
 from tf_mixed._internal import measuring
 from tf_mixed.policy import model_check
 from tf_mixed.policy.model_check import Figures, StepRounds
+from tf_mixed.tools.planning import step_candidate
 
 # Every test runs with the check on, its cache fresh, auto's host choice faked.
 pytestmark = pytest.mark.usefixtures("check_on")
@@ -461,6 +462,9 @@ def test_make_train_step_under_auto_moves_a_slower_model(monkeypatch):
     model = _model()
     clock = FakeClock({"bfloat16": 0.02, "float32": 0.01}).watch(model.get_layer("hidden"))
     monkeypatch.setattr(model_check, "clock", clock)
+    # The whole-model move: no per-layer plan (tests/policy/test_model_check_plan.py's).
+    monkeypatch.setattr(step_candidate, "plan_source",
+                        lambda seen, who="fit": lambda model, budget: "no plan (faked)")
     optimizer = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01))
     optimizer.build(model.trainable_variables)
     step = training.make_train_step(model, "sparse_categorical_crossentropy", optimizer)
@@ -471,6 +475,7 @@ def test_make_train_step_under_auto_moves_a_slower_model(monkeypatch):
     verdict = step.model_check[0].verdict
     assert (verdict.action, verdict.policy) == ("moved", "float32")
     assert "make_train_step's first calls" in verdict.message
+    assert verdict.message.endswith("A per-layer plan was not timed: no plan (faked).")
     assert model.get_layer("hidden").compute_dtype == "float32"
 
 

@@ -4,6 +4,7 @@ Timings are faked (a clock that advances by the step cost of the precisions
 the model's layers are in when read), so no test depends on this host.
 """
 
+import contextlib
 import logging as std_logging
 
 import keras
@@ -242,6 +243,16 @@ def test_the_plan_source_says_why_it_cannot_plan_a_subclassed_model():
     assert isinstance(why, str) and why.startswith("tf_mixed.plan cannot plan this model")
 
 
+def test_the_plan_source_of_make_train_step_takes_its_first_calls_shapes():
+    model = _model()
+    spec = step_candidate.spec_of((np.zeros((4, 8), "float32"), np.zeros(4, "int64")))
+    assert [(s.shape.as_list(), s.dtype.name) for s in spec] == [([4, 8], "float32"),
+                                                                  ([4], "int64")]
+    assert step_candidate.batch_like(spec).shape == (4, 8)
+    assert step_candidate.plan_source([], who="make_train_step")(model, 1.0) == (
+        "make_train_step showed no batch shapes to time the layers on")
+
+
 def test_float32_paths_cover_a_nested_models_layers():
     inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="a")], name="inner")
     inputs = keras.Input((4,))
@@ -249,3 +260,135 @@ def test_float32_paths_cover_a_nested_models_layers():
     paths = step_candidate.float32_paths(outer, ["inner"])
     assert set(paths) == set(model_check.policies_of(inner))
     assert "inner/a" in paths and not {"b", "outer"} & set(paths)
+
+
+# ---------------------------------------------------------------- in make_train_step
+
+
+def _fake_source(plans):
+    """A plan source factory answering the logits layer in float32, noting what it was given."""
+
+    def source(seen, who="fit"):
+        def plan(model, budget):
+            plans.append((budget, seen[0] if seen else None, who))
+            return step_candidate.float32_paths(model, ["logits"]), "faked plan"
+        return plan
+
+    return source
+
+
+def _step_until_decided(model, clock, monkeypatch, plans, *, strategy=None, batches=None):
+    """make_train_step's step called until its check decides; (step, calls)."""
+    from tf_mixed import training
+
+    monkeypatch.setattr(model_check, "clock", clock)
+    monkeypatch.setattr(step_candidate, "plan_source", _fake_source(plans))
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        optimizer = tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.01))
+        optimizer.build(model.trainable_variables)
+    step = training.make_train_step(model, "sparse_categorical_crossentropy", optimizer,
+                                    strategy=strategy)
+    if batches is None:
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(16, 8)).astype("float32")
+        batches = iter(lambda: (x, np.arange(16) % 3), None)
+    calls = 0
+    while calls < 60 and not (step.model_check and not step.model_check[0].active):
+        out = step(*next(batches))
+        calls += 1
+    assert np.isfinite(float(out["loss"]))
+    return step, calls
+
+
+@pytest.mark.slow
+def test_make_train_step_under_auto_moves_a_losing_half_policy_to_a_faster_plan(
+        monkeypatch, caplog):
+    tf_mixed.enable("auto")
+    model = _model()
+    plans = []
+    with caplog.at_level(std_logging.WARNING):
+        step, _ = _step_until_decided(model, MixClock(model, PLAN_WINS), monkeypatch, plans)
+    verdict = step.model_check[0].verdict
+    assert (verdict.action, verdict.policy) == ("planned", HALF)
+    assert verdict.figures.ratio == pytest.approx(0.5)
+    assert verdict.plan.figures.ratio == pytest.approx(2.0)
+    assert verdict.plan.float32_layers == ("logits",)
+    assert [model.get_layer(n).compute_dtype for n in ("hidden", "logits", "head")] == [B, F, F]
+    assert "make_train_step's first calls" in verdict.message
+    assert "now trains with that plan" in caplog.text
+    # Asked once, within the budget left, with the first call's (x, y) shapes.
+    (budget, spec, who), = plans
+    assert 0 < budget <= model_check.CHECK_SECONDS and who == "make_train_step"
+    assert [s.shape.as_list() for s in spec] == [[16, 8], [16]]
+    assert step_candidate.batch_like(spec).shape == (16, 8)
+    # The step keeps training with the plan: no more switches, no more timing.
+    reads = step.model_check[0].steps
+    step(np.zeros((16, 8), "float32"), np.zeros(16, "int64"))
+    assert step.model_check[0].steps == reads
+    # A new model of the same config and batch: the cache decides at its first call.
+    keras.backend.clear_session()
+    tf_mixed.enable("auto")
+    again = _model()
+    clock = MixClock(again, PLAN_WINS)
+    second, calls = _step_until_decided(again, clock, monkeypatch, plans)
+    assert second.model_check[0].verdict.cached and calls == 1
+    assert second.model_check[0].verdict.action == "planned"
+    assert again.get_layer("logits").compute_dtype == F and len(plans) == 1
+    assert clock.reads == 0
+
+
+@pytest.mark.slow
+def test_make_train_step_keeps_float32_when_the_plan_is_not_faster(monkeypatch):
+    tf_mixed.enable("auto")
+    model = _model()
+    step, _ = _step_until_decided(model, MixClock(model, PLAN_LOSES), monkeypatch, [])
+    verdict = step.model_check[0].verdict
+    assert (verdict.action, verdict.policy) == ("moved", "float32")
+    assert verdict.plan.figures.ratio == pytest.approx(0.01 / 0.015)
+    assert model.get_layer("hidden").compute_dtype == F and "float32 kept." in verdict.message
+
+
+@pytest.mark.slow
+def test_make_train_step_tries_no_plan_its_budget_forbids(monkeypatch):
+    tf_mixed.enable("auto")
+    model = _model()
+    plans = []
+    monkeypatch.setenv(model_check.SECONDS_ENV, "2.5")  # room for float32, not the plan
+    step, _ = _step_until_decided(model, MixClock(model, PLAN_WINS, trace=1.0),
+                                  monkeypatch, plans)
+    verdict = step.model_check[0].verdict
+    assert (verdict.action, verdict.policy) == ("moved", "float32") and plans == []
+    assert "it would cost about 1.5 s of CPU" in verdict.plan.summary
+    assert "A per-layer plan was not timed" in verdict.message
+    assert model.get_layer("hidden").compute_dtype == F
+
+
+@pytest.mark.slow
+def test_make_train_step_on_two_replicas_takes_one_plan_every_replica_runs(
+        monkeypatch, mirrored):
+    import tensorflow as tf
+
+    tf_mixed.enable("auto")
+    with mirrored.scope():
+        model = _model()
+    plans = []
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices(
+        (rng.normal(size=(64, 8)).astype("float32"), np.arange(64) % 3)).batch(16).repeat()
+    batches = iter(mirrored.experimental_distribute_dataset(data))
+    step, _ = _step_until_decided(model, MixClock(model, PLAN_WINS), monkeypatch, plans,
+                                  strategy=mirrored, batches=batches)
+    verdict = step.model_check[0].verdict
+    assert (verdict.action, verdict.policy) == ("planned", HALF)
+    # One plan, timed on one replica's share of the batch (16 over 2 replicas).
+    (_, spec, _), = plans
+    assert [s.shape.as_list() for s in spec] == [[8, 8], [8]]
+    # Every replica computes with it: hidden in bfloat16, logits in float32.
+
+    def replica(x):
+        hidden = model.get_layer("hidden")(x)
+        return hidden, model.get_layer("logits")(hidden)
+
+    hidden, logits = mirrored.run(replica, args=(next(batches)[0],))
+    assert [v.dtype for v in mirrored.experimental_local_results(hidden)] == [tf.bfloat16] * 2
+    assert [v.dtype for v in mirrored.experimental_local_results(logits)] == [tf.float32] * 2

@@ -1,5 +1,7 @@
 """tf_mixed.tools.catalog.matching: a layer is judged by the nearest measured configuration."""
 
+import sys
+
 import keras
 import pytest
 
@@ -79,6 +81,25 @@ def test_rows_without_configuration_values_match_the_first():
     found = matching.nearest([first, second], keras.layers.LayerNormalization(epsilon=0.5))
     assert found == matching.Match(first, True, ())
     assert matching.nearest([], keras.layers.Dense(2)) is None
+
+
+def test_a_row_is_matched_only_by_the_class_it_measured(monkeypatch):
+    def row(source):
+        return results.Row("RMSNormalization", "epsilon=1e-6", "mixed_bfloat16", source, (),
+                           (), (), SafeRange(1.0, 2.0, "", ""))
+
+    assert matching.row_class(row("keras")) is keras.layers.RMSNormalization
+    assert matching.row_class(row("user")) is None
+    monkeypatch.delitem(sys.modules, "keras_hub", raising=False)  # a model without KerasHub
+    assert matching.row_class(row("keras_hub")) is None
+
+    class RMSNormalization(keras.layers.RMSNormalization):  # the name, not the class
+        pass
+
+    assert model_check.match_for(results.stored(), RMSNormalization(), "mixed_bfloat16") is None
+    found = model_check.match_for(results.stored(), keras.layers.RMSNormalization(),
+                                  "mixed_bfloat16")
+    assert (found.row.key, found.close) == ("RMSNormalization[epsilon=1e-6]", True)
 
 
 def test_a_size_beyond_every_measured_one_is_not_close():

@@ -96,3 +96,7 @@ def test_the_zoo_is_checked_without_error(name):
         model = ZOO[name].ready()
     notes = model_check.check_model(model, has_gpu=False)
     assert all(n.code == "catalog_narrow" for n in notes)
+    # Its coverage agrees: no layer unmatched (that would be a catalog_unmatched note).
+    covered = model_check.coverage(model)
+    assert {c.status for c in covered} <= {"matched", "no_rows"}
+    assert {n.layer for n in notes} <= {c.layer for c in covered if c.status == "matched"}

@@ -3,14 +3,21 @@
 # A class's rows differ in the values that move its numerics (`MATCH_KEYS`):
 # a normalization's ``epsilon``, a Dense layer's ``units`` and the length of
 # its sums (``input_dim``), an Activation's function, Dot's ``normalize``,
-# Attention's score. A layer is judged by the row of its class and policy
-# whose values are nearest its own: numbers by how many decades apart they
-# are, anything else equal or not. A row is *close* when every value it
-# states is within `CLOSE_DECADES` of the layer's and every other one is
-# equal; a size (`SIZE_KEYS`) smaller than the measured one is close at any
-# distance (fewer terms in a sum: less rounding, later overflow). When no row
-# is close, the layer has no row to be judged by and the check says so
-# (`tf_mixed.tools.catalog.model_check`'s ``catalog_unmatched``).
+# Attention's score, a KerasHub transformer block's width, inner size,
+# activation, ``layer_norm_epsilon`` and ``normalize_first``. A layer is
+# judged by the row of its class and policy whose values are nearest its own:
+# numbers by how many decades apart they are, anything else equal or not. A
+# row is *close* when every value it states is within `CLOSE_DECADES` of the
+# layer's and every other one is equal; a size (`SIZE_KEYS`) smaller than
+# the measured one is close at any distance (fewer terms in a sum: less
+# rounding, later overflow). When no row is close, the layer has no row to be
+# judged by and the check says so (`tf_mixed.tools.catalog.model_check`'s
+# ``catalog_unmatched``).
+#
+# A row is its class's: a ``keras`` row is matched by `keras.layers`' class of
+# its name, a ``keras_hub`` row by `keras_hub.layers`' (`row_class`), never by
+# another class of the same name (KerasHub's Gemma has its own
+# RMSNormalization, which computes in float32 inside: not Keras's).
 #
 # Rows measured under a condition no layer configuration shows (a ``mask``,
 # a large-mean ``distribution``) are not candidates: what they measured is
@@ -21,6 +28,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, NamedTuple, Sequence
 
 from tf_mixed._internal import shims as _internals
@@ -28,13 +36,13 @@ from tf_mixed._internal.facts import activation_name
 from tf_mixed.tools.catalog.results import Row
 
 __all__ = ["CLOSE_DECADES", "CONDITIONS", "MATCH_KEYS", "SIZE_KEYS", "Match", "describe",
-           "nearest"]
+           "nearest", "row_class"]
 
 MATCH_KEYS = ("epsilon", "units", "input_dim", "activation", "normalize", "use_scale",
-              "score_mode")
+              "score_mode", "layer_norm_epsilon", "intermediate_dim", "normalize_first")
 """The configuration values a layer is matched on (when its class's rows state them)."""
 
-SIZE_KEYS = ("units", "input_dim")
+SIZE_KEYS = ("units", "input_dim", "intermediate_dim")
 """Sizes: a layer smaller than a measured configuration is covered by it."""
 
 CONDITIONS = ("mask", "distribution")
@@ -57,6 +65,22 @@ class Match(NamedTuple):
     row: Row
     close: bool
     differences: tuple[str, ...]
+
+
+def row_class(row: Row) -> type | None:
+    """The class a row measured: `keras.layers`' class of its name for a
+    ``keras`` row, `keras_hub.layers`' for a ``keras_hub`` row (None when
+    KerasHub is not imported: no layer of a model is then KerasHub's), None
+    for a user's row.
+    """
+    if row.source == "keras":
+        import keras
+
+        return getattr(keras.layers, row.layer, None)
+    if row.source == "keras_hub":
+        hub = sys.modules.get("keras_hub")
+        return None if hub is None else getattr(hub.layers, row.layer, None)
+    return None
 
 
 def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:

@@ -38,7 +38,8 @@ from tf_mixed.policy import precision_map
 from tf_mixed.tools.catalog import matching
 from tf_mixed.tools.catalog.results import Catalog, Row, stored
 
-__all__ = ["NARROW", "CatalogNote", "bounded_layers", "check_model", "input_magnitudes",
+__all__ = ["NARROW", "CatalogNote", "Covered", "bounded_layers", "check_model", "coverage",
+           "input_magnitudes",
            "input_tap", "magnitudes_from_probe", "match_for", "row_for", "surveyed_magnitudes",
            "surveyed_match", "surveyed_tap"]
 
@@ -95,13 +96,11 @@ def surveyed_match(catalog: Catalog, found, layer, policy: str) -> matching.Matc
 
 
 def _class_rows(catalog: Catalog, cls: type, policy: str) -> list[Row]:
-    """The catalog's rows of a layer class under one policy (users' rows left out)."""
-    import keras
-
-    # keras.layers may export a class under another name (GroupQueryAttention).
-    names = {cls.__name__} | {n for n, c in vars(keras.layers).items() if c is cls}
+    """The catalog's rows of a layer class under one policy: the rows that
+    measured that very class (`tf_mixed.tools.catalog.matching.row_class`;
+    another class of the same name has none, users' rows are left out)."""
     return [row for row in catalog.rows
-            if row.layer in names and row.policy == policy and row.source != "user"]
+            if row.policy == policy and matching.row_class(row) is cls]
 
 
 def row_for(catalog: Catalog, layer, policy: str) -> Row | None:
@@ -125,7 +124,6 @@ def check_model(model, magnitudes: Mapping[str, float] | None = None,
     Returns:
         `CatalogNote` values, in the model's layer order.
     """
-    import keras
 
     catalog = catalog if catalog is not None else _stored()
     if has_gpu is None:
@@ -133,12 +131,8 @@ def check_model(model, magnitudes: Mapping[str, float] | None = None,
 
         has_gpu = hardware.detect().has_gpu
     notes = []
-    for name, layer in walk_layers(model):
-        if isinstance(layer, keras.Model) or is_input_layer(layer):
-            continue
-        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
-        policy = half_policy(dtype) if dtype in HALF_DTYPES else None
-        found = match_for(catalog, layer, policy) if policy else None
+    for name, layer, dtype, policy in _half_layers(model):
+        found = match_for(catalog, layer, policy)
         if found is None:
             continue
         row = found.row
@@ -177,19 +171,109 @@ def check_model(model, magnitudes: Mapping[str, float] | None = None,
     return notes
 
 
+@dataclasses.dataclass(frozen=True)
+class Covered:
+    """How the catalog covers one half-precision layer of a model.
+
+    Attributes:
+        layer: the layer's name (``outer/inner`` inside a nested model).
+        cls: its class, ``module.Class``.
+        policy: the half policy it computes under.
+        status: "matched" (a row close to its configuration judges it),
+            "unmatched" (its class has rows, none close: ``catalog_unmatched``)
+            or "no_rows" (the catalog measured no configuration of its class).
+        row: the nearest row's key ("" with "no_rows").
+        differences: what is not close ("unmatched" only).
+    """
+
+    layer: str
+    cls: str
+    policy: str
+    status: str
+    row: str = ""
+    differences: tuple[str, ...] = ()
+
+
+def coverage(model, catalog: Catalog | None = None) -> list[Covered]:
+    """Which half-precision layers of ``model`` the catalog judges, and by which row.
+
+    The layers `check_model` looks up (every layer but nested models and
+    inputs, a KerasHub block as one layer), each as `check_model` matches it
+    (`match_for`).
+
+    Args:
+        model: a `keras.Model`.
+        catalog: the catalog (default: the stored one).
+
+    Returns:
+        `Covered` values in the model's layer order.
+    """
+
+    catalog = catalog if catalog is not None else _stored()
+    found = []
+    for name, layer, _, policy in _half_layers(model):
+        cls = f"{type(layer).__module__}.{type(layer).__qualname__}"
+        match = match_for(catalog, layer, policy)
+        if match is None:
+            found.append(Covered(name, cls, policy, "no_rows"))
+        else:
+            found.append(Covered(name, cls, policy, "matched" if match.close else "unmatched",
+                                 match.row.key, match.differences))
+    return found
+
+
+def _half_layers(model):
+    """``(name, layer, compute dtype, half policy)`` of each layer the catalog
+    judges: every half-precision layer but nested models and inputs."""
+    import keras
+
+    for name, layer in walk_layers(model):
+        if isinstance(layer, keras.Model) or is_input_layer(layer):
+            continue
+        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
+        policy = half_policy(dtype) if dtype in HALF_DTYPES else None
+        if policy is not None:
+            yield name, layer, dtype, policy
+
+
 def _unmatched(name: str, layer, found: matching.Match) -> CatalogNote:
     row = found.row
-    found_config = matching.describe(layer)
-    dim = found_config.pop("input_dim", None)
-    config = repr(found_config) + (f", inputs=[({dim},)]" if dim else "")
+    config, shape = _case_arguments(layer)
     return CatalogNote(
         "info", "catalog_unmatched", name,
         f"Layer '{name}' ({row.layer}) is not close to any configuration the catalog "
         f"measured under {row.policy}: the nearest, {row.key}, differs in "
         f"{'; '.join(found.differences)}. Its safe range is not known.",
         "measure it: tf_mixed.catalog([tf_mixed.tools.catalog.user_case("
-        f"{row.layer!r}, config={config})]), then compare its range with the "
-        "magnitudes its inputs reach.")
+        f"{row.layer!r}, config={config!r}" + (f", inputs=[{shape}]" if shape else "")
+        + ")]), then compare its range with the magnitudes its inputs reach.")
+
+
+def _case_arguments(layer) -> tuple[dict[str, Any], tuple[int, ...] | None]:
+    """The ``config`` and input shape of a `user_case` measuring ``layer``'s
+    configuration: its matched values and the constructor arguments it
+    cannot be built without (a KerasHub block's ``num_heads``); its first
+    input's shape less the batch axis, an unknown length as 8."""
+    import inspect
+
+    described = matching.describe(layer)
+    dim = described.pop("input_dim", None)
+    try:
+        own = layer.get_config()
+    except Exception:  # noqa: BLE001 - a layer without a config: its matched values only
+        own = {}
+    try:
+        parameters = list(inspect.signature(type(layer).__init__).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    required = [p.name for p in parameters if p.name != "self" and p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    config = {**{key: own[key] for key in required if key in own}, **described}
+    inputs = _internals.call_inputs(layer)
+    shape = getattr(inputs[0], "shape", None) if inputs else None
+    if shape is not None and len(shape) >= 2:
+        return config, tuple(8 if d is None else int(d) for d in shape[1:])
+    return config, (int(dim),) if dim else None
 
 
 def _covers(row: Row, low: float, high: float) -> bool:

@@ -470,7 +470,15 @@ def _eager(name: str, kwargs: dict):
 
 
 def hub_cases() -> list[Case]:
-    """KerasHub's layers (`keras_hub.layers`) in common configurations; [] without KerasHub."""
+    """KerasHub's layers (`keras_hub.layers`) in common configurations; [] without KerasHub.
+
+    A block's ``args`` state what a model's block is matched on
+    (`tf_mixed.tools.catalog.matching`): its hidden size (``input_dim``),
+    ``intermediate_dim``, activation, ``layer_norm_epsilon`` and
+    ``normalize_first``; besides the small default block, the block as BERT
+    (post-norm, epsilon 1e-12) and GPT-2 (pre-norm, epsilon 1e-5) build it,
+    with KerasHub's tanh-form gelu, at their base size (768 wide, 3072 inside).
+    """
     try:
         import keras_hub  # noqa: F401
     except ImportError:
@@ -478,17 +486,34 @@ def hub_cases() -> list[Case]:
 
     def hub(name, **kwargs):
         def make(policy):
+            import keras
             import keras_hub
 
-            return getattr(keras_hub.layers, name)(**kwargs, dtype=policy)
+            # BERT's and GPT-2's activation is KerasHub's registered
+            # "keras_hub>gelu_approximate" (tanh form), not Keras's "gelu".
+            named = {key: keras.saving.get_registered_object(value)
+                     if isinstance(value, str) and ">" in value else value
+                     for key, value in kwargs.items()}
+            return getattr(keras_hub.layers, name)(**named, dtype=policy)
         return make
 
+    def block(name, label, width, **kwargs):
+        """A TransformerEncoder/Decoder case, its matched values in ``args``."""
+        defaults = {"activation": "relu", "layer_norm_epsilon": 1e-05, "normalize_first": False}
+        args = {**defaults, **kwargs, "input_dim": width}
+        args["activation"] = args["activation"].rpartition(">")[2]  # the function's name
+        return Case(name, label, hub(name, **kwargs), inputs=((6, width),), source="keras_hub",
+                    args=args)
+
+    gelu = "keras_hub>gelu_approximate"
     seq = ((6, 16),)
     return [
-        Case("TransformerEncoder", "heads=2", hub("TransformerEncoder", intermediate_dim=32,
-                                                   num_heads=2), inputs=seq, source="keras_hub"),
-        Case("TransformerDecoder", "heads=2", hub("TransformerDecoder", intermediate_dim=32,
-                                                   num_heads=2), inputs=seq, source="keras_hub"),
+        block("TransformerEncoder", "heads=2", 16, intermediate_dim=32, num_heads=2),
+        block("TransformerEncoder", "BERT: post-norm, epsilon=1e-12, 768", 768,
+              intermediate_dim=3072, num_heads=12, activation=gelu, layer_norm_epsilon=1e-12),
+        block("TransformerDecoder", "heads=2", 16, intermediate_dim=32, num_heads=2),
+        block("TransformerDecoder", "GPT-2: pre-norm, epsilon=1e-5, 768", 768,
+              intermediate_dim=3072, num_heads=12, activation=gelu, normalize_first=True),
         Case("PositionEmbedding", "length=6", hub("PositionEmbedding", sequence_length=6),
              inputs=seq, source="keras_hub"),
         Case("SinePositionEncoding", "default", hub("SinePositionEncoding"), inputs=seq,

@@ -399,7 +399,7 @@ def run_check(
     Raises:
         StrategyUnavailable: If a MirroredStrategy cannot be built here.
     """
-    from tf_mixed.training import shared_mirrored_strategy
+    from tf_mixed.distribute.mirrored import shared_mirrored_strategy
 
     devices = choose_devices()
     try:

@@ -176,7 +176,6 @@ def _jit_under_strategy(strategy) -> tuple[bool | None, bool, str]:
     import keras
     import tensorflow as tf
 
-    from tf_mixed import training
     from tf_mixed.scaling.optimizer import LossScaleOptimizer
 
     with strategy.scope():
@@ -193,12 +192,25 @@ def _jit_under_strategy(strategy) -> tuple[bool | None, bool, str]:
             tf.errors.InternalError) as error:
         first = str(error).strip().splitlines()[0][:160]
         present, what = True, f"XLA: {type(error).__name__}: {first}"
+    # tf_mixed's refusal, in the optimizer (make_train_step(jit_compile=True)
+    # refuses the same way before it traces): a jit-compiled step under the
+    # strategy is stopped at its trace with a clear error, before XLA's.
     with strategy.scope():
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        optimizer.build(model.trainable_variables)
+
+    @tf.function(jit_compile=True)
+    def scaled_step():
+        def replica():
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                loss = optimizer.scale_loss(tf.reduce_sum(model(tf.ones((1, 2)))))
+            return optimizer.apply(tape.gradient(loss, variables), variables)
+        return strategy.run(replica)
+
     try:
-        training.make_train_step(model, keras.losses.MeanSquaredError(), optimizer,
-                                 strategy=strategy, jit_compile=True)
+        scaled_step()
         refused = False
     except ValueError:
         refused = True
