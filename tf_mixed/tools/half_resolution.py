@@ -94,6 +94,9 @@ class Resolution:
 
 
 def _np(value) -> np.ndarray:
+    # A variable reads through .numpy(): NumPy 2 warns on np.array(variable).
+    if isinstance(value, keras.Variable):
+        value = value.numpy()
     return np.asarray(keras.ops.convert_to_numpy(value), dtype="float64")
 
 
