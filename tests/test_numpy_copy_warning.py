@@ -76,3 +76,17 @@ def test_audit_of_an_adapted_normalization_under_the_error_filter(deprecation_is
     # error inside it dropped the finding without a word.
     found = tf_mixed.audit(model, batch_size=8).by_code("half_resolution")
     assert [f.layer for f in found] == [normalization.name], found
+
+
+def test_layer_attribution_reads_under_the_error_filter(deprecation_is_an_error):
+    from tf_mixed.scaling.attribution import LayerAttribution
+
+    tf_mixed.enable("mixed_float16")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d1"),
+                              keras.layers.Dense(2, name="d2")])
+    model.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), "mse")
+    model.optimizer.build(model.trainable_variables)
+    attributed = LayerAttribution.attach(model, model.optimizer)
+    attributed.mark_healed(["d2"])
+    reading = attributed.read()
+    assert (reading.counts, reading.healed, attributed.log_size()) == ({}, ("d2",), 0)
