@@ -67,9 +67,12 @@ def test_per_replica_reads_of_a_variable_under_the_error_filter(deprecation_is_a
     np.testing.assert_array_equal(value, [1.0, 2.0])
 
 
-def test_audit_of_an_adapted_normalization_under_the_error_filter(deprecation_is_an_error):
-    tf_mixed.enable("mixed_float16")
-    normalization = keras.layers.Normalization(dtype="mixed_float16")  # half, on purpose
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_audit_of_an_adapted_normalization_under_the_error_filter(policy,
+                                                                  deprecation_is_an_error):
+    # NumPy 2 warns on np.array() of a bfloat16 tensor too, not only of a variable.
+    tf_mixed.enable(policy)
+    normalization = keras.layers.Normalization(dtype=policy)  # half, on purpose
     normalization.adapt(np.array([[1.0e4], [1.0e4 + 1.0]], "float32"))
     model = keras.Sequential([keras.Input((1,)), normalization, keras.layers.Dense(1)])
     # The measurement reads the adapted statistics (variables); a warning turned
