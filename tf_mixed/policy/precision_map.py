@@ -347,6 +347,11 @@ class Survey:
             None for a model computing in float32 throughout (`tf_mixed.probe`
             probes in it, and probes every float32 layer of such a mixed
             model in float32).
+        arguments: ``id(layer) -> (args, kwargs)`` of each top layer's first
+            symbolic call, KerasTensors in place of tensors
+            (`tf_mixed._internal.shims.first_call_arguments`; `first_call`
+            reads it): the plan's layer timing calls a copy of each layer as
+            the model calls it.
     """
 
     model: Any
@@ -363,10 +368,15 @@ class Survey:
     made_by: Mapping[int, Any] = dataclasses.field(default_factory=dict)
     output_names: tuple = ()
     half_policy: str | None = None
+    arguments: Mapping[int, tuple] = dataclasses.field(default_factory=dict)
 
     def fact(self, layer) -> LayerFacts:
         """The `LayerFacts` of one layer (or output op) of the model."""
         return self.facts.get(id(layer), _NO_FACTS)
+
+    def first_call(self, layer) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of a top layer's first symbolic call (``((), {})``: none)."""
+        return self.arguments.get(id(layer), ((), {}))
 
 
 _NO_FACTS = LayerFacts()
@@ -434,6 +444,7 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     for name, layer in walked:
         names.setdefault(id(layer), name)
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
+    arguments = {id(layer): _internals.first_call_arguments(layer) for layer in top}
     # What the probe asks of a model: its outputs' names (Keras's, else the
     # producers'), and the half dtype it computes in (the first leaf
     # layer's, else its own policy's) as a mixed policy.
@@ -447,7 +458,7 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     return Survey(model, walked, names, outputs, tuple(output_layers.values()), consumers,
                   frozenset(operations), top, frozenset(inputs), facts, calls, made_by,
                   tuple(output_names),
-                  next((half for half in halves if half), None))
+                  next((half for half in halves if half), None), arguments)
 
 
 def layer_names(model: keras.Model) -> dict[int, str]:

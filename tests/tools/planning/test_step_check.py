@@ -87,8 +87,42 @@ def test_the_step_check_steps_with_the_loss_it_is_handed():
         return keras.ops.mean(keras.ops.square(y_true - y_pred))
 
     last = measurement.layers[-1].name
-    rounds = step_check.time_steps(precision_map.survey(model), x, y, loss_fn,
-                                   {"float32": ("float32", ()),
-                                    "plan": ("mixed_bfloat16", (last,))}, rounds=1)
+    found = precision_map.survey(model)
+    rounds = step_check.time_steps(
+        found, x, y, loss_fn,
+        {"float32": precision_map.decide(model, "float32", found=found),
+         "plan": precision_map.decide(model, "mixed_bfloat16", plan={last: "float32"},
+                                      found=found)}, rounds=1)
     assert set(rounds) == {"float32", "plan"} and all(len(v) == 1 for v in rounds.values())
     assert seen and set(seen) == {tuple(y.shape)}  # each candidate's step traced with it
+
+
+@pytest.mark.parametrize("name", ["functional", "multi_output"])
+def test_the_step_check_times_the_copies_the_candidates_maps_build(name, monkeypatch):
+    """Each candidate's map is decided once (`plan_table.planned`): the step
+    check builds its copies from those maps, and the winner's is the plan's."""
+    from tf_mixed.models import conversion
+
+    model, (x, y), measurement, loss = _planned(name)
+    built, real = [], conversion.apply_surveyed
+    monkeypatch.setattr(conversion, "apply_surveyed",
+                        lambda found, precision, *a: built.append(precision) or real(
+                            found, precision, *a))
+    decisions, real_decide = [], precision_map.decide
+    monkeypatch.setattr(precision_map, "decide",
+                        lambda *a, **k: decisions.append(k.get("plan")) or real_decide(*a, **k))
+    wins = {"float32": [3e-3] * 3, "bfloat16": [2e-3] * 3, "plan": [1e-3] * 3}
+    p = plan(model, x, y, loss=loss, measurement=measurement, info=AMX_CPU, use_catalog=False,
+             step_timer=lambda carriers: {k: wins[k] for k in carriers})
+    assert "the plan is 2.00x the faster whole model" in p.summary
+    assert built == []  # the step timer replaced the copies: nothing built
+    plan_map = decisions[-1]  # the candidates are decided in order, "plan" last
+    assert p.precision_map.layers == real_decide(model, p.policy, plan=plan_map).layers
+    # Timed for real, the three copies are built from exactly those three maps.
+    monkeypatch.setattr(step_check, "_timed_rounds",
+                        lambda steps, batch, rounds: {k: wins[k] for k in steps})
+    decisions.clear()
+    p = plan(model, x, y, loss=loss, measurement=measurement, info=AMX_CPU, use_catalog=False)
+    assert [m.target for m in built] == ["float32", "mixed_bfloat16", "mixed_bfloat16"]
+    assert built[-1].layers == p.precision_map.layers and built[-1] is p.precision_map
+    assert len(decisions) == 4  # the probe's kept set, then one per candidate

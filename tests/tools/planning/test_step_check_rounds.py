@@ -13,6 +13,12 @@ CANDIDATES = {"float32": ("float32", ()), "bfloat16": ("mixed_bfloat16", ()),
               "plan": ("mixed_bfloat16", ("last",))}
 
 
+def _maps(found):
+    """Each candidate's map, decided on the survey (as the plan's `planned` does)."""
+    return {name: precision_map.decide(found.model, policy, keep_float32=list(keep), found=found)
+            for name, (policy, keep) in CANDIDATES.items()}
+
+
 def _model():
     inputs = keras.Input((8,))
     h = keras.layers.Dense(16, name="first")(inputs)
@@ -34,8 +40,9 @@ def test_each_candidate_leads_a_round_in_turn(monkeypatch):
     monkeypatch.setattr(autotune, "time_steps", time_steps)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(4, 8)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")
-    rounds = step_check.time_steps(precision_map.survey(_model()), x, y,
-                                   keras.losses.mean_squared_error, CANDIDATES, rounds=4)
+    found = precision_map.survey(_model())
+    rounds = step_check.time_steps(found, x, y, keras.losses.mean_squared_error, _maps(found),
+                                   rounds=4)
     # measuring.rotated: each leads in turn, the second cycle backwards.
     assert calls == ["float32", "bfloat16", "plan",
                      "bfloat16", "plan", "float32",

@@ -43,7 +43,6 @@ from typing import Any, Callable, Mapping, Sequence
 import keras
 
 from tf_mixed._internal import measuring, progress
-from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import COMPUTE_DTYPES
 from tf_mixed.models import cloning
 from tf_mixed.policy import autotune, precision_map
@@ -52,7 +51,7 @@ from tf_mixed.policy import autotune, precision_map
 _NO_SOURCE: tuple[str, ...] = ("",)
 
 __all__ = ["LayerTiming", "Measurement", "PRECISION_POLICIES", "layer_graph", "surveyed_graph",
-           "time_layers"]
+           "surveyed_timer", "time_layers"]
 
 # A precision of the plan -> the Keras policy a layer computes under. float8
 # is Keras's float8 quantization on top of the half policy (see `time_layers`).
@@ -216,10 +215,10 @@ def _is_float(value) -> bool:
 
 
 class _Call:
-    """One layer's first call, with the real values of its arguments."""
+    """One layer's first call (its survey's `first_call`), with the real values of its arguments."""
 
-    def __init__(self, layer, values: Mapping[int, Any]):
-        args, kwargs = _internals.first_call_arguments(layer)
+    def __init__(self, arguments: tuple[tuple, dict], values: Mapping[int, Any]):
+        args, kwargs = arguments
         structure = (list(args), dict(kwargs))
         self.flat = keras.tree.flatten(structure)
         self.structure = structure
@@ -297,19 +296,35 @@ def _cast_step(half_dtype: str):
 def capture_inputs(model: keras.Model, timed: Sequence, x) -> dict[int, Any]:
     """The real value of every symbolic argument of each timed layer's first call.
 
+    `capture_surveyed` of the model's survey.
+
     Args:
         model: The model.
         timed: Its timed layers (`layer_graph`).
         x: One batch of the model's inputs.
 
     Returns:
+        As `capture_surveyed`.
+    """
+    return capture_surveyed(precision_map.survey(model), timed, x)
+
+
+def capture_surveyed(found: precision_map.Survey, timed: Sequence, x) -> dict[int, Any]:
+    """`capture_inputs` of a surveyed model (each layer's first call read from the survey).
+
+    Args:
+        found: The model's `tf_mixed.policy.precision_map.survey`.
+        timed: Its timed layers (`surveyed_graph`).
+        x: One batch of the model's inputs.
+
+    Returns:
         ``id(KerasTensor) -> tensor``, run with ``training=False`` (the
         model's state is not touched; only the shapes matter for timing).
     """
+    model = found.model
     needed: dict[int, Any] = {}
     for layer in timed:
-        args, kwargs = _internals.first_call_arguments(layer)
-        for value in keras.tree.flatten((list(args), dict(kwargs))):
+        for value in keras.tree.flatten(found.first_call(layer)):
             if isinstance(value, keras.KerasTensor):
                 needed.setdefault(id(value), value)
     tensors = list(needed.values())
@@ -390,17 +405,36 @@ def time_surveyed(found: precision_map.Survey, x, precisions: Sequence[str], hal
         tf_logger.setLevel(level)
 
 
+def surveyed_timer(found: precision_map.Survey, rounds: int = 5,
+                   budget_s: float | None = None) -> Callable[..., Measurement]:
+    """`tf_mixed.plan`'s default timer: `time_surveyed` on the plan's survey.
+
+    Args:
+        found: The planned model's survey (``found.model`` is the model timed).
+        rounds: The most interleaved rounds (``min(3, rounds)`` always run).
+        budget_s: No new round starts after this many seconds (None: all).
+
+    Returns:
+        ``timer(model, x, precisions, half_policy) -> Measurement``, the
+        plan's ``timer=`` signature.
+    """
+    def timer(model, x, precisions, half_policy) -> Measurement:
+        return time_surveyed(found, x, precisions, half_policy, rounds=rounds,
+                             min_rounds=min(3, rounds), budget_s=budget_s)
+
+    return timer
+
+
 def _time_layers(found, x, precisions, half_policy, rounds, min_rounds, budget_s,
                  steps_per_round, clock) -> Measurement:
-    model = found.model
     timed, producers, followers = surveyed_graph(found)
-    values = capture_inputs(model, timed, x)
+    values = capture_surveyed(found, timed, x)
     ready = {layer.name: _float8_ready(layer) for layer in timed}
     groups: dict[str, dict[str, Callable[[], float]]] = {}
     for index, layer in enumerate(timed):
         progress.update(f"plan: tracing {layer.name} ({index + 1}/{len(timed)})")
-        steps = _traced_steps(_Call(layer, values), layer, precisions, half_policy,
-                              ready[layer.name])
+        steps = _traced_steps(_Call(found.first_call(layer), values), layer, precisions,
+                              half_policy, ready[layer.name])
         groups[layer.name] = {
             name: functools.partial(autotune.time_steps, step, inputs, steps_per_round)
             for name, (step, inputs) in steps.items()}

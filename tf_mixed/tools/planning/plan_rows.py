@@ -81,3 +81,4 @@ def candidates(found: precision_map.Survey, measurement: Measurement, choice: ch
                 else f"{kind}, fed by the model's inputs: the whole-model {choice.start}"))
         found_rows[name] = rows
     return found_rows
+

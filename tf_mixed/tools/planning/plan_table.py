@@ -23,7 +23,7 @@ from tf_mixed.policy import precision_map
 from tf_mixed.policy.precision_map import PrecisionMap, Survey
 from tf_mixed.tools.planning.layer_timing import FLOAT8, Measurement
 
-__all__ = ["LayerChoice", "Plan", "decided"]
+__all__ = ["LayerChoice", "Plan", "decided", "emulated_rows", "planned"]
 
 def ms(seconds: float) -> str:
     """Milliseconds, three significant digits, never in exponent form."""
@@ -228,36 +228,64 @@ def rows_map(policy: str, rows) -> PrecisionMap:
                         {row.name: "plan" for row in rows})
 
 
-def decided(found: Survey, rows: Sequence["LayerChoice"], half_policy: str,
-          half_dtype: str, step_seconds: Mapping[str, float], *, emulated: str = ""
-          ) -> tuple[str, PrecisionMap, list["LayerChoice"], str]:
-    """The plan's policy, its precision map, its rows as the map builds them, and its summary.
-
-    The map is `tf_mixed.policy.precision_map.decide`'s with the rows'
-    choices as its plan: a layer an earlier rule keeps float32 (a float32
-    head, statistics, token ids) says so in its row (`precision_map.RULES`).
+def emulated_rows(found: Survey, why: str) -> dict[str, list["LayerChoice"]]:
+    """The one candidate of a host where the half dtype is emulated: every top layer float32.
 
     Args:
         found: The planned model's survey.
-        rows: The rows the step check kept (ignored when ``emulated``: one
-            float32 row per top layer then).
+        why: Why the half dtype is emulated (each row's why).
+
+    Returns:
+        ``{"plan": rows}``, one float32 row per top layer, untimed.
+    """
+    return {"plan": [LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", why)
+                     for layer in found.top]}
+
+
+def planned(found: Survey, rows: Sequence["LayerChoice"], half_policy: str, *,
+            emulated: bool = False) -> tuple[str, PrecisionMap]:
+    """The policy that carries a candidate's rows, and the map they decide.
+
+    The plan's one decision per candidate: `tf_mixed.policy.precision_map.decide`
+    with the rows' choices as its plan (rule 5). The step check times the
+    copy each map builds, and the winner's map is the plan's.
+
+    Args:
+        found: The planned model's survey.
+        rows: The candidate's rows (`tf_mixed.tools.planning.plan_rows`).
         half_policy: "mixed_float16" or "mixed_bfloat16".
-        half_dtype: Its compute dtype.
+        emulated: The half dtype is emulated on this host: the model stays
+            float32 and no layer is planned.
+
+    Returns:
+        ``(policy, map)``: the policy is ``half_policy``, or "float32" when
+        no row computes in half precision.
+    """
+    final = half_policy if {row.choice for row in rows} - {"float32"} else "float32"
+    choices = {} if emulated else {row.name: choice_policy(row.choice, final) for row in rows}
+    return final, precision_map.decide(found.model, final, plan=choices, found=found)
+
+
+def decided(rows: Sequence["LayerChoice"], final: str, precision: PrecisionMap,
+            half_dtype: str, step_seconds: Mapping[str, float], *, emulated: str = ""
+            ) -> tuple[list["LayerChoice"], str]:
+    """The plan's rows as its map builds them, and its summary.
+
+    A layer an earlier rule of the map keeps float32 (a float32 head,
+    statistics, token ids) says so in its row (`precision_map.RULES`).
+
+    Args:
+        rows: The rows the step check kept.
+        final: Their policy (`planned`).
+        precision: Their map (`planned`).
+        half_dtype: The half dtype considered.
         step_seconds: The choice's step seconds (`tf_mixed.tools.planning.choosing.Choice`).
         emulated: Why the half dtype is emulated on this host ("": it is
             not): the model stays float32, no layer planned.
 
     Returns:
-        ``(policy, precision map, rows, summary line)``; the policy is
-        ``half_policy``, or "float32" when no row computes in half precision.
+        ``(rows, summary line)``.
     """
-    if emulated:
-        rows = [LayerChoice(layer.name, type(layer).__name__, {}, 0.0, None, "float32", emulated)
-                for layer in found.top]
-    final = half_policy if {row.choice for row in rows} - {"float32"} else "float32"
-    choices = {} if emulated else {
-        row.name: choice_policy(row.choice, final) for row in rows}
-    precision = precision_map.decide(found.model, final, plan=choices, found=found)
     decided = []
     for row in rows:
         rule = precision.reasons.get(row.name)
@@ -268,7 +296,7 @@ def decided(found: Survey, rows: Sequence["LayerChoice"], half_policy: str,
             row, choice=precision.compute_dtype(row.name) or row.choice,
             why=f"{rule}: float32 whatever the timings (tf_mixed.policy.precision_map)"))
     if emulated:
-        return final, precision, decided, f"float32 for every layer: {emulated}"
+        return decided, f"float32 for every layer: {emulated}"
     timed = [row for row in decided if row.seconds]
     counts = {p: sum(row.choice == p for row in timed) for p in ("float32", half_dtype, FLOAT8)}
     shown = {k: f"{ms(v)} ms" for k, v in step_seconds.items()}
@@ -276,7 +304,7 @@ def decided(found: Survey, rows: Sequence["LayerChoice"], half_policy: str,
     summary = (f"{final}: {split} of {len(timed)} timed layers; timed layers' step "
                f"{shown['plan']} (float32 {shown['float32']}, whole-model {half_dtype} "
                f"{shown[half_dtype]})")
-    return final, precision, decided, summary
+    return decided, summary
 
 
 _FIELDS: dict[str, Any] = {

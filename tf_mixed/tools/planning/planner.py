@@ -51,9 +51,9 @@ from tf_mixed.tools.planning.layer_timing import (
     FLOAT8,
     Measurement,
     surveyed_graph,
-    time_surveyed,
+    surveyed_timer,
 )
-from tf_mixed.tools.planning.plan_table import LayerChoice, Plan
+from tf_mixed.tools.planning.plan_table import Plan
 
 __all__ = ["plan"]
 
@@ -225,8 +225,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     names = [layer.name for layer in timed]
     emulated = _emulated(half_dtype, info) if measurement is None else ""
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
-    cached, path, not_cached, when, catalog_read, checked = False, "", "", "", None, ""
-    rows: list[LayerChoice] = []
+    cached, path, not_cached, when, catalog_read = False, "", "", "", None
+    blocked: dict[str, str] = {}
     step_seconds: dict[str, float] = {}
     with progress.heartbeat("tf_mixed.plan"):
         batch = _first_batch(x)
@@ -242,13 +242,13 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             else:
                 load, cpus = measuring.machine_load()
                 progress.update(f"plan: timing {len(names)} layers in {', '.join(precisions)}")
-                measurement = (timer or _default_timer(found, rounds, budget_s))(
+                measurement = (timer or surveyed_timer(found, rounds, budget_s))(
                     model, batch, precisions, half_policy)
-                unsettled = choosing.choose(measurement).unsettled
-                not_cached = measuring.busy(load, cpus) or unsettled
                 when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
                 record = {"format": measuring.CACHE_FORMAT, "key": key, "measured_at": when,
                           "measurement": measurement.to_dict()}
+                unsettled = choosing.choose(measurement).unsettled
+                not_cached = measuring.busy(load, cpus) or unsettled
                 if not cache or not_cached or not measuring.write_cache(path, record):
                     path = ""
         if measurement is not None:
@@ -269,14 +269,21 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                                else choosing.probed_errors(probe_report, float(tolerance), names))
             choice = choosing.choose(measurement, blocked)
             step_seconds = dict(choice.step_seconds)
-            # (4) Its rows, and the whole step timed against both whole models.
+            # (4) Its rows (and both whole models' rows, for the step check).
             candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
                                               followers, half_dtype, whole_models=step_check)
-            rows, checked = step_check_module.check(found, candidates, blocked, half_policy,
-                                                    x, y, plan_loss, step_timer)
-    # (5) The map the rows decide, and the rows as it builds them.
-    final, precision, rows, summary = plan_table.decided(found, rows, half_policy, half_dtype,
-                                                         step_seconds, emulated=emulated)
+        else:  # the half dtype is emulated: every layer float32
+            candidates = plan_table.emulated_rows(found, emulated)
+        # (5) Each candidate's map, decided once; the whole step timed on the
+        # copies they build; the winner's map and rows are the plan's.
+        maps = {name: plan_table.planned(found, candidate, half_policy, emulated=bool(emulated))
+                for name, candidate in candidates.items()}
+        winner, rows, checked = step_check_module.check(
+            found, candidates, {name: m for name, (_, m) in maps.items()}, blocked, half_policy,
+            x, y, plan_loss, step_timer)
+    final, precision = maps[winner]
+    rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
+                                       emulated=emulated)
     if checked:
         summary += f"; {checked}"
     if catalog_read is not None:
@@ -306,12 +313,3 @@ def _probe_slice(x, y):
 
     return keras.tree.map_structure(head, x), (
         None if y is None else keras.tree.map_structure(head, y))
-
-
-def _default_timer(found: precision_map.Survey, rounds: int, budget_s: float | None) -> Timer:
-    """`time_layers` on the plan's survey (``found.model`` is the model timed)."""
-    def timer(model, batch, precisions, half_policy) -> Measurement:
-        return time_surveyed(found, batch, precisions, half_policy, rounds=rounds,
-                             min_rounds=min(3, rounds), budget_s=budget_s)
-
-    return timer

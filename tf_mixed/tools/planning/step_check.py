@@ -57,10 +57,11 @@ def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
 
 
 def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
-          blocked: Mapping[str, str], half_policy: str, x, y, loss,
+          maps: Mapping[str, precision_map.PrecisionMap], blocked: Mapping[str, str],
+          half_policy: str, x, y, loss,
           step_timer: Callable[[Mapping[str, tuple[str, tuple[str, ...]]]], StepRounds]
-          | None = None) -> tuple[list, str]:
-    """The rows the whole-step timings support, and why ("" when nothing was timed).
+          | None = None) -> tuple[str, list, str]:
+    """The candidate the whole-step timings support, its rows, and why.
 
     Args:
         found: The planned model's survey.
@@ -68,6 +69,9 @@ def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
             (`tf_mixed.tools.planning.plan_rows.candidates`): "plan" alone
             (nothing to time: its rows are kept), or "plan" with "float32"
             and the half dtype.
+        maps: Candidate -> the precision map its rows decide
+            (`tf_mixed.tools.planning.plan_table.planned`): each copy timed
+            is the one applying that map builds.
         blocked: Timed layer -> why it stays float32 (its row keeps that why).
         half_policy: "mixed_float16" or "mixed_bfloat16".
         x, y: The plan's batch (an array structure or a `tf.data` data set)
@@ -77,28 +81,30 @@ def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
             replacing `time_steps` (a test's figures).
 
     Returns:
-        ``(rows, sentence)``: the winner's rows, each timed layer's why the
-        sentence (`confirm`) when a whole model won.
+        ``(winner, rows, sentence)``: the winning candidate's name, its rows
+        (each timed layer's why the sentence, `confirm`, when a whole model
+        won), and the sentence ("" when nothing was timed).
     """
     import tensorflow as tf
 
     if len(candidates) == 1:
-        return list(candidates["plan"]), ""
+        return "plan", list(candidates["plan"]), ""
     half = keras.DTypePolicy(half_policy).compute_dtype
-    carriers = {name: _carrier(rows, half_policy) for name, rows in candidates.items()}
     bx, by = (next(iter(x))[:2] if step_timer is None and isinstance(x, tf.data.Dataset)
               else (x, y))  # a data set's first batch
-    step_rounds = (step_timer(carriers) if step_timer is not None
-                   else time_steps(found, bx, by, loss(), carriers))
+    step_rounds = (step_timer({name: _carrier(rows, half_policy)
+                               for name, rows in candidates.items()})
+                   if step_timer is not None else time_steps(found, bx, by, loss(), maps))
     winner, sentence = confirm(step_rounds, half)
     if winner == "plan":
-        return list(candidates["plan"]), sentence
-    return [dataclasses.replace(row, why=sentence) if row.seconds and row.name not in blocked
-            else row for row in candidates[winner]], sentence
+        return winner, list(candidates["plan"]), sentence
+    return winner, [dataclasses.replace(row, why=sentence)
+                    if row.seconds and row.name not in blocked
+                    else row for row in candidates[winner]], sentence
 
 
 def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
-    """(policy, keep_float32 names) that carry these rows' choices."""
+    """(policy, keep_float32 names) that carry these rows' choices (a ``step_timer``'s view)."""
     if all(row.choice == "float32" for row in rows):
         return "float32", ()
     return half_policy, tuple(row.name for row in rows if row.choice == "float32"
@@ -106,7 +112,7 @@ def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
 
 
 def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
-               candidates: Mapping[str, tuple[str, Sequence[str]]],
+               candidates: Mapping[str, precision_map.PrecisionMap],
                *, rounds: int = 3) -> dict[str, list[float]]:
     """Times the whole model's forward+backward step for each candidate.
 
@@ -116,8 +122,9 @@ def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
         x, y: One batch and its targets.
         loss_fn: The plan's loss, resolved once for the probe and this
             check (``loss_fn(y_true, y_pred) -> float32 scalar``).
-        candidates: Name -> ``(policy, keep_float32 names)``, each copy
-            what `tf_mixed.convert` makes (its map decided on the survey).
+        candidates: Name -> the precision map decided on the survey; each
+            copy is the one `tf_mixed.convert` builds from it (a float8
+            layer in its half policy, unquantized).
         rounds: Interleaved rounds (one step each).
 
     Returns:
@@ -127,16 +134,15 @@ def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
 
     from tf_mixed.models import conversion
 
-    model = found.model
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     targets = keras.tree.map_structure(tf.convert_to_tensor, y)
     steps: dict[str, Callable[..., Any]] = {}
-    for name, (policy, keep) in candidates.items():
+    for name, precision in candidates.items():
         progress.update(f"plan: tracing the whole step as {name}")
-        precision = precision_map.decide(model, policy, keep_float32=list(keep), found=found)
         copy = conversion.apply_surveyed(found, precision)  # a copy: the model is untouched
         steps[name] = _step(copy, loss_fn)
-        autotune.first_call(steps[name], (inputs, targets), remapping_off=policy == "mixed_float16")
+        autotune.first_call(steps[name], (inputs, targets),
+                            remapping_off=precision.target == "mixed_float16")
     return _timed_rounds(steps, (inputs, targets), rounds)
 
 
