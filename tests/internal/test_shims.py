@@ -518,7 +518,7 @@ def test_lambda_output_shape_and_run_through_graph():
         return s
 
     layer = keras.layers.Lambda(lambda t: t, output_shape=shape)
-    assert _internals.lambda_output_shape(layer) is shape
+    assert _internals.constructor_arguments(layer) == {"output_shape": shape}
     inputs = keras.Input((2,))
     dense = keras.layers.Dense(3)
     model = keras.Model(inputs, dense(inputs))
@@ -548,8 +548,9 @@ def test_container_hook_sees_built_functional_models_and_sequential_adds():
 
 def test_lambda_keeps_its_output_shape_argument():  # Lambda._output_shape
     layer = keras.layers.Lambda(lambda t: t[:, :2], output_shape=(2,))
-    assert _internals.lambda_output_shape(layer) == (2,)
-    assert _internals.lambda_output_shape(keras.layers.Lambda(lambda t: t)) is None
+    assert _internals.constructor_arguments(layer)["output_shape"] == (2,)
+    assert _internals.constructor_arguments(
+        keras.layers.Lambda(lambda t: t)) == {"output_shape": None}
 
 
 def test_keras_checkpoint_decides_in_get_file_path_and_should_save_model(recwarn):

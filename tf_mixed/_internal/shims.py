@@ -102,28 +102,27 @@ def keras_history(tensor) -> KerasHistory | None:
     return KerasHistory(operation, node_index, tensor_index)
 
 
-def lambda_output_shape(layer):
-    """The ``output_shape`` a ``Lambda`` layer was created with (``_output_shape``).
-
-    Keras keeps it only privately (``get_config`` returns it serialised, as
-    code when it is a Python lambda); re-creating a Lambda from its live
-    function (`tf_mixed.models.cloning.recreate`) needs the live value. Keras 3.15.1.
-    """
-    return layer._output_shape
-
-
 def constructor_arguments(layer) -> dict:
     """The arguments ``layer``'s constructor was called with, as Keras kept them.
 
     ``Operation.__new__`` records them in ``_auto_config`` (for its default
     ``get_config``) when every value is a str, number, bool or None; else
-    ``{}``. `tf_mixed.models.cloning.recreate` re-creates a custom layer whose
-    constructor takes no ``**kwargs`` from them, where the layer's own
-    ``get_config`` leaves an argument out (keras-io's ``PatchEncoder``).
-    Keras 3.15.1 (``keras/src/ops/operation.py``).
+    ``{}``. A ``Lambda`` (whose function is never recordable) keeps its
+    ``output_shape`` as ``_output_shape``: it is given under that name, the
+    live value (``get_config`` returns it serialised, as code when it is a
+    Python lambda). `tf_mixed.models.cloning.recreate` re-creates a Lambda
+    from its live function and output shape, and a custom layer whose
+    constructor takes no ``**kwargs`` from these arguments, where the
+    layer's own ``get_config`` leaves one out (keras-io's ``PatchEncoder``).
+    Keras 3.15.1 (``keras/src/ops/operation.py``, ``keras/src/layers/core/lambda_layer.py``).
     """
+    import keras
+
     auto_config = getattr(layer, "_auto_config", None)
-    return dict(auto_config.config) if auto_config is not None else {}
+    arguments = dict(auto_config.config) if auto_config is not None else {}
+    if isinstance(layer, keras.layers.Lambda):
+        arguments["output_shape"] = layer._output_shape
+    return arguments
 
 
 def run_through_graph(model, inputs, call_fn):

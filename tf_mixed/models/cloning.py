@@ -148,12 +148,13 @@ def recreate(layer: keras.layers.Layer, dtype: Any = None,
     """
     policy = layer.dtype_policy if dtype is None else keras.dtype_policies.get(dtype)
     changes = dict(changes or {})
+    kept = _internals.constructor_arguments(layer)  # what Keras kept of the constructor's
     with _global_policy(policy):
         if isinstance(layer, keras.layers.Lambda):
             # The constructor takes the live objects; from_config would
             # deserialise the function's code (refused or unlocatable).
             return type(layer)(
-                layer.function, output_shape=_internals.lambda_output_shape(layer),
+                layer.function, output_shape=kept["output_shape"],
                 mask=layer.mask, arguments=dict(layer.arguments),
                 name=changes.get("name", layer.name), dtype=policy, trainable=layer.trainable)
         try:
@@ -173,7 +174,7 @@ def recreate(layer: keras.layers.Layer, dtype: Any = None,
         # Keras recorded them), those its config holds, and the changes;
         # then given what Keras would have passed.
         params = inspect.signature(type(layer).__init__).parameters
-        arguments = _internals.constructor_arguments(layer)
+        arguments = dict(kept)
         arguments.update({k: v for k, v in config.items() if k in params})
         arguments = {k: v for k, v in arguments.items() if k in params}
         try:

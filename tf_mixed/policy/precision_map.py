@@ -347,8 +347,9 @@ class Survey:
             None for a model computing in float32 throughout (`tf_mixed.probe`
             probes in it, and probes every float32 layer of such a mixed
             model in float32).
-        arguments: ``id(layer) -> (args, kwargs)`` of each top layer's first
-            symbolic call, KerasTensors in place of tensors
+        arguments: ``id(operation) -> (args, kwargs)`` of its first symbolic
+            call, KerasTensors in place of tensors, for every operation of
+            ``calls``
             (`tf_mixed._internal.shims.first_call_arguments`; `first_call`
             reads it): the plan's layer timing calls a copy of each layer as
             the model calls it.
@@ -375,7 +376,7 @@ class Survey:
         return self.facts.get(id(layer), _NO_FACTS)
 
     def first_call(self, layer) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` of a top layer's first symbolic call (``((), {})``: none)."""
+        """``(args, kwargs)`` of a layer's first symbolic call (``((), {})``: none)."""
         return self.arguments.get(id(layer), ((), {}))
 
 
@@ -417,9 +418,11 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
         frozenset(dtype for dtype in HALF_DTYPES if not isinstance(layer, keras.Model) and any(
             rounded_ids(layer, tensor, dtype) for tensor in _internals.call_inputs(layer))))
         for _, layer in walked}
-    # Every operation's call inputs (a functional model's Keras ops too).
-    calls = {id(op): tuple(_internals.call_inputs(op)) for op in (
-        *(layer for _, layer in walked), *getattr(model, "operations", ()))}
+    # Every operation's calls (a functional model's Keras ops too): the
+    # inputs of each, and the arguments of the first, as it was made.
+    operations_walked = (*(layer for _, layer in walked), *getattr(model, "operations", ()))
+    calls = {id(op): tuple(_internals.call_inputs(op)) for op in operations_walked}
+    arguments = {id(op): _internals.first_call_arguments(op) for op in operations_walked}
     tensors = [*(t for ts in calls.values() for t in ts), *model_outputs, *model_inputs]
     histories = {id(t): _internals.keras_history(t) for t in tensors}
     made_by = {key: getattr(history, "operation", None) for key, history in histories.items()}
@@ -444,7 +447,6 @@ def survey(model: keras.Model, owner: str | None = None, *, why_traced: str = ""
     for name, layer in walked:
         names.setdefault(id(layer), name)
     top = tuple(layer for layer in model.layers if id(layer) not in inputs)
-    arguments = {id(layer): _internals.first_call_arguments(layer) for layer in top}
     # What the probe asks of a model: its outputs' names (Keras's, else the
     # producers'), and the half dtype it computes in (the first leaf
     # layer's, else its own policy's) as a mixed policy.
