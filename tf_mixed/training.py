@@ -274,7 +274,7 @@ def make_train_step(
 
     def build():
         return _traced_again_after_healing(
-            model, lambda: tf.function(distributed_step, jit_compile=jit_compile))
+            model, lambda: tf.function(distributed_step, jit_compile=jit_compile), optimizer)
 
     step = build()
     if healer is not None:
@@ -301,18 +301,28 @@ def make_train_step(
     return _checking_step(model, optimizer, strategy, build, first_step)
 
 
-def _traced_again_after_healing(model, trace):
+def _traced_again_after_healing(model, trace, optimizer=None):
     """``trace()``'s function, made again at the next call after healing moved layers.
 
     A restored checkpoint or weights file moves the healed layers at once
     (`tf_mixed.scaling.healed_set.apply_restored`); a function traced before
-    would compute them in their old precision.
+    would compute them in their old precision. A healed set restored with the
+    optimizer alone moves ``model``'s layers at creation and at each call
+    (`tf_mixed.scaling.attribution.AttributionSlot.claim`).
     """
     from tf_mixed.scaling import healed_set
 
+    state = loss_scale_module.step_state_of(optimizer)
+
+    def claim():
+        if state is not None:
+            state.attribution.claim(model)
+
+    claim()
     current, seen = [trace()], [healed_set.moves(model)]
 
     def step(x, y):
+        claim()
         now = healed_set.moves(model)
         if now != seen[0]:
             current[0], seen[0] = trace(), now
@@ -444,9 +454,11 @@ def heal_layers(model, names, optimizer=None) -> list:
         raise ValueError(
             f"heal_layers() got names model '{model.name}' does not have: {unknown}. "
             f"Valid names: {', '.join(layers)}.")
+    state = loss_scale_module.step_state_of(optimizer)
+    if state is not None:  # a healed set restored with the optimizer alone moves too
+        state.attribution.claim(model)
     change = healing.healed_map(model, names)  # rule 6 of the model's precision map
     changed = precision_map.move(model, change)
-    state = loss_scale_module.step_state_of(optimizer)
     attached = None if state is None else state.attribution.attached
     if attached is not None:
         attached.mark_healed(list(names))

@@ -114,6 +114,32 @@ def test_serialize_as_keras_class():  # api_export.REGISTERED_OBJS_TO_NAMES
         keras.layers.Activation)
 
 
+def test_resolve_keras_name():  # api_export.REGISTERED_NAMES_TO_OBJS
+    from keras.src import api_export
+
+    class Loader:
+        @classmethod
+        def from_config(cls, config):
+            return ("loaded", config)
+
+    config = {"module": "keras.layers", "class_name": "TfMixedShimProbe", "config": {"a": 1},
+              "registered_name": None}
+    with pytest.raises(ValueError, match="TfMixedShimProbe"):  # Keras alone: unknown
+        keras.saving.deserialize_keras_object(dict(config))
+    _internals.resolve_keras_name("keras.layers.TfMixedShimProbe", Loader)
+    try:
+        assert keras.saving.deserialize_keras_object(dict(config)) == ("loaded", {"a": 1})
+    finally:
+        del api_export.REGISTERED_NAMES_TO_OBJS["keras.layers.TfMixedShimProbe"]
+    # What it is for: Keras's wrapper's name, read by tf_mixed's loader; the public
+    # attribute and the class -> name direction stay Keras's.
+    loader = api_export.REGISTERED_NAMES_TO_OBJS["keras.optimizers.LossScaleOptimizer"]
+    assert loader.__name__ == "KerasLossScaleOptimizerName"
+    assert keras.optimizers.LossScaleOptimizer.__module__.startswith("keras.")
+    assert api_export.get_name_from_symbol(keras.optimizers.LossScaleOptimizer) == (
+        "keras.optimizers.LossScaleOptimizer")
+
+
 def test_optimizer_trainable_variables():  # Optimizer._trainable_variables
     variables = [keras.Variable(np.ones(2)), keras.Variable(np.ones(3))]
     optimizer = keras.optimizers.SGD(0.5)
@@ -888,3 +914,19 @@ def test_distinct_function_omits_the_frequent_retracing_warning():
     function = _internals.distinct_function(lambda x: x + 1)
     assert function._omit_frequent_tracing_warning is True
     assert float(function(tf.constant(1.0))) == 2.0
+
+
+def test_checkpoint_being_read_is_true_inside_a_read_or_restore_only(tmp_path):
+    """Guards the frames of tf.train.Checkpoint.read/restore (checkpoint_being_read)."""
+    seen = []
+    module = tf.Module()
+    module.value = _internals.checkpoint_value(
+        lambda: (seen.append(("save", _internals.checkpoint_being_read()))
+                 or {"x": tf.constant(1.0)}),
+        lambda tensors: seen.append(("restore", _internals.checkpoint_being_read())))
+    path = tf.train.Checkpoint(root=module).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(root=module).read(path)
+    tf.train.Checkpoint(root=module).restore(path)
+    assert seen[0] == ("save", False)
+    assert [read for kind, read in seen[1:] if kind == "restore"] == [True, True]
+    assert not _internals.checkpoint_being_read()

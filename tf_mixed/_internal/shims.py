@@ -225,6 +225,26 @@ def serialize_as_keras_class(cls, keras_name: str) -> None:
     api_export.REGISTERED_OBJS_TO_NAMES[cls] = keras_name
 
 
+def resolve_keras_name(keras_name: str, obj) -> None:
+    """Makes ``keras.saving`` resolve Keras's public class name ``keras_name`` to `obj`.
+
+    A config naming a Keras class (module ``keras.*``, no registered name)
+    is resolved through ``keras.src.api_export.REGISTERED_NAMES_TO_OBJS``
+    (``serialization_lib._retrieve_class_or_fn``, its only reader), and
+    Keras then calls ``obj.from_config(config)``. The public attribute
+    (``keras.optimizers.LossScaleOptimizer``) and the class -> name direction
+    stay Keras's. For tf_mixed's optimizer, whose files name Keras's wrapper
+    (`tf_mixed.scaling.portable`). Keras 3.15.1 (``keras/src/api_export.py``).
+
+    Args:
+        keras_name: A public Keras name, such as "keras.optimizers.LossScaleOptimizer".
+        obj: What the name resolves to: anything with a ``from_config``.
+    """
+    from keras.src import api_export
+
+    api_export.REGISTERED_NAMES_TO_OBJS[keras_name] = obj
+
+
 def optimizer_trainable_variables(optimizer) -> list:
     """The variables a built optimizer was built for (``_trainable_variables``).
 
@@ -1112,6 +1132,36 @@ def model_being_restored(owns: Callable[[Any], bool]):
                 return candidate
         frame = frame.f_back
     return None
+
+
+def checkpoint_being_read() -> bool:
+    """Whether a ``tf.train.Checkpoint`` ``read`` / ``restore`` is under way now.
+
+    Reaches: the frames of ``tf.train.Checkpoint.read`` / ``restore``
+    (TensorFlow 2.21.0), as `model_being_restored` does. TensorFlow asks each
+    object for its checkpoint children (``_trackable_children``) both when it
+    saves and when it restores, and hands a value only to a child listed then.
+
+    Why: an optimizer with no healing attached lists a child that takes a
+    restored healed set and the attribution's counters during a read only,
+    so a save of an optimizer that never held them writes nothing new
+    (docs/healing.md). No public API says whether a listing is for a save or
+    a restore.
+
+    Returns:
+      True inside a ``tf.train.Checkpoint`` read or restore, else False.
+    """
+    import sys
+
+    import tensorflow as tf
+
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("read", "restore") and isinstance(
+                frame.f_locals.get("self"), tf.train.Checkpoint):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def variables_read_so_far():

@@ -40,8 +40,9 @@
 #    `tf_mixed.callbacks.stop_rules` (pure functions of a typed reading). Every stop
 #    decision is taken from values that are the same on every replica and
 #    worker (the optimizer's counters follow the all-reduced skip verdict; the
-#    NaN signs are summed across workers), so no worker stops while its peers
-#    wait in a collective.
+#    NaN signs and the flags of non-finite weights are summed across workers),
+#    so no worker stops while its peers wait in a collective, and every worker
+#    states the same reason.
 #
 # Supported optimizers, each read through its adapter
 # (`tf_mixed.callbacks.optimizer_views`): ``tf_mixed.LossScaleOptimizer`` (every rule exact),
@@ -359,11 +360,32 @@ def run_advice(model, view) -> stop_rules.Advice:
         scaled=view.scales_loss())
 
 
-def _nonfinite_weights(model) -> list[str]:
-    """Paths of the model's float weights with NaN/inf in any local copy."""
-    return [weight.path for weight in model.weights
-            if keras.backend.is_float_dtype(weight.dtype)
-            and not all_copies_finite(weight)]
+def _agreed_problems(monitor: "LossScaleMonitor", logged: float | None,
+                     scan: bool) -> tuple[str | None, tuple[str, ...]]:
+    """The loss problem and the weights holding NaN/inf, the same on every worker.
+
+    Each worker's loss signs (`tf_mixed.callbacks.stop_rules.loss_signs`)
+    and a flag per float weight (NaN/inf in a local copy; scanned only when
+    ``scan``) are summed across workers in one all-reduce, so every worker
+    states the same sentence and names the same weights, whichever worker's
+    data or forward state went bad.
+
+    Args:
+      monitor: the monitor checking.
+      logged: Keras's ``logs["loss"]`` as a float, or None.
+      scan: whether this worker reads its weights' copies.
+
+    Returns:
+      ``(loss problem or None, paths of non-finite weights)``.
+    """
+    view, progress, model = monitor._view, monitor._progress, monitor.model
+    signs = stop_rules.loss_signs(view.kind, progress,
+                                  None if view.judges_loss_by_tally() else logged)
+    weights = [w for w in model.weights if keras.backend.is_float_dtype(w.dtype)]
+    flags = [float(scan and not all_copies_finite(w)) for w in weights]
+    summed = _global_sums(model.distribute_strategy, signs + flags)
+    return (stop_rules.agreed_loss_problem(view.kind, progress, summed[:3]),
+            tuple(w.path for w, count in zip(weights, summed[3:]) if count))
 
 
 def _write(monitor: "LossScaleMonitor", logs: dict, epoch_end: bool = False) -> None:
@@ -558,27 +580,16 @@ class LossScaleMonitor(keras.callbacks.Callback):
         if self.stop_reason is not None:
             return
         logged = None if logs.get("loss") is None else float(logs["loss"])
-        problem = stop_rules.loss_problem(
-            self._view.kind, self._progress,
-            None if self._view.judges_loss_by_tally() else logged)
         # A skipped step in the epoch: Keras's running loss showed it as
         # nan; with the skip contract it leaves the loss, so ask the counters.
         suspicious = epoch is not None or self._progress.skipped_in_epoch > 0 or (
             logged is not None and not math.isfinite(logged))
-        bad = _nonfinite_weights(self.model) if suspicious else []
-        # Judged from values every worker agrees on: the local signs are
-        # summed across workers before anything is decided.
-        flags = _global_sums(self.model.distribute_strategy,
-                             [float(problem is not None), float(len(bad))])
-        if flags[0] and problem is None:
-            problem = ("the loss was NaN/inf on applied steps on another "
-                       "worker: non-finite values are reaching the weights.")
-        if flags[1] and not bad:
-            bad = ["(on another worker)"]
+        # Judged from values every worker agrees on (summed across workers).
+        problem, bad = _agreed_problems(self, logged, suspicious)
         reason = stop_rules.decide(self._rules, stop_rules.Reading(
             kind=self._view.kind, progress=self._progress,
             threshold=self._threshold, loss_problem=problem,
-            bad_weights=tuple(bad), epoch=epoch,
+            bad_weights=bad, epoch=epoch,
             cause=self._view.wire_cause(self.model),
             advice=run_advice(self.model, self._view)))
         if reason is not None:

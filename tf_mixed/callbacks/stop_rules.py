@@ -24,7 +24,8 @@ from typing import Literal
 
 __all__ = [
     "Advice", "Kind", "Progress", "Reading", "Snapshot", "StopRules", "advance",
-    "decide", "keras_streak", "loss_problem", "search_skips", "start_epoch", "wire_cause",
+    "agreed_loss_problem", "decide", "keras_streak", "loss_problem", "loss_signs",
+    "search_skips", "start_epoch", "wire_cause",
 ]
 
 Kind = Literal["tf_mixed", "keras", "none"]
@@ -209,7 +210,7 @@ class Reading:
         loss_problem: A sentence about a non-finite loss reaching applied
             steps (`loss_problem`, agreed across workers), or None.
         bad_weights: Paths of weights holding NaN/inf in some replica's
-            copy (``"(on another worker)"`` when only a peer saw one).
+            copy, on any worker.
         epoch: The epoch index at an epoch end; None at a batch check.
         cause: What overflows, when it is known not to be the forward pass
             (`wire_cause`), or None.
@@ -276,6 +277,57 @@ def loss_problem(kind: Kind, progress: Progress,
             and progress.skipped_in_epoch == 0):
         return (f"the loss became {logged_loss} and no step was skipped: "
                 "non-finite values are reaching the weights.")
+    return None
+
+
+# The non-finite values a loss problem can rest on, in `loss_signs`' order.
+NON_FINITE = (math.nan, math.inf, -math.inf)
+
+
+def loss_signs(kind: Kind, progress: Progress,
+               logged_loss: float | None) -> list[float]:
+    """This worker's `loss_problem` as counts to sum across workers.
+
+    A worker's loss problem rests on its own values (its loss tally covers
+    its replicas only); summed, the signs give every worker the same
+    `agreed_loss_problem`.
+
+    Args:
+        kind: Which optimizer was read.
+        progress: The counts after the latest read.
+        logged_loss: Keras's ``logs["loss"]``, or None.
+
+    Returns:
+        ``[nan, inf, -inf]`` (`NON_FINITE`'s order): 1.0 at the value the
+        problem rests on (the logged loss when non-finite, else the loss
+        tally's sum), zeros when this worker sees no problem.
+    """
+    signs = [0.0, 0.0, 0.0]
+    if loss_problem(kind, progress, logged_loss) is None:
+        return signs
+    value = (logged_loss if logged_loss is not None and not math.isfinite(logged_loss)
+             else progress.epoch_loss_sum)
+    signs[0 if math.isnan(value) else 1 if value > 0 else 2] = 1.0
+    return signs
+
+
+def agreed_loss_problem(kind: Kind, progress: Progress,
+                        signs: list[float]) -> str | None:
+    """The `loss_problem` every worker states, from the sum of their `loss_signs`.
+
+    Args:
+        kind: Which optimizer was read.
+        progress: The counts after the latest read (its skip counts follow
+            the global verdict: the same on every worker).
+        signs: Every worker's `loss_signs`, summed.
+
+    Returns:
+        The sentence for the first value some worker saw, in `NON_FINITE`'s
+        order (NaN before inf), or None when no worker saw a problem.
+    """
+    for value, count in zip(NON_FINITE, signs):
+        if count:
+            return loss_problem(kind, progress, value)
     return None
 
 

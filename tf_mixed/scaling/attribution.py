@@ -47,6 +47,8 @@ import tensorflow as tf
 
 from tf_mixed._internal import shims as _internals
 from tf_mixed.scaling import healed_set
+from tf_mixed.scaling.healed_set import attributed_layers
+from tf_mixed.scaling.waiting import Waiting, note_model_call
 
 __all__ = ["FORWARD", "GRADIENT", "GRADIENT_AT_MIN_SCALE", "KINDS", "LOG_SIZE",
            "STORE_KEY", "AttributedSkip", "AttributionReading", "AttributionSlot",
@@ -75,27 +77,6 @@ class AttributionReading(NamedTuple):
     counts: dict
     skips: tuple
     healed: tuple
-
-
-def attributed_layers(model) -> list:
-    """The ``(name, layer)`` pairs attribution can name, in the model's order.
-
-    Nested models are entered; any other layer counts as one block with the
-    layers inside it (a ``MultiHeadAttention`` with its projections); input
-    layers and layers shared by several places are listed once.
-    """
-    from tf_mixed._internal.facts import is_input_layer, walk_layers
-
-    seen: set = set()
-    out = []
-    for name, layer in walk_layers(model):
-        if isinstance(layer, keras.Model) or is_input_layer(layer):
-            continue
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        out.append((name, layer))
-    return out
 
 
 class _Recorder:
@@ -239,6 +220,7 @@ class LayerAttribution:
         pending, slot.pending = slot.pending, None
         if pending is not None:
             attribution.assign_saved(pending)
+        slot.take_waiting(attribution)
         return attribution
 
     def detach(self) -> None:
@@ -370,28 +352,59 @@ class LayerAttribution:
                 "skips": [list(s) for s in reading.skips], "healed": list(reading.healed)}
 
     def assign_saved(self, saved: dict) -> None:
-        """Writes a `saved` dict back (layers matched by name; unknown names refused)."""
-        unknown = [n for n in list(saved.get("healed", ())) + list(saved.get("counts", {}))
-                   if n not in self.names]
+        """Writes a `saved` dict back (unknown names refused).
+
+        Saved names are matched to this model's as
+        `tf_mixed.scaling.healed_set.resolve` says: by name, or the layer
+        Keras renamed with an ``_N`` suffix at this load.
+        """
+        skips = saved.get("skips", [])[-LOG_SIZE:]
+        wanted = (list(saved.get("healed", ())) + list(saved.get("counts", {}))
+                  + [name for _, name, _ in skips])
+        resolution = healed_set.resolve(self.model, wanted, saved.get("layers"))
+        unknown = [n for n in dict.fromkeys(wanted)
+                   if resolution.names.get(n) not in self.names]
         if unknown:
             raise ValueError(
                 f"The saved layer attribution names layers this model lacks: {unknown}. "
                 f"Received a state for layers {saved.get('layers')}; this model's: "
                 f"{self.names}. Restore into the model that was saved.")
+
+        def index(name):
+            return self.index(resolution.names[name])
+
         counts = np.zeros(len(self.names), np.int64)
         for name, count in saved.get("counts", {}).items():
-            counts[self.index(name)] = count
+            counts[index(name)] = count
         log = np.zeros((LOG_SIZE, 3), np.int64)
-        skips = saved.get("skips", [])[-LOG_SIZE:]
         for i, (step, name, kind) in enumerate(skips):
-            log[i] = (step, self.index(name), kind)
+            log[i] = (step, index(name), kind)
         healed = np.zeros(len(self.names), np.int64)
         for name in saved.get("healed", ()):
-            healed[self.index(name)] = 1
+            healed[index(name)] = 1
         self.state.counts.assign(counts)
         self.state.log.assign(log)
         self.state.log_size.assign(np.array([len(skips)], np.int64))
         self.state.healed.assign(healed)
+
+    def adopt(self, counters: dict) -> None:
+        """Writes counters a checkpoint held (`tf_mixed.scaling.waiting.COUNTERS`) back.
+
+        Raises:
+            ValueError: if they count another number of layers than this model
+                attributes (nothing written).
+        """
+        state = {"counts": self.state.counts, "log": self.state.log,
+                 "log_size": self.state.log_size, "healed": self.state.healed}
+        wrong = {name: counters[name].shape for name, variable in state.items()
+                 if tuple(counters[name].shape) != tuple(variable.shape)}
+        if wrong:
+            raise ValueError(
+                f"The restored layer attribution counts {len(counters['counts'])} layers; "
+                f"model '{self.model.name}' attributes {len(self.names)}: {self.names}. "
+                "Restore into the model that was saved.")
+        for name, variable in state.items():
+            variable.assign(counters[name])
 
 
 def _noting(recorder: _Recorder, group: int):
@@ -407,18 +420,28 @@ class AttributionSlot:
     """Where an optimizer keeps its layer attribution (a part of its step state).
 
     Every restore of the healed set it saves moves the layers at once
-    (`tf_mixed.scaling.healed_set.apply_restored`): with an attribution
-    attached, in its model; without, in the model whose state is being
-    restored when that model's optimizer owns this slot (Keras's
+    (`tf_mixed.scaling.healed_set.apply_restored`) in the model it trains:
+    the attached attribution's; else the model whose state is being restored
+    when that model's optimizer owns this slot (Keras's
     ``load_weights``/``load_model``, a ``tf.train.Checkpoint`` holding the
-    model), the set kept for a later `LayerAttribution.attach`.
+    model); else the model last called with this optimizer compiled in
+    (`owner`). With none of them (a checkpoint of the optimizer alone, read
+    before its model was ever called), the set is `unapplied`: the next call
+    of a model compiled with this optimizer, `tf_mixed.training.make_train_step`
+    or an attached healer moves it, and a step of the optimizer refuses to run
+    before (`refuse_unapplied`). The counters a checkpoint holds wait in
+    `waiting` for an attribution and are saved again meanwhile.
 
     Attributes:
         attached: The `LayerAttribution` attached to the optimizer, or None.
         pending: A state read from a file or checkpoint before any attribution
             was attached (applied by `LayerAttribution.attach`), or None.
         waiting: The checkpoint child listed while nothing is attached
-            (`checkpoint_children`), once made, or None.
+            (`tf_mixed.scaling.waiting.Waiting`), once made, or None.
+        owner: A weak reference to the model last called with this
+            optimizer compiled in (`tf_mixed.scaling.waiting.note_model_call`), or None.
+        unapplied: ``(names, order)`` of a healed set restored with no model
+            to move, or None.
     """
 
     store_keys = (STORE_KEY,)
@@ -426,7 +449,10 @@ class AttributionSlot:
     def __init__(self) -> None:
         self.attached: LayerAttribution | None = None
         self.pending: dict | None = None
-        self.waiting: tf.Module | None = None
+        self.waiting: Waiting | None = None
+        self.owner: weakref.ref | None = None
+        self.unapplied: tuple | None = None
+        _internals.add_layer_call_hook(note_model_call)
 
     def save_into(self, store) -> None:
         """Adds the attribution state to a ``.keras``/``.weights.h5`` store entry.
@@ -452,31 +478,79 @@ class AttributionSlot:
             self.pending = saved
         else:
             self.attached.assign_saved(saved)
-        self._apply(list(saved.get("healed", ())))
+        self._apply(list(saved.get("healed", ())), saved.get("layers"))
 
     def checkpoint_children(self) -> dict:
         """``{"layer_attribution": ...}`` for a ``tf.train.Checkpoint``, or ``{}``.
 
         Attached, the attribution's state. Nothing attached, `waiting`: a
-        child holding the healed map alone (a checkpoint hands a value only to
-        an object listed when it is read), listed while a model owning this
-        slot is being restored, or while `pending` holds a healed set (a save
-        writes it back); else nothing, as before healing existed.
+        child taking the healed map and the counters (a checkpoint hands a
+        value only to an object listed when it is read), listed during every
+        ``tf.train.Checkpoint`` read, and for a save while it holds what a
+        read or a file gave (`pending` healed names, counters); else nothing,
+        as before healing existed.
         """
         if self.attached is not None:
             return {STORE_KEY: self.attached.state}
-        if not self.pending_healed() and self._restoring() is None:
-            return {}
+        reading = _internals.checkpoint_being_read()
         if self.waiting is None:
-            waiting = tf.Module(name=STORE_KEY)
-            waiting.healed_map = _internals.checkpoint_value(
-                lambda: healed_set.to_tensors(self.pending_healed()), self._restore_waiting)
-            self.waiting = waiting
+            if not reading and not self.pending_healed():
+                return {}
+            self.waiting = Waiting(_internals.checkpoint_value(
+                lambda: healed_set.to_tensors(self.pending_healed()), self._restore_waiting))
+        self.waiting.list_counters(reading)
+        if not (reading or self.pending_healed() or self.waiting.counters() is not None):
+            return {}
         return {STORE_KEY: self.waiting}
 
     def pending_healed(self) -> tuple:
         """Healed layer names read from a file before any attribution was attached."""
         return tuple((self.pending or {}).get("healed", ()))
+
+    def claim(self, model) -> tuple:
+        """``model`` trains with this optimizer: a healed set restored with no
+        model to move (`unapplied`) moves its layers now.
+
+        Returns:
+            The names whose layer moved now.
+        """
+        if self.owner is None or self.owner() is not model:
+            self.owner = weakref.ref(model)
+        if self.unapplied is None:
+            return ()
+        (names, order), self.unapplied = self.unapplied, None
+        return healed_set.apply_restored(model, names, order)
+
+    def refuse_unapplied(self) -> None:
+        """Raises before a step while a restored healed set waits for its model.
+
+        Raises:
+            ValueError: if `unapplied` holds a set: the step would train the
+                healed layers in half precision.
+        """
+        if self.unapplied is None:
+            return
+        raise ValueError(
+            f"This optimizer's restored state holds healed layers {self.unapplied[0]} "
+            "(moved to float32 compute before it was saved), and no model has taken "
+            "them: the checkpoint held the optimizer without its model, and no model "
+            "compiled with this optimizer has been called since. A step now would train "
+            "them in half precision. Before the step, compile the model with this "
+            "optimizer (model.compile(optimizer=optimizer, ...)), restore with the model "
+            "(tf.train.Checkpoint(model=model, optimizer=optimizer)), use "
+            "tf_mixed.training.make_train_step(model, loss, optimizer), or attach healing "
+            "(tf_mixed.scaling.Healer(model, optimizer)).")
+
+    def take_waiting(self, attribution: LayerAttribution) -> None:
+        """Hands a newly attached ``attribution`` what waited for it: the
+        counters a checkpoint held, and a healed set no model took."""
+        held = None if self.waiting is None else self.waiting.counters()
+        if self.waiting is not None and held is not None:
+            attribution.adopt(held)
+            self.waiting.forget_counters()
+        if self.unapplied is not None:
+            (names, order), self.unapplied = self.unapplied, None
+            healed_set.apply_restored(attribution.model, names, order)
 
     def _restore_waiting(self, tensors: dict) -> None:
         names = healed_set.from_tensors(tensors)
@@ -484,16 +558,40 @@ class AttributionSlot:
             self.pending = dict(self.pending or {}, healed=names)
             self._apply(names)
 
-    def _apply(self, names: list) -> None:
-        """Moves ``names`` in the attached model, or in the model being restored."""
-        model = self.attached.model if self.attached is not None else self._restoring()
+    def _apply(self, names: list, order=None) -> None:
+        """Moves ``names`` in the model this optimizer trains, or holds them
+        (`unapplied`) with a warning when no model is known yet."""
+        model = self._model()
         if model is not None:
-            healed_set.apply_restored(model, names)
+            self.unapplied = None
+            healed_set.apply_restored(model, names, order)
+            return
+        from absl import logging
+
+        self.unapplied = (list(names), order)
+        logging.warning(
+            "tf_mixed healing: the restored optimizer state holds healed layers %s, and "
+            "no model was restored with it or called with it yet. They move to float32 "
+            "compute at the next call of a model compiled with this optimizer, at "
+            "make_train_step(model, loss, optimizer), or when healing is attached; a "
+            "step of this optimizer refuses to run before. A step function traced "
+            "before this restore computes them in half precision: create it again.",
+            list(names))
+
+    def _model(self):
+        """The model this optimizer trains, if known: attached, being restored, or `owner`."""
+        if self.attached is not None:
+            return self.attached.model
+        restoring = self._restoring()
+        if restoring is not None:
+            return restoring
+        owner = None if self.owner is None else self.owner()
+        return owner if owner is not None and self._owned_by(owner) else None
+
+    def _owned_by(self, model) -> bool:
+        state = getattr(getattr(model, "optimizer", None), "step_state", None)
+        return state is not None and state.attribution is self
 
     def _restoring(self):
         """The model whose state is being restored now, when its optimizer owns this slot."""
-        def owns(model) -> bool:
-            state = getattr(getattr(model, "optimizer", None), "step_state", None)
-            return state is not None and state.attribution is self
-
-        return _internals.model_being_restored(owns)
+        return _internals.model_being_restored(self._owned_by)

@@ -30,7 +30,14 @@ from tf_mixed.scaling.attribution import (
     STORE_KEY,
     LayerAttribution,
 )
-from tf_mixed.scaling.healed_set import apply_restored, from_tensors, heal, healed_map, to_tensors
+from tf_mixed.scaling.healed_set import (
+    apply_restored,
+    from_tensors,
+    heal,
+    healed_map,
+    resolve,
+    to_tensors,
+)
 
 __all__ = ["Decision", "HealRule", "Healer", "HealingLimit", "decide", "describe", "heal",
            "healed_map", "move_to_float32"]
@@ -219,7 +226,9 @@ class Healer:
             when any did).
         """
         wanted = set(self.attribution.read().healed)
-        wanted.update(self.attribution.slot.pending_healed())
+        slot = self.attribution.slot
+        wanted.update(resolve(self.attribution.model, slot.pending_healed(),
+                              (slot.pending or {}).get("layers")).names.values())
         names = [n for n in self.attribution.names if n in wanted]
         moved = self._move(names)
         if names:
@@ -228,11 +237,12 @@ class Healer:
 
     def _restore_healed(self, tensors: dict) -> None:
         """A restored checkpoint applies the healed map it holds, at once."""
-        healed = from_tensors(tensors)
+        saved = from_tensors(tensors)
+        healed = resolve(self.attribution.model, saved).names.values()
         names = [n for n in self.attribution.names if n in healed]
         if names:
             self.attribution.mark_healed(names)
-        apply_restored(self.attribution.model, names)
+        apply_restored(self.attribution.model, saved)
 
     def check(self) -> Decision:
         """Applies the rule to what the step recorded; moves the layers it names.

@@ -48,6 +48,7 @@ from tf_mixed.scaling import (
     formats,
     misuse,
     pipeline,
+    portable,
     scale_state,
     spike,
 )
@@ -372,6 +373,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         """
         grads, trainable_variables, unscaled = _checked_apply_args(
             self, grads, trainable_variables, unscaled)
+        self._step_state.attribution.refuse_unapplied()  # a healed set no model took
         _ready_to_step(self, trainable_variables)
         with keras.name_scope(self.name, caller=self):
             return pipeline.step(self, self._step_state, grads, trainable_variables, unscaled)
@@ -395,11 +397,14 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         formats.load_own(self, store, super().load_own_variables, self._step_state)
 
     def get_config(self):
-        """Returns the constructor arguments (Keras's names first)."""
+        """Returns a config both Keras's wrapper and this class load.
+
+        At the top, Keras's wrapper's arguments (``initial_scale``: the scale
+        reached, once built); every constructor argument of this class under
+        the inner optimizer's entry (`tf_mixed.scaling.portable`).
+        """
         knobs = self.config.to_dict()
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+        own = {
             "initial_scale": knobs.pop("initial_scale"),
             "dynamic_growth_steps": knobs.pop("growth_interval"),
             **knobs,
@@ -408,11 +413,15 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
                 None if self.accumulator is None else self.accumulator.steps),
             "compensation": compensated.compensation_config(self.inner_optimizer),
         }
+        return portable.portable_config(
+            self.name, keras.saving.serialize_keras_object(self.inner_optimizer), own,
+            float(self.dynamic_scale.numpy()) if self.built else None)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """Rebuilds the optimizer from ``get_config()`` output (or Keras's wrapper's)."""
-        config = dict(config)
+        """Rebuilds the optimizer from ``get_config()`` output (or an older
+        layout's, or Keras's wrapper's)."""
+        config = portable.constructor_args(config)
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
@@ -429,6 +438,14 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         training continues from where it stands.
         """
         return _from_keras(cls, optimizer, knobs)
+
+
+# Files name it as Keras's own wrapper, so a process without tf_mixed loads
+# them with Keras's; with tf_mixed imported the name gives this class back for
+# its own configs (`tf_mixed.scaling.portable`).
+_internals.serialize_as_keras_class(LossScaleOptimizer, portable.KERAS_NAME)
+_internals.resolve_keras_name(portable.KERAS_NAME,
+                              portable.keras_name_loader(LossScaleOptimizer))
 
 
 def _from_keras(cls, optimizer, knobs: dict) -> LossScaleOptimizer:
