@@ -219,6 +219,9 @@ def test_clear_session_after_enable_is_reported(caplog):
     assert len(messages) == 1
     assert "tf_mixed.enable(): Keras's dtype policy in this thread is 'float32'" in messages[0]
     assert "clear_session()" in messages[0]
+    # Not advice to do what this very call does (it read "Call tf_mixed.enable() again").
+    assert "enable() again" not in messages[0]
+    assert messages[0].endswith("compute in float32; this call sets the policy again.")
     assert not policy.status().reset_since_enable  # enabled again
 
 

@@ -3,7 +3,7 @@
 import struct
 
 from tf_mixed.tools import probe_report
-from tf_mixed.tools.probe_report import LayerStats, ProbeReport, plot_layout
+from tf_mixed.tools.probe_report import LayerStats, ProbeReport, VariableStats, plot_layout
 
 
 def test_the_layout_of_a_200_layer_bfloat16_model():
@@ -34,3 +34,14 @@ def test_a_200_layer_png_is_at_most_1540_px_wide():
     png = report.plot()
     width, height = struct.unpack(">II", png[16:24])
     assert width <= 14 * 110 and height <= 5 * 110
+
+
+def test_the_backward_table_says_the_dtype_is_the_layers_compute_dtype():
+    # Under mixed_float16 the kernel is a float32 variable: a column "dtype"
+    # reading float16 beside its name said otherwise.
+    variable = VariableStats("dense/kernel", "dense", "float16", 8, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0)
+    report = ProbeReport("m", "mixed_float16", 1, 8, (), (variable,), 2.0**15, 2.0**15, 0, 0,
+                         None, None, "", "predicted")
+    lines = str(report).splitlines()
+    header = lines[lines.index(next(x for x in lines if x.startswith("Backward"))) + 1]
+    assert header.split()[:2] == ["variable", "computes"], header

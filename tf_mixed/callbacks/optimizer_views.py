@@ -79,7 +79,7 @@ class PlainView:
         return Snapshot(scale=float(state.scale), applied=self._applied())
 
     def _applied(self) -> int:
-        return int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+        return int(self.optimizer.iterations.numpy())
 
     def updates(self, batches):
         """Optimizer steps taken for ``batches`` batches."""

@@ -65,7 +65,7 @@ def read(sync) -> Float8Saturation:
     def first(variable):
         value = variable.values[0] if isinstance(
             variable, tf.distribute.DistributedValues) else variable
-        return np.asarray(keras.ops.convert_to_numpy(value))
+        return np.asarray(value.numpy())
 
     overflow = first(sync.last_overflow)
     clipping = np.array([clipping_overflow(slot.kind) for slot in sync.slots],

@@ -155,7 +155,7 @@ def _measured_fractions(layer, kind: str, measured, scale: float,
                         fmt: str) -> tuple[float | None, float | None]:
     """`fractions` of the kernel, or of the measured values of ``kind``; Nones without them."""
     if kind == "kernel":
-        return fractions(keras.ops.convert_to_numpy(layer.kernel), scale, fmt)
+        return fractions(layer.kernel.numpy(), scale, fmt)
     if measured is not None:
         return fractions(measured, scale, fmt)
     return None, None
@@ -196,7 +196,7 @@ def _copies(variable) -> list[np.ndarray]:
     value = variable.value if isinstance(variable, keras.Variable) else variable
     parts = value.values if isinstance(value, tf.distribute.DistributedValues) \
         else [value]
-    return [np.asarray(keras.ops.convert_to_numpy(p)) for p in parts]
+    return [np.asarray(p.numpy()) for p in parts]
 
 
 def _float8_layers(model) -> list[tuple[str, Any]]:
@@ -243,7 +243,7 @@ def state(model: keras.Model, x=None, y=None, *, loss=None,
     sync = float8_sync_of(optimizer)
     loss_scale = 1.0
     if sync is not None:
-        loss_scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+        loss_scale = float(optimizer.dynamic_scale.numpy())
     counters = _counters(sync)
     measured = {}
     examples = 0

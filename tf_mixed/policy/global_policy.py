@@ -473,12 +473,16 @@ def _warn_if_reset(state: ThreadState, caller: str) -> None:
         return
     now = keras.config.dtype_policy().name
     if now != state.active:
+        # Said to the call that comes after the reset: advice to call enable()
+        # again would tell an enable() call to do what it is doing.
+        then = ("this call sets the policy again" if caller == "enable" else
+                "call tf_mixed.enable() right after clear_session() to keep it")
         logging.warning(
             "tf_mixed.%s(): Keras's dtype policy in this thread is %r, not %r as "
             "tf_mixed.enable() set it: keras.backend.clear_session() (or "
             "keras.config.set_dtype_policy) reset it since, so layers built since "
-            "compute in %s. Call tf_mixed.enable() again after clear_session().",
-            caller, now, state.active, now,
+            "compute in %s; %s.",
+            caller, now, state.active, now, then,
         )
 
 

@@ -308,10 +308,10 @@ class LayerAttribution:
 
     def read(self) -> AttributionReading:
         """The counters in Python values (one host read)."""
-        counts = keras.ops.convert_to_numpy(self.state.counts)
-        log = keras.ops.convert_to_numpy(self.state.log)
-        size = int(keras.ops.convert_to_numpy(self.state.log_size)[0])
-        healed = keras.ops.convert_to_numpy(self.state.healed)
+        counts = self.state.counts.numpy()
+        log = self.state.log.numpy()
+        size = int(self.state.log_size.numpy()[0])
+        healed = self.state.healed.numpy()
         rows = [log[i % LOG_SIZE] for i in range(max(0, size - LOG_SIZE), size)]
         skips = tuple(AttributedSkip(int(r[0]), self.names[int(r[1])], int(r[2]))
                       for r in rows if 0 <= int(r[1]) < len(self.names))
@@ -322,11 +322,11 @@ class LayerAttribution:
 
     def log_size(self) -> int:
         """How many skips were attributed so far (a one-scalar read)."""
-        return int(keras.ops.convert_to_numpy(self.state.log_size)[0])
+        return int(self.state.log_size.numpy()[0])
 
     def mark_healed(self, names) -> None:
         """Writes ``names`` into the healed set (every replica's copy)."""
-        healed = keras.ops.convert_to_numpy(self.state.healed).copy()
+        healed = self.state.healed.numpy().copy()
         for name in names:
             healed[self.index(name)] = 1
         self.state.healed.assign(healed)

@@ -256,7 +256,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             return scale_state.initial_state(self.config)._replace(
                 skip_reasons=reasons, calibration_skips=calibration)
         return scale_state.from_values(
-            [keras.ops.convert_to_numpy(v) for v in pipeline.state_variables(self)], reasons,
+            [v.numpy() for v in pipeline.state_variables(self) if v is not None], reasons,
             calibration)
 
     @property
@@ -631,8 +631,8 @@ def read_keras_state(optimizer: keras.optimizers.LossScaleOptimizer) -> LossScal
         The state, in Python numbers.
     """
     if optimizer.built:
-        scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
-        good = int(keras.ops.convert_to_numpy(optimizer.step_counter))
+        scale = float(optimizer.dynamic_scale.numpy())
+        good = int(optimizer.step_counter.numpy())
     else:
         scale, good = float(optimizer.initial_scale), 0
     return LossScaleState(scale=scale, good_steps=good, overflow_streak=None,

@@ -32,7 +32,7 @@ def local_copies(value: Any) -> list[np.ndarray]:
         parts = list(value.values)
     else:
         parts = [value]
-    return [keras.ops.convert_to_numpy(p) for p in parts]
+    return [np.asarray(p.numpy()) for p in parts]
 
 
 def all_copies_finite(value: Any) -> bool:

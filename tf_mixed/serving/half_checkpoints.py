@@ -121,7 +121,7 @@ def save_weights(model: keras.Model, path: str | os.PathLike, *,
     too_large: list[str] = []
     flushed: list[str] = []
     for i, (variable, key) in enumerate(zip(model.weights, _keys(model))):
-        value = np.asarray(keras.ops.convert_to_numpy(variable.value))
+        value = np.asarray(variable.numpy())
         stored_dtype = variable.dtype
         if _is_float(variable.dtype):
             wide = value.astype(np.float32)

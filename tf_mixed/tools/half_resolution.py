@@ -94,7 +94,10 @@ class Resolution:
 
 
 def _np(value) -> np.ndarray:
-    return np.asarray(keras.ops.convert_to_numpy(value), dtype="float64")
+    # Cast first (exact from a half dtype): NumPy 2 warns (DeprecationWarning)
+    # on np.array() of a variable or of a bfloat16 tensor, not of a float32 tensor.
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(value, "float32")),
+                      dtype="float64")
 
 
 def _float32_statistics(layer) -> tuple[np.ndarray, np.ndarray] | None:

@@ -182,7 +182,8 @@ class ProbeReport:
                       f"unscaled loss; zero/subnormal: entries float16 loses at "
                       f"scale {_scale(self.current_scale)} / "
                       f"{_scale(self.recommended_scale)}):"]
-        header = ("variable", "dtype", "max|g|", "median|g|", "zero now",
+        # The owning layer's compute dtype, not the variable's (float32 under a mixed policy).
+        header = ("variable", "computes", "max|g|", "median|g|", "zero now",
                   "subn now", "zero rec", "subn rec")
         rows = [(v.name, v.compute_dtype, _num(v.max_abs), _num(v.median_abs),
                  _pct(v.zero_at_current), _pct(v.subnormal_at_current),

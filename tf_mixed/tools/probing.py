@@ -427,7 +427,7 @@ def _current_scale(model, half_dtype) -> float:
     optimizer = getattr(model, "optimizer", None)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         if getattr(optimizer, "built", False):
-            return float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+            return float(optimizer.dynamic_scale.numpy())
         return float(optimizer.initial_scale)
     return _DEFAULT_FLOAT16_SCALE if half_dtype == "float16" else 1.0
 

@@ -121,9 +121,9 @@ def _collapse(make_optimizer) -> tuple[bool, float, str]:
     bad = [tf.constant([np.inf, 1.0])]
     for _ in range(4):  # 2**-146 -> ... -> 2**-149 -> 0.0 without a floor
         optimizer.apply(bad, [variable])
-    scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+    scale = float(optimizer.dynamic_scale.numpy())
     optimizer.apply([tf.constant([1.0, 1.0])], [variable])
-    weights = keras.ops.convert_to_numpy(variable)
+    weights = variable.numpy()
     return bool(np.isfinite(weights).all()), scale, f"scale {scale:g}, weights {weights.tolist()}"
 
 
