@@ -93,3 +93,25 @@ def test_layer_attribution_reads_under_the_error_filter(deprecation_is_an_error)
     attributed.mark_healed(["d2"])
     reading = attributed.read()
     assert (reading.counts, reading.healed, attributed.log_size()) == ({}, ("d2",), 0)
+
+
+class _SquaredGate(keras.layers.Layer):
+    """x^2 / (1 + x^2): NaN in float16 once |x| > 256 (inf / inf)."""
+
+    def call(self, x):
+        squared = x * x
+        return squared / (1.0 + squared)
+
+
+def test_healing_reads_the_step_counters_under_the_error_filter(deprecation_is_an_error):
+    tf_mixed.enable("mixed_float16")
+    model = keras.Sequential([keras.Input((4,)),
+                              keras.layers.Dense(4, name="d1", kernel_initializer="ones"),
+                              _SquaredGate(name="gate"), keras.layers.Dense(2, name="d2")])
+    model.compile(tf_mixed.wrap_optimizer(keras.optimizers.SGD(0.0)), "mse")
+    x = np.full((16, 4), 0.1, "float32")
+    x[::8] = 100.0  # one row a batch: d1 gives 400, the gate NaN in float16
+    heal = tf_mixed.callbacks.Heal(skips=1)
+    model.fit(x, np.zeros((16, 2), "float32"), batch_size=8, epochs=1, verbose=0,
+              shuffle=False, callbacks=[heal])
+    assert heal.healed_layers == ("gate",)

@@ -260,8 +260,7 @@ class Healer:
         self._seen = size
         reading = self.attribution.read()
         optimizer = self.attribution.optimizer
-        now = int(keras.ops.convert_to_numpy(optimizer.iterations)) + int(
-            keras.ops.convert_to_numpy(optimizer.skipped_steps))
+        now = int(optimizer.iterations.numpy()) + int(optimizer.skipped_steps.numpy())
         decision = decide(self.rule, reading.skips, reading.healed,
                           self.attribution.names, now)
         if decision.move:
