@@ -370,3 +370,27 @@ def test_heal_layers_is_the_hand_written_loops_call():
     assert model.get_layer("out").compute_dtype == "float16"
     with pytest.raises(ValueError, match="Valid names: inner/d, out"):
         tf_mixed.training.heal_layers(model, ["d"])
+
+
+def test_a_loops_tf_function_does_not_convert_the_optimizers_pipeline(monkeypatch):
+    # `LossScaleOptimizer.apply` is marked do_not_convert (its pipeline traced
+    # as `fit` traces it): code below it sees no AutoGraph, so a Python `if`
+    # on a tensor there raises, where converted code would have made a tf.cond.
+    from tf_mixed.scaling import pipeline
+
+    real, seen = pipeline.step, []
+
+    def step(*args, **kwargs):
+        try:
+            if tf.constant(True):
+                seen.append("converted")
+        except TypeError:  # OperatorNotAllowedInGraphError: a Tensor as a Python bool
+            seen.append("not converted")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "step", step)
+    model = _linear()
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.25), initial_scale=4.0)
+    train = training.make_train_step(model, lambda y, p: tf.reduce_mean(tf.square(p - y)), opt)
+    assert bool(train(tf.constant([[1.0, 1.0]]), tf.constant([[0.0]]))["applied"])
+    assert seen and set(seen) == {"not converted"}

@@ -343,6 +343,10 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------- the update
 
+    # Not converted by AutoGraph: `fit` calls it from Keras's (unconverted)
+    # code; a loop's tf.function converting the pipeline below it made the
+    # first step cost 6.7 s of CPU instead of 1.3 s (docs/custom-loops.md).
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None, *,
               unscaled: bool | None = None):
         """Unscales and applies gradients, or skips the step everywhere.
