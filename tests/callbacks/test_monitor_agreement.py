@@ -57,3 +57,28 @@ def test_with_one_worker_nothing_is_reduced(monitor):
     assert monitor_module._agreed_problems(monitor, 0.5, scan=True) == (None, ())
     assert monitor_module._agreed_problems(monitor, float("inf"), scan=True)[0] == (
         stop_rules.loss_problem("tf_mixed", monitor._progress, float("inf")))
+
+
+class _TwoWorkers:
+    """A strategy seen from one worker of two (one local replica): `run` is counted."""
+
+    num_replicas_in_sync = 2
+
+    def __init__(self):
+        self.extended = type("Extended", (), {"worker_devices": ("/cpu:0",)})()
+        self.runs = 0
+
+    def run(self, fn):
+        self.runs += 1  # once per trace of the summing function
+        return fn()
+
+    def reduce(self, op, value, axis):
+        return value * 2.0  # the peer sent the same values
+
+
+def test_the_workers_sums_trace_one_function_per_length_of_values():
+    strategy = _TwoWorkers()
+    for values in ([1.0, 2.0], [3.0, 4.0], [5.0, 6.0]):
+        assert monitor_module._global_sums(strategy, values) == [2 * v for v in values]
+    assert monitor_module._global_sums(strategy, [7.0]) == [14.0]
+    assert strategy.runs == 2  # one trace per length; every check traced anew before

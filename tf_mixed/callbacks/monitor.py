@@ -62,6 +62,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_mixed._internal import facts, tf_keras_check
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.warning import MixedPrecisionWarning
 from tf_mixed.callbacks import first_batch, fit_check, skip_contract, stop_rules
@@ -284,15 +285,21 @@ def _global_sums(strategy, values: list[float]) -> list[float]:
     local_replicas = len(strategy.extended.worker_devices)
     if strategy.num_replicas_in_sync <= local_replicas:
         return values
-    share = tf.constant(values, tf.float32) / local_replicas
+    # One function per strategy, traced once per length of `values` (a check
+    # every 50 batches would otherwise trace a new one each time).
+    reduce = _internals.rider(strategy, "global_sums", lambda: _summing(strategy))
+    return [float(v) for v in reduce(tf.constant(values, tf.float32) / local_replicas).numpy()]
+
+
+def _summing(strategy):
+    """``reduce(share) -> share summed over every replica``, a `tf.function` on ``strategy``."""
 
     @tf.function
-    def reduce():
+    def reduce(share):
         per_replica = strategy.run(lambda: tf.identity(share))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
-                               axis=None)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    return [float(v) for v in reduce().numpy()]
+    return reduce
 
 
 # What the monitor knows before its first read.

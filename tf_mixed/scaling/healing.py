@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import keras
-
 from tf_mixed._internal import shims as _internals
 from tf_mixed._internal import validate as _validate
 from tf_mixed.policy import precision_map
