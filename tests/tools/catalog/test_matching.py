@@ -111,3 +111,48 @@ def test_a_size_beyond_every_measured_one_is_not_close():
 def test_describe_reads_the_configuration_the_activation_and_the_input_dim():
     dense = _called(keras.layers.Dense(3, activation="relu"), (5,))
     assert matching.describe(dense) == {"units": 3, "input_dim": 5, "activation": "relu"}
+
+
+def _embedding(cls="Embedding", vocabulary=100, dtype="float32", reverse=False):
+    layer = getattr(keras.layers, cls)(vocabulary, 16)
+    if reverse:
+        layer(keras.Input((8, 16)), reverse=True)
+    else:
+        layer(keras.Input((8,), dtype=dtype))
+    return layer
+
+
+@pytest.mark.parametrize("cls", ["Embedding", "ReversibleEmbedding"])
+def test_an_embeddings_float_ids_are_judged_by_the_float_ids_row(cls):
+    assert _key(_embedding(cls)) == (f"{cls}[float ids]", True, ())
+
+
+@pytest.mark.parametrize("cls", ["Embedding", "ReversibleEmbedding"])
+def test_an_embeddings_integer_ids_are_judged_by_the_integer_ids_row(cls):
+    # An integer id is looked up exactly; the float ids row measured the
+    # rounding of ids above 256 (bfloat16) or 2048 (float16) to another row.
+    layer = _embedding(cls, dtype="int32")
+    assert _key(layer) == (f"{cls}[int ids]", True, ())
+    row = model_check.match_for(results.stored(), layer, "mixed_bfloat16").row
+    assert row.key == f"{cls}[int ids]" and row.safe.text() == "<=1e-06 .. >=1e+06"
+    # Only a float ids row is left: an integer call is not judged by it.
+    float_rows = [r for r in results.stored().find(cls, F16) if r.args["call"] == "float ids"]
+    found = matching.nearest(float_rows, layer)
+    assert (found.close, found.differences) == (False, ("call int ids (measured float ids)",))
+
+
+def test_an_embeddings_vocabulary_is_compared_as_the_vocabulary():
+    layer = _embedding(vocabulary=5_000_000)
+    assert matching.describe(layer) == {"input_dim": 5_000_000, "call": "float ids"}
+    # A Dense layer's input_dim is still the length of its sums; it has no call kind.
+    assert "call" not in matching.describe(_called(keras.layers.Dense(3), (5,)))
+    assert _key(layer) == ("Embedding[float ids]", False,
+                           ("input_dim 5000000 (measured 60001)",))
+
+
+def test_a_reversible_embeddings_reverse_call_is_judged_as_logits():
+    assert _key(_embedding("ReversibleEmbedding", vocabulary=64, reverse=True)) == (
+        "ReversibleEmbedding[reverse]", True, ())
+    # A language model's vocabulary of logits, far beyond the measured 64.
+    assert _key(_embedding("ReversibleEmbedding", vocabulary=50_000, reverse=True)) == (
+        "ReversibleEmbedding[reverse]", False, ("input_dim 50000 (measured 64)",))

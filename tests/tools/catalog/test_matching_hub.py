@@ -56,9 +56,9 @@ def test_a_bert_backbones_layers_are_matched_by_configuration(bf16_policy):
     keras.utils.set_random_seed(7)
     model = keras_hub.models.BertBackbone(num_heads=2, max_sequence_length=16, **SMALL)
     assert _coverage(model) == [
-        ("token_embedding", "matched", "ReversibleEmbedding[float ids]"),
+        ("token_embedding", "matched", "ReversibleEmbedding[int ids]"),
         ("position_embedding", "matched", "PositionEmbedding[length=6]"),
-        ("segment_embedding", "matched", "Embedding[float ids]"),
+        ("segment_embedding", "matched", "Embedding[int ids]"),
         ("embeddings_add", "matched", "Add[default]"),
         # BERT's epsilon of 1e-12 is 6 decades from the nearest measured (1e-6).
         ("embeddings_layer_norm", "unmatched", "LayerNormalization[epsilon=1e-6]"),
@@ -76,7 +76,7 @@ def test_a_gpt2_backbones_decoder_is_matched_to_gpt2s_block(bf16_policy):
     keras.utils.set_random_seed(7)
     model = keras_hub.models.GPT2Backbone(num_heads=2, max_sequence_length=16, **SMALL)
     assert _coverage(model) == [
-        ("token_embedding", "matched", "ReversibleEmbedding[float ids]"),
+        ("token_embedding", "matched", "ReversibleEmbedding[int ids]"),
         ("position_embedding", "matched", "PositionEmbedding[length=6]"),
         ("embeddings_add", "matched", "Add[default]"),
         ("embeddings_dropout", "matched", "Dropout[inference]"),
@@ -91,7 +91,7 @@ def test_a_gemma_backbones_own_classes_have_no_rows(bf16_policy):
     model = keras_hub.models.GemmaBackbone(num_query_heads=2, num_key_value_heads=1,
                                            head_dim=8, **SMALL)
     assert _coverage(model) == [
-        ("token_embedding", "matched", "ReversibleEmbedding[float ids]"),
+        ("token_embedding", "matched", "ReversibleEmbedding[int ids]"),
         ("decoder_block_0", "no_rows", ""),
         # Gemma's own RMSNormalization (float32 inside), not Keras's of that name.
         ("final_normalization", "no_rows", ""),

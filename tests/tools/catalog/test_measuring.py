@@ -65,3 +65,32 @@ def test_seeded_random_layers_draw_the_same_numbers_in_every_copy(policy):
     case = [c for c in registry.keras_cases() if c.key == "RandomFlip[default]"][0]
     (point,) = measuring.measure(case, [policy], [1.0])[policy].points
     assert point.forward < 2.0 ** -6  # a different flip would be an error of order 1
+
+
+def _tied_max_pooling(selects):
+    """MaxPooling1D over two inputs per window that differ in float32 and tie in bfloat16."""
+    return registry.Case("MaxPooling1D", "x", lambda p: keras.layers.MaxPooling1D(dtype=p),
+                         inputs=((2, 1),), batch=1, selects=selects)
+
+
+def test_a_tie_after_rounding_routes_max_poolings_gradient_without_an_error(monkeypatch):
+    # 0.999 and 1.0 round to the same bfloat16 (1.0): float32 sends the
+    # gradient c to the second input, bfloat16's MaxPool to the first, a
+    # subgradient as correct for what it computes. Compared with float32's
+    # at the inputs alone that is an error of |(c, -c)| / |(0, c)| = sqrt(2).
+    tied = np.array([0.999, 1.0], "float32").reshape(1, 1, 2, 1)  # (groups, batch, steps, 1)
+    monkeypatch.setattr(measuring, "inputs_for", lambda case, magnitudes, seed: [tied])
+    (plain,) = measuring.measure(_tied_max_pooling(False), ["mixed_bfloat16"], [1.0])[
+        "mixed_bfloat16"].points
+    (selecting,) = measuring.measure(_tied_max_pooling(True), ["mixed_bfloat16"], [1.0])[
+        "mixed_bfloat16"].points
+    assert plain.forward == 0.0 and selecting.forward == 0.0  # the max, 1.0, is exact
+    assert plain.gradient == pytest.approx(np.sqrt(2.0), rel=2.0 ** -7)
+    assert selecting.gradient <= 2.0 ** -9  # the cotangent's rounding to bfloat16 only
+
+
+def test_max_pooling_and_maximum_are_measured_as_selecting():
+    selecting = {c.key for c in registry.keras_cases() if c.selects}
+    assert selecting == {f"{kind}{dims}[default]" for dims in ("1D", "2D", "3D")
+                         for kind in ("MaxPooling", "GlobalMaxPooling", "AdaptiveMaxPooling")
+                         } | {"Maximum[default]", "Minimum[default]"}

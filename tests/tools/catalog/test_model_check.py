@@ -100,3 +100,24 @@ def test_the_zoo_is_checked_without_error(name):
     covered = model_check.coverage(model)
     assert {c.status for c in covered} <= {"matched", "no_rows"}
     assert {n.layer for n in notes} <= {c.layer for c in covered if c.status == "matched"}
+
+
+def test_a_bfloat16_densenets_max_pooling_is_in_range_where_ties_route_its_gradient():
+    # The stored MaxPooling2D row under bfloat16 once ended at 3.2: at 10,
+    # inputs tying after rounding sent the gradient to another (equally
+    # correct) position, and every DenseNet and ResNet was told at fit start
+    # that "pool1" was outside its range. A softmax over logits of 100 in
+    # bfloat16 is genuinely outside its range and still warned about.
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        keras.utils.set_random_seed(7)
+        base = keras.applications.DenseNet121(weights=None, input_shape=(32, 32, 3),
+                                              include_top=False, pooling="avg")
+        probs = keras.layers.Activation("softmax", name="probs")(
+            keras.layers.Dense(3, name="logits")(base.output))
+        model = keras.Model(base.input, probs)
+    finally:
+        keras.config.set_dtype_policy(before)
+    report = tf_mixed.audit(model, magnitudes={"pool1": 10.0, "probs": 100.0})
+    assert [f.layer for f in report.by_code("catalog_range")] == ["probs"]

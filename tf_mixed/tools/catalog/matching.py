@@ -4,7 +4,9 @@
 # a normalization's ``epsilon``, a Dense layer's ``units`` and the length of
 # its sums (``input_dim``), an Activation's function, Dot's ``normalize``,
 # Attention's score, a KerasHub transformer block's width, inner size,
-# activation, ``layer_norm_epsilon`` and ``normalize_first``. A layer is
+# activation, ``layer_norm_epsilon`` and ``normalize_first``, an Embedding's
+# vocabulary (its own ``input_dim`` argument) and how it is called (``call``:
+# "float ids", "int ids" or "reverse", ReversibleEmbedding's logits). A layer is
 # judged by the row of its class and policy whose values are nearest its own:
 # numbers by how many decades apart they are, anything else equal or not. A
 # row is *close* when every value it states is within `CLOSE_DECADES` of the
@@ -39,7 +41,8 @@ __all__ = ["CLOSE_DECADES", "CONDITIONS", "MATCH_KEYS", "SIZE_KEYS", "Match", "d
            "nearest", "row_class"]
 
 MATCH_KEYS = ("epsilon", "units", "input_dim", "activation", "normalize", "use_scale",
-              "score_mode", "layer_norm_epsilon", "intermediate_dim", "normalize_first")
+              "score_mode", "layer_norm_epsilon", "intermediate_dim", "normalize_first",
+              "call")
 """The configuration values a layer is matched on (when its class's rows state them)."""
 
 SIZE_KEYS = ("units", "input_dim", "intermediate_dim")
@@ -92,8 +95,11 @@ def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:
 
     Returns:
         ``{key: value}``: constructor arguments from ``get_config()``,
-        ``activation`` by its function's name, ``input_dim`` the last axis
-        of the layer's first input.
+        ``activation`` by its function's name, ``input_dim`` the layer's own
+        ``input_dim`` argument where it has one (an Embedding's vocabulary),
+        else the last axis of its first input; ``call`` (an embedding's
+        rows state it) how its first call feeds it: "reverse" (called with
+        ``reverse=True``), else "int ids" or "float ids" by its input's dtype.
     """
     return described(layer, keys, activation_name(layer), _internals.call_inputs(layer))
 
@@ -112,7 +118,9 @@ def described(layer, keys: Sequence[str], activation: str | None,
         if key == "activation":
             value = activation
         elif key == "input_dim":
-            value = _input_dim(layer, inputs)
+            value = config.get("input_dim") or _input_dim(layer, inputs)
+        elif key == "call":
+            value = _call_kind(layer, inputs)
         else:
             value = config.get(key)
         if value is not None:
@@ -128,6 +136,22 @@ def _input_dim(layer, inputs: Sequence[Any]) -> int | None:
     kernel = getattr(layer, "kernel", None)
     shape = getattr(kernel, "shape", None)
     return int(shape[0]) if shape is not None and len(shape) == 2 else None
+
+
+def _call_kind(layer, inputs: Sequence[Any]) -> str | None:
+    """How an embedding's first call feeds it (None: not an embedding, or never
+    called symbolically)."""
+    import keras
+
+    if not isinstance(layer, keras.layers.Embedding):
+        return None
+    args, kwargs = _internals.first_call_arguments(layer)
+    if kwargs.get("reverse", args[1] if len(args) > 1 else False) is True:
+        return "reverse"
+    dtype = getattr(inputs[0], "dtype", None) if inputs else None
+    if dtype is None:
+        return None
+    return "int ids" if "int" in keras.backend.standardize_dtype(dtype) else "float ids"
 
 
 def _gap(mine, measured) -> float:

@@ -17,6 +17,11 @@
 #   weight; the cotangent is a fixed unit-scale draw, the same for every copy
 #   (so the gradient error is the layer's own, at an upstream gradient of
 #   order 1: a loss scale moves that, not the layer's arithmetic);
+# * a layer that selects (``Case.selects``: max pooling, Maximum, Minimum)
+#   has its half gradient also compared with float32's at the inputs rounded
+#   as the half copy sees them, and the smaller error counts: two inputs that
+#   tie once rounded send the gradient to either, both correct subgradients,
+#   while an error of the selection's own arithmetic shows in both;
 # * a configuration whose statistics are set from data (``per_magnitude``:
 #   ``Normalization``'s mean and variance, ``Discretization``'s boundaries) is
 #   made once per magnitude instead, eagerly.
@@ -227,13 +232,15 @@ def _forward_and_gradients(case: Case, layer, inputs, cot, wrt_inputs: bool,
     A half copy takes its inputs in its compute dtype, as a layer inside a
     mixed model gets them from the half layer before it (a layer that
     computes in float32 inside, such as LayerNormalization, still sees
-    rounded inputs, as it does there).
+    rounded inputs, as it does there). Integer ids (``case.integer_ids``) are not
+    rounded: a model hands them on as integers.
     """
     dtype = keras.backend.standardize_dtype(layer.compute_dtype)
     with tf.GradientTape() as tape:
         for x in inputs:
             tape.watch(x)
-        fed = [tf.cast(x, dtype) for x in inputs] if dtype in HALF_DTYPES else list(inputs)
+        rounds = dtype in HALF_DTYPES and not case.integer_ids
+        fed = [tf.cast(x, dtype) for x in inputs] if rounds else list(inputs)
         raw = case.call(layer, fed, case.training)
         y = tf.cast(raw, "float32")
         loss = tf.reduce_sum(y * cot)
@@ -248,15 +255,36 @@ def _forward_and_gradients(case: Case, layer, inputs, cot, wrt_inputs: bool,
     return y, grads[:split] + weights
 
 
+def _closer(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+    """Of two `_pair_stats`, the one with the smaller relative error (a finite one first)."""
+    def rank(stats):
+        finite = stats[2] * stats[3]
+        return tf.stack([1.0 - finite, tf.math.divide_no_nan(stats[0], stats[1])])
+
+    a, b = rank(first), rank(second)
+    second_better = (b[0] < a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+    return tf.where(second_better, second, first)
+
+
 def _compare(case: Case, layers, inputs, cot, wrt_inputs: bool, gradients: bool) -> tf.Tensor:
-    """Stats of each half copy against the first (float32): ``(copies - 1, parts, 5)``."""
+    """Stats of each half copy against the first (float32): ``(copies - 1, parts, 5)``.
+
+    For a layer that selects (``case.selects``), each gradient's stats are
+    the closer of float32's at the inputs and float32's at the inputs
+    rounded to the half copy's compute dtype.
+    """
     ref_y, ref_grads = _forward_and_gradients(case, layers[0], inputs, cot, wrt_inputs,
                                               gradients)
     rows = []
     for layer in layers[1:]:
         y, grads = _forward_and_gradients(case, layer, inputs, cot, wrt_inputs, gradients)
-        rows.append(tf.stack([_pair_stats(y, ref_y)]
-                             + [_pair_stats(h, r) for h, r in zip(grads, ref_grads)]))
+        parts = [_pair_stats(h, r) for h, r in zip(grads, ref_grads)]
+        dtype = keras.backend.standardize_dtype(layer.compute_dtype)
+        if case.selects and grads and dtype in HALF_DTYPES:
+            rounded = [tf.cast(tf.cast(x, dtype), "float32") for x in inputs]
+            _, tied = _forward_and_gradients(case, layers[0], rounded, cot, wrt_inputs)
+            parts = [_closer(part, _pair_stats(h, r)) for part, h, r in zip(parts, grads, tied)]
+        rows.append(tf.stack([_pair_stats(y, ref_y)] + parts))
     return tf.stack(rows)
 
 

@@ -258,6 +258,7 @@ def _case_arguments(layer) -> tuple[dict[str, Any], tuple[int, ...] | None]:
 
     described = matching.describe(layer)
     dim = described.pop("input_dim", None)
+    described.pop("call", None)  # how it is called, not a constructor argument
     try:
         own = layer.get_config()
     except Exception:  # noqa: BLE001 - a layer without a config: its matched values only
@@ -273,7 +274,7 @@ def _case_arguments(layer) -> tuple[dict[str, Any], tuple[int, ...] | None]:
     shape = getattr(inputs[0], "shape", None) if inputs else None
     if shape is not None and len(shape) >= 2:
         return config, tuple(8 if d is None else int(d) for d in shape[1:])
-    return config, (int(dim),) if dim else None
+    return config, (int(dim),) if dim and "input_dim" not in own else None
 
 
 def _covers(row: Row, low: float, high: float) -> bool:

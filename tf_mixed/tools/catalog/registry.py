@@ -60,6 +60,15 @@ class Case:
             ``RNN``).
         source: "keras", "keras_hub" or "user".
         seed_offset: varies the weights' draw between configurations.
+        selects: the layer routes each output's gradient to the input it
+            selects (max pooling, ``Maximum``, ``Minimum``): where inputs
+            that differ in float32 tie once rounded to the compute dtype, a
+            half copy may route it to another of them, a subgradient as
+            correct as float32's (`tf_mixed.tools.catalog.measuring` then
+            also compares its gradient with float32's at the rounded inputs).
+        integer_ids: the ids ("ids" distribution) reach the layer as
+            integers (``call`` casts them), so a half copy takes them
+            unrounded, as from an integer ``keras.Input``.
         args: the configuration as values a model's layer is matched
             against (`tf_mixed.tools.catalog.matching`): its constructor
             arguments, ``input_dim`` where the length of a sum is the point,
@@ -80,6 +89,8 @@ class Case:
     covers: tuple[str, ...] = ()
     source: str = "keras"
     seed_offset: int = 0
+    selects: bool = False
+    integer_ids: bool = False
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -134,6 +145,13 @@ def _masked(mask: np.ndarray | list[np.ndarray], *, keyword: str = "mask", two: 
     return call
 
 
+def _as_integers(layer, inputs, training):
+    """``layer(ids)`` with the (whole-number) float ids cast to int32."""
+    import tensorflow as tf
+
+    return layer(tf.cast(inputs[0], "int32"), training=training)
+
+
 def _sequence_mask(batch: int, steps: int) -> np.ndarray:
     """The last quarter of each sequence's steps masked out (at least one kept)."""
     mask = np.ones((batch, steps), dtype=bool)
@@ -179,8 +197,8 @@ def _kw(cls_name: str, **kwargs):
 
 def _simple(name: str, config: str = "default", inputs=((16,),), *,
             args: dict | None = None, **kwargs) -> Case:
-    call_kwargs = {k: kwargs.pop(k) for k in ("distribution", "training", "batch", "call")
-                   if k in kwargs}
+    call_kwargs = {k: kwargs.pop(k) for k in ("distribution", "training", "batch", "call",
+                                              "selects") if k in kwargs}
     return _case(name, config, _kw(name, **kwargs), inputs=inputs, args=args, **call_kwargs)
 
 
@@ -259,14 +277,18 @@ def keras_cases() -> list[Case]:
                 bias_axes="c"))
     # Float ids (as a model input hands them on): ids up to 60,000, below
     # float16's largest finite value, so a rounded id is another row, not inf.
-    add(_case("Embedding", "float ids", _kw("Embedding", input_dim=60_001, output_dim=4),
-              inputs=((8,),), distribution="ids", ids=60_001))
-    add(_case("ReversibleEmbedding", "float ids",
-              _kw("ReversibleEmbedding", input_dim=60_001, output_dim=4),
-              inputs=((8,),), distribution="ids", ids=60_001))
+    # ``call``: how the layer is called (`tf_mixed.tools.catalog.matching`);
+    # integer ids (an integer keras.Input) are looked up exactly.
+    for name in ("Embedding", "ReversibleEmbedding"):
+        add(_case(name, "float ids", _kw(name, input_dim=60_001, output_dim=4),
+                  inputs=((8,),), distribution="ids", ids=60_001, args={"call": "float ids"}))
+        add(_case(name, "int ids", _kw(name, input_dim=60_001, output_dim=4),
+                  inputs=((8,),), distribution="ids", ids=60_001, integer_ids=True,
+                  call=_as_integers, args={"call": "int ids"}))
     add(_case("ReversibleEmbedding", "reverse",
               _kw("ReversibleEmbedding", input_dim=64, output_dim=16), inputs=((16,),),
-              call=lambda layer, inputs, training: layer(inputs[0], reverse=True)))
+              call=lambda layer, inputs, training: layer(inputs[0], reverse=True),
+              args={"call": "reverse"}))
     add(_simple("Identity"))
     add(_simple("Masking", inputs=seq))
     # attention
@@ -301,7 +323,7 @@ def keras_cases() -> list[Case]:
     # merging
     pair = ((8,), (8,))
     for name in ("Add", "Average", "Concatenate", "Maximum", "Minimum", "Multiply", "Subtract"):
-        add(_simple(name, inputs=pair))
+        add(_simple(name, inputs=pair, selects=name in ("Maximum", "Minimum")))
     add(_simple("Dot", "axes=-1", inputs=pair, axes=-1))
     add(_simple("Dot", "normalize", inputs=pair, axes=-1, normalize=True))
     # normalization
@@ -327,11 +349,11 @@ def keras_cases() -> list[Case]:
     # pooling
     for dims, shape in (("1D", seq), ("2D", img), ("3D", vol)):
         for kind in ("AveragePooling", "MaxPooling"):
-            add(_simple(kind + dims, inputs=shape, pool_size=2))
+            add(_simple(kind + dims, inputs=shape, pool_size=2, selects="Max" in kind))
         for kind in ("GlobalAveragePooling", "GlobalMaxPooling"):
-            add(_simple(kind + dims, inputs=shape))
+            add(_simple(kind + dims, inputs=shape, selects="Max" in kind))
         for kind in ("AdaptiveAveragePooling", "AdaptiveMaxPooling"):
-            add(_simple(kind + dims, inputs=shape, output_size=2))
+            add(_simple(kind + dims, inputs=shape, output_size=2, selects="Max" in kind))
     add(_case("GlobalAveragePooling1D", "mask", _kw("GlobalAveragePooling1D"), inputs=seq,
               call=_masked(mask)))
     # preprocessing (statistics set from data: per magnitude)
