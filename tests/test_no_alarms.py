@@ -100,6 +100,7 @@ EXAMPLES = {
                                  "--batch_size=32"],
     "cpu_matmul_dtypes.py": ["--size=128", "--repeats=2"],
     "custom_loop.py": ["--steps=6", "--overflow_at=3"],
+    "first_step_trace.py": [],
     "fit_callback.py": ["--epochs=1", "--logdir={tmp}/logs"],
     "mirrored_custom_loop.py": ["--steps=6", "--overflow_at=3"],
     "model_check_cost.py": ["--model=dense", "--image_size=8", "--train_size=512",

@@ -15,8 +15,10 @@
 # `tf_mixed.probe` measures each layer's error in the half dtype, unless the
 # numerics catalog covers every timed layer (`catalog_errors`). (4)
 # `tf_mixed.tools.planning.choosing.choose` chooses. (5) Its rows
-# (`plan_rows.candidates`) go through the whole-step check (`step_check.check`)
-# and become the plan's map and table (`plan_table.decided`).
+# (`plan_rows.candidates`, with both whole models' where they differ) each
+# decide their map once (`plan_table.planned`); the whole-step check
+# (`step_check.check`) times the copies those maps build, and the winner's map
+# and rows become the plan's (`plan_table.decided`).
 #
 # The model is walked once, by `tf_mixed.policy.precision_map.survey` (its
 # kind checked there too); every stage above takes that survey and none asks
