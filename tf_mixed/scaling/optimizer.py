@@ -343,10 +343,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------- the update
 
-    # Not converted by AutoGraph: `fit` calls it from Keras's (unconverted)
-    # code; a loop's tf.function converting the pipeline below it made the
-    # first step cost 6.7 s of CPU instead of 1.3 s (docs/custom-loops.md).
-    @tf.autograph.experimental.do_not_convert
+    @tf.autograph.experimental.do_not_convert  # as fit runs it (docs/custom-loops.md)
     def apply(self, grads, trainable_variables=None, *,
               unscaled: bool | None = None):
         """Unscales and applies gradients, or skips the step everywhere.
@@ -401,25 +398,8 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
         formats.load_own(self, store, super().load_own_variables, self._step_state)
 
     def get_config(self):
-        """Returns a config both Keras's wrapper and this class load.
-
-        At the top, Keras's wrapper's arguments (``initial_scale``: the scale
-        reached, once built); every constructor argument of this class under
-        the inner optimizer's entry (`tf_mixed.scaling.portable`).
-        """
-        knobs = self.config.to_dict()
-        own = {
-            "initial_scale": knobs.pop("initial_scale"),
-            "dynamic_growth_steps": knobs.pop("growth_interval"),
-            **knobs,
-            "communication_dtype": self.communication_dtype,
-            "gradient_accumulation_steps": (
-                None if self.accumulator is None else self.accumulator.steps),
-            "compensation": compensated.compensation_config(self.inner_optimizer),
-        }
-        return portable.portable_config(
-            self.name, keras.saving.serialize_keras_object(self.inner_optimizer), own,
-            float(self.dynamic_scale.numpy()) if self.built else None)
+        """A config Keras's wrapper and this class both load (`_config`)."""
+        return _config(self)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -450,6 +430,27 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
 _internals.serialize_as_keras_class(LossScaleOptimizer, portable.KERAS_NAME)
 _internals.resolve_keras_name(portable.KERAS_NAME,
                               portable.keras_name_loader(LossScaleOptimizer))
+
+
+def _config(optimizer: LossScaleOptimizer) -> dict:
+    """`LossScaleOptimizer.get_config`: Keras's wrapper's arguments at the top
+    (``initial_scale``: the scale reached, once built), every constructor
+    argument of tf_mixed's under the inner optimizer's entry
+    (`tf_mixed.scaling.portable`).
+    """
+    knobs = optimizer.config.to_dict()
+    own = {
+        "initial_scale": knobs.pop("initial_scale"),
+        "dynamic_growth_steps": knobs.pop("growth_interval"),
+        **knobs,
+        "communication_dtype": optimizer.communication_dtype,
+        "gradient_accumulation_steps": (
+            None if optimizer.accumulator is None else optimizer.accumulator.steps),
+        "compensation": compensated.compensation_config(optimizer.inner_optimizer),
+    }
+    return portable.portable_config(
+        optimizer.name, keras.saving.serialize_keras_object(optimizer.inner_optimizer), own,
+        float(optimizer.dynamic_scale.numpy()) if optimizer.built else None)
 
 
 def _from_keras(cls, optimizer, knobs: dict) -> LossScaleOptimizer:
