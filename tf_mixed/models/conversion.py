@@ -222,11 +222,13 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
 
 def apply_surveyed(found: precision_map.Survey, precision: precision_map.PrecisionMap,
                    pad_to: int | None = None) -> keras.Model:
-    """`convert`'s copy from a checked model's survey and the map decided on it.
+    """`convert`'s copy from a checked model's survey and the map decided on it,
+    not compiled.
 
-    `tf_mixed.plan`'s step check calls it with the plan's one survey; what
-    `convert` does after surveying, so the copy is the one `convert` makes
-    (``policy="auto"``'s mark aside).
+    `tf_mixed.plan`'s step check times it with the plan's one survey: the
+    layers, heads, weights and padding are the ones `convert` builds; the
+    compiled state is not carried and no `ConversionNote` is raised (the
+    user converted nothing: the check compiles nothing either).
 
     Args:
         found: The model's `tf_mixed.policy.precision_map.survey`.
@@ -234,12 +236,28 @@ def apply_surveyed(found: precision_map.Survey, precision: precision_map.Precisi
         pad_to: As `convert` (validated by the caller).
 
     Returns:
-        As `convert`.
+        The new, uncompiled model.
     """
-    return _apply(found, precision, pad_to)
+    return _copy(found, precision, pad_to)[0]
 
 
 def _apply(found: precision_map.Survey, precision, pad_to):
+    """`convert`'s whole work after the survey: the copy, compiled as the
+    model was, its notes kept on it and raised as `ConversionNote`s."""
+    new, notes, widths = _copy(found, precision, pad_to)
+    notes += _recompile(found.model, new, precision.target)
+    if widths:
+        notes.append("convert() padded " + ", ".join(
+            f"'{name}' to units={units}" for name, units in widths.items())
+            + " with zero weights; the outputs are unchanged.")
+    new.conversion_notes = tuple(notes)
+    for note in notes:
+        warnings.warn(note, ConversionNote, stacklevel=3)
+    return new
+
+
+def _copy(found: precision_map.Survey, precision, pad_to):
+    """The copy (not compiled), its notes so far, and the widths padded."""
     model, target = found.model, precision.target
     names = found.names
     taken = set(found.operations)
@@ -303,16 +321,7 @@ def _apply(found: precision_map.Survey, precision, pad_to):
             new.add(head(model.layers[-1]))
     finally:
         keras.config.set_dtype_policy(saved)
-
-    notes += _recompile(model, new, target)
-    if widths:
-        notes.append("convert() padded " + ", ".join(
-            f"'{name}' to units={units}" for name, units in widths.items())
-            + " with zero weights; the outputs are unchanged.")
-    new.conversion_notes = tuple(notes)
-    for note in notes:
-        warnings.warn(note, ConversionNote, stacklevel=3)
-    return new
+    return new, notes, widths
 
 
 def _recompile(model, new, target) -> list[str]:

@@ -156,3 +156,20 @@ def test_a_reversible_embeddings_reverse_call_is_judged_as_logits():
     # A language model's vocabulary of logits, far beyond the measured 64.
     assert _key(_embedding("ReversibleEmbedding", vocabulary=50_000, reverse=True)) == (
         "ReversibleEmbedding[reverse]", False, ("input_dim 50000 (measured 64)",))
+
+
+def test_a_surveyed_match_reads_the_first_call_from_the_survey(monkeypatch):
+    """The plan's catalog read judges a model's layers from its one survey:
+    an embedding's first call (reverse, here) is the survey's, not asked of
+    the layer again."""
+    from tf_mixed._internal import shims
+    from tf_mixed.policy import precision_map
+
+    hidden = keras.Input((8, 16))
+    embedding = keras.layers.ReversibleEmbedding(64, 16, name="tied")
+    model = keras.Model(hidden, embedding(hidden, reverse=True))
+    found = precision_map.survey(model)
+    monkeypatch.setattr(shims, "first_call_arguments", lambda layer: pytest.fail(
+        "the layer's first call was asked again after the survey"))
+    match = model_check.surveyed_match(results.stored(), found, embedding, F16)
+    assert (match.row.key, match.close) == ("ReversibleEmbedding[reverse]", True)

@@ -215,12 +215,32 @@ def test_a_busy_machine_or_wide_spread_is_not_cached(tmp_path, monkeypatch):
     busy = plan(_model(), x, y, timer=lambda *a: _measurement(), **kwargs)
     assert busy.cache_path == "" and "busy: load average 7.5 on 2 CPUs" in busy.summary
     monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
-    wide = Measurement(("float32", "bfloat16"), (LayerTiming(
-        "first", "Dense", ("",), {"float32": (4e-3, 8e-3, 4e-3, 8e-3, 4e-3),
-                                  "bfloat16": (2e-3,) * 5}, (0.0,) * 5),))
+    wide = Measurement(("float32", "bfloat16"), tuple(LayerTiming(
+        name, "Dense", (producer,), {"float32": (4e-3, 8e-3, 4e-3, 8e-3, 4e-3),
+                                     "bfloat16": (2e-3,) * 5}, (0.0,) * 5)
+        for name, producer in (("first", ""), ("second", "first"), ("last", "second"))))
     spread = plan(_model(), x, y, timer=lambda *a: wide, **kwargs)
     assert spread.cache_path == "" and "spread" in spread.summary
+    # The rule a cached record is read by is the rule it is written by: a
+    # timer's figures for other layers would never be read back, so are not kept.
+    fewer = Measurement(wide.precisions, wide.layers[:1])
+    other = plan(_model(), x, y, timer=lambda *a: fewer, **kwargs)
+    assert other.cache_path == "" and "not cached (timings for other layers)" in other.summary
     assert os.listdir(tmp_path) == []
+
+
+def test_timings_are_cached_only_once_the_choice_has_read_them(tmp_path, monkeypatch):
+    """A plan that fails after timing (no loss for its probe) leaves no cache
+    entry; the same plan with its loss writes one."""
+    x, y = _data()
+    monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
+    kwargs = dict(info=AMX_CPU, cache_directory=str(tmp_path), use_catalog=False,
+                  step_check=False, timer=lambda *a: _measurement())
+    with pytest.raises(ValueError, match="needs a loss"):
+        plan(_model(), x, y, **kwargs)
+    assert os.listdir(tmp_path) == []
+    done = plan(_model(), x, y, loss="mse", **kwargs)
+    assert os.listdir(tmp_path) == [os.path.basename(done.cache_path)]
 
 
 def test_arguments_are_checked():

@@ -6,6 +6,7 @@ import pytest
 from zoo import ZOO
 
 from tf_mixed._internal import losses
+from tf_mixed.models import conversion
 from tf_mixed.policy import hardware, precision_map
 from tf_mixed.tools.planning import LayerTiming, Measurement, layer_timing, step_check
 from tf_mixed.tools.planning.planner import plan
@@ -88,11 +89,12 @@ def test_the_step_check_steps_with_the_loss_it_is_handed():
 
     last = measurement.layers[-1].name
     found = precision_map.survey(model)
+    copies = {"float32": precision_map.decide(model, "float32", found=found),
+              "plan": precision_map.decide(model, "mixed_bfloat16", plan={last: "float32"},
+                                           found=found)}
     rounds = step_check.time_steps(
-        found, x, y, loss_fn,
-        {"float32": precision_map.decide(model, "float32", found=found),
-         "plan": precision_map.decide(model, "mixed_bfloat16", plan={last: "float32"},
-                                      found=found)}, rounds=1)
+        {name: conversion.apply_surveyed(found, m) for name, m in copies.items()}, x, y,
+        loss_fn, half_policy="mixed_bfloat16", rounds=1)
     assert set(rounds) == {"float32", "plan"} and all(len(v) == 1 for v in rounds.values())
     assert seen and set(seen) == {tuple(y.shape)}  # each candidate's step traced with it
 
@@ -126,3 +128,28 @@ def test_the_step_check_times_the_copies_the_candidates_maps_build(name, monkeyp
     assert [m.target for m in built] == ["float32", "mixed_bfloat16", "mixed_bfloat16"]
     assert built[-1].layers == p.precision_map.layers and built[-1] is p.precision_map
     assert len(decisions) == 4  # the probe's kept set, then one per candidate
+
+
+@pytest.mark.parametrize("name", ["functional", "multi_output"])
+def test_the_step_check_times_uncompiled_copies_and_raises_no_conversion_note(name, monkeypatch):
+    """The user converted nothing: a trained, compiled model's plan raises no
+    ConversionNote (the copies timed are convert's, not compiled), and the
+    model keeps its optimizer."""
+    import warnings
+
+    model, (x, y), measurement, loss = _planned(name)
+    model.compile(optimizer="adam", loss=loss)
+    model.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    optimizer = model.optimizer
+    timed = []
+    monkeypatch.setattr(step_check, "_step", lambda copy, loss_fn: timed.append(copy) or (
+        lambda *batch: 0.0))
+    monkeypatch.setattr(step_check.autotune, "first_call", lambda step, inputs, remapping_off: None)
+    monkeypatch.setattr(step_check, "_timed_rounds", lambda steps, batch, rounds: {
+        "float32": [3e-3] * 3, "bfloat16": [2e-3] * 3, "plan": [1e-3] * 3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", conversion.ConversionNote)
+        p = plan(model, x, y, measurement=measurement, info=AMX_CPU, use_catalog=False)
+    assert "the plan is 2.00x the faster whole model" in p.summary
+    assert len(timed) == 3 and not any(copy.compiled for copy in timed)
+    assert model.optimizer is optimizer and model.compiled

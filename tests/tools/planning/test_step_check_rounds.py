@@ -6,6 +6,7 @@ No test times this host: the steps' timer is a fake.
 import keras
 import numpy as np
 
+from tf_mixed.models import conversion
 from tf_mixed.policy import autotune, precision_map
 from tf_mixed.tools.planning import step_check
 
@@ -41,8 +42,9 @@ def test_each_candidate_leads_a_round_in_turn(monkeypatch):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(4, 8)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")
     found = precision_map.survey(_model())
-    rounds = step_check.time_steps(found, x, y, keras.losses.mean_squared_error, _maps(found),
-                                   rounds=4)
+    copies = {name: conversion.apply_surveyed(found, m) for name, m in _maps(found).items()}
+    rounds = step_check.time_steps(copies, x, y, keras.losses.mean_squared_error,
+                                   half_policy="mixed_bfloat16", rounds=4)
     # measuring.rotated: each leads in turn, the second cycle backwards.
     assert calls == ["float32", "bfloat16", "plan",
                      "bfloat16", "plan", "float32",

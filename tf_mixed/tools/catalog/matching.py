@@ -101,13 +101,15 @@ def describe(layer, keys: Sequence[str] = MATCH_KEYS) -> dict[str, Any]:
         rows state it) how its first call feeds it: "reverse" (called with
         ``reverse=True``), else "int ids" or "float ids" by its input's dtype.
     """
-    return described(layer, keys, activation_name(layer), _internals.call_inputs(layer))
+    return described(layer, keys, activation_name(layer), _internals.call_inputs(layer),
+                     _internals.first_call_arguments(layer))
 
 
-def described(layer, keys: Sequence[str], activation: str | None,
-              inputs: Sequence[Any]) -> dict[str, Any]:
-    """`describe`, told the layer's activation name and symbolic call inputs
-    (as a model's survey found them: `tf_mixed.policy.precision_map.Survey`)."""
+def described(layer, keys: Sequence[str], activation: str | None, inputs: Sequence[Any],
+              first_call: tuple[tuple, dict]) -> dict[str, Any]:
+    """`describe`, told the layer's activation name, symbolic call inputs and
+    first call's ``(args, kwargs)`` (as a model's survey found them:
+    `tf_mixed.policy.precision_map.Survey`'s ``calls`` and ``first_call``)."""
     try:
         config = layer.get_config()
     except Exception:  # noqa: BLE001 - a layer without a config: matched on what it shows
@@ -120,7 +122,7 @@ def described(layer, keys: Sequence[str], activation: str | None,
         elif key == "input_dim":
             value = config.get("input_dim") or _input_dim(layer, inputs)
         elif key == "call":
-            value = _call_kind(layer, inputs)
+            value = _call_kind(layer, inputs, first_call)
         else:
             value = config.get(key)
         if value is not None:
@@ -138,14 +140,14 @@ def _input_dim(layer, inputs: Sequence[Any]) -> int | None:
     return int(shape[0]) if shape is not None and len(shape) == 2 else None
 
 
-def _call_kind(layer, inputs: Sequence[Any]) -> str | None:
-    """How an embedding's first call feeds it (None: not an embedding, or never
-    called symbolically)."""
+def _call_kind(layer, inputs: Sequence[Any], first_call: tuple[tuple, dict]) -> str | None:
+    """How an embedding's first call (``(args, kwargs)``) feeds it (None: not
+    an embedding, or never called symbolically)."""
     import keras
 
     if not isinstance(layer, keras.layers.Embedding):
         return None
-    args, kwargs = _internals.first_call_arguments(layer)
+    args, kwargs = first_call
     if kwargs.get("reverse", args[1] if len(args) > 1 else False) is True:
         return "reverse"
     dtype = getattr(inputs[0], "dtype", None) if inputs else None
@@ -176,18 +178,20 @@ def nearest(rows: Sequence[Row], layer) -> Match | None:
     Returns:
         A `Match`, or None when ``rows`` is empty.
     """
-    return nearest_described(rows, layer, activation_name(layer), _internals.call_inputs(layer))
+    return nearest_described(rows, layer, activation_name(layer), _internals.call_inputs(layer),
+                             _internals.first_call_arguments(layer))
 
 
 def nearest_described(rows: Sequence[Row], layer, activation: str | None,
-                      inputs: Sequence[Any]) -> Match | None:
-    """`nearest`, told the layer's activation name and call inputs (`described`)."""
+                      inputs: Sequence[Any], first_call: tuple[tuple, dict]) -> Match | None:
+    """`nearest`, told the layer's activation name, call inputs and first
+    call (`described`)."""
     if not rows:
         return None
     plain = [row for row in rows if not any(key in row.args for key in CONDITIONS)]
     candidates = plain or list(rows)
     keys = [key for key in MATCH_KEYS if any(key in row.args for row in candidates)]
-    mine = described(layer, keys, activation, inputs)
+    mine = described(layer, keys, activation, inputs, first_call)
     scored = []
     for index, row in enumerate(candidates):
         gaps = {key: _gap(mine[key], row.args[key]) for key in keys

@@ -92,7 +92,7 @@ def surveyed_match(catalog: Catalog, found, layer, policy: str) -> matching.Matc
     inputs read from the survey, `tf_mixed.policy.precision_map.Survey`)."""
     rows = _class_rows(catalog, type(layer), policy)
     return matching.nearest_described(rows, layer, found.fact(layer).activation,
-                                      found.calls.get(id(layer), ()))
+                                      found.calls.get(id(layer), ()), found.first_call(layer))
 
 
 def _class_rows(catalog: Catalog, cls: type, policy: str) -> list[Row]:

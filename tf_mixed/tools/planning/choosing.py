@@ -54,6 +54,9 @@ class Choice:
             (numerically unsafe layers float32) and "plan".
         unsettled: Why the measurement should not be cached ("" if it may
             be): too few rounds, or the whole-model ratio's spread is wide.
+        medians: Timed layer -> ``(precision -> median seconds of its
+            step, median seconds of its cast)``: the figures the plan's
+            table shows for it.
     """
 
     precisions: Mapping[str, str]
@@ -61,6 +64,8 @@ class Choice:
     start: str
     step_seconds: Mapping[str, float]
     unsettled: str = ""
+    medians: Mapping[str, tuple[Mapping[str, float], float]] = dataclasses.field(
+        default_factory=dict)
 
 
 def _io(precision: str, half: str) -> str:
@@ -181,7 +186,9 @@ def choose(measurement: Measurement, blocked: Mapping[str, str] | None = None) -
     plan_steps = _steps(measurement, assign, half, rounds)
     step_seconds = {FLOAT32: quartiles(base32)[1], half: quartiles(basehalf)[1],
                     "plan": quartiles(plan_steps)[1]}
-    return Choice(assign, whys, start, step_seconds, unsettled)
+    medians = {layer.name: ({p: quartiles(v)[1] for p, v in layer.seconds.items()},
+                            quartiles(layer.cast_seconds)[1]) for layer in measurement.layers}
+    return Choice(assign, whys, start, step_seconds, unsettled, medians)
 
 
 def probed_errors(report, tolerance: float,

@@ -433,11 +433,8 @@ def _time_layers(found, x, precisions, half_policy, rounds, min_rounds, budget_s
     groups: dict[str, dict[str, Callable[[], float]]] = {}
     for index, layer in enumerate(timed):
         progress.update(f"plan: tracing {layer.name} ({index + 1}/{len(timed)})")
-        steps = _traced_steps(_Call(found.first_call(layer), values), layer, precisions,
-                              half_policy, ready[layer.name])
-        groups[layer.name] = {
-            name: functools.partial(autotune.time_steps, step, inputs, steps_per_round)
-            for name, (step, inputs) in steps.items()}
+        groups[layer.name] = _candidates(found.first_call(layer), values, layer, precisions,
+                                         half_policy, ready[layer.name], steps_per_round)
     figures = _timed_rounds(groups, rounds, min_rounds, budget_s, clock)
     layers = tuple(
         LayerTiming(
@@ -448,9 +445,20 @@ def _time_layers(found, x, precisions, half_policy, rounds, min_rounds, budget_s
     return Measurement(tuple(precisions), layers, followers)
 
 
-def _traced_steps(call: _Call, layer, precisions: Sequence[str], half_policy: str,
-                  ready: bool) -> dict[str, tuple[Any, list]]:
-    """A layer's steps, each traced once: precision (or `_CAST`) -> (step, its inputs)."""
+def _candidates(arguments: tuple[tuple, dict], values: Mapping[int, Any], layer,
+                precisions: Sequence[str], half_policy: str, ready: bool,
+                steps_per_round: int) -> dict[str, Callable[[], float]]:
+    """A layer's candidates, each step traced once: precision (or `_CAST`) ->
+    a function timing ``steps_per_round`` steps (`autotune.time_steps`).
+
+    Args:
+        arguments: The layer's first call (``found.first_call(layer)``).
+        values: The captured values of the symbolic tensors (`capture_surveyed`).
+        layer, precisions, half_policy: As `time_layers` takes them.
+        ready: Whether the layer can take float8 (`_float8_ready`).
+        steps_per_round: Steps of which a round keeps the fastest.
+    """
+    call = _Call(arguments, values)
     half_dtype = keras.dtype_policies.get(half_policy).compute_dtype
     steps: dict[str, tuple[Any, list]] = {}
     for precision in precisions:
@@ -463,15 +471,14 @@ def _traced_steps(call: _Call, layer, precisions: Sequence[str], half_policy: st
         call.call(twin, call.symbolic(dtype), training=False)  # builds it, computes nothing
         if precision == FLOAT8:
             twin.quantize("float8")
-        step = _layer_step(call, twin)
-        autotune.first_call(step, inputs, remapping_off=precision == "float16")
-        steps[precision] = (step, inputs)
+        steps[precision] = (_layer_step(call, twin), inputs)
     floats = [v for v in call.values if _is_float(v)]
     if floats:
-        cast = _cast_step(half_dtype)
-        autotune.first_call(cast, floats, remapping_off=False)
-        steps[_CAST] = (cast, floats)
-    return steps
+        steps[_CAST] = (_cast_step(half_dtype), floats)
+    for name, (step, inputs) in steps.items():  # each traced once, before any timing
+        autotune.first_call(step, inputs, remapping_off=name == "float16")
+    return {name: functools.partial(autotune.time_steps, step, inputs, steps_per_round)
+            for name, (step, inputs) in steps.items()}
 
 
 # A layer's cast step among its candidates (not a precision's name).

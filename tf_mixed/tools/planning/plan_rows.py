@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Mapping
 
 from tf_mixed._internal.facts import FLOAT32_HEADS
-from tf_mixed._internal.measuring import quartiles
 from tf_mixed.policy import precision_map
 from tf_mixed.tools.planning import choosing
 from tf_mixed.tools.planning.layer_timing import Measurement
@@ -61,10 +60,9 @@ def candidates(found: precision_map.Survey, measurement: Measurement, choice: ch
         for layer in found.top:
             cls, timing = type(layer).__name__, timings.get(layer.name)
             if timing is not None:
+                seconds, cast = choice.medians[layer.name]
                 rows.append(LayerChoice(
-                    layer.name, timing.class_name,
-                    {p: quartiles(v)[1] for p, v in timing.seconds.items()},
-                    quartiles(timing.cast_seconds)[1], errors.get(layer.name),
+                    layer.name, timing.class_name, dict(seconds), cast, errors.get(layer.name),
                     assign[layer.name], choice.whys[layer.name]))
                 continue
             if cls in FLOAT32_HEADS:

@@ -17,8 +17,9 @@
 # `tf_mixed.tools.planning.choosing.choose` chooses. (5) Its rows
 # (`plan_rows.candidates`, with both whole models' where they differ) each
 # decide their map once (`plan_table.planned`); the whole-step check
-# (`step_check.check`) times the copies those maps build, and the winner's map
-# and rows become the plan's (`plan_table.decided`).
+# (`step_check.check`) times the copies those maps build (convert's,
+# uncompiled: `tf_mixed.models.conversion.apply_surveyed`), and the winner's
+# map and rows become the plan's (`plan_table.decided`).
 #
 # The model is walked once, by `tf_mixed.policy.precision_map.survey` (its
 # kind checked there too); every stage above takes that survey and none asks
@@ -32,7 +33,10 @@
 # is cached only when it is settled (at least 3 rounds, the whole-model
 # ratio's interquartile range within 20% of its median) and the machine was
 # not busy (load average at most 1.5 per CPU); a cached one is used only
-# when it is whole, for the same layers, and settled.
+# when it is whole, for the same layers, and settled (one rule, `_record_problem`,
+# judges a record read and one about to be written). It is written once the
+# choice has read it: a plan that fails on the way (its probe's loss, say)
+# keeps nothing.
 
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ from tf_mixed._internal import losses as _losses
 from tf_mixed._internal import measuring, progress
 from tf_mixed._internal import validate as _validate
 from tf_mixed._internal.facts import COMPUTE_DTYPES, HALF_DTYPES, POLICY_ALIASES
+from tf_mixed.models import conversion
 from tf_mixed.policy import autotune, hardware, model_check, precision_map
 from tf_mixed.tools.planning import catalog_errors, choosing, plan_rows, plan_table
 from tf_mixed.tools.planning import step_check as step_check_module
@@ -228,6 +233,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     emulated = _emulated(half_dtype, info) if measurement is None else ""
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
     cached, path, not_cached, when, catalog_read = False, "", "", "", None
+    fresh: dict | None = None  # timings measured now: cached after the choice, if settled
     blocked: dict[str, str] = {}
     step_seconds: dict[str, float] = {}
     with progress.heartbeat("tf_mixed.plan"):
@@ -237,7 +243,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             key = dict(autotune.cache_key(info), plan=PLAN_VERSION, half_policy=half_policy,
                        precisions=list(precisions), model=_model_digest(model, batch))
             path = measuring.cache_path(key, cache_directory, prefix="plan") if cache else ""
-            record = measuring.read_cache(path, key, _record_problem(names)) if cache else None
+            problem = _record_problem(names)  # one rule to read and to write the cache by
+            record = measuring.read_cache(path, key, problem) if cache else None
             if record is not None:
                 measurement = Measurement.from_dict(record["measurement"])
                 cached, when = True, str(record.get("measured_at", "an earlier run"))
@@ -247,12 +254,9 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                 measurement = (timer or surveyed_timer(found, rounds, budget_s))(
                     model, batch, precisions, half_policy)
                 when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-                record = {"format": measuring.CACHE_FORMAT, "key": key, "measured_at": when,
-                          "measurement": measurement.to_dict()}
-                unsettled = choosing.choose(measurement).unsettled
-                not_cached = measuring.busy(load, cpus) or unsettled
-                if not cache or not_cached or not measuring.write_cache(path, record):
-                    path = ""
+                fresh = {"format": measuring.CACHE_FORMAT, "key": key, "measured_at": when,
+                         "measurement": measurement.to_dict()}
+                not_cached = measuring.busy(load, cpus) or problem(fresh)
         if measurement is not None:
             # (2) Each layer's error: the numerics catalog's where it covers
             # every timed layer (tools/planning/catalog_errors.py), else the probe's.
@@ -271,6 +275,9 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                                else choosing.probed_errors(probe_report, float(tolerance), names))
             choice = choosing.choose(measurement, blocked)
             step_seconds = dict(choice.step_seconds)
+            if fresh is not None and (not cache or not_cached
+                                      or not measuring.write_cache(path, fresh)):
+                path = ""  # written once the choice has read the timings (none for a failed plan)
             # (4) Its rows (and both whole models' rows, for the step check).
             candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
                                               followers, half_dtype, whole_models=step_check)
@@ -281,8 +288,9 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         maps = {name: plan_table.planned(found, candidate, half_policy, emulated=bool(emulated))
                 for name, candidate in candidates.items()}
         winner, rows, checked = step_check_module.check(
-            found, candidates, {name: m for name, (_, m) in maps.items()}, blocked, half_policy,
-            x, y, plan_loss, step_timer)
+            candidates, lambda: {name: conversion.apply_surveyed(found, m)  # the model untouched
+                                 for name, (_, m) in maps.items()},
+            blocked, half_policy, x, y, plan_loss, step_timer)
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
                                        emulated=emulated)

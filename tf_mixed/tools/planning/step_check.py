@@ -22,7 +22,7 @@ import keras
 
 from tf_mixed._internal import measuring, progress
 from tf_mixed._internal.facts import FLOAT32_HEADS
-from tf_mixed.policy import autotune, precision_map
+from tf_mixed.policy import autotune
 
 __all__ = ["check", "confirm", "time_steps"]
 
@@ -56,22 +56,22 @@ def confirm(rounds: StepRounds, half: str) -> tuple[str, str]:
                        f"beyond the rounds' spread, so whole-model {best_name}")
 
 
-def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
-          maps: Mapping[str, precision_map.PrecisionMap], blocked: Mapping[str, str],
+def check(candidates: Mapping[str, Sequence[Any]],
+          copies: Callable[[], Mapping[str, keras.Model]], blocked: Mapping[str, str],
           half_policy: str, x, y, loss,
           step_timer: Callable[[Mapping[str, tuple[str, tuple[str, ...]]]], StepRounds]
           | None = None) -> tuple[str, list, str]:
     """The candidate the whole-step timings support, its rows, and why.
 
     Args:
-        found: The planned model's survey.
         candidates: Candidate -> its rows
             (`tf_mixed.tools.planning.plan_rows.candidates`): "plan" alone
             (nothing to time: its rows are kept), or "plan" with "float32"
             and the half dtype.
-        maps: Candidate -> the precision map its rows decide
-            (`tf_mixed.tools.planning.plan_table.planned`): each copy timed
-            is the one applying that map builds.
+        copies: Builds candidate -> the copy timed: the one applying the
+            map its rows decide builds (`tf_mixed.tools.planning.plan_table.planned`,
+            then `tf_mixed.models.conversion.apply_surveyed`). Called only
+            when there is something to time, and ``step_timer`` is None.
         blocked: Timed layer -> why it stays float32 (its row keeps that why).
         half_policy: "mixed_float16" or "mixed_bfloat16".
         x, y: The plan's batch (an array structure or a `tf.data` data set)
@@ -94,7 +94,8 @@ def check(found: precision_map.Survey, candidates: Mapping[str, Sequence[Any]],
               else (x, y))  # a data set's first batch
     step_rounds = (step_timer({name: _carrier(rows, half_policy)
                                for name, rows in candidates.items()})
-                   if step_timer is not None else time_steps(found, bx, by, loss(), maps))
+                   if step_timer is not None
+                   else time_steps(copies(), bx, by, loss(), half_policy=half_policy))
     winner, sentence = confirm(step_rounds, half)
     if winner == "plan":
         return winner, list(candidates["plan"]), sentence
@@ -111,20 +112,21 @@ def _carrier(rows, half_policy: str) -> tuple[str, tuple[str, ...]]:
                               and row.class_name not in FLOAT32_HEADS)
 
 
-def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
-               candidates: Mapping[str, precision_map.PrecisionMap],
-               *, rounds: int = 3) -> dict[str, list[float]]:
+def time_steps(copies: Mapping[str, keras.Model], x, y, loss_fn: Callable,
+               *, half_policy: str, rounds: int = 3) -> dict[str, list[float]]:
     """Times the whole model's forward+backward step for each candidate.
 
     Args:
-        found: The float32 model planned, surveyed
-            (`tf_mixed.policy.precision_map.survey`: the plan's one walk).
+        copies: Candidate ("float32", the half dtype, "plan") -> its copy
+            of the planned model (the one `tf_mixed.convert` builds from its
+            map, uncompiled: `tf_mixed.models.conversion.apply_surveyed`; a
+            float8 layer in its half policy, unquantized).
         x, y: One batch and its targets.
         loss_fn: The plan's loss, resolved once for the probe and this
             check (``loss_fn(y_true, y_pred) -> float32 scalar``).
-        candidates: Name -> the precision map decided on the survey; each
-            copy is the one `tf_mixed.convert` builds from it (a float8
-            layer in its half policy, unquantized).
+        half_policy: The plan's half policy. Under mixed_float16 every
+            candidate but "float32" is traced with Grappler's remapping
+            off, as `enable("mixed_float16")` runs a model on a CPU.
         rounds: Interleaved rounds (one step each).
 
     Returns:
@@ -132,17 +134,14 @@ def time_steps(found: precision_map.Survey, x, y, loss_fn: Callable,
     """
     import tensorflow as tf
 
-    from tf_mixed.models import conversion
-
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     targets = keras.tree.map_structure(tf.convert_to_tensor, y)
     steps: dict[str, Callable[..., Any]] = {}
-    for name, precision in candidates.items():
+    for name, copy in copies.items():
         progress.update(f"plan: tracing the whole step as {name}")
-        copy = conversion.apply_surveyed(found, precision)  # a copy: the model is untouched
         steps[name] = _step(copy, loss_fn)
         autotune.first_call(steps[name], (inputs, targets),
-                            remapping_off=precision.target == "mixed_float16")
+                            remapping_off=half_policy == "mixed_float16" and name != "float32")
     return _timed_rounds(steps, (inputs, targets), rounds)
 
 
