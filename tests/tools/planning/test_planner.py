@@ -243,6 +243,20 @@ def test_timings_are_cached_only_once_the_choice_has_read_them(tmp_path, monkeyp
     assert os.listdir(tmp_path) == [os.path.basename(done.cache_path)]
 
 
+def test_a_plan_failing_in_its_step_check_keeps_no_timings(tmp_path, monkeypatch):
+    """The step check is the last stage that can fail (here: no loss to step
+    with, the probe's errors given): the timings it followed are not cached,
+    so the next plan does not report timings cached by a plan that failed."""
+    x, y = _data()
+    monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
+    kwargs = dict(info=AMX_CPU, cache_directory=str(tmp_path), use_catalog=False,
+                  timer=lambda *a: _measurement(),
+                  probe_report={"first": 0.001, "second": 0.002, "last": 0.003})
+    with pytest.raises(ValueError, match="needs a loss"):
+        plan(_model(), x, y, **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
 def test_arguments_are_checked():
     x, y = _data()
     with pytest.raises(ValueError, match="policy='float32'"):

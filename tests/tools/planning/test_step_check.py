@@ -153,3 +153,30 @@ def test_the_step_check_times_uncompiled_copies_and_raises_no_conversion_note(na
     assert "the plan is 2.00x the faster whole model" in p.summary
     assert len(timed) == 3 and not any(copy.compiled for copy in timed)
     assert model.optimizer is optimizer and model.compiled
+
+
+@pytest.mark.parametrize("half_policy, off", [
+    ("mixed_float16", {"float32": False, "float16": True, "plan": True}),
+    ("mixed_bfloat16", {"float32": False, "bfloat16": False, "plan": False})])
+def test_the_step_check_turns_remapping_off_for_each_float16_candidate(half_policy, off,
+                                                                       monkeypatch):
+    """Under mixed_float16 every candidate but "float32" is traced with
+    Grappler's remapping off (as `enable("mixed_float16")` runs on a CPU);
+    under mixed_bfloat16 none is."""
+    model, (x, y), _, _ = _planned()
+    found = precision_map.survey(model)
+    last = found.top[-1].name
+    maps = {"float32": precision_map.decide(model, "float32", found=found),
+            "plan": precision_map.decide(model, half_policy, plan={last: "float32"}, found=found)}
+    maps[keras.DTypePolicy(half_policy).compute_dtype] = precision_map.decide(
+        model, half_policy, found=found)
+    copies = {name: conversion.apply_surveyed(found, m) for name, m in maps.items()}
+    names = {id(copy): name for name, copy in copies.items()}
+    traced = {}
+    monkeypatch.setattr(step_check, "_step", lambda copy, loss_fn: names[id(copy)])
+    monkeypatch.setattr(step_check.autotune, "first_call", lambda step, inputs, remapping_off:
+                        traced.update({step: remapping_off}))
+    monkeypatch.setattr(step_check, "_timed_rounds", lambda steps, batch, rounds: {})
+    step_check.time_steps(copies, x, y, keras.losses.mean_squared_error,
+                          half_policy=half_policy)
+    assert traced == off

@@ -35,8 +35,8 @@
 # not busy (load average at most 1.5 per CPU); a cached one is used only
 # when it is whole, for the same layers, and settled (one rule, `_record_problem`,
 # judges a record read and one about to be written). It is written once the
-# choice has read it: a plan that fails on the way (its probe's loss, say)
-# keeps nothing.
+# plan is made (choice, rows and step check done): a plan that fails on the
+# way (no loss for its probe or its step check, say) keeps nothing.
 
 from __future__ import annotations
 
@@ -233,7 +233,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     emulated = _emulated(half_dtype, info) if measurement is None else ""
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
     cached, path, not_cached, when, catalog_read = False, "", "", "", None
-    fresh: dict | None = None  # timings measured now: cached after the choice, if settled
+    fresh: dict | None = None  # timings measured now: cached once the plan is made
     blocked: dict[str, str] = {}
     step_seconds: dict[str, float] = {}
     with progress.heartbeat("tf_mixed.plan"):
@@ -275,9 +275,6 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                                else choosing.probed_errors(probe_report, float(tolerance), names))
             choice = choosing.choose(measurement, blocked)
             step_seconds = dict(choice.step_seconds)
-            if fresh is not None and (not cache or not_cached
-                                      or not measuring.write_cache(path, fresh)):
-                path = ""  # written once the choice has read the timings (none for a failed plan)
             # (4) Its rows (and both whole models' rows, for the step check).
             candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
                                               followers, half_dtype, whole_models=step_check)
@@ -294,6 +291,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
                                        emulated=emulated)
+    if fresh is not None and (not cache or not_cached or not measuring.write_cache(path, fresh)):
+        path = ""  # written once the plan is made: a plan that fails on the way keeps nothing
     if checked:
         summary += f"; {checked}"
     if catalog_read is not None:
