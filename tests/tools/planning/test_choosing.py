@@ -112,3 +112,19 @@ def test_milliseconds_are_never_shown_in_exponent_form():
     from tf_mixed.tools.planning.plan_table import ms
 
     assert (ms(0.00123), ms(0.0456), ms(2.1)) == ("1.23", "45.6", "2100")
+
+
+def test_the_choice_carries_each_layers_medians_for_its_row():
+    """`Choice.medians`: per timed layer, each precision's median over the
+    rounds and its cast's (what the plan's table shows), float8 included."""
+    m = _chain(_layer("a", [""], [4, 9, 5, 3, 6], [2, 1, 7, 3, 2], [0.5, 0.1, 0.2, 0.9, 0.3],
+                      float8=[1, 1, 2, 8, 1]),
+               _layer("b", ["a"], [1, 2, 6, 4, 5], [4, 3, 2, 1, 1], 0),
+               precisions=("float32", "bfloat16", "float8"))
+    medians = choose(m).medians
+    assert set(medians) == {"a", "b"}
+    seconds, cast = medians["a"]
+    assert seconds == pytest.approx({"float32": 5 * MS, "bfloat16": 2 * MS, "float8": 1 * MS})
+    assert cast == pytest.approx(0.3 * MS)
+    seconds, cast = medians["b"]
+    assert seconds == pytest.approx({"float32": 4 * MS, "bfloat16": 2 * MS}) and cast == 0.0

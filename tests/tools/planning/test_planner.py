@@ -257,6 +257,23 @@ def test_a_plan_failing_in_its_step_check_keeps_no_timings(tmp_path, monkeypatch
     assert os.listdir(tmp_path) == []
 
 
+def test_a_model_without_a_layer_to_time_plans_float32_untimed(tmp_path):
+    """No layer holds weights: nothing is timed or probed (no loss needed),
+    every layer stays float32 and the summary says why; no error about a
+    `measurement` the caller never passed."""
+    inputs = keras.Input((8,))
+    h = keras.layers.Rescaling(2.0, name="scale")(inputs)
+    model = keras.Model(inputs, keras.layers.Activation("softmax", name="soft")(h))
+    x, y = _data()
+    p = plan(model, x, None, info=AMX_CPU, timer=_no_timer, cache_directory=str(tmp_path))
+    assert p.policy == "float32" and p.measurement is None and p.keep_float32 == ()
+    assert p.choices == {"scale": "float32", "soft": "float32"}
+    assert p.summary == ("float32 for every layer: the model has no layer with weights to "
+                         "time, so every layer stays float32 (nothing timed)")
+    assert os.listdir(tmp_path) == []
+    assert [layer.dtype_policy.name for layer in p.apply(model).layers[1:]] == ["float32"] * 2
+
+
 def test_arguments_are_checked():
     x, y = _data()
     with pytest.raises(ValueError, match="policy='float32'"):

@@ -9,7 +9,8 @@
 # rules pick on a GPU), plus float8 on a GPU of compute capability 8.9 or
 # more; on a CPU where the half dtype has no native arithmetic (bfloat16
 # without avx512_bf16 or AMX-BF16, float16 without avx512_fp16 or AMX-FP16)
-# it is emulated and every layer is float32, untimed, and the plan says so.
+# it is emulated and every layer is float32, untimed, and the plan says so
+# (as for a model without a layer to time).
 # (2) `tf_mixed.tools.planning.layer_timing.time_layers` times each weighted
 # layer, or reads a measurement cached for this host and model. (3)
 # `tf_mixed.probe` measures each layer's error in the half dtype, unless the
@@ -230,7 +231,10 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         loss, found.output_names, model, "tf_mixed.plan()"))
     timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
-    emulated = _emulated(half_dtype, info) if measurement is None else ""
+    # Why nothing is timed and every layer stays float32 ("": the layers are timed).
+    untimed = "" if measurement is not None else _emulated(half_dtype, info) or (
+        "" if names else "the model has no layer with weights to time, so every layer stays "
+        "float32 (nothing timed)")
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
     cached, path, not_cached, when, catalog_read = False, "", "", "", None
     fresh: dict | None = None  # timings measured now: cached once the plan is made
@@ -238,7 +242,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     step_seconds: dict[str, float] = {}
     with progress.heartbeat("tf_mixed.plan"):
         batch = _first_batch(x)
-        if measurement is None and not emulated:
+        if measurement is None and not untimed:
             # (1) The layers' timings: cached for this host and model, or measured now.
             key = dict(autotune.cache_key(info), plan=PLAN_VERSION, half_policy=half_policy,
                        precisions=list(precisions), model=_model_digest(model, batch))
@@ -278,11 +282,11 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             # (4) Its rows (and both whole models' rows, for the step check).
             candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
                                               followers, half_dtype, whole_models=step_check)
-        else:  # the half dtype is emulated: every layer float32
-            candidates = plan_table.emulated_rows(found, emulated)
+        else:  # the half dtype is emulated, or no layer is timed: every layer float32
+            candidates = plan_table.emulated_rows(found, untimed)
         # (5) Each candidate's map, decided once; the whole step timed on the
         # copies they build; the winner's map and rows are the plan's.
-        maps = {name: plan_table.planned(found, candidate, half_policy, emulated=bool(emulated))
+        maps = {name: plan_table.planned(found, candidate, half_policy, emulated=bool(untimed))
                 for name, candidate in candidates.items()}
         winner, rows, checked = step_check_module.check(
             candidates, lambda: {name: conversion.apply_surveyed(found, m)  # the model untouched
@@ -290,7 +294,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             blocked, half_policy, x, y, plan_loss, step_timer)
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
-                                       emulated=emulated)
+                                       emulated=untimed)
     if fresh is not None and (not cache or not_cached or not measuring.write_cache(path, fresh)):
         path = ""  # written once the plan is made: a plan that fails on the way keeps nothing
     if checked:
