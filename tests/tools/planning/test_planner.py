@@ -274,6 +274,20 @@ def test_a_model_without_a_layer_to_time_plans_float32_untimed(tmp_path):
     assert [layer.dtype_policy.name for layer in p.apply(model).layers[1:]] == ["float32"] * 2
 
 
+def test_a_cache_that_cannot_be_written_is_named_in_the_summary(tmp_path, monkeypatch):
+    """The cache directory is a file: the plan is made, and its summary says
+    the timings were not cached and where it could not write (not silence)."""
+    x, y = _data()
+    monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    p = plan(_model(), x, y, loss="mse", info=AMX_CPU, timer=lambda *a: _measurement(),
+             cache_directory=str(blocker), step_check=False,
+             probe_report={"first": 0.001, "second": 0.002, "last": 0.003})
+    assert p.cache_path == "" and not p.cached
+    assert f"; timed now, not cached (cannot write {blocker}{os.sep}plan-" in p.summary
+
+
 def test_arguments_are_checked():
     x, y = _data()
     with pytest.raises(ValueError, match="policy='float32'"):

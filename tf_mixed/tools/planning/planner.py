@@ -295,8 +295,11 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
                                        emulated=untimed)
-    if fresh is not None and (not cache or not_cached or not measuring.write_cache(path, fresh)):
-        path = ""  # written once the plan is made: a plan that fails on the way keeps nothing
+    # The timings are written once the plan is made: a plan that fails on the way keeps nothing.
+    if fresh is not None and cache and not not_cached and not measuring.write_cache(path, fresh):
+        not_cached = f"cannot write {path}"
+    if fresh is not None and (not cache or not_cached):
+        path = ""
     if checked:
         summary += f"; {checked}"
     if catalog_read is not None:
