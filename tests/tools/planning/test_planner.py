@@ -288,6 +288,39 @@ def test_a_cache_that_cannot_be_written_is_named_in_the_summary(tmp_path, monkey
     assert f"; timed now, not cached (cannot write {blocker}{os.sep}plan-" in p.summary
 
 
+def test_a_whole_model_candidate_puts_its_input_fed_untimed_layers_in_its_own_precision():
+    """"scale" (no weights, fed by the model's input) follows no timed layer.
+    The choice starts float32 ("first" alone moves to bfloat16), and the step
+    check finds whole-model bfloat16 faster: that winner is bfloat16 throughout
+    (not "scale" kept float32 because the per-layer choice started there)."""
+    inputs = keras.Input((8,))
+    h = keras.layers.Rescaling(0.5, name="scale")(inputs)
+    h = keras.layers.Dense(16, name="first")(h)
+    h = keras.layers.Dense(16, name="second")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="last")(h), name="scaled")
+    x, y = _data()
+    measurement = Measurement(("float32", "bfloat16"), (
+        _timing("first", [""], 4, 2, 0.1), _timing("second", ["first"], 1, 3, 0.1),
+        _timing("last", ["second"], 1, 3, 0.1)))
+    seen = {}
+
+    def step_timer(carriers):
+        seen.update(carriers)
+        return {"float32": [3e-3] * 3, "bfloat16": [1e-3] * 3, "plan": [2e-3] * 3}
+
+    p = plan(model, x, y, loss="mse", measurement=measurement, info=AMX_CPU, use_catalog=False,
+             probe_report={"first": 0.001, "second": 0.001, "last": 0.001}, step_timer=step_timer)
+    assert seen["bfloat16"] == ("mixed_bfloat16", ()) and seen["float32"] == ("float32", ())
+    assert seen["plan"] == ("mixed_bfloat16", ("scale", "second", "last"))
+    assert "so whole-model bfloat16" in p.summary
+    # "last", the regression output, stays float32 by the map's rule alone.
+    assert p.policy == "mixed_bfloat16" and p.keep_float32 == ("last",)
+    assert p.choices == {"scale": "bfloat16", "first": "bfloat16", "second": "bfloat16",
+                         "last": "float32"}
+    why = {row.name: row.why for row in p.layers}["scale"]
+    assert why == "no weights, fed by the model's inputs: the whole-model bfloat16"
+
+
 def test_arguments_are_checked():
     x, y = _data()
     with pytest.raises(ValueError, match="policy='float32'"):

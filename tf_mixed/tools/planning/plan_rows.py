@@ -69,14 +69,16 @@ def candidates(found: precision_map.Survey, measurement: Measurement, choice: ch
                 rows.append(LayerChoice(layer.name, cls, {}, 0.0, None, FLOAT32,
                                         "tf_mixed's float32 head: float32 under any policy"))
                 continue
-            # Untimed: it follows its timed producer (or the whole-model start).
+            # Untimed: it follows its timed producer, else (fed by the model's
+            # inputs) its candidate's whole model: the choice's start for the plan.
+            whole = choice.start if name == PLAN else name
             source = followers.get(layer.name, "")
-            followed = assign.get(source, choice.start) if source else choice.start
+            followed = assign.get(source, whole) if source else whole
             kind = "normalization" if layer.weights else "no weights"
             rows.append(LayerChoice(
                 layer.name, cls, {}, 0.0, None, FLOAT32 if followed == FLOAT32 else half_dtype,
                 f"{kind}: follows {source}" if source
-                else f"{kind}, fed by the model's inputs: the whole-model {choice.start}"))
+                else f"{kind}, fed by the model's inputs: the whole-model {whole}"))
         found_rows[name] = rows
     return found_rows
 
