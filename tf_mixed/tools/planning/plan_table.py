@@ -72,7 +72,8 @@ class Plan:
         layers: One row per top-level layer, in the model's order.
         step_seconds: Median seconds of the timed layers' steps summed,
             casts included: "float32" everywhere, the half dtype everywhere
-            (numerically unsafe layers float32), and "plan".
+            (numerically unsafe layers float32), and "plan" (the plan
+            returned: the whole model's figure where the step check chose it).
         summary: One sentence: what was chosen and why.
         host: The host the timings come from.
         cached: Whether the timings came from the cache.

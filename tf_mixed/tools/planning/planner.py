@@ -292,6 +292,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             candidates, lambda: {name: conversion.apply_surveyed(found, m)  # the model untouched
                                  for name, (_, m) in maps.items()},
             blocked, half_policy, x, y, plan_loss, step_timer)
+        if winner != "plan":  # a whole model replaced the choice: its estimate is the plan's
+            step_seconds["plan"] = step_seconds[winner]
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
                                        emulated=untimed)
