@@ -73,7 +73,8 @@ class Plan:
         step_seconds: Median seconds of the timed layers' steps summed,
             casts included: "float32" everywhere, the half dtype everywhere
             (numerically unsafe layers float32), and "plan" (the plan
-            returned: the whole model's figure where the step check chose it).
+            returned: the whole model's figure where the step check chose
+            one building another map).
         summary: One sentence: what was chosen and why.
         host: The host the timings come from.
         cached: Whether the timings came from the cache.

@@ -292,8 +292,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             candidates, lambda: {name: conversion.apply_surveyed(found, m)  # the model untouched
                                  for name, (_, m) in maps.items()},
             blocked, half_policy, x, y, plan_loss, step_timer)
-        if winner != "plan":  # a whole model replaced the choice: its estimate is the plan's
-            step_seconds["plan"] = step_seconds[winner]
+        if winner != "plan" and _builds(maps[winner][1]) != _builds(maps["plan"][1]):
+            step_seconds["plan"] = step_seconds[winner]  # the whole model replacing the choice's
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
                                        emulated=untimed)
@@ -317,6 +317,11 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
                 tuple(measurement.precisions) if measurement else ("float32",), tuple(rows),
                 step_seconds, summary, host, cached, path, measurement, precision,
                 dict(catalog_read.rows) if catalog_read is not None else {})
+
+
+def _builds(precision: precision_map.PrecisionMap) -> tuple:
+    """What a map's copy is built from (its reasons aside)."""
+    return precision.target, dict(precision.layers), dict(precision.heads)
 
 
 def _probe_slice(x, y):
