@@ -339,6 +339,43 @@ def test_arguments_are_checked():
         plan(_model(), x, y, loss="mse", measurement={"float32": 1}, info=AMX_CPU)
 
 
+@pytest.mark.parametrize("argument, value, match", [
+    ("cache", "yes", "tf_mixed.plan() argument `cache` must be True or False. Received: "
+                     "cache='yes'"),
+    ("step_check", "no", "tf_mixed.plan() argument `step_check` must be True or False. Received: "
+                         "step_check='no'"),
+    ("cache_directory", 5, "tf_mixed.plan() argument `cache_directory` must be a directory "
+                           "path, or None. Received: cache_directory=5 (of type int)"),
+    ("timer", 5, "tf_mixed.plan() argument `timer` must be a function timer(model, x, precisions, "
+                 "half_policy), or None. Received: timer=5"),
+    ("step_timer", 5, "tf_mixed.plan() argument `step_timer` must be a function step_timer"),
+    ("probe_report", [1], "tf_mixed.plan() argument `probe_report` must be a ProbeReport "
+                          "(tf_mixed.probe) or a dict layer name -> relative error, or None. "
+                          "Received: probe_report=[1] (of type list)"),
+    ("probe_report", {"first": "high"}, "probe_report['first']='high' (of type str)"),
+    ("info", "cpu", "tf_mixed.plan() argument `info` must be a "
+                    "tf_mixed.policy.hardware.HardwareInfo, or None. Received: info='cpu'")])
+def test_an_argument_of_the_wrong_type_is_named_before_anything_runs(argument, value, match):
+    """Each was taken silently (a truthy "no" ran the step check) or failed
+    deep inside (AttributeError, "'int' object is not callable")."""
+    x, y = _data()
+    kwargs = dict(loss="mse", info=AMX_CPU, timer=_no_timer, cache=False)
+    kwargs[argument] = value
+    with pytest.raises(TypeError) as raised:
+        plan(_model(), x, y, **kwargs)
+    assert match in str(raised.value)
+
+
+def test_a_missing_batch_or_a_loss_that_cannot_be_resolved_is_named_before_timing():
+    x, y = _data()
+    with pytest.raises(ValueError, match=r"needs `x`: one training batch .* Received: x=None"):
+        plan(_model(), None, y, loss="mse", info=AMX_CPU, timer=_no_timer)
+    # A typo in the loss fails at once, not after minutes of timing (or never,
+    # where the catalog covers every layer and there is no step check).
+    with pytest.raises(ValueError, match="bogus_loss"):
+        plan(_model(), x, y, loss="bogus_loss", info=AMX_CPU, timer=_no_timer)
+
+
 def test_the_public_face_hands_plan_on():
     assert tf_mixed.plan is plan
     assert "plan" in dir(tf_mixed)

@@ -141,6 +141,41 @@ def _first_batch(x):
 _model_digest = model_check.model_digest  # one digest for the plan's and the check's cache
 
 
+def _check_arguments(x, *, cache, step_check, cache_directory, timer, step_timer, probe_report,
+                     info) -> None:
+    """`plan`'s arguments of a type it cannot use, named with the value and the fix."""
+    import numbers
+    import os
+
+    from tf_mixed.tools.probe_report import ProbeReport
+
+    owner = "tf_mixed.plan()"
+    _validate.boolean(cache, "cache", owner=owner)
+    _validate.boolean(step_check, "step_check", owner=owner)
+    if x is None:
+        raise ValueError(f"{owner} needs `x`: one training batch of the model's inputs, or a "
+                         "tf.data dataset of (x, y) batches. Received: x=None.")
+    expected = {
+        "cache_directory": (cache_directory, (str, os.PathLike), "a directory path"),
+        "timer": (timer, None, "a function timer(model, x, precisions, half_policy)"),
+        "step_timer": (step_timer, None, "a function step_timer(candidates)"),
+        "probe_report": (probe_report, (ProbeReport, Mapping),
+                         "a ProbeReport (tf_mixed.probe) or a dict layer name -> relative error"),
+        "info": (info, hardware.HardwareInfo, "a tf_mixed.policy.hardware.HardwareInfo")}
+    for name, (value, kinds, valid) in expected.items():
+        if value is not None and not (callable(value) if kinds is None
+                                      else isinstance(value, kinds)):
+            raise TypeError(f"{owner} argument `{name}` must be {valid}, or None. Received: "
+                            f"{name}={value!r} (of type {type(value).__name__}).")
+    if isinstance(probe_report, Mapping):
+        for layer, error in probe_report.items():
+            if isinstance(error, bool) or not isinstance(error, numbers.Real):
+                raise TypeError(
+                    f"{owner} argument `probe_report` must map layer names to relative errors "
+                    f"(numbers). Received: probe_report[{layer!r}]={error!r} (of type "
+                    f"{type(error).__name__}).")
+
+
 def _record_problem(names: list[str]) -> Callable[[dict], str]:
     def problem(record: dict) -> str:
         measurement = Measurement.from_dict(record["measurement"])
@@ -204,10 +239,13 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
 
     Raises:
         TypeError: `model` is not a Keras model, or is subclassed; an
-            argument has the wrong type.
+            argument has the wrong type (`cache` or `step_check` not a bool;
+            `cache_directory`, `timer`, `step_timer`, `probe_report`, `info`
+            not what it says above).
         ValueError: `policy` is not a half policy; `tolerance`, `rounds` or
-            `budget_s` is out of range; the model is not built; the probe's
-            errors (`tf_mixed.probe`).
+            `budget_s` is out of range; `x` is None; the model is not built;
+            `loss` cannot be resolved (checked first when given); the
+            probe's errors (`tf_mixed.probe`).
     """
     _validate.number(tolerance, "tolerance", rule=lambda v: v > 0, valid="a number > 0")
     _validate.boolean(use_catalog, "use_catalog", owner="tf_mixed.plan()")
@@ -219,6 +257,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         raise TypeError(
             "`measurement` must be a tf_mixed.tools.planning.Measurement or None. "
             f"Received: measurement={measurement!r} of type {type(measurement).__name__}.")
+    _check_arguments(x, cache=cache, step_check=step_check, cache_directory=cache_directory,
+                     timer=timer, step_timer=step_timer, probe_report=probe_report, info=info)
     info = hardware.detect() if info is None else info
     half_policy = _half_policy(policy, info)
     half_dtype = COMPUTE_DTYPES[half_policy]
@@ -229,6 +269,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         fix="Plan a Sequential or functional version of it.")
     plan_loss = functools.cache(lambda: _losses.resolve_named(
         loss, found.output_names, model, "tf_mixed.plan()"))
+    if loss is not None:
+        plan_loss()  # a loss given is checked now, not after the timing (or never)
     timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
     # Why nothing is timed and every layer stays float32 ("": the layers are timed).
