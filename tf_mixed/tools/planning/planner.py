@@ -144,7 +144,6 @@ _model_digest = model_check.model_digest  # one digest for the plan's and the ch
 def _check_arguments(x, *, cache, step_check, cache_directory, timer, step_timer, probe_report,
                      info) -> None:
     """`plan`'s arguments of a type it cannot use, named with the value and the fix."""
-    import numbers
     import os
 
     from tf_mixed.tools.probe_report import ProbeReport
@@ -162,18 +161,15 @@ def _check_arguments(x, *, cache, step_check, cache_directory, timer, step_timer
         "probe_report": (probe_report, (ProbeReport, Mapping),
                          "a ProbeReport (tf_mixed.probe) or a dict layer name -> relative error"),
         "info": (info, hardware.HardwareInfo, "a tf_mixed.policy.hardware.HardwareInfo")}
-    for name, (value, kinds, valid) in expected.items():
+    for name, (value, kinds, wanted) in expected.items():
         if value is not None and not (callable(value) if kinds is None
                                       else isinstance(value, kinds)):
-            raise TypeError(f"{owner} argument `{name}` must be {valid}, or None. Received: "
+            raise TypeError(f"{owner} argument `{name}` must be {wanted}, or None. Received: "
                             f"{name}={value!r} (of type {type(value).__name__}).")
     if isinstance(probe_report, Mapping):
         for layer, error in probe_report.items():
-            if isinstance(error, bool) or not isinstance(error, numbers.Real):
-                raise TypeError(
-                    f"{owner} argument `probe_report` must map layer names to relative errors "
-                    f"(numbers). Received: probe_report[{layer!r}]={error!r} (of type "
-                    f"{type(error).__name__}).")
+            _validate.number(error, f"probe_report[{layer!r}]", owner=owner,
+                             valid="a layer's relative error (a number)")
 
 
 def _record_problem(names: list[str]) -> Callable[[dict], str]:
