@@ -366,14 +366,10 @@ def test_an_argument_of_the_wrong_type_is_named_before_anything_runs(argument, v
     assert match in str(raised.value)
 
 
-def test_a_missing_batch_or_a_loss_that_cannot_be_resolved_is_named_before_timing():
-    x, y = _data()
+def test_a_missing_batch_is_named_before_timing():
+    _, y = _data()
     with pytest.raises(ValueError, match=r"needs `x`: one training batch .* Received: x=None"):
         plan(_model(), None, y, loss="mse", info=AMX_CPU, timer=_no_timer)
-    # A typo in the loss fails at once, not after minutes of timing (or never,
-    # where the catalog covers every layer and there is no step check).
-    with pytest.raises(ValueError, match="bogus_loss"):
-        plan(_model(), x, y, loss="bogus_loss", info=AMX_CPU, timer=_no_timer)
 
 
 def test_the_public_face_hands_plan_on():

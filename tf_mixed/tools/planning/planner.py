@@ -240,8 +240,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             not what it says above).
         ValueError: `policy` is not a half policy; `tolerance`, `rounds` or
             `budget_s` is out of range; `x` is None; the model is not built;
-            `loss` cannot be resolved (checked first when given); the
-            probe's errors (`tf_mixed.probe`).
+            `loss` cannot be resolved (where the probe or the step check
+            needs it); the probe's errors (`tf_mixed.probe`).
     """
     _validate.number(tolerance, "tolerance", rule=lambda v: v > 0, valid="a number > 0")
     _validate.boolean(use_catalog, "use_catalog", owner="tf_mixed.plan()")
@@ -265,8 +265,6 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         fix="Plan a Sequential or functional version of it.")
     plan_loss = functools.cache(lambda: _losses.resolve_named(
         loss, found.output_names, model, "tf_mixed.plan()"))
-    if loss is not None:
-        plan_loss()  # a loss given is checked now, not after the timing (or never)
     timed, _, followers = surveyed_graph(found)
     names = [layer.name for layer in timed]
     # Why nothing is timed and every layer stays float32 ("": the layers are timed).
