@@ -180,3 +180,20 @@ def test_the_step_check_turns_remapping_off_for_each_float16_candidate(half_poli
     step_check.time_steps(copies, x, y, keras.losses.mean_squared_error,
                           half_policy=half_policy)
     assert traced == off
+
+
+@pytest.mark.parametrize("inputs_only", ["data set", "y=None"])
+def test_a_step_check_without_targets_names_them_and_the_fix(inputs_only):
+    """A data set of inputs alone, or no `y`: the step check (after the
+    timing) needs targets for its loss; it says so (was Keras's error from
+    inside the traced step, or the batch's first two rows taken as (x, y))."""
+    import tensorflow as tf
+
+    model, (x, _), measurement, loss = _planned()
+    data = tf.data.Dataset.from_tensor_slices(x).batch(4) if inputs_only == "data set" else x
+    received = ("`x`, a tf.data dataset of " if inputs_only == "data set" else "y=None")
+    with pytest.raises(ValueError, match="needs targets") as raised:
+        plan(model, data, None, loss=loss, measurement=measurement, info=AMX_CPU,
+             probe_report={})
+    assert f"Received: {received}" in str(raised.value)
+    assert "Pass `y` (or a data set of (x, y) batches), or step_check=False." in str(raised.value)

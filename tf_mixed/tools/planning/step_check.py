@@ -84,14 +84,27 @@ def check(candidates: Mapping[str, Sequence[Any]],
         ``(winner, rows, sentence)``: the winning candidate's name, its rows
         (each timed layer's why the sentence, `confirm`, when a whole model
         won), and the sentence ("" when nothing was timed).
+
+    Raises:
+        ValueError: Something to time and no targets: ``y`` is None, or
+            ``x`` is a data set of inputs alone.
     """
     import tensorflow as tf
 
     if len(candidates) == 1:
         return "plan", list(candidates["plan"]), ""
     half = keras.DTypePolicy(half_policy).compute_dtype
-    bx, by = (next(iter(x))[:2] if step_timer is None and isinstance(x, tf.data.Dataset)
-              else (x, y))  # a data set's first batch
+    bx, by, received = x, y, "y=None"
+    if step_timer is None and isinstance(x, tf.data.Dataset):
+        element = next(iter(x))  # a data set's first batch
+        paired = isinstance(element, (tuple, list)) and len(element) > 1
+        bx, by = element[:2] if paired else (element, None)
+        received = f"`x`, a tf.data dataset of {type(element).__name__} elements (inputs alone)"
+    if step_timer is None and by is None:
+        raise ValueError(
+            "tf_mixed.plan()'s whole-step check steps the model with its loss, so it needs "
+            f"targets. Received: {received}. Pass `y` (or a data set of (x, y) batches), or "
+            "step_check=False.")
     step_rounds = (step_timer({name: _carrier(rows, half_policy)
                                for name, rows in candidates.items()})
                    if step_timer is not None
