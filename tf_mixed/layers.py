@@ -19,8 +19,8 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal import portable_loss, tf_keras_check
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal import tf_keras_check
 
 _PACKAGE = "tf_mixed"
 _NOT_ACTIVATIONS = frozenset({"get", "serialize", "deserialize"})
@@ -243,15 +243,25 @@ class Float32Loss(keras.losses.Loss):
         return self.loss(y_true, y_pred)
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config["loss"] = keras.saving.serialize_keras_object(self.loss)
-        return config
+        # Keras's loss function wrapper's config with dtype="float32", the
+        # wrapped loss riding in its function's entry: a file loads with Keras
+        # alone (`tf_mixed._internal.portable_loss`).
+        flat = {**super().get_config(),
+                "loss": keras.saving.serialize_keras_object(self.loss)}
+        return portable_loss.portable_config(self.name, self.reduction, self.loss, flat)
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        config = portable_loss.own_config(config)
         config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
         return cls(**config)
+
+
+# Saved as Keras's loss function wrapper (which Keras alone loads); that name,
+# while tf_mixed is imported, gives a Float32Loss back for its own configs.
+_internals.serialize_as_keras_class(Float32Loss, portable_loss.KERAS_NAME)
+_internals.resolve_keras_name(portable_loss.KERAS_NAME,
+                              portable_loss.keras_name_loader(Float32Loss))
 
 
 def _get_loss(loss: Any):

@@ -245,6 +245,30 @@ def resolve_keras_name(keras_name: str, obj) -> None:
     api_export.REGISTERED_NAMES_TO_OBJS[keras_name] = obj
 
 
+def loss_function_wrapper() -> type:
+    """Keras's ``LossFunctionWrapper``, the loss ``compile`` makes of a loss function.
+
+    Not exported (``keras/src/losses/losses.py``); a config naming its module
+    (``keras.src.losses.losses``) loads with Keras alone, which imports a module
+    named in a config for Keras's own packages (``serialization_lib.
+    _retrieve_class_or_fn``). Every built-in loss class subclasses it without
+    overriding ``call``. For `tf_mixed.Float32Loss`'s files. Keras 3.15.1.
+    """
+    from keras.src.losses.losses import LossFunctionWrapper
+
+    return LossFunctionWrapper
+
+
+def loss_function_parts(loss) -> tuple[Callable, dict]:
+    """A ``LossFunctionWrapper``'s function and the keyword arguments it calls it with.
+
+    ``fn`` is public; the arguments are ``_fn_kwargs`` (what the wrapper's
+    ``get_config`` writes at the top of its config). Keras 3.15.1
+    (``keras/src/losses/losses.py``).
+    """
+    return loss.fn, dict(loss._fn_kwargs)
+
+
 def optimizer_trainable_variables(optimizer) -> list:
     """The variables a built optimizer was built for (``_trainable_variables``).
 
