@@ -16,9 +16,11 @@
 # ranks and calls the function with the arguments, then reduces as the
 # reduction says: for a wrapped loss object exactly what Float32Loss does (it
 # calls that object's ``call`` after the same cast). For a wrapped function
-# Float32Loss calls it without matching the ranks first; Keras's built-in loss
-# functions match them themselves, so only a custom function that reads a
-# rank-1 ``y_true`` against a ``(batch, 1)`` ``y_pred`` differently can differ.
+# Float32Loss calls it without matching the ranks first: the same wherever
+# ``y_true`` and ``y_pred`` have the same rank (some of Keras's functions match
+# them themselves; others raise or broadcast a rank-1 ``y_true`` against a
+# ``(batch, 1)`` ``y_pred`` under Float32Loss, where Keras's wrapper, as
+# ``compile`` for a loss name, matches them first).
 #
 # A wrapped loss Keras's wrapper cannot express (a Loss subclass with its own
 # ``call``, a callable object) is written as tf_mixed's own Float32Loss entry
