@@ -39,7 +39,7 @@ __all__ = ["KERAS_NAME", "SECTION", "is_portable", "keras_name_loader", "own_con
            "portable_config"]
 
 # The public name a file gives a Float32Loss (Keras's loss function wrapper's).
-_WRAPPER = shims.loss_function_wrapper()
+_WRAPPER: Any = shims.loss_function_wrapper()
 KERAS_NAME = f"{_WRAPPER.__module__}.{_WRAPPER.__name__}"
 
 # The key of the wrapped loss, as tf_mixed saves it, in the function's entry.
@@ -49,7 +49,7 @@ SECTION = "tf_mixed_float32_loss"
 def _function_and_arguments(loss: Any) -> tuple[Callable, dict] | None:
     """The function and arguments Keras's wrapper calls for ``loss``, or None if it cannot."""
     if isinstance(loss, keras.losses.Loss):
-        if isinstance(loss, _WRAPPER) and type(loss).call is _WRAPPER.call:
+        if isinstance(loss, _WRAPPER) and getattr(type(loss), "call") is _WRAPPER.call:
             return shims.loss_function_parts(loss)
         return None
     if callable(loss) and not isinstance(loss, type) and hasattr(loss, "__name__"):
