@@ -49,7 +49,7 @@ SECTION = "tf_mixed_float32_loss"
 def _function_and_arguments(loss: Any) -> tuple[Callable, dict] | None:
     """The function and arguments Keras's wrapper calls for ``loss``, or None if it cannot."""
     if isinstance(loss, keras.losses.Loss):
-        if isinstance(loss, _WRAPPER) and getattr(type(loss), "call") is _WRAPPER.call:
+        if isinstance(loss, _WRAPPER) and getattr(type(loss), "call", None) is _WRAPPER.call:
             return shims.loss_function_parts(loss)
         return None
     if callable(loss) and not isinstance(loss, type) and hasattr(loss, "__name__"):
@@ -73,12 +73,12 @@ def portable_config(name: str, reduction: str | None, loss: Any, flat: dict) -> 
         function's entry carries `SECTION` (``{"loss": flat["loss"]}``).
     """
     parts = _function_and_arguments(loss)
+    arguments = {}
     if parts is None:
         # tf_mixed's own entry, under its registered name: Keras alone cannot
         # locate it and says so.
         fn_entry = {"module": "tf_mixed.layers", "class_name": "Float32Loss",
                     "config": dict(flat), "registered_name": "tf_mixed>Float32Loss"}
-        arguments: dict = {}
     else:
         fn_entry = dict(keras.saving.serialize_keras_object(parts[0]))
         arguments = keras.saving.serialize_keras_object(parts[1])
