@@ -252,9 +252,10 @@ class Float32Loss(keras.losses.Loss):
 
     @classmethod
     def from_config(cls, config):
-        config = portable_loss.own_config(config)
-        config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
-        return cls(**config)
+        own = portable_loss.own_config(config)
+        own["loss"] = portable_loss.restore_arguments(
+            keras.saving.deserialize_keras_object(own["loss"]), config)
+        return cls(**own)
 
 
 # Saved as Keras's loss function wrapper (which Keras alone loads); that name,

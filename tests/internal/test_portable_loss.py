@@ -84,14 +84,19 @@ def test_kerass_wrapper_gives_the_float32_losss_value_exactly(half):
 
 
 def test_with_tf_mixed_the_file_entry_loads_as_float32_loss_as_before():
-    # (Keras 3.15.1's Huber.get_config drops delta: tf_mixed reloads the wrapped
-    # Huber as Keras does, with delta=1.0; Keras alone keeps it, from the arguments.)
-    for inner in ["mse", keras.losses.Huber(reduction="sum"), OwnCall(name="own")]:
+    # Keras 3.15.1's configs of Huber, CosineSimilarity and SparseCategoricalCrossentropy
+    # drop delta/axis; the file's arguments carry them (as for Keras alone).
+    for inner in ["mse", keras.losses.Huber(delta=0.5, reduction="sum"),
+                  keras.losses.CosineSimilarity(axis=0), OwnCall(name="own"),
+                  keras.losses.SparseCategoricalCrossentropy(axis=0)]:
         loss = tf_mixed.float32_loss(inner)
         back = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(loss))
         assert type(back) is Float32Loss and back.get_config() == loss.get_config()
         assert (back.name, back.reduction, type(back.loss)) == (
             loss.name, loss.reduction, type(loss.loss))
+        if not isinstance(inner, (str, OwnCall)):
+            assert _internals.loss_function_parts(back.loss) == (
+                _internals.loss_function_parts(inner))
     # Keras's own wrapper's entries still load as Keras's wrapper.
     plain = WRAPPER(keras.losses.huber, name="h", delta=0.5)
     again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(plain))

@@ -944,3 +944,8 @@ def test_loss_function_wrapper_and_its_parts():  # keras.src.losses.losses, _fn_
                                    "fn": keras.saving.serialize_keras_object(fn), "delta": 2.0})
     assert type(rebuilt) is wrapper and rebuilt.dtype == "float32"
     assert _internals.loss_function_parts(rebuilt) == (keras.losses.huber, {"delta": 2.0})
+    # Huber's config drops delta (Keras 3.15.1); the shim sets it back.
+    reloaded = keras.losses.Huber.from_config(keras.losses.Huber(delta=2.0).get_config())
+    assert _internals.loss_function_parts(reloaded)[1] == {"delta": 1.0}
+    _internals.set_loss_function_arguments(reloaded, {"delta": 2.0})
+    assert _internals.loss_function_parts(reloaded)[1] == {"delta": 2.0}

@@ -36,7 +36,7 @@ import keras
 from tf_mixed._internal import shims
 
 __all__ = ["KERAS_NAME", "SECTION", "is_portable", "keras_name_loader", "own_config",
-           "portable_config"]
+           "portable_config", "restore_arguments"]
 
 # The public name a file gives a Float32Loss (Keras's loss function wrapper's).
 _WRAPPER: Any = shims.loss_function_wrapper()
@@ -44,6 +44,9 @@ KERAS_NAME = f"{_WRAPPER.__module__}.{_WRAPPER.__name__}"
 
 # The key of the wrapped loss, as tf_mixed saves it, in the function's entry.
 SECTION = "tf_mixed_float32_loss"
+
+# The keys of a portable config that are not the function's arguments.
+_OWN_KEYS = ("name", "reduction", "dtype", "fn")
 
 
 def _function_and_arguments(loss: Any) -> tuple[Callable, dict] | None:
@@ -91,6 +94,32 @@ def is_portable(config: Any) -> bool:
     """Whether ``config`` is `portable_config` output (a Float32Loss's)."""
     fn = config.get("fn") if isinstance(config, dict) else None
     return isinstance(fn, dict) and isinstance(fn.get(SECTION), dict)
+
+
+def restore_arguments(loss: Any, config: dict) -> Any:
+    """``loss`` calling its function with the arguments `portable_config` wrote.
+
+    Some built-in losses' configs drop an argument (Keras 3.15.1: ``Huber``'s
+    ``delta``, ``CosineSimilarity``'s and ``SparseCategoricalCrossentropy``'s
+    ``axis``); the arguments at the top of a portable config are the ones the
+    saved loss called its function with, so a loss rebuilt with tf_mixed
+    computes what Keras alone's does.
+
+    Args:
+        loss: The wrapped loss, rebuilt from `SECTION`.
+        config: The Float32Loss's config, either layout.
+
+    Returns:
+        ``loss`` (its arguments set when ``config`` is portable and Keras's
+        wrapper expresses ``loss``).
+    """
+    if not is_portable(config) or not isinstance(loss, keras.losses.Loss):
+        return loss
+    if _function_and_arguments(loss) is not None:
+        arguments = {key: value for key, value in config.items() if key not in _OWN_KEYS}
+        shims.set_loss_function_arguments(
+            loss, keras.saving.deserialize_keras_object(arguments))
+    return loss
 
 
 def own_config(config: dict) -> dict:

@@ -269,6 +269,19 @@ def loss_function_parts(loss) -> tuple[Callable, dict]:
     return loss.fn, dict(loss._fn_kwargs)
 
 
+def set_loss_function_arguments(loss, arguments: dict) -> None:
+    """Sets the keyword arguments a ``LossFunctionWrapper`` calls its function with.
+
+    Some built-in losses' ``get_config`` drops an argument their constructor
+    took (Keras 3.15.1: ``Huber``'s ``delta``, ``CosineSimilarity``'s and
+    ``SparseCategoricalCrossentropy``'s ``axis``), so a loss rebuilt from its
+    config calls its function with the default; tf_mixed's files also hold the
+    arguments themselves (`tf_mixed._internal.portable_loss`). Keras 3.15.1
+    (``keras/src/losses/losses.py``, ``_fn_kwargs``).
+    """
+    loss._fn_kwargs = dict(arguments)
+
+
 def optimizer_trainable_variables(optimizer) -> list:
     """The variables a built optimizer was built for (``_trainable_variables``).
 
