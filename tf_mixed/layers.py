@@ -208,7 +208,9 @@ class Float32Loss(keras.losses.Loss):
     """A loss whose ``y_true`` and ``y_pred`` are cast to float32 first.
 
     Build it with `float32_loss`. Reduction and name come from the wrapped
-    loss when it is a Keras `Loss`.
+    loss when it is a Keras `Loss`. It saves as Keras's own loss function
+    wrapper with ``dtype="float32"``, so a compiled model's ``.keras`` file
+    loads compiled where tf_mixed was never imported (docs/serving.md).
 
     Args:
         loss: A Keras loss object, a Keras loss name, or a callable
