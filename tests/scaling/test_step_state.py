@@ -62,7 +62,8 @@ def test_the_parts_that_save_are_the_attribution_the_guard_and_the_calibration()
     assert state.saved_parts() == [state.attribution, state.guard, state.calibration]
     assert all(isinstance(part, Saved) for part in state.saved_parts())
     assert not isinstance(state.ledger, Saved) and not isinstance(state.forward, Saved)
-    assert state.store_keys() == {"layer_attribution", "spike_guard", "calibration_skips"}
+    assert state.store_keys() == {"layer_attribution", "skip_reasons", "last_skip_reason",
+                                  "spike_guard", "calibration_skips"}
     # Nothing attached, no spike rule, not built: nothing written, no child.
     store: dict = {}
     state.save_into(store)
@@ -106,7 +107,7 @@ def test_saving_and_loading_iterate_the_parts_without_naming_them():
                        extra=extra)
     store = _Store()
     formats.save_own(opt, store, state)
-    assert set(store) == {"0", "extra", "calibration_skips"}
+    assert set(store) == {"0", "extra", "calibration_skips", "skip_reasons", "last_skip_reason"}
     _, fresh = _built()
     fresh.step_counter.assign(7)
     formats.load_own(fresh, store, lambda s: pytest.fail("Keras's layout"), state)

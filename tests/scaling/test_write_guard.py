@@ -159,7 +159,7 @@ def test_a_forward_state_that_overflows_is_rolled_back_and_the_step_skipped(poli
 
 def test_the_first_reason_that_holds_is_the_steps_reason():
     guard = write_guard.StepGuard(forward=ForwardState())
-    guard.build(accumulating=False)
+    guard.build(None, accumulating=False)
     big, bad = [tf.constant(1e20)], [tf.constant(INF)]
 
     def code(flags, grads, applied=False):

@@ -236,7 +236,7 @@ class LossScaleOptimizer(KerasCompat, keras.optimizers.LossScaleOptimizer):
             _internals.overwrite_only_averaged_variables(self.inner_optimizer)
         if self.accumulator is not None:
             self.accumulator.build(self, var_list)
-        self._step_state.guard.build(self.accumulator is not None)
+        self._step_state.guard.build(self, self.accumulator is not None)
         self._step_state.calibration.build(self)
         self.inner_optimizer.build(var_list)
         # Skip keras.optimizers.LossScaleOptimizer.build: it would create a

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tf_mixed._internal import shims as _internals
 from tf_mixed._internal.facts import HALF_DTYPES, dtype_limits
 from tf_mixed.scaling import spike as _spike
 
@@ -54,6 +55,11 @@ REASONS = ("input", "forward", "gradients", "update", "spike")
 
 APPLIED = 0
 INPUT, FORWARD, GRADIENTS, UPDATE, SPIKE = range(1, len(REASONS) + 1)
+
+COUNTS_KEY = "skip_reasons"
+"""The ``.keras`` entry and checkpoint child of the per-reason counts."""
+LAST_KEY = "last_skip_reason"
+"""The ``.keras`` entry and checkpoint child of the last skipped step's reason code."""
 
 
 class SkipReasons(NamedTuple):
@@ -164,10 +170,12 @@ class StepGuard:
     """The write guard's state, owned by one ``tf_mixed.LossScaleOptimizer``.
 
     The optimizer creates it with its forward state and hands it to each
-    stage of `tf_mixed.scaling.pipeline` as an argument. Not a Trackable:
-    its variables are in no checkpoint or ``.keras`` layout (the
-    optimizer's stays as it was), so the per-reason counts start at 0 in a
-    resumed run.
+    stage of `tf_mixed.scaling.pipeline` as an argument. Not a Trackable: a
+    part of the optimizer's `tf_mixed.scaling.step_state.StepState` that
+    saves (``.keras`` entries `COUNTS_KEY` and `LAST_KEY`, the same names
+    as ``tf.train.Checkpoint`` children), so a resumed run goes on counting
+    from the saved counts; a file written before they were saved loads
+    with zeros.
 
     Attributes:
         forward: The optimizer's `tf_mixed.scaling.rollback.ForwardState`
@@ -183,6 +191,8 @@ class StepGuard:
             default; `tf_mixed.scaling.spike.guard_spikes` turns it on).
         pending_spike: A spike history read from a file before the guard
             was turned on (taken over by ``guard_spikes``), or None.
+        pending: ``{key: saved array}`` read from a ``.keras`` file before
+            `build` (written into the variables there).
     """
 
     def __init__(self, forward) -> None:
@@ -192,12 +202,23 @@ class StepGuard:
         self.window: Any = None
         self.spike: Any = None
         self.pending_spike: Any = None
+        self.pending: dict[str, np.ndarray] = {}
         # Per thread: under MirroredStrategy each replica's train step runs in its own
         # thread and notes its own batch for the optimizer step of that thread.
         self._noted: dict[int, Any] = {}
 
-    def build(self, accumulating: bool) -> None:
-        """Creates the variables (under the strategy's scope, as ``build`` runs)."""
+    def build(self, optimizer, accumulating: bool) -> None:
+        """Creates the variables (in ``optimizer.build``, under the strategy's scope).
+
+        Counts read earlier (a ``.keras`` file, a ``tf.train.Checkpoint``
+        restored before the build) are written into them.
+
+        Args:
+            optimizer: The owning ``tf_mixed.LossScaleOptimizer`` (a checkpoint
+                read before the build keeps the counts queued on it), or None.
+            accumulating: Whether the optimizer accumulates gradients (a
+                window's flags are then kept).
+        """
         def variable(value, dtype):
             return tf.Variable(tf.constant(value, dtype), trainable=False,
                                synchronization=tf.VariableSynchronization.ON_WRITE,
@@ -205,6 +226,11 @@ class StepGuard:
 
         self.counts = variable([0] * len(REASONS), tf.int64)
         self.last_reason = variable(0, tf.int64)
+        for key, saved in self._saved_variables().items():
+            if key in self.pending:
+                saved.assign(self.pending.pop(key))
+            if optimizer is not None:
+                _internals.restore_deferred(optimizer, key, saved)
         if accumulating:
             self.window = variable([0.0, 0.0], tf.float32)
 
@@ -333,34 +359,60 @@ class StepGuard:
 
     # ------------------------------------------------------- its files
 
-    store_keys = (_spike.STORE_KEY,)
+    store_keys = (COUNTS_KEY, LAST_KEY, _spike.STORE_KEY)
+
+    def _saved_variables(self) -> dict:
+        """``{key: variable}`` of the counts (``{}`` before `build`)."""
+        if self.counts is None:
+            return {}
+        return {COUNTS_KEY: self.counts, LAST_KEY: self.last_reason}
 
     def save_into(self, store) -> None:
-        """Adds the spike history to a ``.keras``/``.weights.h5`` store (if on)."""
+        """Adds the counts (after `build`) and the spike history (if on) to a
+        ``.keras``/``.weights.h5`` store."""
+        for key, variable in self._saved_variables().items():
+            store[key] = np.asarray(variable.numpy(), np.int64).reshape(-1)
         if self.spike is not None:
             store[_spike.STORE_KEY] = self.spike.saved()
 
     def load_from(self, store) -> None:
-        """Reads a saved spike history (kept for ``guard_spikes`` when off)."""
-        if _spike.STORE_KEY not in list(store.keys()):
+        """Reads saved counts (kept for `build` when not built yet) and a
+        spike history (kept for ``guard_spikes`` when off); an entry the
+        file lacks (written before it was saved) is left as it is."""
+        keys = list(store.keys())
+        for key, shape in ((COUNTS_KEY, (len(REASONS),)), (LAST_KEY, ())):
+            if key not in keys:
+                continue
+            saved = np.asarray(store[key][...], np.int64).reshape(shape)
+            variables = self._saved_variables()
+            if variables:
+                variables[key].assign(saved)
+            else:
+                self.pending[key] = saved
+        if _spike.STORE_KEY not in keys:
             return
-        saved = np.asarray(store[_spike.STORE_KEY][...], np.float64)
+        spike_saved = np.asarray(store[_spike.STORE_KEY][...], np.float64)
         if self.spike is None:
-            self.pending_spike = saved
+            self.pending_spike = spike_saved
         else:
-            self.spike.assign_saved(saved)
+            self.spike.assign_saved(spike_saved)
 
     def checkpoint_children(self) -> dict:
-        """The spike history's ``tf.train.Checkpoint`` children, or ``{}`` (off)."""
-        if self.spike is None:
-            return {}
-        return {"spike_guard_norms": self.spike.norms,
-                "spike_guard_seen": self.spike.seen}
+        """The counts' ``tf.train.Checkpoint`` children (after `build`) and
+        the spike history's (if on)."""
+        children = dict(self._saved_variables())
+        if self.spike is not None:
+            children.update(spike_guard_norms=self.spike.norms,
+                            spike_guard_seen=self.spike.seen)
+        return children
 
     def read(self) -> SkipReasons:
-        """The counts in Python ints (one host read; zeros before `build`)."""
+        """The counts in Python ints (one host read; before `build`, those
+        read from a file, else zeros)."""
         if self.counts is None:
-            return SkipReasons(*([0] * len(REASONS)))
+            pending = self.pending.get(COUNTS_KEY)
+            return SkipReasons(*(int(c) for c in (
+                pending if pending is not None else [0] * len(REASONS))))
         return SkipReasons(*(int(c) for c in np.asarray(self.counts.numpy())))
 
 

@@ -1,5 +1,7 @@
 """tf_mixed.tools.catalog.measuring: exact errors where the arithmetic allows."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -89,8 +91,75 @@ def test_a_tie_after_rounding_routes_max_poolings_gradient_without_an_error(monk
     assert selecting.gradient <= 2.0 ** -9  # the cotangent's rounding to bfloat16 only
 
 
-def test_max_pooling_and_maximum_are_measured_as_selecting():
+def test_selecting_rows_are_max_poolings_merges_autocontrast_and_clips():
     selecting = {c.key for c in registry.keras_cases() if c.selects}
     assert selecting == {f"{kind}{dims}[default]" for dims in ("1D", "2D", "3D")
                          for kind in ("MaxPooling", "GlobalMaxPooling", "AdaptiveMaxPooling")
-                         } | {"Maximum[default]", "Minimum[default]"}
+                         } | {"Maximum[default]", "Minimum[default]", "AutoContrast[default]",
+                              "ReLU[max_value=6]", "Activation[activation=relu6]"}
+
+
+@pytest.mark.parametrize("layer, args, selects", [
+    ("ReLU", {"max_value": 6.0}, True),
+    ("ReLU", {"max_value": 1.5, "negative_slope": 0.1}, True),
+    ("ReLU", {"threshold": 0.5}, True),            # its kink moved off 0: rounding crosses it
+    ("ReLU", {}, False),                           # max(x, 0): no rounding crosses 0
+    ("ReLU", {"negative_slope": 0.1}, False),
+    ("Activation", {"activation": "relu6"}, True),
+    ("Activation", {"activation": "relu"}, False),
+    ("Activation", {"activation": "hard_sigmoid"}, False),  # its kink is x + 3's, rounded inside
+    ("MaxPooling2D", {}, True),
+    ("AveragePooling2D", {}, False),
+])
+def test_is_selecting(layer, args, selects):
+    assert registry.is_selecting(layer, args) is selects
+    assert registry.user_case(layer, config=args).selects is selects  # one rule for both
+
+
+def _one_input(case, values, monkeypatch):
+    """`case` fed exactly ``values`` (one group of one example)."""
+    x = np.array(values, "float32").reshape(1, 1, -1)
+    monkeypatch.setattr(measuring, "inputs_for", lambda case, magnitudes, seed: [x])
+    return dataclasses.replace(case, inputs=((len(values),),), batch=1)
+
+
+def test_an_input_rounded_onto_a_clips_bound_is_no_error(monkeypatch):
+    # 5.99 rounds to 6.0 in bfloat16 (its spacing there is 2**-5): float32's
+    # relu6 passes the gradient c at 5.99, bfloat16's stops it at the bound
+    # 6.0, as float32's does at 6.0: error |0 - c| / |c| = 1 at the exact
+    # input, 0 / 0 = 0 at the rounded one. The output is judged at the exact
+    # input: 6 against 5.99.
+    (row,) = [c for c in registry.keras_cases() if c.key == "ReLU[max_value=6]"]
+    assert row.selects
+    clip = _one_input(row, [5.99], monkeypatch)
+    (selecting,) = measuring.measure(clip, ["mixed_bfloat16"], [1.0])["mixed_bfloat16"].points
+    (plain,) = measuring.measure(dataclasses.replace(clip, selects=False), ["mixed_bfloat16"],
+                                 [1.0])["mixed_bfloat16"].points
+    x = float(np.float32(5.99))
+    assert plain.gradient == 1.0 and selecting.gradient == 0.0
+    assert plain.forward == selecting.forward == pytest.approx((6.0 - x) / x, rel=1e-12)
+
+
+def test_an_input_rounded_to_inf_is_the_half_copys_overflow(monkeypatch):
+    # 1e5 rounds to inf in float16; float32's hard_silu gradient at inf is
+    # 1 + inf * 0 = nan. The comparison at the rounded inputs must not turn
+    # the half copy's overflow into "float32 is not finite either".
+    case = registry.user_case("Activation", config={"activation": "hard_silu"}, inputs=((1,),),
+                              selects=True)
+    (point,) = measuring.measure(_one_input(case, [1e5], monkeypatch), ["mixed_float16"],
+                                 [1e5])["mixed_float16"].points
+    assert point.reference_finite and not point.half_finite
+    assert point.forward == np.inf and point.gradient == np.inf
+
+
+def test_a_random_selecting_layer_draws_alike_in_its_extra_float32_copies():
+    # AutoContrast selects (each image's min and max); RandomBrightness is
+    # random: forced to select, its float32 copy at the rounded inputs draws
+    # the same brightness as every other copy, so its row is as without.
+    (case,) = [c for c in registry.keras_cases() if c.key == "RandomBrightness[default]"]
+    grid = [1.0, 10.0, 100.0]
+    plain = measuring.measure(case, ["mixed_bfloat16"], grid)["mixed_bfloat16"].points
+    forced = measuring.measure(dataclasses.replace(case, selects=True), ["mixed_bfloat16"],
+                               grid)["mixed_bfloat16"].points
+    assert [p.forward for p in forced] == [p.forward for p in plain]
+    assert all(p.gradient < 2.0 ** -6 for p in forced)

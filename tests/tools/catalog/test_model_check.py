@@ -102,6 +102,50 @@ def test_the_zoo_is_checked_without_error(name):
     assert {n.layer for n in notes} <= {c.layer for c in covered if c.status == "matched"}
 
 
+def test_a_bfloat16_mobilenet_v2s_relu6_layers_have_no_finding():
+    # The stored ReLU[max_value=6] row under bfloat16 once ended at 3.2: at
+    # 10, an input just below 6 rounded onto the clip's bound (bfloat16's
+    # spacing there is 2**-5), where float32's gradient is 0, not 1; the
+    # producer of that input rounds it anyway. All 35 ReLU(6.) layers of a
+    # MobileNetV2 were listed as narrow with a keep_float32 fix.
+    with tf_mixed.policy_scope("mixed_bfloat16"):
+        model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None,
+                                               classes=10, alpha=0.35)
+    relus = [layer.name for layer in model.layers if isinstance(layer, keras.layers.ReLU)]
+    assert len(relus) == 35
+    assert "ReLU[max_value=6]" not in str(tf_mixed.audit(model))
+    assert not tf_mixed.audit(model, magnitudes=dict.fromkeys(relus, 1e6)).by_code(
+        "catalog_range")
+
+
+@pytest.mark.parametrize("layer, config", [("ReLU", "max_value=6"),
+                                           ("Activation", "activation=relu6")])
+def test_a_clip_is_safe_over_the_whole_bfloat16_grid(layer, config):
+    # relu6 in bfloat16 selects x (rounded once, by whatever produced it)
+    # or a bound: nothing is lost at any magnitude measured.
+    (row,) = results.stored().find(layer, "mixed_bfloat16", config)
+    assert (row.safe.low, row.safe.high) == (1e-6, 1e6) and row.reason() == \
+        "safe over the whole grid"
+    assert all(status == "ok" for status in row.status)
+
+
+@pytest.mark.parametrize("policy, magnitude, warned", [
+    ("mixed_bfloat16", 1e6, False), ("mixed_bfloat16", 1e-6, False),
+    ("mixed_float16", 1e6, False),  # rounded to inf, clipped to 6: exact
+    ("mixed_float16", 1e-6, True),  # subnormal in float16: the output loses resolution
+])
+def test_a_clip_far_outside_is_warned_about_only_where_its_output_loses_resolution(
+        policy, magnitude, warned):
+    inputs = keras.Input((16,))
+    model = keras.Model(inputs, keras.layers.ReLU(max_value=6.0, name="clip",
+                                                  dtype=policy)(inputs))
+    found = tf_mixed.audit(model, magnitudes={"clip": magnitude}).by_code("catalog_range")
+    assert [f.layer for f in found] == (["clip"] if warned else [])
+    if warned:
+        assert "catalog row ReLU[max_value=6], mixed_float16; loses resolution below" in \
+            found[0].message
+
+
 def test_a_bfloat16_densenets_max_pooling_is_in_range_where_ties_route_its_gradient():
     # The stored MaxPooling2D row under bfloat16 once ended at 3.2: at 10,
     # inputs tying after rounding sent the gradient to another (equally

@@ -17,10 +17,13 @@
 #   weight; the cotangent is a fixed unit-scale draw, the same for every copy
 #   (so the gradient error is the layer's own, at an upstream gradient of
 #   order 1: a loss scale moves that, not the layer's arithmetic);
-# * a layer that selects (``Case.selects``: max pooling, Maximum, Minimum)
-#   has its half gradient also compared with float32's at the inputs rounded
-#   as the half copy sees them, and the smaller error counts: two inputs that
-#   tie once rounded send the gradient to either, both correct subgradients,
+# * a layer that selects (``Case.selects``: max pooling, Maximum, Minimum, a
+#   clip such as ReLU's ``max_value``) has its half gradient also compared
+#   with float32's at the inputs rounded as the half copy sees them (by a
+#   float32 copy of its own per half policy, called as often as the others,
+#   so a random layer draws the same numbers in every copy), and the smaller
+#   error counts: two inputs that tie once rounded, or an input rounded onto
+#   a clip's bound, send the gradient either way, both correct subgradients,
 #   while an error of the selection's own arithmetic shows in both;
 # * a configuration whose statistics are set from data (``per_magnitude``:
 #   ``Normalization``'s mean and variance, ``Discretization``'s boundaries) is
@@ -190,12 +193,15 @@ def _make(case: Case, policy: str, magnitude: float | None = None):
 
 
 def _build_copies(case: Case, policies, first_inputs, magnitude=None) -> tuple[list, Any]:
-    """The float32 layer and its half copies, built and sharing weights; float32's output.
+    """The float32 layer, its half copies and (for a selecting ``case``) one more
+    float32 copy per half policy, run at that policy's rounded inputs; built and
+    sharing weights; float32's output.
 
     Every copy is called exactly as often (once here), so layers that draw
     random numbers from a seeded generator draw the same numbers in each.
     """
-    layers = [_make(case, p, magnitude) for p in ("float32", *policies)]
+    tied = ("float32",) * len(policies) if case.selects else ()
+    layers = [_make(case, p, magnitude) for p in ("float32", *policies, *tied)]
     outputs = [case.call(layer, [tf.constant(x) for x in first_inputs], case.training)
                for layer in layers]
     weights = layers[0].get_weights()
@@ -256,33 +262,39 @@ def _forward_and_gradients(case: Case, layer, inputs, cot, wrt_inputs: bool,
 
 
 def _closer(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
-    """Of two `_pair_stats`, the one with the smaller relative error (a finite one first)."""
+    """Of two `_pair_stats`, the one with the smaller relative error (a finite one
+    first); `second` (at the rounded inputs) only where its float32 reference is
+    finite: an input rounded to inf (float16 above 65504) is the half copy's
+    overflow, not float32's."""
     def rank(stats):
         finite = stats[2] * stats[3]
         return tf.stack([1.0 - finite, tf.math.divide_no_nan(stats[0], stats[1])])
 
     a, b = rank(first), rank(second)
-    second_better = (b[0] < a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+    second_better = (second[3] > 0.0) & ((b[0] < a[0]) | ((b[0] == a[0]) & (b[1] < a[1])))
     return tf.where(second_better, second, first)
 
 
 def _compare(case: Case, layers, inputs, cot, wrt_inputs: bool, gradients: bool) -> tf.Tensor:
-    """Stats of each half copy against the first (float32): ``(copies - 1, parts, 5)``.
+    """Stats of each half copy against the first (float32): ``(half copies, parts, 5)``.
 
-    For a layer that selects (``case.selects``), each gradient's stats are
-    the closer of float32's at the inputs and float32's at the inputs
-    rounded to the half copy's compute dtype.
+    For a layer that selects (``case.selects``; `_build_copies` then made one
+    float32 copy per half copy after them), each gradient's stats are the
+    closer of float32's at the inputs and float32's at the inputs rounded to
+    the half copy's compute dtype; the output's are always against float32's
+    at the inputs.
     """
+    halves = (len(layers) - 1) // 2 if case.selects else len(layers) - 1
     ref_y, ref_grads = _forward_and_gradients(case, layers[0], inputs, cot, wrt_inputs,
                                               gradients)
     rows = []
-    for layer in layers[1:]:
+    for layer, tied_layer in zip(layers[1:1 + halves], layers[1 + halves:] + [None] * halves):
         y, grads = _forward_and_gradients(case, layer, inputs, cot, wrt_inputs, gradients)
         parts = [_pair_stats(h, r) for h, r in zip(grads, ref_grads)]
         dtype = keras.backend.standardize_dtype(layer.compute_dtype)
-        if case.selects and grads and dtype in HALF_DTYPES:
+        if tied_layer is not None and grads and dtype in HALF_DTYPES:
             rounded = [tf.cast(tf.cast(x, dtype), "float32") for x in inputs]
-            _, tied = _forward_and_gradients(case, layers[0], rounded, cot, wrt_inputs)
+            _, tied = _forward_and_gradients(case, tied_layer, rounded, cot, wrt_inputs)
             parts = [_closer(part, _pair_stats(h, r)) for part, h, r in zip(parts, grads, tied)]
         rows.append(tf.stack([_pair_stats(y, ref_y)] + parts))
     return tf.stack(rows)

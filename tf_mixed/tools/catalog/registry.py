@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Case", "LEFT_OUT", "NO_FLOAT_COMPUTE", "hub_cases", "keras_cases", "left_out",
-           "resolve", "user_case"]
+__all__ = ["Case", "LEFT_OUT", "NO_FLOAT_COMPUTE", "hub_cases", "is_selecting", "keras_cases",
+           "left_out", "resolve", "user_case"]
 
 DISTRIBUTIONS = ("centered", "positive", "offset", "ids")
 
@@ -60,12 +60,17 @@ class Case:
             ``RNN``).
         source: "keras", "keras_hub" or "user".
         seed_offset: varies the weights' draw between configurations.
-        selects: the layer routes each output's gradient to the input it
-            selects (max pooling, ``Maximum``, ``Minimum``): where inputs
-            that differ in float32 tie once rounded to the compute dtype, a
-            half copy may route it to another of them, a subgradient as
-            correct as float32's (`tf_mixed.tools.catalog.measuring` then
-            also compares its gradient with float32's at the rounded inputs).
+        selects: the layer routes each output's gradient to what it
+            selects by comparing: one of its inputs (max pooling,
+            ``Maximum``, ``Minimum``, AutoContrast's per-image min and max)
+            or a constant bound (a clip ``min(max(x, lo), hi)``: ReLU with a
+            ``max_value`` or a non-zero ``threshold``, relu6). Where inputs
+            that differ in float32 tie once rounded to the compute dtype, or
+            an input is rounded onto or across a bound, a half copy routes it
+            as float32 does at the rounded inputs, a subgradient as correct
+            as float32's (`tf_mixed.tools.catalog.measuring` then also
+            compares its gradient with float32's at the rounded inputs).
+            Set by `is_selecting` unless given.
         integer_ids: the ids ("ids" distribution) reach the layer as
             integers (``call`` casts them), so a half copy takes them
             unrounded, as from an integer ``keras.Input``.
@@ -159,6 +164,33 @@ def _sequence_mask(batch: int, steps: int) -> np.ndarray:
     return mask
 
 
+SELECTING = ("Maximum", "Minimum", "AutoContrast")
+"""keras.layers classes besides the max poolings whose gradient only routes what they select."""
+
+CLIPPING_ACTIVATIONS = ("relu6",)
+"""Activation functions that are a clip ``min(max(x, lo), hi)`` of their input."""
+
+
+def is_selecting(layer: str, args: dict[str, Any]) -> bool:
+    """Whether a configuration of a ``keras.layers`` class selects (`Case.selects`).
+
+    Args:
+        layer: the class name.
+        args: its constructor arguments (as a `Case`'s ``args``).
+
+    Returns:
+        True for every max pooling, `SELECTING`, ReLU clipping at a bound an
+        input can be rounded onto (a ``max_value``, or a non-zero
+        ``threshold``: ReLU's kink at 0 is crossed by no rounding) and an
+        Activation of `CLIPPING_ACTIVATIONS`.
+    """
+    if "MaxPooling" in layer or layer in SELECTING:
+        return True
+    if layer == "ReLU":
+        return args.get("max_value") is not None or bool(args.get("threshold"))
+    return layer == "Activation" and args.get("activation") in CLIPPING_ACTIVATIONS
+
+
 def _defaults(layer: str) -> dict[str, Any]:
     """The class's constructor defaults for the values layers are matched on."""
     import keras
@@ -175,12 +207,13 @@ def _defaults(layer: str) -> dict[str, Any]:
 
 def _case(layer: str, config: str, make, *, args: dict | None = None, **kwargs) -> Case:
     """A `Case` whose ``args`` are the class's defaults, ``make``'s arguments (`_kw`),
-    ``args`` and its conditions."""
+    ``args`` and its conditions, and whose ``selects`` is `is_selecting`'s."""
     found = {**_defaults(layer), **getattr(make, "args", {}), **(args or {})}
     if kwargs.get("distribution", "centered") not in ("centered", "positive", "ids"):
         found["distribution"] = kwargs["distribution"]
     if getattr(kwargs.get("call"), "masked", False):
         found["mask"] = True
+    kwargs.setdefault("selects", is_selecting(layer, found))
     return Case(layer, config, make, seed_offset=len(layer) + len(config), args=found,
                 **kwargs)
 
@@ -197,8 +230,8 @@ def _kw(cls_name: str, **kwargs):
 
 def _simple(name: str, config: str = "default", inputs=((16,),), *,
             args: dict | None = None, **kwargs) -> Case:
-    call_kwargs = {k: kwargs.pop(k) for k in ("distribution", "training", "batch", "call",
-                                              "selects") if k in kwargs}
+    call_kwargs = {k: kwargs.pop(k) for k in ("distribution", "training", "batch", "call")
+                   if k in kwargs}
     return _case(name, config, _kw(name, **kwargs), inputs=inputs, args=args, **call_kwargs)
 
 
@@ -257,9 +290,10 @@ def keras_cases() -> list[Case]:
     mask = _sequence_mask(4, 6)
     cases: list[Case] = []
     add = cases.append
-    # activations
+    # activations (relu6 a clip, selecting; hard_sigmoid and hard_silu clip x + 3
+    # rounded inside: compared at the inputs alone, `is_selecting`)
     for name in ("softmax", "log_softmax", "sigmoid", "tanh", "gelu", "silu", "softplus",
-                 "exponential", "elu", "relu"):
+                 "exponential", "elu", "relu", "relu6", "hard_sigmoid", "hard_silu"):
         add(_simple("Activation", f"activation={name}", activation=name))
     add(_simple("ELU"))
     add(_simple("LeakyReLU"))
@@ -323,7 +357,7 @@ def keras_cases() -> list[Case]:
     # merging
     pair = ((8,), (8,))
     for name in ("Add", "Average", "Concatenate", "Maximum", "Minimum", "Multiply", "Subtract"):
-        add(_simple(name, inputs=pair, selects=name in ("Maximum", "Minimum")))
+        add(_simple(name, inputs=pair))
     add(_simple("Dot", "axes=-1", inputs=pair, axes=-1))
     add(_simple("Dot", "normalize", inputs=pair, axes=-1, normalize=True))
     # normalization
@@ -349,11 +383,11 @@ def keras_cases() -> list[Case]:
     # pooling
     for dims, shape in (("1D", seq), ("2D", img), ("3D", vol)):
         for kind in ("AveragePooling", "MaxPooling"):
-            add(_simple(kind + dims, inputs=shape, pool_size=2, selects="Max" in kind))
+            add(_simple(kind + dims, inputs=shape, pool_size=2))
         for kind in ("GlobalAveragePooling", "GlobalMaxPooling"):
-            add(_simple(kind + dims, inputs=shape, selects="Max" in kind))
+            add(_simple(kind + dims, inputs=shape))
         for kind in ("AdaptiveAveragePooling", "AdaptiveMaxPooling"):
-            add(_simple(kind + dims, inputs=shape, output_size=2, selects="Max" in kind))
+            add(_simple(kind + dims, inputs=shape, output_size=2))
     add(_case("GlobalAveragePooling1D", "mask", _kw("GlobalAveragePooling1D"), inputs=seq,
               call=_masked(mask)))
     # preprocessing (statistics set from data: per magnitude)
@@ -577,6 +611,8 @@ def user_case(layer: str | type, *, inputs: Sequence[Sequence[int]] = ((16,),),
         return cls(**kwargs, dtype=policy)
 
     options.setdefault("args", dict(kwargs))
+    if cls.__module__.startswith("keras"):
+        options.setdefault("selects", is_selecting(cls.__name__, kwargs))
     return Case(f"{cls.__module__}.{cls.__qualname__}" if not cls.__module__.startswith(
         "keras") else cls.__name__, label, make,
         inputs=tuple(tuple(int(d) for d in s) for s in inputs), source="user", **options)
