@@ -19,8 +19,8 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from tf_mixed._internal import portable_loss, tf_keras_check
 from tf_mixed._internal import shims as _internals
-from tf_mixed._internal import tf_keras_check
 
 _PACKAGE = "tf_mixed"
 _NOT_ACTIVATIONS = frozenset({"get", "serialize", "deserialize"})
@@ -208,7 +208,9 @@ class Float32Loss(keras.losses.Loss):
     """A loss whose ``y_true`` and ``y_pred`` are cast to float32 first.
 
     Build it with `float32_loss`. Reduction and name come from the wrapped
-    loss when it is a Keras `Loss`.
+    loss when it is a Keras `Loss`. It saves as Keras's own loss function
+    wrapper with ``dtype="float32"``, so a compiled model's ``.keras`` file
+    loads compiled where tf_mixed was never imported (docs/serving.md).
 
     Args:
         loss: A Keras loss object, a Keras loss name, or a callable
@@ -243,15 +245,26 @@ class Float32Loss(keras.losses.Loss):
         return self.loss(y_true, y_pred)
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config["loss"] = keras.saving.serialize_keras_object(self.loss)
-        return config
+        # Keras's loss function wrapper's config with dtype="float32", the
+        # wrapped loss riding in its function's entry: a file loads with Keras
+        # alone (`tf_mixed._internal.portable_loss`).
+        flat = {**super().get_config(),
+                "loss": keras.saving.serialize_keras_object(self.loss)}
+        return portable_loss.portable_config(self.name, self.reduction, self.loss, flat)
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
-        return cls(**config)
+        own = portable_loss.own_config(config)
+        own["loss"] = portable_loss.restore_arguments(
+            keras.saving.deserialize_keras_object(own["loss"]), config)
+        return cls(**own)
+
+
+# Saved as Keras's loss function wrapper (which Keras alone loads); that name,
+# while tf_mixed is imported, gives a Float32Loss back for its own configs.
+_internals.serialize_as_keras_class(Float32Loss, portable_loss.KERAS_NAME)
+_internals.resolve_keras_name(portable_loss.KERAS_NAME,
+                              portable_loss.keras_name_loader(Float32Loss))
 
 
 def _get_loss(loss: Any):

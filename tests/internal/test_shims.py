@@ -930,3 +930,22 @@ def test_checkpoint_being_read_is_true_inside_a_read_or_restore_only(tmp_path):
     assert seen[0] == ("save", False)
     assert [read for kind, read in seen[1:] if kind == "restore"] == [True, True]
     assert not _internals.checkpoint_being_read()
+
+
+def test_loss_function_wrapper_and_its_parts():  # keras.src.losses.losses, _fn_kwargs
+    wrapper = _internals.loss_function_wrapper()
+    assert wrapper.__module__ == "keras.src.losses.losses" and wrapper.__name__ == (
+        "LossFunctionWrapper")
+    assert isinstance(keras.losses.Huber(), wrapper)
+    fn, kwargs = _internals.loss_function_parts(keras.losses.Huber(delta=2.0))
+    assert fn is keras.losses.huber and kwargs == {"delta": 2.0}
+    # What compile makes of a loss name, and what Keras alone rebuilds from a config.
+    rebuilt = wrapper.from_config({"name": "h", "reduction": "sum", "dtype": "float32",
+                                   "fn": keras.saving.serialize_keras_object(fn), "delta": 2.0})
+    assert type(rebuilt) is wrapper and rebuilt.dtype == "float32"
+    assert _internals.loss_function_parts(rebuilt) == (keras.losses.huber, {"delta": 2.0})
+    # Huber's config drops delta (Keras 3.15.1); the shim sets it back.
+    reloaded = keras.losses.Huber.from_config(keras.losses.Huber(delta=2.0).get_config())
+    assert _internals.loss_function_parts(reloaded)[1] == {"delta": 1.0}
+    _internals.set_loss_function_arguments(reloaded, {"delta": 2.0})
+    assert _internals.loss_function_parts(reloaded)[1] == {"delta": 2.0}

@@ -245,6 +245,43 @@ def resolve_keras_name(keras_name: str, obj) -> None:
     api_export.REGISTERED_NAMES_TO_OBJS[keras_name] = obj
 
 
+def loss_function_wrapper() -> type:
+    """Keras's ``LossFunctionWrapper``, the loss ``compile`` makes of a loss function.
+
+    Not exported (``keras/src/losses/losses.py``); a config naming its module
+    (``keras.src.losses.losses``) loads with Keras alone, which imports a module
+    named in a config for Keras's own packages (``serialization_lib.
+    _retrieve_class_or_fn``). Every built-in loss class subclasses it without
+    overriding ``call``. For `tf_mixed.Float32Loss`'s files. Keras 3.15.1.
+    """
+    from keras.src.losses.losses import LossFunctionWrapper
+
+    return LossFunctionWrapper
+
+
+def loss_function_parts(loss) -> tuple[Callable, dict]:
+    """A ``LossFunctionWrapper``'s function and the keyword arguments it calls it with.
+
+    ``fn`` is public; the arguments are ``_fn_kwargs`` (what the wrapper's
+    ``get_config`` writes at the top of its config). Keras 3.15.1
+    (``keras/src/losses/losses.py``).
+    """
+    return loss.fn, dict(loss._fn_kwargs)
+
+
+def set_loss_function_arguments(loss, arguments: dict) -> None:
+    """Sets the keyword arguments a ``LossFunctionWrapper`` calls its function with.
+
+    Some built-in losses' ``get_config`` drops an argument their constructor
+    took (Keras 3.15.1: ``Huber``'s ``delta``, ``CosineSimilarity``'s and
+    ``SparseCategoricalCrossentropy``'s ``axis``), so a loss rebuilt from its
+    config calls its function with the default; tf_mixed's files also hold the
+    arguments themselves (`tf_mixed._internal.portable_loss`). Keras 3.15.1
+    (``keras/src/losses/losses.py``, ``_fn_kwargs``).
+    """
+    loss._fn_kwargs = dict(arguments)
+
+
 def optimizer_trainable_variables(optimizer) -> list:
     """The variables a built optimizer was built for (``_trainable_variables``).
 
