@@ -222,13 +222,13 @@ def apply(model: keras.Model, precision: precision_map.PrecisionMap, *,
 
 def apply_surveyed(found: precision_map.Survey, precision: precision_map.PrecisionMap,
                    pad_to: int | None = None) -> keras.Model:
-    """`convert`'s copy from a checked model's survey and the map decided on it,
-    not compiled.
+    """`convert`'s copy, uncompiled, from a model's survey and the map decided on it.
 
     `tf_mixed.plan`'s step check times it with the plan's one survey: the
-    layers, heads, weights and padding are the ones `convert` builds; the
-    compiled state is not carried and no `ConversionNote` is raised (the
-    user converted nothing: the check compiles nothing either).
+    layers, heads, weights and padding (``pad_to``) are the ones `convert`
+    builds; the compiled state is not carried and no `ConversionNote` is
+    raised, the padding's included (the user converted nothing: the check
+    compiles nothing either).
 
     Args:
         found: The model's `tf_mixed.policy.precision_map.survey`.

@@ -251,18 +251,20 @@ def test_timings_are_cached_only_once_the_choice_has_read_them(tmp_path, monkeyp
     assert os.listdir(tmp_path) == [os.path.basename(done.cache_path)]
 
 
-def test_a_plan_failing_in_its_step_check_keeps_no_timings(tmp_path, monkeypatch):
-    """The step check is the last stage that can fail (here: no loss to step
-    with, the probe's errors given): the timings it followed are not cached,
-    so the next plan does not report timings cached by a plan that failed."""
+def test_a_plan_failing_in_its_step_check_keeps_its_timings(tmp_path, monkeypatch):
+    """The step check comes after the choice has read the timings (here it
+    fails: no loss to step with, the probe's errors given): they are cached,
+    and the plan run again with its loss reads them instead of timing."""
     x, y = _data()
     monkeypatch.setattr(measuring, "machine_load", lambda: (0.5, 2))
     kwargs = dict(info=AMX_CPU, cache_directory=str(tmp_path), use_catalog=False,
-                  timer=lambda *a: _measurement(),
                   probe_report={"first": 0.001, "second": 0.002, "last": 0.003})
+    model = _model()
     with pytest.raises(ValueError, match="needs a loss"):
-        plan(_model(), x, y, **kwargs)
-    assert os.listdir(tmp_path) == []
+        plan(model, x, y, timer=lambda *a: _measurement(), **kwargs)
+    assert len(os.listdir(tmp_path)) == 1
+    again = plan(model, x, y, loss="mse", timer=_no_timer, **kwargs)
+    assert again.cached and "read from" in again.summary
 
 
 def test_a_model_without_a_layer_to_time_plans_float32_untimed(tmp_path):

@@ -36,8 +36,8 @@
 # not busy (load average at most 1.5 per CPU); a cached one is used only
 # when it is whole, for the same layers, and settled (one rule, `_record_problem`,
 # judges a record read and one about to be written). It is written once the
-# plan is made (choice, rows and step check done): a plan that fails on the
-# way (no loss for its probe or its step check, say) keeps nothing.
+# choice has read it: a plan failing before (its probe without a loss, say)
+# keeps nothing, one failing after (its step check) keeps the timings.
 
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         "float32 (nothing timed)")
     precisions = ("float32", half_dtype) + ((FLOAT8,) if _float8(info) else ())
     cached, path, not_cached, when, catalog_read = False, "", "", "", None
-    fresh: dict | None = None  # timings measured now: cached once the plan is made
+    fresh: dict | None = None  # timings measured now: cached once the choice has read them
     blocked: dict[str, str] = {}
     step_seconds: dict[str, float] = {}
     with progress.heartbeat("tf_mixed.plan"):
@@ -309,12 +309,16 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
 
                 px, py = _probe_slice(x, y)
                 probe_report = probe_surveyed(found, px, py, plan_loss(), policy=half_policy)
-            # (3) The choice per layer.
+            # (3) The choice per layer; timings measured now are written to the
+            # cache once it has read them (a failure after it keeps them).
             errors, blocked = ((dict(catalog_read.errors), dict(catalog_read.blocked))
                                if catalog_read is not None
                                else choosing.probed_errors(probe_report, float(tolerance), names))
             choice = choosing.choose(measurement, blocked)
             step_seconds = dict(choice.step_seconds)
+            if (fresh is not None and cache and not not_cached
+                    and not measuring.write_cache(path, fresh)):
+                not_cached = f"cannot write {path}"
             # (4) Its rows (and both whole models' rows, for the step check).
             candidates = plan_rows.candidates(found, measurement, choice, errors, blocked,
                                               followers, half_dtype, whole_models=step_check)
@@ -333,9 +337,6 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
                                        emulated=untimed)
-    # The timings are written once the plan is made: a plan that fails on the way keeps nothing.
-    if fresh is not None and cache and not not_cached and not measuring.write_cache(path, fresh):
-        not_cached = f"cannot write {path}"
     if fresh is not None and (not cache or not_cached):
         path = ""
     if checked:
