@@ -17,7 +17,8 @@
 # numerics catalog covers every timed layer (`catalog_errors`). (4)
 # `tf_mixed.tools.planning.choosing.choose` chooses. (5) Its rows
 # (`plan_rows.candidates`, with both whole models' where they differ) each
-# decide their map once (`plan_table.planned`); the whole-step check
+# decide their map once (`plan_table.planned`; a whole model's map that builds
+# the plan's copy leaves the plan alone: nothing differs to time); the whole-step check
 # (`step_check.check`) times the copies those maps build (convert's,
 # uncompiled: `tf_mixed.models.conversion.apply_surveyed`), and the winner's
 # map and rows become the plan's (`plan_table.decided`).
@@ -217,7 +218,8 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         cache_directory: Its directory (default
             `tf_mixed._internal.measuring.cache_dir()`).
         step_check: Where the per-layer choice differs from both
-            whole-model policies, time the whole model's step in all three
+            whole-model policies, and its map builds neither whole model's
+            copy, time the whole model's step in all three
             and keep the plan only if it is faster than the faster of them
             beyond the rounds' spread
             (`tf_mixed.tools.planning.step_check`).
@@ -328,6 +330,10 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
         # copies they build; the winner's map and rows are the plan's.
         maps = {name: plan_table.planned(found, candidate, half_policy, emulated=bool(untimed))
                 for name, candidate in candidates.items()}
+        if any(_builds(m) == _builds(maps["plan"][1]) for n, (_, m) in maps.items() if n != "plan"):
+            # The choice builds a whole model's map (the layers it keeps float32
+            # are those the map's rules keep): it differs from no whole model.
+            candidates, maps = {"plan": candidates["plan"]}, {"plan": maps["plan"]}
         winner, rows, checked = step_check_module.check(
             candidates, lambda: {name: conversion.apply_surveyed(found, m)  # the model untouched
                                  for name, (_, m) in maps.items()},
