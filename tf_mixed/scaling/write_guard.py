@@ -380,11 +380,11 @@ class StepGuard:
         spike history (kept for ``guard_spikes`` when off); an entry the
         file lacks (written before it was saved) is left as it is."""
         keys = list(store.keys())
+        variables = self._saved_variables()
         for key, shape in ((COUNTS_KEY, (len(REASONS),)), (LAST_KEY, ())):
             if key not in keys:
                 continue
             saved = np.asarray(store[key][...], np.int64).reshape(shape)
-            variables = self._saved_variables()
             if variables:
                 variables[key].assign(saved)
             else:

@@ -338,7 +338,7 @@ def plan(model: keras.Model, x, y=None, *, loss=None, policy: str | None = None,
             candidates, lambda: {name: conversion.apply_surveyed(found, m)  # the model untouched
                                  for name, (_, m) in maps.items()},
             blocked, half_policy, x, y, plan_loss, step_timer)
-        if winner != "plan" and _builds(maps[winner][1]) != _builds(maps["plan"][1]):
+        if winner != "plan":  # a whole model building another map (same maps left above)
             step_seconds["plan"] = step_seconds[winner]  # the whole model replacing the choice's
     final, precision = maps[winner]
     rows, summary = plan_table.decided(rows, final, precision, half_dtype, step_seconds,
